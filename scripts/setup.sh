@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Installs every Debian package zimage needs to build and test (idempotent; needs root or sudo).
+set -euo pipefail
+PKGS=(build-essential cmake ninja-build pkg-config git
+      nlohmann-json3-dev libpng-dev zlib1g-dev libpcre2-dev libutf8proc-dev libopenblas-dev
+      libcli11-dev libgtest-dev libgmock-dev libbenchmark-dev)
+missing=()
+for p in "${PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  SUDO=""
+  [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  echo "setup: installing ${missing[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}"
+fi
+echo "setup: all build dependencies present"

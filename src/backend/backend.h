@@ -1,0 +1,134 @@
+// The op interface every model is written against. The CPU backend (backend/cpu) is the
+// oracle: plain code, fp32 accumulation. The CUDA backend (backend/cuda) implements the same
+// ops with fused kernels, cuBLASLt and cuDNN, and is tested op by op against the CPU one.
+//
+// Rules for every op:
+//  * Inputs and outputs are contiguous tensors on this backend's device (see core/tensor.h for
+//    layouts). Outputs are allocated by the caller (`alloc`) and fully overwritten.
+//  * `out` may alias an input only where the op says so ("in place allowed").
+//  * Activations are in the backend's compute dtype (`act_dtype()`): f32 on the CPU, bf16 or f32
+//    on CUDA. Ops marked "f32" take float32 tensors whatever the compute dtype (latents, scheduler).
+//  * Every op validates shapes and dtypes and returns a Status; none aborts.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "core/tensor.h"
+
+namespace zimage {
+
+struct AttentionParams {
+  float scale = 1.0f;  // usually 1/sqrt(head_dim)
+  bool causal = false;
+  // Per batch item, the number of valid keys (key-padding mask: keys >= key_len[b] are masked).
+  // Empty = all keys valid. Causal masking, if on, is applied on top (query i sees keys <= i).
+  std::vector<int32_t> key_len;
+};
+
+struct Conv2dParams {
+  int stride = 1;
+  int pad_top = 0, pad_bottom = 0, pad_left = 0, pad_right = 0;  // zero padding
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  virtual Device device() const = 0;
+  virtual std::string name() const = 0;   // "cpu (OpenBLAS, 16 threads)", "cuda:0 NVIDIA H200"
+  virtual DType act_dtype() const = 0;    // compute dtype of activations and weights
+
+  // ---- memory ----
+  virtual Result<Tensor> alloc(DType dtype, const Shape& shape) = 0;  // contents unspecified
+  // Copies a host tensor of any float dtype into a new tensor of `dtype` on this device,
+  // converting element by element (e.g. bf16 file weights -> f32 on the CPU).
+  virtual Result<Tensor> upload(const Tensor& host, DType dtype) = 0;
+  // Copies `src` (this device) into `host` (CPU, same shape), converting to host's dtype.
+  virtual Status download(const Tensor& src, Tensor& host) = 0;
+  // dst = src converted to dst's dtype (same numel). In place not allowed unless same dtype.
+  virtual Status convert(const Tensor& src, Tensor& dst) = 0;
+  // Strided copy for concatenation / splitting: copies a [rows, cols] block of elements.
+  // src element (r, c) is at src_base + r*src_row_stride + c, same for dst; strides in elements.
+  // Same dtype on both sides.
+  virtual Status copy_2d(const Tensor& src, int64_t src_offset, int64_t src_row_stride, Tensor& dst,
+                         int64_t dst_offset, int64_t dst_row_stride, int64_t rows, int64_t cols) = 0;
+  virtual Status fill(Tensor& t, float value) = 0;
+  virtual Status synchronize() = 0;
+
+  // ---- linear algebra ----
+  // y[M, N] = x[M, K] · w[N, K]ᵀ (+ bias[N]). bias may be an undefined Tensor.
+  virtual Status matmul(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y) = 0;
+
+  // ---- normalisation ----
+  // y[R, D] = x / sqrt(mean(x², over D) + eps) * w[D]; w undefined = no weight. In place allowed.
+  // If `scale` is defined ([B, D], rows split evenly into B groups of R/B rows), the result is
+  // further multiplied by scale[b] (the DiT's (1 + s) modulation, already including the 1).
+  virtual Status rms_norm(const Tensor& x, const Tensor& w, float eps, const Tensor& scale,
+                          Tensor& y) = 0;
+  // y[R, D] = (x - mean) / sqrt(var + eps) (* w + b if defined); `scale` as in rms_norm.
+  virtual Status layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, float eps,
+                            const Tensor& scale, Tensor& y) = 0;
+  // x[B, S, D] += gate[b] ⊙ (rms_norm(y, w, eps)); gate [B, D], undefined = 1. The DiT's
+  // post-norm + tanh-gated residual (gate already tanh'ed).
+  virtual Status residual_rms_norm_gate(Tensor& x, const Tensor& y, const Tensor& w, float eps,
+                                        const Tensor& gate) = 0;
+  // NHWC group norm: x[B, H, W, C], `groups` groups of C/groups channels, affine gamma/beta [C],
+  // then SiLU if `silu`. In place allowed.
+  virtual Status group_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, int groups,
+                            float eps, bool silu, Tensor& y) = 0;
+
+  // ---- position encodings (in place) ----
+  // Rotate-half RoPE (Qwen3/NeoX): x[B, S, H, Dh]; cos/sin [S, Dh] (f32), shared over batch.
+  // x' = x * cos + rotate_half(x) * sin, rotate_half(x) = [-x[Dh/2:], x[:Dh/2]].
+  virtual Status rope_half(Tensor& x, const Tensor& cos, const Tensor& sin) = 0;
+  // Interleaved complex RoPE (Z-Image DiT): x[B, S, H, Dh]; freqs [B, S, Dh/2, 2] (f32 cos, sin).
+  // (x[2j], x[2j+1]) <- (x0*c - x1*s, x0*s + x1*c), computed in f32.
+  virtual Status rope_interleaved(Tensor& x, const Tensor& freqs) = 0;
+
+  // ---- attention ----
+  // q[B, Sq, Hq, D], k/v[B, Sk, Hkv, D] (Hq a multiple of Hkv: GQA), out[B, Sq, Hq, D].
+  virtual Status attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                           const AttentionParams& p, Tensor& out) = 0;
+
+  // ---- activations / elementwise (same shape unless stated; in place allowed) ----
+  virtual Status silu(const Tensor& x, Tensor& y) = 0;
+  virtual Status tanh(const Tensor& x, Tensor& y) = 0;
+  // x[M, 2F] holds [gate | up] per row; y[M, F] = silu(gate) * up.
+  virtual Status swiglu(const Tensor& x, Tensor& y) = 0;
+  // out = a*x + b*y (+ c). Any dtype, all three tensors same dtype.
+  virtual Status axpby(float a, const Tensor& x, float b, const Tensor& y, Tensor& out) = 0;
+  // out = x + y where y may broadcast over leading dims: y.numel() divides x.numel().
+  virtual Status add(const Tensor& x, const Tensor& y, Tensor& out) = 0;
+  // Sum of squares of all elements, per leading-dim row: x[B, ...] -> host vector of B doubles.
+  virtual Result<std::vector<double>> sum_squares(const Tensor& x) = 0;
+
+  // ---- convolution / resampling (NHWC) ----
+  // x[B, H, W, Cin], w[Cout, kh, kw, Cin], bias[Cout] (optional), y[B, Ho, Wo, Cout].
+  virtual Status conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dParams& p,
+                        Tensor& y) = 0;
+  // Nearest-neighbour ×2: x[B, H, W, C] -> y[B, 2H, 2W, C].
+  virtual Status upsample_nearest2x(const Tensor& x, Tensor& y) = 0;
+
+  // ---- model-specific layout ops ----
+  // Row gather: out[N, D] = table[ids[n], :]; ids is a host I32 tensor [N]. Ids are checked.
+  virtual Status embedding(const Tensor& table, const Tensor& ids, Tensor& out) = 0;
+  // latents[B, C, H, W] (f32) -> tokens[B, (H/p)*(W/p), p*p*C] (act dtype), token n = r*(W/p)+s,
+  // feature (ph*p + pw)*C + c.
+  virtual Status patchify(const Tensor& latents, int p, Tensor& tokens) = 0;
+  // Inverse of patchify for the first (H/p)*(W/p) rows of tokens[B, S, p*p*C] (S may be larger):
+  // out[B, C, H, W] (f32) = alpha * token value.
+  virtual Status unpatchify(const Tensor& tokens, int p, float alpha, Tensor& out) = 0;
+};
+
+// Creates the CPU backend (always available). threads = 0: all hardware threads.
+std::unique_ptr<Backend> make_cpu_backend(int threads = 0);
+
+// Creates the CUDA backend on `device_index` computing in `act_dtype` (kBF16 or kF32).
+// Fails with kUnsupported when the engine was built without CUDA or no GPU is present.
+Result<std::unique_ptr<Backend>> make_cuda_backend(int device_index, DType act_dtype);
+
+}  // namespace zimage

@@ -1,0 +1,40 @@
+#include "core/log.h"
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+
+namespace zimage {
+namespace {
+
+LogLevel initial_level() {
+  const char* env = std::getenv("ZIMAGE_LOG");
+  if (!env) return LogLevel::kWarn;
+  if (!std::strcmp(env, "error")) return LogLevel::kError;
+  if (!std::strcmp(env, "info")) return LogLevel::kInfo;
+  if (!std::strcmp(env, "debug")) return LogLevel::kDebug;
+  return LogLevel::kWarn;
+}
+
+std::atomic<int> g_level{static_cast<int>(initial_level())};
+std::mutex g_mutex;
+
+}  // namespace
+
+void set_log_level(LogLevel level) { g_level = static_cast<int>(level); }
+LogLevel log_level() { return static_cast<LogLevel>(g_level.load()); }
+
+void log_message(LogLevel level, const char* fmt, ...) {
+  static const char* const kNames[] = {"error", "warn", "info", "debug"};
+  std::lock_guard<std::mutex> lock(g_mutex);
+  std::fprintf(stderr, "[zimage %s] ", kNames[static_cast<int>(level)]);
+  va_list args;
+  va_start(args, fmt);
+  std::vfprintf(stderr, fmt, args);
+  va_end(args);
+  std::fputc('\n', stderr);
+}
+
+}  // namespace zimage
