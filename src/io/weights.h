@@ -2,11 +2,19 @@
 // (`transformer/`, `text_encoder/`, `vae/`) is opened as a whole: either its single
 // `*.safetensors` file or the shards listed in `*.safetensors.index.json`. Tensors are zero-copy
 // views of the memory-mapped files, in the file's dtype.
+//
+// A sharded folder is checked against its index: every listed shard must exist and hold exactly
+// the tensors the index assigns to it (missing and extra tensors are named), and shard names must
+// not leave the folder. The store remembers which tensors were fetched, so a model loader can
+// name the unexpected ones.
 #pragma once
 
 #include <map>
 #include <memory>
+#include <mutex>
+#include <set>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/status.h"
@@ -15,6 +23,18 @@
 namespace zimage {
 
 class SafetensorsFile;  // io/safetensors.h
+
+// Parses a `*.safetensors.index.json` text: returns its weight_map (tensor name -> shard file
+// name). Shard names must be plain file names (no '/', '\\', "..", NUL; not empty). `file` names
+// the index in messages.
+Result<std::map<std::string, std::string>> parse_weight_index(std::string_view text,
+                                                              const std::string& file);
+
+struct WeightInfo {
+  DType dtype = DType::kF32;
+  Shape shape;
+  std::string file;  // path of the safetensors file holding it
+};
 
 class WeightStore {
  public:
@@ -27,15 +47,21 @@ class WeightStore {
   Result<Tensor> get(const std::string& name) const;
   // As get(), and checks the shape: a mismatch is a FormatError naming tensor, got and expected.
   Result<Tensor> get(const std::string& name, const Shape& expected) const;
+  // Dtype, shape and file of `name` without reading it (does not count as used).
+  Result<WeightInfo> info(const std::string& name) const;
 
   std::vector<std::string> names() const;  // sorted
   size_t size() const;
-  size_t total_bytes() const;
+  size_t total_bytes() const;   // tensor bytes
   int64_t total_params() const;
+  std::map<DType, size_t> dtype_counts() const;  // number of tensors per dtype
+  std::vector<std::string> files() const;         // the safetensors files, sorted
+  uint64_t file_bytes() const;                    // their on-disk size
   // Names not returned by get() so far: the model loader reports them as unexpected tensors.
   std::vector<std::string> unused_names() const;
-  // Strips a leading prefix from every name (e.g. "model." in some text-encoder exports).
-  void strip_prefix(const std::string& prefix);
+  // Strips a leading prefix from every name that has it (e.g. "model." in some text-encoder
+  // exports). Fails, changing nothing, if two names would become equal.
+  Status strip_prefix(const std::string& prefix);
   const std::string& path() const { return path_; }
 
  private:
@@ -44,9 +70,19 @@ class WeightStore {
     std::string file_name;  // the on-disk name the tensor came from
     std::string original_name;
   };
+  // Shared by copies of the store, so a copy's get() counts for all of them.
+  struct UsedSet {
+    std::mutex mu;
+    std::set<std::string> names;
+  };
+  static Result<WeightStore> open_sharded(const std::string& dir, const std::string& index);
+  static Status add_file(WeightStore& store, const std::shared_ptr<SafetensorsFile>& file,
+                         const std::string& file_name);
+
   std::string path_;
   std::map<std::string, Entry> entries_;
-  std::shared_ptr<std::map<std::string, bool>> used_ = std::make_shared<std::map<std::string, bool>>();
+  std::vector<std::shared_ptr<SafetensorsFile>> files_;
+  std::shared_ptr<UsedSet> used_ = std::make_shared<UsedSet>();
 };
 
 }  // namespace zimage
