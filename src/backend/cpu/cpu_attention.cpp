@@ -1,0 +1,122 @@
+// CPU scaled-dot-product attention, the reference for the fused CUDA kernels. Per (batch, head)
+// and per block of queries: S = scale · Q Kᵀ (sgemm, reading q/k in place through leading
+// dimensions, no transposes), masked softmax with max subtraction row by row, O = P V (sgemm
+// writing straight into out). GQA: q head h reads kv head h / (Hq / Hkv). Masks: keys
+// >= key_len[b] are excluded (and not even computed), causal rows i see keys <= i. A row whose
+// keys are all masked outputs zeros instead of NaN.
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <cstring>
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/cpu_check.h"
+#include "backend/cpu/cpu_gemm.h"
+
+namespace zimage::cpu {
+
+namespace {
+constexpr int64_t kMaxScoreFloats = int64_t{1} << 24;  // 64 MiB of scores per query block
+}
+
+Status CpuBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                             const AttentionParams& p, Tensor& out) {
+  const char* op = "attention";
+  ZI_TRY(check_f32(op, "q", q));
+  ZI_TRY(check_f32(op, "k", k));
+  ZI_TRY(check_f32(op, "v", v));
+  ZI_TRY(check_f32(op, "out", out));
+  ZI_TRY(check_rank(op, "q", q, 4));
+  ZI_TRY(check_rank(op, "k", k, 4));
+  ZI_TRY(check_same_shape(op, "k", k, "v", v));
+  ZI_TRY(check_same_shape(op, "q", q, "out", out));
+  const int64_t b = q.dim(0), sq = q.dim(1), hq = q.dim(2), d = q.dim(3);
+  const int64_t sk = k.dim(1), hkv = k.dim(2);
+  if (k.dim(0) != b || k.dim(3) != d) {
+    return InvalidArgument("attention: q " + desc(q) + " and k " + desc(k) +
+                           ": batch or head dim differs");
+  }
+  if (hkv <= 0 || hq % hkv != 0) {
+    return InvalidArgument("attention: q " + desc(q) + " and k " + desc(k) + ": " +
+                           std::to_string(hq) + " query heads are not a multiple of " +
+                           std::to_string(hkv) + " kv heads");
+  }
+  if (!p.key_len.empty()) {
+    if (static_cast<int64_t>(p.key_len.size()) != b) {
+      return InvalidArgument("attention: key_len has " + std::to_string(p.key_len.size()) +
+                             " entries for batch " + std::to_string(b) + " of q " + desc(q));
+    }
+    for (size_t i = 0; i < p.key_len.size(); ++i) {
+      if (p.key_len[i] < 0 || p.key_len[i] > sk) {
+        return InvalidArgument("attention: key_len[" + std::to_string(i) + "] = " +
+                               std::to_string(p.key_len[i]) + " is outside [0, " +
+                               std::to_string(sk) + "] for k " + desc(k));
+      }
+    }
+  }
+  ZI_TRY(check_alias(op, "q", q, "out", out, false));
+  ZI_TRY(check_alias(op, "k", k, "out", out, false));
+  ZI_TRY(check_alias(op, "v", v, "out", out, false));
+  if (hq * d >= INT_MAX || hkv * d >= INT_MAX || sk >= INT_MAX) {
+    return Unsupported("attention: q " + desc(q) + " / k " + desc(k) +
+                       ": dimensions must stay below 2^31 for the BLAS");
+  }
+  if (out.numel() == 0) return Status::Ok();
+
+  const int64_t qblock =
+      std::clamp<int64_t>(kMaxScoreFloats / std::max<int64_t>(sk, 1), 1, std::max<int64_t>(sq, 1));
+  auto scratch = HostStorage::allocate(static_cast<size_t>(qblock * std::max<int64_t>(sk, 1)) * 4);
+  if (!scratch) return OutOfMemory("attention: score buffer for k " + desc(k));
+  float* scores = static_cast<float*>(scratch->data());
+
+  const int64_t group = hq / hkv;
+  const int64_t q_ld = hq * d, kv_ld = hkv * d;
+  const float* qp = q.data_as<const float>();
+  const float* kp = k.data_as<const float>();
+  const float* vp = v.data_as<const float>();
+  float* op_ = out.data_as<float>();
+
+  for (int64_t bi = 0; bi < b; ++bi) {
+    const int64_t klen = p.key_len.empty() ? sk : p.key_len[static_cast<size_t>(bi)];
+    for (int64_t h = 0; h < hq; ++h) {
+      const float* qh = qp + bi * sq * q_ld + h * d;               // rows of stride q_ld
+      const float* kh = kp + bi * sk * kv_ld + (h / group) * d;    // rows of stride kv_ld
+      const float* vh = vp + bi * sk * kv_ld + (h / group) * d;
+      float* oh = op_ + bi * sq * q_ld + h * d;
+      for (int64_t q0 = 0; q0 < sq; q0 += qblock) {
+        const int64_t nq = std::min(qblock, sq - q0);
+        if (klen == 0 || d == 0) {  // every key masked (or empty heads): zeros
+          for (int64_t i = 0; i < nq; ++i) std::memset(oh + (q0 + i) * q_ld, 0, d * 4);
+          continue;
+        }
+        // scores[nq, klen] = scale · Q[q0:q0+nq] · K[:klen]ᵀ
+        sgemm_nt(nq, klen, d, p.scale, qh + q0 * q_ld, q_ld, kh, kv_ld, 0.0f, scores, klen);
+        pool_.parallel_for(nq, std::max<int64_t>(1, 8192 / klen), [&](int64_t i0, int64_t i1) {
+          for (int64_t i = i0; i < i1; ++i) {
+            float* row = scores + i * klen;
+            const int64_t valid = p.causal ? std::min(klen, q0 + i + 1) : klen;
+            if (valid <= 0) {
+              std::fill(row, row + klen, 0.0f);
+              continue;
+            }
+            float mx = row[0];
+            for (int64_t j = 1; j < valid; ++j) mx = std::max(mx, row[j]);
+            double sum = 0.0;
+            for (int64_t j = 0; j < valid; ++j) {
+              row[j] = std::exp(row[j] - mx);
+              sum += row[j];
+            }
+            const float inv = static_cast<float>(1.0 / sum);
+            for (int64_t j = 0; j < valid; ++j) row[j] *= inv;
+            std::fill(row + valid, row + klen, 0.0f);
+          }
+        });
+        // O[q0:q0+nq] = P[nq, klen] · V[:klen]
+        sgemm_nn(nq, d, klen, 1.0f, scores, klen, vh, kv_ld, 0.0f, oh + q0 * q_ld, q_ld);
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace zimage::cpu

@@ -1,0 +1,78 @@
+// The CPU backend: the numerical oracle every other backend and every model is tested against.
+// Plain float32 code with float32 (or double, for norm statistics) accumulation; GEMMs through
+// OpenBLAS, everything else parallelised over rows with a persistent ThreadPool. Each op family
+// lives in its own file: cpu_backend.cpp (memory), cpu_gemm.cpp, cpu_norm.cpp,
+// cpu_attention.cpp, cpu_conv.cpp, cpu_elementwise.cpp, cpu_layout.cpp.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "core/thread_pool.h"
+
+namespace zimage::cpu {
+
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(int threads);
+
+  Device device() const override { return Device::kCPU; }
+  std::string name() const override;
+  DType act_dtype() const override { return DType::kF32; }
+  ThreadPool& pool() { return pool_; }
+
+  // memory (cpu_backend.cpp)
+  Result<Tensor> alloc(DType dtype, const Shape& shape) override;
+  Result<Tensor> upload(const Tensor& host, DType dtype) override;
+  Status download(const Tensor& src, Tensor& host) override;
+  Status convert(const Tensor& src, Tensor& dst) override;
+  Status copy_2d(const Tensor& src, int64_t src_offset, int64_t src_row_stride, Tensor& dst,
+                 int64_t dst_offset, int64_t dst_row_stride, int64_t rows, int64_t cols) override;
+  Status fill(Tensor& t, float value) override;
+  Status synchronize() override { return Status::Ok(); }
+
+  // cpu_gemm.cpp
+  Status matmul(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y) override;
+
+  // cpu_norm.cpp
+  Status rms_norm(const Tensor& x, const Tensor& w, float eps, const Tensor& scale,
+                  Tensor& y) override;
+  Status layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, float eps,
+                    const Tensor& scale, Tensor& y) override;
+  Status residual_rms_norm_gate(Tensor& x, const Tensor& y, const Tensor& w, float eps,
+                                const Tensor& gate) override;
+  Status group_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, int groups,
+                    float eps, bool silu, Tensor& y) override;
+
+  // cpu_elementwise.cpp
+  Status rope_half(Tensor& x, const Tensor& cos, const Tensor& sin) override;
+  Status rope_interleaved(Tensor& x, const Tensor& freqs) override;
+  Status silu(const Tensor& x, Tensor& y) override;
+  Status tanh(const Tensor& x, Tensor& y) override;
+  Status swiglu(const Tensor& x, Tensor& y) override;
+  Status axpby(float a, const Tensor& x, float b, const Tensor& y, Tensor& out) override;
+  Status add(const Tensor& x, const Tensor& y, Tensor& out) override;
+  Result<std::vector<double>> sum_squares(const Tensor& x) override;
+
+  // cpu_attention.cpp
+  Status attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& p,
+                   Tensor& out) override;
+
+  // cpu_conv.cpp
+  Status conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dParams& p,
+                Tensor& y) override;
+  Status upsample_nearest2x(const Tensor& x, Tensor& y) override;
+
+  // cpu_layout.cpp
+  Status embedding(const Tensor& table, const Tensor& ids, Tensor& out) override;
+  Status patchify(const Tensor& latents, int p, Tensor& tokens) override;
+  Status unpatchify(const Tensor& tokens, int p, float alpha, Tensor& out) override;
+
+ private:
+  int threads_;
+  ThreadPool pool_;
+};
+
+}  // namespace zimage::cpu

@@ -1,0 +1,253 @@
+// CPU element-wise ops and position encodings: SiLU, tanh, SwiGLU, axpby, broadcast add,
+// per-row sum of squares, and the two RoPE variants (rotate-half for Qwen3, interleaved complex
+// for the DiT). All parallel over contiguous ranges of the flat tensor or over rows.
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/cpu_check.h"
+#include "backend/cpu/cpu_math.h"
+
+namespace zimage::cpu {
+
+namespace {
+
+constexpr int64_t kElemGrain = 16384;
+
+// Reads element i of a f32/bf16/f16 buffer as float.
+inline float load(DType dt, const void* p, int64_t i) {
+  switch (dt) {
+    case DType::kBF16: return bf16_to_f32(static_cast<const uint16_t*>(p)[i]);
+    case DType::kF16: return f16_to_f32(static_cast<const uint16_t*>(p)[i]);
+    default: return static_cast<const float*>(p)[i];
+  }
+}
+
+inline void store(DType dt, void* p, int64_t i, float v) {
+  switch (dt) {
+    case DType::kBF16: static_cast<uint16_t*>(p)[i] = f32_to_bf16(v); break;
+    case DType::kF16: static_cast<uint16_t*>(p)[i] = f32_to_f16(v); break;
+    default: static_cast<float*>(p)[i] = v; break;
+  }
+}
+
+// Shared shape of the unary ops: y = f(x), same shape, f32, in place allowed.
+template <typename F>
+Status unary(ThreadPool& pool, const char* op, const Tensor& x, Tensor& y, F f) {
+  ZI_TRY(check_f32(op, "x", x));
+  ZI_TRY(check_f32(op, "y", y));
+  ZI_TRY(check_same_shape(op, "x", x, "y", y));
+  ZI_TRY(check_alias(op, "x", x, "y", y, true));
+  const float* xp = x.data_as<const float>();
+  float* yp = y.data_as<float>();
+  pool.parallel_for(x.numel(), kElemGrain, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) yp[i] = f(xp[i]);
+  });
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status CpuBackend::silu(const Tensor& x, Tensor& y) {
+  return unary(pool_, "silu", x, y, [](float v) { return silu_f(v); });
+}
+
+Status CpuBackend::tanh(const Tensor& x, Tensor& y) {
+  return unary(pool_, "tanh", x, y, [](float v) { return std::tanh(v); });
+}
+
+Status CpuBackend::swiglu(const Tensor& x, Tensor& y) {
+  const char* op = "swiglu";
+  ZI_TRY(check_f32(op, "x", x));
+  ZI_TRY(check_f32(op, "y", y));
+  if (x.rank() < 1 || x.dim(-1) % 2 != 0) {
+    return InvalidArgument("swiglu: x " + desc(x) + " must have an even last dimension [gate | up]");
+  }
+  Shape want = x.shape();
+  want.back() /= 2;
+  if (y.shape() != want) {
+    return InvalidArgument("swiglu: y " + desc(y) + " must be " + shape_string(want) + " for x " +
+                           desc(x));
+  }
+  // y may start exactly where x starts: rows are then processed in order, which never
+  // overwrites input that is still to be read (row m writes [mF, mF+F) below its input at 2mF).
+  const bool in_place = overlaps(x, y);
+  if (in_place && x.data() != y.data()) {
+    return InvalidArgument("swiglu: y " + desc(y) + " overlaps x " + desc(x) +
+                           " without starting at the same address");
+  }
+  const int64_t f = want.back();
+  const int64_t m = f > 0 ? y.numel() / f : 0;
+  const float* xp = x.data_as<const float>();
+  float* yp = y.data_as<float>();
+  auto rows = [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* g = xp + r * 2 * f;
+      const float* u = g + f;
+      float* o = yp + r * f;
+      for (int64_t j = 0; j < f; ++j) o[j] = silu_f(g[j]) * u[j];
+    }
+  };
+  if (in_place) {
+    rows(0, m);
+  } else {
+    pool_.parallel_for(m, std::max<int64_t>(1, kElemGrain / std::max<int64_t>(f, 1)), rows);
+  }
+  return Status::Ok();
+}
+
+Status CpuBackend::axpby(float a, const Tensor& x, float b, const Tensor& y, Tensor& out) {
+  const char* op = "axpby";
+  ZI_TRY(check_float(op, "x", x));
+  ZI_TRY(check_float(op, "y", y));
+  ZI_TRY(check_float(op, "out", out));
+  if (x.dtype() != y.dtype() || x.dtype() != out.dtype()) {
+    return InvalidArgument("axpby: x " + desc(x) + ", y " + desc(y) + " and out " + desc(out) +
+                           ": dtypes differ");
+  }
+  ZI_TRY(check_same_shape(op, "x", x, "y", y));
+  ZI_TRY(check_same_shape(op, "x", x, "out", out));
+  ZI_TRY(check_alias(op, "x", x, "out", out, true));
+  ZI_TRY(check_alias(op, "y", y, "out", out, true));
+  const DType dt = x.dtype();
+  const void* xp = x.data();
+  const void* yp = y.data();
+  void* op_ = out.data();
+  pool_.parallel_for(x.numel(), kElemGrain, [&](int64_t i0, int64_t i1) {
+    if (dt == DType::kF32) {
+      const float* xf = static_cast<const float*>(xp);
+      const float* yf = static_cast<const float*>(yp);
+      float* of = static_cast<float*>(op_);
+      for (int64_t i = i0; i < i1; ++i) of[i] = a * xf[i] + b * yf[i];
+      return;
+    }
+    for (int64_t i = i0; i < i1; ++i) store(dt, op_, i, a * load(dt, xp, i) + b * load(dt, yp, i));
+  });
+  return Status::Ok();
+}
+
+Status CpuBackend::add(const Tensor& x, const Tensor& y, Tensor& out) {
+  const char* op = "add";
+  ZI_TRY(check_f32(op, "x", x));
+  ZI_TRY(check_f32(op, "y", y));
+  ZI_TRY(check_f32(op, "out", out));
+  ZI_TRY(check_same_shape(op, "x", x, "out", out));
+  const int64_t n = x.numel(), yn = y.numel();
+  if (yn <= 0 ? n != 0 : n % yn != 0) {
+    return InvalidArgument("add: y " + desc(y) + " does not broadcast over x " + desc(x) +
+                           " (its element count must divide x's)");
+  }
+  ZI_TRY(check_alias(op, "x", x, "out", out, true));
+  ZI_TRY(check_alias(op, "y", y, "out", out, true));
+  if (n == 0) return Status::Ok();
+  const float* xp = x.data_as<const float>();
+  const float* yp = y.data_as<const float>();
+  float* o = out.data_as<float>();
+  pool_.parallel_for(n, kElemGrain, [&](int64_t i0, int64_t i1) {
+    int64_t j = i0 % yn;
+    for (int64_t i = i0; i < i1; ++i) {
+      o[i] = xp[i] + yp[j];
+      if (++j == yn) j = 0;
+    }
+  });
+  return Status::Ok();
+}
+
+Result<std::vector<double>> CpuBackend::sum_squares(const Tensor& x) {
+  ZI_TRY(check_float("sum_squares", "x", x));
+  if (x.rank() < 1) return InvalidArgument("sum_squares: x " + desc(x) + " must have rank >= 1");
+  const int64_t b = x.dim(0);
+  const int64_t per = b > 0 ? x.numel() / b : 0;
+  std::vector<double> out(static_cast<size_t>(b), 0.0);
+  const DType dt = x.dtype();
+  const void* p = x.data();
+  pool_.parallel_for(b, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t i = b0; i < b1; ++i) {
+      double s = 0.0;
+      for (int64_t j = i * per; j < (i + 1) * per; ++j) {
+        const double v = load(dt, p, j);
+        s += v * v;
+      }
+      out[static_cast<size_t>(i)] = s;
+    }
+  });
+  return out;
+}
+
+Status CpuBackend::rope_half(Tensor& x, const Tensor& cos, const Tensor& sin) {
+  const char* op = "rope_half";
+  ZI_TRY(check_f32(op, "x", x));
+  ZI_TRY(check_rank(op, "x", x, 4));
+  ZI_TRY(check_f32(op, "cos", cos));
+  ZI_TRY(check_f32(op, "sin", sin));
+  const int64_t b = x.dim(0), s = x.dim(1), h = x.dim(2), dh = x.dim(3);
+  if (dh % 2 != 0) return InvalidArgument("rope_half: x " + desc(x) + ": head dim must be even");
+  const Shape want{s, dh};
+  if (cos.shape() != want || sin.shape() != want) {
+    return InvalidArgument("rope_half: cos " + desc(cos) + " and sin " + desc(sin) + " must be " +
+                           shape_string(want) + " for x " + desc(x));
+  }
+  ZI_TRY(check_alias(op, "cos", cos, "x", x, false));
+  ZI_TRY(check_alias(op, "sin", sin, "x", x, false));
+  const int64_t half = dh / 2;
+  float* xp = x.data_as<float>();
+  const float* cp = cos.data_as<const float>();
+  const float* sp = sin.data_as<const float>();
+  pool_.parallel_for(b * s, std::max<int64_t>(1, kElemGrain / std::max<int64_t>(h * dh, 1)),
+                     [&](int64_t r0, int64_t r1) {
+                       for (int64_t r = r0; r < r1; ++r) {
+                         const float* c = cp + (r % s) * dh;
+                         const float* sn = sp + (r % s) * dh;
+                         for (int64_t hh = 0; hh < h; ++hh) {
+                           float* v = xp + (r * h + hh) * dh;
+                           for (int64_t j = 0; j < half; ++j) {
+                             const float lo = v[j], hi = v[j + half];
+                             v[j] = lo * c[j] - hi * sn[j];
+                             v[j + half] = hi * c[j + half] + lo * sn[j + half];
+                           }
+                         }
+                       }
+                     });
+  return Status::Ok();
+}
+
+Status CpuBackend::rope_interleaved(Tensor& x, const Tensor& freqs) {
+  const char* op = "rope_interleaved";
+  ZI_TRY(check_f32(op, "x", x));
+  ZI_TRY(check_rank(op, "x", x, 4));
+  ZI_TRY(check_f32(op, "freqs", freqs));
+  const int64_t b = x.dim(0), s = x.dim(1), h = x.dim(2), dh = x.dim(3);
+  if (dh % 2 != 0) {
+    return InvalidArgument("rope_interleaved: x " + desc(x) + ": head dim must be even");
+  }
+  // freqs [B, S, Dh/2, 2]; a leading 1 is accepted and shared over the batch.
+  if (freqs.rank() != 4 || (freqs.dim(0) != b && freqs.dim(0) != 1) || freqs.dim(1) != s ||
+      freqs.dim(2) != dh / 2 || freqs.dim(3) != 2) {
+    return InvalidArgument("rope_interleaved: freqs " + desc(freqs) + " must be [" +
+                           std::to_string(b) + ", " + std::to_string(s) + ", " +
+                           std::to_string(dh / 2) + ", 2] for x " + desc(x));
+  }
+  ZI_TRY(check_alias(op, "freqs", freqs, "x", x, false));
+  const bool shared = freqs.dim(0) == 1;
+  float* xp = x.data_as<float>();
+  const float* fp = freqs.data_as<const float>();
+  pool_.parallel_for(b * s, std::max<int64_t>(1, kElemGrain / std::max<int64_t>(h * dh, 1)),
+                     [&](int64_t r0, int64_t r1) {
+                       for (int64_t r = r0; r < r1; ++r) {
+                         const float* f = fp + (shared ? r % s : r) * dh;  // dh/2 (cos, sin)
+                         for (int64_t hh = 0; hh < h; ++hh) {
+                           float* v = xp + (r * h + hh) * dh;
+                           for (int64_t j = 0; j < dh / 2; ++j) {
+                             const float x0 = v[2 * j], x1 = v[2 * j + 1];
+                             const float c = f[2 * j], sn = f[2 * j + 1];
+                             v[2 * j] = x0 * c - x1 * sn;
+                             v[2 * j + 1] = x0 * sn + x1 * c;
+                           }
+                         }
+                       }
+                     });
+  return Status::Ok();
+}
+
+}  // namespace zimage::cpu

@@ -1,0 +1,24 @@
+// Thin wrappers over OpenBLAS used by the CPU ops (matmul, attention, conv2d) and by the GEMM
+// benchmark, which needs the raw BLAS call without the engine's include path to cblas.h.
+// No validation here: callers check shapes, and every dimension / leading dimension must fit in
+// a 32-bit int except M, which is split into int-sized pieces.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace zimage::cpu {
+
+// c[M, N] = alpha * a[M, K] · b[N, K]ᵀ + beta * c   (row-major, leading dims in elements)
+void sgemm_nt(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+              const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
+// c[M, N] = alpha * a[M, K] · b[K, N] + beta * c
+void sgemm_nn(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+              const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
+
+// OpenBLAS's (process-global) thread count, and its build description.
+void set_blas_threads(int threads);
+int blas_threads();
+std::string blas_config();
+
+}  // namespace zimage::cpu

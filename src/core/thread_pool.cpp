@@ -1,0 +1,88 @@
+// Persistent pool: workers sleep on a condition variable; a job is published by bumping a
+// generation counter, and the submitter waits until every worker has acknowledged that
+// generation. Waiting for all workers (not just for all chunks) guarantees that no worker can
+// still be looking at a job's function after parallel_for returns.
+#include "core/thread_pool.h"
+
+#include <algorithm>
+
+namespace zimage {
+
+ThreadPool::ThreadPool(int threads) {
+  if (threads <= 0) threads = static_cast<int>(std::thread::hardware_concurrency());
+  if (threads <= 0) threads = 1;
+  workers_.reserve(static_cast<size_t>(threads - 1));
+  for (int i = 0; i < threads - 1; ++i) workers_.emplace_back([this] { worker_loop(); });
+}
+
+ThreadPool::~ThreadPool() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stop_ = true;
+  }
+  wake_cv_.notify_all();
+  for (auto& t : workers_) t.join();
+}
+
+void ThreadPool::run_chunks() {
+  for (;;) {
+    const int64_t c = next_chunk_.fetch_add(1, std::memory_order_relaxed);
+    if (c >= num_chunks_) return;
+    const int64_t begin = c * chunk_;
+    const int64_t end = std::min(n_, begin + chunk_);
+    (*fn_)(begin, end);
+  }
+}
+
+void ThreadPool::worker_loop() {
+  uint64_t seen = 0;
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lk(mu_);
+      wake_cv_.wait(lk, [&] { return stop_ || generation_ != seen; });
+      if (stop_) return;
+      seen = generation_;
+    }
+    run_chunks();
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      ++finished_workers_;
+    }
+    done_cv_.notify_one();
+  }
+}
+
+void ThreadPool::parallel_for(int64_t n, int64_t grain,
+                              const std::function<void(int64_t, int64_t)>& fn) {
+  if (n <= 0) return;
+  grain = std::max<int64_t>(grain, 1);
+  if (workers_.empty() || n < 2 * grain) {
+    fn(0, n);
+    return;
+  }
+  std::unique_lock<std::mutex> submit(submit_mu_, std::try_to_lock);
+  if (!submit.owns_lock()) {  // nested or concurrent use: run here
+    fn(0, n);
+    return;
+  }
+  // About 4 chunks per thread for load balance, never smaller than grain.
+  const int64_t target_chunks = static_cast<int64_t>(size()) * 4;
+  const int64_t chunk = std::max(grain, (n + target_chunks - 1) / target_chunks);
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    fn_ = &fn;
+    n_ = n;
+    chunk_ = chunk;
+    num_chunks_ = (n + chunk - 1) / chunk;
+    next_chunk_.store(0, std::memory_order_relaxed);
+    finished_workers_ = 0;
+    ++generation_;
+  }
+  wake_cv_.notify_all();
+  run_chunks();
+  std::unique_lock<std::mutex> lk(mu_);
+  done_cv_.wait(lk, [&] { return finished_workers_ == static_cast<int>(workers_.size()); });
+  fn_ = nullptr;
+}
+
+}  // namespace zimage
