@@ -128,6 +128,12 @@ class StrictDomBuilder {
 }  // namespace
 
 Result<json> parse_strict(std::string_view text, const std::string& what) {
+  // nlohmann's lexer takes a NUL byte for the end of input and would ignore whatever follows;
+  // a raw NUL is never valid JSON (inside strings it must be escaped), so refuse it here.
+  const size_t nul = text.find('\0');
+  if (nul != std::string_view::npos) {
+    return FormatError(what + ": invalid JSON at byte " + std::to_string(nul) + ": NUL byte");
+  }
   try {
     StrictDomBuilder builder;
     const bool ok = json::sax_parse(text.data(), text.data() + text.size(), &builder,

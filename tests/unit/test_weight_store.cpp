@@ -1,0 +1,238 @@
+// WeightStore: the golden folders (sharded v_batch, single-file v_turbo) open and agree with their
+// index files; every inconsistency between an index and its shards is an error naming the file and
+// the tensors; used-name tracking and prefix stripping behave as the model loaders expect.
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "io/json_util.h"
+#include "io/safetensors.h"
+#include "io/weights.h"
+
+using namespace zimage;
+
+namespace {
+
+std::string golden_model(const std::string& name) {
+  return std::string(ZIMAGE_GOLDEN_DIR) + "/" + name + "/model";
+}
+
+class TempDir {
+ public:
+  TempDir() {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "zimage_ws_XXXXXX").string();
+    if (::mkdtemp(tmpl.data())) path_ = tmpl;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    if (!path_.empty()) std::filesystem::remove_all(path_, ec);
+  }
+  std::string file(const std::string& name) const { return path_ + "/" + name; }
+  void write_text(const std::string& name, const std::string& text) const {
+    std::ofstream(file(name), std::ios::binary) << text;
+  }
+  // A shard with one small F32 tensor [2] per name.
+  void write_shard(const std::string& name, const std::vector<std::string>& tensors) const {
+    std::vector<std::pair<std::string, Tensor>> ts;
+    for (const std::string& t : tensors) ts.emplace_back(t, Tensor::host(DType::kF32, {2}));
+    ASSERT_TRUE(write_safetensors(file(name), ts).ok());
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+void expect_error(const Result<WeightStore>& r, ErrorCode code,
+                  const std::vector<std::string>& parts) {
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), code) << r.status().message();
+  for (const std::string& p : parts) {
+    EXPECT_NE(r.status().message().find(p), std::string::npos)
+        << "expected \"" << p << "\" in: " << r.status().message();
+  }
+}
+
+}  // namespace
+
+TEST(WeightStore, OpensShardedGoldenComponentsAndMatchesIndexMetadata) {
+  for (const char* comp : {"transformer", "text_encoder", "vae"}) {
+    const std::string dir = golden_model("v_batch") + "/" + comp;
+    auto store = WeightStore::open(dir);
+    ASSERT_TRUE(store.ok()) << store.status().to_string();
+    const std::string index = std::string(comp) == "text_encoder"
+                                  ? "model.safetensors.index.json"
+                                  : "diffusion_pytorch_model.safetensors.index.json";
+    auto idx = json_util::read_file(dir + "/" + index);
+    ASSERT_TRUE(idx.ok());
+    EXPECT_EQ(store->size(), (*idx)["weight_map"].size()) << comp;
+    EXPECT_EQ(store->total_bytes(), (*idx)["metadata"]["total_size"].get<size_t>()) << comp;
+    EXPECT_EQ(store->files().size(), 2u) << comp;
+    EXPECT_GT(store->file_bytes(), store->total_bytes());
+    auto names = store->names();
+    EXPECT_TRUE(std::is_sorted(names.begin(), names.end()));
+    for (const auto& [name, shard] : (*idx)["weight_map"].items()) {
+      auto info = store->info(name);
+      ASSERT_TRUE(info.ok()) << name;
+      EXPECT_EQ(std::filesystem::path(info->file).filename().string(), shard.get<std::string>());
+      auto t = store->get(name);
+      ASSERT_TRUE(t.ok()) << name;
+      EXPECT_EQ(t->dtype(), DType::kBF16);
+    }
+    EXPECT_TRUE(store->unused_names().empty());
+  }
+  auto te = WeightStore::open(golden_model("v_batch") + "/text_encoder");
+  ASSERT_TRUE(te.ok());
+  EXPECT_EQ(te->total_params(), 4880576);  // the index's total_parameters
+}
+
+TEST(WeightStore, SingleFileGoldenFolderAndDirectFileAgree) {
+  const std::string dir = golden_model("v_turbo") + "/transformer";
+  auto by_dir = WeightStore::open(dir);
+  auto by_file = WeightStore::open(dir + "/diffusion_pytorch_model.safetensors");
+  ASSERT_TRUE(by_dir.ok()) << by_dir.status().to_string();
+  ASSERT_TRUE(by_file.ok()) << by_file.status().to_string();
+  EXPECT_EQ(by_dir->names(), by_file->names());
+  EXPECT_EQ(by_dir->total_params(), by_file->total_params());
+  EXPECT_GT(by_dir->size(), 10u);
+  EXPECT_EQ(by_dir->dtype_counts().at(DType::kBF16), by_dir->size());
+  // Same model saved sharded (v_batch) has the same tensor names.
+  auto sharded = WeightStore::open(golden_model("v_batch") + "/transformer");
+  ASSERT_TRUE(sharded.ok());
+  EXPECT_EQ(sharded->names(), by_dir->names());
+}
+
+TEST(WeightStore, TracksUnusedNamesAcrossCopiesAndChecksShapes) {
+  auto store = WeightStore::open(golden_model("v_turbo") + "/vae");
+  ASSERT_TRUE(store.ok());
+  const size_t n = store->size();
+  WeightStore copy = *store;
+  auto names = store->names();
+  ASSERT_GE(names.size(), 3u);
+  auto t0 = copy.get(names[0]);
+  ASSERT_TRUE(t0.ok());
+  EXPECT_EQ(store->unused_names().size(), n - 1);  // the copy's get() counts for the original
+  auto ok = store->get(names[1], store->info(names[1])->shape);
+  EXPECT_TRUE(ok.ok());
+  auto bad = store->get(names[2], Shape{1, 2, 3});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), ErrorCode::kFormat);
+  EXPECT_NE(bad.status().message().find("tensor '" + names[2] + "' has shape"), std::string::npos);
+  EXPECT_NE(bad.status().message().find("expected [1, 2, 3]"), std::string::npos);
+  auto missing = store->get("no.such.weight");
+  ASSERT_FALSE(missing.ok());
+  EXPECT_EQ(missing.status().code(), ErrorCode::kNotFound);
+  EXPECT_NE(missing.status().message().find("vae: no tensor named 'no.such.weight'"),
+            std::string::npos);
+  const auto unused = store->unused_names();
+  EXPECT_EQ(unused.size(), n - 3);
+  EXPECT_EQ(std::count(unused.begin(), unused.end(), names[0]), 0);
+}
+
+TEST(WeightStore, StripPrefix) {
+  TempDir dir;
+  dir.write_shard("model.safetensors", {"model.a", "model.b", "c"});
+  auto store = WeightStore::open(dir.path());
+  ASSERT_TRUE(store.ok()) << store.status().to_string();
+  ASSERT_TRUE(store->get("model.a").ok());
+  ASSERT_TRUE(store->strip_prefix("model.").ok());
+  EXPECT_EQ(store->names(), (std::vector<std::string>{"a", "b", "c"}));
+  EXPECT_TRUE(store->get("b").ok());  // still reads the original tensor
+  EXPECT_EQ(store->unused_names(), std::vector<std::string>{"c"});
+
+  TempDir dir2;
+  dir2.write_shard("model.safetensors", {"model.a", "a"});
+  auto clash = WeightStore::open(dir2.path());
+  ASSERT_TRUE(clash.ok());
+  Status s = clash->strip_prefix("model.");
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("makes two tensors named 'a'"), std::string::npos);
+  EXPECT_EQ(clash->names(), (std::vector<std::string>{"a", "model.a"}));  // unchanged
+}
+
+TEST(WeightStore, ShardedFolderErrorsNameTheProblem) {
+  const std::string kIndex = "w.safetensors.index.json";
+  auto index = [](const std::string& weight_map) {
+    return R"({"metadata": {"total_size": 16}, "weight_map": )" + weight_map + "}";
+  };
+  {  // a listed shard does not exist
+    TempDir d;
+    d.write_shard("s1.safetensors", {"a"});
+    d.write_text(kIndex, index(R"({"a": "s1.safetensors", "b": "s2.safetensors"})"));
+    expect_error(WeightStore::open(d.path()), ErrorCode::kNotFound,
+                 {kIndex, "shard 's2.safetensors'", "'b'", "does not exist"});
+  }
+  {  // the index lists a tensor the shard lacks
+    TempDir d;
+    d.write_shard("s1.safetensors", {"a"});
+    d.write_text(kIndex, index(R"({"a": "s1.safetensors", "ghost": "s1.safetensors"})"));
+    expect_error(WeightStore::open(d.path()), ErrorCode::kFormat,
+                 {"s1.safetensors", "are missing", "'ghost'"});
+  }
+  {  // the shard has a tensor the index does not list
+    TempDir d;
+    d.write_shard("s1.safetensors", {"a", "extra"});
+    d.write_text(kIndex, index(R"({"a": "s1.safetensors"})"));
+    expect_error(WeightStore::open(d.path()), ErrorCode::kFormat,
+                 {"s1.safetensors", "not listed in " + kIndex, "'extra'"});
+  }
+  {  // a tensor sits in a different shard than the index says
+    TempDir d;
+    d.write_shard("s1.safetensors", {"a", "b"});
+    d.write_shard("s2.safetensors", {"b"});
+    d.write_text(kIndex, index(R"({"a": "s1.safetensors", "b": "s2.safetensors"})"));
+    expect_error(WeightStore::open(d.path()), ErrorCode::kFormat,
+                 {"s1.safetensors", "holds tensor 'b'", "assigns it to 's2.safetensors'"});
+  }
+  for (const char* evil : {"../s1.safetensors", "/etc/passwd", "sub/s1.safetensors", "..",
+                           "a\\\\b.safetensors", ""}) {  // shard names leaving the folder
+    TempDir d;
+    d.write_shard("s1.safetensors", {"a"});
+    d.write_text(kIndex, index(std::string(R"({"a": ")") + evil + "\"}"));
+    expect_error(WeightStore::open(d.path()), ErrorCode::kFormat,
+                 {kIndex, "tensor 'a'", "is not a plain file name"});
+  }
+  {  // the index is not valid JSON / not the right shape
+    TempDir d;
+    d.write_shard("s1.safetensors", {"a"});
+    d.write_text(kIndex, "{\"weight_map\": {\"a\": \"s1.safetensors\"");
+    expect_error(WeightStore::open(d.path()), ErrorCode::kFormat, {kIndex, "invalid JSON"});
+    d.write_text(kIndex, R"({"weight_map": ["s1.safetensors"]})");
+    expect_error(WeightStore::open(d.path()), ErrorCode::kFormat, {"'weight_map' is a array"});
+    d.write_text(kIndex, R"({"weight_map": {"a": 3}})");
+    expect_error(WeightStore::open(d.path()), ErrorCode::kFormat, {"entry 'a' is a integer"});
+    d.write_text(kIndex, R"({"metadata": {}})");
+    expect_error(WeightStore::open(d.path()), ErrorCode::kFormat, {"'weight_map' is missing"});
+    d.write_text(kIndex, R"({"weight_map": {"a": "s1.safetensors", "a": "s1.safetensors"}})");
+    expect_error(WeightStore::open(d.path()), ErrorCode::kFormat, {"duplicate key 'a'"});
+  }
+  {  // a corrupt shard is reported with its own path
+    TempDir d;
+    d.write_text("s1.safetensors", std::string("\x02\0\0\0\0\0\0\0[]", 10));
+    d.write_text(kIndex, index(R"({"a": "s1.safetensors"})"));
+    expect_error(WeightStore::open(d.path()), ErrorCode::kFormat,
+                 {d.file("s1.safetensors"), "does not start with '{'"});
+  }
+}
+
+TEST(WeightStore, FolderLayoutErrors) {
+  {
+    TempDir d;
+    expect_error(WeightStore::open(d.path()), ErrorCode::kNotFound, {"no *.safetensors file"});
+    d.write_shard("a.safetensors", {"x"});
+    d.write_shard("b.safetensors", {"y"});
+    expect_error(WeightStore::open(d.path()), ErrorCode::kFormat,
+                 {"2 .safetensors files", "'a.safetensors'", "no *.safetensors.index.json"});
+    d.write_text("one.safetensors.index.json", R"({"weight_map": {"x": "a.safetensors"}})");
+    d.write_text("two.safetensors.index.json", R"({"weight_map": {"y": "b.safetensors"}})");
+    expect_error(WeightStore::open(d.path()), ErrorCode::kFormat, {"several weight index files"});
+  }
+  expect_error(WeightStore::open("/nonexistent/zimage/folder"), ErrorCode::kNotFound,
+               {"/nonexistent/zimage/folder: no such file or folder"});
+}
