@@ -1,0 +1,167 @@
+// Public C++ API of the zimage engine: load a Z-Image model once, then turn many text prompts
+// into images. Why this shape: the CLI, the HTTP server and any bindings all sit on this one
+// header; it exposes no engine internals (pimpl), only plain structs, so the engine can change
+// behind it. Errors are values (zimage/status.h); nothing here throws or aborts.
+//
+//   auto engine = zimage::Engine::load({.model_dir = "Z-Image-Turbo", .device = "auto"});
+//   if (!engine.ok()) { puts(engine.status().to_string().c_str()); return 1; }
+//   zimage::GenerateRequest req;
+//   req.prompts = {"a red fox in snow"};
+//   auto result = (*engine)->generate(req);  // result->images[0].rgb: width*height*3 bytes
+//
+// One Engine serves requests one at a time (generate() holds a mutex); it may be called from
+// any thread. Cancellation and progress are per call (GenerateHooks).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "zimage/status.h"
+
+namespace zimage {
+
+inline constexpr const char* kVersion = "0.1.0";
+
+struct EngineOptions {
+  std::string model_dir;         // a diffusers Z-Image folder (model_index.json, transformer/, ...)
+  std::string device = "auto";   // "cpu", "cuda" (GPU 0), "cuda:N", or "auto" (CUDA if usable)
+  std::string precision = "auto";  // "auto" (bf16 on CUDA, f32 on CPU), "bf16", "f32"
+  int threads = 0;               // CPU worker threads; 0 = all hardware threads
+  // Limits every request is checked against (the server may lower them).
+  int max_side = 4096;           // width and height at most this (pixels)
+  int64_t max_pixels = int64_t{4096} * 4096;  // width*height*images in one request at most
+  int max_batch = 16;            // prompts x images_per_prompt at most
+  size_t max_prompt_bytes = 16384;  // each prompt and the negative prompt, before tokenizing
+};
+
+// One text-to-image request. Defaults are the Z-Image-Turbo recipe (1024x1024, 8 steps, no CFG).
+struct GenerateRequest {
+  std::vector<std::string> prompts;             // one or more (UTF-8): they run as one batch
+  std::optional<std::string> negative_prompt;   // used only with guidance > 0 (default "")
+  int width = 1024;                             // a multiple of Engine::size_multiple()
+  int height = 1024;
+  int steps = 8;                                // 1 .. 1000
+  float guidance = 0.0f;                        // CFG scale (diffusers form); 0 = off
+  uint64_t seed = 0;                            // torch.Generator('cpu').manual_seed(seed)
+  int images_per_prompt = 1;                    // images per prompt, noise drawn in one call
+  float cfg_truncation = 1.0f;                  // CFG only while t_norm <= this (1 = always)
+  float cfg_normalization = 0.0f;               // > 0: clip |guided| to this x |positive|
+  int max_sequence_length = 512;                // prompt tokens kept (template included), 1..512
+};
+
+// An 8-bit RGB image, rows top to bottom, no padding: rgb.size() == width * height * 3.
+struct Image {
+  int width = 0;
+  int height = 0;
+  std::vector<uint8_t> rgb;
+};
+
+enum class Phase { kTokenize, kTextEncoder, kDenoise, kVae };
+const char* phase_name(Phase p);  // "tokenize", "text_encoder", "denoise", "vae"
+
+// Wall-clock seconds per phase of one generate() call.
+struct PhaseTimings {
+  double tokenize_s = 0;
+  double text_encoder_s = 0;
+  std::vector<double> dit_s;  // one entry per denoising step (the DiT forward and the Euler step)
+  double vae_s = 0;
+  double total_s = 0;
+  double denoise_s() const {
+    double s = 0;
+    for (double d : dit_s) s += d;
+    return s;
+  }
+};
+
+struct GenerateResult {
+  // prompts.size() * images_per_prompt images: prompt 0's images first, then prompt 1's, ...
+  std::vector<Image> images;
+  PhaseTimings timings;
+  uint64_t seed = 0;
+  std::string device;  // the backend that ran it, e.g. "cpu (OpenBLAS, 16 threads)"
+};
+
+// Progress of one call: `phase` started (step 0) or advanced; for kDenoise, `step` of `total`
+// denoising steps have finished. `elapsed_s` counts from the start of generate().
+struct Progress {
+  Phase phase = Phase::kTokenize;
+  int step = 0;
+  int total = 0;
+  double elapsed_s = 0;
+};
+using ProgressCallback = std::function<void(const Progress&)>;
+
+// Per-call hooks; all optional.
+struct GenerateHooks {
+  // Called from the generating thread: at the start of each phase, and once after every
+  // denoising step (step = 1..steps). Keep it short; it must not call back into the Engine.
+  ProgressCallback on_progress;
+  // Polled before each phase and each denoising step; when it reads true, generate() stops and
+  // returns kCancelled. The caller owns it and keeps it alive during the call.
+  const std::atomic<bool>* cancel = nullptr;
+  // Debug dumps: every named intermediate (token ids, prompt embeddings, DiT output and latents
+  // per step, model internals) whose name contains dump_filter is written to
+  // <dump_dir>/<name>.npy. Empty dump_dir = no dumps. Trusted input: never take it from a client.
+  std::string dump_dir;
+  std::string dump_filter;
+};
+
+// What the loaded model accepts.
+struct EngineInfo {
+  std::string device;       // backend description
+  std::string precision;    // "bf16" or "f32"
+  int size_multiple = 16;   // width and height must be multiples of this (VAE factor x patch)
+  int vae_factor = 8;       // image pixels per latent pixel
+  int latent_channels = 16;
+  int max_side = 4096;
+  int max_batch = 16;
+};
+
+class Engine {
+ public:
+  // Opens the model folder, picks the device, loads and uploads every weight. Errors name the
+  // file, tensor or option at fault (a missing folder: kNotFound; a bad option: kInvalidArgument;
+  // no CUDA device when "cuda" was asked: kUnsupported).
+  static Result<std::unique_ptr<Engine>> load(const EngineOptions& options);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Checks every field of `req` against the model and the limits, without running anything;
+  // the error (kInvalidArgument) names the field: "width: 1000 is not a multiple of 16".
+  // generate() runs the same check first. Thread-safe.
+  Status validate(const GenerateRequest& req) const;
+
+  // Runs one request to completion (or until cancelled). Serialised: concurrent calls wait.
+  Result<GenerateResult> generate(const GenerateRequest& req, const GenerateHooks& hooks = {});
+
+  EngineInfo info() const;
+
+ private:
+  struct Impl;
+  explicit Engine(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// ---- image files --------------------------------------------------------------------------------
+// (keyword, UTF-8 value) pairs stored as PNG iTXt chunks, e.g. {"prompt", "a red fox"}.
+using PngTextChunks = std::vector<std::pair<std::string, std::string>>;
+// Encodes `image` as a PNG in memory (for a server response). kInvalidArgument for an image whose
+// rgb size does not match width*height*3 or a keyword PNG does not allow.
+Result<std::vector<uint8_t>> png_encode(const Image& image, const PngTextChunks& text = {});
+// png_encode, then writes `path` (replacing it); kIo names the path when it cannot be written.
+Status png_save(const std::string& path, const Image& image, const PngTextChunks& text = {});
+// Reads a PNG file as 8-bit RGB (alpha dropped); its text chunks into `text` when non-null.
+Result<Image> png_load(const std::string& path, PngTextChunks* text = nullptr);
+
+// Engine messages on stderr: 0 errors only, 1 warnings (default; env ZIMAGE_LOG overrides),
+// 2 info (load and per-phase times), 3 debug.
+void set_log_verbosity(int level);
+
+}  // namespace zimage

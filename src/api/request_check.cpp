@@ -1,0 +1,122 @@
+// GenerateRequest range checks (see request_check.h). Messages start with the field name so a
+// client can tell which input to fix: "steps: 0 is outside 1..1000".
+#include "api/request_check.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <string>
+
+namespace zimage {
+
+std::string text_problem(std::string_view s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c == 0) return "contains a NUL byte at offset " + std::to_string(i);
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
+    int len = 0;
+    uint32_t cp = 0;
+    if (c >= 0xC2 && c <= 0xDF) {
+      len = 2;
+      cp = c & 0x1F;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+      len = 3;
+      cp = c & 0x0F;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+      len = 4;
+      cp = c & 0x07;
+    } else {
+      char hex[8];
+      std::snprintf(hex, sizeof(hex), "0x%02X", c);
+      return std::string("is not valid UTF-8 (byte ") + hex + " at offset " + std::to_string(i) +
+             ")";
+    }
+    if (i + static_cast<size_t>(len) > s.size())
+      return "is not valid UTF-8 (truncated sequence at offset " + std::to_string(i) + ")";
+    for (int k = 1; k < len; ++k) {
+      const auto cc = static_cast<unsigned char>(s[i + static_cast<size_t>(k)]);
+      if ((cc & 0xC0) != 0x80)
+        return "is not valid UTF-8 (bad continuation byte at offset " +
+               std::to_string(i + static_cast<size_t>(k)) + ")";
+      cp = (cp << 6) | (cc & 0x3F);
+    }
+    const bool overlong = (len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000);
+    if (overlong || (cp >= 0xD800 && cp <= 0xDFFF) || cp > 0x10FFFF)
+      return "is not valid UTF-8 (overlong, surrogate or out-of-range sequence at offset " +
+             std::to_string(i) + ")";
+    i += static_cast<size_t>(len);
+  }
+  return "";
+}
+
+namespace {
+
+Status check_text(const std::string& field, const std::string& text, size_t max_bytes) {
+  if (text.size() > max_bytes)
+    return InvalidArgument(field + ": " + std::to_string(text.size()) + " bytes exceeds the " +
+                           std::to_string(max_bytes) + "-byte limit");
+  const std::string problem = text_problem(text);
+  if (!problem.empty()) return InvalidArgument(field + ": " + problem);
+  return Status::Ok();
+}
+
+Status check_side(const char* field, int v, const RequestLimits& lim) {
+  const std::string f(field);
+  if (v <= 0) return InvalidArgument(f + ": must be positive, got " + std::to_string(v));
+  if (v > lim.max_side)
+    return InvalidArgument(f + ": " + std::to_string(v) + " exceeds the limit " +
+                           std::to_string(lim.max_side));
+  if (lim.size_multiple > 0 && v % lim.size_multiple != 0)
+    return InvalidArgument(f + ": " + std::to_string(v) + " is not a multiple of " +
+                           std::to_string(lim.size_multiple) + " (try " +
+                           std::to_string(std::max(1, v / lim.size_multiple) * lim.size_multiple) +
+                           ")");
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status check_request(const GenerateRequest& req, const RequestLimits& lim) {
+  if (req.prompts.empty()) return InvalidArgument("prompts: at least one prompt is needed");
+  for (size_t i = 0; i < req.prompts.size(); ++i)
+    ZI_TRY(check_text("prompts[" + std::to_string(i) + "]", req.prompts[i], lim.max_prompt_bytes));
+  if (req.negative_prompt)
+    ZI_TRY(check_text("negative_prompt", *req.negative_prompt, lim.max_prompt_bytes));
+  ZI_TRY(check_side("width", req.width, lim));
+  ZI_TRY(check_side("height", req.height, lim));
+  if (req.steps < 1 || req.steps > lim.max_steps)
+    return InvalidArgument("steps: " + std::to_string(req.steps) + " is outside 1.." +
+                           std::to_string(lim.max_steps));
+  if (!std::isfinite(req.guidance) || req.guidance < 0.0f)
+    return InvalidArgument("guidance: must be a finite number >= 0, got " +
+                           std::to_string(req.guidance));
+  if (req.images_per_prompt < 1)
+    return InvalidArgument("images_per_prompt: must be at least 1, got " +
+                           std::to_string(req.images_per_prompt));
+  const int64_t batch = static_cast<int64_t>(req.prompts.size()) * req.images_per_prompt;
+  if (batch > lim.max_batch)
+    return InvalidArgument("images_per_prompt: " + std::to_string(req.prompts.size()) +
+                           " prompt(s) x " + std::to_string(req.images_per_prompt) + " = " +
+                           std::to_string(batch) + " images exceeds the batch limit " +
+                           std::to_string(lim.max_batch));
+  const int64_t pixels = int64_t{req.width} * req.height * batch;
+  if (pixels > lim.max_pixels)
+    return InvalidArgument("width: " + std::to_string(req.width) + "x" +
+                           std::to_string(req.height) + " x " + std::to_string(batch) +
+                           " images exceeds the pixel limit " + std::to_string(lim.max_pixels));
+  if (!std::isfinite(req.cfg_truncation))
+    return InvalidArgument("cfg_truncation: must be finite");
+  if (!std::isfinite(req.cfg_normalization) || req.cfg_normalization < 0.0f)
+    return InvalidArgument("cfg_normalization: must be a finite number >= 0, got " +
+                           std::to_string(req.cfg_normalization));
+  if (req.max_sequence_length < 1 || req.max_sequence_length > lim.max_sequence_length)
+    return InvalidArgument("max_sequence_length: " + std::to_string(req.max_sequence_length) +
+                           " is outside 1.." + std::to_string(lim.max_sequence_length));
+  return Status::Ok();
+}
+
+}  // namespace zimage

@@ -1,0 +1,32 @@
+// Range checks of a GenerateRequest that do not depend on the loaded model's weights: every
+// numeric field, the batch size, the prompt texts (byte cap, valid UTF-8, no NUL). Why separate:
+// the server validates a whole job before queueing it (docs/reliability.md, "Requests"), and the
+// checks must be testable without a model. Each error is kInvalidArgument naming the field.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+#include "zimage/status.h"
+#include "zimage/zimage.h"
+
+namespace zimage {
+
+struct RequestLimits {
+  int size_multiple = 16;  // width and height must be multiples of this
+  int max_side = 4096;
+  int64_t max_pixels = int64_t{4096} * 4096;  // width * height * images
+  int max_batch = 16;                         // prompts * images_per_prompt
+  size_t max_prompt_bytes = 16384;
+  int max_steps = 1000;
+  int max_sequence_length = 512;
+};
+
+Status check_request(const GenerateRequest& req, const RequestLimits& limits);
+
+// Empty when `text` is valid UTF-8 with no NUL byte (no overlongs, surrogates or code points past
+// U+10FFFF); else what is wrong and at which byte offset.
+std::string text_problem(std::string_view text);
+
+}  // namespace zimage
