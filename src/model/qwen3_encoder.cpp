@@ -1,0 +1,201 @@
+// Qwen3 decoder stack, written against Backend only (CPU fp32 oracle, CUDA bf16). Per layer
+// (spec §3.4, no biases):
+//   a = RMSNorm_in(x); q,k,v = a·Wqkv; q,k = RMSNorm per head; q,k = RoPE (rotate-half);
+//   x += o_proj(softmax(q kᵀ/√Dh + causal/pad mask) v)   (GQA: q head h uses kv head h/(Hq/Hkv))
+//   x += down(silu(gate(RMSNorm_post(x))) ⊙ up(RMSNorm_post(x)))
+#include "model/qwen3_encoder.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "model/load_util.h"
+
+namespace zimage {
+
+namespace {
+
+Status validate(const TextEncoderConfig& c) {
+  auto bad = [](const std::string& m) { return InvalidArgument("text encoder config: " + m); };
+  if (c.hidden_size <= 0 || c.intermediate_size <= 0 || c.head_dim <= 0 || c.vocab_size <= 0)
+    return bad("hidden_size, intermediate_size, head_dim and vocab_size must be positive");
+  if (c.head_dim % 2 != 0) return bad("head_dim " + std::to_string(c.head_dim) + " must be even");
+  if (c.num_attention_heads <= 0 || c.num_key_value_heads <= 0 ||
+      c.num_attention_heads % c.num_key_value_heads != 0) {
+    return bad("num_attention_heads " + std::to_string(c.num_attention_heads) +
+               " must be a positive multiple of num_key_value_heads " +
+               std::to_string(c.num_key_value_heads));
+  }
+  if (c.num_hidden_layers < 1) return bad("num_hidden_layers must be >= 1");
+  if (!(c.rope_theta > 0)) return bad("rope_theta must be positive");
+  if (c.attention_bias) return Unsupported("text encoder config: attention_bias true");
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Qwen3Encoder>> Qwen3Encoder::load(const TextEncoderConfig& cfg,
+                                                         const WeightStore& ws, Backend& be) {
+  ZI_TRY(validate(cfg));
+  std::unique_ptr<Qwen3Encoder> m(new Qwen3Encoder(cfg, be));
+  Status st = m->load_weights(ws);
+  if (!st.ok()) return st.with_context("loading text encoder");
+  // inv_freq_j = 1 / theta^(2j / Dh) in float32 (transformers keeps this buffer in fp32).
+  const int half = cfg.head_dim / 2;
+  m->inv_freq_.resize(half);
+  for (int j = 0; j < half; ++j) {
+    const float e = static_cast<float>(2 * j) / static_cast<float>(cfg.head_dim);
+    const float p = static_cast<float>(
+        std::pow(static_cast<double>(static_cast<float>(cfg.rope_theta)), static_cast<double>(e)));
+    m->inv_freq_[j] = 1.0f / p;
+  }
+  return m;
+}
+
+Status Qwen3Encoder::load_weights(const WeightStore& ws) {
+  const std::string pre = ws.contains("model.embed_tokens.weight") ? "model." : "";
+  const int64_t hd = cfg_.hidden_size, dh = cfg_.head_dim, ff = cfg_.intermediate_size;
+  const int64_t hq = cfg_.num_attention_heads, hkv = cfg_.num_key_value_heads;
+  ZI_ASSIGN_OR_RETURN(embed_, load::weight(ws, be_, pre + "embed_tokens.weight",
+                                           {cfg_.vocab_size, hd}));  // [vocab, hidden]
+  const int run = cfg_.num_hidden_layers - 1;  // hidden_states[-2] = output of layer N-2
+  layers_.resize(run);
+  for (int i = 0; i < run; ++i) {
+    const std::string p = pre + "layers." + std::to_string(i) + ".";
+    Layer& l = layers_[i];
+    ZI_ASSIGN_OR_RETURN(l.input_norm, load::weight(ws, be_, p + "input_layernorm.weight", {hd}));
+    ZI_ASSIGN_OR_RETURN(Tensor q, load::host_f32(ws, p + "self_attn.q_proj.weight", {hq * dh, hd}));
+    ZI_ASSIGN_OR_RETURN(Tensor k,
+                        load::host_f32(ws, p + "self_attn.k_proj.weight", {hkv * dh, hd}));
+    ZI_ASSIGN_OR_RETURN(Tensor v,
+                        load::host_f32(ws, p + "self_attn.v_proj.weight", {hkv * dh, hd}));
+    ZI_ASSIGN_OR_RETURN(l.wqkv, load::concat_rows(be_, {q, k, v}, p + "self_attn.qkv"));
+    ZI_ASSIGN_OR_RETURN(l.q_norm, load::weight(ws, be_, p + "self_attn.q_norm.weight", {dh}));
+    ZI_ASSIGN_OR_RETURN(l.k_norm, load::weight(ws, be_, p + "self_attn.k_norm.weight", {dh}));
+    ZI_ASSIGN_OR_RETURN(l.wo, load::weight(ws, be_, p + "self_attn.o_proj.weight", {hd, hq * dh}));
+    ZI_ASSIGN_OR_RETURN(l.post_norm,
+                        load::weight(ws, be_, p + "post_attention_layernorm.weight", {hd}));
+    ZI_ASSIGN_OR_RETURN(Tensor g, load::host_f32(ws, p + "mlp.gate_proj.weight", {ff, hd}));
+    ZI_ASSIGN_OR_RETURN(Tensor u, load::host_f32(ws, p + "mlp.up_proj.weight", {ff, hd}));
+    ZI_ASSIGN_OR_RETURN(l.wgu, load::concat_rows(be_, {g, u}, p + "mlp.gate_up"));
+    ZI_ASSIGN_OR_RETURN(l.wdown, load::weight(ws, be_, p + "mlp.down_proj.weight", {hd, ff}));
+  }
+  // Known and deliberately unused: the last layer, the final norm, a (tied) lm_head.
+  const std::string last = pre + "layers." + std::to_string(cfg_.num_hidden_layers - 1) + ".";
+  return load::check_all_used(ws, "text encoder", [&](const std::string& n) {
+    return n.rfind(last, 0) == 0 || n == pre + "norm.weight" || n.rfind("lm_head.", 0) == 0;
+  });
+}
+
+Status Qwen3Encoder::rope_tables(int64_t seq, Tensor& cos, Tensor& sin) const {
+  const int64_t dh = cfg_.head_dim, half = dh / 2;
+  Tensor c = Tensor::host(DType::kF32, {seq, dh});  // [S, Dh]
+  Tensor s = Tensor::host(DType::kF32, {seq, dh});  // [S, Dh]
+  if (!c.defined() || !s.defined()) return OutOfMemory("text encoder RoPE tables");
+  for (int64_t p = 0; p < seq; ++p) {
+    for (int64_t j = 0; j < half; ++j) {
+      const float angle = static_cast<float>(p) * inv_freq_[j];  // fp32 product, as torch
+      const float cv = static_cast<float>(std::cos(static_cast<double>(angle)));
+      const float sv = static_cast<float>(std::sin(static_cast<double>(angle)));
+      c.data_as<float>()[p * dh + j] = c.data_as<float>()[p * dh + j + half] = cv;
+      s.data_as<float>()[p * dh + j] = s.data_as<float>()[p * dh + j + half] = sv;
+    }
+  }
+  ZI_ASSIGN_OR_RETURN(cos, load::upload_host(be_, c, DType::kF32));  // [S, Dh] f32
+  ZI_ASSIGN_OR_RETURN(sin, load::upload_host(be_, s, DType::kF32));  // [S, Dh] f32
+  return Status::Ok();
+}
+
+Result<std::vector<Tensor>> Qwen3Encoder::encode(const std::vector<std::vector<int32_t>>& ids,
+                                                 DebugSink* dbg) {
+  if (ids.empty()) return InvalidArgument("text encoder: no prompts");
+  const int64_t b = static_cast<int64_t>(ids.size());
+  int64_t s = 0;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (ids[i].empty())
+      return InvalidArgument("text encoder: prompt " + std::to_string(i) + " has no tokens");
+    for (int32_t t : ids[i]) {
+      if (t < 0 || t >= cfg_.vocab_size) {
+        return InvalidArgument("text encoder: prompt " + std::to_string(i) + " token id " +
+                               std::to_string(t) + " outside the vocabulary [0, " +
+                               std::to_string(cfg_.vocab_size) + ")");
+      }
+    }
+    s = std::max<int64_t>(s, static_cast<int64_t>(ids[i].size()));
+  }
+  const int64_t hd = cfg_.hidden_size, dh = cfg_.head_dim, ff = cfg_.intermediate_size;
+  const int64_t hq = cfg_.num_attention_heads, hkv = cfg_.num_key_value_heads;
+  const int64_t rows = b * s;
+  const DType act = be_.act_dtype();
+
+  // Right-padded ids; pad positions only ever see real keys and are dropped at the end.
+  Tensor host_ids = Tensor::host(DType::kI32, {rows});  // [B*S]
+  if (!host_ids.defined()) return OutOfMemory("text encoder ids");
+  AttentionParams ap;
+  ap.scale = 1.0f / std::sqrt(static_cast<float>(dh));
+  ap.causal = true;
+  bool ragged = false;
+  for (int64_t i = 0; i < b; ++i) {
+    const auto& v = ids[i];
+    std::copy(v.begin(), v.end(), host_ids.data_as<int32_t>() + i * s);
+    ap.key_len.push_back(static_cast<int32_t>(v.size()));
+    ragged = ragged || static_cast<int64_t>(v.size()) != s;
+  }
+  if (!ragged) ap.key_len.clear();
+
+  ZI_ASSIGN_OR_RETURN(Tensor h, load::alloc(be_, act, {rows, hd}, "te.hidden"));  // [B*S, hidden]
+  ZI_TRY(be_.embedding(embed_, host_ids, h));                                     // [B*S, hidden]
+  Tensor cos, sin;
+  ZI_TRY(rope_tables(s, cos, sin));  // [S, Dh] each
+
+  const int64_t qkv_w = (hq + 2 * hkv) * dh, v_off = (hq + hkv) * dh;
+  ZI_ASSIGN_OR_RETURN(Tensor a, load::alloc(be_, act, {rows, hd}, "te.norm"));      // [B*S, hidden]
+  ZI_ASSIGN_OR_RETURN(Tensor qkv, load::alloc(be_, act, {rows, qkv_w}, "te.qkv"));  // [B*S, QKV]
+  ZI_ASSIGN_OR_RETURN(Tensor q, load::alloc(be_, act, {b, s, hq, dh}, "te.q"));     // [B,S,Hq,Dh]
+  ZI_ASSIGN_OR_RETURN(Tensor k, load::alloc(be_, act, {b, s, hkv, dh}, "te.k"));    // [B,S,Hkv,Dh]
+  ZI_ASSIGN_OR_RETURN(Tensor v, load::alloc(be_, act, {b, s, hkv, dh}, "te.v"));    // [B,S,Hkv,Dh]
+  ZI_ASSIGN_OR_RETURN(Tensor o, load::alloc(be_, act, {b, s, hq, dh}, "te.attn"));  // [B,S,Hq,Dh]
+  ZI_ASSIGN_OR_RETURN(Tensor proj, load::alloc(be_, act, {rows, hd}, "te.proj"));   // [B*S, hidden]
+  ZI_ASSIGN_OR_RETURN(Tensor gu, load::alloc(be_, act, {rows, 2 * ff}, "te.gate_up"));  // [B*S, 2F]
+  ZI_ASSIGN_OR_RETURN(Tensor mlp, load::alloc(be_, act, {rows, ff}, "te.mlp"));         // [B*S, F]
+  const Tensor none;
+
+  for (size_t li = 0; li < layers_.size(); ++li) {
+    const Layer& l = layers_[li];
+    const float eps = cfg_.rms_norm_eps;
+    // --- attention ---
+    ZI_TRY(be_.rms_norm(h, l.input_norm, eps, none, a));                       // [B*S, hidden]
+    ZI_TRY(be_.matmul(a, l.wqkv, none, qkv));                                  // [B*S, QKV]
+    ZI_TRY(be_.copy_2d(qkv, 0, qkv_w, q, 0, hq * dh, rows, hq * dh));          // [B,S,Hq,Dh]
+    ZI_TRY(be_.copy_2d(qkv, hq * dh, qkv_w, k, 0, hkv * dh, rows, hkv * dh));  // [B,S,Hkv,Dh]
+    ZI_TRY(be_.copy_2d(qkv, v_off, qkv_w, v, 0, hkv * dh, rows, hkv * dh));    // [B,S,Hkv,Dh]
+    Tensor q_rows = q.view({rows * hq, dh});                                        // [B*S*Hq, Dh]
+    Tensor k_rows = k.view({rows * hkv, dh});                                       // [B*S*Hkv, Dh]
+    ZI_TRY(be_.rms_norm(q_rows, l.q_norm, eps, none, q_rows));                      // per head
+    ZI_TRY(be_.rms_norm(k_rows, l.k_norm, eps, none, k_rows));                      // per head
+    ZI_TRY(be_.rope_half(q, cos, sin));                                             // [B,S,Hq,Dh]
+    ZI_TRY(be_.rope_half(k, cos, sin));                                             // [B,S,Hkv,Dh]
+    ZI_TRY(be_.attention(q, k, v, ap, o));                                          // [B,S,Hq,Dh]
+    ZI_TRY(be_.matmul(o.view({rows, hq * dh}), l.wo, none, proj));                  // [B*S, hidden]
+    ZI_TRY(be_.add(h, proj, h));                                                    // [B*S, hidden]
+    // --- SwiGLU MLP ---
+    ZI_TRY(be_.rms_norm(h, l.post_norm, eps, none, a));  // [B*S, hidden]
+    ZI_TRY(be_.matmul(a, l.wgu, none, gu));              // [B*S, 2F]
+    ZI_TRY(be_.swiglu(gu, mlp));                         // [B*S, F]
+    ZI_TRY(be_.matmul(mlp, l.wdown, none, proj));        // [B*S, hidden]
+    ZI_TRY(be_.add(h, proj, h));                         // [B*S, hidden]
+    debug_tensor(dbg, "te.layer" + std::to_string(li), be_, h.view({b, s, hd}));
+  }
+
+  std::vector<Tensor> out;
+  for (int64_t i = 0; i < b; ++i) {
+    const int64_t len = static_cast<int64_t>(ids[i].size());
+    ZI_ASSIGN_OR_RETURN(Tensor e, load::alloc(be_, act, {len, hd}, "te.output"));  // [L_i, hidden]
+    ZI_TRY(be_.copy_2d(h, i * s * hd, hd, e, 0, hd, len, hd));                     // [L_i, hidden]
+    debug_tensor(dbg, "te.hidden_states." + std::to_string(i), be_, e);
+    out.push_back(std::move(e));
+  }
+  return out;
+}
+
+}  // namespace zimage

@@ -1,0 +1,102 @@
+// The AutoencoderKL of Z-Image (spec §8), decoder and encoder, for any consistent
+// block_out_channels / layers_per_block (spatial factor 2^(len-1)). Feature maps are NHWC on
+// the backend; the public edges take / return the pipeline's layouts (latents NCHW f32, image
+// NHWC). Accepts diffusers names and the LDM / BFL names of `ae.safetensors` (spec §8.5).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "core/status.h"
+#include "io/model_config.h"
+#include "io/weights.h"
+#include "model/debug.h"
+
+namespace zimage {
+
+namespace vae {
+
+struct Conv {
+  Tensor w;  // [cout, k, k, cin] (OHWI)
+  Tensor b;  // [cout]
+  int64_t cin = 0, cout = 0, k = 0;
+};
+struct Norm {
+  Tensor gamma, beta;  // [C]
+};
+struct Resnet {
+  Norm norm1, norm2;
+  Conv conv1, conv2;
+  bool has_shortcut = false;
+  Conv shortcut;  // 1x1, only when cin != cout
+};
+struct Attention {  // single head over all channels, with a residual
+  Norm norm;
+  Tensor wqkv, bqkv;  // [3C, C], [3C]: q rows, k rows, v rows
+  Tensor wo, bo;      // [C, C], [C]
+  int64_t c = 0;
+};
+struct Mid {
+  Resnet res0, res1;
+  bool has_attn = true;
+  Attention attn;
+};
+struct Stage {  // one up_block (decoder) or down_block (encoder)
+  std::vector<Resnet> resnets;
+  bool has_resample = false;
+  Conv resample;  // upsampler conv (after nearest x2) or downsampler conv (stride 2)
+};
+
+}  // namespace vae
+
+class VaeDecoder {
+ public:
+  static Result<std::unique_ptr<VaeDecoder>> load(const VaeConfig& cfg, const WeightStore& ws,
+                                                  Backend& be);
+  // latents [B, latent_channels, h, w] f32 on the backend (the pipeline's latents). Applies
+  // z = latents / scaling + shift, decodes, and returns the image [B, H, W, out_channels] f32 in
+  // [0, 1] (clamp(x/2 + 0.5, 0, 1), spec §8.6) on the host; H = h * spatial_factor.
+  // Intermediates: vae.conv_in, vae.mid, vae.up.<i>, vae.conv_out.
+  Result<Tensor> decode(const Tensor& latents, DebugSink* dbg = nullptr);
+  const VaeConfig& config() const { return cfg_; }
+
+ private:
+  VaeDecoder(const VaeConfig& cfg, Backend& be) : cfg_(cfg), be_(be) {}
+  Status load_weights(const WeightStore& ws);
+
+  VaeConfig cfg_;
+  Backend& be_;
+  bool has_post_quant_ = false;
+  vae::Conv post_quant_, conv_in_, conv_out_;
+  vae::Mid mid_;
+  std::vector<vae::Stage> up_;  // diffusers order: up_blocks.0 works at the lowest resolution
+  vae::Norm norm_out_;
+};
+
+class VaeEncoder {
+ public:
+  static Result<std::unique_ptr<VaeEncoder>> load(const VaeConfig& cfg, const WeightStore& ws,
+                                                  Backend& be);
+  // image [B, H, W, in_channels] in [-1, 1] on the backend (f32 or act dtype), H and W multiples
+  // of spatial_factor -> mean, logvar [B, latent_channels, H/f, W/f] f32 on the backend
+  // (logvar clamped to [-30, 20]). Both outputs are (re)assigned.
+  Status encode(const Tensor& image, Tensor& mean, Tensor& logvar, DebugSink* dbg = nullptr);
+  const VaeConfig& config() const { return cfg_; }
+
+ private:
+  VaeEncoder(const VaeConfig& cfg, Backend& be) : cfg_(cfg), be_(be) {}
+  Status load_weights(const WeightStore& ws);
+
+  VaeConfig cfg_;
+  Backend& be_;
+  vae::Conv conv_in_, conv_out_;
+  std::vector<vae::Stage> down_;
+  vae::Mid mid_;
+  vae::Norm norm_out_;
+  bool has_quant_ = false;
+  vae::Conv quant_;
+};
+
+}  // namespace zimage

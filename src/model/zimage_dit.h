@@ -1,0 +1,83 @@
+// The Z-Image single-stream DiT (spec §4-5): latents + timestep + caption features -> the raw
+// flow prediction. Sequence per batch item = [image tokens (Np), caption tokens (Lp)], each part
+// padded to a multiple of 32 with learned pad tokens, items batch-padded with key-length masks.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "core/status.h"
+#include "io/model_config.h"
+#include "io/weights.h"
+#include "model/debug.h"
+
+namespace zimage {
+
+class ZImageDiT {
+ public:
+  static constexpr int kSeqMultiple = 32;   // image and caption parts are padded to this
+  static constexpr int kTimeFreqDim = 256;  // timestep sinusoid width
+  static constexpr int kTimeMidDim = 1024;  // t_embedder hidden width
+
+  // Accepts the diffusers names (spec §5.1) and the ComfyUI / original single-file names
+  // (§5.2: fused attention.qkv, x_embedder, final_layer, attention.out, q_norm/k_norm, optional
+  // "model.diffusion_model." prefix, norm_final.weight ignored). Missing, wrongly shaped and
+  // unused tensors are errors naming them.
+  static Result<std::unique_ptr<ZImageDiT>> load(const TransformerConfig& cfg,
+                                                 const WeightStore& ws, Backend& be);
+
+  // latents [B, C, h, w] f32 on the backend; t_model: B host floats ((1000 - T)/1000, spec §6.1);
+  // caps: B tensors [L_i, cap_feat_dim] in act dtype (lengths may differ). out: [B, C, h, w] f32,
+  // the raw model output (the pipeline negates it); allocated here when undefined.
+  // Intermediates: <prefix>.t_emb, .x_embed, .noise_refiner.<i>, .cap_embed,
+  // .context_refiner.<i>, .layers.<i>, .final, .out.
+  Status forward(const Tensor& latents, const std::vector<float>& t_model,
+                 const std::vector<Tensor>& caps, Tensor& out, DebugSink* dbg = nullptr,
+                 const std::string& dbg_prefix = "dit");
+
+  const TransformerConfig& config() const { return cfg_; }
+
+ private:
+  struct Block {
+    bool modulated = false;
+    Tensor adaln_w, adaln_b;  // [4D, adaln], [4D]: scale_attn | gate_attn | scale_ffn | gate_ffn
+    Tensor wqkv;              // [3D, D]: q rows, then k, then v
+    Tensor norm_q, norm_k;    // [Dh] (undefined when qk_norm is off)
+    Tensor wo;                // [D, D]
+    Tensor attn_norm1, attn_norm2, ffn_norm1, ffn_norm2;  // [D] each
+    Tensor w13;                                           // [2F, D]: w1 (gate) rows, then w3 (up)
+    Tensor w2;                                            // [D, F]
+  };
+  struct Scratch;  // per-sequence activation buffers (zimage_dit.cpp)
+
+  ZImageDiT(const TransformerConfig& cfg, Backend& be) : cfg_(cfg), be_(be) {}
+  // zimage_dit_weights.cpp
+  Status load_weights(const WeightStore& ws);
+  Status load_block(const WeightStore& ws, const std::string& prefix, bool modulated, Block& b);
+  Result<Tensor> load_pad_block(const WeightStore& ws, const std::string& name);
+  void build_rope_tables();
+  // Writes the Dh/2 (cos, sin) pairs of position (p0, p1, p2) to dst; false when out of range.
+  bool rope_row(int64_t p0, int64_t p1, int64_t p2, float* dst) const;
+
+  // zimage_dit.cpp
+  Status timestep_embedding(const std::vector<float>& t_model, Tensor& c);
+  Status run_block(const Block& blk, Tensor& x, const Tensor& freqs, const Tensor& c,
+                   const AttentionParams& ap, Scratch& s);
+
+  TransformerConfig cfg_;
+  Backend& be_;
+  Tensor t_w1_, t_b1_, t_w2_, t_b2_;  // [1024, 256], [1024], [adaln, 1024], [adaln]
+  Tensor x_w_, x_b_;                  // [D, p*p*C], [D]
+  Tensor cap_norm_, cap_w_, cap_b_;   // [Fc], [D, Fc], [D]
+  Tensor x_pad_, cap_pad_;            // [32, D]: the pad token repeated (one copy fills any pad)
+  Tensor final_ada_w_, final_ada_b_;  // [D, adaln], [D]
+  Tensor final_w_, final_b_;          // [p*p*C, D], [p*p*C]
+  Tensor ones_;                       // [D] of 1.0: the "1 +" of the modulation scales
+  std::vector<Block> noise_refiner_, context_refiner_, layers_;
+  // Per RoPE axis a: cos/sin of float32(p * omega_k), [axes_lens[a], axes_dims[a]/2] row-major.
+  std::vector<std::vector<float>> rope_cos_, rope_sin_;
+};
+
+}  // namespace zimage

@@ -1,0 +1,200 @@
+// ZImageDiT: config validation, weight binding (diffusers and ComfyUI single-file names) and the
+// host-side RoPE tables. Weights are fused on the host before upload: to_q|to_k|to_v -> [3D, D]
+// and w1|w3 -> [2F, D] (gate rows first, as Backend::swiglu expects).
+#include <cmath>
+#include <numeric>
+
+#include "model/load_util.h"
+#include "model/zimage_dit.h"
+
+namespace zimage {
+
+namespace {
+
+Status validate(const TransformerConfig& c) {
+  auto bad = [](const std::string& m) { return InvalidArgument("transformer config: " + m); };
+  if (c.patch_size < 1 || c.in_channels < 1 || c.dim < 1 || c.n_heads < 1 || c.cap_feat_dim < 1)
+    return bad("patch_size, in_channels, dim, n_heads and cap_feat_dim must be positive");
+  if (c.f_patch_size != 1)
+    return Unsupported("transformer config: f_patch_size " + std::to_string(c.f_patch_size) +
+                       " (only 1 is supported for images)");
+  if (c.dim % c.n_heads != 0)
+    return bad("dim " + std::to_string(c.dim) + " is not a multiple of n_heads " +
+               std::to_string(c.n_heads));
+  if (c.n_layers < 0 || c.n_refiner_layers < 0) return bad("negative layer count");
+  if (c.axes_dims.size() != 3 || c.axes_lens.size() != 3)
+    return bad("axes_dims and axes_lens must have 3 entries");
+  int sum = 0;
+  for (size_t a = 0; a < 3; ++a) {
+    if (c.axes_dims[a] <= 0 || c.axes_dims[a] % 2 != 0 || c.axes_lens[a] <= 0)
+      return bad("axes_dims must be positive and even, axes_lens positive");
+    sum += c.axes_dims[a];
+  }
+  if (sum != c.head_dim())
+    return bad("sum(axes_dims) = " + std::to_string(sum) + " != head_dim " +
+               std::to_string(c.head_dim()));
+  if (!(c.rope_theta > 0) || !(c.norm_eps > 0)) return bad("rope_theta and norm_eps must be > 0");
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<std::unique_ptr<ZImageDiT>> ZImageDiT::load(const TransformerConfig& cfg,
+                                                   const WeightStore& ws, Backend& be) {
+  ZI_TRY(validate(cfg));
+  std::unique_ptr<ZImageDiT> m(new ZImageDiT(cfg, be));
+  Status st = m->load_weights(ws);
+  if (!st.ok()) return st.with_context("loading transformer");
+  m->build_rope_tables();
+  return m;
+}
+
+Result<Tensor> ZImageDiT::load_pad_block(const WeightStore& ws, const std::string& name) {
+  const int64_t d = cfg_.dim;
+  // Stored [1, D] (diffusers, ComfyUI) or [D] (stable-diffusion.cpp).
+  ZI_ASSIGN_OR_RETURN(WeightInfo probe, ws.info(name));
+  const Shape shape = probe.shape.size() == 1 ? Shape{d} : Shape{1, d};
+  ZI_ASSIGN_OR_RETURN(Tensor tok, load::host_f32(ws, name, shape));  // [1, D] or [D]
+  Tensor block = Tensor::host(DType::kF32, {kSeqMultiple, d});       // [32, D]
+  if (!block.defined()) return OutOfMemory("pad block for " + name);
+  for (int64_t r = 0; r < kSeqMultiple; ++r)
+    std::copy(tok.data_as<float>(), tok.data_as<float>() + d, block.data_as<float>() + r * d);
+  return load::upload_host(be_, block, be_.act_dtype());
+}
+
+Status ZImageDiT::load_block(const WeightStore& ws, const std::string& p, bool modulated,
+                             Block& b) {
+  const int64_t d = cfg_.dim, dh = cfg_.head_dim(), f = cfg_.ffn_hidden();
+  b.modulated = modulated;
+  if (ws.contains(p + "attention.qkv.weight")) {  // ComfyUI: rows [q; k; v]
+    ZI_ASSIGN_OR_RETURN(b.wqkv, load::weight(ws, be_, p + "attention.qkv.weight", {3 * d, d}));
+  } else {
+    ZI_ASSIGN_OR_RETURN(Tensor q, load::host_f32(ws, p + "attention.to_q.weight", {d, d}));
+    ZI_ASSIGN_OR_RETURN(Tensor k, load::host_f32(ws, p + "attention.to_k.weight", {d, d}));
+    ZI_ASSIGN_OR_RETURN(Tensor v, load::host_f32(ws, p + "attention.to_v.weight", {d, d}));
+    ZI_ASSIGN_OR_RETURN(b.wqkv, load::concat_rows(be_, {q, k, v}, p + "attention.qkv"));
+  }
+  const bool comfy_out = ws.contains(p + "attention.out.weight");
+  ZI_ASSIGN_OR_RETURN(
+      b.wo,
+      load::weight(ws, be_, p + (comfy_out ? "attention.out.weight" : "attention.to_out.0.weight"),
+                   {d, d}));
+  if (cfg_.qk_norm) {
+    const bool comfy_norm = ws.contains(p + "attention.q_norm.weight");
+    ZI_ASSIGN_OR_RETURN(b.norm_q, load::weight(ws, be_,
+                                               p + (comfy_norm ? "attention.q_norm.weight"
+                                                               : "attention.norm_q.weight"),
+                                               {dh}));
+    ZI_ASSIGN_OR_RETURN(b.norm_k, load::weight(ws, be_,
+                                               p + (comfy_norm ? "attention.k_norm.weight"
+                                                               : "attention.norm_k.weight"),
+                                               {dh}));
+  }
+  ZI_ASSIGN_OR_RETURN(b.attn_norm1, load::weight(ws, be_, p + "attention_norm1.weight", {d}));
+  ZI_ASSIGN_OR_RETURN(b.attn_norm2, load::weight(ws, be_, p + "attention_norm2.weight", {d}));
+  ZI_ASSIGN_OR_RETURN(b.ffn_norm1, load::weight(ws, be_, p + "ffn_norm1.weight", {d}));
+  ZI_ASSIGN_OR_RETURN(b.ffn_norm2, load::weight(ws, be_, p + "ffn_norm2.weight", {d}));
+  ZI_ASSIGN_OR_RETURN(Tensor w1, load::host_f32(ws, p + "feed_forward.w1.weight", {f, d}));
+  ZI_ASSIGN_OR_RETURN(Tensor w3, load::host_f32(ws, p + "feed_forward.w3.weight", {f, d}));
+  ZI_ASSIGN_OR_RETURN(b.w13, load::concat_rows(be_, {w1, w3}, p + "feed_forward.w13"));
+  ZI_ASSIGN_OR_RETURN(b.w2, load::weight(ws, be_, p + "feed_forward.w2.weight", {d, f}));
+  if (modulated) {
+    const int64_t ad = cfg_.adaln_dim();
+    ZI_ASSIGN_OR_RETURN(b.adaln_w,
+                        load::weight(ws, be_, p + "adaLN_modulation.0.weight", {4 * d, ad}));
+    ZI_ASSIGN_OR_RETURN(b.adaln_b, load::weight(ws, be_, p + "adaLN_modulation.0.bias", {4 * d}));
+  }
+  return Status::Ok();
+}
+
+Status ZImageDiT::load_weights(const WeightStore& ws) {
+  const int64_t d = cfg_.dim, ad = cfg_.adaln_dim(), tf = cfg_.token_features();
+  const int64_t fc = cfg_.cap_feat_dim;
+  std::string pre;
+  for (const char* cand : {"model.diffusion_model.", "diffusion_model."})
+    if (ws.contains(std::string(cand) + "x_pad_token")) pre = cand;
+  const bool comfy = ws.contains(pre + "x_embedder.weight");
+  const std::string key = std::to_string(cfg_.patch_size) + "-" + std::to_string(cfg_.f_patch_size);
+  const std::string xe = pre + (comfy ? "x_embedder." : "all_x_embedder." + key + ".");
+  const std::string fl = pre + (comfy ? "final_layer." : "all_final_layer." + key + ".");
+
+  ZI_ASSIGN_OR_RETURN(
+      t_w1_, load::weight(ws, be_, pre + "t_embedder.mlp.0.weight", {kTimeMidDim, kTimeFreqDim}));
+  ZI_ASSIGN_OR_RETURN(t_b1_, load::weight(ws, be_, pre + "t_embedder.mlp.0.bias", {kTimeMidDim}));
+  ZI_ASSIGN_OR_RETURN(t_w2_,
+                      load::weight(ws, be_, pre + "t_embedder.mlp.2.weight", {ad, kTimeMidDim}));
+  ZI_ASSIGN_OR_RETURN(t_b2_, load::weight(ws, be_, pre + "t_embedder.mlp.2.bias", {ad}));
+  ZI_ASSIGN_OR_RETURN(x_w_, load::weight(ws, be_, xe + "weight", {d, tf}));
+  ZI_ASSIGN_OR_RETURN(x_b_, load::weight(ws, be_, xe + "bias", {d}));
+  ZI_ASSIGN_OR_RETURN(cap_norm_, load::weight(ws, be_, pre + "cap_embedder.0.weight", {fc}));
+  ZI_ASSIGN_OR_RETURN(cap_w_, load::weight(ws, be_, pre + "cap_embedder.1.weight", {d, fc}));
+  ZI_ASSIGN_OR_RETURN(cap_b_, load::weight(ws, be_, pre + "cap_embedder.1.bias", {d}));
+  ZI_ASSIGN_OR_RETURN(x_pad_, load_pad_block(ws, pre + "x_pad_token"));
+  ZI_ASSIGN_OR_RETURN(cap_pad_, load_pad_block(ws, pre + "cap_pad_token"));
+  ZI_ASSIGN_OR_RETURN(final_ada_w_,
+                      load::weight(ws, be_, fl + "adaLN_modulation.1.weight", {d, ad}));
+  ZI_ASSIGN_OR_RETURN(final_ada_b_, load::weight(ws, be_, fl + "adaLN_modulation.1.bias", {d}));
+  ZI_ASSIGN_OR_RETURN(final_w_, load::weight(ws, be_, fl + "linear.weight", {tf, d}));
+  ZI_ASSIGN_OR_RETURN(final_b_, load::weight(ws, be_, fl + "linear.bias", {tf}));
+
+  auto blocks = [&](const std::string& name, int n, bool modulated, std::vector<Block>& out) {
+    out.resize(n);
+    for (int i = 0; i < n; ++i) {
+      ZI_TRY(load_block(ws, pre + name + "." + std::to_string(i) + ".", modulated, out[i]));
+    }
+    return Status::Ok();
+  };
+  ZI_TRY(blocks("noise_refiner", cfg_.n_refiner_layers, true, noise_refiner_));
+  ZI_TRY(blocks("context_refiner", cfg_.n_refiner_layers, false, context_refiner_));
+  ZI_TRY(blocks("layers", cfg_.n_layers, true, layers_));
+
+  Tensor ones = Tensor::host(DType::kF32, {d});  // [D]
+  if (!ones.defined()) return OutOfMemory("transformer ones vector");
+  std::fill(ones.data_as<float>(), ones.data_as<float>() + d, 1.0f);
+  ZI_ASSIGN_OR_RETURN(ones_, load::upload_host(be_, ones, be_.act_dtype()));
+
+  // Lumina-2's leftover final norm is present in some single-file checkpoints and unused.
+  return load::check_all_used(ws, "transformer",
+                              [&](const std::string& n) { return n == pre + "norm_final.weight"; });
+}
+
+void ZImageDiT::build_rope_tables() {
+  rope_cos_.assign(3, {});
+  rope_sin_.assign(3, {});
+  for (int a = 0; a < 3; ++a) {
+    const int half = cfg_.axes_dims[a] / 2;
+    const int len = cfg_.axes_lens[a];
+    rope_cos_[a].resize(static_cast<size_t>(len) * half);
+    rope_sin_[a].resize(static_cast<size_t>(len) * half);
+    for (int k = 0; k < half; ++k) {
+      // omega in float64, outer product in float64, then cast to float32 (spec §4.5).
+      const double omega =
+          1.0 / std::pow(static_cast<double>(cfg_.rope_theta),
+                         static_cast<double>(2 * k) / static_cast<double>(cfg_.axes_dims[a]));
+      for (int p = 0; p < len; ++p) {
+        const float phi = static_cast<float>(static_cast<double>(p) * omega);
+        rope_cos_[a][static_cast<size_t>(p) * half + k] =
+            static_cast<float>(std::cos(static_cast<double>(phi)));
+        rope_sin_[a][static_cast<size_t>(p) * half + k] =
+            static_cast<float>(std::sin(static_cast<double>(phi)));
+      }
+    }
+  }
+}
+
+bool ZImageDiT::rope_row(int64_t p0, int64_t p1, int64_t p2, float* dst) const {
+  const int64_t pos[3] = {p0, p1, p2};
+  for (int a = 0; a < 3; ++a) {
+    if (pos[a] < 0 || pos[a] >= cfg_.axes_lens[a]) return false;
+    const int half = cfg_.axes_dims[a] / 2;
+    const float* c = rope_cos_[a].data() + pos[a] * half;
+    const float* s = rope_sin_[a].data() + pos[a] * half;
+    for (int k = 0; k < half; ++k) {
+      *dst++ = c[k];
+      *dst++ = s[k];
+    }
+  }
+  return true;
+}
+
+}  // namespace zimage
