@@ -1,0 +1,138 @@
+// CudaBackend::attention: the flash kernel (bf16, head_dim 64/128) or the general path for any
+// head_dim and f32: per (batch item, position within a GQA group, chunk of queries) one cuBLAS
+// strided-batched GEMM over the KV heads for the scores (fp32), the masked softmax kernel, and a
+// second batched GEMM for P·V written straight into out's [B, S, H, D] layout. Queries are
+// chunked so the score buffer stays under kScoreBudget (the VAE's 16384-token single head).
+#include <algorithm>
+#include <string>
+
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/gemm_cublaslt.h"
+#include "backend/cuda/kernels.h"
+#include "backend/cuda/validate.h"
+
+namespace zimage::cuda {
+namespace {
+
+constexpr int64_t kScoreBudget = int64_t{256} << 20;  // bytes of scores + probabilities
+
+cudaDataType_t cuda_type(DType dt) {
+  return dt == DType::kBF16 ? CUDA_R_16BF : dt == DType::kF16 ? CUDA_R_16F : CUDA_R_32F;
+}
+
+}  // namespace
+
+Status CudaBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                              const AttentionParams& p, Tensor& out) {
+  constexpr const char* op = "attention";
+  ZI_TRY(check_cuda_tensor(op, "q", q));
+  ZI_TRY(check_cuda_tensor(op, "k", k));
+  ZI_TRY(check_cuda_tensor(op, "v", v));
+  ZI_TRY(check_cuda_tensor(op, "out", out));
+  ZI_TRY(check_rank(op, "q", q, 4));
+  ZI_TRY(check_rank(op, "k", k, 4));
+  ZI_TRY(check_shape(op, "v", v, k.shape()));
+  ZI_TRY(check_shape(op, "out", out, q.shape()));
+  ZI_TRY(ktype_of(op, q.dtype()).status());
+  for (const Tensor* t : std::initializer_list<const Tensor*>{&k, &v, &out}) ZI_TRY(check_dtype(op, "k/v/out", *t, q.dtype()));
+  const int64_t b = q.dim(0), sq = q.dim(1), hq = q.dim(2), d = q.dim(3);
+  const int64_t sk = k.dim(1), hkv = k.dim(2);
+  if (k.dim(0) != b || k.dim(3) != d)
+    return InvalidArgument("attention: k " + k.describe() + " does not match q " + q.describe());
+  if (hkv < 1 || hq % hkv != 0)
+    return InvalidArgument("attention: query heads must be a multiple of kv heads");
+  if (!p.key_len.empty() && static_cast<int64_t>(p.key_len.size()) != b)
+    return InvalidArgument("attention: key_len must have one entry per batch item");
+  for (int32_t kl : p.key_len)
+    if (kl < 0 || kl > sk)
+      return InvalidArgument("attention: key_len " + std::to_string(kl) + " is outside [0, " +
+                             std::to_string(sk) + "]");
+  if (overlaps(out, q) || overlaps(out, k) || overlaps(out, v))
+    return InvalidArgument("attention: out must not alias q, k or v");
+  if (out.numel() == 0) return Status::Ok();
+  if (b > 65535 || hq > 65535 || sq > INT32_MAX || sk > INT32_MAX)
+    return Unsupported("attention: shape too large");
+
+  FlashArgs fa{};
+  fa.q = q.data();
+  fa.k = k.data();
+  fa.v = v.data();
+  fa.out = out.data();
+  fa.batch = static_cast<int>(b);
+  fa.seq_q = static_cast<int>(sq);
+  fa.seq_k = static_cast<int>(sk);
+  fa.heads_q = static_cast<int>(hq);
+  fa.heads_kv = static_cast<int>(hkv);
+  fa.head_dim = static_cast<int>(d);
+  fa.scale = p.scale;
+  fa.causal = p.causal;
+  fa.has_key_len = !p.key_len.empty() && b <= kMaxAttentionBatch;
+  if (fa.has_key_len) std::copy(p.key_len.begin(), p.key_len.end(), fa.key_len);
+  const bool flash_ok = q.dtype() == DType::kBF16 && (p.key_len.empty() || fa.has_key_len) &&
+                        flash_attention_supported(fa.head_dim, fa);
+  if (attention_path_ == AttentionPath::kFlash && !flash_ok)
+    return Unsupported("attention: the flash kernel does not handle " + q.describe());
+  if (flash_ok && attention_path_ != AttentionPath::kGeneral) {
+    ZI_LAUNCH_TRY("attention (flash)", launch_flash_attention(fa, stream_));
+    return Status::Ok();
+  }
+  return attention_general(q, k, v, p, out);
+}
+
+Status CudaBackend::attention_general(const Tensor& q, const Tensor& k, const Tensor& v,
+                                      const AttentionParams& p, Tensor& out) {
+  const DType dt = q.dtype();
+  ZI_ASSIGN_OR_RETURN(KType kt, ktype_of("attention", dt));
+  const int64_t b = q.dim(0), sq = q.dim(1), hq = q.dim(2), d = q.dim(3);
+  const int64_t sk = k.dim(1), hkv = k.dim(2), group = hq / hkv;
+  if (sk == 0 || d == 0) return fill(out, 0.f);
+  if (d > INT32_MAX) return Unsupported("attention: head_dim too large");
+  const size_t es = dtype_size(dt);
+  const bool probs_in_place = dt == DType::kF32;
+  const int64_t per_row = hkv * sk * static_cast<int64_t>(4 + (probs_in_place ? 0 : es));
+  const int64_t chunk = std::clamp<int64_t>(kScoreBudget / std::max<int64_t>(per_row, 1), 1, sq);
+  ZI_ASSIGN_OR_RETURN(Tensor scores, alloc(DType::kF32, {hkv, chunk, sk}));
+  Tensor probs = scores;
+  if (!probs_in_place) {
+    ZI_ASSIGN_OR_RETURN(probs, alloc(dt, {hkv, chunk, sk}));
+  }
+  const cudaDataType_t ct = cuda_type(dt);
+  cublasHandle_t blas = gemm_->blas();
+  const float one = 1.f, zero = 0.f;
+  const char* qp = static_cast<const char*>(q.data());
+  const char* kp = static_cast<const char*>(k.data());
+  const char* vp = static_cast<const char*>(v.data());
+  char* op = static_cast<char*>(out.data());
+  for (int64_t bi = 0; bi < b; ++bi) {
+    const int64_t key_len = p.key_len.empty() ? -1 : p.key_len[static_cast<size_t>(bi)];
+    const char* kb = kp + static_cast<size_t>(bi * sk * hkv * d) * es;
+    const char* vb = vp + static_cast<size_t>(bi * sk * hkv * d) * es;
+    for (int64_t g = 0; g < group; ++g) {
+      for (int64_t i0 = 0; i0 < sq; i0 += chunk) {
+        const int64_t rows = std::min(chunk, sq - i0);
+        // q head h = kvh * group + g; batch over kvh.
+        const size_t q_off = static_cast<size_t>(((bi * sq + i0) * hq + g) * d) * es;
+        // scoresᵀ (column-major [sk, rows]) = Kᵀ-op · Q: m = sk, n = rows, k = d.
+        ZI_CUBLAS_TRY(cublasGemmStridedBatchedEx(
+            blas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(sk), static_cast<int>(rows),
+            static_cast<int>(d), &one, kb, ct, static_cast<int>(hkv * d), d, qp + q_off, ct,
+            static_cast<int>(hq * d), group * d, &zero, scores.data(), CUDA_R_32F,
+            static_cast<int>(sk), rows * sk, static_cast<int>(hkv), CUBLAS_COMPUTE_32F,
+            CUBLAS_GEMM_DEFAULT));
+        ZI_LAUNCH_TRY("attention softmax",
+                      launch_masked_softmax(kt, scores.data_as<float>(), probs.data(), hkv, rows,
+                                            sk, i0, p.scale, p.causal, key_len, stream_));
+        // outᵀ (column-major [d, rows], ld hq*d) = V (column-major [d, sk]) · Pᵀ-view.
+        ZI_CUBLAS_TRY(cublasGemmStridedBatchedEx(
+            blas, CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(d), static_cast<int>(rows),
+            static_cast<int>(sk), &one, vb, ct, static_cast<int>(hkv * d), d, probs.data(), ct,
+            static_cast<int>(sk), rows * sk, &zero, op + q_off, ct, static_cast<int>(hq * d),
+            group * d, static_cast<int>(hkv), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace zimage::cuda

@@ -1,0 +1,232 @@
+// CudaBackend: creation, memory (alloc, upload/download with conversion, convert, copy_2d,
+// fill), and the extras (graph capture, stats). The compute ops live in cuda_ops.cpp,
+// attention in cuda_attention.cpp, conv2d in conv_cudnn.cpp.
+#include "backend/cuda/cuda_backend.h"
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/conv_cudnn.h"
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/gemm_cublaslt.h"
+#include "backend/cuda/kernels.h"
+#include "backend/cuda/validate.h"
+
+namespace zimage {
+
+Result<std::unique_ptr<Backend>> make_cuda_backend(int device_index, DType act_dtype) {
+  ZI_ASSIGN_OR_RETURN(auto b, cuda::CudaBackend::create(device_index, act_dtype));
+  return std::unique_ptr<Backend>(std::move(b));
+}
+
+namespace cuda {
+
+CudaGraph& CudaGraph::operator=(CudaGraph&& o) noexcept {
+  if (this != &o) {
+    if (exec_) cudaGraphExecDestroy(exec_);
+    exec_ = o.exec_;
+    o.exec_ = nullptr;
+  }
+  return *this;
+}
+
+CudaGraph::~CudaGraph() {
+  if (exec_) cudaGraphExecDestroy(exec_);
+}
+
+Result<std::unique_ptr<CudaBackend>> CudaBackend::create(int device_index, DType act_dtype) {
+  if (act_dtype != DType::kBF16 && act_dtype != DType::kF32)
+    return InvalidArgument(std::string("cuda backend: act dtype must be bf16 or f32, got ") +
+                           dtype_name(act_dtype));
+  int count = 0;
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess || count == 0) {
+    cudaGetLastError();
+    return Unsupported(std::string("no CUDA device") +
+                       (e != cudaSuccess ? std::string(": ") + cudaGetErrorString(e) : ""));
+  }
+  if (device_index < 0 || device_index >= count)
+    return InvalidArgument("cuda backend: device " + std::to_string(device_index) +
+                           " does not exist (" + std::to_string(count) + " present)");
+  ZI_CUDA_TRY(cudaSetDevice(device_index));
+  cudaDeviceProp prop{};
+  ZI_CUDA_TRY(cudaGetDeviceProperties(&prop, device_index));
+  if (prop.major < 8)
+    return Unsupported(std::string("cuda backend: ") + prop.name + " is sm_" +
+                       std::to_string(prop.major) + std::to_string(prop.minor) +
+                       "; sm_80 or newer is required");
+  std::unique_ptr<CudaBackend> b(new CudaBackend(device_index, act_dtype));
+  b->name_ = "cuda:" + std::to_string(device_index) + " " + prop.name + " (" +
+             dtype_name(act_dtype) + ")";
+  ZI_CUDA_TRY(cudaStreamCreateWithFlags(&b->stream_, cudaStreamNonBlocking));
+  b->allocator_ = CachingAllocator::create(device_index);
+  ZI_ASSIGN_OR_RETURN(b->gemm_, LtGemm::create(b->stream_, *b->allocator_));
+  b->conv_ = ConvPlanner::create(b->stream_);
+  return b;
+}
+
+CudaBackend::CudaBackend(int device, DType act) : device_(device), act_(act) {}
+
+CudaBackend::~CudaBackend() {
+  if (stream_) cudaStreamSynchronize(stream_);
+  conv_.reset();
+  gemm_.reset();
+  if (stream_) cudaStreamDestroy(stream_);
+}
+
+Result<Tensor> CudaBackend::alloc(DType dtype, const Shape& shape) {
+  const int64_t n = shape_numel(shape);
+  if (n < 0) return InvalidArgument("alloc: bad shape " + shape_string(shape));
+  ZI_ASSIGN_OR_RETURN(auto st, allocator_->allocate(static_cast<size_t>(n) * dtype_size(dtype)));
+  return Tensor(std::move(st), 0, dtype, shape);
+}
+
+Result<Tensor> CudaBackend::upload(const Tensor& host, DType dtype) {
+  if (!host.defined() || host.device() != Device::kCPU)
+    return InvalidArgument("upload: source must be a defined host tensor");
+  if (host.numel() < 0) return InvalidArgument("upload: bad shape");
+  ZI_ASSIGN_OR_RETURN(Tensor out, alloc(dtype, host.shape()));
+  if (host.numel() == 0) return out;
+  if (host.dtype() == dtype) {
+    ZI_CUDA_TRY(cudaMemcpyAsync(out.data(), host.data(), host.nbytes(), cudaMemcpyHostToDevice,
+                                stream_));
+    return out;
+  }
+  if (!is_float_kernel_type(dtype) || !dtype_is_float(host.dtype()))
+    return Unsupported(std::string("upload: cannot convert ") + dtype_name(host.dtype()) +
+                       " to " + dtype_name(dtype));
+  if (is_float_kernel_type(host.dtype())) {  // raw copy, convert on the device
+    ZI_ASSIGN_OR_RETURN(Tensor raw, alloc(host.dtype(), host.shape()));
+    ZI_CUDA_TRY(cudaMemcpyAsync(raw.data(), host.data(), host.nbytes(), cudaMemcpyHostToDevice,
+                                stream_));
+    ZI_TRY(convert(raw, out));
+    return out;
+  }
+  // fp8/f64 and friends: widen to f32 on the host first.
+  std::vector<float> wide(static_cast<size_t>(host.numel()));
+  if (!convert_to_f32(host.dtype(), host.data(), wide.data(), wide.size()))
+    return Unsupported(std::string("upload: cannot convert ") + dtype_name(host.dtype()));
+  Tensor wide_t = Tensor::wrap(wide.data(), DType::kF32, host.shape());
+  ZI_ASSIGN_OR_RETURN(Tensor f32, upload(wide_t, DType::kF32));
+  if (dtype == DType::kF32) return f32;
+  ZI_TRY(convert(f32, out));
+  return out;
+}
+
+Status CudaBackend::download(const Tensor& src, Tensor& host) {
+  ZI_TRY(check_cuda_tensor("download", "src", src));
+  if (!host.defined() || host.device() != Device::kCPU)
+    return InvalidArgument("download: destination must be a defined host tensor");
+  if (host.shape() != src.shape())
+    return InvalidArgument("download: shapes differ: " + src.describe() + " vs " +
+                           host.describe());
+  if (src.numel() == 0) return Status::Ok();
+  if (src.dtype() == host.dtype()) {
+    ZI_CUDA_TRY(cudaMemcpyAsync(host.data(), src.data(), src.nbytes(), cudaMemcpyDeviceToHost,
+                                stream_));
+    ZI_CUDA_TRY(cudaStreamSynchronize(stream_));
+    return Status::Ok();
+  }
+  if (!is_float_kernel_type(src.dtype()) || !dtype_is_float(host.dtype()))
+    return Unsupported(std::string("download: cannot convert ") + dtype_name(src.dtype()) +
+                       " to " + dtype_name(host.dtype()));
+  if (is_float_kernel_type(host.dtype())) {
+    ZI_ASSIGN_OR_RETURN(Tensor tmp, alloc(host.dtype(), src.shape()));
+    ZI_TRY(convert(src, tmp));
+    return download(tmp, host);
+  }
+  Tensor wide = Tensor::host(DType::kF32, src.shape());
+  if (!wide.defined()) return OutOfMemory("download: host buffer");
+  ZI_TRY(download(src, wide));
+  if (!convert_from_f32(host.dtype(), wide.data_as<float>(), host.data(),
+                        static_cast<size_t>(host.numel())))
+    return Unsupported(std::string("download: cannot convert to ") + dtype_name(host.dtype()));
+  return Status::Ok();
+}
+
+Status CudaBackend::convert(const Tensor& src, Tensor& dst) {
+  ZI_TRY(check_cuda_tensor("convert", "src", src));
+  ZI_TRY(check_cuda_tensor("convert", "dst", dst));
+  if (src.numel() != dst.numel())
+    return InvalidArgument("convert: element counts differ: " + src.describe() + " vs " +
+                           dst.describe());
+  if (src.numel() == 0) return Status::Ok();
+  if (src.dtype() == dst.dtype()) {
+    if (src.data() == dst.data()) return Status::Ok();
+    ZI_CUDA_TRY(cudaMemcpyAsync(dst.data(), src.data(), src.nbytes(), cudaMemcpyDeviceToDevice,
+                                stream_));
+    return Status::Ok();
+  }
+  if (overlaps(src, dst)) return InvalidArgument("convert: in place needs equal dtypes");
+  ZI_ASSIGN_OR_RETURN(KType from, ktype_of("convert", src.dtype()));
+  ZI_ASSIGN_OR_RETURN(KType to, ktype_of("convert", dst.dtype()));
+  ZI_LAUNCH_TRY("convert",
+                launch_convert(from, src.data(), to, dst.data(), src.numel(), stream_));
+  return Status::Ok();
+}
+
+Status CudaBackend::copy_2d(const Tensor& src, int64_t src_offset, int64_t src_row_stride,
+                            Tensor& dst, int64_t dst_offset, int64_t dst_row_stride, int64_t rows,
+                            int64_t cols) {
+  ZI_TRY(check_cuda_tensor("copy_2d", "src", src));
+  ZI_TRY(check_cuda_tensor("copy_2d", "dst", dst));
+  if (src.dtype() != dst.dtype())
+    return InvalidArgument("copy_2d: dtypes differ: " + src.describe() + " vs " + dst.describe());
+  if (rows < 0 || cols < 0 || src_offset < 0 || dst_offset < 0)
+    return InvalidArgument("copy_2d: negative size or offset");
+  if (rows == 0 || cols == 0) return Status::Ok();
+  if (rows > 1 && (src_row_stride < cols || dst_row_stride < cols))
+    return InvalidArgument("copy_2d: row strides must be >= cols");
+  const int64_t src_end = src_offset + (rows - 1) * src_row_stride + cols;
+  const int64_t dst_end = dst_offset + (rows - 1) * dst_row_stride + cols;
+  if (src_end > src.numel() || dst_end > dst.numel())
+    return InvalidArgument("copy_2d: block of " + std::to_string(rows) + "x" +
+                           std::to_string(cols) + " runs past " +
+                           (src_end > src.numel() ? src.describe() : dst.describe()));
+  const size_t es = dtype_size(src.dtype());
+  const size_t width = static_cast<size_t>(cols) * es;
+  const size_t spitch = rows > 1 ? static_cast<size_t>(src_row_stride) * es : width;
+  const size_t dpitch = rows > 1 ? static_cast<size_t>(dst_row_stride) * es : width;
+  const char* s = static_cast<const char*>(src.data()) + src_offset * es;
+  char* d = static_cast<char*>(dst.data()) + dst_offset * es;
+  ZI_CUDA_TRY(cudaMemcpy2DAsync(d, dpitch, s, spitch, width, static_cast<size_t>(rows),
+                                cudaMemcpyDeviceToDevice, stream_));
+  return Status::Ok();
+}
+
+Status CudaBackend::fill(Tensor& t, float value) {
+  ZI_TRY(check_cuda_tensor("fill", "t", t));
+  ZI_ASSIGN_OR_RETURN(KType kt, ktype_of("fill", t.dtype()));
+  ZI_LAUNCH_TRY("fill", launch_fill(kt, t.data(), t.numel(), value, stream_));
+  return Status::Ok();
+}
+
+Status CudaBackend::synchronize() {
+  ZI_CUDA_TRY(cudaStreamSynchronize(stream_));
+  return Status::Ok();
+}
+
+Status CudaBackend::begin_capture() {
+  ZI_CUDA_TRY(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+  return Status::Ok();
+}
+
+Result<CudaGraph> CudaBackend::end_capture() {
+  cudaGraph_t graph = nullptr;
+  ZI_CUDA_TRY(cudaStreamEndCapture(stream_, &graph));
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t e = cudaGraphInstantiate(&exec, graph, 0);
+  cudaGraphDestroy(graph);
+  ZI_TRY(cuda_status(e, "cudaGraphInstantiate"));
+  return CudaGraph(exec);
+}
+
+Status CudaBackend::replay(const CudaGraph& graph) {
+  if (!graph.valid()) return InvalidArgument("replay: empty graph");
+  ZI_CUDA_TRY(cudaGraphLaunch(graph.exec(), stream_));
+  return Status::Ok();
+}
+
+}  // namespace cuda
+}  // namespace zimage

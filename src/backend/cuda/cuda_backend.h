@@ -1,0 +1,121 @@
+// The CUDA backend: every op of backend/backend.h on one device and one stream, in bf16 or f32,
+// plus what the engine needs beyond the op interface: the stream, allocator statistics, and CUDA
+// graph capture/replay. Create it with make_cuda_backend() and dynamic_cast the Backend to
+// CudaBackend for the extras. This header pulls in no cuBLAS/cuDNN headers.
+//
+// Threading: one host thread drives a backend at a time. All work goes to stream(); ops return
+// once their work is queued (download and sum_squares wait for it).
+//
+// Graph capture: between begin_capture() and end_capture() every op is recorded instead of run.
+// Recorded kernels keep the raw device addresses of their tensors: keep those tensors alive (and
+// do not let their memory be reused) for as long as the graph is replayed. Ops that synchronise
+// with the host (upload, download, sum_squares, embedding's id upload) cannot be captured, and the
+// first call of a new matmul/conv shape (which plans it) should happen before capture.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <memory>
+#include <string>
+
+#include "backend/backend.h"
+#include "backend/cuda/allocator.h"
+
+namespace zimage::cuda {
+
+class LtGemm;
+class ConvPlanner;
+
+// An instantiated CUDA graph; move-only, destroyed with its owner.
+class CudaGraph {
+ public:
+  CudaGraph() = default;
+  explicit CudaGraph(cudaGraphExec_t exec) : exec_(exec) {}
+  CudaGraph(CudaGraph&& o) noexcept : exec_(o.exec_) { o.exec_ = nullptr; }
+  CudaGraph& operator=(CudaGraph&& o) noexcept;
+  CudaGraph(const CudaGraph&) = delete;
+  CudaGraph& operator=(const CudaGraph&) = delete;
+  ~CudaGraph();
+  bool valid() const { return exec_ != nullptr; }
+  cudaGraphExec_t exec() const { return exec_; }
+
+ private:
+  cudaGraphExec_t exec_ = nullptr;
+};
+
+enum class AttentionPath { kAuto, kFlash, kGeneral };
+
+class CudaBackend final : public Backend {
+ public:
+  static Result<std::unique_ptr<CudaBackend>> create(int device_index, DType act_dtype);
+  ~CudaBackend() override;
+
+  // ---- Backend ----
+  Device device() const override { return Device::kCUDA; }
+  std::string name() const override { return name_; }
+  DType act_dtype() const override { return act_; }
+  Result<Tensor> alloc(DType dtype, const Shape& shape) override;
+  Result<Tensor> upload(const Tensor& host, DType dtype) override;
+  Status download(const Tensor& src, Tensor& host) override;
+  Status convert(const Tensor& src, Tensor& dst) override;
+  Status copy_2d(const Tensor& src, int64_t src_offset, int64_t src_row_stride, Tensor& dst,
+                 int64_t dst_offset, int64_t dst_row_stride, int64_t rows, int64_t cols) override;
+  Status fill(Tensor& t, float value) override;
+  Status synchronize() override;
+  Status matmul(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y) override;
+  Status rms_norm(const Tensor& x, const Tensor& w, float eps, const Tensor& scale,
+                  Tensor& y) override;
+  Status layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, float eps,
+                    const Tensor& scale, Tensor& y) override;
+  Status residual_rms_norm_gate(Tensor& x, const Tensor& y, const Tensor& w, float eps,
+                                const Tensor& gate) override;
+  Status group_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, int groups,
+                    float eps, bool silu, Tensor& y) override;
+  Status rope_half(Tensor& x, const Tensor& cos, const Tensor& sin) override;
+  Status rope_interleaved(Tensor& x, const Tensor& freqs) override;
+  Status attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& p,
+                   Tensor& out) override;
+  Status silu(const Tensor& x, Tensor& y) override;
+  Status tanh(const Tensor& x, Tensor& y) override;
+  Status swiglu(const Tensor& x, Tensor& y) override;
+  Status axpby(float a, const Tensor& x, float b, const Tensor& y, Tensor& out) override;
+  Status add(const Tensor& x, const Tensor& y, Tensor& out) override;
+  Result<std::vector<double>> sum_squares(const Tensor& x) override;
+  Status conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dParams& p,
+                Tensor& y) override;
+  Status upsample_nearest2x(const Tensor& x, Tensor& y) override;
+  Status embedding(const Tensor& table, const Tensor& ids, Tensor& out) override;
+  Status patchify(const Tensor& latents, int p, Tensor& tokens) override;
+  Status unpatchify(const Tensor& tokens, int p, float alpha, Tensor& out) override;
+
+  // ---- extras ----
+  cudaStream_t stream() const { return stream_; }
+  int device_index() const { return device_; }
+  AllocatorStats memory_stats() const { return allocator_->stats(); }
+  void reset_peak_memory() { allocator_->reset_peak(); }
+  Status empty_cache() { return allocator_->empty_cache(); }
+  Status begin_capture();
+  Result<CudaGraph> end_capture();
+  Status replay(const CudaGraph& graph);
+  // Which attention implementation to use (tests and benchmarks force one; kAuto picks the
+  // flash kernel for bf16 with head_dim 64/128, the general path otherwise).
+  void set_attention_path(AttentionPath p) { attention_path_ = p; }
+  // Whether cuDNN loaded; without it conv2d runs a direct (slow) kernel.
+  bool has_cudnn() const;
+
+ private:
+  CudaBackend(int device, DType act);
+  Status attention_general(const Tensor& q, const Tensor& k, const Tensor& v,
+                           const AttentionParams& p, Tensor& out);
+
+  int device_;
+  DType act_;
+  std::string name_;
+  cudaStream_t stream_ = nullptr;
+  std::shared_ptr<CachingAllocator> allocator_;
+  std::unique_ptr<LtGemm> gemm_;
+  std::unique_ptr<ConvPlanner> conv_;
+  AttentionPath attention_path_ = AttentionPath::kAuto;
+};
+
+}  // namespace zimage::cuda

@@ -1,0 +1,397 @@
+// CudaBackend compute ops other than attention and conv: validation at the boundary, then one
+// launcher call (dtype dispatch happens inside the launcher, once). Shapes and in-place rules are
+// those of backend/backend.h.
+#include <string>
+#include <vector>
+
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/gemm_cublaslt.h"
+#include "backend/cuda/kernels.h"
+#include "backend/cuda/validate.h"
+
+namespace zimage::cuda {
+namespace {
+
+// Rows and width of a tensor read as [rows, last dim].
+struct Rows {
+  int64_t rows, d;
+};
+Rows as_rows(const Tensor& t) {
+  const int64_t d = t.rank() == 0 ? 1 : t.dim(-1);
+  return {d == 0 ? 0 : t.numel() / d, d};
+}
+
+// scale/gate [G, D] for R rows: G must divide R. Returns rows per group.
+Result<int64_t> group_rows(const char* op, const char* what, const Tensor& g, int64_t rows,
+                           int64_t d) {
+  if (g.rank() != 2 || g.dim(1) != d || g.dim(0) < 1 || rows % g.dim(0) != 0)
+    return InvalidArgument(std::string(op) + ": " + what + " must be [B, " + std::to_string(d) +
+                           "] with B dividing the " + std::to_string(rows) + " rows, got " +
+                           g.describe());
+  return rows / g.dim(0);
+}
+
+}  // namespace
+
+Status CudaBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y) {
+  constexpr const char* op = "matmul";
+  ZI_TRY(check_cuda_tensor(op, "x", x));
+  ZI_TRY(check_cuda_tensor(op, "w", w));
+  ZI_TRY(check_optional(op, "bias", bias));
+  ZI_TRY(check_cuda_tensor(op, "y", y));
+  ZI_TRY(check_rank(op, "w", w, 2));
+  if (x.rank() < 1 || y.rank() < 1) return InvalidArgument("matmul: x and y need rank >= 1");
+  const int64_t n = w.dim(0), k = w.dim(1);
+  if (x.dim(-1) != k)
+    return InvalidArgument("matmul: x " + x.describe() + " does not match w " + w.describe());
+  const int64_t m = shape_numel(Shape(x.shape().begin(), x.shape().end() - 1));
+  if (y.dim(-1) != n || y.numel() != m * n)
+    return InvalidArgument("matmul: y " + y.describe() + " must hold [" + std::to_string(m) +
+                           ", " + std::to_string(n) + "]");
+  ZI_TRY(ktype_of(op, x.dtype()).status());
+  ZI_TRY(check_dtype(op, "w", w, x.dtype()));
+  ZI_TRY(check_dtype(op, "y", y, x.dtype()));
+  if (bias.defined()) {
+    ZI_TRY(check_dtype(op, "bias", bias, x.dtype()));
+    ZI_TRY(check_shape(op, "bias", bias, {n}));
+  }
+  if (overlaps(x, y) || overlaps(w, y)) return InvalidArgument("matmul: y must not alias x or w");
+  return gemm_->linear(x.data(), w.data(), ptr_or_null(bias), y.data(), m, n, k, x.dtype())
+      .with_context(op);
+}
+
+Status CudaBackend::rms_norm(const Tensor& x, const Tensor& w, float eps, const Tensor& scale,
+                             Tensor& y) {
+  constexpr const char* op = "rms_norm";
+  ZI_TRY(check_cuda_tensor(op, "x", x));
+  ZI_TRY(check_optional(op, "w", w));
+  ZI_TRY(check_optional(op, "scale", scale));
+  ZI_TRY(check_cuda_tensor(op, "y", y));
+  ZI_TRY(check_shape(op, "y", y, x.shape()));
+  ZI_TRY(check_dtype(op, "x", x, act_));
+  ZI_TRY(check_dtype(op, "y", y, act_));
+  const Rows r = as_rows(x);
+  if (w.defined()) {
+    ZI_TRY(check_dtype(op, "w", w, act_));
+    ZI_TRY(check_shape(op, "w", w, {r.d}));
+  }
+  int64_t rpg = r.rows > 0 ? r.rows : 1;
+  if (scale.defined()) {
+    ZI_TRY(check_dtype(op, "scale", scale, act_));
+    ZI_ASSIGN_OR_RETURN(rpg, group_rows(op, "scale", scale, r.rows, r.d));
+  }
+  if (x.data() != y.data() && overlaps(x, y))
+    return InvalidArgument("rms_norm: y partially overlaps x");
+  ZI_ASSIGN_OR_RETURN(KType kt, ktype_of(op, act_));
+  ZI_LAUNCH_TRY(op, launch_rms_norm(kt, x.data(), ptr_or_null(w), ptr_or_null(scale), y.data(),
+                                    r.rows, r.d, rpg, eps, stream_));
+  return Status::Ok();
+}
+
+Status CudaBackend::layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, float eps,
+                               const Tensor& scale, Tensor& y) {
+  constexpr const char* op = "layer_norm";
+  ZI_TRY(check_cuda_tensor(op, "x", x));
+  ZI_TRY(check_optional(op, "w", w));
+  ZI_TRY(check_optional(op, "b", b));
+  ZI_TRY(check_optional(op, "scale", scale));
+  ZI_TRY(check_cuda_tensor(op, "y", y));
+  ZI_TRY(check_shape(op, "y", y, x.shape()));
+  ZI_TRY(check_dtype(op, "x", x, act_));
+  ZI_TRY(check_dtype(op, "y", y, act_));
+  const Rows r = as_rows(x);
+  for (const Tensor* t : {&w, &b}) {
+    if (!t->defined()) continue;
+    ZI_TRY(check_dtype(op, "w/b", *t, act_));
+    ZI_TRY(check_shape(op, "w/b", *t, {r.d}));
+  }
+  int64_t rpg = r.rows > 0 ? r.rows : 1;
+  if (scale.defined()) {
+    ZI_TRY(check_dtype(op, "scale", scale, act_));
+    ZI_ASSIGN_OR_RETURN(rpg, group_rows(op, "scale", scale, r.rows, r.d));
+  }
+  if (x.data() != y.data() && overlaps(x, y))
+    return InvalidArgument("layer_norm: y partially overlaps x");
+  ZI_ASSIGN_OR_RETURN(KType kt, ktype_of(op, act_));
+  ZI_LAUNCH_TRY(op, launch_layer_norm(kt, x.data(), ptr_or_null(w), ptr_or_null(b),
+                                      ptr_or_null(scale), y.data(), r.rows, r.d, rpg, eps,
+                                      stream_));
+  return Status::Ok();
+}
+
+Status CudaBackend::residual_rms_norm_gate(Tensor& x, const Tensor& y, const Tensor& w, float eps,
+                                           const Tensor& gate) {
+  constexpr const char* op = "residual_rms_norm_gate";
+  ZI_TRY(check_cuda_tensor(op, "x", x));
+  ZI_TRY(check_cuda_tensor(op, "y", y));
+  ZI_TRY(check_optional(op, "w", w));
+  ZI_TRY(check_optional(op, "gate", gate));
+  ZI_TRY(check_shape(op, "y", y, x.shape()));
+  ZI_TRY(check_dtype(op, "x", x, act_));
+  ZI_TRY(check_dtype(op, "y", y, act_));
+  const Rows r = as_rows(x);
+  if (w.defined()) {
+    ZI_TRY(check_dtype(op, "w", w, act_));
+    ZI_TRY(check_shape(op, "w", w, {r.d}));
+  }
+  int64_t rpg = r.rows > 0 ? r.rows : 1;
+  if (gate.defined()) {
+    ZI_TRY(check_dtype(op, "gate", gate, act_));
+    ZI_ASSIGN_OR_RETURN(rpg, group_rows(op, "gate", gate, r.rows, r.d));
+  }
+  if (x.data() != y.data() && overlaps(x, y))
+    return InvalidArgument("residual_rms_norm_gate: y partially overlaps x");
+  ZI_ASSIGN_OR_RETURN(KType kt, ktype_of(op, act_));
+  ZI_LAUNCH_TRY(op, launch_residual_rms_norm_gate(kt, x.data(), y.data(), ptr_or_null(w),
+                                                  ptr_or_null(gate), r.rows, r.d, rpg, eps,
+                                                  stream_));
+  return Status::Ok();
+}
+
+Status CudaBackend::group_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                               int groups, float eps, bool silu, Tensor& y) {
+  constexpr const char* op = "group_norm";
+  ZI_TRY(check_cuda_tensor(op, "x", x));
+  ZI_TRY(check_optional(op, "gamma", gamma));
+  ZI_TRY(check_optional(op, "beta", beta));
+  ZI_TRY(check_cuda_tensor(op, "y", y));
+  ZI_TRY(check_rank(op, "x", x, 4));
+  ZI_TRY(check_shape(op, "y", y, x.shape()));
+  ZI_TRY(check_dtype(op, "x", x, act_));
+  ZI_TRY(check_dtype(op, "y", y, act_));
+  const int64_t b = x.dim(0), hw = x.dim(1) * x.dim(2), c = x.dim(3);
+  for (const Tensor* t : {&gamma, &beta}) {
+    if (!t->defined()) continue;
+    ZI_TRY(check_dtype(op, "gamma/beta", *t, act_));
+    ZI_TRY(check_shape(op, "gamma/beta", *t, {c}));
+  }
+  if (groups < 1 || c % groups != 0)
+    return InvalidArgument("group_norm: " + std::to_string(groups) + " groups do not divide " +
+                           std::to_string(c) + " channels");
+  if (c > 3072) return Unsupported("group_norm: more than 3072 channels");
+  if (b > 65535) return Unsupported("group_norm: batch above 65535");
+  if (x.data() != y.data() && overlaps(x, y))
+    return InvalidArgument("group_norm: y partially overlaps x");
+  if (x.numel() == 0) return Status::Ok();
+  ZI_ASSIGN_OR_RETURN(KType kt, ktype_of(op, act_));
+  const size_t ws_bytes = group_norm_workspace_bytes(b, hw, c, groups);
+  ZI_ASSIGN_OR_RETURN(Tensor ws, alloc(DType::kU8, {static_cast<int64_t>(ws_bytes)}));
+  ZI_LAUNCH_TRY(op, launch_group_norm(kt, x.data(), ptr_or_null(gamma), ptr_or_null(beta),
+                                      y.data(), b, hw, c, groups, eps, silu, ws.data(), stream_));
+  return Status::Ok();
+}
+
+Status CudaBackend::rope_half(Tensor& x, const Tensor& cos, const Tensor& sin) {
+  constexpr const char* op = "rope_half";
+  ZI_TRY(check_cuda_tensor(op, "x", x));
+  ZI_TRY(check_cuda_tensor(op, "cos", cos));
+  ZI_TRY(check_cuda_tensor(op, "sin", sin));
+  ZI_TRY(check_rank(op, "x", x, 4));
+  ZI_TRY(check_dtype(op, "x", x, act_));
+  ZI_TRY(check_dtype(op, "cos", cos, DType::kF32));
+  ZI_TRY(check_dtype(op, "sin", sin, DType::kF32));
+  const int64_t s = x.dim(1), dh = x.dim(3);
+  ZI_TRY(check_shape(op, "cos", cos, {s, dh}));
+  ZI_TRY(check_shape(op, "sin", sin, {s, dh}));
+  if (dh % 2 != 0) return InvalidArgument("rope_half: head_dim must be even");
+  ZI_ASSIGN_OR_RETURN(KType kt, ktype_of(op, act_));
+  ZI_LAUNCH_TRY(op, launch_rope_half(kt, x.data(), cos.data_as<float>(), sin.data_as<float>(),
+                                     x.dim(0), s, x.dim(2), dh, stream_));
+  return Status::Ok();
+}
+
+Status CudaBackend::rope_interleaved(Tensor& x, const Tensor& freqs) {
+  constexpr const char* op = "rope_interleaved";
+  ZI_TRY(check_cuda_tensor(op, "x", x));
+  ZI_TRY(check_cuda_tensor(op, "freqs", freqs));
+  ZI_TRY(check_rank(op, "x", x, 4));
+  ZI_TRY(check_dtype(op, "x", x, act_));
+  ZI_TRY(check_dtype(op, "freqs", freqs, DType::kF32));
+  const int64_t b = x.dim(0), s = x.dim(1), dh = x.dim(3);
+  if (dh % 2 != 0) return InvalidArgument("rope_interleaved: head_dim must be even");
+  // A leading 1 shares the table over the batch.
+  const bool shared = freqs.rank() == 4 && freqs.dim(0) == 1 && b != 1;
+  ZI_TRY(check_shape(op, "freqs", freqs, {shared ? 1 : b, s, dh / 2, 2}));
+  ZI_ASSIGN_OR_RETURN(KType kt, ktype_of(op, act_));
+  ZI_LAUNCH_TRY(op, launch_rope_interleaved(kt, x.data(), freqs.data_as<float>(), shared, b, s,
+                                            x.dim(2), dh, stream_));
+  return Status::Ok();
+}
+
+namespace {
+
+Status check_unary(const char* op, const Tensor& x, const Tensor& y) {
+  ZI_TRY(check_cuda_tensor(op, "x", x));
+  ZI_TRY(check_cuda_tensor(op, "y", y));
+  ZI_TRY(check_shape(op, "y", y, x.shape()));
+  ZI_TRY(check_dtype(op, "y", y, x.dtype()));
+  if (x.data() != y.data() && overlaps(x, y))
+    return InvalidArgument(std::string(op) + ": y partially overlaps x");
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status CudaBackend::silu(const Tensor& x, Tensor& y) {
+  ZI_TRY(check_unary("silu", x, y));
+  ZI_ASSIGN_OR_RETURN(KType kt, ktype_of("silu", x.dtype()));
+  ZI_LAUNCH_TRY("silu", launch_unary(UnaryOp::kSilu, kt, x.data(), y.data(), x.numel(), stream_));
+  return Status::Ok();
+}
+
+Status CudaBackend::tanh(const Tensor& x, Tensor& y) {
+  ZI_TRY(check_unary("tanh", x, y));
+  ZI_ASSIGN_OR_RETURN(KType kt, ktype_of("tanh", x.dtype()));
+  ZI_LAUNCH_TRY("tanh", launch_unary(UnaryOp::kTanh, kt, x.data(), y.data(), x.numel(), stream_));
+  return Status::Ok();
+}
+
+Status CudaBackend::swiglu(const Tensor& x, Tensor& y) {
+  constexpr const char* op = "swiglu";
+  ZI_TRY(check_cuda_tensor(op, "x", x));
+  ZI_TRY(check_cuda_tensor(op, "y", y));
+  ZI_TRY(check_dtype(op, "y", y, x.dtype()));
+  if (x.rank() < 1 || y.rank() != x.rank() || x.dim(-1) != 2 * y.dim(-1) ||
+      x.numel() != 2 * y.numel())
+    return InvalidArgument("swiglu: x " + x.describe() + " must be [.., 2F] for y " +
+                           y.describe());
+  const int64_t f = y.dim(-1), m = f == 0 ? 0 : y.numel() / f;
+  // Row m of y overlaps rows of x that other threads still read, except for a single row
+  // written over its own gate half.
+  if (overlaps(x, y) && !(m == 1 && x.data() == y.data()))
+    return InvalidArgument("swiglu: y must not alias x (except one row in place)");
+  ZI_ASSIGN_OR_RETURN(KType kt, ktype_of(op, x.dtype()));
+  ZI_LAUNCH_TRY(op, launch_swiglu(kt, x.data(), y.data(), m, f, stream_));
+  return Status::Ok();
+}
+
+Status CudaBackend::axpby(float a, const Tensor& x, float b, const Tensor& y, Tensor& out) {
+  constexpr const char* op = "axpby";
+  ZI_TRY(check_cuda_tensor(op, "x", x));
+  ZI_TRY(check_cuda_tensor(op, "y", y));
+  ZI_TRY(check_cuda_tensor(op, "out", out));
+  if (y.numel() != x.numel() || out.numel() != x.numel())
+    return InvalidArgument("axpby: sizes differ: " + x.describe() + ", " + y.describe() + ", " +
+                           out.describe());
+  ZI_TRY(check_dtype(op, "y", y, x.dtype()));
+  ZI_TRY(check_dtype(op, "out", out, x.dtype()));
+  ZI_ASSIGN_OR_RETURN(KType kt, ktype_of(op, x.dtype()));
+  ZI_LAUNCH_TRY(op, launch_axpby(kt, a, x.data(), b, y.data(), out.data(), x.numel(), stream_));
+  return Status::Ok();
+}
+
+Status CudaBackend::add(const Tensor& x, const Tensor& y, Tensor& out) {
+  constexpr const char* op = "add";
+  ZI_TRY(check_cuda_tensor(op, "x", x));
+  ZI_TRY(check_cuda_tensor(op, "y", y));
+  ZI_TRY(check_cuda_tensor(op, "out", out));
+  ZI_TRY(check_shape(op, "out", out, x.shape()));
+  ZI_TRY(check_dtype(op, "y", y, x.dtype()));
+  ZI_TRY(check_dtype(op, "out", out, x.dtype()));
+  if (x.numel() > 0 && (y.numel() == 0 || x.numel() % y.numel() != 0))
+    return InvalidArgument("add: y " + y.describe() + " does not broadcast over x " +
+                           x.describe());
+  if (y.numel() != x.numel() && overlaps(y, out))
+    return InvalidArgument("add: out must not alias a broadcast y");
+  ZI_ASSIGN_OR_RETURN(KType kt, ktype_of(op, x.dtype()));
+  if (x.numel() == 0) return Status::Ok();
+  ZI_LAUNCH_TRY(op,
+                launch_add(kt, x.data(), y.data(), out.data(), x.numel(), y.numel(), stream_));
+  return Status::Ok();
+}
+
+Result<std::vector<double>> CudaBackend::sum_squares(const Tensor& x) {
+  constexpr const char* op = "sum_squares";
+  ZI_TRY(check_cuda_tensor(op, "x", x));
+  if (x.rank() < 1) return InvalidArgument("sum_squares: x needs rank >= 1");
+  ZI_ASSIGN_OR_RETURN(KType kt, ktype_of(op, x.dtype()));
+  const int64_t rows = x.dim(0), cols = rows == 0 ? 0 : x.numel() / rows;
+  std::vector<double> out(static_cast<size_t>(rows), 0.0);
+  if (rows == 0) return out;
+  ZI_ASSIGN_OR_RETURN(Tensor acc, alloc(DType::kF64, {rows}));
+  ZI_LAUNCH_TRY(op, launch_sum_squares(kt, x.data(), rows, cols, acc.data_as<double>(), stream_));
+  ZI_CUDA_TRY(cudaMemcpyAsync(out.data(), acc.data(), sizeof(double) * rows,
+                              cudaMemcpyDeviceToHost, stream_));
+  ZI_CUDA_TRY(cudaStreamSynchronize(stream_));
+  return out;
+}
+
+Status CudaBackend::upsample_nearest2x(const Tensor& x, Tensor& y) {
+  constexpr const char* op = "upsample_nearest2x";
+  ZI_TRY(check_cuda_tensor(op, "x", x));
+  ZI_TRY(check_cuda_tensor(op, "y", y));
+  ZI_TRY(check_rank(op, "x", x, 4));
+  ZI_TRY(check_dtype(op, "y", y, x.dtype()));
+  ZI_TRY(check_shape(op, "y", y, {x.dim(0), 2 * x.dim(1), 2 * x.dim(2), x.dim(3)}));
+  if (overlaps(x, y)) return InvalidArgument("upsample_nearest2x: y must not alias x");
+  ZI_ASSIGN_OR_RETURN(KType kt, ktype_of(op, x.dtype()));
+  ZI_LAUNCH_TRY(op, launch_upsample_nearest2x(kt, x.data(), y.data(), x.dim(0), x.dim(1),
+                                              x.dim(2), x.dim(3), stream_));
+  return Status::Ok();
+}
+
+Status CudaBackend::embedding(const Tensor& table, const Tensor& ids, Tensor& out) {
+  constexpr const char* op = "embedding";
+  ZI_TRY(check_cuda_tensor(op, "table", table));
+  ZI_TRY(check_cuda_tensor(op, "out", out));
+  ZI_TRY(check_rank(op, "table", table, 2));
+  if (!ids.defined() || ids.device() != Device::kCPU || ids.dtype() != DType::kI32)
+    return InvalidArgument("embedding: ids must be a host i32 tensor");
+  const int64_t n = ids.numel(), v = table.dim(0), d = table.dim(1);
+  ZI_TRY(check_dtype(op, "out", out, table.dtype()));
+  if (out.rank() < 1 || out.dim(-1) != d || out.numel() != n * d)
+    return InvalidArgument("embedding: out " + out.describe() + " must be [" +
+                           std::to_string(n) + ", " + std::to_string(d) + "]");
+  const int32_t* id = ids.data_as<int32_t>();
+  for (int64_t i = 0; i < n; ++i)
+    if (id[i] < 0 || id[i] >= v)
+      return InvalidArgument("embedding: id " + std::to_string(id[i]) + " at " +
+                             std::to_string(i) + " is outside [0, " + std::to_string(v) + ")");
+  ZI_ASSIGN_OR_RETURN(KType kt, ktype_of(op, table.dtype()));
+  if (n == 0) return Status::Ok();
+  ZI_ASSIGN_OR_RETURN(Tensor dev_ids, alloc(DType::kI32, {n}));
+  ZI_CUDA_TRY(cudaMemcpyAsync(dev_ids.data(), id, sizeof(int32_t) * n, cudaMemcpyHostToDevice,
+                              stream_));
+  ZI_LAUNCH_TRY(op, launch_embedding(kt, table.data(), dev_ids.data_as<int32_t>(), out.data(), n,
+                                     d, stream_));
+  return Status::Ok();
+}
+
+Status CudaBackend::patchify(const Tensor& latents, int p, Tensor& tokens) {
+  constexpr const char* op = "patchify";
+  ZI_TRY(check_cuda_tensor(op, "latents", latents));
+  ZI_TRY(check_cuda_tensor(op, "tokens", tokens));
+  ZI_TRY(check_rank(op, "latents", latents, 4));
+  ZI_TRY(check_dtype(op, "latents", latents, DType::kF32));
+  const int64_t b = latents.dim(0), c = latents.dim(1), h = latents.dim(2), w = latents.dim(3);
+  if (p < 1 || h % p != 0 || w % p != 0)
+    return InvalidArgument("patchify: H and W must be multiples of p = " + std::to_string(p));
+  ZI_TRY(check_shape(op, "tokens", tokens, {b, (h / p) * (w / p), int64_t{p} * p * c}));
+  ZI_ASSIGN_OR_RETURN(KType kt, ktype_of(op, tokens.dtype()));
+  ZI_LAUNCH_TRY(op, launch_patchify(kt, latents.data_as<float>(), tokens.data(), b, c, h, w, p,
+                                    stream_));
+  return Status::Ok();
+}
+
+Status CudaBackend::unpatchify(const Tensor& tokens, int p, float alpha, Tensor& out) {
+  constexpr const char* op = "unpatchify";
+  ZI_TRY(check_cuda_tensor(op, "tokens", tokens));
+  ZI_TRY(check_cuda_tensor(op, "out", out));
+  ZI_TRY(check_rank(op, "out", out, 4));
+  ZI_TRY(check_rank(op, "tokens", tokens, 3));
+  ZI_TRY(check_dtype(op, "out", out, DType::kF32));
+  const int64_t b = out.dim(0), c = out.dim(1), h = out.dim(2), w = out.dim(3);
+  if (p < 1 || h % p != 0 || w % p != 0)
+    return InvalidArgument("unpatchify: H and W must be multiples of p = " + std::to_string(p));
+  if (tokens.dim(0) != b || tokens.dim(2) != int64_t{p} * p * c ||
+      tokens.dim(1) < (h / p) * (w / p))
+    return InvalidArgument("unpatchify: tokens " + tokens.describe() + " do not cover out " +
+                           out.describe());
+  ZI_ASSIGN_OR_RETURN(KType kt, ktype_of(op, tokens.dtype()));
+  ZI_LAUNCH_TRY(op, launch_unpatchify(kt, tokens.data(), tokens.dim(1), out.data_as<float>(), b,
+                                      c, h, w, p, alpha, stream_));
+  return Status::Ok();
+}
+
+}  // namespace zimage::cuda

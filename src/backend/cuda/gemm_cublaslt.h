@@ -1,0 +1,58 @@
+// GEMMs through cuBLASLt (the linear layers) and cuBLAS (the general attention path's batched
+// products). A cuBLASLt plan (operation descriptor, three layouts, heuristic algorithm) is built
+// once per (M, N, K, dtype, bias, pointer alignments) and cached; the bias rides on the BIAS
+// epilogue. bf16 in/out accumulates in fp32 (CUBLAS_COMPUTE_32F); f32 uses CUBLAS_COMPUTE_32F
+// too, which never rounds operands to TF32. One 32 MiB workspace serves every call on the stream.
+#pragma once
+
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <map>
+#include <memory>
+#include <tuple>
+
+#include "backend/cuda/allocator.h"
+#include "core/status.h"
+#include "core/tensor.h"
+
+namespace zimage::cuda {
+
+class LtGemm {
+ public:
+  static constexpr size_t kWorkspaceBytes = size_t{32} << 20;
+
+  static Result<std::unique_ptr<LtGemm>> create(cudaStream_t stream, CachingAllocator& alloc);
+  ~LtGemm();
+  LtGemm(const LtGemm&) = delete;
+  LtGemm& operator=(const LtGemm&) = delete;
+
+  // Row-major y[m, n] = x[m, k] · w[n, k]ᵀ (+ bias[n]); all of `dt` (kF32 or kBF16 or kF16).
+  Status linear(const void* x, const void* w, const void* bias, void* y, int64_t m, int64_t n,
+                int64_t k, DType dt);
+
+  cublasHandle_t blas() const { return blas_; }
+
+ private:
+  struct Plan {
+    cublasLtMatmulDesc_t op = nullptr;
+    cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+    cublasLtMatmulAlgo_t algo{};
+    bool has_algo = false;  // false: no cuBLASLt algorithm, use cublasGemmEx
+  };
+  // (m, n, k, dtype, fused bias, alignment in bytes of x, w, y)
+  using Key = std::tuple<int64_t, int64_t, int64_t, int, bool, int, int, int>;
+
+  LtGemm(cudaStream_t stream) : stream_(stream) {}
+  Result<Plan*> plan(const Key& key);
+  static void destroy(Plan& p);
+
+  cudaStream_t stream_;
+  cublasLtHandle_t lt_ = nullptr;
+  cublasHandle_t blas_ = nullptr;
+  std::shared_ptr<Storage> workspace_;
+  std::map<Key, Plan> plans_;
+};
+
+}  // namespace zimage::cuda

@@ -1,0 +1,74 @@
+// Argument checks shared by the CUDA backend's op files: every op validates device, dtype and
+// shape before launching anything and answers a bad call with InvalidArgument naming the op.
+#pragma once
+
+#include <string>
+
+#include "backend/cuda/kernels.h"
+#include "core/status.h"
+#include "core/tensor.h"
+
+namespace zimage::cuda {
+
+inline Status check_cuda_tensor(const char* op, const char* what, const Tensor& t) {
+  if (!t.defined()) return InvalidArgument(std::string(op) + ": " + what + " is undefined");
+  if (t.device() != Device::kCUDA)
+    return InvalidArgument(std::string(op) + ": " + what + " is not on the CUDA device (" +
+                           t.describe() + ")");
+  if (t.numel() < 0) return InvalidArgument(std::string(op) + ": " + what + " has a bad shape");
+  if (t.storage()->bytes() < t.byte_offset() + t.nbytes())
+    return InvalidArgument(std::string(op) + ": " + what + " " + t.describe() +
+                           " is larger than its storage");
+  return Status::Ok();
+}
+
+// Optional tensors: undefined is fine, defined ones must be valid device tensors.
+inline Status check_optional(const char* op, const char* what, const Tensor& t) {
+  return t.defined() ? check_cuda_tensor(op, what, t) : Status::Ok();
+}
+
+inline Status check_dtype(const char* op, const char* what, const Tensor& t, DType want) {
+  if (t.dtype() != want)
+    return InvalidArgument(std::string(op) + ": " + what + " must be " + dtype_name(want) +
+                           ", got " + t.describe());
+  return Status::Ok();
+}
+
+inline Status check_shape(const char* op, const char* what, const Tensor& t, const Shape& want) {
+  if (t.shape() != want)
+    return InvalidArgument(std::string(op) + ": " + what + " must be " + shape_string(want) +
+                           ", got " + t.describe());
+  return Status::Ok();
+}
+
+inline Status check_rank(const char* op, const char* what, const Tensor& t, int rank) {
+  if (t.rank() != rank)
+    return InvalidArgument(std::string(op) + ": " + what + " must have rank " +
+                           std::to_string(rank) + ", got " + t.describe());
+  return Status::Ok();
+}
+
+inline bool is_float_kernel_type(DType t) {
+  return t == DType::kF32 || t == DType::kBF16 || t == DType::kF16;
+}
+
+inline Result<KType> ktype_of(const char* op, DType t) {
+  switch (t) {
+    case DType::kF32: return KType::kF32;
+    case DType::kBF16: return KType::kBF16;
+    case DType::kF16: return KType::kF16;
+    default: break;
+  }
+  return Unsupported(std::string(op) + ": dtype " + dtype_name(t) + " is not supported on CUDA");
+}
+
+inline const void* ptr_or_null(const Tensor& t) { return t.defined() ? t.data() : nullptr; }
+
+// True when the byte ranges of a and b overlap.
+inline bool overlaps(const Tensor& a, const Tensor& b) {
+  const char* pa = static_cast<const char*>(a.data());
+  const char* pb = static_cast<const char*>(b.data());
+  return pa < pb + b.nbytes() && pb < pa + a.nbytes();
+}
+
+}  // namespace zimage::cuda

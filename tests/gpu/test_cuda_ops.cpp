@@ -1,0 +1,424 @@
+// Every CUDA op against the CPU oracle, in f32 (normwise tolerance 1e-5) and bf16 (inputs rounded
+// to bf16 first, tolerance 1e-2), over odd shapes that exercise the vector paths and their tails.
+// GPU outputs are poisoned with NaN before each op so an unwritten element fails the test. Each
+// comparison prints its measured errors. Attention, convolution and the memory/graph machinery
+// have their own files (test_cuda_attention.cpp, test_cuda_memory.cpp); timings are in
+// test_cuda_perf.cpp. Without a CUDA device every test is skipped.
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "cuda_test_util.h"
+
+namespace zimage::test {
+namespace {
+
+std::string label(const char* op, const Shape& s, const std::string& extra = "") {
+  return cat(op, " ", shape_str(s), extra);
+}
+
+TEST(CudaOps, Matmul) {
+  ZI_REQUIRE_GPU();
+  struct Case {
+    int64_t m, n, k;
+    bool bias;
+  };
+  const Case cases[] = {{1, 1, 1, false},    {3, 17, 5, true},     {17, 100, 129, true},
+                        {129, 64, 256, false}, {100, 3, 17, true}, {257, 384, 512, true},
+                        {1, 3840, 256, true}};
+  for (DType dt : kDTypes) {
+    uint32_t seed = 1;
+    for (const Case& c : cases) {
+      Both x = both_rand({c.m, c.k}, seed++, dt);
+      Both w = both_rand({c.n, c.k}, seed++, dt, -0.5f, 0.5f);
+      Both b = c.bias ? both_rand({c.n}, seed++, dt) : Both{};
+      Both y = outputs({c.m, c.n}, dt);
+      ZI_ASSERT_OK(cpu_oracle().matmul(x.cpu, w.cpu, b.cpu, y.cpu));
+      ZI_ASSERT_OK(gpu(dt)->matmul(x.gpu, w.gpu, b.gpu, y.gpu));
+      expect_match(cat("matmul ", c.m, "x", c.n, "x", c.k, c.bias ? " +bias" : ""), dt, y);
+    }
+    // Rank-3 x and an odd element offset (misaligned for 16-byte loads): x rows 1..33 of [34, 17].
+    Both xx = both_rand({34, 17}, seed++, dt);
+    Tensor xv_cpu = xx.cpu.slice0(1, 34).view({3, 11, 17});
+    Tensor xv_gpu = xx.gpu.slice0(1, 34).view({3, 11, 17});
+    Both w = both_rand({9, 17}, seed++, dt);
+    Both b = both_rand({9}, seed++, dt);
+    Both y = outputs({3, 11, 9}, dt);
+    ZI_ASSERT_OK(cpu_oracle().matmul(xv_cpu, w.cpu, b.cpu, y.cpu));
+    ZI_ASSERT_OK(gpu(dt)->matmul(xv_gpu, w.gpu, b.gpu, y.gpu));
+    expect_match("matmul misaligned rank-3 x [3, 11, 17]", dt, y);
+  }
+}
+
+TEST(CudaOps, RmsNormAndLayerNorm) {
+  ZI_REQUIRE_GPU();
+  const Shape shapes[] = {{1, 1}, {3, 17}, {17, 100}, {129, 128}, {4, 3840}, {2, 5, 64}};
+  for (DType dt : kDTypes) {
+    uint32_t seed = 100;
+    for (const Shape& s : shapes) {
+      const int64_t d = s.back(), rows = shape_numel(s) / d;
+      const int64_t groups = rows % 2 == 0 ? 2 : 1;
+      Both x = both_rand(s, seed++, dt, -2.f, 2.f);
+      Both w = both_rand({d}, seed++, dt, 0.5f, 1.5f);
+      Both bias = both_rand({d}, seed++, dt);
+      Both scale = both_rand({groups, d}, seed++, dt, 0.5f, 1.5f);
+      for (int variant = 0; variant < 3; ++variant) {
+        const Tensor wc = variant == 0 ? Tensor() : w.cpu, wg = variant == 0 ? Tensor() : w.gpu;
+        const Tensor sc = variant == 2 ? scale.cpu : Tensor(),
+                     sg = variant == 2 ? scale.gpu : Tensor();
+        const char* tag = variant == 0 ? " plain" : variant == 1 ? " +w" : " +w +scale";
+        Both y = outputs(s, dt);
+        ZI_ASSERT_OK(cpu_oracle().rms_norm(x.cpu, wc, 1e-6f, sc, y.cpu));
+        ZI_ASSERT_OK(gpu(dt)->rms_norm(x.gpu, wg, 1e-6f, sg, y.gpu));
+        expect_match(label("rms_norm", s, tag), dt, y);
+        Both z = outputs(s, dt);
+        const Tensor bc = variant == 0 ? Tensor() : bias.cpu, bg = variant == 0 ? Tensor() : bias.gpu;
+        ZI_ASSERT_OK(cpu_oracle().layer_norm(x.cpu, wc, bc, 1e-6f, sc, z.cpu));
+        ZI_ASSERT_OK(gpu(dt)->layer_norm(x.gpu, wg, bg, 1e-6f, sg, z.gpu));
+        expect_match(label("layer_norm", s, tag), dt, z);
+      }
+      // In place.
+      Both ip = both(rand_host(s, seed++, dt), dt);
+      ZI_ASSERT_OK(cpu_oracle().rms_norm(ip.cpu, w.cpu, 1e-5f, Tensor(), ip.cpu));
+      ZI_ASSERT_OK(gpu(dt)->rms_norm(ip.gpu, w.gpu, 1e-5f, Tensor(), ip.gpu));
+      expect_match(label("rms_norm in place", s), dt, ip);
+    }
+  }
+}
+
+TEST(CudaOps, ResidualRmsNormGate) {
+  ZI_REQUIRE_GPU();
+  const Shape shapes[] = {{1, 1, 7}, {2, 17, 100}, {2, 33, 128}, {1, 5, 3840}};
+  for (DType dt : kDTypes) {
+    uint32_t seed = 200;
+    for (const Shape& s : shapes) {
+      const int64_t d = s.back();
+      const Tensor xh = rand_host(s, seed++, dt);
+      Both y = both_rand(s, seed++, dt, -3.f, 3.f);
+      Both w = both_rand({d}, seed++, dt, 0.5f, 1.5f);
+      Both gate = both_rand({s[0], d}, seed++, dt);
+      for (int variant = 0; variant < 2; ++variant) {
+        Both x = both(xh, dt);
+        const Tensor wc = variant ? w.cpu : Tensor(), wg = variant ? w.gpu : Tensor();
+        const Tensor gc = variant ? gate.cpu : Tensor(), gg = variant ? gate.gpu : Tensor();
+        ZI_ASSERT_OK(cpu_oracle().residual_rms_norm_gate(x.cpu, y.cpu, wc, 1e-5f, gc));
+        ZI_ASSERT_OK(gpu(dt)->residual_rms_norm_gate(x.gpu, y.gpu, wg, 1e-5f, gg));
+        expect_match(label("residual_rms_norm_gate", s, variant ? " +w +gate" : " plain"), dt,
+                     x);
+      }
+    }
+  }
+}
+
+TEST(CudaOps, GroupNorm) {
+  ZI_REQUIRE_GPU();
+  struct Case {
+    Shape s;
+    int groups;
+    bool silu, affine;
+  };
+  const Case cases[] = {{{1, 5, 7, 64}, 32, false, true},  {{2, 3, 3, 17}, 1, true, true},
+                        {{1, 16, 16, 128}, 32, true, true}, {{2, 9, 5, 24}, 6, false, false},
+                        {{1, 64, 64, 512}, 32, true, true},  {{3, 1, 1, 8}, 4, true, true}};
+  for (DType dt : kDTypes) {
+    uint32_t seed = 300;
+    for (const Case& c : cases) {
+      const int64_t ch = c.s[3];
+      Both x = both_rand(c.s, seed++, dt, -1.f, 3.f);
+      Both g = c.affine ? both_rand({ch}, seed++, dt, 0.5f, 1.5f) : Both{};
+      Both b = c.affine ? both_rand({ch}, seed++, dt) : Both{};
+      Both y = outputs(c.s, dt);
+      ZI_ASSERT_OK(cpu_oracle().group_norm(x.cpu, g.cpu, b.cpu, c.groups, 1e-6f, c.silu, y.cpu));
+      ZI_ASSERT_OK(gpu(dt)->group_norm(x.gpu, g.gpu, b.gpu, c.groups, 1e-6f, c.silu, y.gpu));
+      expect_match(label("group_norm", c.s, c.silu ? " +silu" : ""), dt, y);
+    }
+    // In place.
+    Both x = both_rand({1, 8, 8, 32}, seed++, dt);
+    ZI_ASSERT_OK(cpu_oracle().group_norm(x.cpu, Tensor(), Tensor(), 8, 1e-6f, true, x.cpu));
+    ZI_ASSERT_OK(gpu(dt)->group_norm(x.gpu, Tensor(), Tensor(), 8, 1e-6f, true, x.gpu));
+    expect_match("group_norm in place [1, 8, 8, 32]", dt, x);
+  }
+}
+
+TEST(CudaOps, Rope) {
+  ZI_REQUIRE_GPU();
+  const Shape shapes[] = {{2, 17, 3, 128}, {1, 5, 2, 6}, {1, 3, 2, 10}, {3, 33, 4, 64}};
+  for (DType dt : kDTypes) {
+    uint32_t seed = 400;
+    for (const Shape& s : shapes) {
+      const int64_t b = s[0], seq = s[1], dh = s[3];
+      const Tensor xh = rand_host(s, seed++, dt);
+      // Rotate-half: tables [S, Dh] f32 (any values exercise the formula).
+      Both cs = both_as(rand_host({seq, dh}, seed++, DType::kF32), dt, DType::kF32);
+      Both sn = both_as(rand_host({seq, dh}, seed++, DType::kF32), dt, DType::kF32);
+      {
+        Both x = both(xh, dt);
+        ZI_ASSERT_OK(cpu_oracle().rope_half(x.cpu, cs.cpu, sn.cpu));
+        ZI_ASSERT_OK(gpu(dt)->rope_half(x.gpu, cs.gpu, sn.gpu));
+        expect_match(label("rope_half", s), dt, x);
+      }
+      for (int shared = 0; shared < 2; ++shared) {
+        Both x = both(xh, dt);
+        Both f = both_as(rand_host({shared ? 1 : b, seq, dh / 2, 2}, seed++, DType::kF32), dt,
+                         DType::kF32);
+        ZI_ASSERT_OK(cpu_oracle().rope_interleaved(x.cpu, f.cpu));
+        ZI_ASSERT_OK(gpu(dt)->rope_interleaved(x.gpu, f.gpu));
+        expect_match(label("rope_interleaved", s, shared ? " shared freqs" : ""), dt, x);
+      }
+    }
+  }
+}
+
+TEST(CudaOps, ElementwiseOps) {
+  ZI_REQUIRE_GPU();
+  const Shape shapes[] = {{1}, {3, 1001}, {8, 64}, {17, 129}};
+  for (DType dt : kDTypes) {
+    uint32_t seed = 500;
+    for (const Shape& s : shapes) {
+      Both x = both_rand(s, seed++, dt, -6.f, 6.f);
+      Both y = both_rand(s, seed++, dt);
+      Both o1 = outputs(s, dt), o2 = outputs(s, dt), o3 = outputs(s, dt), o4 = outputs(s, dt);
+      ZI_ASSERT_OK(cpu_oracle().silu(x.cpu, o1.cpu));
+      ZI_ASSERT_OK(gpu(dt)->silu(x.gpu, o1.gpu));
+      expect_match(label("silu", s), dt, o1);
+      ZI_ASSERT_OK(cpu_oracle().tanh(x.cpu, o2.cpu));
+      ZI_ASSERT_OK(gpu(dt)->tanh(x.gpu, o2.gpu));
+      expect_match(label("tanh", s), dt, o2);
+      ZI_ASSERT_OK(cpu_oracle().axpby(0.75f, x.cpu, -1.25f, y.cpu, o3.cpu));
+      ZI_ASSERT_OK(gpu(dt)->axpby(0.75f, x.gpu, -1.25f, y.gpu, o3.gpu));
+      expect_match(label("axpby", s), dt, o3);
+      ZI_ASSERT_OK(cpu_oracle().add(x.cpu, y.cpu, o4.cpu));
+      ZI_ASSERT_OK(gpu(dt)->add(x.gpu, y.gpu, o4.gpu));
+      expect_match(label("add", s), dt, o4);
+      // In place: silu(x) -> x, then x += y.
+      Both ip = both(rand_host(s, seed++, dt), dt);
+      ZI_ASSERT_OK(cpu_oracle().silu(ip.cpu, ip.cpu));
+      ZI_ASSERT_OK(gpu(dt)->silu(ip.gpu, ip.gpu));
+      ZI_ASSERT_OK(cpu_oracle().add(ip.cpu, y.cpu, ip.cpu));
+      ZI_ASSERT_OK(gpu(dt)->add(ip.gpu, y.gpu, ip.gpu));
+      expect_match(label("silu + add in place", s), dt, ip);
+    }
+    // Broadcast add: y over leading dims (aligned and odd periods), y of one element.
+    const std::pair<Shape, Shape> bc[] = {
+        {{17, 100}, {100}}, {{4, 9, 64}, {9, 64}}, {{5, 7}, {1}}, {{3, 13, 8}, {8}}};
+    for (const auto& [xs, ys] : bc) {
+      Both x = both_rand(xs, seed++, dt);
+      Both y = both_rand(ys, seed++, dt);
+      Both o = outputs(xs, dt);
+      ZI_ASSERT_OK(cpu_oracle().add(x.cpu, y.cpu, o.cpu));
+      ZI_ASSERT_OK(gpu(dt)->add(x.gpu, y.gpu, o.gpu));
+      expect_match(label("add broadcast", xs, cat(" + ", shape_str(ys))), dt, o);
+    }
+    // SwiGLU.
+    const Shape sw[] = {{1, 2}, {17, 200}, {3, 258}, {4, 2, 128}};
+    for (const Shape& s : sw) {
+      Shape ys = s;
+      ys.back() /= 2;
+      Both x = both_rand(s, seed++, dt, -4.f, 4.f);
+      Both o = outputs(ys, dt);
+      ZI_ASSERT_OK(cpu_oracle().swiglu(x.cpu, o.cpu));
+      ZI_ASSERT_OK(gpu(dt)->swiglu(x.gpu, o.gpu));
+      expect_match(label("swiglu", s), dt, o);
+    }
+  }
+}
+
+TEST(CudaOps, SumSquares) {
+  ZI_REQUIRE_GPU();
+  const Shape shapes[] = {{1, 1}, {3, 1001}, {2, 16, 64, 64}, {7, 5}};
+  for (DType dt : kDTypes) {
+    uint32_t seed = 600;
+    for (const Shape& s : shapes) {
+      Both x = both_rand(s, seed++, dt);
+      auto c = take(cpu_oracle().sum_squares(x.cpu), "cpu sum_squares");
+      auto g = take(gpu(dt)->sum_squares(x.gpu), "gpu sum_squares");
+      ASSERT_EQ(c.size(), g.size());
+      double worst = 0;
+      for (size_t i = 0; i < c.size(); ++i) worst = std::max(worst, std::fabs(g[i] - c[i]) / c[i]);
+      std::printf("  %-56s %-4s max rel %.2e\n", label("sum_squares", s).c_str(), dtype_name(dt),
+                  worst);
+      EXPECT_LE(worst, 1e-9) << label("sum_squares", s);
+    }
+  }
+}
+
+TEST(CudaOps, Conv2d) {
+  ZI_REQUIRE_GPU();
+  struct Case {
+    Shape x;
+    int64_t cout, k;
+    Conv2dParams p;
+    bool bias;
+  };
+  const Case cases[] = {
+      {{1, 9, 11, 17}, 5, 3, {1, 1, 1, 1, 1}, true},    // odd channels
+      {{2, 16, 16, 32}, 64, 3, {2, 0, 1, 0, 1}, true},  // VAE downsample: stride 2, (0,1,0,1)
+      {{1, 12, 10, 64}, 32, 1, {1, 0, 0, 0, 0}, true},  // 1x1 shortcut
+      {{1, 16, 16, 128}, 3, 3, {1, 1, 1, 1, 1}, true},  // conv_out to 3 channels
+      {{1, 8, 8, 16}, 128, 3, {1, 1, 1, 1, 1}, false},  // conv_in-like, no bias
+      {{1, 7, 9, 8}, 8, 3, {2, 1, 1, 1, 1}, true},      // stride 2 symmetric, odd size
+      {{2, 32, 32, 64}, 64, 3, {1, 1, 1, 1, 1}, true},
+  };
+  for (DType dt : kDTypes) {
+    uint32_t seed = 700;
+    for (const Case& c : cases) {
+      const int64_t cin = c.x[3];
+      Both x = both_rand(c.x, seed++, dt);
+      Both w = both_rand({c.cout, c.k, c.k, cin}, seed++, dt, -0.3f, 0.3f);
+      Both b = c.bias ? both_rand({c.cout}, seed++, dt) : Both{};
+      const int64_t ho = (c.x[1] + c.p.pad_top + c.p.pad_bottom - c.k) / c.p.stride + 1;
+      const int64_t wo = (c.x[2] + c.p.pad_left + c.p.pad_right - c.k) / c.p.stride + 1;
+      Both y = outputs({c.x[0], ho, wo, c.cout}, dt);
+      ZI_ASSERT_OK(cpu_oracle().conv2d(x.cpu, w.cpu, b.cpu, c.p, y.cpu));
+      ZI_ASSERT_OK(gpu(dt)->conv2d(x.gpu, w.gpu, b.gpu, c.p, y.gpu));
+      expect_match(label("conv2d", c.x, cat(" -> ", c.cout, " k", c.k, " s", c.p.stride)), dt, y);
+    }
+  }
+  std::printf("  cuDNN %s\n", gpu(DType::kF32)->has_cudnn() ? "loaded" : "NOT loaded (direct)");
+}
+
+TEST(CudaOps, LayoutOps) {
+  ZI_REQUIRE_GPU();
+  for (DType dt : kDTypes) {
+    uint32_t seed = 800;
+    // Upsample.
+    const Shape us[] = {{2, 3, 5, 17}, {1, 4, 4, 64}, {1, 1, 1, 1}};
+    for (const Shape& s : us) {
+      Both x = both_rand(s, seed++, dt);
+      Both y = outputs({s[0], 2 * s[1], 2 * s[2], s[3]}, dt);
+      ZI_ASSERT_OK(cpu_oracle().upsample_nearest2x(x.cpu, y.cpu));
+      ZI_ASSERT_OK(gpu(dt)->upsample_nearest2x(x.gpu, y.gpu));
+      expect_match(label("upsample_nearest2x", s), dt, y, 0.0);
+    }
+    // Embedding (ids include both ends of the table).
+    for (const auto& [v, d] : {std::pair<int64_t, int64_t>{1000, 100}, {50, 64}, {7, 3}}) {
+      Both table = both_rand({v, d}, seed++, dt);
+      Tensor ids = Tensor::host(DType::kI32, {13});
+      for (int i = 0; i < 13; ++i) ids.data_as<int32_t>()[i] = static_cast<int32_t>((i * 37) % v);
+      ids.data_as<int32_t>()[12] = static_cast<int32_t>(v - 1);
+      Both out = outputs({13, d}, dt);
+      ZI_ASSERT_OK(cpu_oracle().embedding(table.cpu, ids, out.cpu));
+      ZI_ASSERT_OK(gpu(dt)->embedding(table.gpu, ids, out.gpu));
+      expect_match(label("embedding", {v, d}), dt, out, 0.0);
+    }
+    // Patchify / unpatchify (f32 latents, act-dtype tokens; unpatchify reads a longer sequence).
+    for (int p : {1, 2}) {
+      const Shape ls = {2, 16, 8, 12};
+      const int64_t n = (8 / p) * (12 / p), f = int64_t{p} * p * 16;
+      Both lat = both_as(rand_host(ls, seed++, dt), dt, DType::kF32);
+      Both tok = outputs({2, n, f}, dt);
+      ZI_ASSERT_OK(cpu_oracle().patchify(lat.cpu, p, tok.cpu));
+      ZI_ASSERT_OK(gpu(dt)->patchify(lat.gpu, p, tok.gpu));
+      expect_match(label("patchify", ls, p == 2 ? " p2" : " p1"), dt, tok, 0.0);
+      Both longer = both_rand({2, n + 5, f}, seed++, dt);
+      Both out = outputs(ls, dt, DType::kF32);
+      ZI_ASSERT_OK(cpu_oracle().unpatchify(longer.cpu, p, -1.5f, out.cpu));
+      ZI_ASSERT_OK(gpu(dt)->unpatchify(longer.gpu, p, -1.5f, out.gpu));
+      expect_match(label("unpatchify", ls, " alpha -1.5"), dt, out, 1e-7);
+    }
+  }
+}
+
+TEST(CudaOps, ConvertUploadDownloadCopyFill) {
+  ZI_REQUIRE_GPU();
+  cuda::CudaBackend* g = gpu(DType::kBF16);
+  const Tensor h = rand_host({3, 1001}, 900, DType::kF32, -100.f, 100.f);
+  // f32 -> bf16 on upload rounds exactly like the host conversion; back to f32 is exact.
+  Tensor b = take(g->upload(h, DType::kBF16), "upload bf16");
+  std::vector<float> back = fetch(*g, b);
+  int64_t mismatches = 0;
+  for (int64_t i = 0; i < h.numel(); ++i)
+    mismatches += back[i] != round_bf16(h.data_as<float>()[i]);
+  EXPECT_EQ(mismatches, 0) << "upload f32 -> bf16 rounding";
+  // Device convert chain f32 -> f16 -> bf16 -> f32 versus the host conversions.
+  Tensor f = take(g->upload(h, DType::kF32), "upload f32");
+  Tensor f16 = take(g->alloc(DType::kF16, h.shape()), "alloc");
+  Tensor bf = take(g->alloc(DType::kBF16, h.shape()), "alloc");
+  Tensor f32b = take(g->alloc(DType::kF32, h.shape()), "alloc");
+  ZI_ASSERT_OK(g->convert(f, f16));
+  ZI_ASSERT_OK(g->convert(f16, bf));
+  ZI_ASSERT_OK(g->convert(bf, f32b));
+  std::vector<float> chain = fetch(*g, f32b);
+  mismatches = 0;
+  for (int64_t i = 0; i < h.numel(); ++i) {
+    const float want = round_bf16(f16_to_f32(f32_to_f16(h.data_as<float>()[i])));
+    mismatches += chain[i] != want;
+  }
+  EXPECT_EQ(mismatches, 0) << "convert f32 -> f16 -> bf16 -> f32";
+  // Download into a bf16 host tensor converts on the device.
+  Tensor hb = Tensor::host(DType::kBF16, h.shape());
+  ZI_ASSERT_OK(g->download(f, hb));
+  EXPECT_EQ(reinterpret_cast<uint16_t*>(hb.data())[5], f32_to_bf16(h.data_as<float>()[5]));
+  // copy_2d: a [5 x 7] block from offset 3, stride 11 into offset 2, stride 9.
+  const Tensor src_h = rand_host({64}, 901, DType::kF32);
+  Tensor src = take(g->upload(src_h, DType::kF32), "src");
+  Tensor dst = take(g->alloc(DType::kF32, {50}), "dst");
+  ZI_ASSERT_OK(g->fill(dst, -7.f));
+  ZI_ASSERT_OK(g->copy_2d(src, 3, 11, dst, 2, 9, 5, 7));
+  std::vector<float> d = fetch(*g, dst);
+  for (int64_t i = 0; i < 50; ++i) {
+    const int64_t r = (i - 2) / 9, c = (i - 2) % 9;
+    const bool inside = i >= 2 && r < 5 && c < 7;
+    const float want = inside ? src_h.data_as<float>()[3 + r * 11 + c] : -7.f;
+    ASSERT_EQ(d[i], want) << "copy_2d element " << i;
+  }
+  EXPECT_FALSE(g->copy_2d(src, 60, 11, dst, 0, 9, 1, 7).ok()) << "copy_2d past the end";
+  // fill in bf16 with a value bf16 cannot hold exactly.
+  ZI_ASSERT_OK(g->fill(b, 0.1f));
+  std::vector<float> fb = fetch(*g, b);
+  EXPECT_EQ(fb.front(), round_bf16(0.1f));
+  EXPECT_EQ(fb.back(), round_bf16(0.1f));
+}
+
+TEST(CudaOps, ErrorsAreStatuses) {
+  ZI_REQUIRE_GPU();
+  cuda::CudaBackend* g = gpu(DType::kBF16);
+  Tensor x = take(g->alloc(DType::kBF16, {4, 8}), "x");
+  Tensor w = take(g->alloc(DType::kBF16, {6, 9}), "w");
+  Tensor y = take(g->alloc(DType::kBF16, {4, 6}), "y");
+  Tensor xf = take(g->alloc(DType::kF32, {4, 8}), "xf");
+  Tensor host = Tensor::host(DType::kBF16, {4, 8});
+  EXPECT_EQ(g->matmul(x, w, Tensor(), y).code(), ErrorCode::kInvalidArgument) << "K mismatch";
+  EXPECT_EQ(g->matmul(host, w, Tensor(), y).code(), ErrorCode::kInvalidArgument) << "host input";
+  EXPECT_EQ(g->rms_norm(xf, Tensor(), 1e-6f, Tensor(), xf).code(), ErrorCode::kInvalidArgument)
+      << "f32 tensor on a bf16 backend";
+  Tensor scale = take(g->alloc(DType::kBF16, {3, 8}), "scale");
+  EXPECT_EQ(g->rms_norm(x, Tensor(), 1e-6f, scale, x).code(), ErrorCode::kInvalidArgument)
+      << "3 scale groups for 4 rows";
+  Tensor q = take(g->alloc(DType::kBF16, {2, 5, 4, 16}), "q");
+  Tensor k = take(g->alloc(DType::kBF16, {2, 5, 3, 16}), "k");
+  Tensor o = take(g->alloc(DType::kBF16, {2, 5, 4, 16}), "o");
+  EXPECT_EQ(g->attention(q, k, k, {}, o).code(), ErrorCode::kInvalidArgument) << "4 % 3 heads";
+  AttentionParams bad_len;
+  bad_len.key_len = {5};
+  EXPECT_EQ(g->attention(q, q, q, bad_len, o).code(), ErrorCode::kInvalidArgument)
+      << "key_len size";
+  bad_len.key_len = {5, 6};
+  EXPECT_EQ(g->attention(q, q, q, bad_len, o).code(), ErrorCode::kInvalidArgument)
+      << "key_len > Sk";
+  EXPECT_EQ(g->attention(q, q, q, {}, q).code(), ErrorCode::kInvalidArgument) << "out aliases q";
+  Tensor img = take(g->alloc(DType::kBF16, {1, 8, 8, 4}), "img");
+  Tensor cw = take(g->alloc(DType::kBF16, {4, 3, 3, 5}), "cw");
+  EXPECT_EQ(g->conv2d(img, cw, Tensor(), {}, img).code(), ErrorCode::kInvalidArgument)
+      << "conv Cin mismatch";
+  Tensor table = take(g->alloc(DType::kBF16, {10, 8}), "table");
+  Tensor ids = Tensor::host(DType::kI32, {2});
+  ids.data_as<int32_t>()[1] = 10;
+  Tensor emb = take(g->alloc(DType::kBF16, {2, 8}), "emb");
+  EXPECT_EQ(g->embedding(table, ids, emb).code(), ErrorCode::kInvalidArgument) << "id 10 of 10";
+  Tensor sw = take(g->alloc(DType::kBF16, {4, 16}), "sw");
+  Tensor sw_out(sw.storage(), sw.byte_offset(), DType::kBF16, {4, 8});  // aliases sw's start
+  EXPECT_EQ(g->swiglu(sw, sw_out).code(), ErrorCode::kInvalidArgument)
+      << "swiglu in place over several rows";
+  EXPECT_EQ(g->group_norm(img, Tensor(), Tensor(), 3, 1e-6f, false, img).code(),
+            ErrorCode::kInvalidArgument)
+      << "3 groups of 4 channels";
+  EXPECT_EQ(g->alloc(DType::kBF16, {-1, 4}).status().code(), ErrorCode::kInvalidArgument);
+  auto bad = make_cuda_backend(0, DType::kI32);
+  EXPECT_FALSE(bad.ok());
+  auto none = make_cuda_backend(1000, DType::kBF16);
+  EXPECT_EQ(none.status().code(), ErrorCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace zimage::test
