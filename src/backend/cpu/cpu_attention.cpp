@@ -48,8 +48,8 @@ Status CpuBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v,
     }
     for (size_t i = 0; i < p.key_len.size(); ++i) {
       if (p.key_len[i] < 0 || p.key_len[i] > sk) {
-        return InvalidArgument("attention: key_len[" + std::to_string(i) + "] = " +
-                               std::to_string(p.key_len[i]) + " is outside [0, " +
+        return InvalidArgument("attention: key_len[" + std::to_string(i) +
+                               "] = " + std::to_string(p.key_len[i]) + " is outside [0, " +
                                std::to_string(sk) + "] for k " + desc(k));
       }
     }
@@ -79,8 +79,8 @@ Status CpuBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v,
   for (int64_t bi = 0; bi < b; ++bi) {
     const int64_t klen = p.key_len.empty() ? sk : p.key_len[static_cast<size_t>(bi)];
     for (int64_t h = 0; h < hq; ++h) {
-      const float* qh = qp + bi * sq * q_ld + h * d;               // rows of stride q_ld
-      const float* kh = kp + bi * sk * kv_ld + (h / group) * d;    // rows of stride kv_ld
+      const float* qh = qp + bi * sq * q_ld + h * d;             // rows of stride q_ld
+      const float* kh = kp + bi * sk * kv_ld + (h / group) * d;  // rows of stride kv_ld
       const float* vh = vp + bi * sk * kv_ld + (h / group) * d;
       float* oh = op_ + bi * sq * q_ld + h * d;
       for (int64_t q0 = 0; q0 < sq; q0 += qblock) {

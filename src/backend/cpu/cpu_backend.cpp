@@ -47,7 +47,9 @@ void convert_elements(ThreadPool& pool, DType from, const void* src, DType to, v
   });
 }
 
-bool convertible(DType d) { return dtype_is_float(d); }
+bool convertible(DType d) {
+  return dtype_is_float(d);
+}
 
 // Whether [offset, offset + (rows-1)*stride + cols) lies inside [0, numel).
 bool block_in_bounds(int64_t offset, int64_t stride, int64_t rows, int64_t cols, int64_t numel) {
@@ -148,12 +150,12 @@ Status CpuBackend::copy_2d(const Tensor& src, int64_t src_offset, int64_t src_ro
     return m;
   };
   if (!block_in_bounds(src_offset, src_row_stride, rows, cols, src.numel())) {
-    return InvalidArgument("copy_2d: " + block(src_offset, src_row_stride) +
-                           " is outside src " + desc(src));
+    return InvalidArgument("copy_2d: " + block(src_offset, src_row_stride) + " is outside src " +
+                           desc(src));
   }
   if (!block_in_bounds(dst_offset, dst_row_stride, rows, cols, dst.numel())) {
-    return InvalidArgument("copy_2d: " + block(dst_offset, dst_row_stride) +
-                           " is outside dst " + desc(dst));
+    return InvalidArgument("copy_2d: " + block(dst_offset, dst_row_stride) + " is outside dst " +
+                           desc(dst));
   }
   if (rows == 0 || cols == 0) return Status::Ok();
   const size_t es = dtype_size(src.dtype());

@@ -43,8 +43,8 @@ class CpuBackend final : public Backend {
                     const Tensor& scale, Tensor& y) override;
   Status residual_rms_norm_gate(Tensor& x, const Tensor& y, const Tensor& w, float eps,
                                 const Tensor& gate) override;
-  Status group_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, int groups,
-                    float eps, bool silu, Tensor& y) override;
+  Status group_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, int groups, float eps,
+                    bool silu, Tensor& y) override;
 
   // cpu_elementwise.cpp
   Status rope_half(Tensor& x, const Tensor& cos, const Tensor& sin) override;

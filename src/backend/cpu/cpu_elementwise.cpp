@@ -18,17 +18,26 @@ constexpr int64_t kElemGrain = 16384;
 // Reads element i of a f32/bf16/f16 buffer as float.
 inline float load(DType dt, const void* p, int64_t i) {
   switch (dt) {
-    case DType::kBF16: return bf16_to_f32(static_cast<const uint16_t*>(p)[i]);
-    case DType::kF16: return f16_to_f32(static_cast<const uint16_t*>(p)[i]);
-    default: return static_cast<const float*>(p)[i];
+    case DType::kBF16:
+      return bf16_to_f32(static_cast<const uint16_t*>(p)[i]);
+    case DType::kF16:
+      return f16_to_f32(static_cast<const uint16_t*>(p)[i]);
+    default:
+      return static_cast<const float*>(p)[i];
   }
 }
 
 inline void store(DType dt, void* p, int64_t i, float v) {
   switch (dt) {
-    case DType::kBF16: static_cast<uint16_t*>(p)[i] = f32_to_bf16(v); break;
-    case DType::kF16: static_cast<uint16_t*>(p)[i] = f32_to_f16(v); break;
-    default: static_cast<float*>(p)[i] = v; break;
+    case DType::kBF16:
+      static_cast<uint16_t*>(p)[i] = f32_to_bf16(v);
+      break;
+    case DType::kF16:
+      static_cast<uint16_t*>(p)[i] = f32_to_f16(v);
+      break;
+    default:
+      static_cast<float*>(p)[i] = v;
+      break;
   }
 }
 
@@ -62,7 +71,8 @@ Status CpuBackend::swiglu(const Tensor& x, Tensor& y) {
   ZI_TRY(check_f32(op, "x", x));
   ZI_TRY(check_f32(op, "y", y));
   if (x.rank() < 1 || x.dim(-1) % 2 != 0) {
-    return InvalidArgument("swiglu: x " + desc(x) + " must have an even last dimension [gate | up]");
+    return InvalidArgument("swiglu: x " + desc(x) +
+                           " must have an even last dimension [gate | up]");
   }
   Shape want = x.shape();
   want.back() /= 2;

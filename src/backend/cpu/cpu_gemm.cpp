@@ -21,10 +21,9 @@ void sgemm_nt(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int6
               const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   for (int64_t m0 = 0; m0 < m; m0 += kMaxBlasM) {
     const int64_t mm = std::min(kMaxBlasM, m - m0);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(mm),
-                static_cast<int>(n), static_cast<int>(k), alpha, a + m0 * lda,
-                static_cast<int>(lda), b, static_cast<int>(ldb), beta, c + m0 * ldc,
-                static_cast<int>(ldc));
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(mm), static_cast<int>(n),
+                static_cast<int>(k), alpha, a + m0 * lda, static_cast<int>(lda), b,
+                static_cast<int>(ldb), beta, c + m0 * ldc, static_cast<int>(ldc));
   }
 }
 
@@ -39,8 +38,12 @@ void sgemm_nn(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int6
   }
 }
 
-void set_blas_threads(int threads) { openblas_set_num_threads(std::max(1, threads)); }
-int blas_threads() { return openblas_get_num_threads(); }
+void set_blas_threads(int threads) {
+  openblas_set_num_threads(std::max(1, threads));
+}
+int blas_threads() {
+  return openblas_get_num_threads();
+}
 std::string blas_config() {
   const char* c = openblas_get_config();
   return c ? std::string(c) : std::string("OpenBLAS");
@@ -62,8 +65,8 @@ Status CpuBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bias, 
   Shape want = x.shape();
   want.back() = n;
   if (y.shape() != want) {
-    return InvalidArgument("matmul: y " + desc(y) + " must be " + shape_string(want) +
-                           " for x " + desc(x) + " and w " + desc(w));
+    return InvalidArgument("matmul: y " + desc(y) + " must be " + shape_string(want) + " for x " +
+                           desc(x) + " and w " + desc(w));
   }
   if (bias.defined()) {
     ZI_TRY(check_f32(op, "bias", bias));
@@ -85,8 +88,7 @@ Status CpuBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bias, 
   if (k == 0) {
     std::fill(yp, yp + m * n, 0.0f);
   } else {
-    sgemm_nt(m, n, k, 1.0f, x.data_as<const float>(), k, w.data_as<const float>(), k, 0.0f, yp,
-             n);
+    sgemm_nt(m, n, k, 1.0f, x.data_as<const float>(), k, w.data_as<const float>(), k, 0.0f, yp, n);
   }
   if (bias.defined()) {
     const float* bp = bias.data_as<const float>();

@@ -28,9 +28,9 @@ Status CpuBackend::embedding(const Tensor& table, const Tensor& ids, Tensor& out
   const int32_t* id = ids.data_as<const int32_t>();
   for (int64_t i = 0; i < n; ++i) {
     if (id[i] < 0 || id[i] >= v) {
-      return InvalidArgument("embedding: ids[" + std::to_string(i) + "] = " +
-                             std::to_string(id[i]) + " is outside the " + std::to_string(v) +
-                             " rows of table " + desc(table));
+      return InvalidArgument("embedding: ids[" + std::to_string(i) +
+                             "] = " + std::to_string(id[i]) + " is outside the " +
+                             std::to_string(v) + " rows of table " + desc(table));
     }
   }
   const float* tp = table.data_as<const float>();
@@ -99,10 +99,9 @@ Status CpuBackend::unpatchify(const Tensor& tokens, int p, float alpha, Tensor& 
   const int64_t b = out.dim(0), c = out.dim(1), h = out.dim(2), w = out.dim(3);
   const int64_t ht = h / p, wt = w / p, feat = int64_t{p} * p * c;
   if (tokens.dim(0) != b || tokens.dim(1) < ht * wt || tokens.dim(2) != feat) {
-    return InvalidArgument("unpatchify: tokens " + desc(tokens) + " must be [" +
-                           std::to_string(b) + ", >= " + std::to_string(ht * wt) + ", " +
-                           std::to_string(feat) + "] for out " + desc(out) + " and p " +
-                           std::to_string(p));
+    return InvalidArgument("unpatchify: tokens " + desc(tokens) + " must be [" + std::to_string(b) +
+                           ", >= " + std::to_string(ht * wt) + ", " + std::to_string(feat) +
+                           "] for out " + desc(out) + " and p " + std::to_string(p));
   }
   ZI_TRY(check_alias(op, "tokens", tokens, "out", out, false));
   const int64_t seq = tokens.dim(1);

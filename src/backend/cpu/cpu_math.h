@@ -7,6 +7,8 @@
 namespace zimage::cpu {
 
 // SiLU as torch.nn.functional.silu: x / (1 + exp(-x)), in float32.
-inline float silu_f(float x) { return x / (1.0f + std::exp(-x)); }
+inline float silu_f(float x) {
+  return x / (1.0f + std::exp(-x));
+}
 
 }  // namespace zimage::cpu

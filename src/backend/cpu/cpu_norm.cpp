@@ -55,7 +55,9 @@ Result<int64_t> check_modulation(const char* op, const char* name, const Tensor&
   return rows.r / t.dim(0);
 }
 
-int64_t row_grain(int64_t d) { return std::max<int64_t>(1, 8192 / std::max<int64_t>(d, 1)); }
+int64_t row_grain(int64_t d) {
+  return std::max<int64_t>(1, 8192 / std::max<int64_t>(d, 1));
+}
 
 // 1 / sqrt(mean of squares + eps) of one row, accumulated in double.
 float rms_factor(const float* x, int64_t d, float eps) {
@@ -172,8 +174,8 @@ Status CpuBackend::residual_rms_norm_gate(Tensor& x, const Tensor& y, const Tens
   return Status::Ok();
 }
 
-Status CpuBackend::group_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta,
-                              int groups, float eps, bool silu, Tensor& y) {
+Status CpuBackend::group_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, int groups,
+                              float eps, bool silu, Tensor& y) {
   const char* op = "group_norm";
   ZI_TRY(check_f32(op, "x", x));
   ZI_TRY(check_rank(op, "x", x, 4));
