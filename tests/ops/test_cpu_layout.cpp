@@ -3,6 +3,7 @@
 // and upload / download / convert through bf16, f16 and both fp8 formats.
 #include <thread>
 
+#include "backend/cpu/cpu_gemm.h"
 #include "core/thread_pool.h"
 #include "test_cpu_util.h"
 
@@ -166,6 +167,17 @@ TEST(CpuOps, AllocFillAndName) {
   EXPECT_EQ(cpu().device(), Device::kCPU);
   EXPECT_NE(cpu().name().find("3 threads"), std::string::npos) << cpu().name();
   EXPECT_TRUE(cpu().synchronize().ok());
+}
+
+TEST(CpuOps, EachBackendAppliesItsOwnBlasThreadCount) {
+  // OpenBLAS's thread count is process-global; a second (1-thread) backend must not leave the
+  // 3-thread one running its GEMMs single-threaded.
+  std::unique_ptr<Backend> one = make_cpu_backend(1);
+  Tensor x = rand_f32({8, 8}, 1), w = rand_f32({8, 8}, 2), y = f32({8, 8});
+  ASSERT_TRUE(one->matmul(x, w, Tensor(), y).ok());
+  EXPECT_EQ(cpu::blas_threads(), 1);
+  ASSERT_TRUE(cpu().matmul(x, w, Tensor(), y).ok());
+  EXPECT_EQ(cpu::blas_threads(), 3);
 }
 
 TEST(CpuOps, ThreadPoolCoversEveryIndexOnceAndNests) {

@@ -62,6 +62,7 @@ Status CpuBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v,
                        ": dimensions must stay below 2^31 for the BLAS");
   }
   if (out.numel() == 0) return Status::Ok();
+  set_blas_threads(threads_);
 
   const int64_t qblock =
       std::clamp<int64_t>(kMaxScoreFloats / std::max<int64_t>(sk, 1), 1, std::max<int64_t>(sq, 1));

@@ -62,6 +62,7 @@ Status CpuBackend::conv2d(const Tensor& x, const Tensor& w, const Tensor& bias,
   }
   const int64_t pixels = b * ho * wo;
   if (pixels == 0 || cout == 0) return Status::Ok();
+  set_blas_threads(threads_);
 
   const float* xp = x.data_as<const float>();
   const float* wp_ = w.data_as<const float>();

@@ -39,7 +39,8 @@ void sgemm_nn(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int6
 }
 
 void set_blas_threads(int threads) {
-  openblas_set_num_threads(std::max(1, threads));
+  threads = std::max(1, threads);
+  if (openblas_get_num_threads() != threads) openblas_set_num_threads(threads);
 }
 int blas_threads() {
   return openblas_get_num_threads();
@@ -83,6 +84,7 @@ Status CpuBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bias, 
   }
   const int64_t m = k > 0 ? x.numel() / k : y.numel() / std::max<int64_t>(n, 1);
   if (m == 0 || n == 0) return Status::Ok();
+  set_blas_threads(threads_);
 
   float* yp = y.data_as<float>();
   if (k == 0) {

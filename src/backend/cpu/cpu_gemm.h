@@ -16,7 +16,9 @@ void sgemm_nt(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int6
 void sgemm_nn(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
               const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
 
-// OpenBLAS's (process-global) thread count, and its build description.
+// OpenBLAS's (process-global) thread count, and its build description. Several CPU backends
+// may live in one process (a pipeline keeps a 1-thread one for host-side work), so each op that
+// calls the BLAS first re-applies its own count; set_blas_threads is a no-op when unchanged.
 void set_blas_threads(int threads);
 int blas_threads();
 std::string blas_config();
