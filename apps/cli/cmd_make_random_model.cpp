@@ -1,0 +1,57 @@
+// zimage make-random-model: writes a complete model folder in the published diffusers layout
+// with random weights of realistic scale (io/random_model.h). The real checkpoint cannot be
+// downloaded everywhere zimage is developed; this folder stands in for it in speed runs and in
+// the full-size comparison with diffusers (both load the same files).
+#include <cstdio>
+#include <string>
+
+#include "commands.h"
+#include "io/model_folder.h"
+#include "io/random_model.h"
+
+namespace zimage::cli {
+
+void register_make_random_model_command(CLI::App& app) {
+  auto* cmd = app.add_subcommand(
+      "make-random-model",
+      "Write a Z-Image model folder (diffusers layout) with random weights: the full-size "
+      "Z-Image-Turbo architecture by default, or the configs of an existing folder (--like)");
+  auto out = std::make_shared<std::string>();
+  auto like = std::make_shared<std::string>();
+  auto tokenizer = std::make_shared<std::string>(std::string(ZIMAGE_TINY_MODEL) + "/tokenizer");
+  auto seed = std::make_shared<uint64_t>(0);
+  auto dtype = std::make_shared<std::string>("bf16");
+  cmd->add_option("--out", *out, "Folder to create (must not exist or be empty)")->required();
+  cmd->add_option("--like", *like, "Copy the configs of this model folder instead of the full-size ones");
+  cmd->add_option("--tokenizer", *tokenizer, "Tokenizer folder to copy (tokenizer.json, tokenizer_config.json)");
+  cmd->add_option("--seed", *seed, "Seed of the random values");
+  cmd->add_option("--dtype", *dtype, "Stored dtype: bf16, f16 or f32")->check(CLI::IsMember({"bf16", "f16", "f32"}));
+  cmd->callback([=] {
+    RandomModelOptions o;
+    ZImageConfigs cfg = zimage_turbo_reference_configs();
+    if (!like->empty()) {
+      auto folder = ModelFolder::open(*like);
+      if (!folder.ok()) {
+        std::fprintf(stderr, "zimage make-random-model: %s\n", folder.status().to_string().c_str());
+        throw CLI::RuntimeError(1);
+      }
+      cfg = folder->configs();
+    }
+    o.dit = cfg.transformer;
+    o.text_encoder = cfg.text_encoder;
+    o.vae = cfg.vae;
+    o.scheduler_shift = cfg.scheduler.shift;
+    o.seed = *seed;
+    o.dtype = *dtype == "f32" ? DType::kF32 : *dtype == "f16" ? DType::kF16 : DType::kBF16;
+    o.tokenizer_dir = *tokenizer;
+    const Status s = write_random_model(*out, o, [](const std::string& file) {
+      std::fprintf(stderr, "wrote %s\n", file.c_str());
+    });
+    if (!s.ok()) {
+      std::fprintf(stderr, "zimage make-random-model: %s\n", s.to_string().c_str());
+      throw CLI::RuntimeError(1);
+    }
+  });
+}
+
+}  // namespace zimage::cli
