@@ -1,0 +1,48 @@
+// Public PNG helpers and log verbosity (include/zimage/zimage.h): thin wrappers that keep the
+// CLI and the server on the public header while io/png.h does the work.
+#include <algorithm>
+
+#include "core/log.h"
+#include "io/png.h"
+#include "zimage/zimage.h"
+
+namespace zimage {
+
+namespace {
+
+Status check_image(const Image& image) {
+  const int64_t want = int64_t{image.width} * image.height * 3;
+  if (image.width < 1 || image.height < 1 || static_cast<int64_t>(image.rgb.size()) != want)
+    return InvalidArgument("image: " + std::to_string(image.width) + "x" +
+                           std::to_string(image.height) + " needs " + std::to_string(want) +
+                           " RGB bytes, has " + std::to_string(image.rgb.size()));
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<std::vector<uint8_t>> png_encode(const Image& image, const PngTextChunks& text) {
+  ZI_TRY(check_image(image));
+  return encode_png(image.rgb.data(), image.width, image.height, text);
+}
+
+Status png_save(const std::string& path, const Image& image, const PngTextChunks& text) {
+  ZI_TRY(check_image(image));
+  return write_png(path, image.rgb.data(), image.width, image.height, text);
+}
+
+Result<Image> png_load(const std::string& path, PngTextChunks* text) {
+  ZI_ASSIGN_OR_RETURN(PngImage png, read_png(path));
+  Image image;
+  image.width = png.width;
+  image.height = png.height;
+  image.rgb = std::move(png.rgb);
+  if (text != nullptr) *text = std::move(png.text);
+  return image;
+}
+
+void set_log_verbosity(int level) {
+  set_log_level(static_cast<LogLevel>(std::clamp(level, 0, 3)));
+}
+
+}  // namespace zimage
