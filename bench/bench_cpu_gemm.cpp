@@ -30,8 +30,8 @@ Tensor random_tensor(zimage::Shape shape, uint32_t seed) {
 }
 
 void set_counters(benchmark::State& state, int64_t m, int64_t n, int64_t k) {
-  state.counters["GFLOP/s"] = benchmark::Counter(2.0 * m * n * k * 1e-9 * state.iterations(),
-                                                 benchmark::Counter::kIsRate);
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(2.0 * m * n * k * 1e-9 * state.iterations(), benchmark::Counter::kIsRate);
 }
 
 // args: M, N, K
@@ -65,9 +65,9 @@ void BM_DirectSgemm(benchmark::State& state) {
 
 void Shapes(benchmark::internal::Benchmark* b) {
   b->ArgNames({"M", "N", "K"});
-  b->Args({100, 32, 32});      // tiny model: q/k/v projection
-  b->Args({128, 96, 96});      // tiny model: attention out
-  b->Args({128, 256, 96});     // tiny model: MLP up
+  b->Args({100, 32, 32});   // tiny model: q/k/v projection
+  b->Args({128, 96, 96});   // tiny model: attention out
+  b->Args({128, 256, 96});  // tiny model: MLP up
   b->Args({1024, 1024, 1024});
   b->Args({1024, 3840, 3840});   // DiT attention projection at 512² (N = 1024 tokens)
   b->Args({1024, 10240, 3840});  // DiT feed-forward w1

@@ -65,10 +65,11 @@ bool block_in_bounds(int64_t offset, int64_t stride, int64_t rows, int64_t cols,
 
 CpuBackend::CpuBackend(int threads) : threads_(resolve_threads(threads)), pool_(threads_) {
   set_blas_threads(threads_);
+  warn_if_slow_blas_kernels();
 }
 
 std::string CpuBackend::name() const {
-  return "cpu (OpenBLAS, " + std::to_string(threads_) + " threads)";
+  return "cpu (OpenBLAS " + blas_core_name() + ", " + std::to_string(threads_) + " threads)";
 }
 
 Result<Tensor> CpuBackend::alloc(DType dtype, const Shape& shape) {

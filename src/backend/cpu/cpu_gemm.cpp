@@ -7,9 +7,11 @@
 
 #include <algorithm>
 #include <climits>
+#include <mutex>
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/cpu_check.h"
+#include "core/log.h"
 
 namespace zimage::cpu {
 
@@ -48,6 +50,27 @@ int blas_threads() {
 std::string blas_config() {
   const char* c = openblas_get_config();
   return c ? std::string(c) : std::string("OpenBLAS");
+}
+
+std::string blas_core_name() {
+  const char* c = openblas_get_corename();
+  return c ? std::string(c) : std::string("unknown");
+}
+
+void warn_if_slow_blas_kernels() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    const std::string core = blas_core_name();
+    const bool generic = core == "Prescott" || core == "Core2" || core == "Nehalem" ||
+                         core == "Sandybridge" || core == "Penryn" || core == "Dunnington";
+    if (generic && __builtin_cpu_supports("avx2")) {
+      ZI_WARN(
+          "OpenBLAS selected its '%s' kernels on a CPU with AVX2 (unrecognised CPU model); "
+          "CPU GEMMs will be several times slower than they could be. Set "
+          "OPENBLAS_CORETYPE=Haswell (or SkylakeX with AVX-512) in the environment.",
+          core.c_str());
+    }
+  });
 }
 
 Status CpuBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y) {

@@ -22,5 +22,11 @@ void sgemm_nn(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int6
 void set_blas_threads(int threads);
 int blas_threads();
 std::string blas_config();
+// The kernel family OpenBLAS picked at load time ("Haswell", "SkylakeX", "Prescott", ...).
+std::string blas_core_name();
+// Warns once per process when OpenBLAS fell back to its generic SSE3 ("Prescott") kernels on a
+// CPU that has AVX2 (an unrecognised CPU model, common in VMs): GEMMs then run 2-5x slower.
+// OPENBLAS_CORETYPE=Haswell or SkylakeX in the environment selects the fast kernels.
+void warn_if_slow_blas_kernels();
 
 }  // namespace zimage::cpu
