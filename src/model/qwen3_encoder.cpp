@@ -9,6 +9,7 @@
 #include <cmath>
 #include <string>
 
+#include "core/dtype.h"
 #include "model/load_util.h"
 
 namespace zimage {
@@ -92,11 +93,14 @@ Status Qwen3Encoder::rope_tables(int64_t seq, Tensor& cos, Tensor& sin) const {
   Tensor c = Tensor::host(DType::kF32, {seq, dh});  // [S, Dh]
   Tensor s = Tensor::host(DType::kF32, {seq, dh});  // [S, Dh]
   if (!c.defined() || !s.defined()) return OutOfMemory("text encoder RoPE tables");
+  // transformers casts the fp32 cos/sin tables to the activation dtype before applying them.
+  const bool bf16 = be_.act_dtype() == DType::kBF16;
   for (int64_t p = 0; p < seq; ++p) {
     for (int64_t j = 0; j < half; ++j) {
       const float angle = static_cast<float>(p) * inv_freq_[j];  // fp32 product, as torch
-      const float cv = static_cast<float>(std::cos(static_cast<double>(angle)));
-      const float sv = static_cast<float>(std::sin(static_cast<double>(angle)));
+      float cv = static_cast<float>(std::cos(static_cast<double>(angle)));
+      float sv = static_cast<float>(std::sin(static_cast<double>(angle)));
+      if (bf16) cv = round_bf16(cv), sv = round_bf16(sv);
       c.data_as<float>()[p * dh + j] = c.data_as<float>()[p * dh + j + half] = cv;
       s.data_as<float>()[p * dh + j] = s.data_as<float>()[p * dh + j + half] = sv;
     }
@@ -169,15 +173,15 @@ Result<std::vector<Tensor>> Qwen3Encoder::encode(const std::vector<std::vector<i
     ZI_TRY(be_.copy_2d(qkv, 0, qkv_w, q, 0, hq * dh, rows, hq * dh));          // [B,S,Hq,Dh]
     ZI_TRY(be_.copy_2d(qkv, hq * dh, qkv_w, k, 0, hkv * dh, rows, hkv * dh));  // [B,S,Hkv,Dh]
     ZI_TRY(be_.copy_2d(qkv, v_off, qkv_w, v, 0, hkv * dh, rows, hkv * dh));    // [B,S,Hkv,Dh]
-    Tensor q_rows = q.view({rows * hq, dh});                                        // [B*S*Hq, Dh]
-    Tensor k_rows = k.view({rows * hkv, dh});                                       // [B*S*Hkv, Dh]
-    ZI_TRY(be_.rms_norm(q_rows, l.q_norm, eps, none, q_rows));                      // per head
-    ZI_TRY(be_.rms_norm(k_rows, l.k_norm, eps, none, k_rows));                      // per head
-    ZI_TRY(be_.rope_half(q, cos, sin));                                             // [B,S,Hq,Dh]
-    ZI_TRY(be_.rope_half(k, cos, sin));                                             // [B,S,Hkv,Dh]
-    ZI_TRY(be_.attention(q, k, v, ap, o));                                          // [B,S,Hq,Dh]
-    ZI_TRY(be_.matmul(o.view({rows, hq * dh}), l.wo, none, proj));                  // [B*S, hidden]
-    ZI_TRY(be_.add(h, proj, h));                                                    // [B*S, hidden]
+    Tensor q_rows = q.view({rows * hq, dh});                                   // [B*S*Hq, Dh]
+    Tensor k_rows = k.view({rows * hkv, dh});                                  // [B*S*Hkv, Dh]
+    ZI_TRY(be_.rms_norm(q_rows, l.q_norm, eps, none, q_rows));                 // per head
+    ZI_TRY(be_.rms_norm(k_rows, l.k_norm, eps, none, k_rows));                 // per head
+    ZI_TRY(be_.rope_half(q, cos, sin));                                        // [B,S,Hq,Dh]
+    ZI_TRY(be_.rope_half(k, cos, sin));                                        // [B,S,Hkv,Dh]
+    ZI_TRY(be_.attention(q, k, v, ap, o));                                     // [B,S,Hq,Dh]
+    ZI_TRY(be_.matmul(o.view({rows, hq * dh}), l.wo, none, proj));             // [B*S, hidden]
+    ZI_TRY(be_.add(h, proj, h));                                               // [B*S, hidden]
     // --- SwiGLU MLP ---
     ZI_TRY(be_.rms_norm(h, l.post_norm, eps, none, a));  // [B*S, hidden]
     ZI_TRY(be_.matmul(a, l.wgu, none, gu));              // [B*S, 2F]
