@@ -1,0 +1,381 @@
+// zimage bench: the numbers docs/BENCHMARKS.md reports, measured the way the reference is
+// (tools/diffusers_compare.py): load time, text encoder at true prompt length, one DiT forward
+// per resolution and batch, VAE decode, the whole pipeline (first call and steady state) for one
+// and several images, and the GPU memory the process holds. With --ablation it re-runs the DiT
+// forward and the whole image with techniques switched off (fp32, general attention) so each
+// row of the table shows what one technique buys. Output: a Markdown table on stdout and, with
+// --json, every figure as JSON.
+//
+// --random-weights runs the full published Z-Image-Turbo architecture on random weights: the
+// folder is written once (zimage make-random-model) into --random-dir and reused, so the load
+// path is the real one.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "backend/backend.h"
+#include "commands.h"
+#include "io/model_folder.h"
+#include "io/random_model.h"
+#include "model/qwen3_encoder.h"
+#include "model/vae.h"
+#include "model/zimage_dit.h"
+#include "pipeline/rng.h"
+#include "pipeline/text_to_image.h"
+#include "pipeline/tokenizer.h"
+
+#ifdef ZIMAGE_WITH_CUDA
+#include <cuda_runtime_api.h>
+
+#include "backend/cuda/cuda_backend.h"
+#endif
+
+namespace zimage::cli {
+namespace {
+
+using json = nlohmann::json;
+namespace fs = std::filesystem;
+
+// The prompt diffusers_baseline.py and diffusers_compare.py use (35 tokens after the template).
+constexpr const char* kPrompt =
+    "A snow fairy with long silver hair in a blue dress standing in a snowy forest, "
+    "anime style, soft lighting, intricate details, masterpiece";
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+struct Stats {
+  double median_ms = 0, min_ms = 0, max_ms = 0;
+  json to_json() const { return {{"median_ms", median_ms}, {"min_ms", min_ms}, {"max_ms", max_ms}}; }
+};
+
+[[noreturn]] void fail(const Status& s) {
+  std::fprintf(stderr, "zimage bench: %s\n", s.to_string().c_str());
+  throw CLI::RuntimeError(1);
+}
+void check(const Status& s) {
+  if (!s.ok()) fail(s);
+}
+
+// Runs fn `warm` times, then `iters` timed times (the backend synchronised around each).
+Stats timed(Backend& be, int warm, int iters, const std::function<Status()>& fn) {
+  for (int i = 0; i < warm; ++i) check(fn());
+  check(be.synchronize());
+  std::vector<double> ms;
+  for (int i = 0; i < iters; ++i) {
+    const double t0 = now_s();
+    check(fn());
+    check(be.synchronize());
+    ms.push_back((now_s() - t0) * 1e3);
+  }
+  std::sort(ms.begin(), ms.end());
+  return Stats{ms[ms.size() / 2], ms.front(), ms.back()};
+}
+
+// GPU memory the process holds (device total - free): the caching allocator keeps what it took,
+// so sampling after a phase gives the peak of that phase. 0 on the CPU.
+double gpu_used_gib() {
+#ifdef ZIMAGE_WITH_CUDA
+  size_t free_b = 0, total_b = 0;
+  if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess)
+    return static_cast<double>(total_b - free_b) / (1024.0 * 1024 * 1024);
+#endif
+  return 0;
+}
+
+struct Loaded {
+  std::unique_ptr<Backend> be;
+  Qwen3Encoder* te = nullptr;
+  ZImageDiT* dit = nullptr;
+  VaeDecoder* vae = nullptr;
+  std::unique_ptr<Tokenizer> tok;
+  std::unique_ptr<TextToImage> pipe;
+  double load_s = 0;
+};
+
+Result<std::unique_ptr<Backend>> make_backend(const std::string& device, DType act, int threads) {
+  if (device == "cpu") return make_cpu_backend(threads);
+  return make_cuda_backend(0, act);
+}
+
+Result<Loaded> load_all(const std::string& dir, const std::string& device, DType act, int threads) {
+  Loaded L;
+  ZI_ASSIGN_OR_RETURN(L.be, make_backend(device, act, threads));
+  const double t0 = now_s();
+  ZI_ASSIGN_OR_RETURN(ModelFolder folder, ModelFolder::open(dir));
+  TextToImageComponents parts;
+  ZI_ASSIGN_OR_RETURN(Tokenizer tok, Tokenizer::load(dir));
+  L.tok = std::make_unique<Tokenizer>(tok);
+  parts.tokenizer = std::make_unique<Tokenizer>(tok);
+  {
+    ZI_ASSIGN_OR_RETURN(WeightStore ws, folder.open_weights("text_encoder"));
+    ZI_ASSIGN_OR_RETURN(parts.text_encoder, Qwen3Encoder::load(folder.text_encoder(), ws, *L.be));
+  }
+  {
+    ZI_ASSIGN_OR_RETURN(WeightStore ws, folder.open_weights("transformer"));
+    ZI_ASSIGN_OR_RETURN(parts.transformer, ZImageDiT::load(folder.transformer(), ws, *L.be));
+  }
+  {
+    ZI_ASSIGN_OR_RETURN(WeightStore ws, folder.open_weights("vae"));
+    ZI_ASSIGN_OR_RETURN(parts.vae, VaeDecoder::load(folder.vae(), ws, *L.be));
+  }
+  parts.scheduler = folder.scheduler();
+  ZI_TRY(L.be->synchronize());
+  L.load_s = now_s() - t0;
+  L.te = parts.text_encoder.get();
+  L.dit = parts.transformer.get();
+  L.vae = parts.vae.get();
+  ZI_ASSIGN_OR_RETURN(L.pipe, TextToImage::create(std::move(parts), *L.be));
+  return L;
+}
+
+struct Options {
+  std::string model;
+  bool random_weights = false;
+  std::string random_dir = "/tmp/zimage-random-turbo";
+  std::string device = "cuda";
+  std::vector<int> sizes{1024, 512};
+  std::vector<int> batches{1, 4};
+  int steps = 8;
+  int iters = 5;
+  int threads = 0;
+  bool ablation = false;
+  std::string json_path;
+};
+
+std::string fmt_ms(double ms) {
+  char b[32];
+  std::snprintf(b, sizeof b, ms >= 100 ? "%.0f ms" : "%.1f ms", ms);
+  return b;
+}
+
+void run_bench(const Options& o) {
+  json R;
+  std::string dir = o.model;
+  if (o.random_weights) {
+    dir = o.random_dir;
+    if (!fs::exists(fs::path(dir) / "model_index.json")) {
+      std::fprintf(stderr, "bench: writing the full-size random-weight folder %s (once)\n", dir.c_str());
+      RandomModelOptions ro;
+      const ZImageConfigs cfg = zimage_turbo_reference_configs();
+      ro.dit = cfg.transformer;
+      ro.text_encoder = cfg.text_encoder;
+      ro.vae = cfg.vae;
+      ro.tokenizer_dir = std::string(ZIMAGE_TINY_MODEL) + "/tokenizer";
+      const double t0 = now_s();
+      check(write_random_model(dir, ro));
+      R["random_model_write_s"] = now_s() - t0;
+    }
+  }
+  if (dir.empty()) fail(InvalidArgument("give --model DIR or --random-weights"));
+  R["model"] = o.random_weights ? "random weights, full Z-Image-Turbo architecture" : dir;
+
+  const double mem0 = gpu_used_gib();
+  auto loaded = load_all(dir, o.device, DType::kBF16, o.threads);
+  if (!loaded.ok()) fail(loaded.status());
+  Loaded& L = *loaded;
+  Backend& be = *L.be;
+  R["device"] = be.name();
+  R["load_s"] = L.load_s;
+  R["gpu_gib_after_load"] = gpu_used_gib() - mem0;
+  std::fprintf(stderr, "bench: loaded in %.2f s on %s\n", L.load_s, be.name().c_str());
+
+  // Text encoder at the prompt's true length.
+  auto ids = encode_prompt(*L.tok, kPrompt, 512);
+  if (!ids.ok()) fail(ids.status());
+  R["prompt_tokens"] = ids->size();
+  std::vector<Tensor> caps;
+  R["text_encoder"] = timed(be, 2, o.iters, [&]() -> Status {
+                        auto r = L.te->encode({*ids});
+                        if (!r.ok()) return r.status();
+                        caps = std::move(*r);
+                        return Status::Ok();
+                      }).to_json();
+  std::fprintf(stderr, "bench: text encoder done\n");
+
+  // One DiT forward per resolution and batch (t = 0.5, as diffusers_baseline.py).
+  const int fac = L.pipe->vae_factor();
+  for (int res : o.sizes) {
+    for (int bs : o.batches) {
+      TorchCpuGenerator gen(1);
+      auto host = gen.randn({bs, 16, res / fac, res / fac});
+      if (!host.ok()) fail(host.status());
+      auto lat = be.upload(*host, DType::kF32);
+      if (!lat.ok()) fail(lat.status());
+      std::vector<Tensor> cb(bs, caps[0]);
+      Tensor out;
+      Stats s = timed(be, 2, o.iters, [&] {
+        return L.dit->forward(*lat, std::vector<float>(bs, 0.5f), cb, out);
+      });
+      json j = s.to_json();
+      j["gpu_gib"] = gpu_used_gib() - mem0;
+      R["dit_forward_" + std::to_string(res) + "_bs" + std::to_string(bs)] = j;
+      std::fprintf(stderr, "bench: DiT %d bs%d %.1f ms\n", res, bs, s.median_ms);
+    }
+  }
+
+  for (int res : o.sizes) {
+    TorchCpuGenerator gen(2);
+    auto host = gen.randn({1, 16, res / fac, res / fac});
+    if (!host.ok()) fail(host.status());
+    auto lat = be.upload(*host, DType::kF32);
+    if (!lat.ok()) fail(lat.status());
+    Stats s = timed(be, 1, std::max(3, o.iters - 2), [&]() -> Status {
+      auto r = L.vae->decode(*lat);
+      return r.ok() ? Status::Ok() : r.status();
+    });
+    json j = s.to_json();
+    j["gpu_gib"] = gpu_used_gib() - mem0;
+    R["vae_decode_" + std::to_string(res)] = j;
+  }
+  std::fprintf(stderr, "bench: VAE done\n");
+
+  // Whole pipeline: the first call (plans GEMMs/convs) and then the steady state.
+  const int res0 = o.sizes.front();
+  for (int bs : o.batches) {
+    GenerateRequest req;
+    req.prompts.assign(bs, kPrompt);
+    req.width = req.height = res0;
+    req.steps = o.steps;
+    req.seed = 42;
+    PhaseTimings last;
+    const double t0 = now_s();
+    auto first = L.pipe->run(req, {});
+    if (!first.ok()) fail(first.status());
+    const double first_s = now_s() - t0;
+    Stats s = timed(be, 0, 3, [&]() -> Status {
+      auto r = L.pipe->run(req, {});
+      if (!r.ok()) return r.status();
+      last = r->timings;
+      return Status::Ok();
+    });
+    json j = s.to_json();
+    j["first_call_s"] = first_s;
+    j["gpu_gib"] = gpu_used_gib() - mem0;
+    j["text_encoder_s"] = last.text_encoder_s;
+    j["denoise_s"] = last.denoise_s();
+    j["vae_s"] = last.vae_s;
+    R["pipeline_" + std::to_string(res0) + "_bs" + std::to_string(bs)] = j;
+    std::fprintf(stderr, "bench: pipeline %d bs%d %.0f ms (first call %.2f s)\n", res0, bs,
+                 s.median_ms, first_s);
+  }
+  R["gpu_gib_peak"] = gpu_used_gib() - mem0;
+
+#ifdef ZIMAGE_WITH_CUDA
+  if (o.ablation && o.device != "cpu") {
+    auto* cb = dynamic_cast<cuda::CudaBackend*>(&be);
+    json rows = json::array();
+    auto dit_ms = [&](Loaded& M, int res) {
+      TorchCpuGenerator gen(1);
+      auto host = gen.randn({1, 16, res / fac, res / fac});
+      if (!host.ok()) fail(host.status());
+      auto lat = M.be->upload(*host, DType::kF32);
+      if (!lat.ok()) fail(lat.status());
+      auto cap = M.te->encode({*ids});
+      if (!cap.ok()) fail(cap.status());
+      Tensor out;
+      return timed(*M.be, 1, 3, [&] {
+               return M.dit->forward(*lat, {0.5f}, *cap, out);
+             }).median_ms;
+    };
+    const double te_ms = R["text_encoder"]["median_ms"];
+    const double vae_ms = R["vae_decode_" + std::to_string(res0)]["median_ms"];
+    // bf16 with the general (unfused, materialised-softmax) attention.
+    cb->set_attention_path(cuda::AttentionPath::kGeneral);
+    const double gen_ms = dit_ms(L, res0);
+    cb->set_attention_path(cuda::AttentionPath::kAuto);
+    const double flash_ms = R["dit_forward_" + std::to_string(res0) + "_bs1"]["median_ms"];
+    rows.push_back(json{{"row", "bf16, general attention"}, {"dit_ms", gen_ms},
+                        {"image_ms_est", te_ms + o.steps * gen_ms + vae_ms}});
+    rows.push_back(json{{"row", "bf16 + flash attention"}, {"dit_ms", flash_ms},
+                        {"image_ms", R["pipeline_" + std::to_string(res0) + "_bs1"]["median_ms"]}});
+    if (std::find(o.batches.begin(), o.batches.end(), 4) != o.batches.end()) {
+      rows.push_back(json{{"row", "+ batching (4 images, per image)"},
+                          {"image_ms", R["pipeline_" + std::to_string(res0) + "_bs4"]["median_ms"]
+                                           .get<double>() / 4}});
+    }
+    // fp32 last: it needs its own copy of the weights (freed before the bf16 numbers above
+    // could be affected).
+    L.pipe.reset();
+    L.be.reset();
+    auto f32 = load_all(dir, o.device, DType::kF32, o.threads);
+    json row;
+    if (f32.ok()) {
+      const double f_ms = dit_ms(*f32, res0);
+      // DiT part only: the text encoder and VAE are not re-run in fp32.
+      row = {{"row", "fp32 (no TF32), general attention"}, {"dit_ms", f_ms},
+             {"image_ms_est", o.steps * f_ms}};
+    } else {
+      row = {{"row", "fp32"}, {"error", f32.status().to_string()}};
+    }
+    rows.insert(rows.begin(), row);
+    R["ablation"] = rows;
+  }
+#endif
+
+  // Markdown table.
+  std::printf("| what | zimage median | min-max | GPU GiB |\n| --- | --- | --- | --- |\n");
+  std::printf("| load (folder -> device) | %.2f s | | %.1f |\n", L.load_s,
+              R["gpu_gib_after_load"].get<double>());
+  for (auto it = R.begin(); it != R.end(); ++it) {
+    if (!it->is_object() || !it->contains("median_ms")) continue;
+    const json& j = *it;
+    std::printf("| %s | %s | %s - %s | %s |\n", it.key().c_str(),
+                fmt_ms(j["median_ms"]).c_str(), fmt_ms(j["min_ms"]).c_str(),
+                fmt_ms(j["max_ms"]).c_str(),
+                j.contains("gpu_gib") ? std::to_string(j["gpu_gib"].get<double>()).substr(0, 5).c_str()
+                                      : "");
+  }
+  if (R.contains("ablation")) {
+    std::printf("\n| technique | DiT forward %d² | image (8 forwards) |\n| --- | --- | --- |\n", res0);
+    for (const auto& r : R["ablation"]) {
+      std::printf("| %s | %s | %s |\n", r["row"].get<std::string>().c_str(),
+                  r.contains("dit_ms") ? fmt_ms(r["dit_ms"]).c_str() : "-",
+                  r.contains("image_ms") ? fmt_ms(r["image_ms"]).c_str()
+                  : r.contains("image_ms_est") && r["image_ms_est"].is_number()
+                      ? ("~" + fmt_ms(r["image_ms_est"])).c_str()
+                      : "-");
+    }
+  }
+  const std::string js = R.dump(1);
+  if (!o.json_path.empty()) {
+    std::ofstream f(o.json_path);
+    f << js << "\n";
+    if (!f) fail(IoError("cannot write " + o.json_path));
+  } else {
+    std::printf("\n%s\n", js.c_str());
+  }
+}
+
+}  // namespace
+
+void register_bench_command(CLI::App& app) {
+  auto* cmd = app.add_subcommand(
+      "bench", "Measure load, text encoder, DiT forward, VAE and whole-image times and GPU memory");
+  auto o = std::make_shared<Options>();
+  cmd->add_option("--model", o->model, "Model folder (diffusers layout)");
+  cmd->add_flag("--random-weights", o->random_weights,
+                "Full-size Z-Image-Turbo architecture with random weights (folder written once to "
+                "--random-dir)");
+  cmd->add_option("--random-dir", o->random_dir, "Where the random-weight folder lives");
+  cmd->add_option("--device", o->device, "cuda or cpu")->check(CLI::IsMember({"cuda", "cpu"}));
+  cmd->add_option("--sizes", o->sizes, "Square image sizes (the first is used for whole images)")->delimiter(',');
+  cmd->add_option("--batch", o->batches, "Batch sizes for the DiT forward and whole images")->delimiter(',');
+  cmd->add_option("--steps", o->steps, "DiT forwards per image")->check(CLI::Range(1, 1000));
+  cmd->add_option("--iters", o->iters, "Timed repetitions (median reported)")->check(CLI::Range(1, 1000));
+  cmd->add_option("--threads", o->threads, "CPU threads (cpu device)");
+  cmd->add_flag("--ablation", o->ablation, "Also time with techniques switched off (fp32, general attention)");
+  cmd->add_option("--json", o->json_path, "Write all figures as JSON to this file");
+  cmd->callback([o] { run_bench(*o); });
+}
+
+}  // namespace zimage::cli
