@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Everything zimage does on a GPU machine, in stages (each appends its log under $OUT):
+#   build     configure (preset gpu: sm_90a) and build the CLI and the GPU tests with all cores
+#   test      GPU tests: every CUDA op against the CPU op, golden cases on the GPU (fp32, bf16)
+#   model     write the full-size random-weight model folder (once) to $ZR
+#   bench     zimage bench on that folder (+ ablation rows) -> $OUT/zimage_bench.{json,md}
+#   parity    zimage generate (seeded, 1024², 8 steps) with the step-0 DiT output dumped
+#   diffusers upstream diffusers on the same folder, same GPU (carried wheel in .whl/)
+#   compare   cosine / PSNR of zimage vs diffusers -> $OUT/parity.json
+# Usage: scripts/gpu_run.sh STAGE [STAGE ...]   (e.g. build test, or model bench parity diffusers compare)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/zimage-out}
+ZR=${ZR:-/tmp/zimage-random-turbo}
+BIN=build/gpu/zimage
+PROMPT="A snow fairy with long silver hair in a blue dress standing in a snowy forest, anime style, soft lighting, intricate details, masterpiece"
+mkdir -p "$OUT"
+rc=0
+for stage in "$@"; do
+  t0=$(date +%s)
+  case "$stage" in
+    build)
+      { cmake --preset gpu && cmake --build --preset gpu -j "$(nproc)" --target zimage zimage_gpu_tests; } \
+        > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; rc=1; break; } ;;
+    test)
+      build/gpu/tests/zimage_gpu_tests --gtest_brief=1 2>&1 | tee "$OUT/gpu_tests.log" | grep -vE '^\[ +(OK|RUN) ' | tail -60
+      [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1 ;;
+    model)
+      [ -f "$ZR/model_index.json" ] || "$BIN" make-random-model --out "$ZR" 2>&1 | tail -3 ;;
+    bench)
+      "$BIN" bench --model "$ZR" --ablation --json "$OUT/zimage_bench.json" 2>&1 | tee "$OUT/zimage_bench.md" || rc=1 ;;
+    parity)
+      rm -rf /tmp/zdump
+      "$BIN" generate --model "$ZR" --device cuda --prompt "$PROMPT" --seed 42 --width 1024 --height 1024 \
+        --steps 8 --guidance 0 --dump /tmp/zdump --dump-filter dit_out.step0 --output "$OUT/zimage_1024.png" \
+        --verbose 2>&1 | tail -20 || rc=1 ;;
+    diffusers)
+      python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+      PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 python3 tools/diffusers_compare.py --model "$ZR" --out "$OUT" \
+        2>&1 | grep -v Warning | tail -60 || rc=1 ;;
+    compare)
+      python3 tools/compare_outputs.py --zimage-dit /tmp/zdump/dit_out.step0.npy \
+        --diffusers-dit "$OUT/diffusers_dit_out_step0.npy" --zimage-png "$OUT/zimage_1024.png" \
+        --diffusers-image "$OUT/diffusers_image.npy" --json "$OUT/parity.json" || rc=1 ;;
+    *) echo "unknown stage $stage"; rc=2 ;;
+  esac
+  echo "== stage $stage: $(( $(date +%s) - t0 )) s"
+done
+exit $rc
