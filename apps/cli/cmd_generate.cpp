@@ -1,0 +1,230 @@
+// `zimage generate`: text to PNG through the public Engine API. Why here and not in the engine:
+// everything a person at a terminal needs (defaults, the built-in tiny model, file naming,
+// progress bar, PNG metadata, exit codes, Ctrl-C) lives at this edge; the engine stays a library.
+//
+//   zimage generate --model DIR --prompt TEXT [--prompt TEXT ...] [--negative-prompt TEXT]
+//                   --width W --height H --steps N --guidance G --seed S [--device cpu|cuda]
+//                   --output FILE.png
+// Exit codes: 0 success, 1 failure (model, device, I/O), 2 usage (bad flag or value),
+// 130 cancelled by Ctrl-C.
+#include <atomic>
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "commands.h"
+#include "progress.h"
+#include "zimage/zimage.h"
+
+namespace zimage::cli {
+
+namespace {
+
+#ifdef ZIMAGE_TINY_MODEL
+constexpr const char* kTinyModel = ZIMAGE_TINY_MODEL;
+#else
+constexpr const char* kTinyModel = "";
+#endif
+constexpr int kTinyDefaultSide = 64;
+
+struct GenerateArgs {
+  std::string model;
+  std::vector<std::string> prompts;
+  std::string negative_prompt;
+  int width = 1024;
+  int height = 1024;
+  int steps = 8;
+  float guidance = 0.0f;
+  uint64_t seed = 0;
+  int images_per_prompt = 1;
+  float cfg_truncation = 1.0f;
+  float cfg_normalization = 0.0f;
+  int max_sequence_length = 512;
+  std::string device = "auto";
+  std::string precision = "auto";
+  int threads = 0;
+  std::string output = "zimage.png";
+  std::string dump_dir;
+  std::string dump_filter;
+  bool verbose = false;
+  bool quiet = false;
+  bool progress = false;
+};
+
+std::atomic<bool> g_cancel{false};
+extern "C" void on_sigint(int) { g_cancel.store(true); }
+
+[[noreturn]] void fail(int code, const std::string& message) {
+  std::fprintf(stderr, "zimage generate: %s\n", message.c_str());
+  throw CLI::RuntimeError(code);
+}
+
+// FILE.png for one image; FILE_0.png, FILE_1.png, ... for several.
+std::vector<std::string> output_paths(const std::string& output, size_t count) {
+  if (count == 1) return {output};
+  const std::filesystem::path p(output);
+  const std::string stem = (p.parent_path() / p.stem()).string();
+  const std::string ext = p.has_extension() ? p.extension().string() : ".png";
+  std::vector<std::string> paths;
+  for (size_t i = 0; i < count; ++i) paths.push_back(stem + "_" + std::to_string(i) + ext);
+  return paths;
+}
+
+std::string fmt(const char* f, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), f, v);
+  return buf;
+}
+
+PngTextChunks metadata(const GenerateRequest& req, size_t image_index) {
+  const size_t prompt_index = image_index / static_cast<size_t>(req.images_per_prompt);
+  PngTextChunks t;
+  t.emplace_back("prompt", req.prompts[prompt_index]);
+  if (req.negative_prompt) t.emplace_back("negative_prompt", *req.negative_prompt);
+  t.emplace_back("seed", std::to_string(req.seed));
+  t.emplace_back("batch_index", std::to_string(image_index));
+  t.emplace_back("steps", std::to_string(req.steps));
+  t.emplace_back("guidance", fmt("%g", req.guidance));
+  if (req.cfg_truncation != 1.0f) t.emplace_back("cfg_truncation", fmt("%g", req.cfg_truncation));
+  if (req.cfg_normalization != 0.0f)
+    t.emplace_back("cfg_normalization", fmt("%g", req.cfg_normalization));
+  t.emplace_back("size", std::to_string(req.width) + "x" + std::to_string(req.height));
+  t.emplace_back("software", std::string("zimage ") + kVersion);
+  return t;
+}
+
+void print_timings(const GenerateResult& r) {
+  const PhaseTimings& t = r.timings;
+  const double denoise = t.denoise_s();
+  std::fprintf(stderr, "device        %s\n", r.device.c_str());
+  std::fprintf(stderr, "tokenize      %8.3f s\n", t.tokenize_s);
+  std::fprintf(stderr, "text encoder  %8.3f s\n", t.text_encoder_s);
+  for (size_t i = 0; i < t.dit_s.size(); ++i)
+    std::fprintf(stderr, "  step %-6zu  %8.3f s\n", i, t.dit_s[i]);
+  std::fprintf(stderr, "denoise       %8.3f s (%zu steps, %.3f s/step)\n", denoise,
+               t.dit_s.size(), t.dit_s.empty() ? 0.0 : denoise / t.dit_s.size());
+  std::fprintf(stderr, "vae decode    %8.3f s\n", t.vae_s);
+  std::fprintf(stderr, "total         %8.3f s\n", t.total_s);
+}
+
+void run_generate(const GenerateArgs& a, const CLI::App& cmd) {
+  set_log_verbosity(a.verbose ? 2 : a.quiet ? 0 : 1);
+  EngineOptions eo;
+  eo.model_dir = a.model;
+  GenerateRequest req;
+  req.width = a.width;
+  req.height = a.height;
+  if (eo.model_dir.empty()) {
+    if (kTinyModel[0] == '\0') fail(2, "--model is required (this build has no built-in model)");
+    eo.model_dir = kTinyModel;
+    if (cmd.count("--width") == 0) req.width = kTinyDefaultSide;
+    if (cmd.count("--height") == 0) req.height = kTinyDefaultSide;
+  }
+  eo.device = a.device;
+  eo.precision = a.precision;
+  eo.threads = a.threads;
+  req.prompts = a.prompts;
+  if (cmd.count("--negative-prompt") > 0) req.negative_prompt = a.negative_prompt;
+  req.steps = a.steps;
+  req.guidance = a.guidance;
+  req.seed = a.seed;
+  req.images_per_prompt = a.images_per_prompt;
+  req.cfg_truncation = a.cfg_truncation;
+  req.cfg_normalization = a.cfg_normalization;
+  req.max_sequence_length = a.max_sequence_length;
+
+  const size_t count = req.prompts.size() * static_cast<size_t>(std::max(1, a.images_per_prompt));
+  const std::vector<std::string> paths = output_paths(a.output, count);
+  {  // fail before the model loads when the output cannot be written
+    const std::filesystem::path parent = std::filesystem::path(a.output).parent_path();
+    std::error_code ec;
+    if (!parent.empty() && !std::filesystem::is_directory(parent, ec))
+      fail(1, "--output: directory '" + parent.string() + "' does not exist");
+  }
+
+  auto engine = Engine::load(eo);
+  if (!engine.ok()) {
+    const bool usage = engine.status().code() == ErrorCode::kInvalidArgument;
+    fail(usage ? 2 : 1, "cannot load the model: " + engine.status().to_string());
+  }
+  const Status valid = (*engine)->validate(req);
+  if (!valid.ok()) fail(2, valid.message());
+
+  ProgressBar bar(!a.quiet && (a.progress || is_terminal(stderr)), stderr);
+  GenerateHooks hooks;
+  hooks.on_progress = [&bar](const Progress& p) { bar.update(p); };
+  hooks.cancel = &g_cancel;
+  hooks.dump_dir = a.dump_dir;
+  hooks.dump_filter = a.dump_filter;
+  g_cancel.store(false);
+  auto previous = std::signal(SIGINT, on_sigint);
+  auto result = (*engine)->generate(req, hooks);
+  std::signal(SIGINT, previous == SIG_ERR ? SIG_DFL : previous);
+  bar.finish();
+  if (!result.ok()) {
+    if (result.status().code() == ErrorCode::kCancelled) fail(130, "cancelled");
+    fail(1, result.status().to_string());
+  }
+  if (result->images.size() != paths.size())
+    fail(1, "internal error: " + std::to_string(result->images.size()) + " images for " +
+                std::to_string(paths.size()) + " output files");
+  for (size_t i = 0; i < paths.size(); ++i) {
+    const Status st = png_save(paths[i], result->images[i], metadata(req, i));
+    if (!st.ok()) fail(1, st.to_string());
+    if (!a.quiet) std::printf("wrote %s\n", paths[i].c_str());
+  }
+  if (a.verbose) print_timings(*result);
+}
+
+}  // namespace
+
+void register_generate_command(CLI::App& app) {
+  auto args = std::make_shared<GenerateArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "generate",
+      "Generate images from text prompts. Defaults are the Z-Image-Turbo recipe (1024x1024, 8 "
+      "steps, guidance 0, seed 0). Without --model the tiny built-in test model is used (random "
+      "weights: the picture is noise-like) and the default size is 64x64.");
+  cmd->add_option("--model,-m", args->model,
+                  "Model folder in the diffusers layout (default: the tiny built-in model)");
+  cmd->add_option("--prompt,-p", args->prompts,
+                  "Prompt (UTF-8); repeat for a batch: --prompt A --prompt B")
+      ->required()
+      ->allow_extra_args(false);
+  cmd->add_option("--negative-prompt,-n", args->negative_prompt,
+                  "Negative prompt, used when --guidance > 0 (default: empty)");
+  cmd->add_option("--width,-W", args->width, "Image width in pixels (default 1024; 64 built-in)");
+  cmd->add_option("--height,-H", args->height,
+                  "Image height in pixels (default 1024; 64 built-in)");
+  cmd->add_option("--steps,-s", args->steps, "Denoising steps (default 8)");
+  cmd->add_option("--guidance,-g", args->guidance,
+                  "Classifier-free guidance scale, diffusers form (0 = off, the Turbo default)");
+  cmd->add_option("--seed", args->seed, "Seed of the PyTorch-compatible CPU noise (default 0)");
+  cmd->add_option("--images-per-prompt", args->images_per_prompt, "Images per prompt (default 1)");
+  cmd->add_option("--cfg-truncation", args->cfg_truncation,
+                  "Skip CFG on steps whose normalised time exceeds this (default 1 = never)");
+  cmd->add_option("--cfg-normalization", args->cfg_normalization,
+                  "Clip the guided prediction's norm to this x the positive one's (0 = off)");
+  cmd->add_option("--max-sequence-length", args->max_sequence_length,
+                  "Prompt tokens kept, chat template included (default 512)");
+  cmd->add_option("--device,-d", args->device, "cpu, cuda, cuda:N or auto (default auto)");
+  cmd->add_option("--precision", args->precision, "auto, bf16 or f32 (default auto)");
+  cmd->add_option("--threads,-t", args->threads, "CPU threads (default 0 = all)");
+  cmd->add_option("--output,-o", args->output,
+                  "Output PNG; with several images FILE_0.png, FILE_1.png, ... (default "
+                  "zimage.png)");
+  cmd->add_option("--dump", args->dump_dir,
+                  "Write named intermediate tensors as .npy files into this folder");
+  cmd->add_option("--dump-filter", args->dump_filter,
+                  "Only dump tensors whose name contains this text");
+  cmd->add_flag("--verbose,-v", args->verbose, "Print load information and per-phase times");
+  cmd->add_flag("--quiet,-q", args->quiet, "Print nothing but errors");
+  cmd->add_flag("--progress", args->progress,
+                "Show the progress bar even when stderr is not a terminal");
+  cmd->callback([args, cmd] { run_generate(*args, *cmd); });
+}
+
+}  // namespace zimage::cli

@@ -1,0 +1,26 @@
+// Subcommands of the `zimage` program. Each lives in its own apps/cli/cmd_<name>.cpp and adds
+// itself to the app here; main.cpp calls every register function. Contract for a command: on
+// failure it prints one clear message to stderr and throws CLI::RuntimeError(1) (main turns it
+// into the exit code; CLI11 prints nothing more); usage errors are CLI11's and exit with 2.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace zimage::cli {
+
+// zimage generate --prompt TEXT ... --output FILE.png (text to image).
+void register_generate_command(CLI::App& app);
+
+// zimage make-random-model --out DIR (random-weight model folder for benchmarks).
+void register_make_random_model_command(CLI::App& app);
+
+// zimage info PATH [--json] [--tensors] (configs, tensor/parameter counts, dtypes, sizes).
+void register_info_command(CLI::App& app);
+
+// zimage tokenize --tokenizer DIR [--chat-template] (JSON-string lines on stdin -> id arrays).
+void register_tokenize_command(CLI::App& app);
+
+// zimage bench [--model DIR | --random-weights] (speed and memory figures).
+void register_bench_command(CLI::App& app);
+
+}  // namespace zimage::cli

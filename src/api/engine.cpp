@@ -1,0 +1,133 @@
+// zimage::Engine (include/zimage/zimage.h): picks the backend, loads the pipeline once, and
+// serves generate() calls one at a time. The only place where public options become engine
+// internals, so the public header stays free of src/ types.
+#include <cstdlib>
+#include <mutex>
+#include <utility>
+
+#include "api/request_check.h"
+#include "backend/backend.h"
+#include "core/log.h"
+#include "model/debug.h"
+#include "pipeline/text_to_image.h"
+#include "zimage/zimage.h"
+
+namespace zimage {
+
+const char* phase_name(Phase p) {
+  switch (p) {
+    case Phase::kTokenize: return "tokenize";
+    case Phase::kTextEncoder: return "text_encoder";
+    case Phase::kDenoise: return "denoise";
+    case Phase::kVae: return "vae";
+  }
+  return "unknown";
+}
+
+struct Engine::Impl {
+  EngineOptions options;
+  std::string precision;
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<TextToImage> pipeline;
+  RequestLimits limits;
+  std::mutex mu;  // one generate() at a time: the backend's buffers are shared
+};
+
+namespace {
+
+// "cuda" -> 0, "cuda:3" -> 3; -1 when `device` is not a CUDA spelling.
+int cuda_index(const std::string& device) {
+  if (device == "cuda") return 0;
+  if (device.rfind("cuda:", 0) != 0 || device.size() == 5 || device.size() > 8) return -1;
+  int idx = 0;
+  for (size_t i = 5; i < device.size(); ++i) {
+    if (device[i] < '0' || device[i] > '9') return -1;
+    idx = idx * 10 + (device[i] - '0');
+  }
+  return idx;
+}
+
+Result<std::unique_ptr<Backend>> make_backend(const EngineOptions& o, std::string& precision) {
+  if (o.precision != "auto" && o.precision != "bf16" && o.precision != "f32")
+    return InvalidArgument("precision: '" + o.precision + "' is not one of auto, bf16, f32");
+  if (o.threads < 0)
+    return InvalidArgument("threads: must be >= 0 (0 = all), got " + std::to_string(o.threads));
+  const bool want_cpu = o.device == "cpu";
+  const int gpu = cuda_index(o.device);
+  if (!want_cpu && gpu < 0 && o.device != "auto")
+    return InvalidArgument("device: '" + o.device + "' is not one of auto, cpu, cuda, cuda:N");
+  if (!want_cpu) {
+    const DType act = o.precision == "f32" ? DType::kF32 : DType::kBF16;
+    auto cuda = make_cuda_backend(gpu < 0 ? 0 : gpu, act);
+    if (cuda.ok()) {
+      precision = act == DType::kF32 ? "f32" : "bf16";
+      return std::move(cuda).value();
+    }
+    if (gpu >= 0) return cuda.status().with_context("device " + o.device);
+    ZI_INFO("device auto: using the CPU (%s)", cuda.status().to_string().c_str());
+  }
+  if (o.precision == "bf16")
+    return InvalidArgument("precision: bf16 needs the CUDA backend; the CPU computes in f32");
+  precision = "f32";
+  return make_cpu_backend(o.threads);
+}
+
+}  // namespace
+
+Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Engine::~Engine() = default;
+
+Result<std::unique_ptr<Engine>> Engine::load(const EngineOptions& options) {
+  if (options.model_dir.empty()) return InvalidArgument("model_dir: no model folder given");
+  if (options.max_side < 1 || options.max_batch < 1 || options.max_pixels < 1 ||
+      options.max_prompt_bytes < 1)
+    return InvalidArgument("EngineOptions: max_side, max_batch, max_pixels and "
+                           "max_prompt_bytes must be positive");
+  auto impl = std::make_unique<Impl>();
+  impl->options = options;
+  ZI_ASSIGN_OR_RETURN(impl->backend, make_backend(options, impl->precision));
+  ZI_ASSIGN_OR_RETURN(impl->pipeline, TextToImage::load(options.model_dir, *impl->backend));
+  impl->limits.size_multiple = impl->pipeline->size_multiple();
+  impl->limits.max_side = options.max_side;
+  impl->limits.max_pixels = options.max_pixels;
+  impl->limits.max_batch = options.max_batch;
+  impl->limits.max_prompt_bytes = options.max_prompt_bytes;
+  return std::unique_ptr<Engine>(new Engine(std::move(impl)));
+}
+
+Status Engine::validate(const GenerateRequest& req) const {
+  ZI_TRY(check_request(req, impl_->limits));
+  return impl_->pipeline->check(req);
+}
+
+Result<GenerateResult> Engine::generate(const GenerateRequest& req, const GenerateHooks& hooks) {
+  ZI_TRY(validate(req));
+  std::unique_ptr<DebugSink> sink;
+  if (!hooks.dump_dir.empty()) sink = make_directory_dump_sink(hooks.dump_dir, hooks.dump_filter);
+  TextToImageHooks h;
+  h.on_progress = hooks.on_progress;
+  h.cancel = hooks.cancel;
+  h.debug = sink.get();
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  ZI_ASSIGN_OR_RETURN(TextToImageOutput out, impl_->pipeline->run(req, h));
+  GenerateResult result;
+  result.images = std::move(out.images);
+  result.timings = std::move(out.timings);
+  result.seed = req.seed;
+  result.device = impl_->backend->name();
+  return result;
+}
+
+EngineInfo Engine::info() const {
+  EngineInfo i;
+  i.device = impl_->backend->name();
+  i.precision = impl_->precision;
+  i.size_multiple = impl_->pipeline->size_multiple();
+  i.vae_factor = impl_->pipeline->vae_factor();
+  i.latent_channels = impl_->pipeline->latent_channels();
+  i.max_side = impl_->limits.max_side;
+  i.max_batch = impl_->limits.max_batch;
+  return i;
+}
+
+}  // namespace zimage

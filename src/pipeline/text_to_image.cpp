@@ -1,0 +1,290 @@
+// The text-to-image loop, step for step as diffusers' ZImagePipeline.__call__ runs it (see
+// text_to_image.h for the data flow). Latents, the scheduler and the CFG arithmetic are float32
+// on the host, exactly as the reference keeps them; only the models run on the backend.
+#include "pipeline/text_to_image.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <utility>
+
+#include "core/log.h"
+#include "pipeline/rng.h"
+#include "pipeline/scheduler.h"
+
+namespace zimage {
+
+namespace {
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// Hands a host float vector to the debug sink as a tensor of `shape` (the CPU backend copies it).
+void dump_host(DebugSink* dbg, Backend& host, const std::string& name, const float* data,
+               const Shape& shape) {
+  if (dbg == nullptr || !dbg->wants(name)) return;
+  Tensor t = Tensor::wrap(const_cast<float*>(data), DType::kF32, shape);
+  dbg->tensor(name, host, t);
+}
+
+void dump_ids(DebugSink* dbg, Backend& host, const std::string& name,
+              const std::vector<int32_t>& ids) {
+  if (dbg == nullptr || !dbg->wants(name)) return;
+  std::vector<float> f(ids.begin(), ids.end());  // ids < 2^24: exact in float
+  dump_host(dbg, host, name, f.data(), {static_cast<int64_t>(f.size())});
+}
+
+}  // namespace
+
+uint8_t to_u8(float x) {
+  const float v = std::nearbyint(x * 255.0f);  // default rounding mode: ties to even
+  if (!(v > 0.0f)) return 0;                   // also NaN
+  if (v >= 255.0f) return 255;
+  return static_cast<uint8_t>(v);
+}
+
+TextToImage::TextToImage(TextToImageComponents parts, Backend& be)
+    : c_(std::move(parts)), be_(be), host_(make_cpu_backend(1)) {}
+
+Result<std::unique_ptr<TextToImage>> TextToImage::create(TextToImageComponents parts, Backend& be) {
+  if (!parts.tokenizer || !parts.text_encoder || !parts.transformer || !parts.vae)
+    return InvalidArgument("text-to-image pipeline: a component is missing");
+  const TransformerConfig& tc = parts.transformer->config();
+  if (parts.text_encoder->config().hidden_size != tc.cap_feat_dim) {
+    return FormatError("text encoder hidden_size " +
+                       std::to_string(parts.text_encoder->config().hidden_size) +
+                       " != transformer cap_feat_dim " + std::to_string(tc.cap_feat_dim));
+  }
+  if (parts.vae->config().latent_channels != tc.in_channels) {
+    return FormatError("vae latent_channels " +
+                       std::to_string(parts.vae->config().latent_channels) +
+                       " != transformer in_channels " + std::to_string(tc.in_channels));
+  }
+  return std::unique_ptr<TextToImage>(new TextToImage(std::move(parts), be));
+}
+
+int TextToImage::vae_factor() const {
+  return c_.vae->config().spatial_factor();
+}
+int TextToImage::size_multiple() const {
+  return vae_factor() * c_.transformer->config().patch_size;
+}
+int TextToImage::latent_channels() const {
+  return c_.transformer->config().in_channels;
+}
+int TextToImage::max_image_tokens_side() const {
+  const auto& lens = c_.transformer->config().axes_lens;
+  return lens.size() >= 3 ? std::min(lens[1], lens[2]) : 0;
+}
+
+Status TextToImage::check(const GenerateRequest& req) const {
+  const int m = size_multiple();
+  if (req.width <= 0 || req.width % m != 0)
+    return InvalidArgument("width: " + std::to_string(req.width) +
+                           " must be a positive multiple of " + std::to_string(m) +
+                           " for this model");
+  if (req.height <= 0 || req.height % m != 0)
+    return InvalidArgument("height: " + std::to_string(req.height) +
+                           " must be a positive multiple of " + std::to_string(m) +
+                           " for this model");
+  const int side = max_image_tokens_side() * m;
+  if (req.width > side) {
+    return InvalidArgument("width: " + std::to_string(req.width) + " exceeds the model's limit " +
+                           std::to_string(side));
+  }
+  if (req.height > side) {
+    return InvalidArgument("height: " + std::to_string(req.height) + " exceeds the model's limit " +
+                           std::to_string(side));
+  }
+  if (req.prompts.empty()) return InvalidArgument("prompts: at least one prompt is needed");
+  if (req.images_per_prompt < 1) return InvalidArgument("images_per_prompt: must be at least 1");
+  if (req.max_sequence_length < 1)
+    return InvalidArgument("max_sequence_length: must be at least 1");
+  if (req.steps < 1) return InvalidArgument("steps: must be at least 1");
+  return Status::Ok();
+}
+
+Result<std::vector<Tensor>> TextToImage::encode_prompts(const GenerateRequest& req, bool cfg,
+                                                        const TextToImageHooks& hooks,
+                                                        PhaseTimings& t, double start_s) {
+  // Tokenize: chat template, ids, right truncation at max_sequence_length (spec §3.1-3.2).
+  double t0 = now_s();
+  std::vector<std::vector<int32_t>> ids;
+  for (size_t i = 0; i < req.prompts.size(); ++i) {
+    auto r = encode_prompt(*c_.tokenizer, req.prompts[i], req.max_sequence_length);
+    if (!r.ok()) return r.status().with_context("prompts[" + std::to_string(i) + "]");
+    dump_ids(hooks.debug, *host_, "tokens." + std::to_string(i), r.value());
+    ids.push_back(std::move(r).value());
+  }
+  if (cfg) {  // one negative prompt serves every prompt (diffusers repeats it per prompt)
+    auto r =
+        encode_prompt(*c_.tokenizer, req.negative_prompt.value_or(""), req.max_sequence_length);
+    if (!r.ok()) return r.status().with_context("negative_prompt");
+    dump_ids(hooks.debug, *host_, "tokens.negative", r.value());
+    ids.push_back(std::move(r).value());
+  }
+  t.tokenize_s = now_s() - t0;
+
+  if (hooks.cancel != nullptr && hooks.cancel->load())
+    return Cancelled("generation cancelled before the text encoder");
+  if (hooks.on_progress) hooks.on_progress({Phase::kTextEncoder, 0, 0, now_s() - start_s});
+  // Positives and the negative run as one right-padded batch: causal attention makes each
+  // prompt's real-token outputs independent of the others (spec §3.2).
+  t0 = now_s();
+  ZI_ASSIGN_OR_RETURN(std::vector<Tensor> embeds, c_.text_encoder->encode(ids, hooks.debug));
+  ZI_TRY(be_.synchronize());
+  t.text_encoder_s = now_s() - t0;
+  if (embeds.size() != ids.size())
+    return InternalError("text encoder returned " + std::to_string(embeds.size()) +
+                         " embeddings for " + std::to_string(ids.size()) + " prompts");
+  for (size_t i = 0; i < embeds.size(); ++i) {
+    const bool neg = cfg && i + 1 == embeds.size();
+    const std::string name = neg ? "negative_embeds" : "prompt_embeds." + std::to_string(i);
+    debug_tensor(hooks.debug, name, be_, embeds[i]);
+  }
+  return embeds;
+}
+
+Status TextToImage::denoise(const GenerateRequest& req, const std::vector<Tensor>& embeds, bool cfg,
+                            std::vector<float>& latents, const TextToImageHooks& hooks,
+                            PhaseTimings& t, double start_s) {
+  const int64_t per = req.images_per_prompt;
+  const int64_t n = static_cast<int64_t>(req.prompts.size()) * per;
+  const int64_t ch = latent_channels();
+  const int64_t h = req.height / vae_factor(), w = req.width / vae_factor();
+  const int64_t p = c_.transformer->config().patch_size;
+  const size_t sample = static_cast<size_t>(ch * h * w);  // floats per image
+  ZI_ASSIGN_OR_RETURN(FlowMatchEulerScheduler sched,
+                      FlowMatchEulerScheduler::create(c_.scheduler, req.steps, (h / p) * (w / p)));
+
+  // Caption features per DiT batch row: prompt i's embedding for each of its images (as
+  // diffusers repeats them: p0, p0, p1, p1, ...), then the negative for every row under CFG.
+  std::vector<Tensor> caps_pos, caps_cfg;
+  for (int64_t i = 0; i < n; ++i) caps_pos.push_back(embeds[static_cast<size_t>(i / per)]);
+  caps_cfg = caps_pos;
+  if (cfg) {
+    for (int64_t i = 0; i < n; ++i) caps_cfg.push_back(embeds.back());
+  }
+
+  Tensor in_host = Tensor::host(DType::kF32, {(cfg ? 2 : 1) * n, ch, h, w});
+  Tensor out_host = Tensor::host(DType::kF32, {(cfg ? 2 : 1) * n, ch, h, w});
+  if (!in_host.defined() || !out_host.defined())
+    return OutOfMemory("host buffers for the DiT input and output");
+  std::vector<float> velocity(latents.size());
+
+  for (int i = 0; i < req.steps; ++i) {
+    if (hooks.cancel != nullptr && hooks.cancel->load())
+      return Cancelled("generation cancelled at step " + std::to_string(i) + " of " +
+                       std::to_string(req.steps));
+    const double t0 = now_s();
+    // Guidance at this step: 0 where cfg_truncation switches CFG off (a positive-only pass).
+    const float g = cfg ? sched.guidance_at(i, req.guidance, req.cfg_truncation) : 0.0f;
+    const bool apply_cfg = cfg && g > 0.0f;
+    const int64_t rows = apply_cfg ? 2 * n : n;
+    // DiT input: the latents (twice under CFG: positive rows, then negative rows).
+    Tensor in = in_host.slice0(0, rows);
+    std::memcpy(in.data(), latents.data(), latents.size() * sizeof(float));
+    if (apply_cfg)
+      std::memcpy(in.data_as<float>() + latents.size(), latents.data(),
+                  latents.size() * sizeof(float));
+    ZI_ASSIGN_OR_RETURN(Tensor in_dev, be_.upload(in, DType::kF32));
+    const std::vector<float> t_model(static_cast<size_t>(rows), sched.model_time(i));
+    Tensor out_dev;
+    const std::string step = "step" + std::to_string(i);
+    ZI_TRY(c_.transformer
+               ->forward(in_dev, t_model, apply_cfg ? caps_cfg : caps_pos, out_dev, hooks.debug,
+                         "dit." + step)
+               .with_context("denoising step " + std::to_string(i)));
+    Tensor out = out_host.slice0(0, rows);
+    ZI_TRY(be_.download(out_dev, out));
+    const float* o = out.data_as<float>();
+    dump_host(hooks.debug, *host_, "dit_out." + step, o, out.shape());
+
+    // Velocity v = -(guided prediction), float32 as the pipeline computes it.
+    if (apply_cfg) {
+      for (int64_t j = 0; j < n; ++j) {
+        const float* pos = o + j * sample;
+        const float* neg = o + (n + j) * sample;
+        float* pred = velocity.data() + j * sample;
+        cfg_combine(pos, neg, g, pred, sample);
+        if (req.cfg_normalization > 0.0f) cfg_renormalize(pos, pred, sample, req.cfg_normalization);
+      }
+      for (float& v : velocity) v = -v;
+    } else {
+      for (size_t k = 0; k < velocity.size(); ++k) velocity[k] = -o[k];
+    }
+    ZI_TRY(sched.step(i, velocity.data(), latents.data(), latents.size()));
+    dump_host(hooks.debug, *host_, "latents." + step, latents.data(), {n, ch, h, w});
+    t.dit_s.push_back(now_s() - t0);
+    if (hooks.on_progress)
+      hooks.on_progress({Phase::kDenoise, i + 1, req.steps, now_s() - start_s});
+  }
+  return Status::Ok();
+}
+
+Result<TextToImageOutput> TextToImage::run(const GenerateRequest& req,
+                                           const TextToImageHooks& hooks) {
+  const double start = now_s();
+  ZI_TRY(check(req));
+  auto cancelled = [&] { return hooks.cancel != nullptr && hooks.cancel->load(); };
+  auto report = [&](Phase ph, int step, int total) {
+    if (hooks.on_progress) hooks.on_progress({ph, step, total, now_s() - start});
+  };
+  const bool cfg = req.guidance > 0.0f;  // diffusers: do_classifier_free_guidance = scale > 0
+  TextToImageOutput result;
+
+  // 1-2. Tokenize and encode the prompts (and the negative prompt under CFG).
+  if (cancelled()) return Cancelled("generation cancelled before it started");
+  report(Phase::kTokenize, 0, 0);
+  ZI_ASSIGN_OR_RETURN(std::vector<Tensor> embeds,
+                      encode_prompts(req, cfg, hooks, result.timings, start));
+
+  // 3. Noise: ONE generator, [n, C, h, w] in one call (diffusers' prepare_latents).
+  const int64_t n = static_cast<int64_t>(req.prompts.size()) * req.images_per_prompt;
+  const int64_t ch = latent_channels();
+  const int64_t h = req.height / vae_factor(), w = req.width / vae_factor();
+  TorchCpuGenerator gen(req.seed);
+  ZI_ASSIGN_OR_RETURN(Tensor noise, gen.randn({n, ch, h, w}));
+  std::vector<float> latents(noise.data_as<float>(), noise.data_as<float>() + noise.numel());
+  dump_host(hooks.debug, *host_, "init_noise", latents.data(), noise.shape());
+
+  // 4. Denoising loop.
+  if (cancelled()) return Cancelled("generation cancelled before denoising");
+  report(Phase::kDenoise, 0, req.steps);
+  ZI_TRY(denoise(req, embeds, cfg, latents, hooks, result.timings, start));
+  embeds.clear();  // frees the text features on the backend before the VAE runs
+
+  // 5. VAE decode and conversion to 8-bit RGB.
+  if (cancelled()) return Cancelled("generation cancelled before the VAE decode");
+  report(Phase::kVae, 0, 0);
+  const double t0 = now_s();
+  Tensor lat_host = Tensor::wrap(latents.data(), DType::kF32, {n, ch, h, w});
+  ZI_ASSIGN_OR_RETURN(Tensor lat_dev, be_.upload(lat_host, DType::kF32));
+  auto image = c_.vae->decode(lat_dev, hooks.debug);
+  if (!image.ok()) return image.status().with_context("vae decode");
+  result.image = std::move(image).value();
+  result.timings.vae_s = now_s() - t0;
+  const Shape want{n, req.height, req.width, 3};
+  if (result.image.shape() != want || result.image.dtype() != DType::kF32 ||
+      result.image.device() != Device::kCPU) {
+    return InternalError("vae decode returned " + result.image.describe() + ", expected f32" +
+                         shape_string(want) + " on the host");
+  }
+  const float* px = result.image.data_as<float>();
+  const size_t per_image = static_cast<size_t>(req.height) * req.width * 3;
+  for (int64_t i = 0; i < n; ++i) {
+    Image img;
+    img.width = req.width;
+    img.height = req.height;
+    img.rgb.resize(per_image);
+    for (size_t k = 0; k < per_image; ++k) img.rgb[k] = to_u8(px[i * per_image + k]);
+    result.images.push_back(std::move(img));
+  }
+  result.timings.total_s = now_s() - start;
+  ZI_INFO("generated %lld image(s) %dx%d in %.3f s", static_cast<long long>(n), req.width,
+          req.height, result.timings.total_s);
+  return result;
+}
+
+}  // namespace zimage

@@ -1,0 +1,96 @@
+// The text-to-image pipeline (diffusers ZImagePipeline.__call__, model spec §1, §6, §7): prompts
+// -> chat template + tokens -> Qwen3 hidden states -> seeded noise -> N FlowMatch Euler steps of
+// the DiT (positive and negative passes as one batch of 2B when CFG is on) -> VAE decode ->
+// round(255·x). Why one class: the components are loaded once and reused by every request; the
+// loop itself is short enough to read top to bottom next to the Python it mirrors.
+//
+// Data between the stages (n = prompts x images_per_prompt, h = H / vae factor):
+//   token ids       per prompt, host                       (dump "tokens.<i>", "tokens.negative")
+//   embeddings      per prompt [L_i, cap_feat_dim], backend (dump "prompt_embeds.<i>",
+//                                                             "negative_embeds")
+//   latents         [n, 16, h, w] f32, host; uploaded for each DiT call (dump "init_noise",
+//                                                             "latents.step<k>")
+//   DiT output      [n or 2n, 16, h, w] f32 (dump "dit_out.step<k>", raw, before negation)
+//   image           [n, H, W, 3] f32 in [0, 1], host; then RGB8
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "core/status.h"
+#include "core/tensor.h"
+#include "io/model_config.h"
+#include "model/debug.h"
+#include "model/qwen3_encoder.h"
+#include "model/vae.h"
+#include "model/zimage_dit.h"
+#include "pipeline/tokenizer.h"
+#include "zimage/zimage.h"
+
+namespace zimage {
+
+// Everything the pipeline runs, already loaded onto one backend.
+struct TextToImageComponents {
+  std::unique_ptr<Tokenizer> tokenizer;
+  std::unique_ptr<Qwen3Encoder> text_encoder;
+  std::unique_ptr<ZImageDiT> transformer;
+  std::unique_ptr<VaeDecoder> vae;
+  SchedulerConfig scheduler;
+};
+
+struct TextToImageHooks {
+  ProgressCallback on_progress;             // see GenerateHooks (zimage/zimage.h)
+  const std::atomic<bool>* cancel = nullptr;
+  DebugSink* debug = nullptr;               // named intermediates, see the list above
+};
+
+struct TextToImageOutput {
+  Tensor image;               // [n, H, W, 3] f32 in [0, 1], host (what diffusers returns as "np")
+  std::vector<Image> images;  // the same as RGB8: round(255·x)
+  PhaseTimings timings;
+};
+
+class TextToImage {
+ public:
+  // Opens the diffusers folder `model_dir` and loads the tokenizer, text encoder, transformer,
+  // VAE decoder and scheduler config onto `be`, which must outlive the pipeline. Errors name the
+  // component ("loading transformer: ...").
+  static Result<std::unique_ptr<TextToImage>> load(const std::string& model_dir, Backend& be);
+  // Assembles a pipeline from loaded components (all non-null, consistent with each other).
+  static Result<std::unique_ptr<TextToImage>> create(TextToImageComponents parts, Backend& be);
+
+  // Model-dependent checks of a request: sizes are multiples of size_multiple(), the latent fits
+  // the DiT's RoPE tables, max_sequence_length fits the text encoder. Field-range checks
+  // (api/request_check.h) come first; these assume them.
+  Status check(const GenerateRequest& req) const;
+
+  // Runs one request. The caller serialises calls (the backend's buffers are shared).
+  Result<TextToImageOutput> run(const GenerateRequest& req, const TextToImageHooks& hooks);
+
+  int vae_factor() const;     // image pixels per latent pixel: 2^(len(block_out_channels) - 1)
+  int size_multiple() const;  // vae_factor * patch_size: what width and height must divide by
+  int latent_channels() const;
+  int max_image_tokens_side() const;  // DiT RoPE limit on (latent side / patch)
+  Backend& backend() const { return be_; }
+
+ private:
+  TextToImage(TextToImageComponents parts, Backend& be);
+  Result<std::vector<Tensor>> encode_prompts(const GenerateRequest& req, bool cfg,
+                                             const TextToImageHooks& hooks, PhaseTimings& t,
+                                             double start_s);
+  Status denoise(const GenerateRequest& req, const std::vector<Tensor>& embeds, bool cfg,
+                 std::vector<float>& latents, const TextToImageHooks& hooks, PhaseTimings& t,
+                 double start_s);
+
+  TextToImageComponents c_;
+  Backend& be_;
+  std::unique_ptr<Backend> host_;  // a 1-thread CPU backend: dumps of host tensors
+};
+
+// round(255·x) with ties to even (NumPy's round), clamped to [0, 255]; NaN becomes 0.
+uint8_t to_u8(float x);
+
+}  // namespace zimage
