@@ -1,12 +1,35 @@
-// zimage command-line program. Subcommands are added as the engine grows.
+// zimage command-line program: one subcommand per job (apps/cli/commands.h). Every error ends in
+// a message and an exit code, never a crash: usage errors exit 2, failures exit 1.
 #include <cstdio>
+#include <exception>
+#include <new>
 
 #include <CLI/CLI.hpp>
+
+#include "commands.h"
+#include "zimage/zimage.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"zimage: Z-Image-Turbo text-to-image inference engine"};
   app.require_subcommand(1);
-  app.add_subcommand("version", "Print the version")->callback([] { std::puts("zimage 0.1.0"); });
-  CLI11_PARSE(app, argc, argv);
+  app.add_subcommand("version", "Print the version")->callback([] {
+    std::printf("zimage %s\n", zimage::kVersion);
+  });
+  zimage::cli::register_generate_command(app);
+  zimage::cli::register_make_random_model_command(app);
+  zimage::cli::register_bench_command(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int code = app.exit(e);  // prints help / the usage error; silent for RuntimeError
+    if (code == 0 || e.get_name() == "RuntimeError") return code;
+    return 2;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "zimage: out of memory\n");
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "zimage: %s\n", e.what());
+    return 1;
+  }
   return 0;
 }
