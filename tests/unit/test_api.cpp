@@ -234,6 +234,43 @@ TEST_F(Api, CancellationReturnsCancelled) {
   EXPECT_TRUE(engine_->generate(r, hooks).ok());
 }
 
+TEST_F(Api, DumpsNamedIntermediates) {
+  auto r = small();
+  r.guidance = 2.0f;  // CFG: the DiT runs 2 rows, the negative prompt is dumped too
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("zimage_api_dump_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  GenerateHooks hooks;
+  hooks.dump_dir = dir.string();
+  auto res = engine_->generate(r, hooks);
+  ASSERT_TRUE(res.ok()) << res.status().to_string();
+  const std::pair<const char*, Shape> expected[] = {
+      {"tokens.0", {17}},  // the golden v_turbo prompt: 17 ids with the chat template
+      {"tokens.negative", {8}},
+      {"prompt_embeds.0", {17, 32}},
+      {"negative_embeds", {8, 32}},
+      {"init_noise", {1, 16, 16, 16}},
+      {"dit_out.step0", {2, 16, 16, 16}},
+      {"latents.step1", {1, 16, 16, 16}},
+  };
+  for (const auto& [name, shape] : expected) {
+    auto t = test::load_npy((dir / (std::string(name) + ".npy")).string());
+    ASSERT_TRUE(t.ok()) << name << ": " << t.status().to_string();
+    EXPECT_EQ(t->shape(), shape) << name;
+  }
+  // A filter keeps only matching names.
+  std::filesystem::remove_all(dir);
+  hooks.dump_filter = "latents.";
+  ASSERT_TRUE(engine_->generate(r, hooks).ok());
+  size_t files = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    EXPECT_EQ(e.path().filename().string().rfind("latents.", 0), 0u) << e.path();
+    ++files;
+  }
+  EXPECT_EQ(files, 2u);  // latents.step0, latents.step1
+  std::filesystem::remove_all(dir);
+}
+
 TEST_F(Api, ConcurrentCallsAreSerialisedAndAgree) {
   auto r = small();
   r.seed = 3;
