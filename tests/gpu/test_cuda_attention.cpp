@@ -42,7 +42,10 @@ void run_case(const AttnCase& c, DType dt, cuda::AttentionPath path, uint32_t se
   const Status st = g->attention(q.gpu, k.gpu, v.gpu, p, o.gpu);
   g->set_attention_path(cuda::AttentionPath::kAuto);
   ZI_ASSERT_OK(st);
-  const char* tag = path == cuda::AttentionPath::kFlash ? " [flash]" : " [general]";
+  const char* tag = path != cuda::AttentionPath::kFlash ? " [general]"
+                    : g->flash_variant() == cuda::FlashVariant::kQInRegisters
+                        ? " [flash, Q regs]"
+                        : " [flash, Q smem]";
   expect_match(describe(c) + tag, dt, o);
   // A fully masked item must be exactly zero.
   for (size_t bi = 0; bi < c.key_len.size(); ++bi) {
@@ -73,8 +76,15 @@ TEST(CudaOps, AttentionAgainstCpu) {
   for (DType dt : kDTypes) {
     for (const AttnCase& c : cases) {
       run_case(c, dt, cuda::AttentionPath::kGeneral, seed);
-      if (dt == DType::kBF16 && (c.d == 64 || c.d == 128))
-        run_case(c, dt, cuda::AttentionPath::kFlash, seed);
+      if (dt == DType::kBF16 && (c.d == 64 || c.d == 128)) {
+        cuda::CudaBackend* g = gpu(dt);
+        const cuda::FlashVariant keep = g->flash_variant();
+        for (auto v : {cuda::FlashVariant::kQInRegisters, cuda::FlashVariant::kQInShared}) {
+          g->set_flash_variant(v);
+          run_case(c, dt, cuda::AttentionPath::kFlash, seed);
+        }
+        g->set_flash_variant(keep);
+      }
       seed += 3;
     }
   }

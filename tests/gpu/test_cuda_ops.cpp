@@ -52,7 +52,11 @@ TEST(CudaOps, Matmul) {
 
 TEST(CudaOps, RmsNormAndLayerNorm) {
   ZI_REQUIRE_GPU();
-  const Shape shapes[] = {{1, 1}, {3, 17}, {17, 100}, {129, 128}, {4, 3840}, {2, 5, 64}};
+  // Widths cover every thread layout of the register-cached path (1..32 threads per row, 2 and 4
+  // packs per thread, whole-block rows with 1, 2 and 4 packs) and the loop fallback (odd widths).
+  const Shape shapes[] = {{1, 1},    {3, 17},    {17, 100},   {129, 128}, {4, 3840},
+                          {2, 5, 64}, {5, 512},  {3, 1024},   {2, 10240}, {3, 16384},
+                          {2, 40000}};
   for (DType dt : kDTypes) {
     uint32_t seed = 100;
     for (const Shape& s : shapes) {
@@ -88,7 +92,7 @@ TEST(CudaOps, RmsNormAndLayerNorm) {
 
 TEST(CudaOps, ResidualRmsNormGate) {
   ZI_REQUIRE_GPU();
-  const Shape shapes[] = {{1, 1, 7}, {2, 17, 100}, {2, 33, 128}, {1, 5, 3840}};
+  const Shape shapes[] = {{1, 1, 7}, {2, 17, 100}, {2, 33, 128}, {1, 5, 3840}, {2, 3, 10240}};
   for (DType dt : kDTypes) {
     uint32_t seed = 200;
     for (const Shape& s : shapes) {

@@ -79,6 +79,7 @@ TEST(CudaOpsPerf, AttentionBf16) {
   };
   const Case cases[] = {
       {"flash 30 x 4224 x 128", 4224, 30, 30, 128, false, cuda::AttentionPath::kFlash},
+      {"flash 30 x 4224 x 64 heads x2", 4224, 60, 60, 64, false, cuda::AttentionPath::kFlash},
       {"general 30 x 4224 x 128", 4224, 30, 30, 128, false, cuda::AttentionPath::kGeneral},
       {"flash 30 x 1088 x 128", 1088, 30, 30, 128, false, cuda::AttentionPath::kFlash},
       {"flash causal 32/8 x 512 x 128 (Qwen3)", 512, 32, 8, 128, true,
@@ -96,10 +97,21 @@ TEST(CudaOpsPerf, AttentionBf16) {
     p.scale = 1.0f / std::sqrt(static_cast<float>(c.d));
     p.causal = c.causal;
     g->set_attention_path(c.path);
-    const double ms = median_ms(g, [&] { return g->attention(q, k, v, p, o); });
-    g->set_attention_path(cuda::AttentionPath::kAuto);
     const double flop = 4.0 * c.s * c.s * c.d * c.hq * (c.causal ? 0.5 : 1.0);
-    report(cat("attention ", c.name), ms, flop, 0);
+    if (c.path == cuda::AttentionPath::kFlash) {
+      const cuda::FlashVariant keep = g->flash_variant();
+      for (auto [variant, vname] : {std::pair{cuda::FlashVariant::kQInRegisters, " [Q regs]"},
+                                    std::pair{cuda::FlashVariant::kQInShared, " [Q smem]"}}) {
+        g->set_flash_variant(variant);
+        const double ms = median_ms(g, [&] { return g->attention(q, k, v, p, o); });
+        report(cat("attention ", c.name, vname), ms, flop, 0);
+      }
+      g->set_flash_variant(keep);
+    } else {
+      report(cat("attention ", c.name), median_ms(g, [&] { return g->attention(q, k, v, p, o); }),
+             flop, 0);
+    }
+    g->set_attention_path(cuda::AttentionPath::kAuto);
   }
 }
 
@@ -138,6 +150,18 @@ TEST(CudaOpsPerf, ConvAndNormsBf16) {
     report("residual_rms_norm_gate 4224x3840",
            median_ms(g, [&] { return g->residual_rms_norm_gate(xr, r, w, 1e-6f, gate); }), 0,
            1.5 * bytes);
+    Tensor hw = rand_dev(g, {128}, seed++);
+    Tensor qk = x.view({1, 4224, 30, 128});
+    report("rms_norm q/k per head 126720x128 in place",
+           median_ms(g, [&] { return g->rms_norm(qk, hw, 1e-5f, Tensor(), qk); }), 0, bytes);
+    Tensor freqs = take(g->upload(rand_host({1, 4224, 64, 2}, seed++, DType::kF32),
+                                  DType::kF32), "freqs");
+    report("rope_interleaved 4224 x 30 x 128",
+           median_ms(g, [&] { return g->rope_interleaved(qk, freqs); }), 0, bytes);
+    Tensor up = rand_dev(g, {4224, 20480}, seed++);
+    Tensor act = take(g->alloc(DType::kBF16, {4224, 10240}), "act");
+    report("swiglu 4224 x 2x10240", median_ms(g, [&] { return g->swiglu(up, act); }), 0,
+           3.0 * 4224 * 10240 * 2);
   }
   {
     Tensor x = rand_dev(g, {1, 1024, 1024, 128}, seed++);

@@ -1,7 +1,7 @@
 // Flash attention (FlashAttention-2 style) for bf16, head_dim 64 and 128: the DiT's and the text
 // encoder's hot path. One block of 8 warps owns 128 query rows of one (batch, head); each warp
-// owns 16 rows and keeps its Q fragments, its output accumulator and the running softmax
-// statistics in registers. Keys/values stream through shared memory in tiles of 64 rows with
+// owns 16 rows and keeps its output accumulator and the running softmax statistics in registers
+// (Q stays in shared memory so two blocks fit on an SM). Keys/values stream through shared memory in tiles of 64 rows with
 // cp.async (the V tile loads while QKᵀ runs, the next K tile while PV runs). Products use
 // mma.sync m16n8k16 (bf16 in, fp32 accumulate) fed by ldmatrix from an XOR-swizzled layout
 // (conflict-free). Softmax is online in fp32 (base-2 exponentials with the scale folded in).
@@ -15,13 +15,16 @@ namespace {
 
 using bf16 = __nv_bfloat16;
 
-template <int D>
+template <int D, bool kQRegs>
 struct FlashTraits {
   static constexpr int kWarps = 8;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kBM = 16 * kWarps;  // query rows per block
   static constexpr int kBN = 64;           // key rows per tile
-  static constexpr int kMinBlocks = D <= 64 ? 2 : 1;
+  // kQRegs: Q fragments live in registers (~250 registers, one block of 8 warps per SM).
+  // Otherwise they are re-read from shared memory for every K tile, which keeps a thread at 128
+  // registers so two blocks (16 warps) share an SM. Which is faster is measured (CUDA_NOTES.md).
+  static constexpr int kMinBlocks = kQRegs ? 1 : 2;
   static constexpr size_t kSmemBytes = static_cast<size_t>(kBM + 2 * kBN) * D * sizeof(bf16);
 };
 
@@ -88,10 +91,11 @@ __device__ __forceinline__ void load_tile(uint32_t s_base, const bf16* g, int64_
   }
 }
 
-template <int D>
-__global__ void __launch_bounds__(FlashTraits<D>::kThreads, FlashTraits<D>::kMinBlocks)
+template <int D, bool kQRegs>
+__global__ void __launch_bounds__(FlashTraits<D, kQRegs>::kThreads,
+                                  FlashTraits<D, kQRegs>::kMinBlocks)
     flash_fwd_kernel(const FlashArgs a) {
-  using Tr = FlashTraits<D>;
+  using Tr = FlashTraits<D, kQRegs>;
   constexpr int kBM = Tr::kBM, kBN = Tr::kBN, kNT = kBN / 8, kDT = D / 8;
   extern __shared__ __align__(128) unsigned char flash_smem[];
   const uint32_t sQ = smem_addr(flash_smem);
@@ -125,11 +129,13 @@ __global__ void __launch_bounds__(FlashTraits<D>::kThreads, FlashTraits<D>::kMin
   cp_async_wait<0>();
   __syncthreads();
 
-  uint32_t qf[D / 16][4];
+  const int q_frag_row = warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+  uint32_t qreg[kQRegs ? D / 16 : 1][4];
+  if constexpr (kQRegs) {
 #pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk)
-    ldmatrix_x4(qf[kk], sQ + swz<D>(warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8,
-                                    kk * 2 + (lane >> 4)));
+    for (int kk = 0; kk < D / 16; ++kk)
+      ldmatrix_x4(qreg[kk], sQ + swz<D>(q_frag_row, kk * 2 + (lane >> 4)));
+  }
 
   float o[kDT][4];
 #pragma unroll
@@ -151,13 +157,16 @@ __global__ void __launch_bounds__(FlashTraits<D>::kThreads, FlashTraits<D>::kMin
     for (int j = 0; j < kNT; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t qs[4];
+      if constexpr (!kQRegs) ldmatrix_x4(qs, sQ + swz<D>(q_frag_row, kk * 2 + (lane >> 4)));
+      const uint32_t(&qf)[4] = kQRegs ? qreg[kQRegs ? kk : 0] : qs;
 #pragma unroll
       for (int j = 0; j < kNT; j += 2) {
         uint32_t kf[4];
         ldmatrix_x4(kf, sK + swz<D>(j * 8 + (lane & 7) + (lane >> 4) * 8,
                                     2 * kk + ((lane >> 3) & 1)));
-        mma_16816(s[j], qf[kk], kf[0], kf[1]);
-        mma_16816(s[j + 1], qf[kk], kf[2], kf[3]);
+        mma_16816(s[j], qf, kf[0], kf[1]);
+        mma_16816(s[j + 1], qf, kf[2], kf[3]);
       }
     }
     __syncthreads();  // every warp is done with this K tile
@@ -244,16 +253,16 @@ __global__ void __launch_bounds__(FlashTraits<D>::kThreads, FlashTraits<D>::kMin
   }
 }
 
-template <int D>
+template <int D, bool kQRegs>
 cudaError_t launch_flash(const FlashArgs& a, cudaStream_t s) {
-  using Tr = FlashTraits<D>;
+  using Tr = FlashTraits<D, kQRegs>;
   // Per device and cheap; done on every launch so any device the process uses gets it.
   const cudaError_t attr_status = cudaFuncSetAttribute(
-      flash_fwd_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+      flash_fwd_kernel<D, kQRegs>, cudaFuncAttributeMaxDynamicSharedMemorySize,
       static_cast<int>(Tr::kSmemBytes));
   if (attr_status != cudaSuccess) return attr_status;
   const dim3 grid((a.seq_q + Tr::kBM - 1) / Tr::kBM, a.heads_q, a.batch);
-  flash_fwd_kernel<D><<<grid, Tr::kThreads, Tr::kSmemBytes, s>>>(a);
+  flash_fwd_kernel<D, kQRegs><<<grid, Tr::kThreads, Tr::kSmemBytes, s>>>(a);
   return cudaGetLastError();
 }
 
@@ -268,9 +277,10 @@ bool flash_attention_supported(int head_dim, const FlashArgs& a) {
 
 cudaError_t launch_flash_attention(const FlashArgs& a, cudaStream_t s) {
   if (a.batch <= 0 || a.seq_q <= 0 || a.heads_q <= 0) return cudaSuccess;
+  const bool q_regs = a.variant == FlashVariant::kQInRegisters;
   switch (a.head_dim) {
-    case 64: return launch_flash<64>(a, s);
-    case 128: return launch_flash<128>(a, s);
+    case 64: return q_regs ? launch_flash<64, true>(a, s) : launch_flash<64, false>(a, s);
+    case 128: return q_regs ? launch_flash<128, true>(a, s) : launch_flash<128, false>(a, s);
     default: return cudaErrorInvalidValue;
   }
 }

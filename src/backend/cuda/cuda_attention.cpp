@@ -67,6 +67,7 @@ Status CudaBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v,
   fa.head_dim = static_cast<int>(d);
   fa.scale = p.scale;
   fa.causal = p.causal;
+  fa.variant = flash_variant_;
   fa.has_key_len = !p.key_len.empty() && b <= kMaxAttentionBatch;
   if (fa.has_key_len) std::copy(p.key_len.begin(), p.key_len.end(), fa.key_len);
   const bool flash_ok = q.dtype() == DType::kBF16 && (p.key_len.empty() || fa.has_key_len) &&

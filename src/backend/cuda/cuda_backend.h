@@ -20,6 +20,7 @@
 
 #include "backend/backend.h"
 #include "backend/cuda/allocator.h"
+#include "backend/cuda/kernels.h"
 
 namespace zimage::cuda {
 
@@ -100,6 +101,9 @@ class CudaBackend final : public Backend {
   // Which attention implementation to use (tests and benchmarks force one; kAuto picks the
   // flash kernel for bf16 with head_dim 64/128, the general path otherwise).
   void set_attention_path(AttentionPath p) { attention_path_ = p; }
+  // Which build of the flash kernel to use (benchmarks compare them).
+  void set_flash_variant(FlashVariant v) { flash_variant_ = v; }
+  FlashVariant flash_variant() const { return flash_variant_; }
   // Whether cuDNN loaded; without it conv2d runs a direct (slow) kernel.
   bool has_cudnn() const;
 
@@ -116,6 +120,7 @@ class CudaBackend final : public Backend {
   std::unique_ptr<LtGemm> gemm_;
   std::unique_ptr<ConvPlanner> conv_;
   AttentionPath attention_path_ = AttentionPath::kAuto;
+  FlashVariant flash_variant_ = FlashVariant::kQInShared;
 };
 
 }  // namespace zimage::cuda

@@ -1,9 +1,14 @@
-// Row normalisations (RMSNorm, LayerNorm, the DiT's gated post-norm residual) and NHWC GroupNorm.
-// Statistics are always fp32 (GroupNorm: fp64 partial sums, since a group spans up to millions
-// of elements). Intermediate results are rounded to the storage type exactly where a framework
-// running the same math as separate ops in that type would round (normalise -> * weight ->
-// * scale), so bf16 results track the reference; in f32 the roundings are no-ops.
-// Row kernels use one warp per row and two passes over the row (the second hits L1/L2).
+// Row normalisations: RMSNorm, LayerNorm and the DiT's gated post-norm residual, over the last
+// dimension of [R, D]. Statistics are fp32. Intermediate results are rounded to the storage type
+// exactly where a framework running the same math as separate ops in that type would round
+// (normalise -> * weight -> * scale), so bf16 results track the reference; in f32 the roundings
+// are no-ops. Fast path (D a multiple of the 16-byte pack, aligned pointers, D up to 4096 packs):
+// a row is read once into registers by a group of threads (a power-of-two slice of a warp for
+// narrow rows such as the 128-wide q/k norms, a whole block for wide rows such as the DiT's
+// 3840), reduced with shuffles or shared memory, and written from the registers: one read and one
+// write of the row. Other shapes use a warp-per-row loop kernel that reads the row twice.
+#include <type_traits>
+
 #include "backend/cuda/device_utils.cuh"
 
 namespace zimage::cuda {
@@ -148,125 +153,245 @@ __global__ void residual_rms_gate_kernel(T* x, const T* y, const T* w, const T* 
   }
 }
 
-// ---- group norm ----
+// ---- register-cached fast path ----
 
-// Chunks of spatial rows per batch item for the statistics pass: ~1024 blocks in all.
-int64_t gn_chunks(int64_t batch, int64_t hw) {
-  int64_t want = (1024 + batch - 1) / batch;
-  if (want > hw) want = hw;
-  if (want < 1) want = 1;
-  const int64_t rows_per_chunk = (hw + want - 1) / want;
-  return (hw + rows_per_chunk - 1) / rows_per_chunk;
-}
-
-// Grid (chunks, batch). Per-channel sum and sum of squares of one chunk of rows, in fp64,
-// written to partial[b][chunk][c][2]. Dynamic shared memory: 2 * c doubles.
-template <typename T, int VEC>
-__global__ void gn_partial_kernel(const T* x, int64_t hw, int64_t c, int64_t rows_per_chunk,
-                                  double* partial) {
-  extern __shared__ double gn_smem[];
-  double* ssum = gn_smem;
-  double* ssq = gn_smem + c;
-  for (int64_t i = threadIdx.x; i < 2 * c; i += blockDim.x) gn_smem[i] = 0.0;
-  __syncthreads();
-  const int64_t b = blockIdx.y, chunk = blockIdx.x;
-  const int64_t r0 = chunk * rows_per_chunk;
-  const int64_t r1 = r0 + rows_per_chunk < hw ? r0 + rows_per_chunk : hw;
-  const int64_t ppr = c / VEC;
-  const T* xb = x + (b * hw + r0) * c;
-  const int64_t total = (r1 - r0) * ppr;
-  double s[VEC], q[VEC];
-#pragma unroll
-  for (int k = 0; k < VEC; ++k) s[k] = q[k] = 0.0;
-  int64_t cur = -1;
-  for (int64_t p = threadIdx.x; p < total; p += blockDim.x) {
-    const int64_t pk = p % ppr;
-    if (pk != cur) {  // flush: happens once per thread when blockDim is a multiple of ppr
-      if (cur >= 0) {
-#pragma unroll
-        for (int k = 0; k < VEC; ++k) {
-          atomicAdd(ssum + cur * VEC + k, s[k]);
-          atomicAdd(ssq + cur * VEC + k, q[k]);
-          s[k] = q[k] = 0.0;
-        }
-      }
-      cur = pk;
-    }
-    float v[VEC];
-    load_f32<T, VEC>(xb + p * VEC, v);
-#pragma unroll
-    for (int k = 0; k < VEC; ++k) {
-      s[k] += v[k];
-      q[k] += static_cast<double>(v[k]) * v[k];
-    }
-  }
-  if (cur >= 0) {
-#pragma unroll
-    for (int k = 0; k < VEC; ++k) {
-      atomicAdd(ssum + cur * VEC + k, s[k]);
-      atomicAdd(ssq + cur * VEC + k, q[k]);
-    }
-  }
-  __syncthreads();
-  double* out = partial + (b * gridDim.x + chunk) * c * 2;
-  for (int64_t i = threadIdx.x; i < c; i += blockDim.x) {
-    out[2 * i] = ssum[i];
-    out[2 * i + 1] = ssq[i];
+// Sum over the threads sharing a row: a power-of-two group `tpr` within a warp, or the block.
+template <bool kBlock>
+__device__ __forceinline__ float row_sum(float v, int tpr, float* scratch) {
+  if constexpr (kBlock) {
+    return block_sum(v, scratch);
+  } else {
+    for (int o = tpr / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
   }
 }
 
-// Grid (groups, batch): combines the partials into mean and rstd per (b, g).
-__global__ void gn_finalize_kernel(const double* partial, int64_t chunks, int64_t hw, int64_t c,
-                                   int groups, float eps, float* stats) {
-  __shared__ double scratch[32];
-  const int64_t b = blockIdx.y, g = blockIdx.x, cpg = c / groups;
-  double s = 0.0, q = 0.0;
-  for (int64_t i = threadIdx.x; i < chunks * cpg; i += blockDim.x) {
-    const int64_t chunk = i / cpg, ch = g * cpg + i % cpg;
-    const double* p = partial + ((b * chunks + chunk) * c + ch) * 2;
-    s += p[0];
-    q += p[1];
-  }
-  s = block_sum(s, scratch);
-  q = block_sum(q, scratch);
-  if (threadIdx.x == 0) {
-    const double n = static_cast<double>(hw) * static_cast<double>(cpg);
-    const double mean = s / n;
-    double var = q / n - mean * mean;
-    if (var < 0.0) var = 0.0;
-    stats[(b * groups + g) * 2] = static_cast<float>(mean);
-    stats[(b * groups + g) * 2 + 1] = static_cast<float>(1.0 / sqrt(var + static_cast<double>(eps)));
+// Which row this thread works on and its index within the row's thread group.
+template <bool kBlock>
+__device__ __forceinline__ void row_slot(int tpr, int64_t* row, int* t) {
+  if constexpr (kBlock) {
+    *row = blockIdx.x;
+    *t = threadIdx.x;
+  } else {
+    *row = blockIdx.x * int64_t{blockDim.x / tpr} + threadIdx.x / tpr;
+    *t = threadIdx.x % tpr;
   }
 }
 
-template <typename T, int VEC>
-__global__ void gn_apply_kernel(const T* x, const T* gamma, const T* beta, const float* stats,
-                                T* y, int64_t total, int64_t hwc, int64_t c, int64_t cpg,
-                                int groups, bool silu) {
-  const int64_t npack = (total + VEC - 1) / VEC;
-  for (int64_t p = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; p < npack;
-       p += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t i0 = p * VEC;
-    const int64_t b = i0 / hwc, c0 = i0 % c;
-    const float* st = stats + b * groups * 2;
-    float v[VEC];
-    load_f32<T, VEC>(x + i0, v);
+template <typename T, int VEC, int PPT, bool kBlock>
+__global__ void rms_norm_reg_kernel(const T* x, const T* w, const T* scale, T* y, int64_t rows,
+                                    int d, int64_t rows_per_group, float eps, int tpr) {
+  __shared__ float scratch[32];
+  int64_t row;
+  int t;
+  row_slot<kBlock>(tpr, &row, &t);
+  const int packs = d / VEC;
+  const bool valid = row < rows;
+  float v[PPT][VEC];
+  float ss = 0.f;
 #pragma unroll
-    for (int k = 0; k < VEC; ++k) {
-      const int64_t ch = c0 + k;
-      const int64_t g = ch / cpg;
-      float o = (v[k] - st[2 * g]) * st[2 * g + 1];
-      if (gamma) o *= to_f32<T>(gamma[ch]);
-      if (beta) o += to_f32<T>(beta[ch]);
-      if (silu) {
-        o = round_to<T>(o);
-        o = o / (1.0f + expf(-o));
-      }
-      v[k] = o;
+  for (int p = 0; p < PPT; ++p) {
+    const int pk = t + p * tpr;
+    if (valid && pk < packs) {
+      load_f32<T, VEC>(x + row * d + pk * VEC, v[p]);
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) ss += v[p][k] * v[p][k];
     }
-    store_f32<T, VEC>(y + i0, v);
+  }
+  ss = row_sum<kBlock>(ss, tpr, scratch);
+  if (!valid) return;
+  const float r = rsqrtf(ss / static_cast<float>(d) + eps);
+  const T* sr = scale ? scale + (row / rows_per_group) * d : nullptr;
+#pragma unroll
+  for (int p = 0; p < PPT; ++p) {
+    const int pk = t + p * tpr;
+    if (pk >= packs) continue;
+    float o[VEC];
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) o[k] = round_to<T>(v[p][k] * r);
+    if (w) {
+      float wv[VEC];
+      load_f32<T, VEC>(w + pk * VEC, wv);
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) o[k] = round_to<T>(o[k] * wv[k]);
+    }
+    if (sr) {
+      float sv[VEC];
+      load_f32<T, VEC>(sr + pk * VEC, sv);
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) o[k] *= sv[k];
+    }
+    store_f32<T, VEC>(y + row * d + pk * VEC, o);
   }
 }
+
+template <typename T, int VEC, int PPT, bool kBlock>
+__global__ void layer_norm_reg_kernel(const T* x, const T* w, const T* b, const T* scale, T* y,
+                                      int64_t rows, int d, int64_t rows_per_group, float eps,
+                                      int tpr) {
+  __shared__ float scratch[32];
+  int64_t row;
+  int t;
+  row_slot<kBlock>(tpr, &row, &t);
+  const int packs = d / VEC;
+  const bool valid = row < rows;
+  float v[PPT][VEC];
+  float sum = 0.f;
+#pragma unroll
+  for (int p = 0; p < PPT; ++p) {
+    const int pk = t + p * tpr;
+    if (valid && pk < packs) {
+      load_f32<T, VEC>(x + row * d + pk * VEC, v[p]);
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) sum += v[p][k];
+    }
+  }
+  const float mean = row_sum<kBlock>(sum, tpr, scratch) / static_cast<float>(d);
+  float var = 0.f;
+#pragma unroll
+  for (int p = 0; p < PPT; ++p) {
+    const int pk = t + p * tpr;
+    if (valid && pk < packs) {
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) var += (v[p][k] - mean) * (v[p][k] - mean);
+    }
+  }
+  var = row_sum<kBlock>(var, tpr, scratch);
+  if (!valid) return;
+  const float rstd = rsqrtf(var / static_cast<float>(d) + eps);
+  const T* sr = scale ? scale + (row / rows_per_group) * d : nullptr;
+#pragma unroll
+  for (int p = 0; p < PPT; ++p) {
+    const int pk = t + p * tpr;
+    if (pk >= packs) continue;
+    float o[VEC];
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) o[k] = (v[p][k] - mean) * rstd;
+    if (w) {
+      float wv[VEC];
+      load_f32<T, VEC>(w + pk * VEC, wv);
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) o[k] *= wv[k];
+    }
+    if (b) {
+      float bv[VEC];
+      load_f32<T, VEC>(b + pk * VEC, bv);
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) o[k] += bv[k];
+    }
+    if (sr) {
+      float sv[VEC];
+      load_f32<T, VEC>(sr + pk * VEC, sv);
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) o[k] = round_to<T>(o[k]) * sv[k];
+    }
+    store_f32<T, VEC>(y + row * d + pk * VEC, o);
+  }
+}
+
+template <typename T, int VEC, int PPT, bool kBlock>
+__global__ void residual_rms_gate_reg_kernel(T* x, const T* y, const T* w, const T* gate,
+                                             int64_t rows, int d, int64_t rows_per_group,
+                                             float eps, int tpr) {
+  __shared__ float scratch[32];
+  int64_t row;
+  int t;
+  row_slot<kBlock>(tpr, &row, &t);
+  const int packs = d / VEC;
+  const bool valid = row < rows;
+  float v[PPT][VEC];
+  float ss = 0.f;
+#pragma unroll
+  for (int p = 0; p < PPT; ++p) {
+    const int pk = t + p * tpr;
+    if (valid && pk < packs) {
+      load_f32<T, VEC>(y + row * d + pk * VEC, v[p]);
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) ss += v[p][k] * v[p][k];
+    }
+  }
+  ss = row_sum<kBlock>(ss, tpr, scratch);
+  if (!valid) return;
+  const float r = rsqrtf(ss / static_cast<float>(d) + eps);
+  const T* gr = gate ? gate + (row / rows_per_group) * d : nullptr;
+#pragma unroll
+  for (int p = 0; p < PPT; ++p) {
+    const int pk = t + p * tpr;
+    if (pk >= packs) continue;
+    float o[VEC], xv[VEC];
+    load_f32<T, VEC>(x + row * d + pk * VEC, xv);
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) o[k] = round_to<T>(v[p][k] * r);
+    if (w) {
+      float wv[VEC];
+      load_f32<T, VEC>(w + pk * VEC, wv);
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) o[k] = round_to<T>(o[k] * wv[k]);
+    }
+    if (gr) {
+      float gv[VEC];
+      load_f32<T, VEC>(gr + pk * VEC, gv);
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) o[k] = round_to<T>(o[k] * gv[k]);
+    }
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) xv[k] += o[k];
+    store_f32<T, VEC>(x + row * d + pk * VEC, xv);
+  }
+}
+
+// Thread layout of the fast path for a row of `packs` 16-byte packs.
+struct RowCfg {
+  bool block;  // one row per block of `tpr` threads (else groups of `tpr` <= 32 in 128)
+  int ppt;     // packs per thread: 1, 2 or 4
+  int tpr;     // threads per row
+};
+
+bool pick_row_cfg(int64_t packs, RowCfg* c) {
+  auto round32 = [](int64_t n) { return static_cast<int>((n + 31) / 32 * 32); };
+  if (packs <= 0) return false;
+  if (packs <= 32) {
+    int t = 1;
+    while (t < packs) t *= 2;
+    *c = {false, 1, t};
+  } else if (packs <= 64) {
+    *c = {false, 2, 32};
+  } else if (packs <= 128) {
+    *c = {false, 4, 32};
+  } else if (packs <= 1024) {
+    *c = {true, 1, round32(packs)};
+  } else if (packs <= 2048) {
+    *c = {true, 2, round32((packs + 1) / 2)};
+  } else if (packs <= 4096) {
+    *c = {true, 4, round32((packs + 3) / 4)};
+  } else {
+    return false;
+  }
+  return true;
+}
+
+// Calls f(ppt, block) with both as compile-time constants, and launches on the returned shape.
+template <typename F>
+cudaError_t with_row_cfg(const RowCfg& c, F&& f) {
+  using I1 = std::integral_constant<int, 1>;
+  using I2 = std::integral_constant<int, 2>;
+  using I4 = std::integral_constant<int, 4>;
+  if (c.block) {
+    if (c.ppt == 1) return f(I1{}, std::true_type{});
+    if (c.ppt == 2) return f(I2{}, std::true_type{});
+    return f(I4{}, std::true_type{});
+  }
+  if (c.ppt == 1) return f(I1{}, std::false_type{});
+  if (c.ppt == 2) return f(I2{}, std::false_type{});
+  return f(I4{}, std::false_type{});
+}
+
+dim3 row_cfg_grid(const RowCfg& c, int64_t rows) {
+  if (c.block) return dim3(static_cast<unsigned>(rows));
+  const int64_t per_block = kThreads / c.tpr;
+  return dim3(static_cast<unsigned>((rows + per_block - 1) / per_block));
+}
+unsigned row_cfg_block(const RowCfg& c) { return c.block ? c.tpr : kThreads; }
 
 bool all_aligned(std::initializer_list<const void*> ps) {
   for (const void* p : ps)
@@ -289,6 +414,16 @@ cudaError_t launch_rms_norm(KType t, const void* x, const void* w, const void* s
     auto wp = static_cast<const T*>(w);
     auto sp = static_cast<const T*>(scale);
     auto yp = static_cast<T*>(y);
+    RowCfg cfg;
+    if (d % V == 0 && all_aligned({x, w, scale, y}) && rows < 0x7fffffff &&
+        pick_row_cfg(d / V, &cfg)) {
+      return with_row_cfg(cfg, [&](auto ppt, auto blk) {
+        rms_norm_reg_kernel<T, V, decltype(ppt)::value, decltype(blk)::value>
+            <<<row_cfg_grid(cfg, rows), row_cfg_block(cfg), 0, s>>>(
+                xp, wp, sp, yp, rows, static_cast<int>(d), rows_per_group, eps, cfg.tpr);
+        return cudaGetLastError();
+      });
+    }
     if (d % V == 0 && all_aligned({x, w, scale, y}))
       rms_norm_kernel<T, V>
           <<<row_grid(rows), kThreads, 0, s>>>(xp, wp, sp, yp, rows, d, rows_per_group, eps);
@@ -311,6 +446,16 @@ cudaError_t launch_layer_norm(KType t, const void* x, const void* w, const void*
     auto bp = static_cast<const T*>(b);
     auto sp = static_cast<const T*>(scale);
     auto yp = static_cast<T*>(y);
+    RowCfg cfg;
+    if (d % V == 0 && all_aligned({x, w, b, scale, y}) && rows < 0x7fffffff &&
+        pick_row_cfg(d / V, &cfg)) {
+      return with_row_cfg(cfg, [&](auto ppt, auto blk) {
+        layer_norm_reg_kernel<T, V, decltype(ppt)::value, decltype(blk)::value>
+            <<<row_cfg_grid(cfg, rows), row_cfg_block(cfg), 0, s>>>(
+                xp, wp, bp, sp, yp, rows, static_cast<int>(d), rows_per_group, eps, cfg.tpr);
+        return cudaGetLastError();
+      });
+    }
     if (d % V == 0 && all_aligned({x, w, b, scale, y}))
       layer_norm_kernel<T, V><<<row_grid(rows), kThreads, 0, s>>>(xp, wp, bp, sp, yp, rows, d,
                                                                   rows_per_group, eps);
@@ -332,60 +477,22 @@ cudaError_t launch_residual_rms_norm_gate(KType t, void* x, const void* y, const
     auto yp = static_cast<const T*>(y);
     auto wp = static_cast<const T*>(w);
     auto gp = static_cast<const T*>(gate);
+    RowCfg cfg;
+    if (d % V == 0 && all_aligned({x, y, w, gate}) && rows < 0x7fffffff &&
+        pick_row_cfg(d / V, &cfg)) {
+      return with_row_cfg(cfg, [&](auto ppt, auto blk) {
+        residual_rms_gate_reg_kernel<T, V, decltype(ppt)::value, decltype(blk)::value>
+            <<<row_cfg_grid(cfg, rows), row_cfg_block(cfg), 0, s>>>(
+                xp, yp, wp, gp, rows, static_cast<int>(d), rows_per_group, eps, cfg.tpr);
+        return cudaGetLastError();
+      });
+    }
     if (d % V == 0 && all_aligned({x, y, w, gate}))
       residual_rms_gate_kernel<T, V>
           <<<row_grid(rows), kThreads, 0, s>>>(xp, yp, wp, gp, rows, d, rows_per_group, eps);
     else
       residual_rms_gate_kernel<T, 1>
           <<<row_grid(rows), kThreads, 0, s>>>(xp, yp, wp, gp, rows, d, rows_per_group, eps);
-    return cudaGetLastError();
-  });
-}
-
-size_t group_norm_workspace_bytes(int64_t batch, int64_t hw, int64_t c, int groups) {
-  if (batch <= 0 || hw <= 0 || c <= 0 || groups <= 0) return 0;
-  const int64_t chunks = gn_chunks(batch, hw);
-  return static_cast<size_t>(batch * chunks * c * 2) * sizeof(double) +
-         static_cast<size_t>(batch * groups * 2) * sizeof(float);
-}
-
-cudaError_t launch_group_norm(KType t, const void* x, const void* gamma, const void* beta, void* y,
-                              int64_t batch, int64_t hw, int64_t c, int groups, float eps,
-                              bool silu, void* workspace, cudaStream_t s) {
-  if (batch <= 0 || hw <= 0 || c <= 0) return cudaSuccess;
-  if (groups <= 0 || c % groups != 0 || batch > 65535) return cudaErrorInvalidValue;
-  if (2 * c * static_cast<int64_t>(sizeof(double)) > 48 * 1024) return cudaErrorInvalidValue;
-  const int64_t chunks = gn_chunks(batch, hw);
-  const int64_t rows_per_chunk = (hw + chunks - 1) / chunks;
-  double* partial = static_cast<double*>(workspace);
-  float* stats = reinterpret_cast<float*>(partial + batch * chunks * c * 2);
-  return dispatch_ktype(t, [&](auto tag) {
-    using T = decltype(tag);
-    constexpr int V = kVec16<T>;
-    auto xp = static_cast<const T*>(x);
-    auto yp = static_cast<T*>(y);
-    auto gp = static_cast<const T*>(gamma);
-    auto bp = static_cast<const T*>(beta);
-    const bool vec = c % V == 0 && all_aligned({x, y});
-    const dim3 pgrid(static_cast<unsigned>(chunks), static_cast<unsigned>(batch));
-    const size_t smem = 2 * static_cast<size_t>(c) * sizeof(double);
-    if (vec)
-      gn_partial_kernel<T, V><<<pgrid, kThreads, smem, s>>>(xp, hw, c, rows_per_chunk, partial);
-    else
-      gn_partial_kernel<T, 1><<<pgrid, kThreads, smem, s>>>(xp, hw, c, rows_per_chunk, partial);
-    cudaError_t e = cudaGetLastError();
-    if (e != cudaSuccess) return e;
-    gn_finalize_kernel<<<dim3(groups, static_cast<unsigned>(batch)), kThreads, 0, s>>>(
-        partial, chunks, hw, c, groups, eps, stats);
-    e = cudaGetLastError();
-    if (e != cudaSuccess) return e;
-    const int64_t total = batch * hw * c;
-    if (vec)
-      gn_apply_kernel<T, V><<<grid_for(total / V, kThreads), kThreads, 0, s>>>(
-          xp, gp, bp, stats, yp, total, hw * c, c, c / groups, groups, silu);
-    else
-      gn_apply_kernel<T, 1><<<grid_for(total, kThreads), kThreads, 0, s>>>(
-          xp, gp, bp, stats, yp, total, hw * c, c, c / groups, groups, silu);
     return cudaGetLastError();
   });
 }
