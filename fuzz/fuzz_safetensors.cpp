@@ -10,13 +10,17 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <string>
 
+#include "io/json_util.h"
 #include "io/safetensors.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   auto r = zimage::parse_safetensors_header(data, size, "fuzz.safetensors");
   if (!r.ok()) {
-    if (r.status().message().empty()) std::abort();  // every error must say something
+    // Every error must say something, and nothing from the file may reach a terminal raw.
+    const std::string& m = r.status().message();
+    if (m.empty() || m != zimage::json_util::printable(m)) std::abort();
     return 0;
   }
   const zimage::SafetensorsHeader& h = *r;

@@ -45,7 +45,7 @@ class StrictDomBuilder {
   bool key(string_t& k) {
     json* obj = stack_.back();
     if (obj->contains(k)) {
-      error_ = "duplicate key '" + k + "'" + where();
+      error_ = "duplicate key '" + printable(k) + "'" + where();
       return false;
     }
     pending_key_ = k;
@@ -61,7 +61,7 @@ class StrictDomBuilder {
       const size_t close_at = msg.find("] ");
       if (close_at != std::string::npos) msg = msg.substr(close_at + 2);
     }
-    error_ = "invalid JSON at byte " + std::to_string(position) + ": " + msg;
+    error_ = "invalid JSON at byte " + std::to_string(position) + ": " + printable(msg);
     return false;
   }
 
@@ -77,7 +77,7 @@ class StrictDomBuilder {
       if (!path.empty()) path += '.';
       path += p;
     }
-    return path.empty() ? std::string(" at the top level") : " in object '" + path + "'";
+    return path.empty() ? std::string(" at the top level") : " in object '" + printable(path) + "'";
   }
 
   // Stores `v` at the current position and returns where it went.
@@ -180,6 +180,55 @@ Result<std::string> read_text(const std::string& path, size_t max_bytes) {
 Result<json> read_file(const std::string& path, size_t max_bytes) {
   ZI_ASSIGN_OR_RETURN(std::string text, read_text(path, max_bytes));
   return parse_strict(text, path);
+}
+
+std::string printable(std::string_view s) {
+  static const char kHex[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(s.size());
+  auto escape = [&](unsigned char c) {
+    out += "\\x";
+    out += kHex[c >> 4];
+    out += kHex[c & 15];
+  };
+  size_t i = 0;
+  while (i < s.size()) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c < 0x80) {
+      if (c < 0x20 || c == 0x7f) {
+        escape(c);
+      } else {
+        out += static_cast<char>(c);
+      }
+      ++i;
+      continue;
+    }
+    // Length and lowest code point of a UTF-8 sequence starting with c.
+    size_t len = 0;
+    uint32_t cp = 0, min = 0;
+    if ((c & 0xe0) == 0xc0) {
+      len = 2, cp = c & 0x1f, min = 0x80;
+    } else if ((c & 0xf0) == 0xe0) {
+      len = 3, cp = c & 0x0f, min = 0x800;
+    } else if ((c & 0xf8) == 0xf0) {
+      len = 4, cp = c & 0x07, min = 0x10000;
+    }
+    bool ok = len != 0 && i + len <= s.size();
+    for (size_t k = 1; ok && k < len; ++k) {
+      const auto cc = static_cast<unsigned char>(s[i + k]);
+      if ((cc & 0xc0) != 0x80) ok = false;
+      cp = (cp << 6) | (cc & 0x3f);
+    }
+    ok = ok && cp >= min && cp <= 0x10ffff && !(cp >= 0xd800 && cp <= 0xdfff);
+    if (!ok) {
+      escape(c);
+      ++i;
+      continue;
+    }
+    out.append(s.substr(i, len));
+    i += len;
+  }
+  return out;
 }
 
 const char* type_name(const json& v) {

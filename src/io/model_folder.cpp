@@ -37,6 +37,9 @@ std::string list_string(const std::vector<int>& v) {
   return s + "]";
 }
 
+// A config string quoted for a message (control bytes escaped).
+std::string q(const std::string& s) { return "'" + json_util::printable(s) + "'"; }
+
 bool positive_finite(double v) { return std::isfinite(v) && v > 0; }
 
 Result<json> parse_object(std::string_view text, const std::string& file) {
@@ -52,7 +55,7 @@ Status check_class(const JsonObjectReader& r, const char* expected) {
   std::string cls;
   ZI_TRY(r.get_string("_class_name", &cls, false));
   if (!cls.empty() && cls != expected) {
-    return unsupported(r.file(), "_class_name", "'" + cls + "' is not " + expected);
+    return unsupported(r.file(), "_class_name", q(cls) + " is not " + expected);
   }
   return Status::Ok();
 }
@@ -219,7 +222,7 @@ Status check_model_index(std::string_view text, const std::string& file) {
   std::string cls;
   ZI_TRY(r.get_string("_class_name", &cls, true));
   if (cls != "ZImagePipeline") {
-    return unsupported(file, "_class_name", "'" + cls + "' is not ZImagePipeline");
+    return unsupported(file, "_class_name", q(cls) + " is not ZImagePipeline");
   }
   const std::pair<const char*, std::set<std::string>> components[] = {
       {"scheduler", {"FlowMatchEulerDiscreteScheduler"}},
@@ -237,7 +240,7 @@ Status check_model_index(std::string_view text, const std::string& file) {
     if (!classes.count(c)) {
       std::string allowed;
       for (const std::string& a : classes) allowed += (allowed.empty() ? "" : " or ") + a;
-      return unsupported(file, key, "class '" + c + "' is not " + allowed);
+      return unsupported(file, key, "class " + q(c) + " is not " + allowed);
     }
   }
   return Status::Ok();
@@ -288,7 +291,7 @@ Result<TextEncoderConfig> parse_text_encoder_config(std::string_view text, const
   std::string model_type, act = "silu";
   ZI_TRY(r.get_string("model_type", &model_type, false));
   if (!model_type.empty() && model_type != "qwen3") {
-    return unsupported(file, "model_type", "'" + model_type + "' is not qwen3");
+    return unsupported(file, "model_type", q(model_type) + " is not qwen3");
   }
   TextEncoderConfig c;
   // Qwen3Config defaults for the optional keys.
@@ -311,7 +314,7 @@ Result<TextEncoderConfig> parse_text_encoder_config(std::string_view text, const
   ZI_TRY(r.get_bool("tie_word_embeddings", &c.tie_word_embeddings, false));
   ZI_TRY(r.get_bool("attention_bias", &c.attention_bias, false));
   ZI_TRY(r.get_string("hidden_act", &act, false));
-  if (act != "silu") return unsupported(file, "hidden_act", "'" + act + "' is not silu");
+  if (act != "silu") return unsupported(file, "hidden_act", q(act) + " is not silu");
   bool sliding = false;
   ZI_TRY(r.get_bool("use_sliding_window", &sliding, false));
   if (sliding) return unsupported(file, "use_sliding_window", "sliding-window attention");
@@ -328,7 +331,7 @@ Result<TextEncoderConfig> parse_text_encoder_config(std::string_view text, const
     std::string type = "default";
     ZI_TRY(pr.get_string("rope_type", &type, false));
     if (type != "default") {
-      return unsupported(file, "rope_parameters.rope_type", "'" + type + "' is not default");
+      return unsupported(file, "rope_parameters.rope_type", q(type) + " is not default");
     }
     double theta = c.rope_theta;
     ZI_TRY(pr.get_double("rope_theta", &theta, false));
@@ -375,7 +378,7 @@ Result<VaeConfig> parse_vae_config(std::string_view text, const std::string& fil
   ZI_TRY(r.get_bool("mid_block_add_attention", &c.mid_block_add_attention, false));
   std::string act = "silu";
   ZI_TRY(r.get_string("act_fn", &act, false));
-  if (act != "silu") return unsupported(file, "act_fn", "'" + act + "' is not silu");
+  if (act != "silu") return unsupported(file, "act_fn", q(act) + " is not silu");
   const std::pair<const char*, const char*> block_types[] = {
       {"down_block_types", "DownEncoderBlock2D"}, {"up_block_types", "UpDecoderBlock2D"}};
   for (const auto& [key, expected] : block_types) {
@@ -387,7 +390,7 @@ Result<VaeConfig> parse_vae_config(std::string_view text, const std::string& fil
                                 std::to_string(c.block_out_channels.size()));
     }
     for (const std::string& t : types) {
-      if (t != expected) return unsupported(file, key, "'" + t + "' is not " + expected);
+      if (t != expected) return unsupported(file, key, q(t) + " is not " + expected);
     }
   }
   ZI_TRY(validate_vae_config(c, file));
@@ -419,7 +422,7 @@ Result<SchedulerConfig> parse_scheduler_config(std::string_view text, const std:
   std::string shift_type = "exponential";
   ZI_TRY(r.get_string("time_shift_type", &shift_type, false));
   if (shift_type != "exponential" && shift_type != "linear") {
-    return bad(file, "time_shift_type", "'" + shift_type + "' is not exponential or linear");
+    return bad(file, "time_shift_type", q(shift_type) + " is not exponential or linear");
   }
   if (shift_type == "linear" && c.use_dynamic_shifting) {
     return unsupported(file, "time_shift_type", "linear dynamic shifting is not supported");

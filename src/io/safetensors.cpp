@@ -22,7 +22,7 @@ using nlohmann::json;
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "safetensors data is little-endian");
 
-std::string in_quotes(const std::string& s) { return "'" + s + "'"; }
+std::string in_quotes(const std::string& s) { return "'" + json_util::printable(s) + "'"; }
 
 std::string offsets_string(uint64_t b, uint64_t e) {
   return "[" + std::to_string(b) + ", " + std::to_string(e) + "]";
@@ -83,7 +83,11 @@ Status parse_tensor_entry(const std::string& name, const json& v, const std::str
   }
   const std::string dt_name = dt.get<std::string>();
   const auto dtype = dtype_from_safetensors(dt_name);
-  if (!dtype) return FormatError(where + "unknown dtype " + in_quotes(dt_name));
+  if (!dtype) {
+    return FormatError(where + "unknown dtype " + in_quotes(dt_name) +
+                       " (zimage reads F64, F32, F16, BF16, F8_E4M3, F8_E5M2, I64, I32, I16, I8, "
+                       "U8, BOOL)");
+  }
   info->dtype = *dtype;
 
   const json& shape = v["shape"];

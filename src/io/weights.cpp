@@ -19,7 +19,7 @@ bool ends_with(const std::string& s, std::string_view suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
-std::string in_quotes(const std::string& s) { return "'" + s + "'"; }
+std::string in_quotes(const std::string& s) { return "'" + json_util::printable(s) + "'"; }
 
 // "'a', 'b', 'c' and 4 more"
 std::string name_list(const std::vector<std::string>& names, size_t max_shown = 5) {

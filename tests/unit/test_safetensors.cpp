@@ -220,6 +220,23 @@ TEST(Safetensors, SizeMismatchMessageIsExact) {
       "model.safetensors: tensor 'x': data_offsets [0, 10] but shape [3] of F32 needs 12 bytes");
 }
 
+TEST(Safetensors, ErrorMessagesEscapeHostileNames) {
+  // A terminal escape inside a (valid JSON) tensor name, and a raw invalid UTF-8 byte.
+  auto esc = parse(image(R"({"a\u001b[2Jb":{"dtype":"F32","shape":[3],"data_offsets":[0,10]}})", 10),
+                   "x.safetensors");
+  ASSERT_FALSE(esc.ok());
+  EXPECT_EQ(esc.status().message().find('\x1b'), std::string::npos);
+  EXPECT_NE(esc.status().message().find("tensor 'a\\x1b[2Jb'"), std::string::npos)
+      << esc.status().message();
+  auto bad_utf8 = parse(image("{\"w\xff\":{}}", 0), "x.safetensors");
+  ASSERT_FALSE(bad_utf8.ok());
+  EXPECT_EQ(bad_utf8.status().message().find('\xff'), std::string::npos);
+  // Valid UTF-8 is kept as is.
+  auto utf8 = parse(image(R"({"wü":{"dtype":"F32","shape":[3],"data_offsets":[0,10]}})", 10), "x");
+  ASSERT_FALSE(utf8.ok());
+  EXPECT_NE(utf8.status().message().find("tensor 'wü'"), std::string::npos);
+}
+
 TEST(Safetensors, AcceptsValidEdgeCases) {
   // Whitespace padding, null metadata, zero-size tensors sharing an offset, a scalar, no tensors.
   auto r =
