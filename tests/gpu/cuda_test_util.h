@@ -1,7 +1,7 @@
 // Helpers for the CUDA op tests: one CUDA backend per compute dtype and the CPU oracle, seeded
 // random inputs (rounded to bf16 first when the GPU computes in bf16, so both backends see the
 // same numbers), NaN-poisoned outputs, and a comparison that prints its errors (normwise
-// ‖got − ref‖ / ‖ref‖ and the largest absolute error) so the log shows the measured accuracy.
+// |got - ref| / |ref| and the largest absolute error) so the log shows the measured accuracy.
 #pragma once
 
 #include <gtest/gtest.h>

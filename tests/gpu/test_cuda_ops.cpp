@@ -76,7 +76,8 @@ TEST(CudaOps, RmsNormAndLayerNorm) {
         ZI_ASSERT_OK(gpu(dt)->rms_norm(x.gpu, wg, 1e-6f, sg, y.gpu));
         expect_match(label("rms_norm", s, tag), dt, y);
         Both z = outputs(s, dt);
-        const Tensor bc = variant == 0 ? Tensor() : bias.cpu, bg = variant == 0 ? Tensor() : bias.gpu;
+        const Tensor bc = variant == 0 ? Tensor() : bias.cpu;
+        const Tensor bg = variant == 0 ? Tensor() : bias.gpu;
         ZI_ASSERT_OK(cpu_oracle().layer_norm(x.cpu, wc, bc, 1e-6f, sc, z.cpu));
         ZI_ASSERT_OK(gpu(dt)->layer_norm(x.gpu, wg, bg, 1e-6f, sg, z.gpu));
         expect_match(label("layer_norm", s, tag), dt, z);

@@ -1,9 +1,10 @@
 // Flash attention (FlashAttention-2 style) for bf16, head_dim 64 and 128: the DiT's and the text
 // encoder's hot path. One block of 8 warps owns 128 query rows of one (batch, head); each warp
-// owns 16 rows and keeps its output accumulator and the running softmax statistics in registers
-// (Q stays in shared memory so two blocks fit on an SM). Keys/values stream through shared memory in tiles of 64 rows with
-// cp.async (the V tile loads while QKᵀ runs, the next K tile while PV runs). Products use
-// mma.sync m16n8k16 (bf16 in, fp32 accumulate) fed by ldmatrix from an XOR-swizzled layout
+// owns 16 rows and keeps its output accumulator and the running softmax statistics in registers;
+// its Q fragments either stay in registers too or are re-read from shared memory (two builds,
+// see FlashTraits). Keys/values stream through shared memory in tiles of 64 rows with cp.async
+// (the V tile loads while QKᵀ runs, the next K tile while PV runs). Products use mma.sync
+// m16n8k16 (bf16 in, fp32 accumulate) fed by ldmatrix from an XOR-swizzled layout
 // (conflict-free). Softmax is online in fp32 (base-2 exponentials with the scale folded in).
 // Masks: keys >= key_len[b], keys > query (causal); rows with no visible key output 0.
 #include <cuda_bf16.h>

@@ -148,7 +148,8 @@ Status CudaBackend::conv2d(const Tensor& x, const Tensor& w, const Tensor& bias,
   ZI_TRY(check_cuda_tensor(op, "y", y));
   ZI_TRY(check_rank(op, "x", x, 4));
   ZI_TRY(check_rank(op, "w", w, 4));
-  for (const Tensor* t : std::initializer_list<const Tensor*>{&x, &w, &y}) ZI_TRY(check_dtype(op, "every tensor", *t, act_));
+  for (const Tensor* t : std::initializer_list<const Tensor*>{&x, &w, &y})
+    ZI_TRY(check_dtype(op, "x/w/y", *t, act_));
   if (bias.defined()) ZI_TRY(check_dtype(op, "bias", bias, act_));
   if (p.stride < 1 || p.pad_top < 0 || p.pad_bottom < 0 || p.pad_left < 0 || p.pad_right < 0)
     return InvalidArgument("conv2d: stride must be >= 1 and padding >= 0");

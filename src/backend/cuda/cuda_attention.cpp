@@ -35,7 +35,8 @@ Status CudaBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v,
   ZI_TRY(check_shape(op, "v", v, k.shape()));
   ZI_TRY(check_shape(op, "out", out, q.shape()));
   ZI_TRY(ktype_of(op, q.dtype()).status());
-  for (const Tensor* t : std::initializer_list<const Tensor*>{&k, &v, &out}) ZI_TRY(check_dtype(op, "k/v/out", *t, q.dtype()));
+  for (const Tensor* t : std::initializer_list<const Tensor*>{&k, &v, &out})
+    ZI_TRY(check_dtype(op, "k/v/out", *t, q.dtype()));
   const int64_t b = q.dim(0), sq = q.dim(1), hq = q.dim(2), d = q.dim(3);
   const int64_t sk = k.dim(1), hkv = k.dim(2);
   if (k.dim(0) != b || k.dim(3) != d)

@@ -95,7 +95,8 @@ __global__ void gn_finalize_kernel(const double* partial, int64_t chunks, int64_
     double var = q / n - mean * mean;
     if (var < 0.0) var = 0.0;
     stats[(b * groups + g) * 2] = static_cast<float>(mean);
-    stats[(b * groups + g) * 2 + 1] = static_cast<float>(1.0 / sqrt(var + static_cast<double>(eps)));
+    stats[(b * groups + g) * 2 + 1] =
+        static_cast<float>(1.0 / sqrt(var + static_cast<double>(eps)));
   }
 }
 

@@ -179,8 +179,9 @@ __device__ __forceinline__ void row_slot(int tpr, int64_t* row, int* t) {
 }
 
 template <typename T, int VEC, int PPT, bool kBlock>
-__global__ void rms_norm_reg_kernel(const T* x, const T* w, const T* scale, T* y, int64_t rows,
-                                    int d, int64_t rows_per_group, float eps, int tpr) {
+__global__ void __launch_bounds__(1024)
+    rms_norm_reg_kernel(const T* x, const T* w, const T* scale, T* y, int64_t rows, int d,
+                        int64_t rows_per_group, float eps, int tpr) {
   __shared__ float scratch[32];
   int64_t row;
   int t;
@@ -226,9 +227,9 @@ __global__ void rms_norm_reg_kernel(const T* x, const T* w, const T* scale, T* y
 }
 
 template <typename T, int VEC, int PPT, bool kBlock>
-__global__ void layer_norm_reg_kernel(const T* x, const T* w, const T* b, const T* scale, T* y,
-                                      int64_t rows, int d, int64_t rows_per_group, float eps,
-                                      int tpr) {
+__global__ void __launch_bounds__(1024)
+    layer_norm_reg_kernel(const T* x, const T* w, const T* b, const T* scale, T* y, int64_t rows,
+                          int d, int64_t rows_per_group, float eps, int tpr) {
   __shared__ float scratch[32];
   int64_t row;
   int t;
@@ -290,9 +291,9 @@ __global__ void layer_norm_reg_kernel(const T* x, const T* w, const T* b, const 
 }
 
 template <typename T, int VEC, int PPT, bool kBlock>
-__global__ void residual_rms_gate_reg_kernel(T* x, const T* y, const T* w, const T* gate,
-                                             int64_t rows, int d, int64_t rows_per_group,
-                                             float eps, int tpr) {
+__global__ void __launch_bounds__(1024)
+    residual_rms_gate_reg_kernel(T* x, const T* y, const T* w, const T* gate, int64_t rows, int d,
+                                 int64_t rows_per_group, float eps, int tpr) {
   __shared__ float scratch[32];
   int64_t row;
   int t;

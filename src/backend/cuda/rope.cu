@@ -100,11 +100,13 @@ cudaError_t launch_rope_half(KType t, void* x, const float* cos, const float* si
     if (half % V == 0 && aligned16(x)) {
       const int64_t packs = vecs * (half / V);
       rope_half_kernel<T, V>
-          <<<grid_for(packs, kThreads), kThreads, 0, s>>>(xp, cos, sin, seq, heads, head_dim, packs);
+          <<<grid_for(packs, kThreads), kThreads, 0, s>>>(xp, cos, sin, seq, heads, head_dim,
+                                                          packs);
     } else {
       const int64_t packs = vecs * half;
       rope_half_kernel<T, 1>
-          <<<grid_for(packs, kThreads), kThreads, 0, s>>>(xp, cos, sin, seq, heads, head_dim, packs);
+          <<<grid_for(packs, kThreads), kThreads, 0, s>>>(xp, cos, sin, seq, heads, head_dim,
+                                                          packs);
     }
     return cudaGetLastError();
   });
