@@ -1,0 +1,242 @@
+// zimage info PATH: what is in a model folder, a component folder or a single .safetensors file,
+// without running anything: configs, tensor and parameter counts, dtypes and on-disk sizes.
+// Opening validates every config and every weight file, so `info` doubles as the check to run on
+// a freshly downloaded model. --json prints the same facts for scripts.
+#include <sys/stat.h>
+
+#include <charconv>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "commands.h"
+#include "io/model_folder.h"
+#include "io/weights.h"
+
+namespace zimage::cli {
+namespace {
+
+using nlohmann::ordered_json;
+
+[[noreturn]] void fail(const Status& s) {
+  std::fprintf(stderr, "zimage info: %s\n", s.to_string().c_str());
+  throw CLI::RuntimeError(1);
+}
+
+// 1234567 -> "1,234,567"
+std::string grouped(uint64_t n) {
+  std::string digits = std::to_string(n), out;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return out;
+}
+
+std::string human_bytes(uint64_t n) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(n);
+  int u = 0;
+  while (v >= 1024.0 && u < 4) {
+    v /= 1024.0;
+    ++u;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.2f %s", v, units[u]);
+  return buf;
+}
+
+// A float as the double with the same shortest decimal form (1e-05, not 9.99999974737875e-06).
+double num(float f) {
+  char buf[32];
+  const auto r = std::to_chars(buf, buf + sizeof buf, f);
+  return std::strtod(std::string(buf, r.ptr).c_str(), nullptr);
+}
+
+ordered_json weights_json(const WeightStore& w, bool with_tensors) {
+  ordered_json j;
+  j["path"] = w.path();
+  j["tensors"] = w.size();
+  j["parameters"] = w.total_params();
+  ordered_json dtypes = ordered_json::object();
+  for (const auto& [dt, n] : w.dtype_counts()) dtypes[dtype_name(dt)] = n;
+  j["dtypes"] = dtypes;
+  j["tensor_bytes"] = w.total_bytes();
+  j["file_bytes"] = w.file_bytes();
+  j["files"] = w.files();
+  if (with_tensors) {
+    ordered_json list = ordered_json::array();
+    for (const std::string& name : w.names()) {
+      auto info = w.info(name);
+      if (!info.ok()) fail(info.status());
+      list.push_back({{"name", name}, {"dtype", dtype_name(info->dtype)}, {"shape", info->shape}});
+    }
+    j["tensor_list"] = list;
+  }
+  return j;
+}
+
+ordered_json transformer_json(const TransformerConfig& c) {
+  return {{"patch_size", c.patch_size},     {"f_patch_size", c.f_patch_size},
+          {"in_channels", c.in_channels},   {"dim", c.dim},
+          {"n_layers", c.n_layers},         {"n_refiner_layers", c.n_refiner_layers},
+          {"n_heads", c.n_heads},           {"head_dim", c.head_dim()},
+          {"ffn_hidden", c.ffn_hidden()},   {"cap_feat_dim", c.cap_feat_dim},
+          {"norm_eps", num(c.norm_eps)},         {"qk_norm", c.qk_norm},
+          {"rope_theta", num(c.rope_theta)},     {"t_scale", num(c.t_scale)},
+          {"axes_dims", c.axes_dims},       {"axes_lens", c.axes_lens}};
+}
+
+ordered_json text_encoder_json(const TextEncoderConfig& c) {
+  return {{"hidden_size", c.hidden_size},
+          {"intermediate_size", c.intermediate_size},
+          {"num_hidden_layers", c.num_hidden_layers},
+          {"num_attention_heads", c.num_attention_heads},
+          {"num_key_value_heads", c.num_key_value_heads},
+          {"head_dim", c.head_dim},
+          {"rms_norm_eps", num(c.rms_norm_eps)},
+          {"rope_theta", c.rope_theta},
+          {"vocab_size", c.vocab_size},
+          {"max_position_embeddings", c.max_position_embeddings},
+          {"tie_word_embeddings", c.tie_word_embeddings}};
+}
+
+ordered_json vae_json(const VaeConfig& c) {
+  return {{"in_channels", c.in_channels},
+          {"out_channels", c.out_channels},
+          {"latent_channels", c.latent_channels},
+          {"block_out_channels", c.block_out_channels},
+          {"layers_per_block", c.layers_per_block},
+          {"norm_num_groups", c.norm_num_groups},
+          {"spatial_factor", c.spatial_factor()},
+          {"scaling_factor", num(c.scaling_factor)},
+          {"shift_factor", num(c.shift_factor)},
+          {"use_quant_conv", c.use_quant_conv},
+          {"use_post_quant_conv", c.use_post_quant_conv},
+          {"mid_block_add_attention", c.mid_block_add_attention}};
+}
+
+ordered_json scheduler_json(const SchedulerConfig& c) {
+  return {{"num_train_timesteps", c.num_train_timesteps},
+          {"shift", num(c.shift)},
+          {"use_dynamic_shifting", c.use_dynamic_shifting},
+          {"base_shift", num(c.base_shift)},
+          {"max_shift", num(c.max_shift)},
+          {"base_image_seq_len", c.base_image_seq_len},
+          {"max_image_seq_len", c.max_image_seq_len},
+          {"invert_sigmas", c.invert_sigmas}};
+}
+
+std::string config_line(const ordered_json& cfg) {
+  std::string s;
+  for (const auto& [k, v] : cfg.items()) {
+    if (!s.empty()) s += ", ";
+    s += k + " " + v.dump();
+  }
+  return s;
+}
+
+void print_weights(const char* indent, const WeightStore& w, bool with_tensors) {
+  std::string dtypes;
+  for (const auto& [dt, n] : w.dtype_counts()) {
+    dtypes += (dtypes.empty() ? "" : ", ") + std::string(dtype_name(dt)) + " " + grouped(n);
+  }
+  std::printf("%sweights: %s tensors, %s parameters (%s)\n", indent, grouped(w.size()).c_str(),
+              grouped(static_cast<uint64_t>(w.total_params())).c_str(), dtypes.c_str());
+  std::printf("%son disk: %s (%s bytes) in %zu file(s)\n", indent,
+              human_bytes(w.file_bytes()).c_str(), grouped(w.file_bytes()).c_str(),
+              w.files().size());
+  if (!with_tensors) return;
+  for (const std::string& name : w.names()) {
+    auto info = w.info(name);
+    if (!info.ok()) fail(info.status());
+    std::printf("%s  %-60s %-6s %s\n", indent, name.c_str(), dtype_name(info->dtype),
+                shape_string(info->shape).c_str());
+  }
+}
+
+void run_info(const std::string& path, bool as_json, bool with_tensors) {
+  struct stat st {};
+  const bool is_model = ::stat((path + "/model_index.json").c_str(), &st) == 0;
+  if (!is_model) {  // a component folder or a single file
+    auto w = WeightStore::open(path);
+    if (!w.ok()) fail(w.status());
+    if (as_json) {
+      ordered_json j = {{"path", path}, {"kind", "weights"}, {"weights", weights_json(*w, with_tensors)}};
+      std::printf("%s\n", j.dump(2).c_str());
+    } else {
+      std::printf("weights: %s\n", path.c_str());
+      print_weights("  ", *w, with_tensors);
+    }
+    return;
+  }
+
+  auto folder = ModelFolder::open(path);
+  if (!folder.ok()) fail(folder.status());
+  const std::pair<const char*, ordered_json> components[] = {
+      {"transformer", transformer_json(folder->transformer())},
+      {"text_encoder", text_encoder_json(folder->text_encoder())},
+      {"vae", vae_json(folder->vae())}};
+  std::vector<WeightStore> stores;
+  for (const auto& [name, cfg] : components) {
+    auto w = folder->open_weights(name);
+    if (!w.ok()) fail(w.status());
+    stores.push_back(std::move(*w));
+  }
+  uint64_t tensors = 0, file_bytes = 0;
+  int64_t params = 0;
+  for (const WeightStore& w : stores) {
+    tensors += w.size();
+    params += w.total_params();
+    file_bytes += w.file_bytes();
+  }
+
+  if (as_json) {
+    ordered_json j = {{"path", folder->dir()}, {"kind", "model_folder"}};
+    ordered_json comps = ordered_json::object();
+    for (size_t i = 0; i < stores.size(); ++i) {
+      comps[components[i].first] = {{"config", components[i].second},
+                                     {"weights", weights_json(stores[i], with_tensors)}};
+    }
+    comps["scheduler"] = {{"config", scheduler_json(folder->scheduler())}};
+    comps["tokenizer"] = {{"path", folder->tokenizer_dir()}};
+    j["components"] = comps;
+    j["total"] = {{"tensors", tensors}, {"parameters", params}, {"file_bytes", file_bytes}};
+    std::printf("%s\n", j.dump(2).c_str());
+    return;
+  }
+  std::printf("model folder: %s (ZImagePipeline)\n", folder->dir().c_str());
+  for (size_t i = 0; i < stores.size(); ++i) {
+    std::printf("%s\n  config: %s\n", components[i].first,
+                config_line(components[i].second).c_str());
+    print_weights("  ", stores[i], with_tensors);
+  }
+  std::printf("scheduler (FlowMatchEulerDiscreteScheduler)\n  config: %s\n",
+              config_line(scheduler_json(folder->scheduler())).c_str());
+  std::printf("tokenizer: %s\n", folder->tokenizer_dir().c_str());
+  std::printf("total: %s tensors, %s parameters, %s (%s bytes) on disk\n",
+              grouped(tensors).c_str(), grouped(static_cast<uint64_t>(params)).c_str(),
+              human_bytes(file_bytes).c_str(), grouped(file_bytes).c_str());
+}
+
+}  // namespace
+
+void register_info_command(CLI::App& app) {
+  auto* cmd = app.add_subcommand(
+      "info", "Describe a model folder, component folder or .safetensors file (validates it)");
+  auto path = std::make_shared<std::string>();
+  auto as_json = std::make_shared<bool>(false);
+  auto with_tensors = std::make_shared<bool>(false);
+  cmd->add_option("PATH", *path, "Model folder (with model_index.json), component folder or file")
+      ->required();
+  cmd->add_flag("--json", *as_json, "Print machine-readable JSON");
+  cmd->add_flag("--tensors", *with_tensors, "Also list every tensor (name, dtype, shape)");
+  cmd->callback([=] { run_info(*path, *as_json, *with_tensors); });
+}
+
+}  // namespace zimage::cli
