@@ -37,7 +37,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view text(reinterpret_cast<const char*>(data + 1), size - 1);
   const std::string file = "fuzz.json";
   switch (data[0] % 7) {
-    case 0: check(zimage::json_util::parse_strict(text, file)); break;
+    case 0:
+      check(zimage::json_util::parse_strict(text, file));
+      break;
     case 1: {
       check_status(zimage::check_model_index(text, file));
       break;

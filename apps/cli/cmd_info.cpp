@@ -9,10 +9,9 @@
 #include <cstdlib>
 #include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "commands.h"
 #include "io/model_folder.h"
@@ -82,14 +81,22 @@ ordered_json weights_json(const WeightStore& w, bool with_tensors) {
 }
 
 ordered_json transformer_json(const TransformerConfig& c) {
-  return {{"patch_size", c.patch_size},     {"f_patch_size", c.f_patch_size},
-          {"in_channels", c.in_channels},   {"dim", c.dim},
-          {"n_layers", c.n_layers},         {"n_refiner_layers", c.n_refiner_layers},
-          {"n_heads", c.n_heads},           {"head_dim", c.head_dim()},
-          {"ffn_hidden", c.ffn_hidden()},   {"cap_feat_dim", c.cap_feat_dim},
-          {"norm_eps", num(c.norm_eps)},         {"qk_norm", c.qk_norm},
-          {"rope_theta", num(c.rope_theta)},     {"t_scale", num(c.t_scale)},
-          {"axes_dims", c.axes_dims},       {"axes_lens", c.axes_lens}};
+  return {{"patch_size", c.patch_size},
+          {"f_patch_size", c.f_patch_size},
+          {"in_channels", c.in_channels},
+          {"dim", c.dim},
+          {"n_layers", c.n_layers},
+          {"n_refiner_layers", c.n_refiner_layers},
+          {"n_heads", c.n_heads},
+          {"head_dim", c.head_dim()},
+          {"ffn_hidden", c.ffn_hidden()},
+          {"cap_feat_dim", c.cap_feat_dim},
+          {"norm_eps", num(c.norm_eps)},
+          {"qk_norm", c.qk_norm},
+          {"rope_theta", num(c.rope_theta)},
+          {"t_scale", num(c.t_scale)},
+          {"axes_dims", c.axes_dims},
+          {"axes_lens", c.axes_lens}};
 }
 
 ordered_json text_encoder_json(const TextEncoderConfig& c) {
@@ -167,7 +174,8 @@ void run_info(const std::string& path, bool as_json, bool with_tensors) {
     auto w = WeightStore::open(path);
     if (!w.ok()) fail(w.status());
     if (as_json) {
-      ordered_json j = {{"path", path}, {"kind", "weights"}, {"weights", weights_json(*w, with_tensors)}};
+      ordered_json j = {
+          {"path", path}, {"kind", "weights"}, {"weights", weights_json(*w, with_tensors)}};
       std::printf("%s\n", j.dump(2).c_str());
     } else {
       std::printf("weights: %s\n", path.c_str());
@@ -201,7 +209,7 @@ void run_info(const std::string& path, bool as_json, bool with_tensors) {
     ordered_json comps = ordered_json::object();
     for (size_t i = 0; i < stores.size(); ++i) {
       comps[components[i].first] = {{"config", components[i].second},
-                                     {"weights", weights_json(stores[i], with_tensors)}};
+                                    {"weights", weights_json(stores[i], with_tensors)}};
     }
     comps["scheduler"] = {{"config", scheduler_json(folder->scheduler())}};
     comps["tokenizer"] = {{"path", folder->tokenizer_dir()}};
@@ -219,9 +227,9 @@ void run_info(const std::string& path, bool as_json, bool with_tensors) {
   std::printf("scheduler (FlowMatchEulerDiscreteScheduler)\n  config: %s\n",
               config_line(scheduler_json(folder->scheduler())).c_str());
   std::printf("tokenizer: %s\n", folder->tokenizer_dir().c_str());
-  std::printf("total: %s tensors, %s parameters, %s (%s bytes) on disk\n",
-              grouped(tensors).c_str(), grouped(static_cast<uint64_t>(params)).c_str(),
-              human_bytes(file_bytes).c_str(), grouped(file_bytes).c_str());
+  std::printf("total: %s tensors, %s parameters, %s (%s bytes) on disk\n", grouped(tensors).c_str(),
+              grouped(static_cast<uint64_t>(params)).c_str(), human_bytes(file_bytes).c_str(),
+              grouped(file_bytes).c_str());
 }
 
 }  // namespace

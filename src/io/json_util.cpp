@@ -233,15 +233,23 @@ std::string printable(std::string_view s) {
 
 const char* type_name(const json& v) {
   switch (v.type()) {
-    case json::value_t::object: return "object";
-    case json::value_t::array: return "array";
-    case json::value_t::string: return "string";
+    case json::value_t::object:
+      return "object";
+    case json::value_t::array:
+      return "array";
+    case json::value_t::string:
+      return "string";
     case json::value_t::number_integer:
-    case json::value_t::number_unsigned: return "integer";
-    case json::value_t::number_float: return "number";
-    case json::value_t::boolean: return "boolean";
-    case json::value_t::null: return "null";
-    default: return "binary";
+    case json::value_t::number_unsigned:
+      return "integer";
+    case json::value_t::number_float:
+      return "number";
+    case json::value_t::boolean:
+      return "boolean";
+    case json::value_t::null:
+      return "null";
+    default:
+      return "binary";
   }
 }
 
@@ -272,8 +280,8 @@ Status JsonObjectReader::int_value(const char* key, const json& v, int64_t min, 
   if (v.is_number_unsigned()) {
     const uint64_t u = v.get<uint64_t>();
     if (u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
-      return error(key, "value " + std::to_string(u) + " is out of range [" +
-                            std::to_string(min) + ", " + std::to_string(max) + "]");
+      return error(key, "value " + std::to_string(u) + " is out of range [" + std::to_string(min) +
+                            ", " + std::to_string(max) + "]");
     }
     value = static_cast<int64_t>(u);
   } else if (v.is_number_integer()) {
@@ -326,8 +334,8 @@ Status JsonObjectReader::get_bool(const char* key, bool* out, bool required) con
   const json* v = find(key);
   if (!v || v->is_null()) return required ? missing(key) : Status::Ok();
   if (!v->is_boolean()) {
-    return error(key, std::string("expected true or false, got ") + type_name(*v) + " " +
-                          v->dump());
+    return error(key,
+                 std::string("expected true or false, got ") + type_name(*v) + " " + v->dump());
   }
   *out = v->get<bool>();
   return Status::Ok();
@@ -348,8 +356,8 @@ Status JsonObjectReader::get_int_list(const char* key, std::vector<int>* out, bo
   const json* v = find(key);
   if (!v || v->is_null()) return required ? missing(key) : Status::Ok();
   if (!v->is_array()) {
-    return error(key, std::string("expected a list of integers, got ") + type_name(*v) + " " +
-                          v->dump());
+    return error(
+        key, std::string("expected a list of integers, got ") + type_name(*v) + " " + v->dump());
   }
   min = std::max<int64_t>(min, std::numeric_limits<int>::min());
   max = std::min<int64_t>(max, std::numeric_limits<int>::max());
@@ -374,8 +382,8 @@ Status JsonObjectReader::get_string_list(const char* key, std::vector<std::strin
   std::vector<std::string> values;
   for (size_t i = 0; i < v->size(); ++i) {
     if (!(*v)[i].is_string()) {
-      return error(key, "item " + std::to_string(i) + " is a " + type_name((*v)[i]) +
-                            ", expected a string");
+      return error(
+          key, "item " + std::to_string(i) + " is a " + type_name((*v)[i]) + ", expected a string");
     }
     values.push_back((*v)[i].get<std::string>());
   }

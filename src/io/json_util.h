@@ -6,11 +6,10 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "core/status.h"
 
@@ -52,7 +51,7 @@ class JsonObjectReader {
   const nlohmann::json* find(const char* key) const;  // nullptr when absent (null is returned)
 
   Status get_int(const char* key, int* out, bool required, int64_t min, int64_t max) const;
-  Status get_float(const char* key, float* out, bool required) const;  // finite
+  Status get_float(const char* key, float* out, bool required) const;    // finite
   Status get_double(const char* key, double* out, bool required) const;  // finite
   Status get_bool(const char* key, bool* out, bool required) const;
   Status get_string(const char* key, std::string* out, bool required) const;

@@ -18,8 +18,8 @@ namespace {
 using json_util::JsonObjectReader;
 using nlohmann::json;
 
-constexpr int64_t kMaxWidth = 1 << 16;    // any channel / hidden width
-constexpr int64_t kMaxLayers = 1 << 10;   // any layer count
+constexpr int64_t kMaxWidth = 1 << 16;   // any channel / hidden width
+constexpr int64_t kMaxLayers = 1 << 10;  // any layer count
 constexpr int64_t kMaxVocab = 1 << 24;
 constexpr int64_t kMaxPositions = 1 << 24;
 
@@ -38,9 +38,13 @@ std::string list_string(const std::vector<int>& v) {
 }
 
 // A config string quoted for a message (control bytes escaped).
-std::string q(const std::string& s) { return "'" + json_util::printable(s) + "'"; }
+std::string q(const std::string& s) {
+  return "'" + json_util::printable(s) + "'";
+}
 
-bool positive_finite(double v) { return std::isfinite(v) && v > 0; }
+bool positive_finite(double v) {
+  return std::isfinite(v) && v > 0;
+}
 
 Result<json> parse_object(std::string_view text, const std::string& file) {
   ZI_ASSIGN_OR_RETURN(json root, json_util::parse_strict(text, file));
@@ -85,21 +89,21 @@ Status validate_transformer_config(const TransformerConfig& c, const std::string
   }
   if (c.n_refiner_layers < 0) return bad(file, "n_refiner_layers", "must not be negative");
   if (c.dim % c.n_heads != 0) {
-    return bad(file, "dim", std::to_string(c.dim) + " is not divisible by n_heads " +
-                                std::to_string(c.n_heads));
+    return bad(file, "dim",
+               std::to_string(c.dim) + " is not divisible by n_heads " + std::to_string(c.n_heads));
   }
   if (c.axes_dims.size() != 3) {
-    return bad(file, "axes_dims", "expected 3 axes (frame, height, width), got " +
-                                      list_string(c.axes_dims));
+    return bad(file, "axes_dims",
+               "expected 3 axes (frame, height, width), got " + list_string(c.axes_dims));
   }
   if (c.axes_lens.size() != 3) {
-    return bad(file, "axes_lens", "expected 3 axes (frame, height, width), got " +
-                                      list_string(c.axes_lens));
+    return bad(file, "axes_lens",
+               "expected 3 axes (frame, height, width), got " + list_string(c.axes_lens));
   }
   for (int d : c.axes_dims) {
     if (d <= 0 || d % 2 != 0) {
-      return bad(file, "axes_dims", list_string(c.axes_dims) +
-                                        ": every axis needs a positive even size (RoPE pairs)");
+      return bad(file, "axes_dims",
+                 list_string(c.axes_dims) + ": every axis needs a positive even size (RoPE pairs)");
     }
   }
   for (int l : c.axes_lens) {
@@ -107,9 +111,9 @@ Status validate_transformer_config(const TransformerConfig& c, const std::string
   }
   const int sum = std::accumulate(c.axes_dims.begin(), c.axes_dims.end(), 0);
   if (sum != c.head_dim()) {
-    return bad(file, "axes_dims", list_string(c.axes_dims) + " sums to " + std::to_string(sum) +
-                                      " but head_dim = dim / n_heads = " +
-                                      std::to_string(c.head_dim()));
+    return bad(file, "axes_dims",
+               list_string(c.axes_dims) + " sums to " + std::to_string(sum) +
+                   " but head_dim = dim / n_heads = " + std::to_string(c.head_dim()));
   }
   if (!positive_finite(c.norm_eps)) return bad(file, "norm_eps", "must be positive");
   if (!positive_finite(c.rope_theta)) return bad(file, "rope_theta", "must be positive");
@@ -153,8 +157,8 @@ Status validate_vae_config(const VaeConfig& c, const std::string& file) {
     if (v <= 0) return bad(file, key, "must be positive, got " + std::to_string(v));
   }
   if (c.block_out_channels.empty() || c.block_out_channels.size() > 8) {
-    return bad(file, "block_out_channels", "expected 1 to 8 levels, got " +
-                                               list_string(c.block_out_channels));
+    return bad(file, "block_out_channels",
+               "expected 1 to 8 levels, got " + list_string(c.block_out_channels));
   }
   for (int ch : c.block_out_channels) {
     if (ch <= 0 || ch % c.norm_num_groups != 0) {
@@ -214,7 +218,8 @@ Status validate_configs(const ZImageConfigs& c, const std::string& where) {
   return Status::Ok();
 }
 
-// ---- parsers -------------------------------------------------------------------------------------
+// ---- parsers
+// -------------------------------------------------------------------------------------
 
 Status check_model_index(std::string_view text, const std::string& file) {
   ZI_ASSIGN_OR_RETURN(json root, parse_object(text, file));
@@ -256,12 +261,12 @@ Result<TransformerConfig> parse_transformer_config(std::string_view text, const 
   ZI_TRY(r.get_int_list("all_patch_size", &patch, true, 1, 64));
   ZI_TRY(r.get_int_list("all_f_patch_size", &f_patch, true, 1, 64));
   if (patch.size() != 1) {
-    return unsupported(file, "all_patch_size", "exactly one patch size is supported, got " +
-                                                   list_string(patch));
+    return unsupported(file, "all_patch_size",
+                       "exactly one patch size is supported, got " + list_string(patch));
   }
   if (f_patch.size() != 1) {
-    return unsupported(file, "all_f_patch_size", "exactly one patch size is supported, got " +
-                                                     list_string(f_patch));
+    return unsupported(file, "all_f_patch_size",
+                       "exactly one patch size is supported, got " + list_string(f_patch));
   }
   c.patch_size = patch[0];
   c.f_patch_size = f_patch[0];
@@ -285,7 +290,8 @@ Result<TransformerConfig> parse_transformer_config(std::string_view text, const 
   return c;
 }
 
-Result<TextEncoderConfig> parse_text_encoder_config(std::string_view text, const std::string& file) {
+Result<TextEncoderConfig> parse_text_encoder_config(std::string_view text,
+                                                    const std::string& file) {
   ZI_ASSIGN_OR_RETURN(json root, parse_object(text, file));
   JsonObjectReader r(root, file);
   std::string model_type, act = "silu";
@@ -309,8 +315,7 @@ Result<TextEncoderConfig> parse_text_encoder_config(std::string_view text, const
   ZI_TRY(r.get_int("vocab_size", &c.vocab_size, true, 1, kMaxVocab));
   ZI_TRY(r.get_int("head_dim", &c.head_dim, false, 1, kMaxWidth));
   ZI_TRY(r.get_float("rms_norm_eps", &c.rms_norm_eps, false));
-  ZI_TRY(r.get_int("max_position_embeddings", &c.max_position_embeddings, false, 1,
-                   kMaxPositions));
+  ZI_TRY(r.get_int("max_position_embeddings", &c.max_position_embeddings, false, 1, kMaxPositions));
   ZI_TRY(r.get_bool("tie_word_embeddings", &c.tie_word_embeddings, false));
   ZI_TRY(r.get_bool("attention_bias", &c.attention_bias, false));
   ZI_TRY(r.get_string("hidden_act", &act, false));
@@ -324,8 +329,8 @@ Result<TextEncoderConfig> parse_text_encoder_config(std::string_view text, const
   ZI_TRY(r.get_double("rope_theta", &c.rope_theta, false));
   if (const json* rp = r.find("rope_parameters"); rp && !rp->is_null()) {
     if (!rp->is_object()) {
-      return bad(file, "rope_parameters", std::string("expected an object, got ") +
-                                              json_util::type_name(*rp));
+      return bad(file, "rope_parameters",
+                 std::string("expected an object, got ") + json_util::type_name(*rp));
     }
     JsonObjectReader pr(*rp, file + " (rope_parameters)");
     std::string type = "default";
@@ -386,8 +391,9 @@ Result<VaeConfig> parse_vae_config(std::string_view text, const std::string& fil
     ZI_TRY(r.get_string_list(key, &types, false));
     if (!r.has(key)) continue;
     if (types.size() != c.block_out_channels.size()) {
-      return bad(file, key, std::to_string(types.size()) + " blocks but block_out_channels has " +
-                                std::to_string(c.block_out_channels.size()));
+      return bad(file, key,
+                 std::to_string(types.size()) + " blocks but block_out_channels has " +
+                     std::to_string(c.block_out_channels.size()));
     }
     for (const std::string& t : types) {
       if (t != expected) return unsupported(file, key, q(t) + " is not " + expected);
@@ -432,7 +438,7 @@ Result<SchedulerConfig> parse_scheduler_config(std::string_view text, const std:
 }
 
 ZImageConfigs zimage_turbo_reference_configs() {
-  ZImageConfigs c;  // the struct defaults are the published Turbo values...
+  ZImageConfigs c;           // the struct defaults are the published Turbo values...
   c.scheduler.shift = 3.0f;  // ...except the scheduler, whose struct defaults are class defaults
   c.scheduler.use_dynamic_shifting = false;
   return c;

@@ -22,7 +22,9 @@ using nlohmann::json;
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "safetensors data is little-endian");
 
-std::string in_quotes(const std::string& s) { return "'" + json_util::printable(s) + "'"; }
+std::string in_quotes(const std::string& s) {
+  return "'" + json_util::printable(s) + "'";
+}
 
 std::string offsets_string(uint64_t b, uint64_t e) {
   return "[" + std::to_string(b) + ", " + std::to_string(e) + "]";
@@ -133,8 +135,7 @@ Status parse_tensor_entry(const std::string& name, const json& v, const std::str
     return FormatError(where + "data_offsets is " + off.dump() + ", expected [begin, end]");
   }
   if (!as_u64(off[0], &info->begin) || !as_u64(off[1], &info->end)) {
-    return FormatError(where + "data_offsets " + off.dump() +
-                       " must be two non-negative integers");
+    return FormatError(where + "data_offsets " + off.dump() + " must be two non-negative integers");
   }
   if (info->begin > info->end) {
     return FormatError(where + "data_offsets " + offsets_string(info->begin, info->end) +
@@ -192,8 +193,9 @@ Result<SafetensorsHeader> parse_header_impl(const uint8_t* data, size_t size,
     ZI_TRY(parse_tensor_entry(key, val, file, &info));
     if (info.end > h.data_bytes) {
       return FormatError(file + ": tensor " + in_quotes(key) + ": data_offsets " +
-                         offsets_string(info.begin, info.end) + " extend past the data section of " +
-                         std::to_string(h.data_bytes) + " bytes (truncated file?)");
+                         offsets_string(info.begin, info.end) +
+                         " extend past the data section of " + std::to_string(h.data_bytes) +
+                         " bytes (truncated file?)");
     }
     h.tensors.push_back(std::move(info));
   }
@@ -337,8 +339,8 @@ Result<std::unique_ptr<SafetensorsWriter>> SafetensorsWriter::create(
       }
       const int64_t numel = shape_numel(t.shape);
       const uint64_t elem = dtype_size(t.dtype);
-      if (numel < 0 ||
-          (numel > 0 && elem > std::numeric_limits<uint64_t>::max() / static_cast<uint64_t>(numel))) {
+      if (numel < 0 || (numel > 0 && elem > std::numeric_limits<uint64_t>::max() /
+                                                static_cast<uint64_t>(numel))) {
         return InvalidArgument(path + ": tensor " + in_quotes(t.name) + ": invalid shape " +
                                shape_string(t.shape));
       }
@@ -355,8 +357,7 @@ Result<std::unique_ptr<SafetensorsWriter>> SafetensorsWriter::create(
   } catch (const std::bad_alloc&) {
     return OutOfMemory(path + ": out of memory building the header");
   } catch (const std::exception& e) {
-    return InvalidArgument(path + ": cannot encode the header (names must be UTF-8): " +
-                           e.what());
+    return InvalidArgument(path + ": cannot encode the header (names must be UTF-8): " + e.what());
   }
   text.append((8 - text.size() % 8) % 8, ' ');  // data starts 8-byte aligned
   if (text.size() > kMaxSafetensorsHeaderBytes) {
@@ -424,7 +425,8 @@ Status write_safetensors(const std::string& path,
   std::vector<SafetensorsEntry> entries;
   entries.reserve(tensors.size());
   for (const auto& [name, t] : tensors) {
-    if (!t.defined()) return InvalidArgument(path + ": tensor " + in_quotes(name) + " is undefined");
+    if (!t.defined())
+      return InvalidArgument(path + ": tensor " + in_quotes(name) + " is undefined");
     if (t.device() != Device::kCPU) {
       return InvalidArgument(path + ": tensor " + in_quotes(name) + " is on " +
                              device_name(t.device()) + ", expected a host tensor");

@@ -1,7 +1,7 @@
 // safetensors files: validated, memory-mapped, zero-copy.
 //
 // Format: 8-byte little-endian header length N, N bytes of UTF-8 JSON
-//   {"__metadata__": {"k": "v"}, "name": {"dtype": "BF16", "shape": [2, 3], "data_offsets": [b, e]}}
+//   {"__metadata__": {"k": "v"}, "w": {"dtype": "BF16", "shape": [2, 3], "data_offsets": [b, e]}}
 // then the data section (offsets are relative to its start). Weight files come from the internet,
 // so every rule of docs/reliability.md is checked before a single tensor byte is touched: header
 // length bounds (overflow-checked), JSON object with no duplicate keys, string-only metadata, known
@@ -41,9 +41,9 @@ struct SafetensorsTensorInfo {
 };
 
 struct SafetensorsHeader {
-  uint64_t header_bytes = 0;  // N
-  uint64_t data_start = 0;    // 8 + N: file offset of the data section
-  uint64_t data_bytes = 0;    // file size - 8 - N
+  uint64_t header_bytes = 0;                   // N
+  uint64_t data_start = 0;                     // 8 + N: file offset of the data section
+  uint64_t data_bytes = 0;                     // file size - 8 - N
   std::vector<SafetensorsTensorInfo> tensors;  // in data order (ascending offsets)
   std::map<std::string, std::string> metadata;
 };

@@ -16,10 +16,13 @@ namespace zimage {
 namespace {
 
 bool ends_with(const std::string& s, std::string_view suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
-std::string in_quotes(const std::string& s) { return "'" + json_util::printable(s) + "'"; }
+std::string in_quotes(const std::string& s) {
+  return "'" + json_util::printable(s) + "'";
+}
 
 // "'a', 'b', 'c' and 4 more"
 std::string name_list(const std::vector<std::string>& names, size_t max_shown = 5) {
@@ -40,8 +43,7 @@ std::string join_path(const std::string& dir, const std::string& name) {
 Status check_shard_name(const std::string& shard, const std::string& tensor,
                         const std::string& file) {
   const bool bad = shard.empty() || shard == "." || shard.find('/') != std::string::npos ||
-                   shard.find('\\') != std::string::npos ||
-                   shard.find("..") != std::string::npos ||
+                   shard.find('\\') != std::string::npos || shard.find("..") != std::string::npos ||
                    shard.find('\0') != std::string::npos;
   if (bad) {
     return FormatError(file + ": tensor " + in_quotes(tensor) + ": shard name " + in_quotes(shard) +
@@ -124,9 +126,8 @@ Result<WeightStore> WeightStore::open_sharded(const std::string& dir, const std:
       if (!file->contains(name)) missing.push_back(name);
     }
     if (!missing.empty()) {
-      return FormatError(shard_path + ": " + std::to_string(missing.size()) +
-                         " tensor(s) that " + index + " assigns to this shard are missing: " +
-                         name_list(missing));
+      return FormatError(shard_path + ": " + std::to_string(missing.size()) + " tensor(s) that " +
+                         index + " assigns to this shard are missing: " + name_list(missing));
     }
     std::vector<std::string> unlisted;
     for (const SafetensorsTensorInfo& t : file->tensors()) {
@@ -195,7 +196,9 @@ Result<WeightStore> WeightStore::open(const std::string& path) {
   return store;
 }
 
-bool WeightStore::contains(const std::string& name) const { return entries_.count(name) != 0; }
+bool WeightStore::contains(const std::string& name) const {
+  return entries_.count(name) != 0;
+}
 
 Result<Tensor> WeightStore::get(const std::string& name) const {
   auto it = entries_.find(name);
@@ -231,7 +234,9 @@ std::vector<std::string> WeightStore::names() const {
   return out;
 }
 
-size_t WeightStore::size() const { return entries_.size(); }
+size_t WeightStore::size() const {
+  return entries_.size();
+}
 
 size_t WeightStore::total_bytes() const {
   size_t n = 0;

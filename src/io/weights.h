@@ -52,11 +52,11 @@ class WeightStore {
 
   std::vector<std::string> names() const;  // sorted
   size_t size() const;
-  size_t total_bytes() const;   // tensor bytes
+  size_t total_bytes() const;  // tensor bytes
   int64_t total_params() const;
   std::map<DType, size_t> dtype_counts() const;  // number of tensors per dtype
-  std::vector<std::string> files() const;         // the safetensors files, sorted
-  uint64_t file_bytes() const;                    // their on-disk size
+  std::vector<std::string> files() const;        // the safetensors files, sorted
+  uint64_t file_bytes() const;                   // their on-disk size
   // Names not returned by get() so far: the model loader reports them as unexpected tensors.
   std::vector<std::string> unused_names() const;
   // Strips a leading prefix from every name that has it (e.g. "model." in some text-encoder

@@ -4,9 +4,8 @@
 #include <sys/wait.h>
 
 #include <cstdio>
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <string>
 
 namespace {
 
@@ -46,7 +45,7 @@ TEST(CliInfo, JsonDescribesShardedGoldenFolder) {
   EXPECT_EQ(c["transformer"]["config"]["head_dim"], 16);
   EXPECT_EQ(c["transformer"]["weights"]["tensors"], 73);
   EXPECT_EQ(c["transformer"]["weights"]["files"].size(), 2u);
-  EXPECT_EQ(c["text_encoder"]["weights"]["parameters"], 4880576);  // index total_parameters
+  EXPECT_EQ(c["text_encoder"]["weights"]["parameters"], 4880576);    // index total_parameters
   EXPECT_EQ(c["text_encoder"]["weights"]["tensor_bytes"], 9761152);  // index total_size
   EXPECT_EQ(c["vae"]["weights"]["dtypes"]["bf16"], c["vae"]["weights"]["tensors"]);
   EXPECT_EQ(c["vae"]["config"]["scaling_factor"], 0.3611);
@@ -67,8 +66,8 @@ TEST(CliInfo, TextOutputAndSingleFile) {
   EXPECT_NE(r.output.find("bf16"), std::string::npos);
 
   const CliRun f = run_cli("info --json --tensors '" + golden_model("v_turbo") +
-                            "/vae/diffusion_pytorch_model.safetensors'",
-                        false);
+                               "/vae/diffusion_pytorch_model.safetensors'",
+                           false);
   ASSERT_EQ(f.exit_code, 0) << f.output;
   const auto j = nlohmann::json::parse(f.output, nullptr, false);
   ASSERT_FALSE(j.is_discarded());

@@ -222,8 +222,9 @@ TEST(Safetensors, SizeMismatchMessageIsExact) {
 
 TEST(Safetensors, ErrorMessagesEscapeHostileNames) {
   // A terminal escape inside a (valid JSON) tensor name, and a raw invalid UTF-8 byte.
-  auto esc = parse(image(R"({"a\u001b[2Jb":{"dtype":"F32","shape":[3],"data_offsets":[0,10]}})", 10),
-                   "x.safetensors");
+  auto esc =
+      parse(image(R"({"a\u001b[2Jb":{"dtype":"F32","shape":[3],"data_offsets":[0,10]}})", 10),
+            "x.safetensors");
   ASSERT_FALSE(esc.ok());
   EXPECT_EQ(esc.status().message().find('\x1b'), std::string::npos);
   EXPECT_NE(esc.status().message().find("tensor 'a\\x1b[2Jb'"), std::string::npos)
