@@ -278,7 +278,8 @@ bool flash_attention_supported(int head_dim, const FlashArgs& a) {
 
 cudaError_t launch_flash_attention(const FlashArgs& a, cudaStream_t s) {
   if (a.batch <= 0 || a.seq_q <= 0 || a.heads_q <= 0) return cudaSuccess;
-  const bool q_regs = a.variant == FlashVariant::kQInRegisters;
+  const bool q_regs = a.variant == FlashVariant::kQInRegisters ||
+                      (a.variant == FlashVariant::kAuto && a.head_dim == 128);
   switch (a.head_dim) {
     case 64: return q_regs ? launch_flash<64, true>(a, s) : launch_flash<64, false>(a, s);
     case 128: return q_regs ? launch_flash<128, true>(a, s) : launch_flash<128, false>(a, s);

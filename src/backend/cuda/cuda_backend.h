@@ -120,7 +120,7 @@ class CudaBackend final : public Backend {
   std::unique_ptr<LtGemm> gemm_;
   std::unique_ptr<ConvPlanner> conv_;
   AttentionPath attention_path_ = AttentionPath::kAuto;
-  FlashVariant flash_variant_ = FlashVariant::kQInShared;
+  FlashVariant flash_variant_ = FlashVariant::kAuto;
 };
 
 }  // namespace zimage::cuda

@@ -81,8 +81,9 @@ cudaError_t launch_conv2d_direct(KType t, const void* x, const void* w, const vo
 // ---- attention (attention_flash.cu, attention_softmax.cu) ----
 constexpr int kMaxAttentionBatch = 256;
 // Two builds of the flash kernel: Q fragments in registers (1 block/SM) or re-read from shared
-// memory (2 blocks/SM). The default is the one measured faster on the H200 (docs/CUDA_NOTES.md).
-enum class FlashVariant : uint8_t { kQInRegisters, kQInShared };
+// memory (2 blocks/SM). kAuto takes the one measured faster on the H200 for the head_dim
+// (docs/CUDA_NOTES.md): registers for 128, shared memory for 64.
+enum class FlashVariant : uint8_t { kAuto, kQInRegisters, kQInShared };
 struct FlashArgs {
   const void* q;  // bf16 [B, Sq, Hq, D]
   const void* k;  // bf16 [B, Sk, Hkv, D]
