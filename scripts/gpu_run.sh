@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Everything zimage does on a GPU machine, in stages (each appends its log under $OUT):
-#   build     configure (preset gpu: sm_90a) and build the CLI and the GPU tests with all cores
+#   unpack    unpack what scripts/stage_gpu_carry.sh packed here (binaries + libraries), the
+#             golden cases and the tiny model where the binaries expect them
+#   build     or: configure (preset gpu: sm_90a) and build there (needs the project's -dev packages)
 #   test      GPU tests: every CUDA op against the CPU op, golden cases on the GPU (fp32, bf16)
 #   model     write the full-size random-weight model folder (once) to $ZR
 #   bench     zimage bench on that folder (+ ablation rows) -> $OUT/zimage_bench.{json,md}
@@ -13,17 +15,36 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/zimage-out}
 ZR=${ZR:-/tmp/zimage-random-turbo}
 BIN=build/gpu/zimage
+TESTS=build/gpu/tests/zimage_gpu_tests
+# CUDA libraries: the toolkit's, or the ones PyTorch's wheels bring.
+LIBS=/usr/local/cuda/lib64
+for m in cudnn cublas cuda_runtime; do
+  d=$(python3 -c "import nvidia.$m as x; print(list(x.__path__)[0])" 2>/dev/null) && LIBS=$LIBS:$d/lib
+done
+export LD_LIBRARY_PATH=$PWD/build/carry/lib:$LIBS:${LD_LIBRARY_PATH:-}
 PROMPT="A snow fairy with long silver hair in a blue dress standing in a snowy forest, anime style, soft lighting, intricate details, masterpiece"
 mkdir -p "$OUT"
 rc=0
 for stage in "$@"; do
   t0=$(date +%s)
   case "$stage" in
+    unpack)
+      # The binaries were configured in /work/main: make that path lead here.
+      [ "$PWD" = /work/main ] || { mkdir -p /work && ln -sfn "$PWD" /work/main; }
+      python3 -c "
+import glob, lzma, shutil
+for f in glob.glob('build/carry/*.xz') + glob.glob('build/carry/lib/*.xz'):
+    with lzma.open(f) as i, open(f[:-3], 'wb') as o: shutil.copyfileobj(i, o)"
+      mkdir -p build/gpu/tests
+      cp build/carry/zimage "$BIN" && cp build/carry/zimage_gpu_tests "$TESTS" && chmod +x "$BIN" "$TESTS"
+      cmake -DSRC="$PWD" -DDST="$PWD/build/gpu/golden" -P cmake/unpack_goldens.cmake
+      cmake -DSRC="$PWD" -DDST="$PWD/build/gpu/tiny-model" -P cmake/unpack_tiny_model.cmake
+      ldd "$BIN" | grep -E "not found|cudnn|cublas" ;;
     build)
       { cmake --preset gpu && cmake --build --preset gpu -j "$(nproc)" --target zimage zimage_gpu_tests; } \
         > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; rc=1; break; } ;;
     test)
-      build/gpu/tests/zimage_gpu_tests --gtest_brief=1 2>&1 | tee "$OUT/gpu_tests.log" | grep -vE '^\[ +(OK|RUN) ' | tail -60
+      "$TESTS" --gtest_brief=1 2>&1 | tee "$OUT/gpu_tests.log" | grep -vE '^\[ +(OK|RUN) ' | tail -60
       [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1 ;;
     model)
       [ -f "$ZR/model_index.json" ] || "$BIN" make-random-model --out "$ZR" 2>&1 | tail -3 ;;

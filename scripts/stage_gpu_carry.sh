@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Packs what a GPU-machine run needs into build/carry (device tool: carry ["build/carry", ".whl"]).
+# The GPU machine's image has CUDA but not the project's -dev packages (PCRE2, utf8proc, OpenBLAS,
+# CLI11...), so zimage is built here with the gpu preset and carried with its non-system shared
+# libraries, xz-compressed; scripts/gpu_run.sh unpacks them there.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+cmake --preset gpu >/dev/null
+cmake --build --preset gpu -j "$(nproc)" --target zimage zimage_gpu_tests
+rm -rf build/carry && mkdir -p build/carry/lib
+for b in build/gpu/zimage build/gpu/tests/zimage_gpu_tests; do xz -T0 -c "$b" > "build/carry/$(basename "$b").xz"; done
+for l in $(ldd build/gpu/zimage build/gpu/tests/zimage_gpu_tests | awk '/=> \//{print $3}' | sort -u |
+           grep -vE 'cuda|cudnn|cublas|/libc\.|/libm\.|libdl|libpthread|librt|libgcc_s|libstdc|ld-linux'); do
+  xz -T0 -c "$(readlink -f "$l")" > "build/carry/lib/$(basename "$l").xz"
+done
+du -sh build/carry
