@@ -1,7 +1,9 @@
 // Persistent pool: workers sleep on a condition variable; a job is published by bumping a
-// generation counter, and the submitter waits until every worker has acknowledged that
-// generation. Waiting for all workers (not just for all chunks) guarantees that no worker can
-// still be looking at a job's function after parallel_for returns.
+// generation counter and marking it open. A worker joins (active_ += 1, under the mutex) only
+// while the job is open. The submitter runs chunks itself, then closes the job and waits for the
+// workers that joined to finish: sleeping workers that never got a CPU slice do not delay it
+// (this matters on oversubscribed machines), and no worker can still be looking at a job's
+// function after parallel_for returns.
 #include "core/thread_pool.h"
 
 #include <algorithm>
@@ -24,7 +26,20 @@ ThreadPool::~ThreadPool() {
   for (auto& t : workers_) t.join();
 }
 
+namespace {
+// True while this thread runs chunks of some pool's job: a nested parallel_for then runs inline
+// (re-locking submit_mu_ from its owner would be undefined behaviour).
+thread_local bool t_in_job = false;
+}  // namespace
+
 void ThreadPool::run_chunks() {
+  const bool was_in_job = t_in_job;
+  t_in_job = true;
+  run_chunks_inner();
+  t_in_job = was_in_job;
+}
+
+void ThreadPool::run_chunks_inner() {
   for (;;) {
     const int64_t c = next_chunk_.fetch_add(1, std::memory_order_relaxed);
     if (c >= num_chunks_) return;
@@ -39,14 +54,15 @@ void ThreadPool::worker_loop() {
   for (;;) {
     {
       std::unique_lock<std::mutex> lk(mu_);
-      wake_cv_.wait(lk, [&] { return stop_ || generation_ != seen; });
+      wake_cv_.wait(lk, [&] { return stop_ || (open_ && generation_ != seen); });
       if (stop_) return;
       seen = generation_;
+      ++active_;
     }
     run_chunks();
     {
       std::lock_guard<std::mutex> lk(mu_);
-      ++finished_workers_;
+      --active_;
     }
     done_cv_.notify_one();
   }
@@ -56,12 +72,12 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain,
                               const std::function<void(int64_t, int64_t)>& fn) {
   if (n <= 0) return;
   grain = std::max<int64_t>(grain, 1);
-  if (workers_.empty() || n < 2 * grain) {
+  if (workers_.empty() || n < 2 * grain || t_in_job) {
     fn(0, n);
     return;
   }
   std::unique_lock<std::mutex> submit(submit_mu_, std::try_to_lock);
-  if (!submit.owns_lock()) {  // nested or concurrent use: run here
+  if (!submit.owns_lock()) {  // another thread's job is running: run here
     fn(0, n);
     return;
   }
@@ -75,13 +91,14 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain,
     chunk_ = chunk;
     num_chunks_ = (n + chunk - 1) / chunk;
     next_chunk_.store(0, std::memory_order_relaxed);
-    finished_workers_ = 0;
+    open_ = true;
     ++generation_;
   }
   wake_cv_.notify_all();
-  run_chunks();
+  run_chunks();  // returns once every chunk is claimed; joined workers may still be running some
   std::unique_lock<std::mutex> lk(mu_);
-  done_cv_.wait(lk, [&] { return finished_workers_ == static_cast<int>(workers_.size()); });
+  open_ = false;
+  done_cv_.wait(lk, [&] { return active_ == 0; });
   fn_ = nullptr;
 }
 

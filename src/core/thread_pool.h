@@ -35,6 +35,7 @@ class ThreadPool {
  private:
   void worker_loop();
   void run_chunks();
+  void run_chunks_inner();
 
   std::vector<std::thread> workers_;
   std::mutex submit_mu_;  // held by the thread that owns the current job
@@ -44,7 +45,8 @@ class ThreadPool {
   std::condition_variable done_cv_;
   bool stop_ = false;
   uint64_t generation_ = 0;
-  int finished_workers_ = 0;
+  bool open_ = false;  // workers may join the current job
+  int active_ = 0;     // workers that joined it and have not finished
 
   // The current job (written under mu_ before generation_ is bumped).
   const std::function<void(int64_t, int64_t)>* fn_ = nullptr;
