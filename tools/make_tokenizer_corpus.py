@@ -32,6 +32,8 @@ MAX_LEN = 512  # diffusers' max_sequence_length for Z-Image
 # The Unicode version of Oniguruma inside tokenizers 0.23 (probed: Unicode 16 letters are \p{L},
 # Unicode 17 ones are not).
 ONIG_UNICODE_VERSION = "16.0.0"
+# The Unicode version of PCRE2 10.42 (Debian 12), and of Python 3.11's unicodedata.
+PCRE2_BASE_UNICODE_VERSION = "14.0.0"
 
 # ------------------------------------------------------------------------------------------------
 # Unicode tables
@@ -55,8 +57,24 @@ def write_unicode_tables(out_path):
 
     if ud.unidata_version != ONIG_UNICODE_VERSION:
         sys.exit(f"unicodedata2 has Unicode {ud.unidata_version}; need {ONIG_UNICODE_VERSION}")
-    letters = _ranges(lambda c: ud.category(chr(c)).startswith("L"))
-    numbers = _ranges(lambda c: ud.category(chr(c)).startswith("N"))
+    # The additions since PCRE2 10.42's Unicode (14.0.0 = Python 3.11's own unicodedata) let the
+    # tokenizer keep PCRE2's fast \p{L} and add only these ranges.
+    base = unicodedata
+    if base.unidata_version != PCRE2_BASE_UNICODE_VERSION:
+        sys.exit(f"run with Python 3.11 (its unicodedata is {PCRE2_BASE_UNICODE_VERSION}), "
+                 f"not {base.unidata_version}")
+
+    def cat(db, c):
+        return db.category(chr(c))[0]
+
+    letters = _ranges(lambda c: cat(ud, c) == "L")
+    numbers = _ranges(lambda c: cat(ud, c) == "N")
+    new_letters = _ranges(lambda c: cat(ud, c) == "L" and cat(base, c) != "L")
+    new_numbers = _ranges(lambda c: cat(ud, c) == "N" and cat(base, c) != "N")
+    for k in "LN":  # the hybrid is only right if nothing left L / N since the base version
+        gone = [c for c in range(0x110000) if cat(base, c) == k and cat(ud, c) != k]
+        if gone:
+            sys.exit(f"code points left category {k} since {base.unidata_version}: {gone[:10]}")
 
     def table(name, rows):
         lines = [f"const CodeRange {name}[] = {{"]
@@ -87,6 +105,10 @@ namespace {{
 
 // General category N* (Nd Nl No), {len(numbers)} ranges.
 {table("kNumbers", numbers)}
+
+// L* and N* code points that were not L* / N* in Unicode {PCRE2_BASE_UNICODE_VERSION}.
+{table("kNewLetters", new_letters)}
+{table("kNewNumbers", new_numbers)}
 // clang-format on
 
 }}  // namespace
@@ -97,12 +119,25 @@ std::span<const CodeRange> unicode_letters() {{
 std::span<const CodeRange> unicode_numbers() {{
   return kNumbers;
 }}
+std::span<const CodeRange> unicode_letters_since_base() {{
+  return kNewLetters;
+}}
+std::span<const CodeRange> unicode_numbers_since_base() {{
+  return kNewNumbers;
+}}
+const char* unicode_tables_version() {{
+  return "{ONIG_UNICODE_VERSION}";
+}}
+const char* unicode_base_version() {{
+  return "{PCRE2_BASE_UNICODE_VERSION}";
+}}
 
 }}  // namespace zimage::tok
 """
     with open(out_path, "w", encoding="utf-8") as f:
         f.write(text)
-    print(f"wrote {out_path}: {len(letters)} letter ranges, {len(numbers)} number ranges")
+    print(f"wrote {out_path}: {len(letters)} letter ranges, {len(numbers)} number ranges, "
+          f"{len(new_letters)} + {len(new_numbers)} ranges new since {base.unidata_version}")
 
 
 # ------------------------------------------------------------------------------------------------

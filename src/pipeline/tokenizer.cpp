@@ -132,7 +132,7 @@ Status parse_model(const json& m, const std::string& origin, bool byte_level, to
       return Unsupported(origin + ": model." + key + " is not supported");
     }
   }
-  std::unordered_map<std::string, int32_t> vocab;
+  tok::StringMap<int32_t> vocab;
   const json& jv = m.at("vocab");
   if (!jv.is_object()) return FormatError(origin + ": model.vocab is not an object");
   vocab.reserve(jv.size());
@@ -404,8 +404,7 @@ std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {
 }
 
 std::optional<int32_t> Tokenizer::token_to_id(std::string_view token) const {
-  if (const auto it = d_->added_by_content.find(std::string(token));
-      it != d_->added_by_content.end()) {
+  if (const auto it = d_->added_by_content.find(token); it != d_->added_by_content.end()) {
     return it->second;
   }
   return d_->bpe.token_to_id(token);

@@ -22,7 +22,7 @@ uint64_t pair_key(int32_t a, int32_t b) {
 
 }  // namespace
 
-Result<Bpe> Bpe::build(std::unordered_map<std::string, int32_t> vocab,
+Result<Bpe> Bpe::build(StringMap<int32_t> vocab,
                        const std::vector<std::pair<std::string, std::string>>& merges,
                        const BpeOptions& options) {
   Bpe b;
@@ -82,7 +82,7 @@ const Bpe::Merge* Bpe::find_merge(int32_t a, int32_t b) const {
 }
 
 std::optional<int32_t> Bpe::token_to_id(std::string_view token) const {
-  const auto it = vocab_.find(std::string(token));
+  const auto it = vocab_.find(token);
   if (it == vocab_.end()) return std::nullopt;
   return it->second;
 }
@@ -112,12 +112,10 @@ void Bpe::initial_symbols(std::string_view word, std::vector<int32_t>& ids) cons
     }
     return;
   }
-  std::string buf;
   for (size_t i = 0; i < word.size();) {
     const size_t start = i;
     next_code_point(word, i);
-    buf.assign(word.substr(start, i - start));
-    const auto it = vocab_.find(buf);
+    const auto it = vocab_.find(word.substr(start, i - start));
     if (it == vocab_.end()) {
       push_unknown();
     } else {
@@ -203,11 +201,9 @@ void Bpe::encode_word(std::string_view word, std::vector<int32_t>& out) const {
     }
   }
   const bool cacheable = word.size() <= kCacheMaxWordBytes;
-  std::string key;
   if (cacheable) {
-    key.assign(word);
     std::lock_guard<std::mutex> lock(cache_->mu);
-    const auto it = cache_->words.find(key);
+    const auto it = cache_->words.find(word);
     if (it != cache_->words.end()) {
       out.insert(out.end(), it->second.begin(), it->second.end());
       return;
@@ -221,12 +217,11 @@ void Bpe::encode_word(std::string_view word, std::vector<int32_t>& out) const {
   if (cacheable) {
     std::lock_guard<std::mutex> lock(cache_->mu);
     if (cache_->words.size() >= kCacheMaxEntries) cache_->words.clear();
-    cache_->words.emplace(std::move(key), std::move(ids));
+    cache_->words.emplace(std::string(word), std::move(ids));
   }
 }
 
-// ---- added tokens
-// ---------------------------------------------------------------------------------
+// ---- added tokens -------------------------------------------------------------------------------
 
 void AddedMatcher::add(const AddedToken* t) {
   if (t->match.empty()) return;

@@ -6,6 +6,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -27,6 +28,11 @@ struct CodeRange {
 // \p{L} and \p{N} of the Unicode version HF's regex engine uses (tokenizer_unicode.cpp, generated).
 std::span<const CodeRange> unicode_letters();
 std::span<const CodeRange> unicode_numbers();
+// The L / N code points that were not L / N in unicode_base_version() (what PCRE2 10.42 knows).
+std::span<const CodeRange> unicode_letters_since_base();
+std::span<const CodeRange> unicode_numbers_since_base();
+const char* unicode_tables_version();  // "16.0.0"
+const char* unicode_base_version();    // "14.0.0"
 // Unicode White_Space (what Oniguruma's \s matches): 25 code points.
 std::span<const CodeRange> unicode_white_space();
 bool is_white_space(char32_t c);
@@ -42,18 +48,19 @@ void append_utf8(std::string& out, char32_t c);
 // Decodes bytes as Rust's String::from_utf8_lossy: each maximal invalid subpart becomes U+FFFD.
 std::string utf8_lossy(std::string_view bytes);
 
-// ---- normalizer
-// ----------------------------------------------------------------------------------
+// ---- normalizer ---------------------------------------------------------------------------------
 enum class NormForm { kNFC, kNFD, kNFKC, kNFKD };
 // Normalizes valid UTF-8 with utf8proc into `out` (pure ASCII is copied as is).
 Status normalize(NormForm form, std::string_view in, std::string& out);
 
-// ---- split regex
-// ---------------------------------------------------------------------------------- Rewrites an
-// Oniguruma pattern (as found in tokenizer.json) into PCRE2 syntax with the same meaning: \p{L},
-// \p{N}, \s and \S become explicit code point classes from the tables above, so the result does not
-// depend on the Unicode version PCRE2 was built with. Everything else is kept.
-Result<std::string> onig_to_pcre2(std::string_view pattern);
+// ---- split regex --------------------------------------------------------------------------------
+// Rewrites an Oniguruma pattern (as found in tokenizer.json) into PCRE2 syntax with the same
+// meaning: \s, \S (White_Space) and \h become explicit classes; \p{L} and \p{N} become the whole
+// tables above or, with native_base, PCRE2's own \p{L} / \p{N} plus the code points added since
+// unicode_base_version() (5x faster, and exact when pcre2_unicode_is_compatible()).
+Result<std::string> onig_to_pcre2(std::string_view pattern, bool native_base);
+// Whether the linked PCRE2's Unicode version lets onig_to_pcre2 use native_base.
+bool pcre2_unicode_is_compatible();
 
 class SplitRegex {
  public:
@@ -68,8 +75,7 @@ class SplitRegex {
   std::shared_ptr<const Code> code_;
 };
 
-// ---- pre-tokenizer
-// --------------------------------------------------------------------------------
+// ---- pre-tokenizer ------------------------------------------------------------------------------
 enum class SplitBehavior { kRemoved, kIsolated, kMergedWithPrevious, kMergedWithNext, kContiguous };
 
 struct PreTokStep {
@@ -97,8 +103,15 @@ const std::array<char32_t, 256>& byte_to_unicode();
 // The byte a byte-level character stands for, or -1.
 int unicode_to_byte(char32_t c);
 
-// ---- BPE
-// ------------------------------------------------------------------------------------------
+// ---- BPE ----------------------------------------------------------------------------------------
+// Hash for unordered maps keyed by std::string that can be searched with a std::string_view.
+struct StringHash {
+  using is_transparent = void;
+  size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+};
+template <typename V>
+using StringMap = std::unordered_map<std::string, V, StringHash, std::equal_to<>>;
+
 struct BpeOptions {
   bool byte_level = true;      // words are raw bytes mapped with byte_to_unicode()
   bool ignore_merges = false;  // a word that is a vocab entry is taken whole
@@ -109,7 +122,7 @@ struct BpeOptions {
 class Bpe {
  public:
   // vocab: token string -> id. merges: pairs of token strings in rank order.
-  static Result<Bpe> build(std::unordered_map<std::string, int32_t> vocab,
+  static Result<Bpe> build(StringMap<int32_t> vocab,
                            const std::vector<std::pair<std::string, std::string>>& merges,
                            const BpeOptions& options);
   // Appends the ids of one pre-tokenized word (raw UTF-8 bytes; mapped to byte-level characters
@@ -127,13 +140,13 @@ class Bpe {
   };
   struct Cache {
     std::mutex mu;
-    std::unordered_map<std::string, std::vector<int32_t>> words;
+    StringMap<std::vector<int32_t>> words;
   };
   void initial_symbols(std::string_view word, std::vector<int32_t>& ids) const;
   void merge_symbols(std::vector<int32_t>& ids) const;
   const Merge* find_merge(int32_t a, int32_t b) const;
 
-  std::unordered_map<std::string, int32_t> vocab_;
+  StringMap<int32_t> vocab_;
   std::vector<const std::string*> id_to_token_;  // points into vocab_ keys
   std::unordered_map<uint64_t, Merge> merges_;
   std::array<int32_t, 256> byte_ids_{};  // id of each byte's single-character token, or -1
@@ -142,8 +155,7 @@ class Bpe {
   std::shared_ptr<Cache> cache_;  // word -> ids; shared by copies, guarded by its mutex
 };
 
-// ---- the whole tokenizer
-// --------------------------------------------------------------------------
+// ---- the whole tokenizer ------------------------------------------------------------------------
 struct AddedToken {
   std::string content;  // as written in tokenizer.json (token_to_id looks this up)
   std::string match;    // as matched and decoded: the normalized content for normalized tokens
@@ -176,7 +188,7 @@ struct TokenizerData {
   AddedMatcher raw_matcher;                        // tokens with normalized = false
   AddedMatcher norm_matcher;                       // tokens with normalized = true
   std::unordered_map<int32_t, const AddedToken*> added_by_id;
-  std::unordered_map<std::string, int32_t> added_by_content;
+  StringMap<int32_t> added_by_content;
   int32_t pad_id = -1;
   size_t vocab_size = 0;
 };

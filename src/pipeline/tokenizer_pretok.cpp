@@ -43,14 +43,16 @@ void append_class_items(std::string& out, std::vector<CodeRange> ranges) {
   }
 }
 
-// The ranges an escape stands for when we spell it out ourselves, or empty when PCRE2 may keep it.
+// What an escape stands for when we spell it out ourselves (length 0: PCRE2 may keep it as is):
+// PCRE2 class items (`native`, e.g. "\\p{L}") plus explicit code point ranges.
 struct ClassEscape {
+  std::string native;
   std::vector<CodeRange> ranges;
   bool negated = false;
-  size_t length = 0;  // characters of the escape in the pattern (0: not one of ours)
+  size_t length = 0;  // characters of the escape in the pattern
 };
 
-ClassEscape parse_class_escape(std::string_view p, size_t i) {
+ClassEscape parse_class_escape(std::string_view p, size_t i, bool native_base) {
   ClassEscape e;
   if (i + 1 >= p.size() || p[i] != '\\') return e;
   const char k = p[i + 1];
@@ -72,10 +74,14 @@ ClassEscape parse_class_escape(std::string_view p, size_t i) {
       neg = !neg;
       name.remove_prefix(1);
     }
+    // With a compatible PCRE2, its own (fast) property plus what Unicode added since; otherwise
+    // the whole table.
     if (name == "L" || name == "Letter") {
-      add(unicode_letters());
+      if (native_base) e.native = "\\p{L}";
+      add(native_base ? unicode_letters_since_base() : unicode_letters());
     } else if (name == "N" || name == "Number") {
-      add(unicode_numbers());
+      if (native_base) e.native = "\\p{N}";
+      add(native_base ? unicode_numbers_since_base() : unicode_numbers());
     } else {
       return e;  // other properties: PCRE2's own tables
     }
@@ -87,7 +93,16 @@ ClassEscape parse_class_escape(std::string_view p, size_t i) {
 
 }  // namespace
 
-Result<std::string> onig_to_pcre2(std::string_view p) {
+bool pcre2_unicode_is_compatible() {
+  // PCRE2's \p{L} / \p{N} must be a subset of our tables' (true from the base version up to the
+  // tables' version; letters and numbers have not changed category in between).
+  char version[32] = {};
+  if (pcre2_config(PCRE2_CONFIG_UNICODE_VERSION, version) <= 0) return false;
+  const std::string v = version;
+  return v == "14.0.0" || v == "15.0.0" || v == "15.1.0" || v == "16.0.0";
+}
+
+Result<std::string> onig_to_pcre2(std::string_view p, bool native_base) {
   std::string out;
   out.reserve(p.size() * 8);
   bool in_class = false;
@@ -101,13 +116,15 @@ Result<std::string> onig_to_pcre2(std::string_view p) {
     const char ch = p[i];
     if (ch == '\\') {
       if (i + 1 >= p.size()) return unsupported(i, "a trailing backslash");
-      const ClassEscape e = parse_class_escape(p, i);
+      const ClassEscape e = parse_class_escape(p, i, native_base);
       if (e.length > 0) {
         if (in_class) {
           if (e.negated) return unsupported(i, "a negated class escape inside [...]");
+          out += e.native;
           class_ranges.insert(class_ranges.end(), e.ranges.begin(), e.ranges.end());
         } else {
           out += e.negated ? "[^" : "[";
+          out += e.native;
           append_class_items(out, e.ranges);
           out += ']';
         }
@@ -166,7 +183,8 @@ struct SplitRegex::Code {
 };
 
 Result<SplitRegex> SplitRegex::compile(std::string_view onig_pattern) {
-  ZI_ASSIGN_OR_RETURN(const std::string pattern, onig_to_pcre2(onig_pattern));
+  ZI_ASSIGN_OR_RETURN(const std::string pattern,
+                      onig_to_pcre2(onig_pattern, pcre2_unicode_is_compatible()));
   int err = 0;
   PCRE2_SIZE err_offset = 0;
   // MULTILINE: in Ruby syntax (Oniguruma's default) ^ and $ match at line breaks.
@@ -258,6 +276,16 @@ const ByteTables& byte_tables() {
 // split behaviour. Appends the kept, non-empty [start, end) to `out`.
 void split_piece(const std::vector<std::pair<size_t, size_t>>& matches, size_t n, bool invert,
                  SplitBehavior behavior, std::vector<std::pair<size_t, size_t>>& out) {
+  if (behavior == SplitBehavior::kIsolated) {  // the common case: every gap and match is a piece
+    size_t prev = 0;
+    for (const auto& [s, e] : matches) {
+      if (prev != s) out.emplace_back(prev, s);
+      if (e > s) out.emplace_back(s, e);
+      prev = e;
+    }
+    if (prev != n) out.emplace_back(prev, n);
+    return;
+  }
   struct Seg {
     size_t a, b;
     bool match;

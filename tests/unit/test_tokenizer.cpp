@@ -2,7 +2,9 @@
 // `tokenizers`/`transformers` (tools/make_tokenizer_corpus.py), the golden cases' token ids, the
 // parts (regex translation, BPE tie order, UTF-8 handling) on their own, and the CLI end to end.
 // Why so much: one differing id changes the text embedding, and nothing downstream would notice.
+#define PCRE2_CODE_UNIT_WIDTH 8
 #include <gtest/gtest.h>
+#include <pcre2.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -203,8 +205,7 @@ TEST(TokenizerGolden, TokenIdsOfGoldenCases) {
   EXPECT_GE(checked, 5u);
 }
 
-// ---- API and loading
-// -------------------------------------------------------------------------------
+// ---- API and loading ----------------------------------------------------------------------------
 
 TEST(Tokenizer, QwenConstants) {
   const Tokenizer& t = qwen();
@@ -249,6 +250,30 @@ TEST(Tokenizer, LoadsFromEveryKindOfPath) {
   ASSERT_TRUE(t.ok()) << t.status().to_string();
   EXPECT_EQ(t->vocab_size(), 151669u);
   EXPECT_EQ(t->pad_id(), 151643);
+}
+
+// merges written as legacy "a b" strings (older tokenizer.json files) give the same ids.
+TEST(Tokenizer, LegacyMergeStringsGiveTheSameIds) {
+  json j = json::parse(
+      gunzip_file(std::string(ZIMAGE_TEST_DATA_DIR) + "/qwen3-tokenizer/tokenizer.json.gz"));
+  json legacy = json::array();
+  legacy.push_back("#version: 0.2");  // a comment line, as in merges.txt
+  for (const json& m : j["model"]["merges"]) {
+    legacy.push_back(m[0].get<std::string>() + " " + m[1].get<std::string>());
+  }
+  j["model"]["merges"] = legacy;
+  auto t = Tokenizer::load_from_json(j.dump(), "legacy-merges.json");
+  ASSERT_TRUE(t.ok()) << t.status().to_string();
+  size_t checked = 0, mismatches = 0;
+  for (const json& row : corpus()) {
+    if (!row.contains("text")) continue;
+    if (t->encode(row["text"].get<std::string>()).value() !=
+        row["ids"].get<std::vector<int32_t>>()) {
+      ++mismatches;
+    }
+    if (++checked == 600) break;
+  }
+  EXPECT_EQ(mismatches, 0u) << "of " << checked;
 }
 
 TEST(Tokenizer, LoadErrorsNameWhatIsWrong) {
@@ -341,8 +366,7 @@ TEST(Tokenizer, ConcurrentEncodesAgree) {
   for (int k = 0; k < 4; ++k) EXPECT_EQ(bad[static_cast<size_t>(k)], 0) << "thread " << k;
 }
 
-// ---- the parts
-// --------------------------------------------------------------------------------------
+// ---- the parts ----------------------------------------------------------------------------------
 
 TEST(TokenizerParts, Utf8LossyReplacesMaximalSubparts) {
   // As Rust's String::from_utf8_lossy (what HF's ByteLevel decoder uses).
@@ -354,21 +378,75 @@ TEST(TokenizerParts, Utf8LossyReplacesMaximalSubparts) {
 }
 
 TEST(TokenizerParts, RegexTranslationSpellsOutUnicodeClasses) {
-  auto t = tok::onig_to_pcre2(R"(\s+(?!\S)|[^\r\n\p{L}\p{N}]?\p{L}+)");
-  ASSERT_TRUE(t.ok());
-  EXPECT_EQ(t->find("\\p{"), std::string::npos) << *t;  // no PCRE2 Unicode property left
-  EXPECT_EQ(t->find("\\s"), std::string::npos);
-  EXPECT_NE(t->find("\\x{3000}"), std::string::npos);  // ideographic space in \s
-  EXPECT_NE(t->find("\\x{85}"), std::string::npos);    // NEL is White_Space in Oniguruma
-  EXPECT_NE(t->find("[^\\r\\n\\x{30}-\\x{39}\\x{41}-\\x{5A}"), std::string::npos)
-      << t->substr(0, 200);
-  EXPECT_EQ(tok::onig_to_pcre2(R"([^\S])").status().code(), ErrorCode::kUnsupported);
-  EXPECT_EQ(tok::onig_to_pcre2(R"([a&&b])").status().code(), ErrorCode::kUnsupported);
-  EXPECT_EQ(tok::onig_to_pcre2(R"([[:alpha:]])").status().code(), ErrorCode::kUnsupported);
-  EXPECT_EQ(tok::onig_to_pcre2(R"([ab)").status().code(), ErrorCode::kUnsupported);
-  auto hex = tok::onig_to_pcre2(R"(\h+\u00e9)");
-  ASSERT_TRUE(hex.ok());
-  EXPECT_EQ(*hex, R"([\x{30}-\x{39}\x{41}-\x{46}\x{61}-\x{66}]+\x{00e9})");
+  const std::string pat = R"(\s+(?!\S)|[^\r\n\p{L}\p{N}]?\p{L}+)";
+  auto full = tok::onig_to_pcre2(pat, /*native_base=*/false);
+  ASSERT_TRUE(full.ok());
+  EXPECT_EQ(full->find("\\p{"), std::string::npos) << *full;  // no PCRE2 property left
+  EXPECT_EQ(full->find("\\s"), std::string::npos);
+  EXPECT_NE(full->find("\\x{3000}"), std::string::npos);  // ideographic space in \s
+  EXPECT_NE(full->find("\\x{85}"), std::string::npos);    // NEL is White_Space in Oniguruma
+  EXPECT_NE(full->find("[^\\r\\n\\x{30}-\\x{39}\\x{41}-\\x{5A}"), std::string::npos);
+  auto fast = tok::onig_to_pcre2(pat, /*native_base=*/true);
+  ASSERT_TRUE(fast.ok());
+  EXPECT_NE(fast->find("[^\\r\\n\\p{L}\\p{N}\\x{1C89}-\\x{1C8A}"), std::string::npos) << *fast;
+  for (const bool nb : {false, true}) {
+    EXPECT_EQ(tok::onig_to_pcre2(R"([^\S])", nb).status().code(), ErrorCode::kUnsupported);
+    EXPECT_EQ(tok::onig_to_pcre2(R"([a&&b])", nb).status().code(), ErrorCode::kUnsupported);
+    EXPECT_EQ(tok::onig_to_pcre2(R"([[:alpha:]])", nb).status().code(), ErrorCode::kUnsupported);
+    EXPECT_EQ(tok::onig_to_pcre2(R"([ab)", nb).status().code(), ErrorCode::kUnsupported);
+    auto hex = tok::onig_to_pcre2(R"(\h+\u00e9\p{Lu})", nb);
+    ASSERT_TRUE(hex.ok());
+    EXPECT_EQ(*hex, R"([\x{30}-\x{39}\x{41}-\x{46}\x{61}-\x{66}]+\x{00e9}\p{Lu})");
+  }
+}
+
+// Every code point: the translated \p{L}, \p{N} and \s (both the whole-table form and the fast
+// PCRE2-property form, when this PCRE2 allows it) match exactly the code points of the tables.
+TEST(TokenizerParts, TranslatedClassesMatchTheTablesForEveryCodePoint) {
+  auto in = [](std::span<const tok::CodeRange> t, char32_t c) {
+    for (const auto& r : t) {
+      if (c >= r.lo && c <= r.hi) return true;
+    }
+    return false;
+  };
+  std::vector<bool> modes = {false};
+  if (tok::pcre2_unicode_is_compatible()) modes.push_back(true);
+  std::printf("[tokenizer] PCRE2 Unicode compatible with the fast form: %s\n",
+              modes.size() == 2 ? "yes" : "no");
+  for (const bool nb : modes) {
+    for (const auto& [onig, table] :
+         std::vector<std::pair<std::string, std::span<const tok::CodeRange>>>{
+             {R"(\p{L})", tok::unicode_letters()},
+             {R"(\p{N})", tok::unicode_numbers()},
+             {R"(\s)", tok::unicode_white_space()}}) {
+      auto pat = tok::onig_to_pcre2(onig, nb);
+      ASSERT_TRUE(pat.ok());
+      int err = 0;
+      PCRE2_SIZE off = 0;
+      pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pat->data()), pat->size(),
+                                       PCRE2_UTF | PCRE2_UCP | PCRE2_ANCHORED, &err, &off, nullptr);
+      ASSERT_NE(code, nullptr) << *pat;
+      pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);
+      pcre2_match_data* md = pcre2_match_data_create_from_pattern(code, nullptr);
+      size_t wrong = 0, members = 0;
+      char32_t first_wrong = 0;
+      for (char32_t c = 0; c < 0x110000; ++c) {
+        if (c >= 0xD800 && c <= 0xDFFF) continue;
+        std::string u;
+        tok::append_utf8(u, c);
+        const bool hit = pcre2_match(code, reinterpret_cast<PCRE2_SPTR>(u.data()), u.size(), 0,
+                                     PCRE2_NO_UTF_CHECK, md, nullptr) > 0;
+        const bool want = in(table, c);
+        members += want;
+        if (hit != want && wrong++ == 0) first_wrong = c;
+      }
+      pcre2_match_data_free(md);
+      pcre2_code_free(code);
+      EXPECT_EQ(wrong, 0u) << onig << (nb ? " (fast form)" : " (table form)") << ": first U+"
+                           << std::hex << static_cast<uint32_t>(first_wrong);
+      EXPECT_GT(members, onig == R"(\s)" ? 20u : 1000u);
+    }
+  }
 }
 
 TEST(TokenizerParts, QwenSplitPieces) {
@@ -403,8 +481,8 @@ TEST(TokenizerParts, QwenSplitPieces) {
 
 TEST(TokenizerParts, BpeMergesByRankThenPosition) {
   // Byte-level off: characters are tokens. "a a" (rank 0) merges left first in "aaa".
-  std::unordered_map<std::string, int32_t> vocab = {{"a", 0},   {"b", 1},  {"aa", 2},   {"ab", 3},
-                                                    {"aab", 4}, {"ba", 5}, {"<unk>", 6}};
+  tok::StringMap<int32_t> vocab = {{"a", 0},   {"b", 1},  {"aa", 2},   {"ab", 3},
+                                   {"aab", 4}, {"ba", 5}, {"<unk>", 6}};
   std::vector<std::pair<std::string, std::string>> merges = {
       {"a", "a"}, {"a", "b"}, {"aa", "b"}, {"b", "a"}};
   tok::BpeOptions opt;
@@ -461,8 +539,7 @@ TEST(TokenizerParts, AddedTokenFlags) {
   EXPECT_EQ(t->decode({97, 256, 98}), "a<L>b");
 }
 
-// ---- the CLI
-// ------------------------------------------------------------------------------------------
+// ---- the CLI ------------------------------------------------------------------------------------
 
 namespace {
 
