@@ -39,7 +39,10 @@ std::string list_string(const std::vector<int>& v) {
 
 // A config string quoted for a message (control bytes escaped).
 std::string q(const std::string& s) {
-  return "'" + json_util::printable(s) + "'";
+  std::string out(1, '\'');
+  out += json_util::printable(s);
+  out += '\'';
+  return out;
 }
 
 bool positive_finite(double v) {

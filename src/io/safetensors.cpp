@@ -23,11 +23,19 @@ using nlohmann::json;
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "safetensors data is little-endian");
 
 std::string in_quotes(const std::string& s) {
-  return "'" + json_util::printable(s) + "'";
+  std::string out(1, '\'');
+  out += json_util::printable(s);
+  out += '\'';
+  return out;
 }
 
 std::string offsets_string(uint64_t b, uint64_t e) {
-  return "[" + std::to_string(b) + ", " + std::to_string(e) + "]";
+  std::string out(1, '[');
+  out += std::to_string(b);
+  out += ", ";
+  out += std::to_string(e);
+  out += ']';
+  return out;
 }
 
 // Reads a JSON integer as uint64 (non-negative); false for anything else.

@@ -21,7 +21,10 @@ bool ends_with(const std::string& s, std::string_view suffix) {
 }
 
 std::string in_quotes(const std::string& s) {
-  return "'" + json_util::printable(s) + "'";
+  std::string out(1, '\'');
+  out += json_util::printable(s);
+  out += '\'';
+  return out;
 }
 
 // "'a', 'b', 'c' and 4 more"
