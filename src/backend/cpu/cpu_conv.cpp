@@ -104,7 +104,7 @@ Status CpuBackend::conv2d(const Tensor& x, const Tensor& w, const Tensor& bias,
   }
   if (bias.defined()) {
     const float* bp = bias.data_as<const float>();
-    pool_.parallel_for(pixels, std::max<int64_t>(1, 16384 / cout), [&](int64_t r0, int64_t r1) {
+    pool_.parallel_for(pixels, std::max<int64_t>(1, 65536 / cout), [&](int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; ++r) {
         float* row = yp + r * cout;
         for (int64_t j = 0; j < cout; ++j) row[j] += bp[j];

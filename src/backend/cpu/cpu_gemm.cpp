@@ -117,7 +117,7 @@ Status CpuBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bias, 
   }
   if (bias.defined()) {
     const float* bp = bias.data_as<const float>();
-    pool_.parallel_for(m, std::max<int64_t>(1, 16384 / n), [&](int64_t r0, int64_t r1) {
+    pool_.parallel_for(m, std::max<int64_t>(1, 65536 / n), [&](int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; ++r) {
         float* row = yp + r * n;
         for (int64_t j = 0; j < n; ++j) row[j] += bp[j];
