@@ -59,7 +59,7 @@ Result<Bpe> Bpe::build(StringMap<int32_t> vocab,
     const auto& [left, right] = merges[rank];
     const auto ia = b.vocab_.find(left);
     const auto ib = b.vocab_.find(right);
-    joined = left + right;
+    joined.assign(left).append(right);
     const auto in = b.vocab_.find(joined);
     const char* missing = ia == b.vocab_.end()   ? left.c_str()
                           : ib == b.vocab_.end() ? right.c_str()

@@ -309,6 +309,23 @@ TEST(Tokenizer, LoadErrorsNameWhatIsWrong) {
   EXPECT_EQ(wt.status().code(), ErrorCode::kFormat);
   EXPECT_NE(wt.status().message().find("wt.json"), std::string::npos);
 
+  for (const auto& [text, needle] : std::vector<std::pair<std::string, std::string>>{
+           {R"({"model": {"type": "BPE", "vocab": {"a": {"id": 0}}, "merges": []}})",
+            "model.vocab[\"a\"] is not an integer id"},
+           {R"({"model": {"type": "BPE", "vocab": {"a": -4}, "merges": []}})",
+            "-4 is not a valid id"},
+           {R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": [["a"]]}})",
+            "model.merges[0] is neither"},
+           {R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": ["a", 7]}})",
+            "model.merges[0] \"a\" is not two tokens"},
+           {R"({"model": {"type": "BPE", "vocab": [], "merges": []}})", "model.vocab is missing"},
+           {R"({"model": {"type": "BPE", "vocab": {}}})", "model.merges is missing"}}) {
+    auto r = Tokenizer::load_from_json(text, "t.json");
+    EXPECT_EQ(r.status().code(), ErrorCode::kFormat) << text;
+    EXPECT_NE(r.status().message().find(needle), std::string::npos) << r.status().message();
+    EXPECT_NE(r.status().message().find("t.json"), std::string::npos);
+  }
+
   const char* bad_regex = R"({"pre_tokenizer": {"type": "Split", "pattern": {"Regex": "(a"},
                               "behavior": "Isolated"}, "model": {"vocab": {}, "merges": []}})";
   auto br = Tokenizer::load_from_json(bad_regex, "br.json");
