@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -355,6 +356,41 @@ TEST(Tokenizer, InvalidUtf8IsAnErrorNamingTheByte) {
   // NUL and the largest code point are valid.
   EXPECT_TRUE(qwen().encode(std::string("a\0b", 3)).ok());
   EXPECT_TRUE(qwen().encode("\xF4\x8F\xBF\xBF").ok());
+}
+
+// Random bytes and random code points: encode answers ok or InvalidArgument (never crashes), valid
+// UTF-8 always encodes, and decode of any ids gives valid UTF-8 (run under ASan in the asan
+// preset).
+TEST(Tokenizer, RandomInputsAreHandled) {
+  std::mt19937 rng(1234);
+  size_t invalid = 0, valid = 0;
+  for (int i = 0; i < 3000; ++i) {
+    std::string s;
+    const int n = static_cast<int>(rng() % 40);
+    if (i % 2 == 0) {  // raw bytes, biased towards UTF-8 lead/continuation bytes
+      for (int k = 0; k < n; ++k) s += static_cast<char>(rng() % 3 ? 0x80 + rng() % 0x80 : rng());
+    } else {  // valid code points of every plane (no surrogates)
+      for (int k = 0; k < n; ++k) {
+        char32_t c = static_cast<char32_t>(rng() % 0x110000);
+        if (c >= 0xD800 && c <= 0xDFFF) c = 0xFFFD;
+        tok::append_utf8(s, c);
+      }
+    }
+    auto r = qwen().encode(s);
+    if (r.ok()) {
+      ++valid;
+      EXPECT_TRUE(tok::validate_utf8(qwen().decode(*r), "decoded").ok());
+    } else {
+      ++invalid;
+      EXPECT_EQ(r.status().code(), ErrorCode::kInvalidArgument) << r.status().to_string();
+      EXPECT_EQ(i % 2, 0) << "valid UTF-8 was rejected: " << r.status().to_string();
+    }
+  }
+  EXPECT_GT(invalid, 1000u);
+  EXPECT_GT(valid, 1400u);
+  std::vector<int32_t> ids;
+  for (int i = 0; i < 5000; ++i) ids.push_back(static_cast<int32_t>(rng() % 160000) - 100);
+  EXPECT_TRUE(tok::validate_utf8(qwen().decode(ids), "decoded").ok());
 }
 
 TEST(Tokenizer, ConcurrentEncodesAgree) {
