@@ -9,6 +9,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -176,33 +177,44 @@ TEST(TokenizerCorpus, DecodeOfEncodeIsTheNormalizedText) {
   EXPECT_EQ(mismatches, 0u) << "of " << texts;
 }
 
+// Every unpacked golden case: the templated text and ids diffusers recorded for each prompt and
+// for the negative prompt (truncated at the case's max_sequence_length, 512 by default).
 TEST(TokenizerGolden, TokenIdsOfGoldenCases) {
-  size_t checked = 0;
-  for (const char* name : {"v_turbo", "v_cfg", "v_batch"}) {
-    const std::string dir = test::golden_dir(name);
-    std::ifstream fc(dir + "/case.json"), ft(dir + "/debug/token_ids.json");
+  size_t cases = 0, checked = 0;
+  std::vector<fs::path> dirs;
+  for (const auto& e : fs::directory_iterator(ZIMAGE_GOLDEN_DIR)) {
+    if (fs::is_regular_file(e.path() / "debug" / "token_ids.json")) dirs.push_back(e.path());
+  }
+  std::sort(dirs.begin(), dirs.end());
+  for (const fs::path& dir : dirs) {
+    const std::string name = dir.filename().string();
+    std::ifstream fc(dir / "case.json"), ft(dir / "debug" / "token_ids.json");
     ASSERT_TRUE(fc && ft) << "missing golden files in " << dir;
     const json c = json::parse(fc), t = json::parse(ft);
-    auto tk = Tokenizer::load(dir + "/model");
+    auto tk = Tokenizer::load((dir / "model").string());
     ASSERT_TRUE(tk.ok()) << tk.status().to_string();
+    const int max_len = c.value("max_sequence_length", 512);
     const auto prompts = c["prompts"].get<std::vector<std::string>>();
     ASSERT_EQ(prompts.size(), t["ids"].size()) << name;
+    ++cases;
     for (size_t i = 0; i < prompts.size(); ++i) {
       EXPECT_EQ(zimage_chat_template(prompts[i]), t["templated"][i].get<std::string>()) << name;
-      auto ids = encode_prompt(*tk, prompts[i]);
+      auto ids = encode_prompt(*tk, prompts[i], max_len);
       ASSERT_TRUE(ids.ok());
       EXPECT_EQ(show(*ids), show(t["ids"][i].get<std::vector<int32_t>>())) << name << " " << i;
       ++checked;
     }
-    if (!c["neg"].is_null()) {
-      const std::string neg = c["neg"].get<std::string>();
-      EXPECT_EQ(zimage_chat_template(neg), t["negative_templated"].get<std::string>());
-      auto ids = encode_prompt(*tk, neg);
+    if (t.contains("negative_ids")) {
+      const std::string neg = c["neg"].is_null() ? std::string() : c["neg"].get<std::string>();
+      EXPECT_EQ(zimage_chat_template(neg), t["negative_templated"].get<std::string>()) << name;
+      auto ids = encode_prompt(*tk, neg, max_len);
       ASSERT_TRUE(ids.ok());
       EXPECT_EQ(show(*ids), show(t["negative_ids"].get<std::vector<int32_t>>())) << name;
       ++checked;
     }
   }
+  std::printf("[tokenizer] %zu golden cases, %zu prompts checked\n", cases, checked);
+  EXPECT_GE(cases, 3u);
   EXPECT_GE(checked, 5u);
 }
 
