@@ -35,27 +35,34 @@ Result<Tensor> weight(const WeightStore& ws, Backend& be, const std::string& nam
   return r;
 }
 
+Result<Tensor> host_view(const WeightStore& ws, const std::string& name, const Shape& shape) {
+  ZI_ASSIGN_OR_RETURN(Tensor src, ws.get(name, shape));  // file dtype, shape checked
+  if (!dtype_is_float(src.dtype()))
+    return Unsupported("tensor " + name + " has non-float dtype " + dtype_name(src.dtype()));
+  return src;
+}
+
 Result<Tensor> concat_rows(Backend& be, const std::vector<Tensor>& parts, const std::string& what) {
   if (parts.empty()) return InternalError("concat_rows(" + what + "): no parts");
   const int64_t k = parts[0].dim(1);
   int64_t rows = 0;
   for (const Tensor& p : parts) {
-    if (p.rank() != 2 || p.dim(1) != k || p.dtype() != DType::kF32) {
+    if (p.rank() != 2 || p.dim(1) != k || !dtype_is_float(p.dtype())) {
       return InternalError("concat_rows(" + what + "): part " + p.describe() +
-                           " does not fit [*, " + std::to_string(k) + "] f32");
+                           " does not fit [*, " + std::to_string(k) + "] float");
     }
     rows += p.dim(0);
   }
-  Tensor fused = Tensor::host(DType::kF32, {rows, k});  // [sum n_i, K]
-  if (!fused.defined()) return OutOfMemory("host buffer for fused " + what);
-  char* dst = static_cast<char*>(fused.data());
+  auto fused = be.alloc(be.act_dtype(), {rows, k});  // [sum n_i, K]
+  if (!fused.ok()) return fused.status().with_context("allocating fused " + what);
+  int64_t row0 = 0;
   for (const Tensor& p : parts) {
-    std::memcpy(dst, p.data(), p.nbytes());
-    dst += p.nbytes();
+    auto dev = be.upload(p, be.act_dtype());  // [n_i, K] act dtype
+    if (!dev.ok()) return dev.status().with_context("uploading part of fused " + what);
+    ZI_TRY(be.copy_2d(*dev, 0, k, *fused, row0 * k, k, p.dim(0), k));
+    row0 += p.dim(0);
   }
-  auto r = be.upload(fused, be.act_dtype());
-  if (!r.ok()) return r.status().with_context("uploading fused " + what);
-  return r;
+  return fused;
 }
 
 Result<Tensor> conv_weight(const WeightStore& ws, Backend& be, const std::string& name,

@@ -22,8 +22,13 @@ Result<Tensor> host_f32(const WeightStore& ws, const std::string& name, const Sh
 Result<Tensor> weight(const WeightStore& ws, Backend& be, const std::string& name,
                       const Shape& shape);
 
-// Row-concatenation of host f32 matrices parts[i] = [n_i, K] -> [sum n_i, K] on `be` (act dtype).
-// Used for fused projections (to_q|to_k|to_v, gate|up). `what` names the result in errors.
+// `name` (shape checked) as a zero-copy host view in the file's dtype (must be a float dtype).
+Result<Tensor> host_view(const WeightStore& ws, const std::string& name, const Shape& shape);
+
+// Row-concatenation of host matrices parts[i] = [n_i, K] (any float dtype, e.g. views of the
+// mapped file) -> [sum n_i, K] on `be` (act dtype). Each part is uploaded as it is and copied
+// into its rows on the device, so the multi-GB fused projections (to_q|to_k|to_v, gate|up) take
+// no host staging or host-side conversion. `what` names the result in errors.
 Result<Tensor> concat_rows(Backend& be, const std::vector<Tensor>& parts, const std::string& what);
 
 // Conv weight stored OIHW [cout, cin, k, k] -> OHWI [cout, k, k, cin] on `be` (act dtype).

@@ -65,19 +65,19 @@ Status Qwen3Encoder::load_weights(const WeightStore& ws) {
     const std::string p = pre + "layers." + std::to_string(i) + ".";
     Layer& l = layers_[i];
     ZI_ASSIGN_OR_RETURN(l.input_norm, load::weight(ws, be_, p + "input_layernorm.weight", {hd}));
-    ZI_ASSIGN_OR_RETURN(Tensor q, load::host_f32(ws, p + "self_attn.q_proj.weight", {hq * dh, hd}));
+    ZI_ASSIGN_OR_RETURN(Tensor q, load::host_view(ws, p + "self_attn.q_proj.weight", {hq * dh, hd}));
     ZI_ASSIGN_OR_RETURN(Tensor k,
-                        load::host_f32(ws, p + "self_attn.k_proj.weight", {hkv * dh, hd}));
+                        load::host_view(ws, p + "self_attn.k_proj.weight", {hkv * dh, hd}));
     ZI_ASSIGN_OR_RETURN(Tensor v,
-                        load::host_f32(ws, p + "self_attn.v_proj.weight", {hkv * dh, hd}));
+                        load::host_view(ws, p + "self_attn.v_proj.weight", {hkv * dh, hd}));
     ZI_ASSIGN_OR_RETURN(l.wqkv, load::concat_rows(be_, {q, k, v}, p + "self_attn.qkv"));
     ZI_ASSIGN_OR_RETURN(l.q_norm, load::weight(ws, be_, p + "self_attn.q_norm.weight", {dh}));
     ZI_ASSIGN_OR_RETURN(l.k_norm, load::weight(ws, be_, p + "self_attn.k_norm.weight", {dh}));
     ZI_ASSIGN_OR_RETURN(l.wo, load::weight(ws, be_, p + "self_attn.o_proj.weight", {hd, hq * dh}));
     ZI_ASSIGN_OR_RETURN(l.post_norm,
                         load::weight(ws, be_, p + "post_attention_layernorm.weight", {hd}));
-    ZI_ASSIGN_OR_RETURN(Tensor g, load::host_f32(ws, p + "mlp.gate_proj.weight", {ff, hd}));
-    ZI_ASSIGN_OR_RETURN(Tensor u, load::host_f32(ws, p + "mlp.up_proj.weight", {ff, hd}));
+    ZI_ASSIGN_OR_RETURN(Tensor g, load::host_view(ws, p + "mlp.gate_proj.weight", {ff, hd}));
+    ZI_ASSIGN_OR_RETURN(Tensor u, load::host_view(ws, p + "mlp.up_proj.weight", {ff, hd}));
     ZI_ASSIGN_OR_RETURN(l.wgu, load::concat_rows(be_, {g, u}, p + "mlp.gate_up"));
     ZI_ASSIGN_OR_RETURN(l.wdown, load::weight(ws, be_, p + "mlp.down_proj.weight", {hd, ff}));
   }

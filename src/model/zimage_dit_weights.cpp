@@ -69,9 +69,9 @@ Status ZImageDiT::load_block(const WeightStore& ws, const std::string& p, bool m
   if (ws.contains(p + "attention.qkv.weight")) {  // ComfyUI: rows [q; k; v]
     ZI_ASSIGN_OR_RETURN(b.wqkv, load::weight(ws, be_, p + "attention.qkv.weight", {3 * d, d}));
   } else {
-    ZI_ASSIGN_OR_RETURN(Tensor q, load::host_f32(ws, p + "attention.to_q.weight", {d, d}));
-    ZI_ASSIGN_OR_RETURN(Tensor k, load::host_f32(ws, p + "attention.to_k.weight", {d, d}));
-    ZI_ASSIGN_OR_RETURN(Tensor v, load::host_f32(ws, p + "attention.to_v.weight", {d, d}));
+    ZI_ASSIGN_OR_RETURN(Tensor q, load::host_view(ws, p + "attention.to_q.weight", {d, d}));
+    ZI_ASSIGN_OR_RETURN(Tensor k, load::host_view(ws, p + "attention.to_k.weight", {d, d}));
+    ZI_ASSIGN_OR_RETURN(Tensor v, load::host_view(ws, p + "attention.to_v.weight", {d, d}));
     ZI_ASSIGN_OR_RETURN(b.wqkv, load::concat_rows(be_, {q, k, v}, p + "attention.qkv"));
   }
   const bool comfy_out = ws.contains(p + "attention.out.weight");
@@ -94,8 +94,8 @@ Status ZImageDiT::load_block(const WeightStore& ws, const std::string& p, bool m
   ZI_ASSIGN_OR_RETURN(b.attn_norm2, load::weight(ws, be_, p + "attention_norm2.weight", {d}));
   ZI_ASSIGN_OR_RETURN(b.ffn_norm1, load::weight(ws, be_, p + "ffn_norm1.weight", {d}));
   ZI_ASSIGN_OR_RETURN(b.ffn_norm2, load::weight(ws, be_, p + "ffn_norm2.weight", {d}));
-  ZI_ASSIGN_OR_RETURN(Tensor w1, load::host_f32(ws, p + "feed_forward.w1.weight", {f, d}));
-  ZI_ASSIGN_OR_RETURN(Tensor w3, load::host_f32(ws, p + "feed_forward.w3.weight", {f, d}));
+  ZI_ASSIGN_OR_RETURN(Tensor w1, load::host_view(ws, p + "feed_forward.w1.weight", {f, d}));
+  ZI_ASSIGN_OR_RETURN(Tensor w3, load::host_view(ws, p + "feed_forward.w3.weight", {f, d}));
   ZI_ASSIGN_OR_RETURN(b.w13, load::concat_rows(be_, {w1, w3}, p + "feed_forward.w13"));
   ZI_ASSIGN_OR_RETURN(b.w2, load::weight(ws, be_, p + "feed_forward.w2.weight", {d, f}));
   if (modulated) {
