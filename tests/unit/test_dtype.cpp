@@ -40,7 +40,7 @@ TEST(DType, Fp8AllValuesRoundTrip) {
     }
   }
   EXPECT_EQ(f8e4m3_to_f32(0x7e), 448.0f);
-  EXPECT_EQ(f32_to_f8e4m3(460.0f), 0x7e);         // rounds down to max
+  EXPECT_EQ(f32_to_f8e4m3(460.0f), 0x7e);                         // rounds down to max
   EXPECT_TRUE(std::isnan(f8e4m3_to_f32(f32_to_f8e4m3(500.0f))));  // torch: out of range -> NaN
   EXPECT_EQ(f8e5m2_to_f32(0x7b), 57344.0f);
   EXPECT_TRUE(std::isinf(f8e5m2_to_f32(f32_to_f8e5m2(1e6f))));
