@@ -49,7 +49,7 @@ for f in glob.glob('build/carry/*.xz') + glob.glob('build/carry/lib/*.xz'):
     model)
       [ -f "$ZR/model_index.json" ] || "$BIN" make-random-model --out "$ZR" 2>&1 | tail -3 ;;
     bench)
-      "$BIN" bench --model "$ZR" --ablation --json "$OUT/zimage_bench.json" 2>&1 | tee "$OUT/zimage_bench.md" || rc=1 ;;
+      "$BIN" bench --model "$ZR" ${BENCH_ARGS:---ablation} --json "$OUT/zimage_bench.json" 2>&1 | tee "$OUT/zimage_bench.md" || rc=1 ;;
     parity)
       rm -rf /tmp/zdump
       "$BIN" generate --model "$ZR" --device cuda --prompt "$PROMPT" --seed 42 --width 1024 --height 1024 \
