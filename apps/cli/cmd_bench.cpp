@@ -92,6 +92,28 @@ double gpu_used_gib() {
   return 0;
 }
 
+// The caching allocator's counters (CUDA only): bytes in live tensors now and their high-water
+// mark since the last reset, i.e. what torch.cuda.max_memory_allocated reports for diffusers.
+void reset_alloc_peak(Backend& be) {
+#ifdef ZIMAGE_WITH_CUDA
+  if (auto* cb = dynamic_cast<cuda::CudaBackend*>(&be)) cb->reset_peak_memory();
+#else
+  (void)be;
+#endif
+}
+double alloc_gib(Backend& be, bool peak) {
+#ifdef ZIMAGE_WITH_CUDA
+  if (auto* cb = dynamic_cast<cuda::CudaBackend*>(&be)) {
+    const auto st = cb->memory_stats();
+    return static_cast<double>(peak ? st.peak_in_use_bytes : st.in_use_bytes) / (1024.0 * 1024 * 1024);
+  }
+#else
+  (void)be;
+  (void)peak;
+#endif
+  return 0;
+}
+
 struct Loaded {
   std::unique_ptr<Backend> be;
   Qwen3Encoder* te = nullptr;
@@ -187,6 +209,7 @@ void run_bench(const Options& o) {
   R["device"] = be.name();
   R["load_s"] = L.load_s;
   R["gpu_gib_after_load"] = gpu_used_gib() - mem0;
+  R["alloc_in_use_gib_after_load"] = alloc_gib(be, false);
   std::fprintf(stderr, "bench: loaded in %.2f s on %s\n", L.load_s, be.name().c_str());
 
   // Text encoder at the prompt's true length.
@@ -213,11 +236,13 @@ void run_bench(const Options& o) {
       if (!lat.ok()) fail(lat.status());
       std::vector<Tensor> cb(bs, caps[0]);
       Tensor out;
+      reset_alloc_peak(be);
       Stats s = timed(be, 2, o.iters, [&] {
         return L.dit->forward(*lat, std::vector<float>(bs, 0.5f), cb, out);
       });
       json j = s.to_json();
       j["gpu_gib"] = gpu_used_gib() - mem0;
+      j["alloc_peak_gib"] = alloc_gib(be, true);
       R["dit_forward_" + std::to_string(res) + "_bs" + std::to_string(bs)] = j;
       std::fprintf(stderr, "bench: DiT %d bs%d %.1f ms\n", res, bs, s.median_ms);
     }
@@ -229,12 +254,14 @@ void run_bench(const Options& o) {
     if (!host.ok()) fail(host.status());
     auto lat = be.upload(*host, DType::kF32);
     if (!lat.ok()) fail(lat.status());
+    reset_alloc_peak(be);
     Stats s = timed(be, 1, std::max(3, o.iters - 2), [&]() -> Status {
       auto r = L.vae->decode(*lat);
       return r.ok() ? Status::Ok() : r.status();
     });
     json j = s.to_json();
     j["gpu_gib"] = gpu_used_gib() - mem0;
+    j["alloc_peak_gib"] = alloc_gib(be, true);
     R["vae_decode_" + std::to_string(res)] = j;
   }
   std::fprintf(stderr, "bench: VAE done\n");
@@ -248,6 +275,7 @@ void run_bench(const Options& o) {
     req.steps = o.steps;
     req.seed = 42;
     PhaseTimings last;
+    reset_alloc_peak(be);
     const double t0 = now_s();
     auto first = L.pipe->run(req, {});
     if (!first.ok()) fail(first.status());
@@ -261,6 +289,7 @@ void run_bench(const Options& o) {
     json j = s.to_json();
     j["first_call_s"] = first_s;
     j["gpu_gib"] = gpu_used_gib() - mem0;
+    j["alloc_peak_gib"] = alloc_gib(be, true);
     j["text_encoder_s"] = last.text_encoder_s;
     j["denoise_s"] = last.denoise_s();
     j["vae_s"] = last.vae_s;
@@ -323,17 +352,19 @@ void run_bench(const Options& o) {
 #endif
 
   // Markdown table.
-  std::printf("| what | zimage median | min-max | GPU GiB |\n| --- | --- | --- | --- |\n");
-  std::printf("| load (folder -> device) | %.2f s | | %.1f |\n", L.load_s,
-              R["gpu_gib_after_load"].get<double>());
+  std::printf("| what | zimage median | min-max | GPU GiB held | GiB in tensors (peak) |\n"
+              "| --- | --- | --- | --- | --- |\n");
+  std::printf("| load (folder -> device) | %.2f s | | %.1f | %.1f |\n", L.load_s,
+              R["gpu_gib_after_load"].get<double>(), R["alloc_in_use_gib_after_load"].get<double>());
   for (auto it = R.begin(); it != R.end(); ++it) {
     if (!it->is_object() || !it->contains("median_ms")) continue;
     const json& j = *it;
-    std::printf("| %s | %s | %s - %s | %s |\n", it.key().c_str(),
+    auto gib = [&](const char* key) {
+      return j.contains(key) ? std::to_string(j[key].get<double>()).substr(0, 5) : std::string();
+    };
+    std::printf("| %s | %s | %s - %s | %s | %s |\n", it.key().c_str(),
                 fmt_ms(j["median_ms"]).c_str(), fmt_ms(j["min_ms"]).c_str(),
-                fmt_ms(j["max_ms"]).c_str(),
-                j.contains("gpu_gib") ? std::to_string(j["gpu_gib"].get<double>()).substr(0, 5).c_str()
-                                      : "");
+                fmt_ms(j["max_ms"]).c_str(), gib("gpu_gib").c_str(), gib("alloc_peak_gib").c_str());
   }
   if (R.contains("ablation")) {
     std::printf("\n| technique | DiT forward %d² | image (8 forwards) |\n| --- | --- | --- |\n", res0);
