@@ -2,6 +2,8 @@
 // client can tell which input to fix: "steps: 0 is outside 1..1000".
 #include "api/request_check.h"
 
+#include "core/utf8.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -10,47 +12,14 @@
 namespace zimage {
 
 std::string text_problem(std::string_view s) {
-  size_t i = 0;
-  while (i < s.size()) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    if (c == 0) return "contains a NUL byte at offset " + std::to_string(i);
-    if (c < 0x80) {
-      ++i;
-      continue;
-    }
-    int len = 0;
-    uint32_t cp = 0;
-    if (c >= 0xC2 && c <= 0xDF) {
-      len = 2;
-      cp = c & 0x1F;
-    } else if (c >= 0xE0 && c <= 0xEF) {
-      len = 3;
-      cp = c & 0x0F;
-    } else if (c >= 0xF0 && c <= 0xF4) {
-      len = 4;
-      cp = c & 0x07;
-    } else {
-      char hex[8];
-      std::snprintf(hex, sizeof(hex), "0x%02X", c);
-      return std::string("is not valid UTF-8 (byte ") + hex + " at offset " + std::to_string(i) +
-             ")";
-    }
-    if (i + static_cast<size_t>(len) > s.size())
-      return "is not valid UTF-8 (truncated sequence at offset " + std::to_string(i) + ")";
-    for (int k = 1; k < len; ++k) {
-      const auto cc = static_cast<unsigned char>(s[i + static_cast<size_t>(k)]);
-      if ((cc & 0xC0) != 0x80)
-        return "is not valid UTF-8 (bad continuation byte at offset " +
-               std::to_string(i + static_cast<size_t>(k)) + ")";
-      cp = (cp << 6) | (cc & 0x3F);
-    }
-    const bool overlong = (len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000);
-    if (overlong || (cp >= 0xD800 && cp <= 0xDFFF) || cp > 0x10FFFF)
-      return "is not valid UTF-8 (overlong, surrogate or out-of-range sequence at offset " +
-             std::to_string(i) + ")";
-    i += static_cast<size_t>(len);
-  }
-  return "";
+  const size_t nul = s.find('\0');
+  if (nul != std::string_view::npos) return "contains a NUL byte at offset " + std::to_string(nul);
+  const size_t bad = utf8_error_offset(s);
+  if (bad == kUtf8Valid) return "";
+  char hex[8];
+  std::snprintf(hex, sizeof(hex), "0x%02X", static_cast<unsigned char>(s[bad]));
+  return std::string("is not valid UTF-8 (sequence starting with byte ") + hex + " at offset " +
+         std::to_string(bad) + ")";
 }
 
 namespace {

@@ -6,6 +6,8 @@
 // are gone.
 #include "io/png.h"
 
+#include "core/utf8.h"
+
 #include <png.h>
 
 #include <cerrno>
@@ -67,43 +69,9 @@ Status check_keyword(const std::string& key) {
   return Status::Ok();
 }
 
-// Strict UTF-8: no overlong forms, no surrogates, nothing above U+10FFFF, no NUL byte.
+// Strict UTF-8 (core/utf8.h) and no NUL byte.
 bool valid_utf8(const std::string& s) {
-  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
-  const size_t n = s.size();
-  size_t i = 0;
-  while (i < n) {
-    const unsigned char c = p[i];
-    if (c == 0) return false;
-    if (c < 0x80) {
-      ++i;
-      continue;
-    }
-    int len = 0;
-    uint32_t cp = 0;
-    if (c >= 0xC2 && c <= 0xDF) {
-      len = 2;
-      cp = c & 0x1Fu;
-    } else if (c >= 0xE0 && c <= 0xEF) {
-      len = 3;
-      cp = c & 0x0Fu;
-    } else if (c >= 0xF0 && c <= 0xF4) {
-      len = 4;
-      cp = c & 0x07u;
-    } else {
-      return false;
-    }
-    if (n - i < static_cast<size_t>(len)) return false;
-    for (int k = 1; k < len; ++k) {
-      const unsigned char cc = p[i + static_cast<size_t>(k)];
-      if ((cc & 0xC0u) != 0x80u) return false;
-      cp = (cp << 6) | (cc & 0x3Fu);
-    }
-    if ((len == 3 && cp < 0x800) || (len == 4 && (cp < 0x10000 || cp > 0x10FFFF))) return false;
-    if (cp >= 0xD800 && cp <= 0xDFFF) return false;
-    i += static_cast<size_t>(len);
-  }
-  return true;
+  return s.find('\0') == std::string::npos && utf8_error_offset(s) == kUtf8Valid;
 }
 
 // ---- writing ---------------------------------------------------------------------------------

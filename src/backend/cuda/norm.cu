@@ -178,6 +178,25 @@ __device__ __forceinline__ void row_slot(int tpr, int64_t* row, int* t) {
   }
 }
 
+// Loads this thread's packs of row `row` of src [rows, d] into registers (fp32) and returns the
+// row's sum of squares (reduced over the row's threads). Shared by the register-cached RMS norms.
+template <typename T, int VEC, int PPT, bool kBlock>
+__device__ __forceinline__ float load_row_sumsq(const T* src, int64_t row, int d, int t, int tpr,
+                                                bool valid, float (&v)[PPT][VEC], float* scratch) {
+  const int packs = d / VEC;
+  float ss = 0.f;
+#pragma unroll
+  for (int p = 0; p < PPT; ++p) {
+    const int pk = t + p * tpr;
+    if (valid && pk < packs) {
+      load_f32<T, VEC>(src + row * d + pk * VEC, v[p]);
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) ss += v[p][k] * v[p][k];
+    }
+  }
+  return row_sum<kBlock>(ss, tpr, scratch);
+}
+
 template <typename T, int VEC, int PPT, bool kBlock>
 __global__ void __launch_bounds__(1024)
     rms_norm_reg_kernel(const T* x, const T* w, const T* scale, T* y, int64_t rows, int d,
@@ -189,17 +208,7 @@ __global__ void __launch_bounds__(1024)
   const int packs = d / VEC;
   const bool valid = row < rows;
   float v[PPT][VEC];
-  float ss = 0.f;
-#pragma unroll
-  for (int p = 0; p < PPT; ++p) {
-    const int pk = t + p * tpr;
-    if (valid && pk < packs) {
-      load_f32<T, VEC>(x + row * d + pk * VEC, v[p]);
-#pragma unroll
-      for (int k = 0; k < VEC; ++k) ss += v[p][k] * v[p][k];
-    }
-  }
-  ss = row_sum<kBlock>(ss, tpr, scratch);
+  const float ss = load_row_sumsq<T, VEC, PPT, kBlock>(x, row, d, t, tpr, valid, v, scratch);
   if (!valid) return;
   const float r = rsqrtf(ss / static_cast<float>(d) + eps);
   const T* sr = scale ? scale + (row / rows_per_group) * d : nullptr;
@@ -301,17 +310,7 @@ __global__ void __launch_bounds__(1024)
   const int packs = d / VEC;
   const bool valid = row < rows;
   float v[PPT][VEC];
-  float ss = 0.f;
-#pragma unroll
-  for (int p = 0; p < PPT; ++p) {
-    const int pk = t + p * tpr;
-    if (valid && pk < packs) {
-      load_f32<T, VEC>(y + row * d + pk * VEC, v[p]);
-#pragma unroll
-      for (int k = 0; k < VEC; ++k) ss += v[p][k] * v[p][k];
-    }
-  }
-  ss = row_sum<kBlock>(ss, tpr, scratch);
+  const float ss = load_row_sumsq<T, VEC, PPT, kBlock>(y, row, d, t, tpr, valid, v, scratch);
   if (!valid) return;
   const float r = rsqrtf(ss / static_cast<float>(d) + eps);
   const T* gr = gate ? gate + (row / rows_per_group) * d : nullptr;
