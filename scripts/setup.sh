@@ -16,3 +16,4 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}"
 fi
 echo "setup: all build dependencies present"
+scripts/fetch_cudnn_frontend.sh

@@ -4,6 +4,7 @@
 
 #include <string>
 
+#include "backend/cuda/conv_graph.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.h"
@@ -17,9 +18,12 @@ constexpr size_t kFindWorkspaceBytes = size_t{256} << 20;
 
 cudnnDataType_t cudnn_type(DType dt) {
   switch (dt) {
-    case DType::kBF16: return CUDNN_DATA_BFLOAT16;
-    case DType::kF16: return CUDNN_DATA_HALF;
-    default: return CUDNN_DATA_FLOAT;
+    case DType::kBF16:
+      return CUDNN_DATA_BFLOAT16;
+    case DType::kF16:
+      return CUDNN_DATA_HALF;
+    default:
+      return CUDNN_DATA_FLOAT;
   }
 }
 
@@ -109,8 +113,16 @@ Status ConvPlanner::make_plan(const ConvRequest& r, Plan& p) {
 
 Status ConvPlanner::run(const ConvRequest& r, CachingAllocator& alloc) {
   if (!handle_) return Unsupported("conv2d: cuDNN is not available");
-  const Key key{r.n,  r.h,      r.w_,     r.cin,  r.cout,
-                r.kh, r.kw,     r.stride, r.pad_h, r.pad_w,
+  const Key key{r.n,
+                r.h,
+                r.w_,
+                r.cin,
+                r.cout,
+                r.kh,
+                r.kw,
+                r.stride,
+                r.pad_h,
+                r.pad_w,
                 static_cast<int>(r.dt)};
   auto it = plans_.find(key);
   if (it == plans_.end()) {
@@ -137,10 +149,13 @@ Status ConvPlanner::run(const ConvRequest& r, CachingAllocator& alloc) {
   return Status::Ok();
 }
 
-bool CudaBackend::has_cudnn() const { return conv_ && conv_->available(); }
+bool CudaBackend::has_cudnn() const {
+  return conv_ && conv_->available();
+}
 
 Status CudaBackend::conv2d(const Tensor& x, const Tensor& w, const Tensor& bias,
                            const Conv2dParams& p, Tensor& y) {
+  ZI_OP_SCOPE("conv2d", &x, &w);
   constexpr const char* op = "conv2d";
   ZI_TRY(check_cuda_tensor(op, "x", x));
   ZI_TRY(check_cuda_tensor(op, "w", w));
@@ -173,15 +188,19 @@ Status CudaBackend::conv2d(const Tensor& x, const Tensor& w, const Tensor& bias,
   int pad_h = p.pad_top, pad_w = p.pad_left;
   if (p.pad_top != p.pad_bottom || p.pad_left != p.pad_right) {
     ZI_ASSIGN_OR_RETURN(src, alloc(act_, {n, hp, wp, cin}));
-    ZI_LAUNCH_TRY("conv2d pad", launch_pad_nhwc(kt, x.data(), src.data(), n, h, wd, cin,
-                                                p.pad_top, p.pad_bottom, p.pad_left,
-                                                p.pad_right, stream_));
+    ZI_LAUNCH_TRY("conv2d pad", launch_pad_nhwc(kt, x.data(), src.data(), n, h, wd, cin, p.pad_top,
+                                                p.pad_bottom, p.pad_left, p.pad_right, stream_));
     sh = hp;
     sw = wp;
     pad_h = pad_w = 0;
   }
-  const ConvRequest req{src.data(), w.data(), y.data(), n,  sh,       sw,    cin, cout, kh,
-                        kw,         ho,       wo,       p.stride, pad_h, pad_w, act_};
+  const ConvRequest req{src.data(), w.data(), y.data(), n,  sh,       sw,    cin,   cout,
+                        kh,         kw,       ho,       wo, p.stride, pad_h, pad_w, act_};
+  if (use_conv_graphs_ && conv_graphs_->available()) {
+    const Status gs = conv_graphs_->run(req, ptr_or_null(bias), *allocator_);
+    if (gs.ok()) return Status::Ok();
+    if (gs.code() != ErrorCode::kUnsupported) return gs.with_context("conv2d");
+  }
   Status st = conv_->run(req, *allocator_);
   if (st.ok()) {
     if (bias.defined())
@@ -191,9 +210,8 @@ Status CudaBackend::conv2d(const Tensor& x, const Tensor& w, const Tensor& bias,
   }
   if (st.code() != ErrorCode::kUnsupported) return st.with_context("conv2d");
   const ConvShape shape{n, sh, sw, cin, cout, kh, kw, ho, wo, p.stride, pad_h, pad_w};
-  ZI_LAUNCH_TRY("conv2d (direct)", launch_conv2d_direct(kt, src.data(), w.data(),
-                                                        ptr_or_null(bias), y.data(), shape,
-                                                        stream_));
+  ZI_LAUNCH_TRY("conv2d (direct)", launch_conv2d_direct(kt, src.data(), w.data(), ptr_or_null(bias),
+                                                        y.data(), shape, stream_));
   return Status::Ok();
 }
 

@@ -10,6 +10,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/gemm_cublaslt.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/sdpa_cudnn.h"
 #include "backend/cuda/validate.h"
 
 namespace zimage::cuda {
@@ -25,6 +26,7 @@ cudaDataType_t cuda_type(DType dt) {
 
 Status CudaBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v,
                               const AttentionParams& p, Tensor& out) {
+  ZI_OP_SCOPE("attention", &q, &k);
   constexpr const char* op = "attention";
   ZI_TRY(check_cuda_tensor(op, "q", q));
   ZI_TRY(check_cuda_tensor(op, "k", k));
@@ -55,6 +57,16 @@ Status CudaBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v,
   if (b > 65535 || hq > 65535 || sq > INT32_MAX || sk > INT32_MAX)
     return Unsupported("attention: shape too large");
 
+  if (attention_path_ == AttentionPath::kAuto || attention_path_ == AttentionPath::kCudnn) {
+    Status s = Unsupported("cuDNN attention: f32");
+    if (q.dtype() != DType::kF32) {
+      const SdpaRequest r{q.data(), k.data(), v.data(), out.data(), b,        sq,        sk,
+                          hq,       hkv,      d,        p.scale,    p.causal, p.key_len, q.dtype()};
+      s = sdpa_->run(r, *allocator_);
+    }
+    if (s.ok() || s.code() != ErrorCode::kUnsupported) return s;
+    if (attention_path_ == AttentionPath::kCudnn) return s;
+  }
   FlashArgs fa{};
   fa.q = q.data();
   fa.k = k.data();
@@ -135,6 +147,10 @@ Status CudaBackend::attention_general(const Tensor& q, const Tensor& k, const Te
     }
   }
   return Status::Ok();
+}
+
+bool CudaBackend::has_cudnn_attention() const {
+  return sdpa_ && sdpa_->available();
 }
 
 }  // namespace zimage::cuda

@@ -8,9 +8,11 @@
 #include <vector>
 
 #include "backend/cuda/conv_cudnn.h"
+#include "backend/cuda/conv_graph.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/gemm_cublaslt.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/sdpa_cudnn.h"
 #include "backend/cuda/validate.h"
 
 namespace zimage {
@@ -57,12 +59,15 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(int device_index, DType
                        std::to_string(prop.major) + std::to_string(prop.minor) +
                        "; sm_80 or newer is required");
   std::unique_ptr<CudaBackend> b(new CudaBackend(device_index, act_dtype));
-  b->name_ = "cuda:" + std::to_string(device_index) + " " + prop.name + " (" +
-             dtype_name(act_dtype) + ")";
+  b->name_ =
+      "cuda:" + std::to_string(device_index) + " " + prop.name + " (" + dtype_name(act_dtype) + ")";
   ZI_CUDA_TRY(cudaStreamCreateWithFlags(&b->stream_, cudaStreamNonBlocking));
   b->allocator_ = CachingAllocator::create(device_index);
   ZI_ASSIGN_OR_RETURN(b->gemm_, LtGemm::create(b->stream_, *b->allocator_));
   b->conv_ = ConvPlanner::create(b->stream_);
+  b->sdpa_ = CudnnSdpa::create(b->stream_);
+  b->conv_graphs_ = ConvGraphs::create(b->stream_);
+  b->profiler_ = std::make_unique<OpProfiler>(b->stream_);
   return b;
 }
 
@@ -70,6 +75,9 @@ CudaBackend::CudaBackend(int device, DType act) : device_(device), act_(act) {}
 
 CudaBackend::~CudaBackend() {
   if (stream_) cudaStreamSynchronize(stream_);
+  profiler_.reset();
+  sdpa_.reset();
+  conv_graphs_.reset();
   conv_.reset();
   gemm_.reset();
   if (stream_) cudaStreamDestroy(stream_);
@@ -89,17 +97,17 @@ Result<Tensor> CudaBackend::upload(const Tensor& host, DType dtype) {
   ZI_ASSIGN_OR_RETURN(Tensor out, alloc(dtype, host.shape()));
   if (host.numel() == 0) return out;
   if (host.dtype() == dtype) {
-    ZI_CUDA_TRY(cudaMemcpyAsync(out.data(), host.data(), host.nbytes(), cudaMemcpyHostToDevice,
-                                stream_));
+    ZI_CUDA_TRY(
+        cudaMemcpyAsync(out.data(), host.data(), host.nbytes(), cudaMemcpyHostToDevice, stream_));
     return out;
   }
   if (!is_float_kernel_type(dtype) || !dtype_is_float(host.dtype()))
-    return Unsupported(std::string("upload: cannot convert ") + dtype_name(host.dtype()) +
-                       " to " + dtype_name(dtype));
+    return Unsupported(std::string("upload: cannot convert ") + dtype_name(host.dtype()) + " to " +
+                       dtype_name(dtype));
   if (is_float_kernel_type(host.dtype())) {  // raw copy, convert on the device
     ZI_ASSIGN_OR_RETURN(Tensor raw, alloc(host.dtype(), host.shape()));
-    ZI_CUDA_TRY(cudaMemcpyAsync(raw.data(), host.data(), host.nbytes(), cudaMemcpyHostToDevice,
-                                stream_));
+    ZI_CUDA_TRY(
+        cudaMemcpyAsync(raw.data(), host.data(), host.nbytes(), cudaMemcpyHostToDevice, stream_));
     ZI_TRY(convert(raw, out));
     return out;
   }
@@ -119,18 +127,17 @@ Status CudaBackend::download(const Tensor& src, Tensor& host) {
   if (!host.defined() || host.device() != Device::kCPU)
     return InvalidArgument("download: destination must be a defined host tensor");
   if (host.shape() != src.shape())
-    return InvalidArgument("download: shapes differ: " + src.describe() + " vs " +
-                           host.describe());
+    return InvalidArgument("download: shapes differ: " + src.describe() + " vs " + host.describe());
   if (src.numel() == 0) return Status::Ok();
   if (src.dtype() == host.dtype()) {
-    ZI_CUDA_TRY(cudaMemcpyAsync(host.data(), src.data(), src.nbytes(), cudaMemcpyDeviceToHost,
-                                stream_));
+    ZI_CUDA_TRY(
+        cudaMemcpyAsync(host.data(), src.data(), src.nbytes(), cudaMemcpyDeviceToHost, stream_));
     ZI_CUDA_TRY(cudaStreamSynchronize(stream_));
     return Status::Ok();
   }
   if (!is_float_kernel_type(src.dtype()) || !dtype_is_float(host.dtype()))
-    return Unsupported(std::string("download: cannot convert ") + dtype_name(src.dtype()) +
-                       " to " + dtype_name(host.dtype()));
+    return Unsupported(std::string("download: cannot convert ") + dtype_name(src.dtype()) + " to " +
+                       dtype_name(host.dtype()));
   if (is_float_kernel_type(host.dtype())) {
     ZI_ASSIGN_OR_RETURN(Tensor tmp, alloc(host.dtype(), src.shape()));
     ZI_TRY(convert(src, tmp));
@@ -146,6 +153,7 @@ Status CudaBackend::download(const Tensor& src, Tensor& host) {
 }
 
 Status CudaBackend::convert(const Tensor& src, Tensor& dst) {
+  ZI_OP_SCOPE("convert", &src, &dst);
   ZI_TRY(check_cuda_tensor("convert", "src", src));
   ZI_TRY(check_cuda_tensor("convert", "dst", dst));
   if (src.numel() != dst.numel())
@@ -154,21 +162,21 @@ Status CudaBackend::convert(const Tensor& src, Tensor& dst) {
   if (src.numel() == 0) return Status::Ok();
   if (src.dtype() == dst.dtype()) {
     if (src.data() == dst.data()) return Status::Ok();
-    ZI_CUDA_TRY(cudaMemcpyAsync(dst.data(), src.data(), src.nbytes(), cudaMemcpyDeviceToDevice,
-                                stream_));
+    ZI_CUDA_TRY(
+        cudaMemcpyAsync(dst.data(), src.data(), src.nbytes(), cudaMemcpyDeviceToDevice, stream_));
     return Status::Ok();
   }
   if (overlaps(src, dst)) return InvalidArgument("convert: in place needs equal dtypes");
   ZI_ASSIGN_OR_RETURN(KType from, ktype_of("convert", src.dtype()));
   ZI_ASSIGN_OR_RETURN(KType to, ktype_of("convert", dst.dtype()));
-  ZI_LAUNCH_TRY("convert",
-                launch_convert(from, src.data(), to, dst.data(), src.numel(), stream_));
+  ZI_LAUNCH_TRY("convert", launch_convert(from, src.data(), to, dst.data(), src.numel(), stream_));
   return Status::Ok();
 }
 
 Status CudaBackend::copy_2d(const Tensor& src, int64_t src_offset, int64_t src_row_stride,
                             Tensor& dst, int64_t dst_offset, int64_t dst_row_stride, int64_t rows,
                             int64_t cols) {
+  ZI_OP_SCOPE("copy_2d", &dst);
   ZI_TRY(check_cuda_tensor("copy_2d", "src", src));
   ZI_TRY(check_cuda_tensor("copy_2d", "dst", dst));
   if (src.dtype() != dst.dtype())
@@ -196,6 +204,7 @@ Status CudaBackend::copy_2d(const Tensor& src, int64_t src_offset, int64_t src_r
 }
 
 Status CudaBackend::fill(Tensor& t, float value) {
+  ZI_OP_SCOPE("fill", &t);
   ZI_TRY(check_cuda_tensor("fill", "t", t));
   ZI_ASSIGN_OR_RETURN(KType kt, ktype_of("fill", t.dtype()));
   ZI_LAUNCH_TRY("fill", launch_fill(kt, t.data(), t.numel(), value, stream_));

@@ -21,11 +21,14 @@
 #include "backend/backend.h"
 #include "backend/cuda/allocator.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/op_profiler.h"
 
 namespace zimage::cuda {
 
 class LtGemm;
 class ConvPlanner;
+class CudnnSdpa;
+class ConvGraphs;
 
 // An instantiated CUDA graph; move-only, destroyed with its owner.
 class CudaGraph {
@@ -44,7 +47,9 @@ class CudaGraph {
   cudaGraphExec_t exec_ = nullptr;
 };
 
-enum class AttentionPath { kAuto, kFlash, kGeneral };
+// kAuto: cuDNN's fused attention where it has an engine, else the own flash kernel (bf16,
+// head_dim 64/128), else the general GEMM + softmax path.
+enum class AttentionPath { kAuto, kCudnn, kFlash, kGeneral };
 
 class CudaBackend final : public Backend {
  public:
@@ -70,8 +75,8 @@ class CudaBackend final : public Backend {
                     const Tensor& scale, Tensor& y) override;
   Status residual_rms_norm_gate(Tensor& x, const Tensor& y, const Tensor& w, float eps,
                                 const Tensor& gate) override;
-  Status group_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, int groups,
-                    float eps, bool silu, Tensor& y) override;
+  Status group_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, int groups, float eps,
+                    bool silu, Tensor& y) override;
   Status rope_half(Tensor& x, const Tensor& cos, const Tensor& sin) override;
   Status rope_interleaved(Tensor& x, const Tensor& freqs) override;
   Status attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& p,
@@ -98,12 +103,20 @@ class CudaBackend final : public Backend {
   Status begin_capture();
   Result<CudaGraph> end_capture();
   Status replay(const CudaGraph& graph);
-  // Which attention implementation to use (tests and benchmarks force one; kAuto picks the
-  // flash kernel for bf16 with head_dim 64/128, the general path otherwise).
+  // Which attention implementation to use (tests and benchmarks force one; see AttentionPath).
   void set_attention_path(AttentionPath p) { attention_path_ = p; }
+  AttentionPath attention_path() const { return attention_path_; }
+  // Whether cuDNN's fused attention is built in and loaded.
+  bool has_cudnn_attention() const;
   // Which build of the flash kernel to use (benchmarks compare them).
   void set_flash_variant(FlashVariant v) { flash_variant_ = v; }
   FlashVariant flash_variant() const { return flash_variant_; }
+  // Per-op GPU timing (see op_profiler.h): switch on, run, then report (sorted, clears).
+  void set_profiling(bool on) { profiler_->set_enabled(on); }
+  Result<std::vector<OpProfileRow>> profile_report() { return profiler_->report(); }
+  // Convolutions through cuDNN graphs with a fused bias (default, bf16) or the legacy cuDNN call
+  // (benchmarks compare them; see conv_graph.h).
+  void set_conv_graphs(bool on) { use_conv_graphs_ = on; }
   // Whether cuDNN loaded; without it conv2d runs a direct (slow) kernel.
   bool has_cudnn() const;
 
@@ -119,6 +132,10 @@ class CudaBackend final : public Backend {
   std::shared_ptr<CachingAllocator> allocator_;
   std::unique_ptr<LtGemm> gemm_;
   std::unique_ptr<ConvPlanner> conv_;
+  std::unique_ptr<CudnnSdpa> sdpa_;
+  std::unique_ptr<ConvGraphs> conv_graphs_;
+  bool use_conv_graphs_ = true;
+  std::unique_ptr<OpProfiler> profiler_;
   AttentionPath attention_path_ = AttentionPath::kAuto;
   FlashVariant flash_variant_ = FlashVariant::kAuto;
 };

@@ -35,6 +35,7 @@ Result<int64_t> group_rows(const char* op, const char* what, const Tensor& g, in
 }  // namespace
 
 Status CudaBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y) {
+  ZI_OP_SCOPE("matmul", &x, &w);
   constexpr const char* op = "matmul";
   ZI_TRY(check_cuda_tensor(op, "x", x));
   ZI_TRY(check_cuda_tensor(op, "w", w));
@@ -47,8 +48,8 @@ Status CudaBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bias,
     return InvalidArgument("matmul: x " + x.describe() + " does not match w " + w.describe());
   const int64_t m = shape_numel(Shape(x.shape().begin(), x.shape().end() - 1));
   if (y.dim(-1) != n || y.numel() != m * n)
-    return InvalidArgument("matmul: y " + y.describe() + " must hold [" + std::to_string(m) +
-                           ", " + std::to_string(n) + "]");
+    return InvalidArgument("matmul: y " + y.describe() + " must hold [" + std::to_string(m) + ", " +
+                           std::to_string(n) + "]");
   ZI_TRY(ktype_of(op, x.dtype()).status());
   ZI_TRY(check_dtype(op, "w", w, x.dtype()));
   ZI_TRY(check_dtype(op, "y", y, x.dtype()));
@@ -63,6 +64,7 @@ Status CudaBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bias,
 
 Status CudaBackend::rms_norm(const Tensor& x, const Tensor& w, float eps, const Tensor& scale,
                              Tensor& y) {
+  ZI_OP_SCOPE("rms_norm", &x, &scale);
   constexpr const char* op = "rms_norm";
   ZI_TRY(check_cuda_tensor(op, "x", x));
   ZI_TRY(check_optional(op, "w", w));
@@ -91,6 +93,7 @@ Status CudaBackend::rms_norm(const Tensor& x, const Tensor& w, float eps, const 
 
 Status CudaBackend::layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, float eps,
                                const Tensor& scale, Tensor& y) {
+  ZI_OP_SCOPE("layer_norm", &x);
   constexpr const char* op = "layer_norm";
   ZI_TRY(check_cuda_tensor(op, "x", x));
   ZI_TRY(check_optional(op, "w", w));
@@ -114,14 +117,15 @@ Status CudaBackend::layer_norm(const Tensor& x, const Tensor& w, const Tensor& b
   if (x.data() != y.data() && overlaps(x, y))
     return InvalidArgument("layer_norm: y partially overlaps x");
   ZI_ASSIGN_OR_RETURN(KType kt, ktype_of(op, act_));
-  ZI_LAUNCH_TRY(op, launch_layer_norm(kt, x.data(), ptr_or_null(w), ptr_or_null(b),
-                                      ptr_or_null(scale), y.data(), r.rows, r.d, rpg, eps,
-                                      stream_));
+  ZI_LAUNCH_TRY(op,
+                launch_layer_norm(kt, x.data(), ptr_or_null(w), ptr_or_null(b), ptr_or_null(scale),
+                                  y.data(), r.rows, r.d, rpg, eps, stream_));
   return Status::Ok();
 }
 
 Status CudaBackend::residual_rms_norm_gate(Tensor& x, const Tensor& y, const Tensor& w, float eps,
                                            const Tensor& gate) {
+  ZI_OP_SCOPE("residual_rms_norm_gate", &x);
   constexpr const char* op = "residual_rms_norm_gate";
   ZI_TRY(check_cuda_tensor(op, "x", x));
   ZI_TRY(check_cuda_tensor(op, "y", y));
@@ -143,14 +147,15 @@ Status CudaBackend::residual_rms_norm_gate(Tensor& x, const Tensor& y, const Ten
   if (x.data() != y.data() && overlaps(x, y))
     return InvalidArgument("residual_rms_norm_gate: y partially overlaps x");
   ZI_ASSIGN_OR_RETURN(KType kt, ktype_of(op, act_));
-  ZI_LAUNCH_TRY(op, launch_residual_rms_norm_gate(kt, x.data(), y.data(), ptr_or_null(w),
-                                                  ptr_or_null(gate), r.rows, r.d, rpg, eps,
-                                                  stream_));
+  ZI_LAUNCH_TRY(
+      op, launch_residual_rms_norm_gate(kt, x.data(), y.data(), ptr_or_null(w), ptr_or_null(gate),
+                                        r.rows, r.d, rpg, eps, stream_));
   return Status::Ok();
 }
 
-Status CudaBackend::group_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta,
-                               int groups, float eps, bool silu, Tensor& y) {
+Status CudaBackend::group_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, int groups,
+                               float eps, bool silu, Tensor& y) {
+  ZI_OP_SCOPE("group_norm", &x);
   constexpr const char* op = "group_norm";
   ZI_TRY(check_cuda_tensor(op, "x", x));
   ZI_TRY(check_optional(op, "gamma", gamma));
@@ -177,12 +182,13 @@ Status CudaBackend::group_norm(const Tensor& x, const Tensor& gamma, const Tenso
   ZI_ASSIGN_OR_RETURN(KType kt, ktype_of(op, act_));
   const size_t ws_bytes = group_norm_workspace_bytes(b, hw, c, groups);
   ZI_ASSIGN_OR_RETURN(Tensor ws, alloc(DType::kU8, {static_cast<int64_t>(ws_bytes)}));
-  ZI_LAUNCH_TRY(op, launch_group_norm(kt, x.data(), ptr_or_null(gamma), ptr_or_null(beta),
-                                      y.data(), b, hw, c, groups, eps, silu, ws.data(), stream_));
+  ZI_LAUNCH_TRY(op, launch_group_norm(kt, x.data(), ptr_or_null(gamma), ptr_or_null(beta), y.data(),
+                                      b, hw, c, groups, eps, silu, ws.data(), stream_));
   return Status::Ok();
 }
 
 Status CudaBackend::rope_half(Tensor& x, const Tensor& cos, const Tensor& sin) {
+  ZI_OP_SCOPE("rope_half", &x);
   constexpr const char* op = "rope_half";
   ZI_TRY(check_cuda_tensor(op, "x", x));
   ZI_TRY(check_cuda_tensor(op, "cos", cos));
@@ -202,6 +208,7 @@ Status CudaBackend::rope_half(Tensor& x, const Tensor& cos, const Tensor& sin) {
 }
 
 Status CudaBackend::rope_interleaved(Tensor& x, const Tensor& freqs) {
+  ZI_OP_SCOPE("rope_interleaved", &x);
   constexpr const char* op = "rope_interleaved";
   ZI_TRY(check_cuda_tensor(op, "x", x));
   ZI_TRY(check_cuda_tensor(op, "freqs", freqs));
@@ -234,6 +241,7 @@ Status check_unary(const char* op, const Tensor& x, const Tensor& y) {
 }  // namespace
 
 Status CudaBackend::silu(const Tensor& x, Tensor& y) {
+  ZI_OP_SCOPE("silu", &x);
   ZI_TRY(check_unary("silu", x, y));
   ZI_ASSIGN_OR_RETURN(KType kt, ktype_of("silu", x.dtype()));
   ZI_LAUNCH_TRY("silu", launch_unary(UnaryOp::kSilu, kt, x.data(), y.data(), x.numel(), stream_));
@@ -241,6 +249,7 @@ Status CudaBackend::silu(const Tensor& x, Tensor& y) {
 }
 
 Status CudaBackend::tanh(const Tensor& x, Tensor& y) {
+  ZI_OP_SCOPE("tanh", &x);
   ZI_TRY(check_unary("tanh", x, y));
   ZI_ASSIGN_OR_RETURN(KType kt, ktype_of("tanh", x.dtype()));
   ZI_LAUNCH_TRY("tanh", launch_unary(UnaryOp::kTanh, kt, x.data(), y.data(), x.numel(), stream_));
@@ -248,14 +257,14 @@ Status CudaBackend::tanh(const Tensor& x, Tensor& y) {
 }
 
 Status CudaBackend::swiglu(const Tensor& x, Tensor& y) {
+  ZI_OP_SCOPE("swiglu", &x);
   constexpr const char* op = "swiglu";
   ZI_TRY(check_cuda_tensor(op, "x", x));
   ZI_TRY(check_cuda_tensor(op, "y", y));
   ZI_TRY(check_dtype(op, "y", y, x.dtype()));
   if (x.rank() < 1 || y.rank() != x.rank() || x.dim(-1) != 2 * y.dim(-1) ||
       x.numel() != 2 * y.numel())
-    return InvalidArgument("swiglu: x " + x.describe() + " must be [.., 2F] for y " +
-                           y.describe());
+    return InvalidArgument("swiglu: x " + x.describe() + " must be [.., 2F] for y " + y.describe());
   const int64_t f = y.dim(-1), m = f == 0 ? 0 : y.numel() / f;
   // Row m of y overlaps rows of x that other threads still read, except for a single row
   // written over its own gate half.
@@ -267,6 +276,7 @@ Status CudaBackend::swiglu(const Tensor& x, Tensor& y) {
 }
 
 Status CudaBackend::axpby(float a, const Tensor& x, float b, const Tensor& y, Tensor& out) {
+  ZI_OP_SCOPE("axpby", &x);
   constexpr const char* op = "axpby";
   ZI_TRY(check_cuda_tensor(op, "x", x));
   ZI_TRY(check_cuda_tensor(op, "y", y));
@@ -282,6 +292,7 @@ Status CudaBackend::axpby(float a, const Tensor& x, float b, const Tensor& y, Te
 }
 
 Status CudaBackend::add(const Tensor& x, const Tensor& y, Tensor& out) {
+  ZI_OP_SCOPE("add", &x, &y);
   constexpr const char* op = "add";
   ZI_TRY(check_cuda_tensor(op, "x", x));
   ZI_TRY(check_cuda_tensor(op, "y", y));
@@ -290,14 +301,12 @@ Status CudaBackend::add(const Tensor& x, const Tensor& y, Tensor& out) {
   ZI_TRY(check_dtype(op, "y", y, x.dtype()));
   ZI_TRY(check_dtype(op, "out", out, x.dtype()));
   if (x.numel() > 0 && (y.numel() == 0 || x.numel() % y.numel() != 0))
-    return InvalidArgument("add: y " + y.describe() + " does not broadcast over x " +
-                           x.describe());
+    return InvalidArgument("add: y " + y.describe() + " does not broadcast over x " + x.describe());
   if (y.numel() != x.numel() && overlaps(y, out))
     return InvalidArgument("add: out must not alias a broadcast y");
   ZI_ASSIGN_OR_RETURN(KType kt, ktype_of(op, x.dtype()));
   if (x.numel() == 0) return Status::Ok();
-  ZI_LAUNCH_TRY(op,
-                launch_add(kt, x.data(), y.data(), out.data(), x.numel(), y.numel(), stream_));
+  ZI_LAUNCH_TRY(op, launch_add(kt, x.data(), y.data(), out.data(), x.numel(), y.numel(), stream_));
   return Status::Ok();
 }
 
@@ -311,13 +320,14 @@ Result<std::vector<double>> CudaBackend::sum_squares(const Tensor& x) {
   if (rows == 0) return out;
   ZI_ASSIGN_OR_RETURN(Tensor acc, alloc(DType::kF64, {rows}));
   ZI_LAUNCH_TRY(op, launch_sum_squares(kt, x.data(), rows, cols, acc.data_as<double>(), stream_));
-  ZI_CUDA_TRY(cudaMemcpyAsync(out.data(), acc.data(), sizeof(double) * rows,
-                              cudaMemcpyDeviceToHost, stream_));
+  ZI_CUDA_TRY(cudaMemcpyAsync(out.data(), acc.data(), sizeof(double) * rows, cudaMemcpyDeviceToHost,
+                              stream_));
   ZI_CUDA_TRY(cudaStreamSynchronize(stream_));
   return out;
 }
 
 Status CudaBackend::upsample_nearest2x(const Tensor& x, Tensor& y) {
+  ZI_OP_SCOPE("upsample_nearest2x", &x);
   constexpr const char* op = "upsample_nearest2x";
   ZI_TRY(check_cuda_tensor(op, "x", x));
   ZI_TRY(check_cuda_tensor(op, "y", y));
@@ -326,12 +336,13 @@ Status CudaBackend::upsample_nearest2x(const Tensor& x, Tensor& y) {
   ZI_TRY(check_shape(op, "y", y, {x.dim(0), 2 * x.dim(1), 2 * x.dim(2), x.dim(3)}));
   if (overlaps(x, y)) return InvalidArgument("upsample_nearest2x: y must not alias x");
   ZI_ASSIGN_OR_RETURN(KType kt, ktype_of(op, x.dtype()));
-  ZI_LAUNCH_TRY(op, launch_upsample_nearest2x(kt, x.data(), y.data(), x.dim(0), x.dim(1),
-                                              x.dim(2), x.dim(3), stream_));
+  ZI_LAUNCH_TRY(op, launch_upsample_nearest2x(kt, x.data(), y.data(), x.dim(0), x.dim(1), x.dim(2),
+                                              x.dim(3), stream_));
   return Status::Ok();
 }
 
 Status CudaBackend::embedding(const Tensor& table, const Tensor& ids, Tensor& out) {
+  ZI_OP_SCOPE("embedding", &out);
   constexpr const char* op = "embedding";
   ZI_TRY(check_cuda_tensor(op, "table", table));
   ZI_TRY(check_cuda_tensor(op, "out", out));
@@ -341,24 +352,25 @@ Status CudaBackend::embedding(const Tensor& table, const Tensor& ids, Tensor& ou
   const int64_t n = ids.numel(), v = table.dim(0), d = table.dim(1);
   ZI_TRY(check_dtype(op, "out", out, table.dtype()));
   if (out.rank() < 1 || out.dim(-1) != d || out.numel() != n * d)
-    return InvalidArgument("embedding: out " + out.describe() + " must be [" +
-                           std::to_string(n) + ", " + std::to_string(d) + "]");
+    return InvalidArgument("embedding: out " + out.describe() + " must be [" + std::to_string(n) +
+                           ", " + std::to_string(d) + "]");
   const int32_t* id = ids.data_as<int32_t>();
   for (int64_t i = 0; i < n; ++i)
     if (id[i] < 0 || id[i] >= v)
-      return InvalidArgument("embedding: id " + std::to_string(id[i]) + " at " +
-                             std::to_string(i) + " is outside [0, " + std::to_string(v) + ")");
+      return InvalidArgument("embedding: id " + std::to_string(id[i]) + " at " + std::to_string(i) +
+                             " is outside [0, " + std::to_string(v) + ")");
   ZI_ASSIGN_OR_RETURN(KType kt, ktype_of(op, table.dtype()));
   if (n == 0) return Status::Ok();
   ZI_ASSIGN_OR_RETURN(Tensor dev_ids, alloc(DType::kI32, {n}));
-  ZI_CUDA_TRY(cudaMemcpyAsync(dev_ids.data(), id, sizeof(int32_t) * n, cudaMemcpyHostToDevice,
-                              stream_));
-  ZI_LAUNCH_TRY(op, launch_embedding(kt, table.data(), dev_ids.data_as<int32_t>(), out.data(), n,
-                                     d, stream_));
+  ZI_CUDA_TRY(
+      cudaMemcpyAsync(dev_ids.data(), id, sizeof(int32_t) * n, cudaMemcpyHostToDevice, stream_));
+  ZI_LAUNCH_TRY(op, launch_embedding(kt, table.data(), dev_ids.data_as<int32_t>(), out.data(), n, d,
+                                     stream_));
   return Status::Ok();
 }
 
 Status CudaBackend::patchify(const Tensor& latents, int p, Tensor& tokens) {
+  ZI_OP_SCOPE("patchify", &latents);
   constexpr const char* op = "patchify";
   ZI_TRY(check_cuda_tensor(op, "latents", latents));
   ZI_TRY(check_cuda_tensor(op, "tokens", tokens));
@@ -369,12 +381,13 @@ Status CudaBackend::patchify(const Tensor& latents, int p, Tensor& tokens) {
     return InvalidArgument("patchify: H and W must be multiples of p = " + std::to_string(p));
   ZI_TRY(check_shape(op, "tokens", tokens, {b, (h / p) * (w / p), int64_t{p} * p * c}));
   ZI_ASSIGN_OR_RETURN(KType kt, ktype_of(op, tokens.dtype()));
-  ZI_LAUNCH_TRY(op, launch_patchify(kt, latents.data_as<float>(), tokens.data(), b, c, h, w, p,
-                                    stream_));
+  ZI_LAUNCH_TRY(
+      op, launch_patchify(kt, latents.data_as<float>(), tokens.data(), b, c, h, w, p, stream_));
   return Status::Ok();
 }
 
 Status CudaBackend::unpatchify(const Tensor& tokens, int p, float alpha, Tensor& out) {
+  ZI_OP_SCOPE("unpatchify", &tokens);
   constexpr const char* op = "unpatchify";
   ZI_TRY(check_cuda_tensor(op, "tokens", tokens));
   ZI_TRY(check_cuda_tensor(op, "out", out));
@@ -389,8 +402,8 @@ Status CudaBackend::unpatchify(const Tensor& tokens, int p, float alpha, Tensor&
     return InvalidArgument("unpatchify: tokens " + tokens.describe() + " do not cover out " +
                            out.describe());
   ZI_ASSIGN_OR_RETURN(KType kt, ktype_of(op, tokens.dtype()));
-  ZI_LAUNCH_TRY(op, launch_unpatchify(kt, tokens.data(), tokens.dim(1), out.data_as<float>(), b,
-                                      c, h, w, p, alpha, stream_));
+  ZI_LAUNCH_TRY(op, launch_unpatchify(kt, tokens.data(), tokens.dim(1), out.data_as<float>(), b, c,
+                                      h, w, p, alpha, stream_));
   return Status::Ok();
 }
 

@@ -174,7 +174,19 @@ __global__ void sum_squares_kernel(const T* x, int64_t cols, double* out) {
   if (threadIdx.x == 0) atomicAdd(out + blockIdx.y, acc);
 }
 
+__global__ void write_i32_kernel(int32_t* dst, I32Values values) {
+  const int i = static_cast<int>(threadIdx.x);
+  if (i < values.n) dst[i] = values.v[i];
+}
+
 }  // namespace
+
+cudaError_t launch_write_i32(int32_t* dst, const I32Values& values, cudaStream_t s) {
+  if (values.n <= 0) return cudaSuccess;
+  if (values.n > I32Values::kMax) return cudaErrorInvalidValue;
+  write_i32_kernel<<<1, I32Values::kMax, 0, s>>>(dst, values);
+  return cudaGetLastError();
+}
 
 cudaError_t launch_fill(KType t, void* dst, int64_t n, float value, cudaStream_t s) {
   if (n <= 0) return cudaSuccess;

@@ -26,6 +26,14 @@ cudaError_t launch_axpby(KType t, float a, const void* x, float b, const void* y
 // out[i] = x[i] + y[i % ny]; ny divides n.
 cudaError_t launch_add(KType t, const void* x, const void* y, void* out, int64_t n, int64_t ny,
                        cudaStream_t s);
+// dst[i] = values.v[i] for i < values.n. The values travel as kernel arguments, so the write can
+// be recorded into a CUDA graph (a host-to-device copy of pageable memory cannot).
+struct I32Values {
+  static constexpr int kMax = 64;
+  int n = 0;
+  int32_t v[kMax] = {};
+};
+cudaError_t launch_write_i32(int32_t* dst, const I32Values& values, cudaStream_t s);
 // out[r] = sum over the row of x², for x[rows, cols]; out is a device array of `rows` doubles.
 cudaError_t launch_sum_squares(KType t, const void* x, int64_t rows, int64_t cols, double* out,
                                cudaStream_t s);

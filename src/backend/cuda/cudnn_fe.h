@@ -1,0 +1,14 @@
+// Shared set-up of NVIDIA's cudnn-frontend for the files that build cuDNN graphs (sdpa_cudnn.cpp,
+// conv_graph.cpp). Both are compiled with NV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING (CMakeLists.txt),
+// so the frontend reaches cuDNN through a dlopen handle that this project owns.
+#pragma once
+
+#include <cudnn.h>
+
+namespace zimage::cuda {
+
+// Opens the handle once (libcudnn.so.9, already loaded for the convolutions). False when cuDNN is
+// missing or older than 9.0; the callers then report themselves unavailable.
+bool cudnn_frontend_ready();
+
+}  // namespace zimage::cuda
