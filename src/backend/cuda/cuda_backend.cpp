@@ -63,6 +63,7 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(int device_index, DType
   b->allocator_ = CachingAllocator::create(device_index);
   ZI_ASSIGN_OR_RETURN(b->gemm_, LtGemm::create(b->stream_, *b->allocator_));
   b->conv_ = ConvPlanner::create(b->stream_);
+  b->uploader_ = std::make_unique<PinnedUploader>(device_index, b->stream_);
   return b;
 }
 
@@ -70,6 +71,7 @@ CudaBackend::CudaBackend(int device, DType act) : device_(device), act_(act) {}
 
 CudaBackend::~CudaBackend() {
   if (stream_) cudaStreamSynchronize(stream_);
+  uploader_.reset();
   conv_.reset();
   gemm_.reset();
   if (stream_) cudaStreamDestroy(stream_);
@@ -88,9 +90,12 @@ Result<Tensor> CudaBackend::upload(const Tensor& host, DType dtype) {
   if (host.numel() < 0) return InvalidArgument("upload: bad shape");
   ZI_ASSIGN_OR_RETURN(Tensor out, alloc(dtype, host.shape()));
   if (host.numel() == 0) return out;
+  // The contract of backend.h holds on both of the uploader's paths: when copy() returns the
+  // host bytes have been read (into pinned staging or the driver's buffer), so the caller may free
+  // or overwrite `host` at once; only DMA from memory the uploader owns may still be in flight, in
+  // stream order before any later op.
   if (host.dtype() == dtype) {
-    ZI_CUDA_TRY(cudaMemcpyAsync(out.data(), host.data(), host.nbytes(), cudaMemcpyHostToDevice,
-                                stream_));
+    ZI_TRY(uploader_->copy(out.data(), host.data(), host.nbytes()));
     return out;
   }
   if (!is_float_kernel_type(dtype) || !dtype_is_float(host.dtype()))
@@ -98,8 +103,7 @@ Result<Tensor> CudaBackend::upload(const Tensor& host, DType dtype) {
                        " to " + dtype_name(dtype));
   if (is_float_kernel_type(host.dtype())) {  // raw copy, convert on the device
     ZI_ASSIGN_OR_RETURN(Tensor raw, alloc(host.dtype(), host.shape()));
-    ZI_CUDA_TRY(cudaMemcpyAsync(raw.data(), host.data(), host.nbytes(), cudaMemcpyHostToDevice,
-                                stream_));
+    ZI_TRY(uploader_->copy(raw.data(), host.data(), host.nbytes()));
     ZI_TRY(convert(raw, out));
     return out;
   }
@@ -205,6 +209,11 @@ Status CudaBackend::fill(Tensor& t, float value) {
 Status CudaBackend::synchronize() {
   ZI_CUDA_TRY(cudaStreamSynchronize(stream_));
   return Status::Ok();
+}
+
+Status CudaBackend::finish_uploads() {
+  ZI_CUDA_TRY(cudaStreamSynchronize(stream_));  // the uploads' DMA runs on stream_
+  return uploader_->release();
 }
 
 Status CudaBackend::begin_capture() {

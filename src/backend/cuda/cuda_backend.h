@@ -21,6 +21,7 @@
 #include "backend/backend.h"
 #include "backend/cuda/allocator.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/uploader.h"
 
 namespace zimage::cuda {
 
@@ -63,6 +64,9 @@ class CudaBackend final : public Backend {
                  int64_t dst_offset, int64_t dst_row_stride, int64_t rows, int64_t cols) override;
   Status fill(Tensor& t, float value) override;
   Status synchronize() override;
+  // Waits for every upload and frees the pinned staging buffers (uploader.h) until the next bulk
+  // upload. Loaders call it once at the end.
+  Status finish_uploads() override;
   Status matmul(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y) override;
   Status rms_norm(const Tensor& x, const Tensor& w, float eps, const Tensor& scale,
                   Tensor& y) override;
@@ -106,6 +110,8 @@ class CudaBackend final : public Backend {
   FlashVariant flash_variant() const { return flash_variant_; }
   // Whether cuDNN loaded; without it conv2d runs a direct (slow) kernel.
   bool has_cudnn() const;
+  // The staged upload path (tests and benchmarks read its statistics or tune its options).
+  PinnedUploader& uploader() { return *uploader_; }
 
  private:
   CudaBackend(int device, DType act);
@@ -119,6 +125,7 @@ class CudaBackend final : public Backend {
   std::shared_ptr<CachingAllocator> allocator_;
   std::unique_ptr<LtGemm> gemm_;
   std::unique_ptr<ConvPlanner> conv_;
+  std::unique_ptr<PinnedUploader> uploader_;  // large uploads, see upload()
   AttentionPath attention_path_ = AttentionPath::kAuto;
   FlashVariant flash_variant_ = FlashVariant::kAuto;
 };
