@@ -125,7 +125,7 @@ class CudaBackend final : public Backend {
   std::shared_ptr<CachingAllocator> allocator_;
   std::unique_ptr<LtGemm> gemm_;
   std::unique_ptr<ConvPlanner> conv_;
-  std::unique_ptr<PinnedUploader> uploader_;  // large uploads, see upload()
+  std::unique_ptr<PinnedUploader> uploader_;  // every host -> device copy (uploader.h)
   AttentionPath attention_path_ = AttentionPath::kAuto;
   FlashVariant flash_variant_ = FlashVariant::kAuto;
 };

@@ -31,9 +31,12 @@
 //
 // Memory is allocated on the first copy of at least Options::start_bytes (a weight during
 // loading), and freed by release() (CudaBackend::finish_uploads, at the end of loading) or the
-// destructor. Later copies between min_bytes and start_bytes (per-step latents, a few MiB) take
-// the staged path only while the buffers exist, so they never bring 256 MiB of pinned memory back
-// after loading. If cudaHostAlloc fails, one warning is logged and copies take the plain path.
+// destructor. Smaller copies take the staged path only while the buffers exist, so the per-step
+// uploads after loading (latents, a few MiB) never bring 256 MiB of pinned memory back. While
+// the buffers exist, small copies (norm weights, biases) go through them too, packed into the
+// ring: a pageable cudaMemcpyAsync "may synchronize with the stream" (CUDA's API sync notes),
+// which would drain the pipeline at every small weight between two large ones. If cudaHostAlloc
+// fails, one warning is logged and copies take the plain path.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -54,10 +57,11 @@ class PinnedUploader {
   struct Options {
     size_t buffer_bytes = size_t{64} << 20;
     int buffers = 4;
-    // Host copy threads including the caller; <= 0: the hardware threads, at most 16 (memory
-    // bandwidth is saturated long before that; more only adds wake-up cost).
+    // Host copy threads including the caller; <= 0: the hardware threads, at most 16. Each
+    // thread adds page-fault throughput, but memory bandwidth is shared, so beyond that threads
+    // mostly add wake-up cost (CudaUploadPerf times 1 to 16).
     int threads = 0;
-    size_t min_bytes = size_t{1} << 20;     // smaller copies take the plain path
+    size_t min_bytes = 0;                   // smaller copies always take the plain path
     size_t start_bytes = size_t{16} << 20;  // a copy this large allocates the staging buffers
     size_t grain = size_t{256} << 10;       // smallest slice one copy thread takes
   };
