@@ -58,6 +58,10 @@ class Backend {
                          int64_t dst_offset, int64_t dst_row_stride, int64_t rows, int64_t cols) = 0;
   virtual Status fill(Tensor& t, float value) = 0;
   virtual Status synchronize() = 0;
+  // Waits until every upload so far is on the device and drops memory kept only to speed up bulk
+  // uploads (CUDA: pinned staging buffers). Loaders call it once at the end, so a measured load
+  // time includes every copy.
+  virtual Status finish_uploads() { return synchronize(); }
 
   // ---- linear algebra ----
   // y[M, N] = x[M, K] · w[N, K]ᵀ (+ bias[N]). bias may be an undefined Tensor.

@@ -1,6 +1,7 @@
 // Loading the text-to-image pipeline from a diffusers folder: configs first (io/model_folder.h
 // validates them before any weight is read), then each component onto the backend. Kept apart
 // from the loop in text_to_image.cpp because it is the only part that touches the file system.
+#include <chrono>
 #include <utility>
 
 #include "core/log.h"
@@ -10,6 +11,7 @@
 namespace zimage {
 
 Result<std::unique_ptr<TextToImage>> TextToImage::load(const std::string& model_dir, Backend& be) {
+  const auto start = std::chrono::steady_clock::now();
   ZI_ASSIGN_OR_RETURN(ModelFolder folder, ModelFolder::open(model_dir));
   TextToImageComponents parts;
   parts.scheduler = folder.scheduler();
@@ -39,7 +41,12 @@ Result<std::unique_ptr<TextToImage>> TextToImage::load(const std::string& model_
     if (!vae.ok()) return vae.status().with_context("loading vae");
     parts.vae = std::move(vae).value();
   }
-  ZI_INFO("loaded %s on %s", model_dir.c_str(), be.name().c_str());
+  // Uploads may still be in flight (the CUDA backend's DMA is asynchronous): wait for them, so
+  // the time below is the real load time, and free the upload staging memory.
+  if (Status s = be.finish_uploads(); !s.ok()) return s.with_context("loading " + model_dir);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ZI_INFO("loaded %s on %s in %.2f s", model_dir.c_str(), be.name().c_str(), seconds);
   return create(std::move(parts), be);
 }
 

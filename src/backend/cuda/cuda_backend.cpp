@@ -68,6 +68,7 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(int device_index, DType
   b->sdpa_ = CudnnSdpa::create(b->stream_);
   b->conv_graphs_ = ConvGraphs::create(b->stream_);
   b->profiler_ = std::make_unique<OpProfiler>(b->stream_);
+  b->uploader_ = std::make_unique<PinnedUploader>(device_index, b->stream_);
   return b;
 }
 
@@ -78,6 +79,7 @@ CudaBackend::~CudaBackend() {
   profiler_.reset();
   sdpa_.reset();
   conv_graphs_.reset();
+  uploader_.reset();
   conv_.reset();
   gemm_.reset();
   if (stream_) cudaStreamDestroy(stream_);
@@ -96,9 +98,12 @@ Result<Tensor> CudaBackend::upload(const Tensor& host, DType dtype) {
   if (host.numel() < 0) return InvalidArgument("upload: bad shape");
   ZI_ASSIGN_OR_RETURN(Tensor out, alloc(dtype, host.shape()));
   if (host.numel() == 0) return out;
+  // The contract of backend.h holds on both of the uploader's paths: when copy() returns the
+  // host bytes have been read (into pinned staging or the driver's buffer), so the caller may free
+  // or overwrite `host` at once; only DMA from memory the uploader owns may still be in flight, in
+  // stream order before any later op.
   if (host.dtype() == dtype) {
-    ZI_CUDA_TRY(
-        cudaMemcpyAsync(out.data(), host.data(), host.nbytes(), cudaMemcpyHostToDevice, stream_));
+    ZI_TRY(uploader_->copy(out.data(), host.data(), host.nbytes()));
     return out;
   }
   if (!is_float_kernel_type(dtype) || !dtype_is_float(host.dtype()))
@@ -106,8 +111,7 @@ Result<Tensor> CudaBackend::upload(const Tensor& host, DType dtype) {
                        dtype_name(dtype));
   if (is_float_kernel_type(host.dtype())) {  // raw copy, convert on the device
     ZI_ASSIGN_OR_RETURN(Tensor raw, alloc(host.dtype(), host.shape()));
-    ZI_CUDA_TRY(
-        cudaMemcpyAsync(raw.data(), host.data(), host.nbytes(), cudaMemcpyHostToDevice, stream_));
+    ZI_TRY(uploader_->copy(raw.data(), host.data(), host.nbytes()));
     ZI_TRY(convert(raw, out));
     return out;
   }
@@ -214,6 +218,11 @@ Status CudaBackend::fill(Tensor& t, float value) {
 Status CudaBackend::synchronize() {
   ZI_CUDA_TRY(cudaStreamSynchronize(stream_));
   return Status::Ok();
+}
+
+Status CudaBackend::finish_uploads() {
+  ZI_CUDA_TRY(cudaStreamSynchronize(stream_));  // the uploads' DMA runs on stream_
+  return uploader_->release();
 }
 
 Status CudaBackend::begin_capture() {

@@ -22,6 +22,7 @@
 #include "backend/cuda/allocator.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/op_profiler.h"
+#include "backend/cuda/uploader.h"
 
 namespace zimage::cuda {
 
@@ -68,6 +69,9 @@ class CudaBackend final : public Backend {
                  int64_t dst_offset, int64_t dst_row_stride, int64_t rows, int64_t cols) override;
   Status fill(Tensor& t, float value) override;
   Status synchronize() override;
+  // Waits for every upload and frees the pinned staging buffers (uploader.h) until the next bulk
+  // upload. Loaders call it once at the end.
+  Status finish_uploads() override;
   Status matmul(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y) override;
   Status rms_norm(const Tensor& x, const Tensor& w, float eps, const Tensor& scale,
                   Tensor& y) override;
@@ -119,6 +123,8 @@ class CudaBackend final : public Backend {
   void set_conv_graphs(bool on) { use_conv_graphs_ = on; }
   // Whether cuDNN loaded; without it conv2d runs a direct (slow) kernel.
   bool has_cudnn() const;
+  // The staged upload path (tests and benchmarks read its statistics or tune its options).
+  PinnedUploader& uploader() { return *uploader_; }
 
  private:
   CudaBackend(int device, DType act);
@@ -136,6 +142,7 @@ class CudaBackend final : public Backend {
   std::unique_ptr<ConvGraphs> conv_graphs_;
   bool use_conv_graphs_ = true;
   std::unique_ptr<OpProfiler> profiler_;
+  std::unique_ptr<PinnedUploader> uploader_;  // every host -> device copy (uploader.h)
   AttentionPath attention_path_ = AttentionPath::kAuto;
   FlashVariant flash_variant_ = FlashVariant::kAuto;
 };
