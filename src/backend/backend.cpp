@@ -1,6 +1,61 @@
 #include "backend/backend.h"
 
+#include <string>
+
 namespace zimage {
+
+Status Backend::qkv_split_norm_rope(const Tensor& qkv, const Tensor& norm_q, const Tensor& norm_k,
+                                    float eps, const Tensor& freqs, Tensor& q, Tensor& k,
+                                    Tensor& v) {
+  if (!qkv.defined() || !q.defined() || !k.defined() || !v.defined() || q.rank() != 4 ||
+      k.rank() != 4 || v.shape() != k.shape() || qkv.rank() != 2)
+    return InvalidArgument("qkv_split_norm_rope: qkv must be [R, F], q/k/v [B, S, H, Dh]");
+  const int64_t rows = q.dim(0) * q.dim(1), dh = q.dim(3);
+  const int64_t dq = q.dim(2) * dh, dkv = k.dim(2) * dh;
+  if (k.dim(0) * k.dim(1) != rows || k.dim(3) != dh || qkv.dim(0) != rows ||
+      qkv.dim(1) != dq + 2 * dkv)
+    return InvalidArgument("qkv_split_norm_rope: qkv " + qkv.describe() + " does not match q " +
+                           q.describe() + " and k " + k.describe());
+  if (norm_q.defined() != norm_k.defined())
+    return InvalidArgument("qkv_split_norm_rope: give both q and k norm weights or neither");
+  const int64_t f = qkv.dim(1);
+  ZI_TRY(copy_2d(qkv, 0, f, q, 0, dq, rows, dq));
+  ZI_TRY(copy_2d(qkv, dq, f, k, 0, dkv, rows, dkv));
+  ZI_TRY(copy_2d(qkv, dq + dkv, f, v, 0, dkv, rows, dkv));
+  const Tensor none;
+  if (norm_q.defined()) {
+    Tensor qr = q.view({rows * q.dim(2), dh});
+    Tensor kr = k.view({rows * k.dim(2), dh});
+    ZI_TRY(rms_norm(qr, norm_q, eps, none, qr));
+    ZI_TRY(rms_norm(kr, norm_k, eps, none, kr));
+  }
+  if (freqs.defined()) {
+    ZI_TRY(rope_interleaved(q, freqs));
+    ZI_TRY(rope_interleaved(k, freqs));
+  }
+  return Status::Ok();
+}
+
+Status Backend::dit_modulation(const Tensor& mod, Tensor& scale_a, Tensor& gate_a, Tensor& scale_f,
+                               Tensor& gate_f) {
+  if (!mod.defined() || mod.rank() != 2 || mod.dim(1) % 4 != 0)
+    return InvalidArgument("dit_modulation: mod must be [B, 4D]");
+  const int64_t b = mod.dim(0), d = mod.dim(1) / 4;
+  for (Tensor* t : {&scale_a, &gate_a, &scale_f, &gate_f})
+    if (!t->defined() || t->shape() != Shape{b, d} || t->dtype() != mod.dtype())
+      return InvalidArgument("dit_modulation: outputs must be " + shape_string({b, d}) + " " +
+                             dtype_name(mod.dtype()));
+  ZI_ASSIGN_OR_RETURN(Tensor ones, alloc(mod.dtype(), {d}));
+  ZI_TRY(fill(ones, 1.0f));
+  ZI_TRY(copy_2d(mod, 0 * d, 4 * d, scale_a, 0, d, b, d));
+  ZI_TRY(copy_2d(mod, 1 * d, 4 * d, gate_a, 0, d, b, d));
+  ZI_TRY(copy_2d(mod, 2 * d, 4 * d, scale_f, 0, d, b, d));
+  ZI_TRY(copy_2d(mod, 3 * d, 4 * d, gate_f, 0, d, b, d));
+  ZI_TRY(add(scale_a, ones, scale_a));
+  ZI_TRY(add(scale_f, ones, scale_f));
+  ZI_TRY(tanh(gate_a, gate_a));
+  return tanh(gate_f, gate_f);
+}
 
 #ifndef ZIMAGE_WITH_CUDA
 Result<std::unique_ptr<Backend>> make_cuda_backend(int, DType) {

@@ -7,7 +7,8 @@
 //    layouts). Outputs are allocated by the caller (`alloc`) and fully overwritten.
 //  * `out` may alias an input only where the op says so ("in place allowed").
 //  * Activations are in the backend's compute dtype (`act_dtype()`): f32 on the CPU, bf16 or f32
-//    on CUDA. Ops marked "f32" take float32 tensors whatever the compute dtype (latents, scheduler).
+//    on CUDA. Ops marked "f32" take float32 tensors whatever the compute dtype (latents,
+//    scheduler).
 //  * Every op validates shapes and dtypes and returns a Status; none aborts.
 #pragma once
 
@@ -39,8 +40,8 @@ class Backend {
   virtual ~Backend() = default;
 
   virtual Device device() const = 0;
-  virtual std::string name() const = 0;   // "cpu (OpenBLAS, 16 threads)", "cuda:0 NVIDIA H200"
-  virtual DType act_dtype() const = 0;    // compute dtype of activations and weights
+  virtual std::string name() const = 0;  // "cpu (OpenBLAS, 16 threads)", "cuda:0 NVIDIA H200"
+  virtual DType act_dtype() const = 0;   // compute dtype of activations and weights
 
   // ---- memory ----
   virtual Result<Tensor> alloc(DType dtype, const Shape& shape) = 0;  // contents unspecified
@@ -55,7 +56,8 @@ class Backend {
   // src element (r, c) is at src_base + r*src_row_stride + c, same for dst; strides in elements.
   // Same dtype on both sides.
   virtual Status copy_2d(const Tensor& src, int64_t src_offset, int64_t src_row_stride, Tensor& dst,
-                         int64_t dst_offset, int64_t dst_row_stride, int64_t rows, int64_t cols) = 0;
+                         int64_t dst_offset, int64_t dst_row_stride, int64_t rows,
+                         int64_t cols) = 0;
   virtual Status fill(Tensor& t, float value) = 0;
   virtual Status synchronize() = 0;
   // Waits until every upload so far is on the device and drops memory kept only to speed up bulk
@@ -92,6 +94,19 @@ class Backend {
   // Interleaved complex RoPE (Z-Image DiT): x[B, S, H, Dh]; freqs [B, S, Dh/2, 2] (f32 cos, sin).
   // (x[2j], x[2j+1]) <- (x0*c - x1*s, x0*s + x1*c), computed in f32.
   virtual Status rope_interleaved(Tensor& x, const Tensor& freqs) = 0;
+
+  // ---- fused model-specific prologues (the defaults compose the ops above; backends fuse) ----
+  // A transformer block's attention prologue: qkv[B*S, (Hq + 2*Hkv) * Dh] is split into
+  // q[B, S, Hq, Dh], k and v[B, S, Hkv, Dh]; q and k get a per-head RMS norm with weights
+  // norm_q / norm_k [Dh] (both undefined = no norm), then the interleaved RoPE with freqs
+  // [B, S, Dh/2, 2] f32 (undefined = none). Same roundings as the composed ops.
+  virtual Status qkv_split_norm_rope(const Tensor& qkv, const Tensor& norm_q, const Tensor& norm_k,
+                                     float eps, const Tensor& freqs, Tensor& q, Tensor& k,
+                                     Tensor& v);
+  // The DiT's adaLN modulation: mod[B, 4D] = [s_a | g_a | s_f | g_f] ->
+  // scale_a = 1 + s_a, gate_a = tanh(g_a), scale_f = 1 + s_f, gate_f = tanh(g_f), each [B, D].
+  virtual Status dit_modulation(const Tensor& mod, Tensor& scale_a, Tensor& gate_a, Tensor& scale_f,
+                                Tensor& gate_f);
 
   // ---- attention ----
   // q[B, Sq, Hq, D], k/v[B, Sk, Hkv, D] (Hq a multiple of Hkv: GQA), out[B, Sq, Hq, D].

@@ -94,38 +94,23 @@ Status ZImageDiT::timestep_embedding(const std::vector<float>& t_model, Tensor& 
 
 Status ZImageDiT::run_block(const Block& blk, Tensor& x, const Tensor& freqs, const Tensor& c,
                             const AttentionParams& ap, Scratch& s) {
-  const int64_t b = x.dim(0), sq = x.dim(1), d = cfg_.dim, h = cfg_.n_heads, dh = cfg_.head_dim();
+  const int64_t b = x.dim(0), sq = x.dim(1), d = cfg_.dim;
   const int64_t rows = b * sq;
   const float eps = cfg_.norm_eps;
   const Tensor none;
   Tensor xr = x.view({rows, d});            // [B*S, D]
   Tensor scale_a, gate_a, scale_f, gate_f;  // undefined = unmodulated (s = 1, g = 1)
   if (blk.modulated) {
-    ZI_TRY(be_.matmul(c, blk.adaln_w, blk.adaln_b, s.mod));           // [B, 4D]
-    ZI_TRY(be_.copy_2d(s.mod, 0 * d, 4 * d, s.scale_a, 0, d, b, d));  // [B, D]
-    ZI_TRY(be_.copy_2d(s.mod, 1 * d, 4 * d, s.gate_a, 0, d, b, d));   // [B, D]
-    ZI_TRY(be_.copy_2d(s.mod, 2 * d, 4 * d, s.scale_f, 0, d, b, d));  // [B, D]
-    ZI_TRY(be_.copy_2d(s.mod, 3 * d, 4 * d, s.gate_f, 0, d, b, d));   // [B, D]
-    ZI_TRY(be_.add(s.scale_a, ones_, s.scale_a));                     // 1 + s_a
-    ZI_TRY(be_.add(s.scale_f, ones_, s.scale_f));                     // 1 + s_f
-    ZI_TRY(be_.tanh(s.gate_a, s.gate_a));                             // tanh(g_a)
-    ZI_TRY(be_.tanh(s.gate_f, s.gate_f));                             // tanh(g_f)
+    ZI_TRY(be_.matmul(c, blk.adaln_w, blk.adaln_b, s.mod));  // [B, 4D]
+    // 1 + s_a, tanh(g_a), 1 + s_f, tanh(g_f): [B, D] each
+    ZI_TRY(be_.dit_modulation(s.mod, s.scale_a, s.gate_a, s.scale_f, s.gate_f));
     scale_a = s.scale_a, gate_a = s.gate_a, scale_f = s.scale_f, gate_f = s.gate_f;
   }
   // --- attention ---
   ZI_TRY(be_.rms_norm(xr, blk.attn_norm1, eps, scale_a, s.norm));  // [B*S, D]
   ZI_TRY(be_.matmul(s.norm, blk.wqkv, none, s.qkv));               // [B*S, 3D]
-  ZI_TRY(be_.copy_2d(s.qkv, 0 * d, 3 * d, s.q, 0, d, rows, d));    // [B, S, H, Dh]
-  ZI_TRY(be_.copy_2d(s.qkv, 1 * d, 3 * d, s.k, 0, d, rows, d));    // [B, S, H, Dh]
-  ZI_TRY(be_.copy_2d(s.qkv, 2 * d, 3 * d, s.v, 0, d, rows, d));    // [B, S, H, Dh]
-  if (cfg_.qk_norm) {
-    Tensor q_rows = s.q.view({rows * h, dh});                            // [B*S*H, Dh]
-    Tensor k_rows = s.k.view({rows * h, dh});                            // [B*S*H, Dh]
-    ZI_TRY(be_.rms_norm(q_rows, blk.norm_q, kQkNormEps, none, q_rows));  // per head
-    ZI_TRY(be_.rms_norm(k_rows, blk.norm_k, kQkNormEps, none, k_rows));  // per head
-  }
-  ZI_TRY(be_.rope_interleaved(s.q, freqs));                       // [B, S, H, Dh]
-  ZI_TRY(be_.rope_interleaved(s.k, freqs));                       // [B, S, H, Dh]
+  // q, k, v [B, S, H, Dh]: per-head RMS norm of q and k (when qk_norm), then RoPE
+  ZI_TRY(be_.qkv_split_norm_rope(s.qkv, blk.norm_q, blk.norm_k, kQkNormEps, freqs, s.q, s.k, s.v));
   ZI_TRY(be_.attention(s.q, s.k, s.v, ap, s.o));                  // [B, S, H, Dh]
   ZI_TRY(be_.matmul(s.o.view({rows, d}), blk.wo, none, s.proj));  // [B*S, D]
   ZI_TRY(be_.residual_rms_norm_gate(x, s.proj.view({b, sq, d}), blk.attn_norm2, eps, gate_a));

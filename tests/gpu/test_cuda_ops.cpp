@@ -23,7 +23,7 @@ TEST(CudaOps, Matmul) {
     int64_t m, n, k;
     bool bias;
   };
-  const Case cases[] = {{1, 1, 1, false},    {3, 17, 5, true},     {17, 100, 129, true},
+  const Case cases[] = {{1, 1, 1, false},      {3, 17, 5, true},   {17, 100, 129, true},
                         {129, 64, 256, false}, {100, 3, 17, true}, {257, 384, 512, true},
                         {1, 3840, 256, true}};
   for (DType dt : kDTypes) {
@@ -54,9 +54,8 @@ TEST(CudaOps, RmsNormAndLayerNorm) {
   ZI_REQUIRE_GPU();
   // Widths cover every thread layout of the register-cached path (1..32 threads per row, 2 and 4
   // packs per thread, whole-block rows with 1, 2 and 4 packs) and the loop fallback (odd widths).
-  const Shape shapes[] = {{1, 1},    {3, 17},    {17, 100},   {129, 128}, {4, 3840},
-                          {2, 5, 64}, {5, 512},  {3, 1024},   {2, 10240}, {3, 16384},
-                          {2, 40000}};
+  const Shape shapes[] = {{1, 1},   {3, 17},   {17, 100},  {129, 128}, {4, 3840}, {2, 5, 64},
+                          {5, 512}, {3, 1024}, {2, 10240}, {3, 16384}, {2, 40000}};
   for (DType dt : kDTypes) {
     uint32_t seed = 100;
     for (const Shape& s : shapes) {
@@ -108,8 +107,7 @@ TEST(CudaOps, ResidualRmsNormGate) {
         const Tensor gc = variant ? gate.cpu : Tensor(), gg = variant ? gate.gpu : Tensor();
         ZI_ASSERT_OK(cpu_oracle().residual_rms_norm_gate(x.cpu, y.cpu, wc, 1e-5f, gc));
         ZI_ASSERT_OK(gpu(dt)->residual_rms_norm_gate(x.gpu, y.gpu, wg, 1e-5f, gg));
-        expect_match(label("residual_rms_norm_gate", s, variant ? " +w +gate" : " plain"), dt,
-                     x);
+        expect_match(label("residual_rms_norm_gate", s, variant ? " +w +gate" : " plain"), dt, x);
       }
     }
   }
@@ -122,9 +120,9 @@ TEST(CudaOps, GroupNorm) {
     int groups;
     bool silu, affine;
   };
-  const Case cases[] = {{{1, 5, 7, 64}, 32, false, true},  {{2, 3, 3, 17}, 1, true, true},
+  const Case cases[] = {{{1, 5, 7, 64}, 32, false, true},   {{2, 3, 3, 17}, 1, true, true},
                         {{1, 16, 16, 128}, 32, true, true}, {{2, 9, 5, 24}, 6, false, false},
-                        {{1, 64, 64, 512}, 32, true, true},  {{3, 1, 1, 8}, 4, true, true}};
+                        {{1, 64, 64, 512}, 32, true, true}, {{3, 1, 1, 8}, 4, true, true}};
   for (DType dt : kDTypes) {
     uint32_t seed = 300;
     for (const Case& c : cases) {
@@ -169,6 +167,83 @@ TEST(CudaOps, Rope) {
         ZI_ASSERT_OK(cpu_oracle().rope_interleaved(x.cpu, f.cpu));
         ZI_ASSERT_OK(gpu(dt)->rope_interleaved(x.gpu, f.gpu));
         expect_match(label("rope_interleaved", s, shared ? " shared freqs" : ""), dt, x);
+      }
+    }
+  }
+}
+
+// The fused attention prologue against the CPU oracle (the composed ops), with and without norm
+// and RoPE, GQA, shared tables, odd head counts and head_dim; and fused vs composed on the GPU:
+// the roundings are the same, so bf16 results must be bit-identical.
+TEST(CudaOps, QkvSplitNormRope) {
+  ZI_REQUIRE_GPU();
+  struct Case {
+    int64_t b, s, hq, hkv, dh;
+    bool norm, rope, shared;
+  };
+  const Case cases[] = {
+      {1, 17, 3, 3, 128, true, true, false},   {2, 33, 6, 2, 64, true, true, false},
+      {3, 5, 2, 1, 10, false, true, true},     {2, 7, 4, 4, 256, true, false, false},
+      {1, 64, 30, 30, 128, true, true, false}, {2, 9, 1, 1, 2, true, true, true}};
+  for (DType dt : kDTypes) {
+    uint32_t seed = 900;
+    for (const Case& c : cases) {
+      const int64_t rows = c.b * c.s, f = (c.hq + 2 * c.hkv) * c.dh;
+      Both qkv = both_rand({rows, f}, seed++, dt, -3.f, 3.f);
+      Both wq = both_rand({c.dh}, seed++, dt, 0.5f, 1.5f);
+      Both wk = both_rand({c.dh}, seed++, dt, 0.5f, 1.5f);
+      Both fr = both_as(rand_host({c.shared ? 1 : c.b, c.s, c.dh / 2, 2}, seed++, DType::kF32), dt,
+                        DType::kF32);
+      Both q = outputs({c.b, c.s, c.hq, c.dh}, dt), k = outputs({c.b, c.s, c.hkv, c.dh}, dt),
+           v = outputs({c.b, c.s, c.hkv, c.dh}, dt);
+      const Tensor none;
+      const Tensor& wqc = c.norm ? wq.cpu : none;
+      const Tensor& wkc = c.norm ? wk.cpu : none;
+      const Tensor& wqg = c.norm ? wq.gpu : none;
+      const Tensor& wkg = c.norm ? wk.gpu : none;
+      ZI_ASSERT_OK(cpu_oracle().qkv_split_norm_rope(qkv.cpu, wqc, wkc, 1e-5f,
+                                                    c.rope ? fr.cpu : none, q.cpu, k.cpu, v.cpu));
+      cuda::CudaBackend* g = gpu(dt);
+      ZI_ASSERT_OK(g->qkv_split_norm_rope(qkv.gpu, wqg, wkg, 1e-5f, c.rope ? fr.gpu : none, q.gpu,
+                                          k.gpu, v.gpu));
+      const std::string tag = cat(" hq", c.hq, " hkv", c.hkv, c.norm ? " norm" : "",
+                                  c.rope ? " rope" : "", c.shared ? " shared" : "");
+      expect_match(label("qkv_split_norm_rope q", {c.b, c.s, c.hq, c.dh}, tag), dt, q);
+      expect_match(label("qkv_split_norm_rope k", {c.b, c.s, c.hkv, c.dh}, tag), dt, k);
+      expect_match(label("qkv_split_norm_rope v", {c.b, c.s, c.hkv, c.dh}, tag), dt, v);
+      // Fused vs the composed ops on the GPU: bit-identical.
+      Both q2 = outputs({c.b, c.s, c.hq, c.dh}, dt), k2 = outputs({c.b, c.s, c.hkv, c.dh}, dt),
+           v2 = outputs({c.b, c.s, c.hkv, c.dh}, dt);
+      g->set_fused(false);
+      const Status st = g->qkv_split_norm_rope(qkv.gpu, wqg, wkg, 1e-5f, c.rope ? fr.gpu : none,
+                                               q2.gpu, k2.gpu, v2.gpu);
+      g->set_fused(true);
+      ZI_ASSERT_OK(st);
+      for (auto [a, b] : {std::pair{&q, &q2}, std::pair{&k, &k2}, std::pair{&v, &v2}}) {
+        const std::vector<float> fa = fetch(*g, a->gpu), fb = fetch(*g, b->gpu);
+        int64_t diff = 0;
+        for (size_t i = 0; i < fa.size(); ++i) diff += !(fa[i] == fb[i]);
+        EXPECT_EQ(diff, 0) << "fused and composed qkv_split_norm_rope differ" << tag;
+      }
+    }
+  }
+}
+
+TEST(CudaOps, DitModulation) {
+  ZI_REQUIRE_GPU();
+  for (DType dt : kDTypes) {
+    for (int64_t b : {1, 3}) {
+      for (int64_t d : {1, 7, 3840}) {
+        Both mod = both_rand({b, 4 * d}, static_cast<uint32_t>(950 + b + d), dt, -3.f, 3.f);
+        Both sa = outputs({b, d}, dt), ga = outputs({b, d}, dt), sf = outputs({b, d}, dt),
+             gf = outputs({b, d}, dt);
+        ZI_ASSERT_OK(cpu_oracle().dit_modulation(mod.cpu, sa.cpu, ga.cpu, sf.cpu, gf.cpu));
+        ZI_ASSERT_OK(gpu(dt)->dit_modulation(mod.gpu, sa.gpu, ga.gpu, sf.gpu, gf.gpu));
+        const Shape s{b, d};
+        expect_match(label("dit_modulation scale_a", s), dt, sa);
+        expect_match(label("dit_modulation gate_a", s), dt, ga);
+        expect_match(label("dit_modulation scale_f", s), dt, sf);
+        expect_match(label("dit_modulation gate_f", s), dt, gf);
       }
     }
   }

@@ -196,7 +196,7 @@ Status CudaBackend::conv2d(const Tensor& x, const Tensor& w, const Tensor& bias,
   }
   const ConvRequest req{src.data(), w.data(), y.data(), n,  sh,       sw,    cin,   cout,
                         kh,         kw,       ho,       wo, p.stride, pad_h, pad_w, act_};
-  if (use_conv_graphs_ && conv_graphs_->available()) {
+  if (fused_ && use_conv_graphs_ && conv_graphs_->available()) {
     const Status gs = conv_graphs_->run(req, ptr_or_null(bias), *allocator_);
     if (gs.ok()) return Status::Ok();
     if (gs.code() != ErrorCode::kUnsupported) return gs.with_context("conv2d");

@@ -83,6 +83,11 @@ class CudaBackend final : public Backend {
                     bool silu, Tensor& y) override;
   Status rope_half(Tensor& x, const Tensor& cos, const Tensor& sin) override;
   Status rope_interleaved(Tensor& x, const Tensor& freqs) override;
+  Status qkv_split_norm_rope(const Tensor& qkv, const Tensor& norm_q, const Tensor& norm_k,
+                             float eps, const Tensor& freqs, Tensor& q, Tensor& k,
+                             Tensor& v) override;
+  Status dit_modulation(const Tensor& mod, Tensor& scale_a, Tensor& gate_a, Tensor& scale_f,
+                        Tensor& gate_f) override;
   Status attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& p,
                    Tensor& out) override;
   Status silu(const Tensor& x, Tensor& y) override;
@@ -118,6 +123,11 @@ class CudaBackend final : public Backend {
   // Per-op GPU timing (see op_profiler.h): switch on, run, then report (sorted, clears).
   void set_profiling(bool on) { profiler_->set_enabled(on); }
   Result<std::vector<OpProfileRow>> profile_report() { return profiler_->report(); }
+  // Fused kernels on (default) or off (benchmark ablation): off, the fused prologues run as the
+  // composed ops of backend.h, GEMM biases as a separate add, and convolutions on the legacy
+  // cuDNN call with a separate bias add.
+  void set_fused(bool on) { fused_ = on; }
+  bool fused() const { return fused_; }
   // Convolutions through cuDNN graphs with a fused bias (default, bf16) or the legacy cuDNN call
   // (benchmarks compare them; see conv_graph.h).
   void set_conv_graphs(bool on) { use_conv_graphs_ = on; }
@@ -141,6 +151,7 @@ class CudaBackend final : public Backend {
   std::unique_ptr<CudnnSdpa> sdpa_;
   std::unique_ptr<ConvGraphs> conv_graphs_;
   bool use_conv_graphs_ = true;
+  bool fused_ = true;
   std::unique_ptr<OpProfiler> profiler_;
   std::unique_ptr<PinnedUploader> uploader_;  // every host -> device copy (uploader.h)
   AttentionPath attention_path_ = AttentionPath::kAuto;

@@ -58,6 +58,14 @@ Status CudaBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bias,
     ZI_TRY(check_shape(op, "bias", bias, {n}));
   }
   if (overlaps(x, y) || overlaps(w, y)) return InvalidArgument("matmul: y must not alias x or w");
+  if (!fused_ && bias.defined()) {  // ablation: the bias as its own pass, not in the epilogue
+    ZI_TRY(
+        gemm_->linear(x.data(), w.data(), nullptr, y.data(), m, n, k, x.dtype()).with_context(op));
+    ZI_ASSIGN_OR_RETURN(KType kt, ktype_of(op, x.dtype()));
+    ZI_LAUNCH_TRY("matmul bias",
+                  launch_add(kt, y.data(), bias.data(), y.data(), m * n, n, stream_));
+    return Status::Ok();
+  }
   return gemm_->linear(x.data(), w.data(), ptr_or_null(bias), y.data(), m, n, k, x.dtype())
       .with_context(op);
 }
@@ -223,6 +231,78 @@ Status CudaBackend::rope_interleaved(Tensor& x, const Tensor& freqs) {
   ZI_ASSIGN_OR_RETURN(KType kt, ktype_of(op, act_));
   ZI_LAUNCH_TRY(op, launch_rope_interleaved(kt, x.data(), freqs.data_as<float>(), shared, b, s,
                                             x.dim(2), dh, stream_));
+  return Status::Ok();
+}
+
+Status CudaBackend::qkv_split_norm_rope(const Tensor& qkv, const Tensor& norm_q,
+                                        const Tensor& norm_k, float eps, const Tensor& freqs,
+                                        Tensor& q, Tensor& k, Tensor& v) {
+  if (!fused_) return Backend::qkv_split_norm_rope(qkv, norm_q, norm_k, eps, freqs, q, k, v);
+  ZI_OP_SCOPE("qkv_split_norm_rope", &qkv);
+  constexpr const char* op = "qkv_split_norm_rope";
+  for (const Tensor* t : std::initializer_list<const Tensor*>{&qkv, &q, &k, &v}) {
+    ZI_TRY(check_cuda_tensor(op, "qkv/q/k/v", *t));
+    ZI_TRY(check_dtype(op, "qkv/q/k/v", *t, act_));
+  }
+  ZI_TRY(check_rank(op, "qkv", qkv, 2));
+  ZI_TRY(check_rank(op, "q", q, 4));
+  ZI_TRY(check_rank(op, "k", k, 4));
+  ZI_TRY(check_shape(op, "v", v, k.shape()));
+  const int64_t b = q.dim(0), s = q.dim(1), hq = q.dim(2), dh = q.dim(3), hkv = k.dim(2);
+  const int64_t rows = b * s;
+  ZI_TRY(check_shape(op, "k", k, {b, s, hkv, dh}));
+  ZI_TRY(check_shape(op, "qkv", qkv, {rows, (hq + 2 * hkv) * dh}));
+  if (norm_q.defined() != norm_k.defined())
+    return InvalidArgument("qkv_split_norm_rope: give both q and k norm weights or neither");
+  if (norm_q.defined()) {
+    ZI_TRY(check_cuda_tensor(op, "norm_q", norm_q));
+    ZI_TRY(check_cuda_tensor(op, "norm_k", norm_k));
+    ZI_TRY(check_dtype(op, "norm_q", norm_q, act_));
+    ZI_TRY(check_dtype(op, "norm_k", norm_k, act_));
+    ZI_TRY(check_shape(op, "norm_q", norm_q, {dh}));
+    ZI_TRY(check_shape(op, "norm_k", norm_k, {dh}));
+  }
+  bool shared = false;
+  if (freqs.defined()) {
+    ZI_TRY(check_cuda_tensor(op, "freqs", freqs));
+    ZI_TRY(check_dtype(op, "freqs", freqs, DType::kF32));
+    shared = freqs.rank() == 4 && freqs.dim(0) == 1 && b != 1;
+    ZI_TRY(check_shape(op, "freqs", freqs, {shared ? 1 : b, s, dh / 2, 2}));
+  }
+  if (dh % 2 != 0 || dh > 256)
+    return Unsupported("qkv_split_norm_rope: head_dim must be even and at most 256");
+  if (hq + 2 * hkv > INT32_MAX / dh) return Unsupported("qkv_split_norm_rope: too many heads");
+  for (const Tensor* t : std::initializer_list<const Tensor*>{&q, &k, &v})
+    if (overlaps(*t, qkv))
+      return InvalidArgument("qkv_split_norm_rope: outputs must not alias qkv");
+  if (rows == 0) return Status::Ok();
+  ZI_ASSIGN_OR_RETURN(KType kt, ktype_of(op, act_));
+  ZI_LAUNCH_TRY(op,
+                launch_qkv_norm_rope(kt, qkv.data(), ptr_or_null(norm_q), ptr_or_null(norm_k),
+                                     freqs.defined() ? freqs.data_as<float>() : nullptr, q.data(),
+                                     k.data(), v.data(), rows, shared ? s : 0, static_cast<int>(hq),
+                                     static_cast<int>(hkv), static_cast<int>(dh), eps, stream_));
+  return Status::Ok();
+}
+
+Status CudaBackend::dit_modulation(const Tensor& mod, Tensor& scale_a, Tensor& gate_a,
+                                   Tensor& scale_f, Tensor& gate_f) {
+  if (!fused_) return Backend::dit_modulation(mod, scale_a, gate_a, scale_f, gate_f);
+  ZI_OP_SCOPE("dit_modulation", &mod);
+  constexpr const char* op = "dit_modulation";
+  ZI_TRY(check_cuda_tensor(op, "mod", mod));
+  ZI_TRY(check_dtype(op, "mod", mod, act_));
+  ZI_TRY(check_rank(op, "mod", mod, 2));
+  if (mod.dim(1) % 4 != 0) return InvalidArgument("dit_modulation: mod must be [B, 4D]");
+  const int64_t b = mod.dim(0), d = mod.dim(1) / 4;
+  for (Tensor* t : {&scale_a, &gate_a, &scale_f, &gate_f}) {
+    ZI_TRY(check_cuda_tensor(op, "outputs", *t));
+    ZI_TRY(check_dtype(op, "outputs", *t, act_));
+    ZI_TRY(check_shape(op, "outputs", *t, {b, d}));
+  }
+  ZI_ASSIGN_OR_RETURN(KType kt, ktype_of(op, act_));
+  ZI_LAUNCH_TRY(op, launch_dit_modulation(kt, mod.data(), scale_a.data(), gate_a.data(),
+                                          scale_f.data(), gate_f.data(), b, d, stream_));
   return Status::Ok();
 }
 

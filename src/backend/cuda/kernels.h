@@ -38,6 +38,18 @@ cudaError_t launch_write_i32(int32_t* dst, const I32Values& values, cudaStream_t
 cudaError_t launch_sum_squares(KType t, const void* x, int64_t rows, int64_t cols, double* out,
                                cudaStream_t s);
 
+// ---- fused prologues (prologue.cu) ----
+// qkv[rows, (hq + 2 hkv) * dh] -> q[rows, hq, dh], k/v[rows, hkv, dh]; q, k RMS-normed with wq/wk
+// (both null = no norm) and RoPE'd with freqs[rows, dh/2, 2] (null = none). dh even, <= 256.
+cudaError_t launch_qkv_norm_rope(KType t, const void* qkv, const void* wq, const void* wk,
+                                 const float* freqs, void* q, void* k, void* v, int64_t rows,
+                                 int64_t seq_if_shared, int hq, int hkv, int dh, float eps,
+                                 cudaStream_t s);
+// mod[b, 4d] -> 1 + mod[:, 0:d], tanh(mod[:, d:2d]), 1 + mod[:, 2d:3d], tanh(mod[:, 3d:4d]).
+cudaError_t launch_dit_modulation(KType t, const void* mod, void* scale_a, void* gate_a,
+                                  void* scale_f, void* gate_f, int64_t b, int64_t d,
+                                  cudaStream_t s);
+
 // ---- normalisation (norm.cu) ----
 // Rows r of x[R, D]; `scale`/`gate` rows are indexed by r / rows_per_group. Null = absent.
 cudaError_t launch_rms_norm(KType t, const void* x, const void* w, const void* scale, void* y,
@@ -112,7 +124,7 @@ cudaError_t launch_flash_attention(const FlashArgs& a, cudaStream_t s);
 // scaled by `scale`, keys >= key_len (< 0: none) and, if causal, keys > query masked; writes
 // probabilities in `p_t` (may alias scores when p_t is f32). Fully masked rows become 0.
 cudaError_t launch_masked_softmax(KType p_t, const float* scores, void* probs, int64_t heads,
-                                  int64_t rows, int64_t seq_k, int64_t q0, float scale,
-                                  bool causal, int64_t key_len, cudaStream_t s);
+                                  int64_t rows, int64_t seq_k, int64_t q0, float scale, bool causal,
+                                  int64_t key_len, cudaStream_t s);
 
 }  // namespace zimage::cuda
