@@ -351,62 +351,79 @@ void run_bench(const Options& o) {
     R["profile"] = prof;
   }
   if (o.ablation && o.device != "cpu") {
-    auto* cb = dynamic_cast<cuda::CudaBackend*>(&be);
+    // The optimisation literature's table, cumulative rows, each measured in this run: DiT
+    // forward (median of 3) and whole image (median of 2, 8 forwards), peak memory in tensors.
     json rows = json::array();
-    auto dit_ms = [&](Loaded& M, int res) {
+    struct Setup {
+      const char* name;
+      cuda::AttentionPath attention;
+      bool fused, graphs;
+    };
+    auto measure = [&](Loaded& M, const Setup& st, int image_iters) {
+      auto* mb = dynamic_cast<cuda::CudaBackend*>(M.be.get());
+      mb->set_attention_path(st.attention);
+      mb->set_fused(st.fused);
+      M.dit->set_use_graphs(st.graphs);
       TorchCpuGenerator gen(1);
-      auto host = gen.randn({1, 16, res / fac, res / fac});
+      auto host = gen.randn({1, 16, res0 / fac, res0 / fac});
       if (!host.ok()) fail(host.status());
       auto lat = M.be->upload(*host, DType::kF32);
       if (!lat.ok()) fail(lat.status());
       auto cap = M.te->encode({*ids});
       if (!cap.ok()) fail(cap.status());
       Tensor out;
-      return timed(*M.be, 1, 3, [&] { return M.dit->forward(*lat, {0.5f}, *cap, out); }).median_ms;
+      reset_alloc_peak(*M.be);
+      const double dit = timed(*M.be, 1, 3, [&] {
+                           return M.dit->forward(*lat, {0.5f}, *cap, out);
+                         }).median_ms;
+      GenerateRequest req;
+      req.prompts = {kPrompt};
+      req.width = req.height = res0;
+      req.steps = o.steps;
+      req.seed = 42;
+      const double img = timed(*M.be, 1, image_iters, [&]() -> Status {
+                           auto r = M.pipe->run(req, {});
+                           return r.ok() ? Status::Ok() : r.status();
+                         }).median_ms;
+      json row{{"row", st.name}, {"dit_ms", dit}, {"image_ms", img},
+               {"alloc_peak_gib", alloc_gib(*M.be, true)}};
+      std::fprintf(stderr, "bench: ablation %s: DiT %.1f ms, image %.0f ms\n", st.name, dit, img);
+      mb->set_attention_path(cuda::AttentionPath::kAuto);
+      mb->set_fused(true);
+      M.dit->set_use_graphs(true);
+      return row;
     };
-    const double te_ms = R["text_encoder"]["median_ms"];
-    const double vae_ms = R["vae_decode_" + std::to_string(res0)]["median_ms"];
-    // bf16 with the general (unfused, materialised-softmax) attention.
-    cb->set_attention_path(cuda::AttentionPath::kGeneral);
-    const double gen_ms = dit_ms(L, res0);
-    cb->set_attention_path(cuda::AttentionPath::kFlash);
-    const double own_ms = dit_ms(L, res0);
-    cb->set_attention_path(cuda::AttentionPath::kAuto);
-    const double best_ms = R["dit_forward_" + std::to_string(res0) + "_bs1"]["median_ms"];
-    rows.push_back(json{{"row", "bf16, general attention"},
-                        {"dit_ms", gen_ms},
-                        {"image_ms_est", te_ms + o.steps * gen_ms + vae_ms}});
-    rows.push_back(json{{"row", "bf16 + own flash attention kernel (FA2-style)"},
-                        {"dit_ms", own_ms},
-                        {"image_ms_est", te_ms + o.steps * own_ms + vae_ms}});
-    if (cb->has_cudnn_attention()) {
-      rows.push_back(
-          json{{"row", "bf16 + cuDNN fused attention"},
-               {"dit_ms", best_ms},
-               {"image_ms", R["pipeline_" + std::to_string(res0) + "_bs1"]["median_ms"]}});
-    }
+    const Setup bf16_rows[] = {
+        {"bf16", cuda::AttentionPath::kGeneral, false, false},
+        {"+ fused kernels", cuda::AttentionPath::kGeneral, true, false},
+        {"+ flash attention (own FA2-style kernel)", cuda::AttentionPath::kFlash, true, false},
+        {"+ cuDNN fused attention", cuda::AttentionPath::kAuto, true, false},
+        {"+ CUDA graphs", cuda::AttentionPath::kAuto, true, true},
+    };
+    for (const Setup& st : bf16_rows) rows.push_back(measure(L, st, 2));
     if (std::find(o.batches.begin(), o.batches.end(), 4) != o.batches.end()) {
-      rows.push_back(
-          json{{"row", "+ batching (4 images, per image)"},
-               {"image_ms",
-                R["pipeline_" + std::to_string(res0) + "_bs4"]["median_ms"].get<double>() / 4}});
+      const json& p4 = R["pipeline_" + std::to_string(res0) + "_bs4"];
+      rows.push_back(json{{"row", "+ batching (4 images in one forward, per image)"},
+                          {"dit_ms", R["dit_forward_" + std::to_string(res0) + "_bs4"]["median_ms"]
+                                         .get<double>() / 4},
+                          {"image_ms", p4["median_ms"].get<double>() / 4},
+                          {"alloc_peak_gib", p4["alloc_peak_gib"]}});
     }
-    // fp32 last: it needs its own copy of the weights (freed before the bf16 numbers above
-    // could be affected).
+    // fp32 last: it needs its own copy of the weights, loaded after the bf16 copy is freed.
     L.pipe.reset();
     L.be.reset();
     auto f32 = load_all(dir, o.device, DType::kF32, o.threads);
     json row;
     if (f32.ok()) {
-      const double f_ms = dit_ms(*f32, res0);
-      // DiT part only: the text encoder and VAE are not re-run in fp32.
-      row = {{"row", "fp32 (no TF32), general attention"},
-             {"dit_ms", f_ms},
-             {"image_ms_est", o.steps * f_ms}};
+      row = measure(*f32, {"fp32 (no TF32), general attention", cuda::AttentionPath::kGeneral,
+                           false, false}, 1);
     } else {
       row = {{"row", "fp32"}, {"error", f32.status().to_string()}};
     }
     rows.insert(rows.begin(), row);
+    if (row.contains("image_ms")) {
+      for (json& r : rows) r["speedup"] = row["image_ms"].get<double>() / r["image_ms"].get<double>();
+    }
     R["ablation"] = rows;
   }
 #endif
@@ -429,15 +446,19 @@ void run_bench(const Options& o) {
                 fmt_ms(j["max_ms"]).c_str(), gib("gpu_gib").c_str(), gib("alloc_peak_gib").c_str());
   }
   if (R.contains("ablation")) {
-    std::printf("\n| technique | DiT forward %d² | image (8 forwards) |\n| --- | --- | --- |\n",
-                res0);
+    std::printf("\n| technique (cumulative) | DiT forward %d² | image (%d forwards) | speed-up | GiB in "
+                "tensors (peak) |\n| --- | --- | --- | --- | --- |\n",
+                res0, o.steps);
     for (const auto& r : R["ablation"]) {
-      std::printf("| %s | %s | %s |\n", r["row"].get<std::string>().c_str(),
+      auto num = [&](const char* k, const char* f) {
+        char b[32] = "-";
+        if (r.contains(k) && r[k].is_number()) std::snprintf(b, sizeof b, f, r[k].get<double>());
+        return std::string(b);
+      };
+      std::printf("| %s | %s | %s | %s | %s |\n", r["row"].get<std::string>().c_str(),
                   r.contains("dit_ms") ? fmt_ms(r["dit_ms"]).c_str() : "-",
-                  r.contains("image_ms") ? fmt_ms(r["image_ms"]).c_str()
-                  : r.contains("image_ms_est") && r["image_ms_est"].is_number()
-                      ? ("~" + fmt_ms(r["image_ms_est"])).c_str()
-                      : "-");
+                  r.contains("image_ms") ? fmt_ms(r["image_ms"]).c_str() : "-",
+                  num("speedup", "%.1fx").c_str(), num("alloc_peak_gib", "%.1f").c_str());
     }
   }
   const std::string js = R.dump(1);

@@ -4,6 +4,10 @@
 
 namespace zimage {
 
+Result<std::unique_ptr<RecordedWork>> Backend::record(const std::function<Status()>&) {
+  return Unsupported(name() + " cannot record work for replay");
+}
+
 Status Backend::qkv_split_norm_rope(const Tensor& qkv, const Tensor& norm_q, const Tensor& norm_k,
                                     float eps, const Tensor& freqs, Tensor& q, Tensor& k,
                                     Tensor& v) {

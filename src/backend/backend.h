@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -33,6 +34,14 @@ struct AttentionParams {
 struct Conv2dParams {
   int stride = 1;
   int pad_top = 0, pad_bottom = 0, pad_left = 0, pad_right = 0;  // zero padding
+};
+
+// Device work recorded once and replayed (a CUDA graph): replay() re-runs the recorded ops on the
+// same buffers. Destroying it releases what the recording holds.
+class RecordedWork {
+ public:
+  virtual ~RecordedWork() = default;
+  virtual Status replay() = 0;
 };
 
 class Backend {
@@ -60,6 +69,10 @@ class Backend {
                          int64_t cols) = 0;
   virtual Status fill(Tensor& t, float value) = 0;
   virtual Status synchronize() = 0;
+  // Records the device work `work` queues (only ops of this interface on tensors that stay
+  // alive) for replay. Runs `work` to record it; the results of that run are not defined. The
+  // default answers kUnsupported: the caller then runs eagerly.
+  virtual Result<std::unique_ptr<RecordedWork>> record(const std::function<Status()>& work);
   // Waits until every upload so far is on the device and drops memory kept only to speed up bulk
   // uploads (CUDA: pinned staging buffers). Loaders call it once at the end, so a measured load
   // time includes every copy.

@@ -63,13 +63,13 @@ struct ZImageDiT::Scratch {
   }
 };
 
-Status ZImageDiT::timestep_embedding(const std::vector<float>& t_model, Tensor& c) {
+Tensor ZImageDiT::timestep_sinusoid(const std::vector<float>& t_model) const {
   const int64_t b = static_cast<int64_t>(t_model.size());
   const int half = kTimeFreqDim / 2;
   // Sinusoid in float32, evaluated in the same order as diffusers' timestep_embedding:
   // f_k = exp((-ln(10000) * k) / half); arg = (t * t_scale) * f_k; [cos | sin].
   Tensor e = Tensor::host(DType::kF32, {b, kTimeFreqDim});  // [B, 256]
-  if (!e.defined()) return OutOfMemory("timestep sinusoid");
+  if (!e.defined()) return e;
   const float neg_log = static_cast<float>(-std::log(10000.0));
   for (int64_t i = 0; i < b; ++i) {
     const float u = t_model[i] * cfg_.t_scale;
@@ -83,11 +83,14 @@ Status ZImageDiT::timestep_embedding(const std::vector<float>& t_model, Tensor& 
           static_cast<float>(std::sin(static_cast<double>(arg)));
     }
   }
-  const Tensor none;
-  ZI_ASSIGN_OR_RETURN(Tensor ed, load::upload_host(be_, e, be_.act_dtype()));  // [B, 256]
+  return e;
+}
+
+Status ZImageDiT::timestep_embedding(const Tensor& sinusoid, Tensor& c) {
+  const int64_t b = sinusoid.dim(0);
   ZI_ASSIGN_OR_RETURN(Tensor mid, load::alloc(be_, be_.act_dtype(), {b, kTimeMidDim}, "dit.t_mid"));
-  ZI_TRY(be_.matmul(ed, t_w1_, t_b1_, mid));  // [B, 1024]
-  ZI_TRY(be_.silu(mid, mid));                 // [B, 1024]
+  ZI_TRY(be_.matmul(sinusoid, t_w1_, t_b1_, mid));  // [B, 1024]
+  ZI_TRY(be_.silu(mid, mid));                       // [B, 1024]
   ZI_ASSIGN_OR_RETURN(c, load::alloc(be_, be_.act_dtype(), {b, cfg_.adaln_dim()}, "dit.t_emb"));
   return be_.matmul(mid, t_w2_, t_b2_, c);  // [B, adaln]
 }
@@ -122,56 +125,24 @@ Status ZImageDiT::run_block(const Block& blk, Tensor& x, const Tensor& freqs, co
   return be_.residual_rms_norm_gate(x, s.proj.view({b, sq, d}), blk.ffn_norm2, eps, gate_f);
 }
 
-Status ZImageDiT::forward(const Tensor& latents, const std::vector<float>& t_model,
-                          const std::vector<Tensor>& caps, Tensor& out, DebugSink* dbg,
-                          const std::string& pfx) {
-  // ---- validate inputs ----
-  const int64_t p = cfg_.patch_size, ch = cfg_.in_channels, d = cfg_.dim;
-  const int64_t half = cfg_.head_dim() / 2, tf = cfg_.token_features();
-  if (!latents.defined() || latents.rank() != 4 || latents.dtype() != DType::kF32 ||
-      latents.dim(1) != ch || latents.dim(2) % p != 0 || latents.dim(3) % p != 0 ||
-      latents.dim(0) < 1 || latents.dim(2) < p || latents.dim(3) < p) {
-    return InvalidArgument("transformer: latents must be f32 [B, " + std::to_string(ch) +
-                           ", h, w] with h, w multiples of " + std::to_string(p) + ", got " +
-                           (latents.defined() ? latents.describe() : std::string("undefined")));
-  }
-  const int64_t b = latents.dim(0), lh = latents.dim(2), lw = latents.dim(3);
-  if (static_cast<int64_t>(t_model.size()) != b || static_cast<int64_t>(caps.size()) != b) {
-    return InvalidArgument("transformer: batch " + std::to_string(b) + " but " +
-                           std::to_string(t_model.size()) + " timesteps and " +
-                           std::to_string(caps.size()) + " caption tensors");
-  }
-  std::vector<int64_t> cap_len(b), cap_pad(b), seq(b);
-  for (int64_t i = 0; i < b; ++i) {
-    const Tensor& c = caps[i];
-    if (!c.defined() || c.rank() != 2 || c.dim(1) != cfg_.cap_feat_dim || c.dim(0) < 1) {
-      return InvalidArgument("transformer: caption " + std::to_string(i) + " must be [L, " +
-                             std::to_string(cfg_.cap_feat_dim) + "] with L >= 1, got " +
-                             (c.defined() ? c.describe() : std::string("undefined")));
-    }
-    cap_len[i] = c.dim(0);
-    cap_pad[i] = round_up(cap_len[i], kSeqMultiple);
-  }
-  const Shape out_shape{b, ch, lh, lw};
-  if (!out.defined()) {
-    ZI_ASSIGN_OR_RETURN(out, load::alloc(be_, DType::kF32, out_shape, "dit.out"));
-  } else if (out.shape() != out_shape || out.dtype() != DType::kF32) {
-    return InvalidArgument("transformer: out must be f32 " + shape_string(out_shape) + ", got " +
-                           out.describe());
-  }
+Result<ZImageDiT::Layout> ZImageDiT::make_layout(int64_t b, int64_t lh, int64_t lw,
+                                                const std::vector<int64_t>& cap_len) {
+  const int64_t p = cfg_.patch_size, half = cfg_.head_dim() / 2;
+  Layout L;
+  L.b = b, L.lh = lh, L.lw = lw;
+  L.cap_len = cap_len;
+  std::vector<int64_t> cap_pad(b), seq(b);
+  for (int64_t i = 0; i < b; ++i) cap_pad[i] = round_up(cap_len[i], kSeqMultiple);
   const int64_t ht = lh / p, wt = lw / p, n_img = ht * wt;
   const int64_t np = round_up(n_img, kSeqMultiple);
   const int64_t lp_max = *std::max_element(cap_pad.begin(), cap_pad.end());
   int64_t s_max = 0;
-  bool cap_ragged = false, seq_ragged = false;
+  bool cap_ragged = false;
   for (int64_t i = 0; i < b; ++i) {
     seq[i] = np + cap_pad[i];
     s_max = std::max(s_max, seq[i]);
     cap_ragged = cap_ragged || cap_pad[i] != lp_max;
   }
-  seq_ragged = cap_ragged;
-  const DType act = be_.act_dtype();
-  const Tensor none;
 
   // ---- RoPE tables: [B, S, Dh/2, (cos, sin)] f32; batch-padding rows stay 0 ----
   Tensor img_f = Tensor::host(DType::kF32, {b, np, half, 2});      // [B, Np, Dh/2, 2]
@@ -204,13 +175,31 @@ Status ZImageDiT::forward(const Tensor& latents, const std::vector<float>& t_mod
     std::copy(fi, fi + np * half * 2, fu);
     std::copy(fc, fc + cap_pad[i] * half * 2, fu + np * half * 2);
   }
-  ZI_ASSIGN_OR_RETURN(Tensor img_freqs, load::upload_host(be_, img_f, DType::kF32));
-  ZI_ASSIGN_OR_RETURN(Tensor cap_freqs, load::upload_host(be_, cap_f, DType::kF32));
-  ZI_ASSIGN_OR_RETURN(Tensor uni_freqs, load::upload_host(be_, uni_f, DType::kF32));
+  ZI_ASSIGN_OR_RETURN(L.img_freqs, load::upload_host(be_, img_f, DType::kF32));
+  ZI_ASSIGN_OR_RETURN(L.cap_freqs, load::upload_host(be_, cap_f, DType::kF32));
+  ZI_ASSIGN_OR_RETURN(L.uni_freqs, load::upload_host(be_, uni_f, DType::kF32));
+
+  L.n_img = n_img, L.np = np, L.lp_max = lp_max, L.s_max = s_max;
+  L.cap_pad = cap_pad, L.seq = seq;
+  L.ragged = cap_ragged;
+  return L;
+}
+
+Status ZImageDiT::compute(const Layout& L, const Tensor& latents, const Tensor& sinusoid,
+                          const std::vector<Tensor>& caps, Tensor& out, DebugSink* dbg,
+                          const std::string& pfx) {
+  const int64_t p = cfg_.patch_size, d = cfg_.dim, half = cfg_.head_dim() / 2;
+  const int64_t tf = cfg_.token_features();
+  const int64_t b = L.b, n_img = L.n_img, np = L.np, lp_max = L.lp_max, s_max = L.s_max;
+  const std::vector<int64_t>&cap_len = L.cap_len, &cap_pad = L.cap_pad, &seq = L.seq;
+  const bool cap_ragged = L.ragged, seq_ragged = L.ragged;
+  const Tensor &img_freqs = L.img_freqs, &cap_freqs = L.cap_freqs, &uni_freqs = L.uni_freqs;
+  const DType act = be_.act_dtype();
+  const Tensor none;
 
   // ---- timestep conditioning ----
   Tensor c;
-  ZI_TRY(timestep_embedding(t_model, c));  // [B, adaln]
+  ZI_TRY(timestep_embedding(sinusoid, c));  // [B, adaln]
   debug_tensor(dbg, pfx + ".t_emb", be_, c);
 
   // ---- image tokens + noise refiner ----
@@ -299,6 +288,98 @@ Status ZImageDiT::forward(const Tensor& latents, const std::vector<float>& t_mod
   ZI_TRY(be_.unpatchify(o, static_cast<int>(p), 1.0f, out));  // [B, C, h, w] f32
   debug_tensor(dbg, pfx + ".out", be_, out);
   return Status::Ok();
+}
+
+
+Status ZImageDiT::forward(const Tensor& latents, const std::vector<float>& t_model,
+                          const std::vector<Tensor>& caps, Tensor& out, DebugSink* dbg,
+                          const std::string& pfx) {
+  // ---- validate inputs ----
+  const int64_t p = cfg_.patch_size, ch = cfg_.in_channels, d = cfg_.dim;
+  const int64_t half = cfg_.head_dim() / 2, tf = cfg_.token_features();
+  if (!latents.defined() || latents.rank() != 4 || latents.dtype() != DType::kF32 ||
+      latents.dim(1) != ch || latents.dim(2) % p != 0 || latents.dim(3) % p != 0 ||
+      latents.dim(0) < 1 || latents.dim(2) < p || latents.dim(3) < p) {
+    return InvalidArgument("transformer: latents must be f32 [B, " + std::to_string(ch) +
+                           ", h, w] with h, w multiples of " + std::to_string(p) + ", got " +
+                           (latents.defined() ? latents.describe() : std::string("undefined")));
+  }
+  const int64_t b = latents.dim(0), lh = latents.dim(2), lw = latents.dim(3);
+  if (static_cast<int64_t>(t_model.size()) != b || static_cast<int64_t>(caps.size()) != b) {
+    return InvalidArgument("transformer: batch " + std::to_string(b) + " but " +
+                           std::to_string(t_model.size()) + " timesteps and " +
+                           std::to_string(caps.size()) + " caption tensors");
+  }
+  std::vector<int64_t> cap_len(b), cap_pad(b), seq(b);
+  for (int64_t i = 0; i < b; ++i) {
+    const Tensor& c = caps[i];
+    if (!c.defined() || c.rank() != 2 || c.dim(1) != cfg_.cap_feat_dim || c.dim(0) < 1) {
+      return InvalidArgument("transformer: caption " + std::to_string(i) + " must be [L, " +
+                             std::to_string(cfg_.cap_feat_dim) + "] with L >= 1, got " +
+                             (c.defined() ? c.describe() : std::string("undefined")));
+    }
+    cap_len[i] = c.dim(0);
+    cap_pad[i] = round_up(cap_len[i], kSeqMultiple);
+  }
+  const Shape out_shape{b, ch, lh, lw};
+  if (!out.defined()) {
+    ZI_ASSIGN_OR_RETURN(out, load::alloc(be_, DType::kF32, out_shape, "dit.out"));
+  } else if (out.shape() != out_shape || out.dtype() != DType::kF32) {
+    return InvalidArgument("transformer: out must be f32 " + shape_string(out_shape) + ", got " +
+                           out.describe());
+  }
+  Tensor sin_host = timestep_sinusoid(t_model);  // [B, 256] f32
+  if (!sin_host.defined()) return OutOfMemory("timestep sinusoid");
+
+  // Eager: tables and every op queued now (debug dumps need this; so do backends that cannot
+  // record).
+  if (!use_graphs_ || dbg != nullptr || no_graphs_) {
+    ZI_ASSIGN_OR_RETURN(Layout lay, make_layout(b, lh, lw, cap_len));
+    ZI_ASSIGN_OR_RETURN(Tensor sinusoid, load::upload_host(be_, sin_host, be_.act_dtype()));
+    return compute(lay, latents, sinusoid, caps, out, dbg, pfx);
+  }
+
+  // Recorded (CUDA graphs): per input shape, the tables, input and output buffers stay on the
+  // device and the forward is recorded once; each call copies its inputs in, replays, copies out.
+  std::vector<int64_t> key{b, lh, lw};
+  key.insert(key.end(), cap_len.begin(), cap_len.end());
+  auto it = graphs_.find(key);
+  if (it == graphs_.end()) {
+    if (graphs_.size() >= kMaxGraphs) graphs_.clear();  // bounded: shapes seen recently
+    Graphed g;
+    ZI_ASSIGN_OR_RETURN(g.layout, make_layout(b, lh, lw, cap_len));
+    ZI_ASSIGN_OR_RETURN(g.latents, load::alloc(be_, DType::kF32, latents.shape(), "dit.graph_in"));
+    ZI_ASSIGN_OR_RETURN(g.sinusoid,
+                        load::alloc(be_, be_.act_dtype(), {b, kTimeFreqDim}, "dit.graph_t"));
+    for (const Tensor& c : caps) {
+      ZI_ASSIGN_OR_RETURN(Tensor cc, load::alloc(be_, c.dtype(), c.shape(), "dit.graph_caption"));
+      g.caps.push_back(cc);
+    }
+    ZI_ASSIGN_OR_RETURN(g.out, load::alloc(be_, DType::kF32, out_shape, "dit.graph_out"));
+    it = graphs_.emplace(key, std::move(g)).first;
+  }
+  Graphed& g = it->second;
+  ZI_TRY(be_.convert(latents, g.latents));
+  for (size_t i = 0; i < caps.size(); ++i) ZI_TRY(be_.convert(caps[i], g.caps[i]));
+  {
+    ZI_ASSIGN_OR_RETURN(Tensor sinusoid, load::upload_host(be_, sin_host, be_.act_dtype()));
+    ZI_TRY(be_.convert(sinusoid, g.sinusoid));
+  }
+  if (!g.work) {
+    auto rec = be_.record([&] { return compute(g.layout, g.latents, g.sinusoid, g.caps, g.out,
+                                               nullptr, pfx); });
+    if (!rec.ok()) {
+      if (rec.status().code() != ErrorCode::kUnsupported) return rec.status();
+      no_graphs_ = true;  // this backend runs eagerly
+      graphs_.clear();
+      ZI_ASSIGN_OR_RETURN(Layout lay, make_layout(b, lh, lw, cap_len));
+      ZI_ASSIGN_OR_RETURN(Tensor sinusoid, load::upload_host(be_, sin_host, be_.act_dtype()));
+      return compute(lay, latents, sinusoid, caps, out, dbg, pfx);
+    }
+    g.work = std::move(*rec);
+  }
+  ZI_TRY(g.work->replay());
+  return be_.convert(g.out, out);
 }
 
 }  // namespace zimage

@@ -3,6 +3,7 @@
 // padded to a multiple of 32 with learned pad tokens, items batch-padded with key-length masks.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -39,6 +40,15 @@ class ZImageDiT {
 
   const TransformerConfig& config() const { return cfg_; }
 
+  // Record each input shape's forward once and replay it (CUDA graphs on the CUDA backend; a
+  // backend that cannot record runs eagerly). On by default; benchmarks switch it off.
+  void set_use_graphs(bool on) {
+    use_graphs_ = on;
+    if (!on) graphs_.clear();
+  }
+  // Drops the recorded forwards and the device memory they hold.
+  void release_graphs() { graphs_.clear(); }
+
  private:
   struct Block {
     bool modulated = false;
@@ -51,6 +61,22 @@ class ZImageDiT {
     Tensor w2;                                            // [D, F]
   };
   struct Scratch;  // per-sequence activation buffers (zimage_dit.cpp)
+  // What a forward needs that depends only on the input shapes: sizes, per-item caption and
+  // sequence lengths, and the RoPE tables on the device ([B, S, Dh/2, 2] f32 each).
+  struct Layout {
+    int64_t b = 0, lh = 0, lw = 0, n_img = 0, np = 0, lp_max = 0, s_max = 0;
+    std::vector<int64_t> cap_len, cap_pad, seq;
+    bool ragged = false;  // caption lengths differ: key-length masks
+    Tensor img_freqs, cap_freqs, uni_freqs;
+  };
+  // A recorded forward with its fixed input/output buffers.
+  struct Graphed {
+    Layout layout;
+    Tensor latents, sinusoid, out;
+    std::vector<Tensor> caps;
+    std::unique_ptr<RecordedWork> work;
+  };
+  static constexpr size_t kMaxGraphs = 4;
 
   ZImageDiT(const TransformerConfig& cfg, Backend& be) : cfg_(cfg), be_(be) {}
   // zimage_dit_weights.cpp
@@ -62,7 +88,14 @@ class ZImageDiT {
   bool rope_row(int64_t p0, int64_t p1, int64_t p2, float* dst) const;
 
   // zimage_dit.cpp
-  Status timestep_embedding(const std::vector<float>& t_model, Tensor& c);
+  Tensor timestep_sinusoid(const std::vector<float>& t_model) const;  // host [B, 256] f32
+  Status timestep_embedding(const Tensor& sinusoid, Tensor& c);
+  Result<Layout> make_layout(int64_t b, int64_t lh, int64_t lw,
+                             const std::vector<int64_t>& cap_len);
+  // The whole forward on device inputs: only backend ops, so it can be recorded.
+  Status compute(const Layout& L, const Tensor& latents, const Tensor& sinusoid,
+                 const std::vector<Tensor>& caps, Tensor& out, DebugSink* dbg,
+                 const std::string& pfx);
   Status run_block(const Block& blk, Tensor& x, const Tensor& freqs, const Tensor& c,
                    const AttentionParams& ap, Scratch& s);
 
@@ -78,6 +111,9 @@ class ZImageDiT {
   std::vector<Block> noise_refiner_, context_refiner_, layers_;
   // Per RoPE axis a: cos/sin of float32(p * omega_k), [axes_lens[a], axes_dims[a]/2] row-major.
   std::vector<std::vector<float>> rope_cos_, rope_sin_;
+  bool use_graphs_ = true;
+  bool no_graphs_ = false;  // the backend answered that it cannot record
+  std::map<std::vector<int64_t>, Graphed> graphs_;
 };
 
 }  // namespace zimage

@@ -240,6 +240,54 @@ Result<CudaGraph> CudaBackend::end_capture() {
   return CudaGraph(exec);
 }
 
+namespace {
+
+class CudaRecordedWork final : public RecordedWork {
+ public:
+  CudaRecordedWork(CudaBackend& be, CudaGraph graph, std::shared_ptr<CachingAllocator> alloc,
+                   PoolId pool)
+      : be_(be), graph_(std::move(graph)), alloc_(std::move(alloc)), pool_(pool) {}
+  ~CudaRecordedWork() override {
+    graph_ = CudaGraph();  // the graph goes before the memory it writes
+    be_.synchronize();     // no replay still running on the pool's blocks
+    alloc_->release_pool(pool_);
+  }
+  Status replay() override { return be_.replay(graph_); }
+
+ private:
+  CudaBackend& be_;
+  CudaGraph graph_;
+  std::shared_ptr<CachingAllocator> alloc_;
+  PoolId pool_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<RecordedWork>> CudaBackend::record(const std::function<Status()>& work) {
+  const PoolId pool = next_pool_++;
+  ZI_TRY(allocator_->begin_pool(pool));
+  auto abandon = [&](Status s) {
+    allocator_->end_pool();
+    allocator_->release_pool(pool);
+    return s;
+  };
+  // Warm-up: the first run of new shapes plans GEMMs and builds cuDNN graphs (host work and
+  // allocations that cannot be captured) and leaves the pool holding every block the work needs.
+  if (Status w = work(); !w.ok()) return abandon(w);
+  if (Status c = begin_capture(); !c.ok()) return abandon(c);
+  const Status during = work();
+  auto graph = end_capture();
+  if (!during.ok() || !graph.ok()) {
+    cudaGetLastError();  // a failed capture leaves a sticky error on the last call
+    const Status why = !during.ok() ? during : graph.status();
+    return abandon(Unsupported("cuda: cannot record this work as a CUDA graph (" +
+                               why.to_string() + ")"));
+  }
+  ZI_TRY(allocator_->end_pool());
+  return std::unique_ptr<RecordedWork>(
+      new CudaRecordedWork(*this, std::move(*graph), allocator_, pool));
+}
+
 Status CudaBackend::replay(const CudaGraph& graph) {
   if (!graph.valid()) return InvalidArgument("replay: empty graph");
   ZI_CUDA_TRY(cudaGraphLaunch(graph.exec(), stream_));

@@ -69,6 +69,11 @@ class CudaBackend final : public Backend {
                  int64_t dst_offset, int64_t dst_row_stride, int64_t rows, int64_t cols) override;
   Status fill(Tensor& t, float value) override;
   Status synchronize() override;
+  // A CUDA graph of `work`: one eager run inside a fresh private memory pool (plans GEMMs and cuDNN
+  // graphs, fills the pool), then the capture, whose allocations the pool serves from the same
+  // blocks. The pool stays reserved for the graph until the RecordedWork is destroyed. Capture
+  // failures (an op that cannot be captured) answer kUnsupported; errors of `work` itself pass.
+  Result<std::unique_ptr<RecordedWork>> record(const std::function<Status()>& work) override;
   // Waits for every upload and frees the pinned staging buffers (uploader.h) until the next bulk
   // upload. Loaders call it once at the end.
   Status finish_uploads() override;
@@ -152,6 +157,7 @@ class CudaBackend final : public Backend {
   std::unique_ptr<ConvGraphs> conv_graphs_;
   bool use_conv_graphs_ = true;
   bool fused_ = true;
+  uint64_t next_pool_ = 1;  // private allocator pools for recorded work
   std::unique_ptr<OpProfiler> profiler_;
   std::unique_ptr<PinnedUploader> uploader_;  // every host -> device copy (uploader.h)
   AttentionPath attention_path_ = AttentionPath::kAuto;
