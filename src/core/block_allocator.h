@@ -30,10 +30,12 @@
 // Private pools (for CUDA graph capture): between begin_pool(id) and end_pool(), allocations
 // come from pool `id`, whose segments serve nobody else, and blocks freed later (even after
 // end_pool) return to it. A graph captured in the pool bakes in addresses that no allocation
-// outside the pool can be given, so it can be replayed while other code allocates.
-// release_pool(id) hands the pool's segments to general use once the graphs are gone. While a
-// private pool is active nothing is ever given back to the backend (cudaFree is not allowed
-// during capture): a miss obtains a new segment, and running out of memory is an error.
+// outside the pool can be given, so it can be replayed while other code allocates. Graphs may
+// share a pool only if they are replayed in the order they were captured (a block one graph used
+// as a temporary may hold a later graph's output). release_pool(id) hands the pool's segments to
+// general use once the graphs are gone. While a private pool is active nothing is ever given
+// back to the backend (cudaFree is not allowed during capture): a miss obtains a new segment, and
+// running out of memory is an error.
 //
 // Out of memory: when `segment_alloc` reports kOutOfMemory, every entirely free segment of the
 // general pool is given back and the request is retried once; then OutOfMemory names the
