@@ -116,6 +116,19 @@ double alloc_gib(Backend& be, bool peak) {
   return 0;
 }
 
+// The allocator's high-water mark of device memory it holds (cudaMalloc'd segments) since the
+// last reset: the peak of what the process holds for tensors, which the cudaMemGetInfo reading
+// after a phase can miss now that idle segments are given back.
+double alloc_reserved_peak_gib(Backend& be) {
+#ifdef ZIMAGE_WITH_CUDA
+  if (auto* cb = dynamic_cast<cuda::CudaBackend*>(&be))
+    return static_cast<double>(cb->memory_stats().peak_reserved_bytes) / (1024.0 * 1024 * 1024);
+#else
+  (void)be;
+#endif
+  return 0;
+}
+
 struct Loaded {
   std::unique_ptr<Backend> be;
   Qwen3Encoder* te = nullptr;
@@ -246,6 +259,7 @@ void run_bench(const Options& o) {
       json j = s.to_json();
       j["gpu_gib"] = gpu_used_gib() - mem0;
       j["alloc_peak_gib"] = alloc_gib(be, true);
+      j["alloc_peak_reserved_gib"] = alloc_reserved_peak_gib(be);
       R["dit_forward_" + std::to_string(res) + "_bs" + std::to_string(bs)] = j;
       std::fprintf(stderr, "bench: DiT %d bs%d %.1f ms\n", res, bs, s.median_ms);
     }
@@ -265,6 +279,7 @@ void run_bench(const Options& o) {
     json j = s.to_json();
     j["gpu_gib"] = gpu_used_gib() - mem0;
     j["alloc_peak_gib"] = alloc_gib(be, true);
+    j["alloc_peak_reserved_gib"] = alloc_reserved_peak_gib(be);
     R["vae_decode_" + std::to_string(res)] = j;
   }
   std::fprintf(stderr, "bench: VAE done\n");
@@ -293,6 +308,7 @@ void run_bench(const Options& o) {
     j["first_call_s"] = first_s;
     j["gpu_gib"] = gpu_used_gib() - mem0;
     j["alloc_peak_gib"] = alloc_gib(be, true);
+    j["alloc_peak_reserved_gib"] = alloc_reserved_peak_gib(be);
     j["text_encoder_s"] = last.text_encoder_s;
     j["denoise_s"] = last.denoise_s();
     j["vae_s"] = last.vae_s;
@@ -430,20 +446,20 @@ void run_bench(const Options& o) {
 
   // Markdown table.
   std::printf(
-      "| what | zimage median | min-max | GPU GiB held | GiB in tensors (peak) |\n"
-      "| --- | --- | --- | --- | --- |\n");
-  std::printf("| load (folder -> device) | %.2f s | | %.1f | %.1f |\n", L.load_s,
-              R["gpu_gib_after_load"].get<double>(),
-              R["alloc_in_use_gib_after_load"].get<double>());
+      "| what | zimage median | min-max | GPU GiB held | GiB in tensors (peak) | GiB reserved "
+      "(peak) |\n| --- | --- | --- | --- | --- | --- |\n");
+  std::printf("| load (folder -> device) | %.2f s | | %.1f | %.1f | |\n", L.load_s,
+              R["gpu_gib_after_load"].get<double>(), R["alloc_in_use_gib_after_load"].get<double>());
   for (auto it = R.begin(); it != R.end(); ++it) {
     if (!it->is_object() || !it->contains("median_ms")) continue;
     const json& j = *it;
     auto gib = [&](const char* key) {
       return j.contains(key) ? std::to_string(j[key].get<double>()).substr(0, 5) : std::string();
     };
-    std::printf("| %s | %s | %s - %s | %s | %s |\n", it.key().c_str(),
+    std::printf("| %s | %s | %s - %s | %s | %s | %s |\n", it.key().c_str(),
                 fmt_ms(j["median_ms"]).c_str(), fmt_ms(j["min_ms"]).c_str(),
-                fmt_ms(j["max_ms"]).c_str(), gib("gpu_gib").c_str(), gib("alloc_peak_gib").c_str());
+                fmt_ms(j["max_ms"]).c_str(), gib("gpu_gib").c_str(), gib("alloc_peak_gib").c_str(),
+                gib("alloc_peak_reserved_gib").c_str());
   }
   if (R.contains("ablation")) {
     std::printf("\n| technique (cumulative) | DiT forward %d² | image (%d forwards) | speed-up | GiB in "

@@ -1,118 +1,96 @@
-// Caching device allocator: see allocator.h for why it exists and what it guarantees.
+// Caching device allocator: see allocator.h and core/block_allocator.h for why and how.
 #include "backend/cuda/allocator.h"
 
 #include <cuda_runtime_api.h>
 
-#include <algorithm>
 #include <string>
+#include <utility>
 
 #include "backend/cuda/cuda_check.h"
+#include "core/log.h"
 
 namespace zimage::cuda {
 
-// Storage for one cached block; hands the block back instead of freeing it.
+// Storage for one block; hands the block back instead of freeing it.
 class CudaStorage final : public Storage {
  public:
-  CudaStorage(void* p, size_t bytes, size_t rounded, std::shared_ptr<CachingAllocator> owner)
-      : Storage(p, bytes, Device::kCUDA), rounded_(rounded), owner_(std::move(owner)) {}
-  ~CudaStorage() override { owner_->release(data_, rounded_); }
+  CudaStorage(void* p, size_t bytes, std::shared_ptr<CachingAllocator> owner)
+      : Storage(p, bytes, Device::kCUDA), owner_(std::move(owner)) {}
+  ~CudaStorage() override { owner_->release(data_); }
 
  private:
-  size_t rounded_;
   std::shared_ptr<CachingAllocator> owner_;
 };
 
-std::shared_ptr<CachingAllocator> CachingAllocator::create(int device) {
-  return std::shared_ptr<CachingAllocator>(new CachingAllocator(device));
+std::shared_ptr<CachingAllocator> CachingAllocator::create(int device,
+                                                           BlockAllocatorOptions options) {
+  return std::shared_ptr<CachingAllocator>(new CachingAllocator(device, options));
+}
+
+CachingAllocator::CachingAllocator(int device, BlockAllocatorOptions options) : device_(device) {
+  auto segment_alloc = [](size_t bytes) -> Result<void*> {
+    void* p = nullptr;
+    // cuda_status maps cudaErrorMemoryAllocation to OutOfMemory (and clears it), which is what
+    // makes the block allocator give idle segments back and retry.
+    ZI_TRY(cuda_status(cudaMalloc(&p, bytes), "cudaMalloc"));
+    return p;
+  };
+  auto segment_free = [](void* p, size_t) -> Status {
+    return cuda_status(cudaFree(p), "cudaFree");
+  };
+  blocks_ = std::make_unique<BlockAllocator>(segment_alloc, segment_free, options);
 }
 
 CachingAllocator::~CachingAllocator() {
-  std::lock_guard<std::mutex> lock(mu_);
+  // Every CudaStorage holds a reference to the allocator, so no block is in use any more.
   int prev = 0;
-  cudaGetDevice(&prev);
-  cudaSetDevice(device_);
-  for (auto& [size, blocks] : free_)
-    for (void* p : blocks) cudaFree(p);
-  free_.clear();
-  cudaSetDevice(prev);
-}
-
-size_t CachingAllocator::round_size(size_t bytes) {
-  constexpr size_t kSmall = size_t{1} << 20;
-  if (bytes == 0) bytes = 1;
-  if (bytes < kSmall) return (bytes + 511) / 512 * 512;
-  // Eight classes per power of two: at most 12.5% rounding waste for large blocks.
-  size_t pow2 = size_t{1} << (63 - __builtin_clzll(static_cast<unsigned long long>(bytes)));
-  const size_t step = pow2 / 8;
-  return (bytes + step - 1) / step * step;
+  const bool switch_device = cudaGetDevice(&prev) == cudaSuccess && prev != device_;
+  if (switch_device) cudaSetDevice(device_);
+  blocks_.reset();  // cudaFree of every segment
+  if (switch_device) cudaSetDevice(prev);
 }
 
 Result<std::shared_ptr<Storage>> CachingAllocator::allocate(size_t bytes) {
-  const size_t rounded = round_size(bytes);
-  void* ptr = nullptr;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = free_.find(rounded);
-    if (it != free_.end() && !it->second.empty()) {
-      ptr = it->second.back();
-      it->second.pop_back();
-      ++stats_.num_cache_hits;
-    } else {
-      cudaError_t e = cudaMalloc(&ptr, rounded);
-      if (e == cudaErrorMemoryAllocation) {
-        cudaGetLastError();
-        ZI_TRY(empty_cache_locked());
-        e = cudaMalloc(&ptr, rounded);
-      }
-      if (e == cudaErrorMemoryAllocation) {
-        cudaGetLastError();
-        return OutOfMemory("cuda: cannot allocate " + std::to_string(rounded) + " bytes (" +
-                           std::to_string(stats_.in_use_bytes) + " bytes in use)");
-      }
-      ZI_TRY(cuda_status(e, "cudaMalloc"));
-      ++stats_.num_device_mallocs;
-      stats_.reserved_bytes += rounded;
-    }
-    stats_.in_use_bytes += rounded;
-    stats_.peak_in_use_bytes = std::max(stats_.peak_in_use_bytes, stats_.in_use_bytes);
-  }
+  Result<void*> p = blocks_->allocate(bytes);
+  if (!p.ok()) return p.status().with_context("cuda");
   return std::shared_ptr<Storage>(
-      std::make_shared<CudaStorage>(ptr, bytes, rounded, shared_from_this()));
+      std::make_shared<CudaStorage>(p.value(), bytes, shared_from_this()));
 }
 
-void CachingAllocator::release(void* ptr, size_t rounded) {
-  std::lock_guard<std::mutex> lock(mu_);
-  free_[rounded].push_back(ptr);
-  stats_.in_use_bytes -= rounded;
+void CachingAllocator::release(void* ptr) {
+  // Cannot fail for a pointer from allocate(); a destructor has nobody to report to anyway.
+  Status s = blocks_->deallocate(ptr);
+  if (!s.ok()) ZI_ERROR("cuda allocator: %s", s.to_string().c_str());
 }
 
 Status CachingAllocator::empty_cache() {
-  std::lock_guard<std::mutex> lock(mu_);
-  return empty_cache_locked();
+  return blocks_->empty_cache();
 }
-
-Status CachingAllocator::empty_cache_locked() {
-  Status first;
-  for (auto& [size, blocks] : free_) {
-    for (void* p : blocks) {
-      Status s = cuda_status(cudaFree(p), "cudaFree");
-      if (s.ok()) stats_.reserved_bytes -= size;
-      if (!s.ok() && first.ok()) first = s;
-    }
-    blocks.clear();
-  }
-  free_.clear();
-  return first;
+Status CachingAllocator::begin_pool(PoolId id) {
+  return blocks_->begin_pool(id);
+}
+Status CachingAllocator::end_pool() {
+  return blocks_->end_pool();
+}
+Status CachingAllocator::release_pool(PoolId id) {
+  return blocks_->release_pool(id);
 }
 
 AllocatorStats CachingAllocator::stats() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return stats_;
+  const BlockAllocatorStats b = blocks_->stats();
+  AllocatorStats s;
+  s.in_use_bytes = b.in_use_bytes;
+  s.peak_in_use_bytes = b.peak_in_use_bytes;
+  s.reserved_bytes = b.reserved_bytes;
+  s.peak_reserved_bytes = b.peak_reserved_bytes;
+  s.num_device_mallocs = b.num_segment_allocs;
+  s.num_device_frees = b.num_segment_frees;
+  s.num_cache_hits = b.num_cache_hits;
+  return s;
 }
 
 void CachingAllocator::reset_peak() {
-  std::lock_guard<std::mutex> lock(mu_);
-  stats_.peak_in_use_bytes = stats_.in_use_bytes;
+  blocks_->reset_peak();
 }
 
 }  // namespace zimage::cuda

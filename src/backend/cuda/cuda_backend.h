@@ -8,9 +8,13 @@
 //
 // Graph capture: between begin_capture() and end_capture() every op is recorded instead of run.
 // Recorded kernels keep the raw device addresses of their tensors: keep those tensors alive (and
-// do not let their memory be reused) for as long as the graph is replayed. Ops that synchronise
-// with the host (upload, download, sum_squares, embedding's id upload) cannot be captured, and the
-// first call of a new matmul/conv shape (which plans it) should happen before capture.
+// do not let their memory be reused) for as long as the graph is replayed. Temporaries allocated
+// during capture are safe only in a private memory pool: begin_memory_pool() before
+// begin_capture(), end_memory_pool() after end_capture(), release_memory_pool() once the graph is
+// destroyed; a warm-up run in the same pool first means capture needs no cudaMalloc. Ops that
+// synchronise with the host (upload, download, sum_squares, embedding's id upload) cannot be
+// captured, and the first call of a new matmul/conv shape (which plans it) should happen before
+// capture.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -114,6 +118,10 @@ class CudaBackend final : public Backend {
   AllocatorStats memory_stats() const { return allocator_->stats(); }
   void reset_peak_memory() { allocator_->reset_peak(); }
   Status empty_cache() { return allocator_->empty_cache(); }
+  // Private pools for graph capture (see the comment at the top and core/block_allocator.h).
+  Status begin_memory_pool(PoolId id) { return allocator_->begin_pool(id); }
+  Status end_memory_pool() { return allocator_->end_pool(); }
+  Status release_memory_pool(PoolId id) { return allocator_->release_pool(id); }
   Status begin_capture();
   Result<CudaGraph> end_capture();
   Status replay(const CudaGraph& graph);
