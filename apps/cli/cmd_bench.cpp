@@ -116,6 +116,30 @@ double alloc_gib(Backend& be, bool peak) {
   return 0;
 }
 
+// cudaMalloc + cudaFree calls so far (CUDA only): a steady state makes none.
+uint64_t device_alloc_calls(Backend& be) {
+#ifdef ZIMAGE_WITH_CUDA
+  if (auto* cb = dynamic_cast<cuda::CudaBackend*>(&be)) {
+    const auto st = cb->memory_stats();
+    return st.num_device_mallocs + st.num_device_frees;
+  }
+#else
+  (void)be;
+#endif
+  return 0;
+}
+
+// Forget recorded DiT forwards of other shapes and give idle memory back, so a measurement
+// starts as a fresh process with its one shape would (CUDA only).
+void fresh_memory(Backend& be, ZImageDiT& dit) {
+  dit.release_graphs();
+#ifdef ZIMAGE_WITH_CUDA
+  if (auto* cb = dynamic_cast<cuda::CudaBackend*>(&be)) check(cb->empty_cache());
+#else
+  (void)be;
+#endif
+}
+
 // The allocator's high-water mark of device memory it holds (cudaMalloc'd segments) since the
 // last reset: the peak of what the process holds for tensors, which the cudaMemGetInfo reading
 // after a phase can miss now that idle segments are given back.
@@ -272,11 +296,15 @@ void run_bench(const Options& o) {
     auto lat = be.upload(*host, DType::kF32);
     if (!lat.ok()) fail(lat.status());
     reset_alloc_peak(be);
-    Stats s = timed(be, 1, std::max(3, o.iters - 2), [&]() -> Status {
+    auto decode = [&]() -> Status {
       auto r = L.vae->decode(*lat);
       return r.ok() ? Status::Ok() : r.status();
-    });
+    };
+    check(decode());  // warm-up: plans the convolutions
+    const uint64_t calls0 = device_alloc_calls(be);
+    Stats s = timed(be, 0, std::max(3, o.iters - 2), decode);
     json j = s.to_json();
+    j["device_alloc_calls_steady"] = device_alloc_calls(be) - calls0;
     j["gpu_gib"] = gpu_used_gib() - mem0;
     j["alloc_peak_gib"] = alloc_gib(be, true);
     j["alloc_peak_reserved_gib"] = alloc_reserved_peak_gib(be);
@@ -293,6 +321,7 @@ void run_bench(const Options& o) {
     req.steps = o.steps;
     req.seed = 42;
     PhaseTimings last;
+    fresh_memory(be, *L.dit);
     reset_alloc_peak(be);
     const double t0 = now_s();
     auto first = L.pipe->run(req, {});
@@ -322,6 +351,7 @@ void run_bench(const Options& o) {
   if (o.profile && o.device != "cpu") {
     auto* cb = dynamic_cast<cuda::CudaBackend*>(&be);
     json prof;
+    L.dit->set_use_graphs(false);  // a replayed graph's kernels are not seen op by op
     auto profile = [&](const std::string& phase, const std::function<Status()>& fn) {
       check(be.synchronize());
       cb->set_profiling(true);
@@ -365,6 +395,7 @@ void run_bench(const Options& o) {
       return r.ok() ? Status::Ok() : r.status();
     });
     R["profile"] = prof;
+    L.dit->set_use_graphs(true);
   }
   if (o.ablation && o.device != "cpu") {
     // The optimisation literature's table, cumulative rows, each measured in this run: DiT
@@ -389,9 +420,8 @@ void run_bench(const Options& o) {
       if (!cap.ok()) fail(cap.status());
       Tensor out;
       reset_alloc_peak(*M.be);
-      const double dit = timed(*M.be, 1, 3, [&] {
-                           return M.dit->forward(*lat, {0.5f}, *cap, out);
-                         }).median_ms;
+      const double dit =
+          timed(*M.be, 1, 3, [&] { return M.dit->forward(*lat, {0.5f}, *cap, out); }).median_ms;
       GenerateRequest req;
       req.prompts = {kPrompt};
       req.width = req.height = res0;
@@ -401,7 +431,9 @@ void run_bench(const Options& o) {
                            auto r = M.pipe->run(req, {});
                            return r.ok() ? Status::Ok() : r.status();
                          }).median_ms;
-      json row{{"row", st.name}, {"dit_ms", dit}, {"image_ms", img},
+      json row{{"row", st.name},
+               {"dit_ms", dit},
+               {"image_ms", img},
                {"alloc_peak_gib", alloc_gib(*M.be, true)}};
       std::fprintf(stderr, "bench: ablation %s: DiT %.1f ms, image %.0f ms\n", st.name, dit, img);
       mb->set_attention_path(cuda::AttentionPath::kAuto);
@@ -412,18 +444,19 @@ void run_bench(const Options& o) {
     const Setup bf16_rows[] = {
         {"bf16", cuda::AttentionPath::kGeneral, false, false},
         {"+ fused kernels", cuda::AttentionPath::kGeneral, true, false},
-        {"+ flash attention (own FA2-style kernel)", cuda::AttentionPath::kFlash, true, false},
+        {"+ flash attention (own FA2-style kernel)", cuda::AttentionPath::kOwn, true, false},
         {"+ cuDNN fused attention", cuda::AttentionPath::kAuto, true, false},
         {"+ CUDA graphs", cuda::AttentionPath::kAuto, true, true},
     };
     for (const Setup& st : bf16_rows) rows.push_back(measure(L, st, 2));
     if (std::find(o.batches.begin(), o.batches.end(), 4) != o.batches.end()) {
       const json& p4 = R["pipeline_" + std::to_string(res0) + "_bs4"];
-      rows.push_back(json{{"row", "+ batching (4 images in one forward, per image)"},
-                          {"dit_ms", R["dit_forward_" + std::to_string(res0) + "_bs4"]["median_ms"]
-                                         .get<double>() / 4},
-                          {"image_ms", p4["median_ms"].get<double>() / 4},
-                          {"alloc_peak_gib", p4["alloc_peak_gib"]}});
+      rows.push_back(
+          json{{"row", "+ batching (4 images in one forward, per image)"},
+               {"dit_ms",
+                R["dit_forward_" + std::to_string(res0) + "_bs4"]["median_ms"].get<double>() / 4},
+               {"image_ms", p4["median_ms"].get<double>() / 4},
+               {"alloc_peak_gib", p4["alloc_peak_gib"]}});
     }
     // fp32 last: it needs its own copy of the weights, loaded after the bf16 copy is freed.
     L.pipe.reset();
@@ -431,14 +464,16 @@ void run_bench(const Options& o) {
     auto f32 = load_all(dir, o.device, DType::kF32, o.threads);
     json row;
     if (f32.ok()) {
-      row = measure(*f32, {"fp32 (no TF32), general attention", cuda::AttentionPath::kGeneral,
-                           false, false}, 1);
+      row = measure(
+          *f32, {"fp32 (no TF32), general attention", cuda::AttentionPath::kGeneral, false, false},
+          1);
     } else {
       row = {{"row", "fp32"}, {"error", f32.status().to_string()}};
     }
     rows.insert(rows.begin(), row);
     if (row.contains("image_ms")) {
-      for (json& r : rows) r["speedup"] = row["image_ms"].get<double>() / r["image_ms"].get<double>();
+      for (json& r : rows)
+        r["speedup"] = row["image_ms"].get<double>() / r["image_ms"].get<double>();
     }
     R["ablation"] = rows;
   }
@@ -449,7 +484,8 @@ void run_bench(const Options& o) {
       "| what | zimage median | min-max | GPU GiB held | GiB in tensors (peak) | GiB reserved "
       "(peak) |\n| --- | --- | --- | --- | --- | --- |\n");
   std::printf("| load (folder -> device) | %.2f s | | %.1f | %.1f | |\n", L.load_s,
-              R["gpu_gib_after_load"].get<double>(), R["alloc_in_use_gib_after_load"].get<double>());
+              R["gpu_gib_after_load"].get<double>(),
+              R["alloc_in_use_gib_after_load"].get<double>());
   for (auto it = R.begin(); it != R.end(); ++it) {
     if (!it->is_object() || !it->contains("median_ms")) continue;
     const json& j = *it;
@@ -462,9 +498,10 @@ void run_bench(const Options& o) {
                 gib("alloc_peak_reserved_gib").c_str());
   }
   if (R.contains("ablation")) {
-    std::printf("\n| technique (cumulative) | DiT forward %d² | image (%d forwards) | speed-up | GiB in "
-                "tensors (peak) |\n| --- | --- | --- | --- | --- |\n",
-                res0, o.steps);
+    std::printf(
+        "\n| technique (cumulative) | DiT forward %d² | image (%d forwards) | speed-up | GiB in "
+        "tensors (peak) |\n| --- | --- | --- | --- | --- |\n",
+        res0, o.steps);
     for (const auto& r : R["ablation"]) {
       auto num = [&](const char* k, const char* f) {
         char b[32] = "-";

@@ -195,8 +195,14 @@ Status BlockAllocator::deallocate(void* ptr) {
 }
 
 Status BlockAllocator::trim_for(size_t new_segment_bytes) {
+  // Private pools stay reserved on purpose (recorded graphs replay into them): their segments
+  // are part of the budget, or every miss elsewhere would give back the general pool's idle
+  // segments and the next call would allocate them again (cudaMalloc/cudaFree churn per call).
+  size_t pools_reserved = 0;
+  for (const auto& [id, pool] : private_pools_)
+    for (const Segment* seg : pool->segments) pools_reserved += seg->size;
   const size_t budget = std::max(in_use_high_water_, stats_.in_use_bytes + new_segment_bytes) +
-                        options_.cache_slack_bytes;
+                        options_.cache_slack_bytes + pools_reserved;
   if (stats_.reserved_bytes + new_segment_bytes <= budget) return Status::Ok();
   std::vector<Segment*> idle;
   for (Segment* seg : general_.segments)

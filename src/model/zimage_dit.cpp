@@ -295,8 +295,7 @@ Status ZImageDiT::forward(const Tensor& latents, const std::vector<float>& t_mod
                           const std::vector<Tensor>& caps, Tensor& out, DebugSink* dbg,
                           const std::string& pfx) {
   // ---- validate inputs ----
-  const int64_t p = cfg_.patch_size, ch = cfg_.in_channels, d = cfg_.dim;
-  const int64_t half = cfg_.head_dim() / 2, tf = cfg_.token_features();
+  const int64_t p = cfg_.patch_size, ch = cfg_.in_channels;
   if (!latents.defined() || latents.rank() != 4 || latents.dtype() != DType::kF32 ||
       latents.dim(1) != ch || latents.dim(2) % p != 0 || latents.dim(3) % p != 0 ||
       latents.dim(0) < 1 || latents.dim(2) < p || latents.dim(3) < p) {

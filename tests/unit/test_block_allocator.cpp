@@ -534,6 +534,32 @@ TEST(BlockAllocator, PrivatePoolBlocksServeOnlyThePool) {
   EXPECT_TRUE(dev.errors.empty());
 }
 
+// A recorded graph's pool stays reserved and idle between replays. Its segments count towards
+// the budget of what may stay cached, or every miss elsewhere would give back the general pool's
+// idle segments and the next call would allocate them again (cudaMalloc/cudaFree each call).
+TEST(BlockAllocator, IdlePrivatePoolsDoNotShrinkTheGeneralCache) {
+  FakeDevice dev;
+  auto a = make(dev);
+  void* p1 = take(*a, 600 * kMiB);
+  void* p2 = take(*a, 600 * kMiB);  // high-water mark 1200 MiB
+  give(*a, p1);
+  give(*a, p2);  // two idle 600 MiB segments
+  ASSERT_TRUE(a->begin_pool(3).ok());
+  void* g = take(*a, 400 * kMiB);
+  ASSERT_TRUE(a->end_pool().ok());
+  give(*a, g);  // idle in the pool, still reserved
+  const BlockAllocatorStats before = a->stats();
+  void* c = take(*a, 700 * kMiB);  // a miss: budget max(1200, 700) + 256 MiB + the pool's 400
+  EXPECT_EQ(a->stats().num_segment_frees, before.num_segment_frees + 1)
+      << "one idle 600 MiB segment is enough to stay within the budget";
+  const uint64_t allocs = a->stats().num_segment_allocs;
+  void* d = take(*a, 600 * kMiB);  // served by the 600 MiB segment still cached
+  EXPECT_EQ(a->stats().num_segment_allocs, allocs);
+  give(*a, c);
+  give(*a, d);
+  ASSERT_TRUE(a->release_pool(3).ok());
+}
+
 TEST(BlockAllocator, NothingIsGivenBackWhileAPoolIsActive) {
   FakeDevice dev;
   BlockAllocatorOptions o;

@@ -87,7 +87,7 @@ Status CudaBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v,
                         flash_attention_supported(fa.head_dim, fa);
   if (attention_path_ == AttentionPath::kFlash && !flash_ok)
     return Unsupported("attention: the flash kernel does not handle " + q.describe());
-  if (flash_ok && attention_path_ != AttentionPath::kGeneral) {
+  if (flash_ok && attention_path_ != AttentionPath::kGeneral) {  // kAuto, kOwn, kFlash
     ZI_LAUNCH_TRY("attention (flash)", launch_flash_attention(fa, stream_));
     return Status::Ok();
   }

@@ -249,8 +249,9 @@ class CudaRecordedWork final : public RecordedWork {
       : be_(be), graph_(std::move(graph)), alloc_(std::move(alloc)), pool_(pool) {}
   ~CudaRecordedWork() override {
     graph_ = CudaGraph();  // the graph goes before the memory it writes
-    be_.synchronize();     // no replay still running on the pool's blocks
-    alloc_->release_pool(pool_);
+    // No replay may still run on the pool's blocks. A destructor cannot report: a failure here
+    // leaves the pool reserved (memory held, nothing corrupted).
+    if (be_.synchronize().ok()) (void)alloc_->release_pool(pool_);
   }
   Status replay() override { return be_.replay(graph_); }
 
@@ -266,9 +267,9 @@ class CudaRecordedWork final : public RecordedWork {
 Result<std::unique_ptr<RecordedWork>> CudaBackend::record(const std::function<Status()>& work) {
   const PoolId pool = next_pool_++;
   ZI_TRY(allocator_->begin_pool(pool));
-  auto abandon = [&](Status s) {
-    allocator_->end_pool();
-    allocator_->release_pool(pool);
+  auto abandon = [&](Status s) {  // the error of `work` is the one worth reporting
+    (void)allocator_->end_pool();
+    if (synchronize().ok()) (void)allocator_->release_pool(pool);
     return s;
   };
   // Warm-up: the first run of new shapes plans GEMMs and builds cuDNN graphs (host work and

@@ -53,8 +53,9 @@ class CudaGraph {
 };
 
 // kAuto: cuDNN's fused attention where it has an engine, else the own flash kernel (bf16,
-// head_dim 64/128), else the general GEMM + softmax path.
-enum class AttentionPath { kAuto, kCudnn, kFlash, kGeneral };
+// head_dim 64/128), else the general GEMM + softmax path. kOwn: the project's kernels only (flash,
+// else general). kCudnn / kFlash / kGeneral force one path (kUnsupported where it cannot run).
+enum class AttentionPath { kAuto, kOwn, kCudnn, kFlash, kGeneral };
 
 class CudaBackend final : public Backend {
  public:
