@@ -9,6 +9,7 @@
 #   parity    zimage generate (seeded, 1024², 8 steps) with the step-0 DiT output dumped
 #   diffusers upstream diffusers on the same folder, same GPU (carried wheel in .whl/)
 #   compare   cosine / PSNR of zimage vs diffusers -> $OUT/parity.json
+#   parity8, compare8   the same with --precision fp8 -> $OUT/parity_fp8.json
 # Usage: scripts/gpu_run.sh STAGE [STAGE ...]   (e.g. build test, or model bench parity diffusers compare)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -55,6 +56,15 @@ for f in glob.glob('build/carry/*.xz') + glob.glob('build/carry/lib/*.xz'):
       "$BIN" generate --model "$ZR" --device cuda --prompt "$PROMPT" --seed 42 --width 1024 --height 1024 \
         --steps 8 --guidance 0 --dump /tmp/zdump --dump-filter dit_out.step0 --output "$OUT/zimage_1024.png" \
         --verbose 2>&1 | tail -20 || rc=1 ;;
+    parity8)
+      rm -rf /tmp/zdump8
+      "$BIN" generate --model "$ZR" --device cuda --precision fp8 --prompt "$PROMPT" --seed 42 \
+        --width 1024 --height 1024 --steps 8 --guidance 0 --dump /tmp/zdump8 \
+        --dump-filter dit_out.step0 --output "$OUT/zimage_1024_fp8.png" --verbose 2>&1 | tail -20 || rc=1 ;;
+    compare8)
+      python3 tools/compare_outputs.py --zimage-dit /tmp/zdump8/dit_out.step0.npy \
+        --diffusers-dit "$OUT/diffusers_dit_out_step0.npy" --zimage-png "$OUT/zimage_1024_fp8.png" \
+        --diffusers-image "$OUT/diffusers_image.npy" --json "$OUT/parity_fp8.json" || rc=1 ;;
     diffusers)
       python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
       PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 python3 tools/diffusers_compare.py --model "$ZR" --out "$OUT" \

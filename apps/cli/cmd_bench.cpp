@@ -458,6 +458,20 @@ void run_bench(const Options& o) {
                {"image_ms", p4["median_ms"].get<double>() / 4},
                {"alloc_peak_gib", p4["alloc_peak_gib"]}});
     }
+    // FP8 feed-forward GEMMs (opt-in: --precision fp8). Irreversible on this model copy, so
+    // after every bf16 row.
+    {
+      const Status q = L.dit->quantize_ffn_fp8();
+      if (q.ok()) {
+        fresh_memory(be, *L.dit);
+        rows.push_back(measure(L, {"+ FP8 feed-forward GEMMs (--precision fp8)",
+                                   cuda::AttentionPath::kAuto, true, true},
+                               2));
+        rows.back()["gpu_gib_held"] = gpu_used_gib() - mem0;
+      } else {
+        rows.push_back(json{{"row", "FP8"}, {"error", q.to_string()}});
+      }
+    }
     // fp32 last: it needs its own copy of the weights, loaded after the bf16 copy is freed.
     L.pipe.reset();
     L.be.reset();

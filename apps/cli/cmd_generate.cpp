@@ -55,7 +55,9 @@ struct GenerateArgs {
 };
 
 std::atomic<bool> g_cancel{false};
-extern "C" void on_sigint(int) { g_cancel.store(true); }
+extern "C" void on_sigint(int) {
+  g_cancel.store(true);
+}
 
 [[noreturn]] void fail(int code, const std::string& message) {
   std::fprintf(stderr, "zimage generate: %s\n", message.c_str());
@@ -104,8 +106,8 @@ void print_timings(const GenerateResult& r) {
   std::fprintf(stderr, "text encoder  %8.3f s\n", t.text_encoder_s);
   for (size_t i = 0; i < t.dit_s.size(); ++i)
     std::fprintf(stderr, "  step %-6zu  %8.3f s\n", i, t.dit_s[i]);
-  std::fprintf(stderr, "denoise       %8.3f s (%zu steps, %.3f s/step)\n", denoise,
-               t.dit_s.size(), t.dit_s.empty() ? 0.0 : denoise / t.dit_s.size());
+  std::fprintf(stderr, "denoise       %8.3f s (%zu steps, %.3f s/step)\n", denoise, t.dit_s.size(),
+               t.dit_s.empty() ? 0.0 : denoise / t.dit_s.size());
   std::fprintf(stderr, "vae decode    %8.3f s\n", t.vae_s);
   std::fprintf(stderr, "total         %8.3f s\n", t.total_s);
 }
@@ -211,7 +213,9 @@ void register_generate_command(CLI::App& app) {
   cmd->add_option("--max-sequence-length", args->max_sequence_length,
                   "Prompt tokens kept, chat template included (default 512)");
   cmd->add_option("--device,-d", args->device, "cpu, cuda, cuda:N or auto (default auto)");
-  cmd->add_option("--precision", args->precision, "auto, bf16 or f32 (default auto)");
+  cmd->add_option("--precision", args->precision,
+                  "auto, bf16, f32, or fp8 (bf16 with the DiT feed-forward GEMMs in FP8; CUDA) "
+                  "(default auto)");
   cmd->add_option("--threads,-t", args->threads, "CPU threads (default 0 = all)");
   cmd->add_option("--output,-o", args->output,
                   "Output PNG; with several images FILE_0.png, FILE_1.png, ... (default "

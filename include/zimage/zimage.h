@@ -31,7 +31,9 @@ inline constexpr const char* kVersion = "0.1.0";
 struct EngineOptions {
   std::string model_dir;         // a diffusers Z-Image folder (model_index.json, transformer/, ...)
   std::string device = "auto";   // "cpu", "cuda" (GPU 0), "cuda:N", or "auto" (CUDA if usable)
-  std::string precision = "auto";  // "auto" (bf16 on CUDA, f32 on CPU), "bf16", "f32"
+  // "auto" (bf16 on CUDA, f32 on CPU), "bf16", "f32", or "fp8": bf16 with the DiT's
+  // feed-forward GEMMs in FP8 e4m3 (per-tensor scales; CUDA, Hopper or newer).
+  std::string precision = "auto";
   int threads = 0;               // CPU worker threads; 0 = all hardware threads
   // Limits every request is checked against (the server may lower them).
   int max_side = 4096;           // width and height at most this (pixels)
@@ -115,7 +117,7 @@ struct GenerateHooks {
 // What the loaded model accepts.
 struct EngineInfo {
   std::string device;       // backend description
-  std::string precision;    // "bf16" or "f32"
+  std::string precision;    // "bf16", "fp8" or "f32"
   int size_multiple = 16;   // width and height must be multiples of this (VAE factor x patch)
   int vae_factor = 8;       // image pixels per latent pixel
   int latent_channels = 16;

@@ -16,10 +16,14 @@ namespace zimage {
 
 const char* phase_name(Phase p) {
   switch (p) {
-    case Phase::kTokenize: return "tokenize";
-    case Phase::kTextEncoder: return "text_encoder";
-    case Phase::kDenoise: return "denoise";
-    case Phase::kVae: return "vae";
+    case Phase::kTokenize:
+      return "tokenize";
+    case Phase::kTextEncoder:
+      return "text_encoder";
+    case Phase::kDenoise:
+      return "denoise";
+    case Phase::kVae:
+      return "vae";
   }
   return "unknown";
 }
@@ -48,8 +52,9 @@ int cuda_index(const std::string& device) {
 }
 
 Result<std::unique_ptr<Backend>> make_backend(const EngineOptions& o, std::string& precision) {
-  if (o.precision != "auto" && o.precision != "bf16" && o.precision != "f32")
-    return InvalidArgument("precision: '" + o.precision + "' is not one of auto, bf16, f32");
+  if (o.precision != "auto" && o.precision != "bf16" && o.precision != "f32" &&
+      o.precision != "fp8")
+    return InvalidArgument("precision: '" + o.precision + "' is not one of auto, bf16, fp8, f32");
   if (o.threads < 0)
     return InvalidArgument("threads: must be >= 0 (0 = all), got " + std::to_string(o.threads));
   const bool want_cpu = o.device == "cpu";
@@ -60,14 +65,15 @@ Result<std::unique_ptr<Backend>> make_backend(const EngineOptions& o, std::strin
     const DType act = o.precision == "f32" ? DType::kF32 : DType::kBF16;
     auto cuda = make_cuda_backend(gpu < 0 ? 0 : gpu, act);
     if (cuda.ok()) {
-      precision = act == DType::kF32 ? "f32" : "bf16";
+      precision = act == DType::kF32 ? "f32" : (o.precision == "fp8" ? "fp8" : "bf16");
       return std::move(cuda).value();
     }
     if (gpu >= 0) return cuda.status().with_context("device " + o.device);
     ZI_INFO("device auto: using the CPU (%s)", cuda.status().to_string().c_str());
   }
-  if (o.precision == "bf16")
-    return InvalidArgument("precision: bf16 needs the CUDA backend; the CPU computes in f32");
+  if (o.precision == "bf16" || o.precision == "fp8")
+    return InvalidArgument("precision: " + o.precision +
+                           " needs the CUDA backend; the CPU computes in f32");
   precision = "f32";
   return make_cpu_backend(o.threads);
 }
@@ -81,12 +87,17 @@ Result<std::unique_ptr<Engine>> Engine::load(const EngineOptions& options) {
   if (options.model_dir.empty()) return InvalidArgument("model_dir: no model folder given");
   if (options.max_side < 1 || options.max_batch < 1 || options.max_pixels < 1 ||
       options.max_prompt_bytes < 1)
-    return InvalidArgument("EngineOptions: max_side, max_batch, max_pixels and "
-                           "max_prompt_bytes must be positive");
+    return InvalidArgument(
+        "EngineOptions: max_side, max_batch, max_pixels and "
+        "max_prompt_bytes must be positive");
   auto impl = std::make_unique<Impl>();
   impl->options = options;
   ZI_ASSIGN_OR_RETURN(impl->backend, make_backend(options, impl->precision));
   ZI_ASSIGN_OR_RETURN(impl->pipeline, TextToImage::load(options.model_dir, *impl->backend));
+  if (impl->precision == "fp8") {
+    Status st = impl->pipeline->use_fp8_ffn();
+    if (!st.ok()) return st.with_context("precision fp8");
+  }
   impl->limits.size_multiple = impl->pipeline->size_multiple();
   impl->limits.max_side = options.max_side;
   impl->limits.max_pixels = options.max_pixels;

@@ -4,6 +4,14 @@
 
 namespace zimage {
 
+Status Backend::quantize_fp8(const Tensor&, Tensor&, Tensor&) {
+  return Unsupported(name() + " has no FP8 support");
+}
+
+Status Backend::matmul_fp8(const Tensor&, const Tensor&, const Tensor&, Tensor&) {
+  return Unsupported(name() + " has no FP8 support");
+}
+
 Result<std::unique_ptr<RecordedWork>> Backend::record(const std::function<Status()>&) {
   return Unsupported(name() + " cannot record work for replay");
 }

@@ -82,6 +82,14 @@ class Backend {
   // y[M, N] = x[M, K] · w[N, K]ᵀ (+ bias[N]). bias may be an undefined Tensor.
   virtual Status matmul(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y) = 0;
 
+  // FP8 (e4m3) with one scale per tensor: x8 = saturate(x / s), s = max|x| / 448 (1 when x is
+  // all zero); x8 kF8E4M3 of x's shape, scale f32 [1] on this device.
+  virtual Status quantize_fp8(const Tensor& x, Tensor& x8, Tensor& scale);
+  // y[M, N] = (sx * x8) · (w_scale * w8)ᵀ where x8, sx = quantize_fp8(x): the activations are
+  // quantised here, the weight w8 [N, K] (kF8E4M3) with its scale [1] beforehand. x, y in the
+  // compute dtype. The default answers kUnsupported (backends without FP8).
+  virtual Status matmul_fp8(const Tensor& x, const Tensor& w8, const Tensor& w_scale, Tensor& y);
+
   // ---- normalisation ----
   // y[R, D] = x / sqrt(mean(x², over D) + eps) * w[D]; w undefined = no weight. In place allowed.
   // If `scale` is defined ([B, D], rows split evenly into B groups of R/B rows), the result is

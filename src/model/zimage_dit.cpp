@@ -119,14 +119,48 @@ Status ZImageDiT::run_block(const Block& blk, Tensor& x, const Tensor& freqs, co
   ZI_TRY(be_.residual_rms_norm_gate(x, s.proj.view({b, sq, d}), blk.attn_norm2, eps, gate_a));
   // --- SwiGLU feed-forward ---
   ZI_TRY(be_.rms_norm(xr, blk.ffn_norm1, eps, scale_f, s.norm));  // [B*S, D]
-  ZI_TRY(be_.matmul(s.norm, blk.w13, none, s.ffn));               // [B*S, 2F]
-  ZI_TRY(be_.swiglu(s.ffn, s.act));                               // [B*S, F]
-  ZI_TRY(be_.matmul(s.act, blk.w2, none, s.proj));                // [B*S, D]
+  if (blk.w13_8.defined()) {  // FP8 feed-forward (quantize_ffn_fp8)
+    ZI_TRY(be_.matmul_fp8(s.norm, blk.w13_8, blk.w13_s, s.ffn));  // [B*S, 2F]
+    ZI_TRY(be_.swiglu(s.ffn, s.act));                             // [B*S, F]
+    ZI_TRY(be_.matmul_fp8(s.act, blk.w2_8, blk.w2_s, s.proj));    // [B*S, D]
+  } else {
+    ZI_TRY(be_.matmul(s.norm, blk.w13, none, s.ffn));  // [B*S, 2F]
+    ZI_TRY(be_.swiglu(s.ffn, s.act));                  // [B*S, F]
+    ZI_TRY(be_.matmul(s.act, blk.w2, none, s.proj));   // [B*S, D]
+  }
   return be_.residual_rms_norm_gate(x, s.proj.view({b, sq, d}), blk.ffn_norm2, eps, gate_f);
 }
 
+Status ZImageDiT::quantize_ffn_fp8() {
+  if (ffn_fp8_) return Status::Ok();
+  // Probe first, so a backend without FP8 leaves the model as it was.
+  {
+    ZI_ASSIGN_OR_RETURN(Tensor probe8, load::alloc(be_, DType::kF8E4M3, {16}, "fp8 probe"));
+    ZI_ASSIGN_OR_RETURN(Tensor probe_s, load::alloc(be_, DType::kF32, {1}, "fp8 probe"));
+    ZI_ASSIGN_OR_RETURN(Tensor probe, load::alloc(be_, be_.act_dtype(), {16}, "fp8 probe"));
+    ZI_TRY(be_.fill(probe, 1.0f));
+    ZI_TRY(be_.quantize_fp8(probe, probe8, probe_s));
+  }
+  release_graphs();  // recorded forwards hold the bf16 weights' addresses
+  auto quantize = [&](Tensor& w, Tensor& w8, Tensor& sc) -> Status {
+    ZI_ASSIGN_OR_RETURN(w8, load::alloc(be_, DType::kF8E4M3, w.shape(), "fp8 weight"));
+    ZI_ASSIGN_OR_RETURN(sc, load::alloc(be_, DType::kF32, {1}, "fp8 weight scale"));
+    ZI_TRY(be_.quantize_fp8(w, w8, sc));
+    w = Tensor();  // the bf16 copy goes
+    return Status::Ok();
+  };
+  for (std::vector<Block>* blocks : {&noise_refiner_, &context_refiner_, &layers_}) {
+    for (Block& b : *blocks) {
+      ZI_TRY(quantize(b.w13, b.w13_8, b.w13_s));
+      ZI_TRY(quantize(b.w2, b.w2_8, b.w2_s));
+    }
+  }
+  ffn_fp8_ = true;
+  return be_.synchronize();
+}
+
 Result<ZImageDiT::Layout> ZImageDiT::make_layout(int64_t b, int64_t lh, int64_t lw,
-                                                const std::vector<int64_t>& cap_len) {
+                                                 const std::vector<int64_t>& cap_len) {
   const int64_t p = cfg_.patch_size, half = cfg_.head_dim() / 2;
   Layout L;
   L.b = b, L.lh = lh, L.lw = lw;
@@ -290,7 +324,6 @@ Status ZImageDiT::compute(const Layout& L, const Tensor& latents, const Tensor& 
   return Status::Ok();
 }
 
-
 Status ZImageDiT::forward(const Tensor& latents, const std::vector<float>& t_model,
                           const std::vector<Tensor>& caps, Tensor& out, DebugSink* dbg,
                           const std::string& pfx) {
@@ -365,8 +398,8 @@ Status ZImageDiT::forward(const Tensor& latents, const std::vector<float>& t_mod
     ZI_TRY(be_.convert(sinusoid, g.sinusoid));
   }
   if (!g.work) {
-    auto rec = be_.record([&] { return compute(g.layout, g.latents, g.sinusoid, g.caps, g.out,
-                                               nullptr, pfx); });
+    auto rec = be_.record(
+        [&] { return compute(g.layout, g.latents, g.sinusoid, g.caps, g.out, nullptr, pfx); });
     if (!rec.ok()) {
       if (rec.status().code() != ErrorCode::kUnsupported) return rec.status();
       no_graphs_ = true;  // this backend runs eagerly

@@ -49,6 +49,13 @@ class ZImageDiT {
   // Drops the recorded forwards and the device memory they hold.
   void release_graphs() { graphs_.clear(); }
 
+  // Converts every block's feed-forward weights (w13, w2: ~75% of the DiT's GEMM work and of its
+  // weight bytes) to FP8 e4m3 with one scale per tensor; their GEMMs then run on FP8 tensor
+  // cores with the activations quantised per tensor on the fly. Irreversible; needs a backend
+  // with FP8 (kUnsupported otherwise, the model unchanged).
+  Status quantize_ffn_fp8();
+  bool ffn_fp8() const { return ffn_fp8_; }
+
  private:
   struct Block {
     bool modulated = false;
@@ -59,6 +66,9 @@ class ZImageDiT {
     Tensor attn_norm1, attn_norm2, ffn_norm1, ffn_norm2;  // [D] each
     Tensor w13;                                           // [2F, D]: w1 (gate) rows, then w3 (up)
     Tensor w2;                                            // [D, F]
+    // After quantize_ffn_fp8(): the two FFN weights in e4m3 with their scales ([1] f32); w13 and
+    // w2 are then released.
+    Tensor w13_8, w13_s, w2_8, w2_s;
   };
   struct Scratch;  // per-sequence activation buffers (zimage_dit.cpp)
   // What a forward needs that depends only on the input shapes: sizes, per-item caption and
@@ -112,6 +122,7 @@ class ZImageDiT {
   // Per RoPE axis a: cos/sin of float32(p * omega_k), [axes_lens[a], axes_dims[a]/2] row-major.
   std::vector<std::vector<float>> rope_cos_, rope_sin_;
   bool use_graphs_ = true;
+  bool ffn_fp8_ = false;
   bool no_graphs_ = false;  // the backend answered that it cannot record
   std::map<std::vector<int64_t>, Graphed> graphs_;
 };

@@ -42,9 +42,9 @@ struct TextToImageComponents {
 };
 
 struct TextToImageHooks {
-  ProgressCallback on_progress;             // see GenerateHooks (zimage/zimage.h)
+  ProgressCallback on_progress;  // see GenerateHooks (zimage/zimage.h)
   const std::atomic<bool>* cancel = nullptr;
-  DebugSink* debug = nullptr;               // named intermediates, see the list above
+  DebugSink* debug = nullptr;  // named intermediates, see the list above
 };
 
 struct TextToImageOutput {
@@ -69,6 +69,9 @@ class TextToImage {
 
   // Runs one request. The caller serialises calls (the backend's buffers are shared).
   Result<TextToImageOutput> run(const GenerateRequest& req, const TextToImageHooks& hooks);
+
+  // Runs the DiT's feed-forward GEMMs in FP8 from now on (ZImageDiT::quantize_ffn_fp8).
+  Status use_fp8_ffn() { return c_.transformer->quantize_ffn_fp8(); }
 
   int vae_factor() const;     // image pixels per latent pixel: 2^(len(block_out_channels) - 1)
   int size_multiple() const;  // vae_factor * patch_size: what width and height must divide by

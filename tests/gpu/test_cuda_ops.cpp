@@ -50,6 +50,53 @@ TEST(CudaOps, Matmul) {
   }
 }
 
+// FP8: the quantisation against the CPU oracle byte for byte (same scale, same rounding), and the
+// FP8 GEMM against the oracle's GEMM of the dequantised operands, at DiT shapes and odd M.
+TEST(CudaOps, Fp8QuantizeAndMatmul) {
+  ZI_REQUIRE_GPU();
+  cuda::CudaBackend* g = gpu(DType::kBF16);
+  struct Case {
+    int64_t m, n, k;
+  };
+  uint32_t seed = 1300;
+  for (const Case& c :
+       {Case{1, 64, 32}, Case{37, 96, 128}, Case{300, 256, 3840}, Case{4160, 3840, 10240}}) {
+    Both x = both_rand({c.m, c.k}, seed++, DType::kBF16, -4.f, 4.f);
+    Both w = both_rand({c.n, c.k}, seed++, DType::kBF16, -0.05f, 0.05f);
+    // Weights: quantised on each side, then compared byte for byte.
+    Tensor w8c = Tensor::host(DType::kF8E4M3, {c.n, c.k}), wsc = Tensor::host(DType::kF32, {1});
+    ZI_ASSERT_OK(cpu_oracle().quantize_fp8(w.cpu, w8c, wsc));
+    Tensor w8g = take(g->alloc(DType::kF8E4M3, {c.n, c.k}), "w8");
+    Tensor wsg = take(g->alloc(DType::kF32, {1}), "ws");
+    ZI_ASSERT_OK(g->quantize_fp8(w.gpu, w8g, wsg));
+    Tensor w8h = Tensor::host(DType::kF8E4M3, {c.n, c.k}), wsh = Tensor::host(DType::kF32, {1});
+    ZI_ASSERT_OK(g->download(w8g, w8h));
+    ZI_ASSERT_OK(g->download(wsg, wsh));
+    EXPECT_EQ(wsh.data_as<float>()[0], wsc.data_as<float>()[0]) << "fp8 weight scale";
+    int64_t differ = 0;
+    for (int64_t i = 0; i < w8h.numel(); ++i)
+      differ +=
+          static_cast<const uint8_t*>(w8h.data())[i] != static_cast<const uint8_t*>(w8c.data())[i];
+    EXPECT_EQ(differ, 0) << "fp8 bytes differ from the CPU oracle for w " << c.n << "x" << c.k;
+    Both y = outputs({c.m, c.n}, DType::kBF16);
+    ZI_ASSERT_OK(cpu_oracle().matmul_fp8(x.cpu, w8c, wsc, y.cpu));
+    ZI_ASSERT_OK(g->matmul_fp8(x.gpu, w8g, wsg, y.gpu));
+    expect_match(label("matmul_fp8", {c.m, c.n, c.k}), DType::kBF16, y);
+    // And how far FP8 is from the bf16 GEMM it replaces (reported, loose bound).
+    Both yb = outputs({c.m, c.n}, DType::kBF16);
+    ZI_ASSERT_OK(g->matmul(x.gpu, w.gpu, Tensor(), yb.gpu));
+    expect_close(label("matmul_fp8 vs bf16 matmul", {c.m, c.n, c.k}), DType::kBF16,
+                 fetch(*g, y.gpu), fetch(*g, yb.gpu), 0.08);
+  }
+  // An all-zero tensor: scale 1, zeros.
+  Both z = both_rand({4, 32}, seed, DType::kBF16);
+  ZI_ASSERT_OK(g->fill(z.gpu, 0.f));
+  Tensor z8 = take(g->alloc(DType::kF8E4M3, {4, 32}), "z8");
+  Tensor zs = take(g->alloc(DType::kF32, {1}), "zs");
+  ZI_ASSERT_OK(g->quantize_fp8(z.gpu, z8, zs));
+  EXPECT_EQ(fetch(*g, zs)[0], 1.f);
+}
+
 TEST(CudaOps, RmsNormAndLayerNorm) {
   ZI_REQUIRE_GPU();
   // Widths cover every thread layout of the register-cached path (1..32 threads per row, 2 and 4

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cmath>
 #include <mutex>
 
 #include "backend/cpu/cpu_backend.h"
@@ -125,6 +126,47 @@ Status CpuBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bias, 
     });
   }
   return Status::Ok();
+}
+
+// FP8 oracle: the same quantisation as the CUDA kernels (fp8.cu), then an f32 GEMM of the
+// dequantised operands. The scale is computed as in f32 there: amax / 448.
+Status CpuBackend::quantize_fp8(const Tensor& x, Tensor& x8, Tensor& scale) {
+  const char* op = "quantize_fp8";
+  ZI_TRY(check_f32(op, "x", x));
+  if (!x8.defined() || x8.dtype() != DType::kF8E4M3 || x8.shape() != x.shape())
+    return InvalidArgument("quantize_fp8: x8 must be f8e4m3 " + shape_string(x.shape()));
+  if (!scale.defined() || scale.dtype() != DType::kF32 || scale.numel() != 1)
+    return InvalidArgument("quantize_fp8: scale must be one f32");
+  const float* xp = x.data_as<float>();
+  const int64_t n = x.numel();
+  float amax = 0.f;
+  for (int64_t i = 0; i < n; ++i) amax = std::max(amax, std::fabs(xp[i]));
+  const float s = amax > 0.f && amax < 3.0e38f ? amax / 448.f : 1.f;
+  const float inv = 1.f / s;
+  auto* q = static_cast<uint8_t*>(x8.data());
+  for (int64_t i = 0; i < n; ++i) q[i] = f32_to_f8e4m3(std::clamp(xp[i] * inv, -448.f, 448.f));
+  scale.data_as<float>()[0] = s;
+  return Status::Ok();
+}
+
+Status CpuBackend::matmul_fp8(const Tensor& x, const Tensor& w8, const Tensor& w_scale, Tensor& y) {
+  if (!w8.defined() || w8.dtype() != DType::kF8E4M3 || w8.rank() != 2)
+    return InvalidArgument("matmul_fp8: w8 must be f8e4m3 [N, K]");
+  if (!w_scale.defined() || w_scale.dtype() != DType::kF32 || w_scale.numel() != 1)
+    return InvalidArgument("matmul_fp8: w_scale must be one f32");
+  Tensor x8 = Tensor::host(DType::kF8E4M3, x.shape());
+  Tensor sx = Tensor::host(DType::kF32, {1});
+  Tensor xd = Tensor::host(DType::kF32, x.shape());
+  Tensor wd = Tensor::host(DType::kF32, w8.shape());
+  if (!x8.defined() || !sx.defined() || !xd.defined() || !wd.defined())
+    return OutOfMemory("matmul_fp8: host buffers");
+  ZI_TRY(quantize_fp8(x, x8, sx));
+  const float s_x = sx.data_as<float>()[0], s_w = w_scale.data_as<float>()[0];
+  const auto* qx = static_cast<const uint8_t*>(x8.data());
+  const auto* qw = static_cast<const uint8_t*>(w8.data());
+  for (int64_t i = 0; i < xd.numel(); ++i) xd.data_as<float>()[i] = f8e4m3_to_f32(qx[i]) * s_x;
+  for (int64_t i = 0; i < wd.numel(); ++i) wd.data_as<float>()[i] = f8e4m3_to_f32(qw[i]) * s_w;
+  return matmul(xd, wd, Tensor(), y);
 }
 
 }  // namespace zimage::cpu

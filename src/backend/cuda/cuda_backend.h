@@ -83,6 +83,8 @@ class CudaBackend final : public Backend {
   // upload. Loaders call it once at the end.
   Status finish_uploads() override;
   Status matmul(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y) override;
+  Status quantize_fp8(const Tensor& x, Tensor& x8, Tensor& scale) override;
+  Status matmul_fp8(const Tensor& x, const Tensor& w8, const Tensor& w_scale, Tensor& y) override;
   Status rms_norm(const Tensor& x, const Tensor& w, float eps, const Tensor& scale,
                   Tensor& y) override;
   Status layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, float eps,

@@ -70,6 +70,54 @@ Status CudaBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bias,
       .with_context(op);
 }
 
+Status CudaBackend::quantize_fp8(const Tensor& x, Tensor& x8, Tensor& scale) {
+  ZI_OP_SCOPE("quantize_fp8", &x);
+  constexpr const char* op = "quantize_fp8";
+  ZI_TRY(check_cuda_tensor(op, "x", x));
+  ZI_TRY(check_cuda_tensor(op, "x8", x8));
+  ZI_TRY(check_cuda_tensor(op, "scale", scale));
+  ZI_ASSIGN_OR_RETURN(KType kt, ktype_of(op, x.dtype()));
+  ZI_TRY(check_dtype(op, "x8", x8, DType::kF8E4M3));
+  ZI_TRY(check_shape(op, "x8", x8, x.shape()));
+  ZI_TRY(check_dtype(op, "scale", scale, DType::kF32));
+  if (scale.numel() != 1) return InvalidArgument("quantize_fp8: scale must hold one float");
+  ZI_ASSIGN_OR_RETURN(Tensor amax, alloc(DType::kU8, {4}));
+  ZI_LAUNCH_TRY(op, launch_quantize_fp8(kt, x.data(), x.numel(), amax.data(),
+                                        scale.data_as<float>(), x8.data(), stream_));
+  return Status::Ok();
+}
+
+Status CudaBackend::matmul_fp8(const Tensor& x, const Tensor& w8, const Tensor& w_scale,
+                               Tensor& y) {
+  ZI_OP_SCOPE("matmul_fp8", &x, &w8);
+  constexpr const char* op = "matmul_fp8";
+  ZI_TRY(check_cuda_tensor(op, "x", x));
+  ZI_TRY(check_cuda_tensor(op, "w8", w8));
+  ZI_TRY(check_cuda_tensor(op, "w_scale", w_scale));
+  ZI_TRY(check_cuda_tensor(op, "y", y));
+  ZI_TRY(check_rank(op, "w8", w8, 2));
+  ZI_TRY(check_dtype(op, "w8", w8, DType::kF8E4M3));
+  ZI_TRY(check_dtype(op, "w_scale", w_scale, DType::kF32));
+  ZI_TRY(check_dtype(op, "x", x, act_));
+  ZI_TRY(check_dtype(op, "y", y, act_));
+  if (act_ == DType::kF32) return Unsupported("matmul_fp8: needs the bf16 compute dtype");
+  const int64_t n = w8.dim(0), k = w8.dim(1);
+  if (x.rank() < 1 || x.dim(-1) != k)
+    return InvalidArgument("matmul_fp8: x " + x.describe() + " does not match w8 " + w8.describe());
+  const int64_t m = x.numel() / std::max<int64_t>(k, 1);
+  if (y.dim(-1) != n || y.numel() != m * n)
+    return InvalidArgument("matmul_fp8: y " + y.describe() + " must hold [" + std::to_string(m) +
+                           ", " + std::to_string(n) + "]");
+  if (overlaps(x, y)) return InvalidArgument("matmul_fp8: y must not alias x");
+  ZI_ASSIGN_OR_RETURN(Tensor x8, alloc(DType::kF8E4M3, x.shape()));
+  ZI_ASSIGN_OR_RETURN(Tensor sx, alloc(DType::kF32, {1}));
+  ZI_TRY(quantize_fp8(x, x8, sx));
+  return gemm_
+      ->linear_fp8(x8.data(), w8.data(), sx.data_as<float>(), w_scale.data_as<float>(), y.data(), m,
+                   n, k, act_)
+      .with_context(op);
+}
+
 Status CudaBackend::rms_norm(const Tensor& x, const Tensor& w, float eps, const Tensor& scale,
                              Tensor& y) {
   ZI_OP_SCOPE("rms_norm", &x, &scale);

@@ -13,9 +13,12 @@ namespace {
 
 cudaDataType_t cuda_type(DType dt) {
   switch (dt) {
-    case DType::kBF16: return CUDA_R_16BF;
-    case DType::kF16: return CUDA_R_16F;
-    default: return CUDA_R_32F;
+    case DType::kBF16:
+      return CUDA_R_16BF;
+    case DType::kF16:
+      return CUDA_R_16F;
+    default:
+      return CUDA_R_32F;
   }
 }
 
@@ -62,9 +65,10 @@ LtGemm::~LtGemm() {
 Result<LtGemm::Plan*> LtGemm::plan(const Key& key) {
   auto it = plans_.find(key);
   if (it != plans_.end()) return &it->second;
-  const auto [m, n, k, dti, has_bias, al_x, al_w, al_y] = key;
+  const auto [m, n, k, dti, has_bias, al_x, al_w, al_y, fp8] = key;
   const DType dt = static_cast<DType>(dti);
-  const cudaDataType_t ct = cuda_type(dt);
+  const cudaDataType_t ct = cuda_type(dt);              // output (and bias)
+  const cudaDataType_t operand_t = fp8 ? CUDA_R_8F_E4M3 : ct;  // x and w
   Plan p;
   // Builds the plan; on failure the descriptors made so far are destroyed.
   auto build = [&]() -> Status {
@@ -81,9 +85,9 @@ Result<LtGemm::Plan*> LtGemm::plan(const Key& key) {
       ZI_CUBLAS_TRY(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &ct,
                                                    sizeof(ct)));
     }
-    ZI_CUBLAS_TRY(cublasLtMatrixLayoutCreate(&p.a, ct, static_cast<uint64_t>(k),
+    ZI_CUBLAS_TRY(cublasLtMatrixLayoutCreate(&p.a, operand_t, static_cast<uint64_t>(k),
                                              static_cast<uint64_t>(n), k));
-    ZI_CUBLAS_TRY(cublasLtMatrixLayoutCreate(&p.b, ct, static_cast<uint64_t>(k),
+    ZI_CUBLAS_TRY(cublasLtMatrixLayoutCreate(&p.b, operand_t, static_cast<uint64_t>(k),
                                              static_cast<uint64_t>(m), k));
     ZI_CUBLAS_TRY(cublasLtMatrixLayoutCreate(&p.c, ct, static_cast<uint64_t>(n),
                                              static_cast<uint64_t>(m), n));
@@ -109,8 +113,8 @@ Result<LtGemm::Plan*> LtGemm::plan(const Key& key) {
         pref.p, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ay, sizeof(ay)));
     cublasLtMatmulHeuristicResult_t results[4];
     int returned = 0;
-    const cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(lt_, p.op, p.a, p.b, p.c, p.c,
-                                                             pref.p, 4, results, &returned);
+    const cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(lt_, p.op, p.a, p.b, p.c, p.c, pref.p,
+                                                             4, results, &returned);
     for (int i = 0; hs == CUBLAS_STATUS_SUCCESS && i < returned; ++i) {
       if (results[i].state == CUBLAS_STATUS_SUCCESS) {
         p.algo = results[i].algo;
@@ -130,8 +134,8 @@ Result<LtGemm::Plan*> LtGemm::plan(const Key& key) {
   return &pos->second;
 }
 
-Status LtGemm::linear(const void* x, const void* w, const void* bias, void* y, int64_t m,
-                      int64_t n, int64_t k, DType dt) {
+Status LtGemm::linear(const void* x, const void* w, const void* bias, void* y, int64_t m, int64_t n,
+                      int64_t k, DType dt) {
   if (m == 0 || n == 0) return Status::Ok();
   if (k == 0) {  // empty sum: y = bias or 0
     ZI_LAUNCH_TRY("linear (k = 0)", launch_fill(ktype(dt), y, m * n, 0.f, stream_));
@@ -140,13 +144,14 @@ Status LtGemm::linear(const void* x, const void* w, const void* bias, void* y, i
   }
   // The BIAS epilogue wants an aligned bias vector; otherwise the bias is a separate add.
   const bool fuse_bias = bias != nullptr && alignment(bias) == 16;
-  const Key key{m, n, k, static_cast<int>(dt), fuse_bias, alignment(x), alignment(w), alignment(y)};
+  const Key key{
+      m, n, k, static_cast<int>(dt), fuse_bias, alignment(x), alignment(w), alignment(y), false};
   ZI_ASSIGN_OR_RETURN(Plan * p, plan(key));
   const float alpha = 1.f, beta = 0.f;
   if (p->has_algo) {
     if (fuse_bias)
-      ZI_CUBLAS_TRY(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
-                                                   &bias, sizeof(bias)));
+      ZI_CUBLAS_TRY(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                                   sizeof(bias)));
     ZI_CUBLAS_TRY(cublasLtMatmul(lt_, p->op, &alpha, w, p->a, x, p->b, &beta, y, p->c, y, p->c,
                                  &p->algo, workspace_->data(), kWorkspaceBytes, stream_));
     if (bias && !fuse_bias)
@@ -162,6 +167,26 @@ Status LtGemm::linear(const void* x, const void* w, const void* bias, void* y, i
                              static_cast<int>(k), x, ct, static_cast<int>(k), &beta, y, ct,
                              static_cast<int>(n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   if (bias) ZI_LAUNCH_TRY("linear bias", launch_add(ktype(dt), y, bias, y, m * n, n, stream_));
+  return Status::Ok();
+}
+
+Status LtGemm::linear_fp8(const void* x8, const void* w8, const float* sx, const float* sw, void* y,
+                          int64_t m, int64_t n, int64_t k, DType out_dt) {
+  if (m == 0 || n == 0) return Status::Ok();
+  if (k % 16 != 0 || alignment(x8) < 16 || alignment(w8) < 16 || alignment(y) < 16)
+    return Unsupported("matmul_fp8: k must be a multiple of 16 and the operands 16-byte aligned");
+  const Key key{
+      m, n, k, static_cast<int>(out_dt), false, alignment(x8), alignment(w8), alignment(y), true};
+  ZI_ASSIGN_OR_RETURN(Plan * p, plan(key));
+  if (!p->has_algo) return Unsupported("matmul_fp8: no cuBLASLt FP8 algorithm for this shape");
+  // A is the weight (scale sw), B the activations (scale sx): see linear().
+  ZI_CUBLAS_TRY(
+      cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sw, sizeof(sw)));
+  ZI_CUBLAS_TRY(
+      cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sx, sizeof(sx)));
+  const float alpha = 1.f, beta = 0.f;
+  ZI_CUBLAS_TRY(cublasLtMatmul(lt_, p->op, &alpha, w8, p->a, x8, p->b, &beta, y, p->c, y, p->c,
+                               &p->algo, workspace_->data(), kWorkspaceBytes, stream_));
   return Status::Ok();
 }
 

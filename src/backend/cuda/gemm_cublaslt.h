@@ -32,6 +32,12 @@ class LtGemm {
   Status linear(const void* x, const void* w, const void* bias, void* y, int64_t m, int64_t n,
                 int64_t k, DType dt);
 
+  // FP8: row-major y[m, n] = (sx * x8[m, k]) · (sw * w8[n, k])ᵀ with e4m3 operands, per-tensor
+  // scales read from device memory (sx, sw: one float each), fp32 accumulation, y in `out_dt`
+  // (bf16). Hopper FP8 tensor cores; k a multiple of 16, 16-byte aligned operands.
+  Status linear_fp8(const void* x8, const void* w8, const float* sx, const float* sw, void* y,
+                    int64_t m, int64_t n, int64_t k, DType out_dt);
+
   cublasHandle_t blas() const { return blas_; }
 
  private:
@@ -41,8 +47,8 @@ class LtGemm {
     cublasLtMatmulAlgo_t algo{};
     bool has_algo = false;  // false: no cuBLASLt algorithm, use cublasGemmEx
   };
-  // (m, n, k, dtype, fused bias, alignment in bytes of x, w, y)
-  using Key = std::tuple<int64_t, int64_t, int64_t, int, bool, int, int, int>;
+  // (m, n, k, dtype, fused bias, alignment in bytes of x, w, y, fp8 operands)
+  using Key = std::tuple<int64_t, int64_t, int64_t, int, bool, int, int, int, bool>;
 
   LtGemm(cudaStream_t stream) : stream_(stream) {}
   Result<Plan*> plan(const Key& key);

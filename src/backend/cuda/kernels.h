@@ -38,6 +38,12 @@ cudaError_t launch_write_i32(int32_t* dst, const I32Values& values, cudaStream_t
 cudaError_t launch_sum_squares(KType t, const void* x, int64_t rows, int64_t cols, double* out,
                                cudaStream_t s);
 
+// ---- FP8 (fp8.cu) ----
+// q[n] = e4m3(x / s) saturated, s = max|x| / 448 (1 for an all-zero x) written to *scale; the max
+// goes through amax_scratch (4 bytes of device memory). No host round trip.
+cudaError_t launch_quantize_fp8(KType t, const void* x, int64_t n, void* amax_scratch,
+                                float* scale, void* q, cudaStream_t s);
+
 // ---- fused prologues (prologue.cu) ----
 // qkv[rows, (hq + 2 hkv) * dh] -> q[rows, hq, dh], k/v[rows, hkv, dh]; q, k RMS-normed with wq/wk
 // (both null = no norm) and RoPE'd with freqs[rows, dh/2, 2] (null = none). dh even, <= 256.

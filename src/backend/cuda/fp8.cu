@@ -1,0 +1,73 @@
+// FP8 (e4m3) quantisation with one scale per tensor, computed on the device without a host round
+// trip, so it can sit inside a CUDA graph: amax = max |x| (atomicMax on the float's bits, which
+// order like the values for non-negative floats), then q = saturate(x / s) with s = amax / 448
+// written next to the data. cuBLASLt reads s through a device pointer.
+#include <cuda_fp8.h>
+
+#include "backend/cuda/device_utils.cuh"
+#include "backend/cuda/kernels.h"
+
+namespace zimage::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr float kE4M3Max = 448.f;
+
+template <typename T>
+__global__ void amax_kernel(const T* __restrict__ x, int64_t n, unsigned int* __restrict__ amax) {
+  float m = 0.f;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x)
+    m = fmaxf(m, fabsf(to_f32<T>(x[i])));
+  for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+  __shared__ float warp_max[kThreads / 32];
+  if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x >> 5] = m;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < kThreads / 32; ++w) m = fmaxf(m, warp_max[w]);
+    atomicMax(amax, __float_as_uint(m));  // m >= 0: bit order = value order (NaN: largest)
+  }
+}
+
+__device__ __forceinline__ float scale_of(unsigned int amax_bits) {
+  const float a = __uint_as_float(amax_bits);
+  return a > 0.f && a < 3.0e38f ? a / kE4M3Max : 1.f;  // all-zero (or non-finite) input: 1
+}
+
+template <typename T>
+__global__ void quantize_kernel(const T* __restrict__ x, int64_t n,
+                                const unsigned int* __restrict__ amax, float* __restrict__ scale,
+                                __nv_fp8_storage_t* __restrict__ q) {
+  const float s = scale_of(*amax);
+  const float inv = 1.f / s;
+  if (blockIdx.x == 0 && threadIdx.x == 0) *scale = s;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const float v = fminf(fmaxf(to_f32<T>(x[i]) * inv, -kE4M3Max), kE4M3Max);
+    q[i] = __nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3);
+  }
+}
+
+}  // namespace
+
+cudaError_t launch_quantize_fp8(KType t, const void* x, int64_t n, void* amax_scratch, float* scale,
+                                void* q, cudaStream_t s) {
+  auto* amax = static_cast<unsigned int*>(amax_scratch);
+  const cudaError_t e = cudaMemsetAsync(amax, 0, sizeof(unsigned int), s);
+  if (e != cudaSuccess) return e;
+  if (n <= 0) {  // nothing to scan: the scale is 1
+    quantize_kernel<float><<<1, 1, 0, s>>>(nullptr, 0, amax, scale, nullptr);
+    return cudaGetLastError();
+  }
+  return dispatch_ktype(t, [&](auto tag) {
+    using T = decltype(tag);
+    // The max: a capped grid (one atomic per block); the quantisation: one thread per element.
+    const unsigned scan = grid_for(n, kThreads) < 2048u ? grid_for(n, kThreads) : 2048u;
+    amax_kernel<T><<<scan, kThreads, 0, s>>>(static_cast<const T*>(x), n, amax);
+    quantize_kernel<T><<<grid_for(n, kThreads), kThreads, 0, s>>>(
+        static_cast<const T*>(x), n, amax, scale, static_cast<__nv_fp8_storage_t*>(q));
+    return cudaGetLastError();
+  });
+}
+
+}  // namespace zimage::cuda
