@@ -137,6 +137,8 @@ class Backend {
   // ---- activations / elementwise (same shape unless stated; in place allowed) ----
   virtual Status silu(const Tensor& x, Tensor& y) = 0;
   virtual Status tanh(const Tensor& x, Tensor& y) = 0;
+  // y = min(max(x, lo), hi).
+  virtual Status clamp(const Tensor& x, float lo, float hi, Tensor& y) = 0;
   // x[M, 2F] holds [gate | up] per row; y[M, F] = silu(gate) * up.
   virtual Status swiglu(const Tensor& x, Tensor& y) = 0;
   // out = a*x + b*y (+ c). Any dtype, all three tensors same dtype.

@@ -8,8 +8,10 @@
 #include "model/vae.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 
+#include "core/log.h"
 #include "model/load_util.h"
 
 namespace zimage {
@@ -284,6 +286,14 @@ Result<Tensor> VaeDecoder::decode(const Tensor& latents, DebugSink* dbg) {
   }
   const int64_t b = latents.dim(0), h = latents.dim(2), w = latents.dim(3);
   const int groups = cfg_.norm_num_groups;
+  // Where the time goes (ZIMAGE_LOG=debug): host preparation, queuing the convolutions, waiting
+  // for the device, the image download and the host post-processing.
+  using Clock = std::chrono::steady_clock;
+  const auto ms_since = [](Clock::time_point t) {
+    return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
+  };
+  const Clock::time_point t_start = Clock::now();
+  double t_pre = 0, t_queue = 0, t_wait = 0, t_down = 0;
   // z = latents / scaling + shift in f32 on the host (the latents are small), then
   // NCHW -> NHWC in the compute dtype.
   Tensor zh = Tensor::host(DType::kF32, latents.shape());  // [B, C, h, w]
@@ -294,6 +304,7 @@ Result<Tensor> VaeDecoder::decode(const Tensor& latents, DebugSink* dbg) {
     v = v / cfg_.scaling_factor + cfg_.shift_factor;
   }
   ZI_ASSIGN_OR_RETURN(Tensor z, load::upload_host(be_, zh, DType::kF32));  // [B, C, h, w]
+  t_pre = ms_since(t_start);
   ZI_ASSIGN_OR_RETURN(Tensor x, load::alloc(be_, be_.act_dtype(), {b, h * w, lat}, "vae input"));
   ZI_TRY(be_.patchify(z, 1, x));  // [B, h*w, C]
   z = Tensor();
@@ -323,16 +334,27 @@ Result<Tensor> VaeDecoder::decode(const Tensor& latents, DebugSink* dbg) {
   ZI_ASSIGN_OR_RETURN(x, conv(be_, x, conv_out_, same_pad(3)));  // [B, H, W, 3]
   debug_tensor(dbg, "vae.conv_out", be_, x);
 
+  t_queue = ms_since(t_start);
+  if (log_level() == LogLevel::kDebug) {
+    ZI_TRY(be_.synchronize());
+    t_wait = ms_since(t_start);
+  }
+  // image = clamp(x / 2 + 0.5, 0, 1) on the device in the compute dtype, as the reference
+  // post-processes (x / 2 is exact; the + 0.5 rounds to bf16 in bf16).
+  ZI_TRY(be_.axpby(0.5f, x, 0.0f, x, x));
+  ZI_ASSIGN_OR_RETURN(Tensor half, load::alloc(be_, be_.act_dtype(), {1}, "vae 0.5"));
+  ZI_TRY(be_.fill(half, 0.5f));
+  ZI_TRY(be_.add(x, half, x));
+  ZI_TRY(be_.clamp(x, 0.0f, 1.0f, x));
   Tensor img = Tensor::host(DType::kF32, x.shape());  // [B, H, W, 3]
   if (!img.defined()) return OutOfMemory("vae output image " + shape_string(x.shape()));
   ZI_TRY(be_.download(x, img));
-  const bool bf16 = be_.act_dtype() == DType::kBF16;  // the reference post-processes in bf16
-  float* p = img.data_as<float>();
-  for (int64_t i = 0; i < img.numel(); ++i) {
-    float v = p[i] * 0.5f + 0.5f;
-    if (bf16) v = round_bf16(v);
-    p[i] = std::clamp(v, 0.0f, 1.0f);
-  }
+  t_down = ms_since(t_start);
+  ZI_DEBUG(
+      "vae decode %lldx%lld: prepare %.1f ms, queued by %.1f, device done %.1f, downloaded "
+      "%.1f, returned %.1f ms",
+      static_cast<long long>(h), static_cast<long long>(w), t_pre, t_queue, t_wait, t_down,
+      ms_since(t_start));
   return img;
 }
 

@@ -308,6 +308,10 @@ TEST(CudaOps, ElementwiseOps) {
       ZI_ASSERT_OK(cpu_oracle().tanh(x.cpu, o2.cpu));
       ZI_ASSERT_OK(gpu(dt)->tanh(x.gpu, o2.gpu));
       expect_match(label("tanh", s), dt, o2);
+      Both o5 = outputs(s, dt);
+      ZI_ASSERT_OK(cpu_oracle().clamp(x.cpu, -2.5f, 1.25f, o5.cpu));
+      ZI_ASSERT_OK(gpu(dt)->clamp(x.gpu, -2.5f, 1.25f, o5.gpu));
+      expect_match(label("clamp", s), dt, o5);
       ZI_ASSERT_OK(cpu_oracle().axpby(0.75f, x.cpu, -1.25f, y.cpu, o3.cpu));
       ZI_ASSERT_OK(gpu(dt)->axpby(0.75f, x.gpu, -1.25f, y.gpu, o3.gpu));
       expect_match(label("axpby", s), dt, o3);

@@ -53,6 +53,7 @@ class CpuBackend final : public Backend {
   Status rope_interleaved(Tensor& x, const Tensor& freqs) override;
   Status silu(const Tensor& x, Tensor& y) override;
   Status tanh(const Tensor& x, Tensor& y) override;
+  Status clamp(const Tensor& x, float lo, float hi, Tensor& y) override;
   Status swiglu(const Tensor& x, Tensor& y) override;
   Status axpby(float a, const Tensor& x, float b, const Tensor& y, Tensor& out) override;
   Status add(const Tensor& x, const Tensor& y, Tensor& out) override;

@@ -66,6 +66,11 @@ Status CpuBackend::tanh(const Tensor& x, Tensor& y) {
   return unary(pool_, "tanh", x, y, [](float v) { return std::tanh(v); });
 }
 
+Status CpuBackend::clamp(const Tensor& x, float lo, float hi, Tensor& y) {
+  if (!(lo <= hi)) return InvalidArgument("clamp: lo must not exceed hi");
+  return unary(pool_, "clamp", x, y, [lo, hi](float v) { return std::min(std::max(v, lo), hi); });
+}
+
 Status CpuBackend::swiglu(const Tensor& x, Tensor& y) {
   const char* op = "swiglu";
   ZI_TRY(check_f32(op, "x", x));

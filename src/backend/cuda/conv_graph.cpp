@@ -21,8 +21,8 @@ namespace fe = cudnn_frontend;
 namespace {
 
 enum Uid : int64_t { kX = 1, kW, kBias, kY };
-constexpr int kMaxTimedPlans = 8;  // candidates timed per shape (heuristics order)
-constexpr int kTimedRuns = 3;      // after one warm-up run
+constexpr int kMaxTimedPlans = 4;  // candidates timed per shape (heuristics order)
+constexpr int kTimedRuns = 2;      // after one warm-up run
 
 Status fe_status(fe::error_t e, const char* step) {
   if (e.is_good()) return Status::Ok();

@@ -384,6 +384,15 @@ Status CudaBackend::tanh(const Tensor& x, Tensor& y) {
   return Status::Ok();
 }
 
+Status CudaBackend::clamp(const Tensor& x, float lo, float hi, Tensor& y) {
+  ZI_OP_SCOPE("clamp", &x);
+  ZI_TRY(check_unary("clamp", x, y));
+  if (!(lo <= hi)) return InvalidArgument("clamp: lo must not exceed hi");
+  ZI_ASSIGN_OR_RETURN(KType kt, ktype_of("clamp", x.dtype()));
+  ZI_LAUNCH_TRY("clamp", launch_clamp(kt, x.data(), y.data(), x.numel(), lo, hi, stream_));
+  return Status::Ok();
+}
+
 Status CudaBackend::swiglu(const Tensor& x, Tensor& y) {
   ZI_OP_SCOPE("swiglu", &x);
   constexpr const char* op = "swiglu";

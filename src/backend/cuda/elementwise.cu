@@ -9,7 +9,9 @@ namespace {
 
 constexpr int kThreads = 256;
 
-__device__ __forceinline__ float silu_f(float v) { return v / (1.0f + expf(-v)); }
+__device__ __forceinline__ float silu_f(float v) {
+  return v / (1.0f + expf(-v));
+}
 
 // Applies f(i, v) -> out element by element for pack index `p` over [0, n), vector or tail.
 template <typename T, int VEC, typename F>
@@ -49,6 +51,10 @@ struct SiluOp {
 };
 struct TanhOp {
   __device__ float operator()(float v) const { return tanhf(v); }
+};
+struct ClampOp {
+  float lo, hi;
+  __device__ float operator()(float v) const { return fminf(fmaxf(v, lo), hi); }
 };
 
 template <typename T, int VEC>
@@ -153,8 +159,7 @@ __global__ void add_kernel(const T* x, const T* y, T* out, int64_t n, int64_t ny
       for (int k = 0; k < VEC; ++k) xv[k] += yv[k];
       store_f32<T, VEC>(out + i0, xv);
     } else {
-      for (int64_t i = i0; i < n; ++i)
-        out[i] = from_f32<T>(to_f32<T>(x[i]) + to_f32<T>(y[i % ny]));
+      for (int64_t i = i0; i < n; ++i) out[i] = from_f32<T>(to_f32<T>(x[i]) + to_f32<T>(y[i % ny]));
     }
   }
 }
@@ -230,6 +235,14 @@ cudaError_t launch_unary(UnaryOp op, KType t, const void* x, void* y, int64_t n,
     using T = decltype(tag);
     return op == UnaryOp::kSilu ? run_unary<T>(x, y, n, SiluOp{}, s)
                                 : run_unary<T>(x, y, n, TanhOp{}, s);
+  });
+}
+
+cudaError_t launch_clamp(KType t, const void* x, void* y, int64_t n, float lo, float hi,
+                         cudaStream_t s) {
+  return dispatch_ktype(t, [&](auto tag) {
+    using T = decltype(tag);
+    return run_unary<T>(x, y, n, ClampOp{lo, hi}, s);
   });
 }
 

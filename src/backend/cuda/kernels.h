@@ -19,6 +19,8 @@ cudaError_t launch_fill(KType t, void* dst, int64_t n, float value, cudaStream_t
 cudaError_t launch_convert(KType from, const void* src, KType to, void* dst, int64_t n,
                            cudaStream_t s);
 cudaError_t launch_unary(UnaryOp op, KType t, const void* x, void* y, int64_t n, cudaStream_t s);
+cudaError_t launch_clamp(KType t, const void* x, void* y, int64_t n, float lo, float hi,
+                         cudaStream_t s);
 // x[M, 2F] = [gate | up] -> y[M, F] = silu(gate) * up.
 cudaError_t launch_swiglu(KType t, const void* x, void* y, int64_t m, int64_t f, cudaStream_t s);
 cudaError_t launch_axpby(KType t, float a, const void* x, float b, const void* y, void* out,
@@ -41,8 +43,8 @@ cudaError_t launch_sum_squares(KType t, const void* x, int64_t rows, int64_t col
 // ---- FP8 (fp8.cu) ----
 // q[n] = e4m3(x / s) saturated, s = max|x| / 448 (1 for an all-zero x) written to *scale; the max
 // goes through amax_scratch (4 bytes of device memory). No host round trip.
-cudaError_t launch_quantize_fp8(KType t, const void* x, int64_t n, void* amax_scratch,
-                                float* scale, void* q, cudaStream_t s);
+cudaError_t launch_quantize_fp8(KType t, const void* x, int64_t n, void* amax_scratch, float* scale,
+                                void* q, cudaStream_t s);
 
 // ---- fused prologues (prologue.cu) ----
 // qkv[rows, (hq + 2 hkv) * dh] -> q[rows, hq, dh], k/v[rows, hkv, dh]; q, k RMS-normed with wq/wk
