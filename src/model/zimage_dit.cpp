@@ -133,13 +133,17 @@ Status ZImageDiT::run_block(const Block& blk, Tensor& x, const Tensor& freqs, co
 
 Status ZImageDiT::quantize_ffn_fp8() {
   if (ffn_fp8_) return Status::Ok();
-  // Probe first, so a backend without FP8 leaves the model as it was.
+  // Probe first (a quantisation and an FP8 GEMM: cuBLASLt has FP8 kernels from sm_89 on), so a
+  // backend or GPU without FP8 leaves the model as it was.
   {
-    ZI_ASSIGN_OR_RETURN(Tensor probe8, load::alloc(be_, DType::kF8E4M3, {16}, "fp8 probe"));
-    ZI_ASSIGN_OR_RETURN(Tensor probe_s, load::alloc(be_, DType::kF32, {1}, "fp8 probe"));
-    ZI_ASSIGN_OR_RETURN(Tensor probe, load::alloc(be_, be_.act_dtype(), {16}, "fp8 probe"));
-    ZI_TRY(be_.fill(probe, 1.0f));
-    ZI_TRY(be_.quantize_fp8(probe, probe8, probe_s));
+    const DType act = be_.act_dtype();
+    ZI_ASSIGN_OR_RETURN(Tensor x, load::alloc(be_, act, {16, 16}, "fp8 probe"));
+    ZI_ASSIGN_OR_RETURN(Tensor w8, load::alloc(be_, DType::kF8E4M3, {16, 16}, "fp8 probe"));
+    ZI_ASSIGN_OR_RETURN(Tensor ws, load::alloc(be_, DType::kF32, {1}, "fp8 probe"));
+    ZI_ASSIGN_OR_RETURN(Tensor y, load::alloc(be_, act, {16, 16}, "fp8 probe"));
+    ZI_TRY(be_.fill(x, 1.0f));
+    ZI_TRY(be_.quantize_fp8(x, w8, ws));
+    ZI_TRY(be_.matmul_fp8(x, w8, ws, y));
   }
   release_graphs();  // recorded forwards hold the bf16 weights' addresses
   auto quantize = [&](Tensor& w, Tensor& w8, Tensor& sc) -> Status {
