@@ -32,4 +32,4 @@ PY
 mv "$DEST"/*.dist-info/licenses/LICENSE.txt "$DEST/LICENSE.txt" 2>/dev/null || true
 rm -rf "$DEST"/*.dist-info
 echo "$VERSION" > "$DEST/VERSION"
-echo "setup: cudnn-frontend $VERSION headers in $DEST (MIT licence: $DEST/LICENSE.txt)"
+echo "setup: cudnn-frontend $VERSION headers in $DEST (licence: $DEST/LICENSE.txt)"

@@ -464,9 +464,10 @@ void run_bench(const Options& o) {
       const Status q = L.dit->quantize_ffn_fp8();
       if (q.ok()) {
         fresh_memory(be, *L.dit);
-        rows.push_back(measure(L, {"+ FP8 feed-forward GEMMs (--precision fp8)",
-                                   cuda::AttentionPath::kAuto, true, true},
-                               2));
+        rows.push_back(measure(
+            L,
+            {"+ FP8 feed-forward GEMMs (--precision fp8)", cuda::AttentionPath::kAuto, true, true},
+            2));
         rows.back()["gpu_gib_held"] = gpu_used_gib() - mem0;
       } else {
         rows.push_back(json{{"row", "FP8"}, {"error", q.to_string()}});

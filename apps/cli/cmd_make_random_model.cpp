@@ -22,10 +22,13 @@ void register_make_random_model_command(CLI::App& app) {
   auto seed = std::make_shared<uint64_t>(0);
   auto dtype = std::make_shared<std::string>("bf16");
   cmd->add_option("--out", *out, "Folder to create (must not exist or be empty)")->required();
-  cmd->add_option("--like", *like, "Copy the configs of this model folder instead of the full-size ones");
-  cmd->add_option("--tokenizer", *tokenizer, "Tokenizer folder to copy (tokenizer.json, tokenizer_config.json)");
+  cmd->add_option("--like", *like,
+                  "Copy the configs of this model folder instead of the full-size ones");
+  cmd->add_option("--tokenizer", *tokenizer,
+                  "Tokenizer folder to copy (tokenizer.json, tokenizer_config.json)");
   cmd->add_option("--seed", *seed, "Seed of the random values");
-  cmd->add_option("--dtype", *dtype, "Stored dtype: bf16, f16 or f32")->check(CLI::IsMember({"bf16", "f16", "f32"}));
+  cmd->add_option("--dtype", *dtype, "Stored dtype: bf16, f16 or f32")
+      ->check(CLI::IsMember({"bf16", "f16", "f32"}));
   cmd->callback([=] {
     RandomModelOptions o;
     ZImageConfigs cfg = zimage_turbo_reference_configs();
@@ -44,9 +47,8 @@ void register_make_random_model_command(CLI::App& app) {
     o.seed = *seed;
     o.dtype = *dtype == "f32" ? DType::kF32 : *dtype == "f16" ? DType::kF16 : DType::kBF16;
     o.tokenizer_dir = *tokenizer;
-    const Status s = write_random_model(*out, o, [](const std::string& file) {
-      std::fprintf(stderr, "wrote %s\n", file.c_str());
-    });
+    const Status s = write_random_model(
+        *out, o, [](const std::string& file) { std::fprintf(stderr, "wrote %s\n", file.c_str()); });
     if (!s.ok()) {
       std::fprintf(stderr, "zimage make-random-model: %s\n", s.to_string().c_str());
       throw CLI::RuntimeError(1);

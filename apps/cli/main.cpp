@@ -1,10 +1,9 @@
 // zimage command-line program: one subcommand per job (apps/cli/commands.h). Every error ends in
 // a message and an exit code, never a crash: usage errors exit 2, failures exit 1.
+#include <CLI/CLI.hpp>
 #include <cstdio>
 #include <exception>
 #include <new>
-
-#include <CLI/CLI.hpp>
 
 #include "commands.h"
 #include "zimage/zimage.h"

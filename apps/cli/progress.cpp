@@ -75,6 +75,8 @@ void ProgressBar::finish() {
   open_ = false;
 }
 
-bool is_terminal(std::FILE* f) { return f != nullptr && ::isatty(::fileno(f)) == 1; }
+bool is_terminal(std::FILE* f) {
+  return f != nullptr && ::isatty(::fileno(f)) == 1;
+}
 
 }  // namespace zimage::cli

@@ -31,7 +31,7 @@ class ProgressBar {
 
   bool enabled_;
   std::FILE* out_;
-  bool open_ = false;        // a line is on screen without its newline
+  bool open_ = false;  // a line is on screen without its newline
   double denoise_start_ = -1;
   size_t last_len_ = 0;
 };

@@ -46,15 +46,33 @@ class [[nodiscard]] Status {
   std::string message_;
 };
 
-inline Status InvalidArgument(std::string m) { return {ErrorCode::kInvalidArgument, std::move(m)}; }
-inline Status NotFound(std::string m) { return {ErrorCode::kNotFound, std::move(m)}; }
-inline Status IoError(std::string m) { return {ErrorCode::kIo, std::move(m)}; }
-inline Status FormatError(std::string m) { return {ErrorCode::kFormat, std::move(m)}; }
-inline Status Unsupported(std::string m) { return {ErrorCode::kUnsupported, std::move(m)}; }
-inline Status OutOfMemory(std::string m) { return {ErrorCode::kOutOfMemory, std::move(m)}; }
-inline Status DeviceError(std::string m) { return {ErrorCode::kDevice, std::move(m)}; }
-inline Status Cancelled(std::string m) { return {ErrorCode::kCancelled, std::move(m)}; }
-inline Status InternalError(std::string m) { return {ErrorCode::kInternal, std::move(m)}; }
+inline Status InvalidArgument(std::string m) {
+  return {ErrorCode::kInvalidArgument, std::move(m)};
+}
+inline Status NotFound(std::string m) {
+  return {ErrorCode::kNotFound, std::move(m)};
+}
+inline Status IoError(std::string m) {
+  return {ErrorCode::kIo, std::move(m)};
+}
+inline Status FormatError(std::string m) {
+  return {ErrorCode::kFormat, std::move(m)};
+}
+inline Status Unsupported(std::string m) {
+  return {ErrorCode::kUnsupported, std::move(m)};
+}
+inline Status OutOfMemory(std::string m) {
+  return {ErrorCode::kOutOfMemory, std::move(m)};
+}
+inline Status DeviceError(std::string m) {
+  return {ErrorCode::kDevice, std::move(m)};
+}
+inline Status Cancelled(std::string m) {
+  return {ErrorCode::kCancelled, std::move(m)};
+}
+inline Status InternalError(std::string m) {
+  return {ErrorCode::kInternal, std::move(m)};
+}
 
 // A value or the Status that explains why there is none.
 template <typename T>
@@ -88,14 +106,15 @@ class [[nodiscard]] Result {
 #define ZI_CONCAT(a, b) ZI_CONCAT_INNER(a, b)
 
 // Returns the Status from the enclosing function if `expr` failed.
-#define ZI_TRY(expr)                                   \
-  do {                                                 \
-    ::zimage::Status zi_status_ = (expr);              \
-    if (!zi_status_.ok()) return zi_status_;           \
+#define ZI_TRY(expr)                         \
+  do {                                       \
+    ::zimage::Status zi_status_ = (expr);    \
+    if (!zi_status_.ok()) return zi_status_; \
   } while (0)
 
 // `ZI_ASSIGN_OR_RETURN(auto x, make_x());`
-#define ZI_ASSIGN_OR_RETURN(lhs, expr) ZI_ASSIGN_OR_RETURN_IMPL(ZI_CONCAT(zi_result_, __LINE__), lhs, expr)
+#define ZI_ASSIGN_OR_RETURN(lhs, expr) \
+  ZI_ASSIGN_OR_RETURN_IMPL(ZI_CONCAT(zi_result_, __LINE__), lhs, expr)
 #define ZI_ASSIGN_OR_RETURN_IMPL(tmp, lhs, expr) \
   auto tmp = (expr);                             \
   if (!tmp.ok()) return tmp.status();            \

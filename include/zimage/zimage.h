@@ -29,32 +29,32 @@ namespace zimage {
 inline constexpr const char* kVersion = "0.1.0";
 
 struct EngineOptions {
-  std::string model_dir;         // a diffusers Z-Image folder (model_index.json, transformer/, ...)
-  std::string device = "auto";   // "cpu", "cuda" (GPU 0), "cuda:N", or "auto" (CUDA if usable)
+  std::string model_dir;        // a diffusers Z-Image folder (model_index.json, transformer/, ...)
+  std::string device = "auto";  // "cpu", "cuda" (GPU 0), "cuda:N", or "auto" (CUDA if usable)
   // "auto" (bf16 on CUDA, f32 on CPU), "bf16", "f32", or "fp8": bf16 with the DiT's
   // feed-forward GEMMs in FP8 e4m3 (per-tensor scales; CUDA, Hopper or newer).
   std::string precision = "auto";
-  int threads = 0;               // CPU worker threads; 0 = all hardware threads
+  int threads = 0;  // CPU worker threads; 0 = all hardware threads
   // Limits every request is checked against (the server may lower them).
-  int max_side = 4096;           // width and height at most this (pixels)
+  int max_side = 4096;                        // width and height at most this (pixels)
   int64_t max_pixels = int64_t{4096} * 4096;  // width*height*images in one request at most
-  int max_batch = 16;            // prompts x images_per_prompt at most
+  int max_batch = 16;                         // prompts x images_per_prompt at most
   size_t max_prompt_bytes = 16384;  // each prompt and the negative prompt, before tokenizing
 };
 
 // One text-to-image request. Defaults are the Z-Image-Turbo recipe (1024x1024, 8 steps, no CFG).
 struct GenerateRequest {
-  std::vector<std::string> prompts;             // one or more (UTF-8): they run as one batch
-  std::optional<std::string> negative_prompt;   // used only with guidance > 0 (default "")
-  int width = 1024;                             // a multiple of Engine::size_multiple()
+  std::vector<std::string> prompts;            // one or more (UTF-8): they run as one batch
+  std::optional<std::string> negative_prompt;  // used only with guidance > 0 (default "")
+  int width = 1024;                            // a multiple of Engine::size_multiple()
   int height = 1024;
-  int steps = 8;                                // 1 .. 1000
-  float guidance = 0.0f;                        // CFG scale (diffusers form); 0 = off
-  uint64_t seed = 0;                            // torch.Generator('cpu').manual_seed(seed)
-  int images_per_prompt = 1;                    // images per prompt, noise drawn in one call
-  float cfg_truncation = 1.0f;                  // CFG only while t_norm <= this (1 = always)
-  float cfg_normalization = 0.0f;               // > 0: clip |guided| to this x |positive|
-  int max_sequence_length = 512;                // prompt tokens kept (template included), 1..512
+  int steps = 8;                   // 1 .. 1000
+  float guidance = 0.0f;           // CFG scale (diffusers form); 0 = off
+  uint64_t seed = 0;               // torch.Generator('cpu').manual_seed(seed)
+  int images_per_prompt = 1;       // images per prompt, noise drawn in one call
+  float cfg_truncation = 1.0f;     // CFG only while t_norm <= this (1 = always)
+  float cfg_normalization = 0.0f;  // > 0: clip |guided| to this x |positive|
+  int max_sequence_length = 512;   // prompt tokens kept (template included), 1..512
 };
 
 // An 8-bit RGB image, rows top to bottom, no padding: rgb.size() == width * height * 3.
@@ -116,10 +116,10 @@ struct GenerateHooks {
 
 // What the loaded model accepts.
 struct EngineInfo {
-  std::string device;       // backend description
-  std::string precision;    // "bf16", "fp8" or "f32"
-  int size_multiple = 16;   // width and height must be multiples of this (VAE factor x patch)
-  int vae_factor = 8;       // image pixels per latent pixel
+  std::string device;      // backend description
+  std::string precision;   // "bf16", "fp8" or "f32"
+  int size_multiple = 16;  // width and height must be multiples of this (VAE factor x patch)
+  int vae_factor = 8;      // image pixels per latent pixel
   int latent_channels = 16;
   int max_side = 4096;
   int max_batch = 16;

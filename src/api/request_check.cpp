@@ -2,12 +2,12 @@
 // client can tell which input to fix: "steps: 0 is outside 1..1000".
 #include "api/request_check.h"
 
-#include "core/utf8.h"
-
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <string>
+
+#include "core/utf8.h"
 
 namespace zimage {
 
@@ -77,8 +77,7 @@ Status check_request(const GenerateRequest& req, const RequestLimits& lim) {
     return InvalidArgument("width: " + std::to_string(req.width) + "x" +
                            std::to_string(req.height) + " x " + std::to_string(batch) +
                            " images exceeds the pixel limit " + std::to_string(lim.max_pixels));
-  if (!std::isfinite(req.cfg_truncation))
-    return InvalidArgument("cfg_truncation: must be finite");
+  if (!std::isfinite(req.cfg_truncation)) return InvalidArgument("cfg_truncation: must be finite");
   if (!std::isfinite(req.cfg_normalization) || req.cfg_normalization < 0.0f)
     return InvalidArgument("cfg_normalization: must be a finite number >= 0, got " +
                            std::to_string(req.cfg_normalization));

@@ -21,35 +21,51 @@ float float_of(uint32_t u) {
 size_t dtype_size(DType t) {
   switch (t) {
     case DType::kF64:
-    case DType::kI64: return 8;
+    case DType::kI64:
+      return 8;
     case DType::kF32:
-    case DType::kI32: return 4;
+    case DType::kI32:
+      return 4;
     case DType::kF16:
     case DType::kBF16:
-    case DType::kI16: return 2;
+    case DType::kI16:
+      return 2;
     case DType::kF8E4M3:
     case DType::kF8E5M2:
     case DType::kI8:
     case DType::kU8:
-    case DType::kBool: return 1;
+    case DType::kBool:
+      return 1;
   }
   return 0;
 }
 
 const char* dtype_name(DType t) {
   switch (t) {
-    case DType::kF32: return "f32";
-    case DType::kF16: return "f16";
-    case DType::kBF16: return "bf16";
-    case DType::kF8E4M3: return "f8_e4m3";
-    case DType::kF8E5M2: return "f8_e5m2";
-    case DType::kF64: return "f64";
-    case DType::kI64: return "i64";
-    case DType::kI32: return "i32";
-    case DType::kI16: return "i16";
-    case DType::kI8: return "i8";
-    case DType::kU8: return "u8";
-    case DType::kBool: return "bool";
+    case DType::kF32:
+      return "f32";
+    case DType::kF16:
+      return "f16";
+    case DType::kBF16:
+      return "bf16";
+    case DType::kF8E4M3:
+      return "f8_e4m3";
+    case DType::kF8E5M2:
+      return "f8_e5m2";
+    case DType::kF64:
+      return "f64";
+    case DType::kI64:
+      return "i64";
+    case DType::kI32:
+      return "i32";
+    case DType::kI16:
+      return "i16";
+    case DType::kI8:
+      return "i8";
+    case DType::kU8:
+      return "u8";
+    case DType::kBool:
+      return "bool";
   }
   return "?";
 }
@@ -77,18 +93,30 @@ std::optional<DType> dtype_from_safetensors(std::string_view s) {
 
 const char* dtype_to_safetensors(DType t) {
   switch (t) {
-    case DType::kF32: return "F32";
-    case DType::kF16: return "F16";
-    case DType::kBF16: return "BF16";
-    case DType::kF8E4M3: return "F8_E4M3";
-    case DType::kF8E5M2: return "F8_E5M2";
-    case DType::kF64: return "F64";
-    case DType::kI64: return "I64";
-    case DType::kI32: return "I32";
-    case DType::kI16: return "I16";
-    case DType::kI8: return "I8";
-    case DType::kU8: return "U8";
-    case DType::kBool: return "BOOL";
+    case DType::kF32:
+      return "F32";
+    case DType::kF16:
+      return "F16";
+    case DType::kBF16:
+      return "BF16";
+    case DType::kF8E4M3:
+      return "F8_E4M3";
+    case DType::kF8E5M2:
+      return "F8_E5M2";
+    case DType::kF64:
+      return "F64";
+    case DType::kI64:
+      return "I64";
+    case DType::kI32:
+      return "I32";
+    case DType::kI16:
+      return "I16";
+    case DType::kI8:
+      return "I8";
+    case DType::kU8:
+      return "U8";
+    case DType::kBool:
+      return "BOOL";
   }
   return "?";
 }
@@ -110,9 +138,9 @@ uint16_t f32_to_f16(float f) {
   uint32_t x = bits_of(f);
   const uint16_t sign = static_cast<uint16_t>((x >> 16) & 0x8000u);
   x &= 0x7fffffffu;
-  if (x > 0x7f800000u) return sign | 0x7e00u;          // NaN
-  if (x >= 0x477ff000u) return sign | 0x7c00u;         // rounds to infinity
-  if (x < 0x38800000u) {                               // half subnormal (or zero)
+  if (x > 0x7f800000u) return sign | 0x7e00u;   // NaN
+  if (x >= 0x477ff000u) return sign | 0x7c00u;  // rounds to infinity
+  if (x < 0x38800000u) {                        // half subnormal (or zero)
     // Adding 0.5 puts the value's 2^-24 units in the low mantissa bits, rounded to nearest even.
     const float a = float_of(x) + 0.5f;
     return static_cast<uint16_t>(sign | (bits_of(a) - 0x3f000000u));
@@ -153,7 +181,9 @@ uint8_t f32_to_f8e4m3(float f) {
   return static_cast<uint8_t>(r | (sign >> 24));
 }
 
-float f8e5m2_to_f32(uint8_t v) { return f16_to_f32(static_cast<uint16_t>(v) << 8); }
+float f8e5m2_to_f32(uint8_t v) {
+  return f16_to_f32(static_cast<uint16_t>(v) << 8);
+}
 
 uint8_t f32_to_f8e5m2(float f) {
   uint32_t x = bits_of(f);
@@ -175,7 +205,9 @@ uint8_t f32_to_f8e5m2(float f) {
 
 bool convert_to_f32(DType from, const void* src, float* dst, size_t n) {
   switch (from) {
-    case DType::kF32: std::memcpy(dst, src, n * 4); return true;
+    case DType::kF32:
+      std::memcpy(dst, src, n * 4);
+      return true;
     case DType::kBF16: {
       const auto* s = static_cast<const uint16_t*>(src);
       for (size_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(s[i]);
@@ -233,7 +265,9 @@ bool convert_to_f32(DType from, const void* src, float* dst, size_t n) {
 
 bool convert_from_f32(DType to, const float* src, void* dst, size_t n) {
   switch (to) {
-    case DType::kF32: std::memcpy(dst, src, n * 4); return true;
+    case DType::kF32:
+      std::memcpy(dst, src, n * 4);
+      return true;
     case DType::kBF16: {
       auto* d = static_cast<uint16_t*>(dst);
       for (size_t i = 0; i < n; ++i) d[i] = f32_to_bf16(src[i]);
@@ -264,7 +298,8 @@ bool convert_from_f32(DType to, const float* src, void* dst, size_t n) {
       for (size_t i = 0; i < n; ++i) d[i] = static_cast<int32_t>(std::lrintf(src[i]));
       return true;
     }
-    default: return false;
+    default:
+      return false;
   }
 }
 

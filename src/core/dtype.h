@@ -27,7 +27,7 @@ enum class DType : uint8_t {
 };
 
 size_t dtype_size(DType t);
-const char* dtype_name(DType t);            // "f32", "bf16", ...
+const char* dtype_name(DType t);  // "f32", "bf16", ...
 bool dtype_is_float(DType t);
 // safetensors spellings: "F32", "BF16", "F8_E4M3", ...
 std::optional<DType> dtype_from_safetensors(std::string_view s);
@@ -49,7 +49,9 @@ inline uint16_t f32_to_bf16(float f) {
 }
 
 // Rounds a float to the nearest bf16 value and back: the effect of a bf16 cast point.
-inline float round_bf16(float f) { return bf16_to_f32(f32_to_bf16(f)); }
+inline float round_bf16(float f) {
+  return bf16_to_f32(f32_to_bf16(f));
+}
 
 float f16_to_f32(uint16_t h);
 uint16_t f32_to_f16(float f);

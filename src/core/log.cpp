@@ -23,8 +23,12 @@ std::mutex g_mutex;
 
 }  // namespace
 
-void set_log_level(LogLevel level) { g_level = static_cast<int>(level); }
-LogLevel log_level() { return static_cast<LogLevel>(g_level.load()); }
+void set_log_level(LogLevel level) {
+  g_level = static_cast<int>(level);
+}
+LogLevel log_level() {
+  return static_cast<LogLevel>(g_level.load());
+}
 
 void log_message(LogLevel level, const char* fmt, ...) {
   static const char* const kNames[] = {"error", "warn", "info", "debug"};

@@ -14,10 +14,10 @@ void log_message(LogLevel level, const char* fmt, ...) __attribute__((format(pri
 
 }  // namespace zimage
 
-#define ZI_LOG(level, ...)                                                       \
-  do {                                                                           \
-    if (static_cast<int>(level) <= static_cast<int>(::zimage::log_level()))      \
-      ::zimage::log_message(level, __VA_ARGS__);                                 \
+#define ZI_LOG(level, ...)                                                  \
+  do {                                                                      \
+    if (static_cast<int>(level) <= static_cast<int>(::zimage::log_level())) \
+      ::zimage::log_message(level, __VA_ARGS__);                            \
   } while (0)
 #define ZI_ERROR(...) ZI_LOG(::zimage::LogLevel::kError, __VA_ARGS__)
 #define ZI_WARN(...) ZI_LOG(::zimage::LogLevel::kWarn, __VA_ARGS__)

@@ -7,7 +7,9 @@
 
 namespace zimage {
 
-const char* device_name(Device d) { return d == Device::kCPU ? "cpu" : "cuda"; }
+const char* device_name(Device d) {
+  return d == Device::kCPU ? "cpu" : "cuda";
+}
 
 std::string shape_string(const Shape& s) {
   std::ostringstream os;
@@ -34,7 +36,9 @@ std::shared_ptr<HostStorage> HostStorage::allocate(size_t bytes) {
   return std::shared_ptr<HostStorage>(new HostStorage(p, bytes));
 }
 
-HostStorage::~HostStorage() { std::free(data_); }
+HostStorage::~HostStorage() {
+  std::free(data_);
+}
 
 Tensor::Tensor(std::shared_ptr<Storage> storage, size_t byte_offset, DType dtype, Shape shape)
     : storage_(std::move(storage)), offset_(byte_offset), dtype_(dtype), shape_(std::move(shape)) {}
@@ -56,7 +60,9 @@ Tensor Tensor::wrap(void* data, DType dtype, Shape shape, Device device) {
                 std::move(shape));
 }
 
-int64_t Tensor::numel() const { return shape_numel(shape_); }
+int64_t Tensor::numel() const {
+  return shape_numel(shape_);
+}
 
 Tensor Tensor::view(Shape shape) const {
   if (shape_numel(shape) != numel()) return Tensor();

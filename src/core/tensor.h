@@ -83,7 +83,9 @@ class Tensor {
 
   void* data() const { return static_cast<char*>(storage_->data()) + offset_; }
   template <typename T>
-  T* data_as() const { return static_cast<T*>(data()); }
+  T* data_as() const {
+    return static_cast<T*>(data());
+  }
   const std::shared_ptr<Storage>& storage() const { return storage_; }
   size_t byte_offset() const { return offset_; }
 

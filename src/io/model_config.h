@@ -11,14 +11,14 @@ namespace zimage {
 
 // transformer/config.json (ZImageTransformer2DModel)
 struct TransformerConfig {
-  int patch_size = 2;        // all_patch_size[0]
-  int f_patch_size = 1;      // all_f_patch_size[0]
-  int in_channels = 16;      // out_channels = in_channels
+  int patch_size = 2;    // all_patch_size[0]
+  int f_patch_size = 1;  // all_f_patch_size[0]
+  int in_channels = 16;  // out_channels = in_channels
   int dim = 3840;
   int n_layers = 30;
   int n_refiner_layers = 2;
   int n_heads = 30;
-  int n_kv_heads = 30;       // ignored by the model (no GQA in the DiT)
+  int n_kv_heads = 30;  // ignored by the model (no GQA in the DiT)
   float norm_eps = 1e-5f;
   bool qk_norm = true;
   int cap_feat_dim = 2560;
@@ -66,7 +66,8 @@ struct VaeConfig {
   int spatial_factor() const { return 1 << (static_cast<int>(block_out_channels.size()) - 1); }
 };
 
-// scheduler/scheduler_config.json (FlowMatchEulerDiscreteScheduler); class defaults for absent keys.
+// scheduler/scheduler_config.json (FlowMatchEulerDiscreteScheduler); class defaults for absent
+// keys.
 struct SchedulerConfig {
   int num_train_timesteps = 1000;
   float shift = 1.0f;

@@ -6,8 +6,6 @@
 // are gone.
 #include "io/png.h"
 
-#include "core/utf8.h"
-
 #include <png.h>
 
 #include <cerrno>
@@ -15,6 +13,8 @@
 #include <cstdio>
 #include <cstring>
 #include <new>
+
+#include "core/utf8.h"
 
 #ifndef PNG_iTXt_SUPPORTED
 #error "libpng without iTXt support"

@@ -5,9 +5,8 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <thread>
-
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "io/safetensors.h"
 
@@ -17,7 +16,9 @@ using nlohmann::json;
 
 namespace {
 
-std::string layer(const std::string& prefix, int i) { return prefix + "." + std::to_string(i) + "."; }
+std::string layer(const std::string& prefix, int i) {
+  return prefix + "." + std::to_string(i) + ".";
+}
 
 void add(std::vector<TensorSpec>& v, std::string name, Shape shape, InitKind init) {
   v.push_back(TensorSpec{std::move(name), std::move(shape), init});
@@ -185,8 +186,8 @@ Status write_component(const fs::path& dir, const std::string& stem, const std::
       entries.push_back(SafetensorsEntry{s->name, o.dtype, s->shape});
       weight_map[s->name] = fname;
     }
-    ZI_ASSIGN_OR_RETURN(auto writer,
-                        SafetensorsWriter::create((dir / fname).string(), entries, {{"format", "pt"}}));
+    ZI_ASSIGN_OR_RETURN(auto writer, SafetensorsWriter::create((dir / fname).string(), entries,
+                                                               {{"format", "pt"}}));
     constexpr size_t kChunk = size_t{1} << 24;  // elements per parallel chunk
     std::vector<float> vals(kChunk);
     std::vector<uint8_t> bytes(kChunk * esize);
@@ -295,7 +296,8 @@ std::vector<TensorSpec> vae_tensor_specs(const VaeConfig& c) {
   int64_t cin = ch[0];
   for (int i = 0; i < n; ++i) {
     for (int j = 0; j < c.layers_per_block; ++j) {
-      add_resnet(v, "encoder.down_blocks." + std::to_string(i) + ".resnets." + std::to_string(j) + ".",
+      add_resnet(v,
+                 "encoder.down_blocks." + std::to_string(i) + ".resnets." + std::to_string(j) + ".",
                  j == 0 ? cin : ch[i], ch[i]);
     }
     cin = ch[i];
@@ -318,7 +320,8 @@ std::vector<TensorSpec> vae_tensor_specs(const VaeConfig& c) {
   for (int i = 0; i < n; ++i) {
     const int64_t co = ch[n - 1 - i];
     for (int j = 0; j < c.layers_per_block + 1; ++j) {
-      add_resnet(v, "decoder.up_blocks." + std::to_string(i) + ".resnets." + std::to_string(j) + ".",
+      add_resnet(v,
+                 "decoder.up_blocks." + std::to_string(i) + ".resnets." + std::to_string(j) + ".",
                  j == 0 ? prev : co, co);
     }
     prev = co;
@@ -346,10 +349,19 @@ void random_tensor_values(const TensorSpec& spec, uint64_t seed, uint64_t offset
       scale = 1.0f / std::sqrt(static_cast<float>(std::max<int64_t>(1, fan_in)));
       break;
     }
-    case InitKind::kNormGain: scale = 0.1f; bias = 1.0f; break;
-    case InitKind::kBias: scale = 0.02f; break;
-    case InitKind::kUnit: scale = 1.0f; break;
-    case InitKind::kEmbed: scale = 0.05f; break;
+    case InitKind::kNormGain:
+      scale = 0.1f;
+      bias = 1.0f;
+      break;
+    case InitKind::kBias:
+      scale = 0.02f;
+      break;
+    case InitKind::kUnit:
+      scale = 1.0f;
+      break;
+    case InitKind::kEmbed:
+      scale = 0.05f;
+      break;
   }
   constexpr double kTwoPi = 6.283185307179586;
   for (size_t i = 0; i < n; ++i) {
@@ -402,8 +414,8 @@ Status write_random_model(const std::string& dir, const RandomModelOptions& o,
   fs::create_directories(root / "transformer", ec);
   ZI_TRY(write_text(root / "transformer" / "config.json", dit_config_json(o.dit).dump(2)));
   ZI_TRY(write_component(root / "transformer", "diffusion_pytorch_model",
-                         "diffusion_pytorch_model.safetensors.index.json",
-                         dit_tensor_specs(o.dit), o, progress));
+                         "diffusion_pytorch_model.safetensors.index.json", dit_tensor_specs(o.dit),
+                         o, progress));
   fs::create_directories(root / "text_encoder", ec);
   ZI_TRY(write_text(root / "text_encoder" / "config.json", te_config_json(o.text_encoder).dump(2)));
   ZI_TRY(write_component(root / "text_encoder", "model", "model.safetensors.index.json",
@@ -411,8 +423,8 @@ Status write_random_model(const std::string& dir, const RandomModelOptions& o,
   fs::create_directories(root / "vae", ec);
   ZI_TRY(write_text(root / "vae" / "config.json", vae_config_json(o.vae).dump(2)));
   ZI_TRY(write_component(root / "vae", "diffusion_pytorch_model",
-                         "diffusion_pytorch_model.safetensors.index.json", vae_tensor_specs(o.vae), o,
-                         progress));
+                         "diffusion_pytorch_model.safetensors.index.json", vae_tensor_specs(o.vae),
+                         o, progress));
   return Status::Ok();
 }
 

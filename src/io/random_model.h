@@ -19,7 +19,7 @@ namespace zimage {
 
 // How a tensor's random values are drawn.
 enum class InitKind {
-  kFanIn,     // N(0, 1/fan_in), fan_in = product of all dims but the first (linear and conv weights)
+  kFanIn,  // N(0, 1/fan_in), fan_in = product of all dims but the first (linear and conv weights)
   kNormGain,  // 1 + 0.1·N(0, 1) (RMSNorm / GroupNorm / LayerNorm weights)
   kBias,      // 0.02·N(0, 1)
   kUnit,      // N(0, 1) (learned pad tokens)
@@ -42,11 +42,11 @@ struct RandomModelOptions {
   TextEncoderConfig text_encoder;
   VaeConfig vae;
   float scheduler_shift = 3.0f;
-  DType dtype = DType::kBF16;                  // stored dtype of every tensor
+  DType dtype = DType::kBF16;  // stored dtype of every tensor
   uint64_t seed = 0;
   uint64_t max_shard_bytes = 5'000'000'000ull;  // split a component into shards past this size
-  std::string tokenizer_dir;                    // copied into <dir>/tokenizer/ (tokenizer.json etc.)
-  int threads = 0;                              // 0 = hardware concurrency
+  std::string tokenizer_dir;  // copied into <dir>/tokenizer/ (tokenizer.json etc.)
+  int threads = 0;            // 0 = hardware concurrency
 };
 
 // Fills `out` (n floats) with the values tensor `spec` gets at element offset `offset`.

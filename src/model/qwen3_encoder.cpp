@@ -65,7 +65,8 @@ Status Qwen3Encoder::load_weights(const WeightStore& ws) {
     const std::string p = pre + "layers." + std::to_string(i) + ".";
     Layer& l = layers_[i];
     ZI_ASSIGN_OR_RETURN(l.input_norm, load::weight(ws, be_, p + "input_layernorm.weight", {hd}));
-    ZI_ASSIGN_OR_RETURN(Tensor q, load::host_view(ws, p + "self_attn.q_proj.weight", {hq * dh, hd}));
+    ZI_ASSIGN_OR_RETURN(Tensor q,
+                        load::host_view(ws, p + "self_attn.q_proj.weight", {hq * dh, hd}));
     ZI_ASSIGN_OR_RETURN(Tensor k,
                         load::host_view(ws, p + "self_attn.k_proj.weight", {hkv * dh, hd}));
     ZI_ASSIGN_OR_RETURN(Tensor v,

@@ -12,7 +12,8 @@ Result<Tensor> load_npy(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   if (!f) return IoError("cannot open " + path);
   char magic[8];
-  if (!f.read(magic, 8) || std::memcmp(magic, "\x93NUMPY", 6) != 0) return FormatError(path + ": not .npy");
+  if (!f.read(magic, 8) || std::memcmp(magic, "\x93NUMPY", 6) != 0)
+    return FormatError(path + ": not .npy");
   uint32_t hlen = 0;
   if (magic[6] == 1) {
     uint16_t h16;
@@ -46,16 +47,24 @@ Result<Tensor> load_npy(const std::string& path) {
   }
   DType dt;
   bool f64 = false;
-  if (descr == "<f4") dt = DType::kF32;
-  else if (descr == "<f8") { dt = DType::kF32; f64 = true; }
-  else if (descr == "<i4") dt = DType::kI32;
-  else if (descr == "<i8") dt = DType::kI64;
-  else if (descr == "|u1") dt = DType::kU8;
-  else return Unsupported(path + ": dtype " + descr);
+  if (descr == "<f4")
+    dt = DType::kF32;
+  else if (descr == "<f8") {
+    dt = DType::kF32;
+    f64 = true;
+  } else if (descr == "<i4")
+    dt = DType::kI32;
+  else if (descr == "<i8")
+    dt = DType::kI64;
+  else if (descr == "|u1")
+    dt = DType::kU8;
+  else
+    return Unsupported(path + ": dtype " + descr);
   Tensor t = Tensor::host(dt, shape);
   if (f64) {
     std::vector<double> tmp(t.numel());
-    if (!f.read(reinterpret_cast<char*>(tmp.data()), tmp.size() * 8)) return FormatError(path + ": short");
+    if (!f.read(reinterpret_cast<char*>(tmp.data()), tmp.size() * 8))
+      return FormatError(path + ": short");
     for (size_t i = 0; i < tmp.size(); ++i) t.data_as<float>()[i] = static_cast<float>(tmp[i]);
   } else if (!f.read(static_cast<char*>(t.data()), t.nbytes())) {
     return FormatError(path + ": truncated data");
@@ -96,6 +105,8 @@ double max_abs_diff(const Tensor& a, const Tensor& b) {
   return m;
 }
 
-std::string golden_dir(const std::string& name) { return std::string(ZIMAGE_GOLDEN_DIR) + "/" + name; }
+std::string golden_dir(const std::string& name) {
+  return std::string(ZIMAGE_GOLDEN_DIR) + "/" + name;
+}
 
 }  // namespace zimage::test

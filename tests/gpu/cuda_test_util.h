@@ -46,14 +46,14 @@ inline Backend& cpu_oracle() {
   return *be;
 }
 
-#define ZI_REQUIRE_GPU()                                                              \
-  do {                                                                                \
+#define ZI_REQUIRE_GPU()                                                                         \
+  do {                                                                                           \
     if (::zimage::test::gpu(::zimage::DType::kF32) == nullptr) GTEST_SKIP() << "no CUDA device"; \
   } while (0)
 
-#define ZI_ASSERT_OK(expr)                                \
-  do {                                                    \
-    const ::zimage::Status zi_s_ = (expr);                \
+#define ZI_ASSERT_OK(expr)                                         \
+  do {                                                             \
+    const ::zimage::Status zi_s_ = (expr);                         \
     ASSERT_TRUE(zi_s_.ok()) << #expr << ": " << zi_s_.to_string(); \
   } while (0)
 
@@ -104,7 +104,9 @@ inline Both outputs(const Shape& shape, DType dt, DType gpu_dt) {
   EXPECT_TRUE(gpu(dt)->fill(o.gpu, std::numeric_limits<float>::quiet_NaN()).ok());
   return o;
 }
-inline Both outputs(const Shape& shape, DType dt) { return outputs(shape, dt, dt); }
+inline Both outputs(const Shape& shape, DType dt) {
+  return outputs(shape, dt, dt);
+}
 
 inline std::vector<float> fetch(Backend& be, const Tensor& t) {
   Tensor h = Tensor::host(DType::kF32, t.shape());
@@ -138,7 +140,9 @@ inline ErrStats errors(const std::vector<float>& got, const std::vector<float>& 
 }
 
 // Normwise tolerance per compute dtype (bf16: ~2-3 roundings of 2^-9 each).
-inline double tol(DType dt) { return dt == DType::kF32 ? 1e-5 : 1e-2; }
+inline double tol(DType dt) {
+  return dt == DType::kF32 ? 1e-5 : 1e-2;
+}
 
 inline void expect_close(const std::string& what, DType dt, const std::vector<float>& got,
                          const std::vector<float>& ref, double tolerance = -1) {
@@ -159,7 +163,9 @@ inline void expect_match(const std::string& what, DType dt, const Both& out,
   expect_close(what, dt, fetch(*gpu(dt), out.gpu), fetch(cpu_oracle(), out.cpu), tolerance);
 }
 
-inline std::string shape_str(const Shape& s) { return shape_string(s); }
+inline std::string shape_str(const Shape& s) {
+  return shape_string(s);
+}
 
 // Concatenates anything streamable (avoids a g++ 12 -Wrestrict false positive on
 // `"literal" + std::string`).

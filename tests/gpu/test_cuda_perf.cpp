@@ -55,8 +55,8 @@ TEST(CudaOpsPerf, MatmulBf16) {
   struct Shape3 {
     int64_t m, n, k;
   };
-  const Shape3 shapes[] = {{4096, 3840, 3840}, {4224, 10240, 3840}, {4224, 3840, 10240},
-                           {4224, 11520, 3840}};
+  const Shape3 shapes[] = {
+      {4096, 3840, 3840}, {4224, 10240, 3840}, {4224, 3840, 10240}, {4224, 11520, 3840}};
   uint32_t seed = 2000;
   for (const Shape3& s : shapes) {
     Tensor x = rand_dev(g, {s.m, s.k}, seed++);
@@ -82,8 +82,7 @@ TEST(CudaOpsPerf, AttentionBf16) {
       {"flash 30 x 4224 x 64 heads x2", 4224, 60, 60, 64, false, cuda::AttentionPath::kFlash},
       {"general 30 x 4224 x 128", 4224, 30, 30, 128, false, cuda::AttentionPath::kGeneral},
       {"flash 30 x 1088 x 128", 1088, 30, 30, 128, false, cuda::AttentionPath::kFlash},
-      {"flash causal 32/8 x 512 x 128 (Qwen3)", 512, 32, 8, 128, true,
-       cuda::AttentionPath::kFlash},
+      {"flash causal 32/8 x 512 x 128 (Qwen3)", 512, 32, 8, 128, true, cuda::AttentionPath::kFlash},
       {"general 1 x 16384 x 512 (VAE 1024^2)", 16384, 1, 1, 512, false,
        cuda::AttentionPath::kGeneral},
   };
@@ -154,8 +153,8 @@ TEST(CudaOpsPerf, ConvAndNormsBf16) {
     Tensor qk = x.view({1, 4224, 30, 128});
     report("rms_norm q/k per head 126720x128 in place",
            median_ms(g, [&] { return g->rms_norm(qk, hw, 1e-5f, Tensor(), qk); }), 0, bytes);
-    Tensor freqs = take(g->upload(rand_host({1, 4224, 64, 2}, seed++, DType::kF32),
-                                  DType::kF32), "freqs");
+    Tensor freqs =
+        take(g->upload(rand_host({1, 4224, 64, 2}, seed++, DType::kF32), DType::kF32), "freqs");
     report("rope_interleaved 4224 x 30 x 128",
            median_ms(g, [&] { return g->rope_interleaved(qk, freqs); }), 0, bytes);
     Tensor up = rand_dev(g, {4224, 20480}, seed++);

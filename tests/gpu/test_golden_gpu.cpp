@@ -6,15 +6,14 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
-#include <map>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "backend/backend.h"
 #include "common/npy.h"
@@ -30,7 +29,8 @@ std::vector<std::string> golden_cases() {
   std::vector<std::string> names;
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(ZIMAGE_GOLDEN_DIR, ec))
-    if (e.is_directory() && fs::exists(e.path() / "case.json")) names.push_back(e.path().filename().string());
+    if (e.is_directory() && fs::exists(e.path() / "case.json"))
+      names.push_back(e.path().filename().string());
   std::sort(names.begin(), names.end());
   return names;
 }
@@ -111,7 +111,9 @@ Errors run_case(const std::string& name, DType act) {
   return e;
 }
 
-bool have_gpu() { return make_cuda_backend(0, DType::kF32).ok(); }
+bool have_gpu() {
+  return make_cuda_backend(0, DType::kF32).ok();
+}
 
 TEST(GoldenGpu, Fp32MatchesDiffusers) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";

@@ -84,8 +84,8 @@ GoldenCase read_case(const std::string& name) {
 class CaptureSink final : public DebugSink {
  public:
   bool wants(const std::string& n) const override {
-    for (const char* p : {"tokens.", "prompt_embeds.", "negative_embeds", "init_noise",
-                          "dit_out.", "latents."}) {
+    for (const char* p :
+         {"tokens.", "prompt_embeds.", "negative_embeds", "init_noise", "dit_out.", "latents."}) {
       if (n.rfind(p, 0) == 0) return true;
     }
     return false;
@@ -111,8 +111,8 @@ double compare(const std::string& what, const Tensor& ours, const Tensor& ref, d
   EXPECT_TRUE(ours.defined()) << what << ": not produced by the pipeline";
   EXPECT_TRUE(ref.defined()) << what << ": no reference";
   if (!ours.defined() || !ref.defined()) return INFINITY;
-  EXPECT_EQ(ours.numel(), ref.numel()) << what << ": ours " << ours.describe() << " vs "
-                                       << ref.describe();
+  EXPECT_EQ(ours.numel(), ref.numel())
+      << what << ": ours " << ours.describe() << " vs " << ref.describe();
   const double err = test::max_abs_diff(ours, ref);
   std::printf("  %-28s max|diff| %.3g  (tolerance %.0e)\n", what.c_str(), err, tol);
   EXPECT_GE(err, 0.0) << what;
@@ -145,8 +145,8 @@ TEST_P(GoldenPipeline, StagesMatchDiffusers) {
   ASSERT_TRUE(out.ok()) << out.status().to_string();
   EXPECT_EQ(progress_steps, c.req.steps);
   std::printf("case %s: %zu prompt(s) x %d, %dx%d, %d steps, guidance %g\n", GetParam().c_str(),
-              c.req.prompts.size(), c.req.images_per_prompt, c.req.width, c.req.height,
-              c.req.steps, c.req.guidance);
+              c.req.prompts.size(), c.req.images_per_prompt, c.req.width, c.req.height, c.req.steps,
+              c.req.guidance);
 
   // Token ids: exact.
   std::ifstream tf(c.dir + "/debug/token_ids.json");
@@ -161,8 +161,7 @@ TEST_P(GoldenPipeline, StagesMatchDiffusers) {
     EXPECT_EQ(as_ids(sink.got["tokens.negative"]),
               tok.at("negative_ids").get<std::vector<int32_t>>());
   }
-  std::printf("  token ids                    exact match (%zu prompt(s))\n",
-              c.req.prompts.size());
+  std::printf("  token ids                    exact match (%zu prompt(s))\n", c.req.prompts.size());
 
   // Prompt embeddings, noise, DiT output and latents per step, image.
   for (size_t i = 0; i < c.req.prompts.size(); ++i) {
@@ -170,8 +169,7 @@ TEST_P(GoldenPipeline, StagesMatchDiffusers) {
     compare("prompt_embeds." + k, sink.got["prompt_embeds." + k],
             load_golden(c.dir + "/prompt_embeds_" + k + ".npy"), kTolEmbeds);
   }
-  compare("init_noise", sink.got["init_noise"], load_golden(c.dir + "/init_noise.npy"),
-          kTolNoise);
+  compare("init_noise", sink.got["init_noise"], load_golden(c.dir + "/init_noise.npy"), kTolNoise);
   for (int s = 0; s < c.req.steps; ++s) {
     const std::string k = std::to_string(s);
     compare("dit_out.step" + k, sink.got["dit_out.step" + k],
@@ -219,21 +217,35 @@ int run_cli(const std::vector<std::string>& args) {
 
 TEST_P(GoldenPipeline, CliPngMatchesDiffusers) {
   const GoldenCase c = read_case(GetParam());
-  const fs::path dir = fs::temp_directory_path() / ("zimage_golden_cli_" + GetParam() + "_" +
-                                                    std::to_string(getpid()));
+  const fs::path dir = fs::temp_directory_path() /
+                       ("zimage_golden_cli_" + GetParam() + "_" + std::to_string(getpid()));
   fs::create_directories(dir);
   const std::string output = (dir / "out.png").string();
-  std::vector<std::string> args = {"generate", "--model", c.dir + "/model", "--device", "cpu",
-                                   "--width", std::to_string(c.req.width), "--height",
-                                   std::to_string(c.req.height), "--steps",
-                                   std::to_string(c.req.steps), "--guidance",
-                                   std::to_string(c.req.guidance), "--seed",
-                                   std::to_string(c.req.seed), "--images-per-prompt",
-                                   std::to_string(c.req.images_per_prompt), "--cfg-truncation",
-                                   std::to_string(c.req.cfg_truncation), "--cfg-normalization",
+  std::vector<std::string> args = {"generate",
+                                   "--model",
+                                   c.dir + "/model",
+                                   "--device",
+                                   "cpu",
+                                   "--width",
+                                   std::to_string(c.req.width),
+                                   "--height",
+                                   std::to_string(c.req.height),
+                                   "--steps",
+                                   std::to_string(c.req.steps),
+                                   "--guidance",
+                                   std::to_string(c.req.guidance),
+                                   "--seed",
+                                   std::to_string(c.req.seed),
+                                   "--images-per-prompt",
+                                   std::to_string(c.req.images_per_prompt),
+                                   "--cfg-truncation",
+                                   std::to_string(c.req.cfg_truncation),
+                                   "--cfg-normalization",
                                    std::to_string(c.req.cfg_normalization),
                                    "--max-sequence-length",
-                                   std::to_string(c.req.max_sequence_length), "--output", output,
+                                   std::to_string(c.req.max_sequence_length),
+                                   "--output",
+                                   output,
                                    "--quiet"};
   for (const auto& p : c.req.prompts) {
     args.push_back("--prompt");

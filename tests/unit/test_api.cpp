@@ -2,8 +2,8 @@
 // names the field at fault, cancellation stops a run with kCancelled, the progress callback sees
 // every step, one seed gives one image, a bad model folder fails with a clear error. Also the
 // model-free pieces: the UTF-8 checker and the range checks with explicit limits.
-#include <gtest/gtest.h>
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -23,7 +23,9 @@
 namespace zimage {
 namespace {
 
-std::string tiny_model() { return test::golden_dir("v_turbo") + "/model"; }
+std::string tiny_model() {
+  return test::golden_dir("v_turbo") + "/model";
+}
 
 // One engine for the whole suite: loading the tokenizer dominates a tiny model's load time.
 class Api : public ::testing::Test {
@@ -62,11 +64,13 @@ class Api : public ::testing::Test {
 Engine* Api::engine_ = nullptr;
 
 void expect_field(const std::string& message, const std::string& field) {
-  EXPECT_EQ(message.rfind(field + ":", 0), 0u) << "message does not start with '" << field
-                                               << ":': " << message;
+  EXPECT_EQ(message.rfind(field + ":", 0), 0u)
+      << "message does not start with '" << field << ":': " << message;
 }
 
-TEST_F(Api, ValidRequestPasses) { EXPECT_EQ(error_of(small()), ""); }
+TEST_F(Api, ValidRequestPasses) {
+  EXPECT_EQ(error_of(small()), "");
+}
 
 TEST_F(Api, ValidationNamesTheField) {
   auto r = small();
@@ -237,8 +241,8 @@ TEST_F(Api, CancellationReturnsCancelled) {
 TEST_F(Api, DumpsNamedIntermediates) {
   auto r = small();
   r.guidance = 2.0f;  // CFG: the DiT runs 2 rows, the negative prompt is dumped too
-  const auto dir = std::filesystem::temp_directory_path() /
-                   ("zimage_api_dump_" + std::to_string(::getpid()));
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("zimage_api_dump_" + std::to_string(::getpid()));
   std::filesystem::remove_all(dir);
   GenerateHooks hooks;
   hooks.dump_dir = dir.string();
@@ -364,17 +368,18 @@ int run_cli(const std::vector<std::string>& args, std::string* err) {
 
 TEST(ApiCli, ExitCodesAndMessages) {
   const std::string model = tiny_model();
-  const auto dir = std::filesystem::temp_directory_path() /
-                   ("zimage_api_cli_out_" + std::to_string(getpid()));
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("zimage_api_cli_out_" + std::to_string(getpid()));
   std::filesystem::create_directories(dir);
   const std::string out = (dir / "img.png").string();
   std::string err;
   // Usage errors: 2, with the field or flag named.
-  EXPECT_EQ(run_cli({"generate", "--model", model, "--prompt", "a", "--width", "30", "-o", out},
-                    &err), 2);
+  EXPECT_EQ(
+      run_cli({"generate", "--model", model, "--prompt", "a", "--width", "30", "-o", out}, &err),
+      2);
   EXPECT_NE(err.find("width: 30 is not a multiple of 4"), std::string::npos) << err;
-  EXPECT_EQ(run_cli({"generate", "--model", model, "--prompt", "a", "--steps", "0", "-o", out},
-                    &err), 2);
+  EXPECT_EQ(
+      run_cli({"generate", "--model", model, "--prompt", "a", "--steps", "0", "-o", out}, &err), 2);
   EXPECT_NE(err.find("steps"), std::string::npos) << err;
   EXPECT_EQ(run_cli({"generate", "--model", model, "-o", out}, &err), 2);
   EXPECT_NE(err.find("--prompt"), std::string::npos) << err;

@@ -38,7 +38,9 @@ __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool v
   const int n = valid ? 16 : 0;
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n));
 }
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::);
+}
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
@@ -79,8 +81,8 @@ __device__ __forceinline__ uint32_t swz(int row, int chunk) {
 // Loads rows [0, ROWS) of a tile (row r at g + r*stride) into shared memory; rows >= valid are
 // zero-filled. `safe` is any valid global address (read by nothing, but must be legal).
 template <int D, int ROWS, int THREADS>
-__device__ __forceinline__ void load_tile(uint32_t s_base, const bf16* g, int64_t stride,
-                                          int valid, const bf16* safe) {
+__device__ __forceinline__ void load_tile(uint32_t s_base, const bf16* g, int64_t stride, int valid,
+                                          const bf16* safe) {
   constexpr int kChunks = D / 8;
   static_assert((ROWS * kChunks) % THREADS == 0, "tile chunks must split evenly over threads");
 #pragma unroll
@@ -111,10 +113,10 @@ __global__ void __launch_bounds__(FlashTraits<D, kQRegs>::kThreads,
   const int64_t kv_rs = static_cast<int64_t>(a.heads_kv) * D;
   const bf16* q = static_cast<const bf16*>(a.q);
   const bf16* qg = q + (static_cast<int64_t>(b) * a.seq_q * a.heads_q + h) * D;
-  const bf16* kg = static_cast<const bf16*>(a.k) +
-                   (static_cast<int64_t>(b) * a.seq_k * a.heads_kv + kvh) * D;
-  const bf16* vg = static_cast<const bf16*>(a.v) +
-                   (static_cast<int64_t>(b) * a.seq_k * a.heads_kv + kvh) * D;
+  const bf16* kg =
+      static_cast<const bf16*>(a.k) + (static_cast<int64_t>(b) * a.seq_k * a.heads_kv + kvh) * D;
+  const bf16* vg =
+      static_cast<const bf16*>(a.v) + (static_cast<int64_t>(b) * a.seq_k * a.heads_kv + kvh) * D;
   bf16* og = static_cast<bf16*>(a.out) + (static_cast<int64_t>(b) * a.seq_q * a.heads_q + h) * D;
 
   const int m0 = m_block * kBM;
@@ -164,8 +166,8 @@ __global__ void __launch_bounds__(FlashTraits<D, kQRegs>::kThreads,
 #pragma unroll
       for (int j = 0; j < kNT; j += 2) {
         uint32_t kf[4];
-        ldmatrix_x4(kf, sK + swz<D>(j * 8 + (lane & 7) + (lane >> 4) * 8,
-                                    2 * kk + ((lane >> 3) & 1)));
+        ldmatrix_x4(kf,
+                    sK + swz<D>(j * 8 + (lane & 7) + (lane >> 4) * 8, 2 * kk + ((lane >> 3) & 1)));
         mma_16816(s[j], qf, kf[0], kf[1]);
         mma_16816(s[j + 1], qf, kf[2], kf[3]);
       }
@@ -228,8 +230,8 @@ __global__ void __launch_bounds__(FlashTraits<D, kQRegs>::kThreads,
 #pragma unroll
       for (int dn = 0; dn < kDT; dn += 2) {
         uint32_t vf[4];
-        ldmatrix_x4_trans(vf, sV + swz<D>(kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8,
-                                          dn + (lane >> 4)));
+        ldmatrix_x4_trans(
+            vf, sV + swz<D>(kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, dn + (lane >> 4)));
         mma_16816(o[dn], pa[kk], vf[0], vf[1]);
         mma_16816(o[dn + 1], pa[kk], vf[2], vf[3]);
       }
@@ -258,9 +260,9 @@ template <int D, bool kQRegs>
 cudaError_t launch_flash(const FlashArgs& a, cudaStream_t s) {
   using Tr = FlashTraits<D, kQRegs>;
   // Per device and cheap; done on every launch so any device the process uses gets it.
-  const cudaError_t attr_status = cudaFuncSetAttribute(
-      flash_fwd_kernel<D, kQRegs>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-      static_cast<int>(Tr::kSmemBytes));
+  const cudaError_t attr_status =
+      cudaFuncSetAttribute(flash_fwd_kernel<D, kQRegs>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(Tr::kSmemBytes));
   if (attr_status != cudaSuccess) return attr_status;
   const dim3 grid((a.seq_q + Tr::kBM - 1) / Tr::kBM, a.heads_q, a.batch);
   flash_fwd_kernel<D, kQRegs><<<grid, Tr::kThreads, Tr::kSmemBytes, s>>>(a);
@@ -281,9 +283,12 @@ cudaError_t launch_flash_attention(const FlashArgs& a, cudaStream_t s) {
   const bool q_regs = a.variant == FlashVariant::kQInRegisters ||
                       (a.variant == FlashVariant::kAuto && a.head_dim == 128);
   switch (a.head_dim) {
-    case 64: return q_regs ? launch_flash<64, true>(a, s) : launch_flash<64, false>(a, s);
-    case 128: return q_regs ? launch_flash<128, true>(a, s) : launch_flash<128, false>(a, s);
-    default: return cudaErrorInvalidValue;
+    case 64:
+      return q_regs ? launch_flash<64, true>(a, s) : launch_flash<64, false>(a, s);
+    case 128:
+      return q_regs ? launch_flash<128, true>(a, s) : launch_flash<128, false>(a, s);
+    default:
+      return cudaErrorInvalidValue;
   }
 }
 

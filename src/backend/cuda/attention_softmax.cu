@@ -36,8 +36,8 @@ __global__ void masked_softmax_kernel(const float* scores, P* probs, int64_t row
 }  // namespace
 
 cudaError_t launch_masked_softmax(KType p_t, const float* scores, void* probs, int64_t heads,
-                                  int64_t rows, int64_t seq_k, int64_t q0, float scale,
-                                  bool causal, int64_t key_len, cudaStream_t s) {
+                                  int64_t rows, int64_t seq_k, int64_t q0, float scale, bool causal,
+                                  int64_t key_len, cudaStream_t s) {
   const int64_t total = heads * rows;
   if (total <= 0 || seq_k <= 0) return cudaSuccess;
   if (total > 0x7fffffff) return cudaErrorInvalidValue;

@@ -49,8 +49,8 @@ class ConvPlanner {
     cudnnConvolutionFwdAlgo_t algo{};
     size_t workspace = 0;
   };
-  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, int,
-                         int, int>;
+  using Key =
+      std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, int, int, int>;
 
   explicit ConvPlanner(cudaStream_t stream) : stream_(stream) {}
   Status make_plan(const ConvRequest& r, Plan& p);

@@ -281,8 +281,8 @@ Result<std::unique_ptr<RecordedWork>> CudaBackend::record(const std::function<St
   if (!during.ok() || !graph.ok()) {
     cudaGetLastError();  // a failed capture leaves a sticky error on the last call
     const Status why = !during.ok() ? during : graph.status();
-    return abandon(Unsupported("cuda: cannot record this work as a CUDA graph (" +
-                               why.to_string() + ")"));
+    return abandon(
+        Unsupported("cuda: cannot record this work as a CUDA graph (" + why.to_string() + ")"));
   }
   ZI_TRY(allocator_->end_pool());
   return std::unique_ptr<RecordedWork>(

@@ -20,8 +20,8 @@ inline Status cuda_status(cudaError_t e, const char* call) {
     cudaGetLastError();  // clear the sticky-free error so later calls are not poisoned
     return OutOfMemory(std::string(call) + ": " + cudaGetErrorString(e));
   }
-  return DeviceError(std::string(call) + ": " + cudaGetErrorName(e) + " (" +
-                     cudaGetErrorString(e) + ")");
+  return DeviceError(std::string(call) + ": " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) +
+                     ")");
 }
 
 inline Status cublas_status(cublasStatus_t s, const char* call) {

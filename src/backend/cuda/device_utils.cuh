@@ -16,28 +16,38 @@ namespace zimage::cuda {
 template <typename T>
 __device__ __forceinline__ float to_f32(T v);
 template <>
-__device__ __forceinline__ float to_f32<float>(float v) { return v; }
+__device__ __forceinline__ float to_f32<float>(float v) {
+  return v;
+}
 template <>
 __device__ __forceinline__ float to_f32<__nv_bfloat16>(__nv_bfloat16 v) {
   return __bfloat162float(v);
 }
 template <>
-__device__ __forceinline__ float to_f32<__half>(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_f32<__half>(__half v) {
+  return __half2float(v);
+}
 
 template <typename T>
 __device__ __forceinline__ T from_f32(float v);
 template <>
-__device__ __forceinline__ float from_f32<float>(float v) { return v; }
+__device__ __forceinline__ float from_f32<float>(float v) {
+  return v;
+}
 template <>
 __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) {
   return __float2bfloat16_rn(v);
 }
 template <>
-__device__ __forceinline__ __half from_f32<__half>(float v) { return __float2half_rn(v); }
+__device__ __forceinline__ __half from_f32<__half>(float v) {
+  return __float2half_rn(v);
+}
 
 // Rounds through T: the effect of storing an intermediate in T (a no-op for float).
 template <typename T>
-__device__ __forceinline__ float round_to(float v) { return to_f32<T>(from_f32<T>(v)); }
+__device__ __forceinline__ float round_to(float v) {
+  return to_f32<T>(from_f32<T>(v));
+}
 
 // VEC elements of T as one aligned unit (16 bytes when VEC = 16 / sizeof(T)).
 template <typename T, int VEC>
@@ -63,7 +73,9 @@ __device__ __forceinline__ void store_f32(T* p, const float (&in)[VEC]) {
 template <typename T>
 constexpr int kVec16 = static_cast<int>(16 / sizeof(T));
 
-inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+inline bool aligned16(const void* p) {
+  return (reinterpret_cast<uintptr_t>(p) & 15u) == 0;
+}
 
 template <typename A>
 __device__ __forceinline__ A warp_sum(A v) {
@@ -114,9 +126,12 @@ inline unsigned grid_for(int64_t work, int threads) {
 template <typename F>
 cudaError_t dispatch_ktype(KType t, F&& f) {
   switch (t) {
-    case KType::kF32: return f(float{});
-    case KType::kBF16: return f(__nv_bfloat16{});
-    case KType::kF16: return f(__half{});
+    case KType::kF32:
+      return f(float{});
+    case KType::kBF16:
+      return f(__nv_bfloat16{});
+    case KType::kF16:
+      return f(__half{});
   }
   return cudaErrorInvalidValue;
 }

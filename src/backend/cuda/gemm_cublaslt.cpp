@@ -67,7 +67,7 @@ Result<LtGemm::Plan*> LtGemm::plan(const Key& key) {
   if (it != plans_.end()) return &it->second;
   const auto [m, n, k, dti, has_bias, al_x, al_w, al_y, fp8] = key;
   const DType dt = static_cast<DType>(dti);
-  const cudaDataType_t ct = cuda_type(dt);              // output (and bias)
+  const cudaDataType_t ct = cuda_type(dt);                     // output (and bias)
   const cudaDataType_t operand_t = fp8 ? CUDA_R_8F_E4M3 : ct;  // x and w
   Plan p;
   // Builds the plan; on failure the descriptors made so far are destroyed.

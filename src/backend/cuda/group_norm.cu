@@ -101,9 +101,9 @@ __global__ void gn_finalize_kernel(const double* partial, int64_t chunks, int64_
 }
 
 template <typename T, int VEC>
-__global__ void gn_apply_kernel(const T* x, const T* gamma, const T* beta, const float* stats,
-                                T* y, int64_t total, int64_t hwc, int64_t c, int64_t cpg,
-                                int groups, bool silu) {
+__global__ void gn_apply_kernel(const T* x, const T* gamma, const T* beta, const float* stats, T* y,
+                                int64_t total, int64_t hwc, int64_t c, int64_t cpg, int groups,
+                                bool silu) {
   const int64_t npack = (total + VEC - 1) / VEC;
   for (int64_t p = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; p < npack;
        p += int64_t{gridDim.x} * blockDim.x) {

@@ -8,7 +8,7 @@ namespace {
 
 constexpr int kThreads = 256;
 
-#define ZI_GRID_LOOP(i, n)                                                      \
+#define ZI_GRID_LOOP(i, n)                                                  \
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < (n); \
        i += int64_t{gridDim.x} * blockDim.x)
 
@@ -41,8 +41,7 @@ __global__ void unpatchify_kernel(const T* tokens, int64_t tokens_per_item, floa
 }
 
 template <typename T, int VEC>
-__global__ void embedding_kernel(const T* table, const int32_t* ids, T* out, int64_t n,
-                                 int64_t d) {
+__global__ void embedding_kernel(const T* table, const int32_t* ids, T* out, int64_t n, int64_t d) {
   const int64_t ppr = d / VEC;
   ZI_GRID_LOOP(p, n * ppr) {
     const int64_t row = p / ppr, c = (p % ppr) * VEC;
@@ -164,11 +163,11 @@ cudaError_t launch_upsample_nearest2x(KType t, const void* x, void* y, int64_t b
     auto xp = static_cast<const T*>(x);
     auto yp = static_cast<T*>(y);
     if (c % V == 0 && aligned16(x) && aligned16(y))
-      upsample2x_kernel<T, V><<<grid_for(total / V, kThreads), kThreads, 0, s>>>(xp, yp, batch, h,
-                                                                                 w, c);
+      upsample2x_kernel<T, V>
+          <<<grid_for(total / V, kThreads), kThreads, 0, s>>>(xp, yp, batch, h, w, c);
     else
-      upsample2x_kernel<T, 1><<<grid_for(total, kThreads), kThreads, 0, s>>>(xp, yp, batch, h, w,
-                                                                             c);
+      upsample2x_kernel<T, 1>
+          <<<grid_for(total, kThreads), kThreads, 0, s>>>(xp, yp, batch, h, w, c);
     return cudaGetLastError();
   });
 }

@@ -111,9 +111,8 @@ __global__ void layer_norm_kernel(const T* x, const T* w, const T* b, const T* s
 }
 
 template <typename T, int VEC>
-__global__ void residual_rms_gate_kernel(T* x, const T* y, const T* w, const T* gate,
-                                         int64_t rows, int64_t d, int64_t rows_per_group,
-                                         float eps) {
+__global__ void residual_rms_gate_kernel(T* x, const T* y, const T* w, const T* gate, int64_t rows,
+                                         int64_t d, int64_t rows_per_group, float eps) {
   const int lane = threadIdx.x & 31;
   for (int64_t row = blockIdx.x * int64_t{kWarps} + (threadIdx.x >> 5); row < rows;
        row += int64_t{gridDim.x} * kWarps) {
@@ -391,7 +390,9 @@ dim3 row_cfg_grid(const RowCfg& c, int64_t rows) {
   const int64_t per_block = kThreads / c.tpr;
   return dim3(static_cast<unsigned>((rows + per_block - 1) / per_block));
 }
-unsigned row_cfg_block(const RowCfg& c) { return c.block ? c.tpr : kThreads; }
+unsigned row_cfg_block(const RowCfg& c) {
+  return c.block ? c.tpr : kThreads;
+}
 
 bool all_aligned(std::initializer_list<const void*> ps) {
   for (const void* p : ps)
@@ -399,7 +400,9 @@ bool all_aligned(std::initializer_list<const void*> ps) {
   return true;
 }
 
-unsigned row_grid(int64_t rows) { return grid_for(rows, kWarps); }
+unsigned row_grid(int64_t rows) {
+  return grid_for(rows, kWarps);
+}
 
 }  // namespace
 
@@ -457,11 +460,11 @@ cudaError_t launch_layer_norm(KType t, const void* x, const void* w, const void*
       });
     }
     if (d % V == 0 && all_aligned({x, w, b, scale, y}))
-      layer_norm_kernel<T, V><<<row_grid(rows), kThreads, 0, s>>>(xp, wp, bp, sp, yp, rows, d,
-                                                                  rows_per_group, eps);
+      layer_norm_kernel<T, V>
+          <<<row_grid(rows), kThreads, 0, s>>>(xp, wp, bp, sp, yp, rows, d, rows_per_group, eps);
     else
-      layer_norm_kernel<T, 1><<<row_grid(rows), kThreads, 0, s>>>(xp, wp, bp, sp, yp, rows, d,
-                                                                  rows_per_group, eps);
+      layer_norm_kernel<T, 1>
+          <<<row_grid(rows), kThreads, 0, s>>>(xp, wp, bp, sp, yp, rows, d, rows_per_group, eps);
     return cudaGetLastError();
   });
 }

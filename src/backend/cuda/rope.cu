@@ -99,14 +99,12 @@ cudaError_t launch_rope_half(KType t, void* x, const float* cos, const float* si
     const int64_t half = head_dim / 2;
     if (half % V == 0 && aligned16(x)) {
       const int64_t packs = vecs * (half / V);
-      rope_half_kernel<T, V>
-          <<<grid_for(packs, kThreads), kThreads, 0, s>>>(xp, cos, sin, seq, heads, head_dim,
-                                                          packs);
+      rope_half_kernel<T, V><<<grid_for(packs, kThreads), kThreads, 0, s>>>(xp, cos, sin, seq,
+                                                                            heads, head_dim, packs);
     } else {
       const int64_t packs = vecs * half;
-      rope_half_kernel<T, 1>
-          <<<grid_for(packs, kThreads), kThreads, 0, s>>>(xp, cos, sin, seq, heads, head_dim,
-                                                          packs);
+      rope_half_kernel<T, 1><<<grid_for(packs, kThreads), kThreads, 0, s>>>(xp, cos, sin, seq,
+                                                                            heads, head_dim, packs);
     }
     return cudaGetLastError();
   });
@@ -125,14 +123,12 @@ cudaError_t launch_rope_interleaved(KType t, void* x, const float* freqs, bool f
     const int64_t shared_seq = freqs_shared ? seq : 0;
     if (head_dim % (2 * P) == 0 && aligned16(x)) {
       const int64_t packs = vecs * (head_dim / (2 * P));
-      rope_interleaved_kernel<T, P>
-          <<<grid_for(packs, kThreads), kThreads, 0, s>>>(xp, freqs, shared_seq, heads, head_dim,
-                                                          packs);
+      rope_interleaved_kernel<T, P><<<grid_for(packs, kThreads), kThreads, 0, s>>>(
+          xp, freqs, shared_seq, heads, head_dim, packs);
     } else {
       const int64_t packs = vecs * (head_dim / 2);
-      rope_interleaved_kernel<T, 1>
-          <<<grid_for(packs, kThreads), kThreads, 0, s>>>(xp, freqs, shared_seq, heads, head_dim,
-                                                          packs);
+      rope_interleaved_kernel<T, 1><<<grid_for(packs, kThreads), kThreads, 0, s>>>(
+          xp, freqs, shared_seq, heads, head_dim, packs);
     }
     return cudaGetLastError();
   });

@@ -54,15 +54,21 @@ inline bool is_float_kernel_type(DType t) {
 
 inline Result<KType> ktype_of(const char* op, DType t) {
   switch (t) {
-    case DType::kF32: return KType::kF32;
-    case DType::kBF16: return KType::kBF16;
-    case DType::kF16: return KType::kF16;
-    default: break;
+    case DType::kF32:
+      return KType::kF32;
+    case DType::kBF16:
+      return KType::kBF16;
+    case DType::kF16:
+      return KType::kF16;
+    default:
+      break;
   }
   return Unsupported(std::string(op) + ": dtype " + dtype_name(t) + " is not supported on CUDA");
 }
 
-inline const void* ptr_or_null(const Tensor& t) { return t.defined() ? t.data() : nullptr; }
+inline const void* ptr_or_null(const Tensor& t) {
+  return t.defined() ? t.data() : nullptr;
+}
 
 // True when the byte ranges of a and b overlap.
 inline bool overlaps(const Tensor& a, const Tensor& b) {
