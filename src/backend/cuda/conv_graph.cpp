@@ -160,14 +160,7 @@ ConvGraphs::~ConvGraphs() {
 std::unique_ptr<ConvGraphs> ConvGraphs::create(cudaStream_t stream) {
   std::unique_ptr<ConvGraphs> c(new ConvGraphs());
   c->impl_->stream = stream;
-  if (!cudnn_frontend_ready()) return c;
-  cudnnHandle_t h = nullptr;
-  if (cudnnCreate(&h) != CUDNN_STATUS_SUCCESS) return c;
-  if (cudnnSetStream(h, stream) != CUDNN_STATUS_SUCCESS) {
-    cudnnDestroy(h);
-    return c;
-  }
-  c->impl_->handle = h;
+  c->impl_->handle = cudnn_graph_handle(stream);
   return c;
 }
 

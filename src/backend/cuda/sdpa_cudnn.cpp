@@ -141,16 +141,20 @@ CudnnSdpa::~CudnnSdpa() {
   }
 }
 
-std::unique_ptr<CudnnSdpa> CudnnSdpa::create(cudaStream_t stream) {
-  std::unique_ptr<CudnnSdpa> s(new CudnnSdpa(stream));
-  if (!cudnn_frontend_ready()) return s;
+cudnnHandle_t cudnn_graph_handle(cudaStream_t stream) {
+  if (!cudnn_frontend_ready()) return nullptr;
   cudnnHandle_t h = nullptr;
-  if (cudnnCreate(&h) != CUDNN_STATUS_SUCCESS) return s;
+  if (cudnnCreate(&h) != CUDNN_STATUS_SUCCESS) return nullptr;
   if (cudnnSetStream(h, stream) != CUDNN_STATUS_SUCCESS) {
     cudnnDestroy(h);
-    return s;
+    return nullptr;
   }
-  s->impl_->handle = h;
+  return h;
+}
+
+std::unique_ptr<CudnnSdpa> CudnnSdpa::create(cudaStream_t stream) {
+  std::unique_ptr<CudnnSdpa> s(new CudnnSdpa(stream));
+  s->impl_->handle = cudnn_graph_handle(stream);
   return s;
 }
 
@@ -216,6 +220,9 @@ Status CudnnSdpa::run(const SdpaRequest& r, CachingAllocator& alloc) {
 
 bool cudnn_frontend_ready() {
   return false;
+}
+cudnnHandle_t cudnn_graph_handle(cudaStream_t) {
+  return nullptr;
 }
 
 struct CudnnSdpa::Impl {};
