@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/log.h"
 #include "model/load_util.h"
 
 namespace zimage {
@@ -133,17 +134,14 @@ Status ZImageDiT::run_block(const Block& blk, Tensor& x, const Tensor& freqs, co
 
 Status ZImageDiT::quantize_ffn_fp8() {
   if (ffn_fp8_) return Status::Ok();
-  // Probe first (a quantisation and an FP8 GEMM: cuBLASLt has FP8 kernels from sm_89 on), so a
-  // backend or GPU without FP8 leaves the model as it was.
+  // Probe first, so a backend or GPU without FP8 (the CUDA backend refuses below sm_89) leaves
+  // the model as it was.
   {
-    const DType act = be_.act_dtype();
-    ZI_ASSIGN_OR_RETURN(Tensor x, load::alloc(be_, act, {16, 16}, "fp8 probe"));
-    ZI_ASSIGN_OR_RETURN(Tensor w8, load::alloc(be_, DType::kF8E4M3, {16, 16}, "fp8 probe"));
-    ZI_ASSIGN_OR_RETURN(Tensor ws, load::alloc(be_, DType::kF32, {1}, "fp8 probe"));
-    ZI_ASSIGN_OR_RETURN(Tensor y, load::alloc(be_, act, {16, 16}, "fp8 probe"));
+    ZI_ASSIGN_OR_RETURN(Tensor x, load::alloc(be_, be_.act_dtype(), {16}, "fp8 probe"));
+    ZI_ASSIGN_OR_RETURN(Tensor x8, load::alloc(be_, DType::kF8E4M3, {16}, "fp8 probe"));
+    ZI_ASSIGN_OR_RETURN(Tensor sx, load::alloc(be_, DType::kF32, {1}, "fp8 probe"));
     ZI_TRY(be_.fill(x, 1.0f));
-    ZI_TRY(be_.quantize_fp8(x, w8, ws));
-    ZI_TRY(be_.matmul_fp8(x, w8, ws, y));
+    ZI_TRY(be_.quantize_fp8(x, x8, sx));
   }
   release_graphs();  // recorded forwards hold the bf16 weights' addresses
   auto quantize = [&](Tensor& w, Tensor& w8, Tensor& sc) -> Status {
@@ -346,7 +344,7 @@ Status ZImageDiT::forward(const Tensor& latents, const std::vector<float>& t_mod
                            std::to_string(t_model.size()) + " timesteps and " +
                            std::to_string(caps.size()) + " caption tensors");
   }
-  std::vector<int64_t> cap_len(b), cap_pad(b), seq(b);
+  std::vector<int64_t> cap_len(b);
   for (int64_t i = 0; i < b; ++i) {
     const Tensor& c = caps[i];
     if (!c.defined() || c.rank() != 2 || c.dim(1) != cfg_.cap_feat_dim || c.dim(0) < 1) {
@@ -355,7 +353,6 @@ Status ZImageDiT::forward(const Tensor& latents, const std::vector<float>& t_mod
                              (c.defined() ? c.describe() : std::string("undefined")));
     }
     cap_len[i] = c.dim(0);
-    cap_pad[i] = round_up(cap_len[i], kSeqMultiple);
   }
   const Shape out_shape{b, ch, lh, lw};
   if (!out.defined()) {
@@ -369,11 +366,12 @@ Status ZImageDiT::forward(const Tensor& latents, const std::vector<float>& t_mod
 
   // Eager: tables and every op queued now (debug dumps need this; so do backends that cannot
   // record).
-  if (!use_graphs_ || dbg != nullptr || no_graphs_) {
+  auto run_eagerly = [&]() -> Status {
     ZI_ASSIGN_OR_RETURN(Layout lay, make_layout(b, lh, lw, cap_len));
     ZI_ASSIGN_OR_RETURN(Tensor sinusoid, load::upload_host(be_, sin_host, be_.act_dtype()));
     return compute(lay, latents, sinusoid, caps, out, dbg, pfx);
-  }
+  };
+  if (!use_graphs_ || dbg != nullptr || no_graphs_) return run_eagerly();
 
   // Recorded (CUDA graphs): per input shape, the tables, input and output buffers stay on the
   // device and the forward is recorded once; each call copies its inputs in, replays, copies out.
@@ -406,11 +404,10 @@ Status ZImageDiT::forward(const Tensor& latents, const std::vector<float>& t_mod
         [&] { return compute(g.layout, g.latents, g.sinusoid, g.caps, g.out, nullptr, pfx); });
     if (!rec.ok()) {
       if (rec.status().code() != ErrorCode::kUnsupported) return rec.status();
-      no_graphs_ = true;  // this backend runs eagerly
+      ZI_DEBUG("transformer: forwards run eagerly (%s)", rec.status().message().c_str());
+      no_graphs_ = true;  // this backend cannot record: from now on, eagerly
       graphs_.clear();
-      ZI_ASSIGN_OR_RETURN(Layout lay, make_layout(b, lh, lw, cap_len));
-      ZI_ASSIGN_OR_RETURN(Tensor sinusoid, load::upload_host(be_, sin_host, be_.act_dtype()));
-      return compute(lay, latents, sinusoid, caps, out, dbg, pfx);
+      return run_eagerly();
     }
     g.work = std::move(*rec);
   }

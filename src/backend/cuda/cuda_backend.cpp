@@ -59,6 +59,7 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(int device_index, DType
                        std::to_string(prop.major) + std::to_string(prop.minor) +
                        "; sm_80 or newer is required");
   std::unique_ptr<CudaBackend> b(new CudaBackend(device_index, act_dtype));
+  b->sm_ = prop.major * 10 + prop.minor;
   b->name_ =
       "cuda:" + std::to_string(device_index) + " " + prop.name + " (" + dtype_name(act_dtype) + ")";
   ZI_CUDA_TRY(cudaStreamCreateWithFlags(&b->stream_, cudaStreamNonBlocking));

@@ -155,6 +155,7 @@ class CudaBackend final : public Backend {
 
  private:
   CudaBackend(int device, DType act);
+  Status check_fp8_capable() const;
   Status attention_general(const Tensor& q, const Tensor& k, const Tensor& v,
                            const AttentionParams& p, Tensor& out);
 
@@ -169,6 +170,7 @@ class CudaBackend final : public Backend {
   std::unique_ptr<ConvGraphs> conv_graphs_;
   bool use_conv_graphs_ = true;
   bool fused_ = true;
+  int sm_ = 0;              // compute capability, major * 10 + minor
   uint64_t next_pool_ = 1;  // private allocator pools for recorded work
   std::unique_ptr<OpProfiler> profiler_;
   std::unique_ptr<PinnedUploader> uploader_;  // every host -> device copy (uploader.h)

@@ -70,9 +70,19 @@ Status CudaBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bias,
       .with_context(op);
 }
 
+// FP8 tensor-core GEMMs (cuBLASLt) exist from Ada (sm_89) and Hopper (sm_90) on.
+Status CudaBackend::check_fp8_capable() const {
+  if (sm_ >= 89) return Status::Ok();
+  return Unsupported(
+      "FP8 needs a GPU of compute capability 8.9 or newer (Ada, Hopper); this one "
+      "is sm_" +
+      std::to_string(sm_));
+}
+
 Status CudaBackend::quantize_fp8(const Tensor& x, Tensor& x8, Tensor& scale) {
   ZI_OP_SCOPE("quantize_fp8", &x);
   constexpr const char* op = "quantize_fp8";
+  ZI_TRY(check_fp8_capable());
   ZI_TRY(check_cuda_tensor(op, "x", x));
   ZI_TRY(check_cuda_tensor(op, "x8", x8));
   ZI_TRY(check_cuda_tensor(op, "scale", scale));
@@ -91,6 +101,7 @@ Status CudaBackend::matmul_fp8(const Tensor& x, const Tensor& w8, const Tensor& 
                                Tensor& y) {
   ZI_OP_SCOPE("matmul_fp8", &x, &w8);
   constexpr const char* op = "matmul_fp8";
+  ZI_TRY(check_fp8_capable());
   ZI_TRY(check_cuda_tensor(op, "x", x));
   ZI_TRY(check_cuda_tensor(op, "w8", w8));
   ZI_TRY(check_cuda_tensor(op, "w_scale", w_scale));
