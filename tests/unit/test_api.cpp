@@ -331,6 +331,12 @@ TEST(ApiLoad, BadOptionsNameTheOption) {
   e = Engine::load(o);
   ASSERT_FALSE(e.ok());
   expect_field(e.status().message(), "precision");
+  o.precision = "fp8";  // CUDA only
+  e = Engine::load(o);
+  ASSERT_FALSE(e.ok());
+  EXPECT_EQ(e.status().code(), ErrorCode::kInvalidArgument);
+  expect_field(e.status().message(), "precision");
+  EXPECT_NE(e.status().message().find("fp8 needs the CUDA backend"), std::string::npos);
   o.precision = "auto";
   o.threads = -1;
   e = Engine::load(o);
