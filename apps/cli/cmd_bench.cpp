@@ -93,64 +93,56 @@ double gpu_used_gib() {
   return 0;
 }
 
-// The caching allocator's counters (CUDA only): bytes in live tensors now and their high-water
-// mark since the last reset, i.e. what torch.cuda.max_memory_allocated reports for diffusers.
-void reset_alloc_peak(Backend& be) {
+// The CUDA caching allocator's counters, in GiB (all zero on the CPU): bytes in live tensors now
+// and their high-water mark since the last reset (what torch.cuda.max_memory_allocated reports for
+// diffusers); the high-water mark of the device memory it holds (cudaMalloc'd segments), which the
+// cudaMemGetInfo reading after a phase can miss now that idle segments are given back; and the
+// cudaMalloc + cudaFree calls so far (a steady state makes none).
+struct AllocCounters {
+  double in_use_gib = 0, peak_gib = 0, reserved_peak_gib = 0;
+  uint64_t device_calls = 0;
+};
+
 #ifdef ZIMAGE_WITH_CUDA
-  if (auto* cb = dynamic_cast<cuda::CudaBackend*>(&be)) cb->reset_peak_memory();
-#else
-  (void)be;
-#endif
+cuda::CudaBackend* as_cuda(Backend& be) {
+  return dynamic_cast<cuda::CudaBackend*>(&be);
 }
-double alloc_gib(Backend& be, bool peak) {
+#endif
+
+AllocCounters alloc_counters(Backend& be) {
+  AllocCounters c;
 #ifdef ZIMAGE_WITH_CUDA
-  if (auto* cb = dynamic_cast<cuda::CudaBackend*>(&be)) {
+  if (auto* cb = as_cuda(be)) {
+    constexpr double kGiB = 1024.0 * 1024 * 1024;
     const auto st = cb->memory_stats();
-    return static_cast<double>(peak ? st.peak_in_use_bytes : st.in_use_bytes) /
-           (1024.0 * 1024 * 1024);
+    c.in_use_gib = static_cast<double>(st.in_use_bytes) / kGiB;
+    c.peak_gib = static_cast<double>(st.peak_in_use_bytes) / kGiB;
+    c.reserved_peak_gib = static_cast<double>(st.peak_reserved_bytes) / kGiB;
+    c.device_calls = st.num_device_mallocs + st.num_device_frees;
   }
 #else
   (void)be;
-  (void)peak;
 #endif
-  return 0;
+  return c;
 }
 
-// cudaMalloc + cudaFree calls so far (CUDA only): a steady state makes none.
-uint64_t device_alloc_calls(Backend& be) {
+void reset_alloc_peak(Backend& be) {
 #ifdef ZIMAGE_WITH_CUDA
-  if (auto* cb = dynamic_cast<cuda::CudaBackend*>(&be)) {
-    const auto st = cb->memory_stats();
-    return st.num_device_mallocs + st.num_device_frees;
-  }
+  if (auto* cb = as_cuda(be)) cb->reset_peak_memory();
 #else
   (void)be;
 #endif
-  return 0;
 }
 
 // Forget recorded DiT forwards of other shapes and give idle memory back, so a measurement
-// starts as a fresh process with its one shape would (CUDA only).
+// starts as a fresh process with its one shape would.
 void fresh_memory(Backend& be, ZImageDiT& dit) {
   dit.release_graphs();
 #ifdef ZIMAGE_WITH_CUDA
-  if (auto* cb = dynamic_cast<cuda::CudaBackend*>(&be)) check(cb->empty_cache());
+  if (auto* cb = as_cuda(be)) check(cb->empty_cache());
 #else
   (void)be;
 #endif
-}
-
-// The allocator's high-water mark of device memory it holds (cudaMalloc'd segments) since the
-// last reset: the peak of what the process holds for tensors, which the cudaMemGetInfo reading
-// after a phase can miss now that idle segments are given back.
-double alloc_reserved_peak_gib(Backend& be) {
-#ifdef ZIMAGE_WITH_CUDA
-  if (auto* cb = dynamic_cast<cuda::CudaBackend*>(&be))
-    return static_cast<double>(cb->memory_stats().peak_reserved_bytes) / (1024.0 * 1024 * 1024);
-#else
-  (void)be;
-#endif
-  return 0;
 }
 
 struct Loaded {
@@ -250,7 +242,7 @@ void run_bench(const Options& o) {
   R["device"] = be.name();
   R["load_s"] = L.load_s;
   R["gpu_gib_after_load"] = gpu_used_gib() - mem0;
-  R["alloc_in_use_gib_after_load"] = alloc_gib(be, false);
+  R["alloc_in_use_gib_after_load"] = alloc_counters(be).in_use_gib;
   std::fprintf(stderr, "bench: loaded in %.2f s on %s\n", L.load_s, be.name().c_str());
 
   // Text encoder at the prompt's true length.
@@ -282,8 +274,8 @@ void run_bench(const Options& o) {
                       [&] { return L.dit->forward(*lat, std::vector<float>(bs, 0.5f), cb, out); });
       json j = s.to_json();
       j["gpu_gib"] = gpu_used_gib() - mem0;
-      j["alloc_peak_gib"] = alloc_gib(be, true);
-      j["alloc_peak_reserved_gib"] = alloc_reserved_peak_gib(be);
+      j["alloc_peak_gib"] = alloc_counters(be).peak_gib;
+      j["alloc_peak_reserved_gib"] = alloc_counters(be).reserved_peak_gib;
       R["dit_forward_" + std::to_string(res) + "_bs" + std::to_string(bs)] = j;
       std::fprintf(stderr, "bench: DiT %d bs%d %.1f ms\n", res, bs, s.median_ms);
     }
@@ -301,13 +293,13 @@ void run_bench(const Options& o) {
       return r.ok() ? Status::Ok() : r.status();
     };
     check(decode());  // warm-up: plans the convolutions
-    const uint64_t calls0 = device_alloc_calls(be);
+    const uint64_t calls0 = alloc_counters(be).device_calls;
     Stats s = timed(be, 0, std::max(3, o.iters - 2), decode);
     json j = s.to_json();
-    j["device_alloc_calls_steady"] = device_alloc_calls(be) - calls0;
+    j["device_alloc_calls_steady"] = alloc_counters(be).device_calls - calls0;
     j["gpu_gib"] = gpu_used_gib() - mem0;
-    j["alloc_peak_gib"] = alloc_gib(be, true);
-    j["alloc_peak_reserved_gib"] = alloc_reserved_peak_gib(be);
+    j["alloc_peak_gib"] = alloc_counters(be).peak_gib;
+    j["alloc_peak_reserved_gib"] = alloc_counters(be).reserved_peak_gib;
     R["vae_decode_" + std::to_string(res)] = j;
   }
   std::fprintf(stderr, "bench: VAE done\n");
@@ -336,8 +328,8 @@ void run_bench(const Options& o) {
     json j = s.to_json();
     j["first_call_s"] = first_s;
     j["gpu_gib"] = gpu_used_gib() - mem0;
-    j["alloc_peak_gib"] = alloc_gib(be, true);
-    j["alloc_peak_reserved_gib"] = alloc_reserved_peak_gib(be);
+    j["alloc_peak_gib"] = alloc_counters(be).peak_gib;
+    j["alloc_peak_reserved_gib"] = alloc_counters(be).reserved_peak_gib;
     j["text_encoder_s"] = last.text_encoder_s;
     j["denoise_s"] = last.denoise_s();
     j["vae_s"] = last.vae_s;
@@ -349,7 +341,7 @@ void run_bench(const Options& o) {
 
 #ifdef ZIMAGE_WITH_CUDA
   if (o.profile && o.device != "cpu") {
-    auto* cb = dynamic_cast<cuda::CudaBackend*>(&be);
+    auto* cb = as_cuda(be);
     json prof;
     L.dit->set_use_graphs(false);  // a replayed graph's kernels are not seen op by op
     auto profile = [&](const std::string& phase, const std::function<Status()>& fn) {
@@ -407,7 +399,7 @@ void run_bench(const Options& o) {
       bool fused, graphs;
     };
     auto measure = [&](Loaded& M, const Setup& st, int image_iters) {
-      auto* mb = dynamic_cast<cuda::CudaBackend*>(M.be.get());
+      auto* mb = as_cuda(*M.be);
       mb->set_attention_path(st.attention);
       mb->set_fused(st.fused);
       M.dit->set_use_graphs(st.graphs);
@@ -434,7 +426,7 @@ void run_bench(const Options& o) {
       json row{{"row", st.name},
                {"dit_ms", dit},
                {"image_ms", img},
-               {"alloc_peak_gib", alloc_gib(*M.be, true)}};
+               {"alloc_peak_gib", alloc_counters(*M.be).peak_gib}};
       std::fprintf(stderr, "bench: ablation %s: DiT %.1f ms, image %.0f ms\n", st.name, dit, img);
       mb->set_attention_path(cuda::AttentionPath::kAuto);
       mb->set_fused(true);
