@@ -13,7 +13,6 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -22,6 +21,7 @@
 
 #include "backend/backend.h"
 #include "commands.h"
+#include "io/file_io.h"
 #include "io/model_folder.h"
 #include "io/random_model.h"
 #include "model/qwen3_encoder.h"
@@ -156,7 +156,7 @@ struct Loaded {
 };
 
 Result<std::unique_ptr<Backend>> make_backend(const std::string& device, DType act, int threads) {
-  if (device == "cpu") return make_cpu_backend(threads);
+  if (device == "cpu") return create_cpu_backend(threads);  // checked count, refused threads
   return make_cuda_backend(0, act);
 }
 
@@ -523,9 +523,8 @@ void run_bench(const Options& o) {
   }
   const std::string js = R.dump(1);
   if (!o.json_path.empty()) {
-    std::ofstream f(o.json_path);
-    f << js << "\n";
-    if (!f) fail(IoError("cannot write " + o.json_path));
+    const Status st = write_output_file(o.json_path, js + "\n");
+    if (!st.ok()) fail(st);
   } else {
     std::printf("\n%s\n", js.c_str());
   }
@@ -544,13 +543,16 @@ void register_bench_command(CLI::App& app) {
   cmd->add_option("--random-dir", o->random_dir, "Where the random-weight folder lives");
   cmd->add_option("--device", o->device, "cuda or cpu")->check(CLI::IsMember({"cuda", "cpu"}));
   cmd->add_option("--sizes", o->sizes, "Square image sizes (the first is used for whole images)")
-      ->delimiter(',');
+      ->delimiter(',')
+      ->check(CLI::Range(16, 4096));
   cmd->add_option("--batch", o->batches, "Batch sizes for the DiT forward and whole images")
-      ->delimiter(',');
+      ->delimiter(',')
+      ->check(CLI::Range(1, 64));
   cmd->add_option("--steps", o->steps, "DiT forwards per image")->check(CLI::Range(1, 1000));
   cmd->add_option("--iters", o->iters, "Timed repetitions (median reported)")
       ->check(CLI::Range(1, 1000));
-  cmd->add_option("--threads", o->threads, "CPU threads (cpu device)");
+  cmd->add_option("--threads", o->threads, "CPU threads (cpu device)")
+      ->check(CLI::Range(0, max_cpu_threads()));
   cmd->add_flag("--ablation", o->ablation,
                 "Also time with techniques switched off (fp32, general attention)");
   cmd->add_flag("--profile", o->profile,

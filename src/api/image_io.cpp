@@ -1,8 +1,10 @@
 // Public PNG helpers and log verbosity (include/zimage/zimage.h): thin wrappers that keep the
 // CLI and the server on the public header while io/png.h does the work.
 #include <algorithm>
+#include <new>
 
 #include "core/log.h"
+#include "io/file_io.h"
 #include "io/png.h"
 #include "zimage/zimage.h"
 
@@ -19,26 +21,53 @@ Status check_image(const Image& image) {
   return Status::Ok();
 }
 
+// No exception escapes the public API (std::bad_alloc included).
+template <typename F>
+auto guarded(const char* call, F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const std::bad_alloc&) {
+    return OutOfMemory(std::string(call) + ": out of memory");
+  } catch (const std::exception& e) {
+    return InternalError(std::string(call) + ": unexpected exception: " + e.what());
+  }
+}
+
 }  // namespace
 
 Result<std::vector<uint8_t>> png_encode(const Image& image, const PngTextChunks& text) {
-  ZI_TRY(check_image(image));
-  return encode_png(image.rgb.data(), image.width, image.height, text);
+  return guarded("png_encode", [&]() -> Result<std::vector<uint8_t>> {
+    ZI_TRY(check_image(image));
+    return encode_png(image.rgb.data(), image.width, image.height, text);
+  });
 }
 
 Status png_save(const std::string& path, const Image& image, const PngTextChunks& text) {
-  ZI_TRY(check_image(image));
-  return write_png(path, image.rgb.data(), image.width, image.height, text);
+  return guarded("png_save", [&]() -> Status {
+    ZI_TRY(check_image(image));
+    return write_png(path, image.rgb.data(), image.width, image.height, text);
+  });
 }
 
 Result<Image> png_load(const std::string& path, PngTextChunks* text) {
-  ZI_ASSIGN_OR_RETURN(PngImage png, read_png(path));
-  Image image;
-  image.width = png.width;
-  image.height = png.height;
-  image.rgb = std::move(png.rgb);
-  if (text != nullptr) *text = std::move(png.text);
-  return image;
+  return guarded("png_load", [&]() -> Result<Image> {
+    ZI_ASSIGN_OR_RETURN(PngImage png, read_png(path));
+    Image image;
+    image.width = png.width;
+    image.height = png.height;
+    image.rgb = std::move(png.rgb);
+    if (text != nullptr) *text = std::move(png.text);
+    return image;
+  });
+}
+
+Status write_files_atomically(const std::vector<std::string>& paths,
+                              const std::vector<std::vector<uint8_t>>& contents) {
+  return guarded("write_files_atomically", [&] { return write_output_files(paths, contents); });
+}
+
+Status check_writable_path(const std::string& path, const std::string& what) {
+  return guarded("check_writable_path", [&] { return check_output_path(path, what); });
 }
 
 void set_log_verbosity(int level) {

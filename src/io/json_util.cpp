@@ -11,6 +11,8 @@
 #include <limits>
 #include <new>
 
+#include "io/file_io.h"
+
 namespace zimage::json_util {
 namespace {
 
@@ -151,30 +153,7 @@ Result<json> parse_strict(std::string_view text, const std::string& what) {
 }
 
 Result<std::string> read_text(const std::string& path, size_t max_bytes) {
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) {
-    if (errno == ENOENT || errno == ENOTDIR) return NotFound(path + ": no such file");
-    return IoError(path + ": cannot stat: " + std::strerror(errno));
-  }
-  if (!S_ISREG(st.st_mode)) return IoError(path + ": not a regular file");
-  if (static_cast<uint64_t>(st.st_size) > max_bytes) {
-    return FormatError(path + ": " + std::to_string(st.st_size) + " bytes, more than the " +
-                       std::to_string(max_bytes) + " allowed for a JSON file");
-  }
-  std::FILE* f = std::fopen(path.c_str(), "rb");
-  if (!f) return IoError(path + ": cannot open: " + std::strerror(errno));
-  std::string text;
-  try {
-    text.resize(static_cast<size_t>(st.st_size));
-  } catch (const std::exception&) {
-    std::fclose(f);
-    return OutOfMemory(path + ": out of memory reading the file");
-  }
-  const size_t got = text.empty() ? 0 : std::fread(text.data(), 1, text.size(), f);
-  const bool read_error = std::ferror(f) != 0;
-  std::fclose(f);
-  if (read_error || got != text.size()) return IoError(path + ": short read");
-  return text;
+  return read_input_file(path, max_bytes);  // regular files only, checked before reading
 }
 
 Result<json> read_file(const std::string& path, size_t max_bytes) {

@@ -15,6 +15,7 @@
 #include <new>
 
 #include "core/utf8.h"
+#include "io/file_io.h"
 
 #ifndef PNG_iTXt_SUPPORTED
 #error "libpng without iTXt support"
@@ -156,15 +157,6 @@ bool resize_pixels(PngImage* image, size_t bytes) noexcept {
   }
 }
 
-bool resize_bytes(std::vector<uint8_t>* bytes, size_t size) noexcept {
-  try {
-    bytes->resize(size);
-    return true;
-  } catch (...) {
-    return false;
-  }
-}
-
 bool collect_text(png_structp png, png_infop info, PngImage* image) noexcept {
   try {
     png_textp texts = nullptr;
@@ -289,21 +281,8 @@ Result<std::vector<uint8_t>> encode_png(const uint8_t* rgb, int w, int h, const 
 Status write_png(const std::string& path, const uint8_t* rgb, int w, int h, const PngText& text) {
   auto encoded = encode_png(rgb, w, h, text);
   if (!encoded.ok()) return encoded.status().with_context("writing " + path);
-  const std::vector<uint8_t>& bytes = encoded.value();
-  std::FILE* f = std::fopen(path.c_str(), "wb");
-  if (f == nullptr) {
-    return IoError("cannot create " + path + ": " + std::strerror(errno));
-  }
-  const size_t written = std::fwrite(bytes.data(), 1, bytes.size(), f);
-  const int write_errno = errno;
-  const bool flushed = std::fflush(f) == 0;
-  const bool closed = std::fclose(f) == 0;
-  if (written != bytes.size() || !flushed || !closed) {
-    std::remove(path.c_str());
-    return IoError("cannot write " + path + " (" + std::to_string(bytes.size()) +
-                   " bytes): " + std::strerror(write_errno != 0 ? write_errno : errno));
-  }
-  return Status::Ok();
+  // Temporary file + fsync + rename: a failed write never removes or truncates what was there.
+  return write_output_file(path, encoded.value().data(), encoded.value().size());
 }
 
 Result<PngImage> decode_png(const uint8_t* data, size_t size, const std::string& name) {
@@ -339,28 +318,9 @@ Result<PngImage> decode_png(const uint8_t* data, size_t size, const std::string&
 }
 
 Result<PngImage> read_png(const std::string& path) {
-  constexpr long kMaxFileBytes = 1L << 30;  // far above any PNG within kPngMaxPixels
-  std::FILE* f = std::fopen(path.c_str(), "rb");
-  if (f == nullptr) return IoError("cannot open " + path + ": " + std::strerror(errno));
-  long size = -1;
-  if (std::fseek(f, 0, SEEK_END) == 0) size = std::ftell(f);
-  if (size < 0 || std::fseek(f, 0, SEEK_SET) != 0) {
-    std::fclose(f);
-    return IoError("cannot determine the size of " + path);
-  }
-  if (size > kMaxFileBytes) {
-    std::fclose(f);
-    return FormatError(path + ": " + std::to_string(size) + " bytes is too large for a PNG here");
-  }
-  std::vector<uint8_t> bytes;
-  if (!resize_bytes(&bytes, static_cast<size_t>(size))) {
-    std::fclose(f);
-    return OutOfMemory("cannot allocate " + std::to_string(size) + " bytes to read " + path);
-  }
-  const size_t got = std::fread(bytes.data(), 1, bytes.size(), f);
-  std::fclose(f);
-  if (got != bytes.size()) return IoError("cannot read " + path + " (short read)");
-  return decode_png(bytes.data(), bytes.size(), path);
+  constexpr uint64_t kMaxFileBytes = uint64_t{1} << 30;  // far above any PNG within kPngMaxPixels
+  ZI_ASSIGN_OR_RETURN(const std::string bytes, read_input_file(path, kMaxFileBytes));
+  return decode_png(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), path);
 }
 
 }  // namespace zimage

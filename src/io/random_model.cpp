@@ -3,11 +3,11 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "io/file_io.h"
 #include "io/safetensors.h"
 
 namespace zimage {
@@ -67,11 +67,7 @@ uint64_t name_hash(const std::string& s) {
 }
 
 Status write_text(const fs::path& path, const std::string& text) {
-  std::ofstream f(path, std::ios::binary);
-  if (!f) return IoError("cannot write " + path.string());
-  f << text;
-  if (!f) return IoError("write failed: " + path.string());
-  return Status::Ok();
+  return write_output_file(path.string(), text);
 }
 
 json dit_config_json(const TransformerConfig& c) {

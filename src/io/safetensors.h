@@ -26,6 +26,7 @@
 #include "core/dtype.h"
 #include "core/status.h"
 #include "core/tensor.h"
+#include "io/file_io.h"
 
 namespace zimage {
 
@@ -92,8 +93,9 @@ struct SafetensorsEntry {
   Shape shape;
 };
 
-// Streaming writer. The file appears at `path` only after finish() succeeds (it is written to
-// `path + ".partial"` and renamed); a writer destroyed earlier removes the partial file.
+// Streaming writer. The file appears at `path` only after finish() succeeds (it is written to a
+// temporary sibling, flushed to disk and renamed: io/file_io.h); a writer destroyed earlier
+// removes the temporary file and leaves any existing file at `path` untouched.
 class SafetensorsWriter {
  public:
   static Result<std::unique_ptr<SafetensorsWriter>> create(
@@ -115,8 +117,7 @@ class SafetensorsWriter {
   SafetensorsWriter() = default;
 
   std::string path_;
-  std::string tmp_path_;
-  std::FILE* f_ = nullptr;
+  std::unique_ptr<OutputFile> out_;
   uint64_t total_ = 0;
   uint64_t written_ = 0;
   bool finished_ = false;

@@ -4,9 +4,9 @@
 
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 
 #include "core/log.h"
+#include "io/file_io.h"
 
 namespace zimage {
 
@@ -23,17 +23,22 @@ Status write_npy_f32(const std::string& path, const Tensor& host_f32) {
   const size_t unpadded = 10 + header.size() + 1;
   header.append((64 - unpadded % 64) % 64, ' ');
   header.push_back('\n');
-  std::ofstream f(path, std::ios::binary);
-  if (!f) return IoError("cannot create " + path);
   const uint16_t hlen = static_cast<uint16_t>(header.size());
-  f.write("\x93NUMPY\x01\x00", 8);
-  const char len_bytes[2] = {static_cast<char>(hlen & 0xff), static_cast<char>(hlen >> 8)};
-  f.write(len_bytes, 2);
-  f.write(header.data(), static_cast<std::streamsize>(header.size()));
-  f.write(static_cast<const char*>(host_f32.data()),
-          static_cast<std::streamsize>(host_f32.nbytes()));
-  if (!f) return IoError("write failed: " + path);
-  return Status::Ok();
+  const char prefix[10] = {'\x93',
+                           'N',
+                           'U',
+                           'M',
+                           'P',
+                           'Y',
+                           1,
+                           0,
+                           static_cast<char>(hlen & 0xff),
+                           static_cast<char>(hlen >> 8)};
+  ZI_ASSIGN_OR_RETURN(auto f, OutputFile::create(path));  // temporary + rename: io/file_io.h
+  ZI_TRY(f->write(prefix, sizeof(prefix)));
+  ZI_TRY(f->write(header.data(), header.size()));
+  ZI_TRY(f->write(host_f32.data(), host_f32.nbytes()));
+  return f->commit();
 }
 
 namespace {
@@ -47,10 +52,15 @@ class DirectoryDumpSink final : public DebugSink {
     return filter_.empty() || name.find(filter_) != std::string::npos;
   }
 
+  // The first failure is kept (status()) and ends the dumping: a full disk or a bad folder gives
+  // one error for the call, not a warning per tensor and a success.
   void tensor(const std::string& name, Backend& be, const Tensor& t) override {
+    if (!status_.ok()) return;
     const Status st = write(name, be, t);
-    if (!st.ok()) ZI_WARN("debug dump of %s failed: %s", name.c_str(), st.to_string().c_str());
+    if (!st.ok()) status_ = st.with_context("debug dump of " + name);
   }
+
+  Status status() const override { return status_; }
 
  private:
   Status write(const std::string& name, Backend& be, const Tensor& t) {
@@ -65,6 +75,7 @@ class DirectoryDumpSink final : public DebugSink {
 
   std::string dir_;
   std::string filter_;
+  Status status_;
 };
 
 }  // namespace

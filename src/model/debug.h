@@ -17,8 +17,10 @@ class DebugSink {
   virtual ~DebugSink() = default;
   // Cheap filter: models only download / convert tensors whose name the sink wants.
   virtual bool wants(const std::string& name) const = 0;
-  // Receives a tensor living on `be` (any dtype). Failures are the sink's business (logged).
+  // Receives a tensor living on `be` (any dtype). A failure is kept and reported by status().
   virtual void tensor(const std::string& name, Backend& be, const Tensor& t) = 0;
+  // The first failure of tensor(), if any (the caller turns it into the call's error).
+  virtual Status status() const { return Status::Ok(); }
 };
 
 // Writes <dir>/<name>.npy (float32, same shape) for every name containing `filter`

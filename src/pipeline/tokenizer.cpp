@@ -5,11 +5,11 @@
 #include "pipeline/tokenizer.h"
 
 #include <filesystem>
-#include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
+#include "io/file_io.h"
+#include "io/json_util.h"
 #include "pipeline/tokenizer_internal.h"
 
 namespace zimage {
@@ -271,20 +271,18 @@ Status parse_added_tokens(const json& arr, const std::string& origin, TokenizerD
   return Status::Ok();
 }
 
+// tokenizer.json is ~11 MB for Qwen3; 512 MiB is far above any real tokenizer.
+constexpr uint64_t kMaxTokenizerFileBytes = uint64_t{512} << 20;
+
 Result<std::string> read_file(const std::filesystem::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  if (!f) return IoError(p.string() + ": cannot open");
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  if (f.bad()) return IoError(p.string() + ": read failed");
-  return ss.str();
+  return read_input_file(p.string(), kMaxTokenizerFileBytes);  // regular files only
 }
 
 // pad_token from tokenizer_config.json next to tokenizer.json (a string or {"content": ...}).
 std::optional<std::string> config_pad_token(const std::filesystem::path& dir) {
   std::error_code ec;
   const auto cfg = dir / "tokenizer_config.json";
-  if (!std::filesystem::is_regular_file(cfg, ec)) return std::nullopt;
+  if (!std::filesystem::exists(std::filesystem::symlink_status(cfg, ec))) return std::nullopt;
   auto text = read_file(cfg);
   if (!text.ok()) return std::nullopt;
   const json j = json::parse(*text, nullptr, /*allow_exceptions=*/false);
@@ -303,7 +301,15 @@ Result<std::shared_ptr<TokenizerData>> build_data(std::string_view json_text,
                                                   const std::optional<std::string>& pad_token) {
   ModelTables tables;
   const json j = parse_collecting_tables(json_text, tables);
-  if (j.is_discarded() || !j.is_object()) return FormatError(origin + ": not a JSON object");
+  if (j.is_discarded()) {
+    // The fast parser says only "discarded"; the strict one says where and why (a truncated
+    // file: "unexpected end of input" at its last byte).
+    auto strict = json_util::parse_strict(json_text, origin);
+    if (!strict.ok()) return strict.status();
+    return FormatError(origin + ": invalid JSON");
+  }
+  if (!j.is_object())
+    return FormatError(origin + ": not a JSON object (the top level is not {...})");
   auto d = std::make_shared<TokenizerData>();
   try {
     if (j.contains("normalizer")) ZI_TRY(parse_normalizer(j["normalizer"], origin, d->normalizers));
@@ -355,15 +361,17 @@ Result<Tokenizer> Tokenizer::load(const std::string& path) {
   std::error_code ec;
   fs::path file = path;
   if (fs::is_directory(file, ec)) {
-    if (fs::is_regular_file(file / "tokenizer" / "tokenizer.json", ec)) {
+    // A model folder (tokenizer/tokenizer.json) or a tokenizer folder (tokenizer.json). Whatever
+    // exists under those names is opened, so a folder or FIFO there is reported as what it is.
+    if (fs::exists(fs::symlink_status(file / "tokenizer" / "tokenizer.json", ec))) {
       file = file / "tokenizer" / "tokenizer.json";
-    } else if (fs::is_regular_file(file / "tokenizer.json", ec)) {
+    } else if (fs::exists(fs::symlink_status(file / "tokenizer.json", ec))) {
       file = file / "tokenizer.json";
     } else {
       return NotFound(path + ": no tokenizer.json (looked in " + path + "/tokenizer/ and " + path +
                       "/)");
     }
-  } else if (!fs::is_regular_file(file, ec)) {
+  } else if (!fs::exists(fs::symlink_status(file, ec))) {
     return NotFound(path + ": no such tokenizer folder or tokenizer.json file");
   }
   ZI_ASSIGN_OR_RETURN(const std::string text, read_file(file));

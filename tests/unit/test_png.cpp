@@ -152,7 +152,7 @@ TEST(Png, ReadErrorsNameTheFile) {
   const std::string missing = temp_path("missing.png");
   auto r = read_png(missing);
   ASSERT_FALSE(r.ok());
-  EXPECT_EQ(r.status().code(), ErrorCode::kIo);
+  EXPECT_EQ(r.status().code(), ErrorCode::kNotFound);
   EXPECT_NE(r.status().message().find(missing), std::string::npos);
 
   const std::string junk = temp_path("junk.png");
