@@ -77,6 +77,9 @@ class Backend {
   // uploads (CUDA: pinned staging buffers). Loaders call it once at the end, so a measured load
   // time includes every copy.
   virtual Status finish_uploads() { return synchronize(); }
+  // Makes this backend's device the calling thread's current one (CUDA: cudaSetDevice). The
+  // Engine calls it at the start of every call, so any thread may drive any backend.
+  virtual Status bind_thread() { return Status::Ok(); }
 
   // ---- linear algebra ----
   // y[M, N] = x[M, K] · w[N, K]ᵀ (+ bias[N]). bias may be an undefined Tensor.
@@ -168,6 +171,13 @@ class Backend {
 
 // Creates the CPU backend (always available). threads = 0: all hardware threads.
 std::unique_ptr<Backend> make_cpu_backend(int threads = 0);
+// The same for a user-given thread count: kInvalidArgument outside 0..max_cpu_threads(), and an
+// error (not a smaller pool, not a hang) when the system refuses to start the threads.
+Result<std::unique_ptr<Backend>> create_cpu_backend(int threads);
+// Most CPU threads a user may ask for: 4x the hardware threads (at least 4).
+int max_cpu_threads();
+// kInvalidArgument naming `field` when `threads` is outside 0..max_cpu_threads().
+Status check_cpu_threads(int threads, const char* field = "threads");
 
 // Creates the CUDA backend on `device_index` computing in `act_dtype` (kBF16 or kF32).
 // Fails with kUnsupported when the engine was built without CUDA or no GPU is present.

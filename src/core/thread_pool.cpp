@@ -12,9 +12,28 @@ namespace zimage {
 
 ThreadPool::ThreadPool(int threads) {
   if (threads <= 0) threads = static_cast<int>(std::thread::hardware_concurrency());
-  if (threads <= 0) threads = 1;
-  workers_.reserve(static_cast<size_t>(threads - 1));
-  for (int i = 0; i < threads - 1; ++i) workers_.emplace_back([this] { worker_loop(); });
+  threads = std::clamp(threads, 1, kMaxThreads);
+  // A thread the system refuses (EAGAIN: process or memory limits) must not escape as an
+  // exception from a constructor (std::terminate on the joinable threads already started) nor
+  // leave a half-built pool: the pool keeps the threads it has, which parallel_for handles as
+  // it handles any size.
+  try {
+    workers_.reserve(static_cast<size_t>(threads - 1));
+  } catch (const std::exception&) {
+    start_status_ =
+        OutOfMemory("thread pool: cannot reserve " + std::to_string(threads) + " thread slots");
+    return;
+  }
+  for (int i = 0; i < threads - 1; ++i) {
+    try {
+      workers_.emplace_back([this] { worker_loop(); });
+    } catch (const std::exception& e) {
+      start_status_ =
+          Status(ErrorCode::kOutOfMemory, "cannot start thread " + std::to_string(i + 2) + " of " +
+                                              std::to_string(threads) + ": " + e.what());
+      break;
+    }
+  }
 }
 
 ThreadPool::~ThreadPool() {

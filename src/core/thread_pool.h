@@ -16,17 +16,27 @@
 #include <thread>
 #include <vector>
 
+#include "core/status.h"
+
 namespace zimage {
 
 class ThreadPool {
  public:
+  // Most threads a pool starts (larger requests are clamped): far above any useful count, far
+  // below what exhausts a machine's process table.
+  static constexpr int kMaxThreads = 1024;
+
   // threads = total workers including the caller; <= 0 means std::thread::hardware_concurrency().
+  // Never throws: when the system refuses a thread, the pool runs with the ones it has and
+  // start_status() says what happened (callers that asked for a count turn that into an error).
   explicit ThreadPool(int threads);
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
 
   int size() const { return static_cast<int>(workers_.size()) + 1; }
+  // Ok, or why fewer threads than asked were started ("cannot start thread 9 of 64: ...").
+  const Status& start_status() const { return start_status_; }
 
   // Calls fn(begin, end) on disjoint ranges covering [0, n), each at least `grain` long (except
   // possibly the last). Small n (< 2 * grain) or a busy pool runs inline. fn must not throw.
@@ -38,6 +48,7 @@ class ThreadPool {
   void run_chunks_inner();
 
   std::vector<std::thread> workers_;
+  Status start_status_;
   std::mutex submit_mu_;  // held by the thread that owns the current job
 
   std::mutex mu_;  // guards everything below except the atomics

@@ -15,6 +15,35 @@ std::unique_ptr<Backend> make_cpu_backend(int threads) {
   return std::make_unique<cpu::CpuBackend>(threads);
 }
 
+int max_cpu_threads() {
+  const int hw = static_cast<int>(std::thread::hardware_concurrency());
+  return std::min(ThreadPool::kMaxThreads, std::max(4, 4 * std::max(hw, 1)));
+}
+
+Status check_cpu_threads(int threads, const char* field) {
+  if (threads < 0) {
+    return InvalidArgument(std::string(field) + ": must be >= 0 (0 = all), got " +
+                           std::to_string(threads));
+  }
+  if (threads > max_cpu_threads()) {
+    return InvalidArgument(std::string(field) + ": " + std::to_string(threads) +
+                           " is more than 4x this machine's " +
+                           std::to_string(std::thread::hardware_concurrency()) +
+                           " hardware threads (at most " + std::to_string(max_cpu_threads()) + ")");
+  }
+  return Status::Ok();
+}
+
+Result<std::unique_ptr<Backend>> create_cpu_backend(int threads) {
+  ZI_TRY(check_cpu_threads(threads));
+  auto be = std::make_unique<cpu::CpuBackend>(threads);
+  const Status& started = be->pool().start_status();
+  if (!started.ok()) {
+    return started.with_context("CPU backend with " + std::to_string(be->threads()) + " threads");
+  }
+  return std::unique_ptr<Backend>(std::move(be));
+}
+
 namespace cpu {
 
 namespace {

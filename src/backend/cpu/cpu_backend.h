@@ -22,6 +22,7 @@ class CpuBackend final : public Backend {
   std::string name() const override;
   DType act_dtype() const override { return DType::kF32; }
   ThreadPool& pool() { return pool_; }
+  int threads() const { return threads_; }
 
   // memory (cpu_backend.cpp)
   Result<Tensor> alloc(DType dtype, const Shape& shape) override;

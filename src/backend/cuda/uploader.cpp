@@ -135,6 +135,10 @@ bool PinnedUploader::ensure_staging() {
     return false;
   }
   pool_ = std::make_unique<ThreadPool>(opt_.threads);
+  if (!pool_->start_status().ok()) {  // fewer copy threads only slow the upload down
+    ZI_WARN("cuda upload: %s; copying with %d threads", pool_->start_status().message().c_str(),
+            pool_->size());
+  }
   ring_.reset();
   ++stats_.allocations;
   return true;
