@@ -51,6 +51,9 @@ Status check_side(const char* field, int v, const RequestLimits& lim) {
 
 Status check_request(const GenerateRequest& req, const RequestLimits& lim) {
   if (req.prompts.empty()) return InvalidArgument("prompts: at least one prompt is needed");
+  if (static_cast<int64_t>(req.prompts.size()) > lim.max_batch)  // before any per-prompt work
+    return InvalidArgument("prompts: " + std::to_string(req.prompts.size()) +
+                           " prompts exceed the batch limit " + std::to_string(lim.max_batch));
   for (size_t i = 0; i < req.prompts.size(); ++i)
     ZI_TRY(check_text("prompts[" + std::to_string(i) + "]", req.prompts[i], lim.max_prompt_bytes));
   if (req.negative_prompt)
@@ -67,7 +70,7 @@ Status check_request(const GenerateRequest& req, const RequestLimits& lim) {
     return InvalidArgument("images_per_prompt: must be at least 1, got " +
                            std::to_string(req.images_per_prompt));
   const int64_t batch = static_cast<int64_t>(req.prompts.size()) * req.images_per_prompt;
-  if (batch > lim.max_batch)
+  if (batch > lim.max_batch)  // the prompt count alone fits (checked above)
     return InvalidArgument("images_per_prompt: " + std::to_string(req.prompts.size()) +
                            " prompt(s) x " + std::to_string(req.images_per_prompt) + " = " +
                            std::to_string(batch) + " images exceeds the batch limit " +

@@ -276,7 +276,9 @@ Status VaeDecoder::load_weights(const WeightStore& ws) {
   });
 }
 
-Result<Tensor> VaeDecoder::decode(const Tensor& latents, DebugSink* dbg) {
+Result<Tensor> VaeDecoder::decode(const Tensor& latents, DebugSink* dbg,
+                                  const std::atomic<bool>* cancel) {
+  const auto cancelled = [cancel] { return cancel != nullptr && cancel->load(); };
   const int64_t lat = cfg_.latent_channels;
   if (!latents.defined() || latents.rank() != 4 || latents.dtype() != DType::kF32 ||
       latents.dim(1) != lat || latents.dim(0) < 1 || latents.dim(2) < 1 || latents.dim(3) < 1) {
@@ -318,6 +320,7 @@ Result<Tensor> VaeDecoder::decode(const Tensor& latents, DebugSink* dbg) {
   ZI_ASSIGN_OR_RETURN(x, mid(be_, x, mid_, groups));  // [B, h, w, top]
   debug_tensor(dbg, "vae.mid", be_, x);
   for (size_t i = 0; i < up_.size(); ++i) {
+    if (cancelled()) return Cancelled("generation cancelled during the VAE decode");
     for (const vae::Resnet& r : up_[i].resnets) {
       ZI_ASSIGN_OR_RETURN(x, resnet(be_, x, r, groups));
     }
@@ -330,6 +333,7 @@ Result<Tensor> VaeDecoder::decode(const Tensor& latents, DebugSink* dbg) {
     }
     debug_tensor(dbg, "vae.up." + std::to_string(i), be_, x);
   }
+  if (cancelled()) return Cancelled("generation cancelled during the VAE decode");
   ZI_TRY(be_.group_norm(x, norm_out_.gamma, norm_out_.beta, groups, kGroupNormEps, true, x));
   ZI_ASSIGN_OR_RETURN(x, conv(be_, x, conv_out_, same_pad(3)));  // [B, H, W, 3]
   debug_tensor(dbg, "vae.conv_out", be_, x);

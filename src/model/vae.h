@@ -4,6 +4,7 @@
 // NHWC). Accepts diffusers names and the LDM / BFL names of `ae.safetensors` (spec §8.5).
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <string>
 #include <vector>
@@ -58,8 +59,10 @@ class VaeDecoder {
   // latents [B, latent_channels, h, w] f32 on the backend (the pipeline's latents). Applies
   // z = latents / scaling + shift, decodes, and returns the image [B, H, W, out_channels] f32 in
   // [0, 1] (clamp(x/2 + 0.5, 0, 1), spec §8.6) on the host; H = h * spatial_factor.
-  // Intermediates: vae.conv_in, vae.mid, vae.up.<i>, vae.conv_out.
-  Result<Tensor> decode(const Tensor& latents, DebugSink* dbg = nullptr);
+  // Intermediates: vae.conv_in, vae.mid, vae.up.<i>, vae.conv_out. `cancel` is polled between
+  // the blocks: when it reads true, decode() stops with kCancelled.
+  Result<Tensor> decode(const Tensor& latents, DebugSink* dbg = nullptr,
+                        const std::atomic<bool>* cancel = nullptr);
   const VaeConfig& config() const { return cfg_; }
 
  private:

@@ -34,6 +34,10 @@ class ZImageDiT {
   // the raw model output (the pipeline negates it); allocated here when undefined.
   // Intermediates: <prefix>.t_emb, .x_embed, .noise_refiner.<i>, .cap_embed,
   // .context_refiner.<i>, .layers.<i>, .final, .out.
+  // Longest caption (tokens) the RoPE tables place: the padded caption and the image tokens that
+  // follow it must fit axes_lens[0] (see forward's RoPE layout).
+  int64_t max_caption_tokens() const;
+
   Status forward(const Tensor& latents, const std::vector<float>& t_model,
                  const std::vector<Tensor>& caps, Tensor& out, DebugSink* dbg = nullptr,
                  const std::string& dbg_prefix = "dit");

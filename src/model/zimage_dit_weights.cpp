@@ -1,6 +1,7 @@
 // ZImageDiT: config validation, weight binding (diffusers and ComfyUI single-file names) and the
 // host-side RoPE tables. Weights are fused on the host before upload: to_q|to_k|to_v -> [3D, D]
 // and w1|w3 -> [2F, D] (gate rows first, as Backend::swiglu expects).
+#include <algorithm>
 #include <cmath>
 #include <numeric>
 
@@ -180,6 +181,13 @@ void ZImageDiT::build_rope_tables() {
       }
     }
   }
+}
+
+int64_t ZImageDiT::max_caption_tokens() const {
+  // Caption tokens sit at positions 1..Lp (Lp = L rounded up to kSeqMultiple), image tokens at
+  // Lp + 1; every position must be < axes_lens[0].
+  const int64_t max_padded = (cfg_.axes_lens.empty() ? 0 : cfg_.axes_lens[0]) - 2;
+  return std::max<int64_t>(0, max_padded / kSeqMultiple * kSeqMultiple);
 }
 
 bool ZImageDiT::rope_row(int64_t p0, int64_t p1, int64_t p2, float* dst) const {

@@ -87,9 +87,14 @@ class TextToImage {
   Status denoise(const GenerateRequest& req, const std::vector<Tensor>& embeds, bool cfg,
                  std::vector<float>& latents, const TextToImageHooks& hooks, PhaseTimings& t,
                  double start_s);
+  // The error for `bad` NaN/Inf values among `total` in `what`: blames the text encoder when
+  // `embeds` (given for the DiT) hold NaN/Inf, else `component`, with the weight scan's finding.
+  Status nonfinite_error(const std::string& what, int64_t bad, int64_t total,
+                         const std::string& component, const std::vector<Tensor>* embeds);
 
   TextToImageComponents c_;
   Backend& be_;
+  std::string model_dir_;  // where the weights came from (scanned when an output is not finite)
   std::unique_ptr<Backend> host_;  // a 1-thread CPU backend: dumps of host tensors
 };
 

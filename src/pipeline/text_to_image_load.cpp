@@ -24,21 +24,21 @@ Result<std::unique_ptr<TextToImage>> TextToImage::load(const std::string& model_
     auto ws = folder.open_weights("text_encoder");
     if (!ws.ok()) return ws.status().with_context("loading text_encoder");
     auto te = Qwen3Encoder::load(folder.text_encoder(), ws.value(), be);
-    if (!te.ok()) return te.status().with_context("loading text_encoder");
+    if (!te.ok()) return te.status();  // already says "loading text encoder"
     parts.text_encoder = std::move(te).value();
   }
   {
     auto ws = folder.open_weights("transformer");
     if (!ws.ok()) return ws.status().with_context("loading transformer");
     auto dit = ZImageDiT::load(folder.transformer(), ws.value(), be);
-    if (!dit.ok()) return dit.status().with_context("loading transformer");
+    if (!dit.ok()) return dit.status();  // already says "loading transformer"
     parts.transformer = std::move(dit).value();
   }
   {
     auto ws = folder.open_weights("vae");
     if (!ws.ok()) return ws.status().with_context("loading vae");
     auto vae = VaeDecoder::load(folder.vae(), ws.value(), be);
-    if (!vae.ok()) return vae.status().with_context("loading vae");
+    if (!vae.ok()) return vae.status();  // already says "loading vae decoder"
     parts.vae = std::move(vae).value();
   }
   // Uploads may still be in flight (the CUDA backend's DMA is asynchronous): wait for them, so
@@ -47,7 +47,9 @@ Result<std::unique_ptr<TextToImage>> TextToImage::load(const std::string& model_
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   ZI_INFO("loaded %s on %s in %.2f s", model_dir.c_str(), be.name().c_str(), seconds);
-  return create(std::move(parts), be);
+  ZI_ASSIGN_OR_RETURN(auto pipeline, create(std::move(parts), be));
+  pipeline->model_dir_ = model_dir;
+  return pipeline;
 }
 
 }  // namespace zimage

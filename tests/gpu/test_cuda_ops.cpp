@@ -351,6 +351,33 @@ TEST(CudaOps, ElementwiseOps) {
   }
 }
 
+// clamp keeps NaN as NaN (torch.clamp and the CPU oracle do): the VAE's final clamp must not turn
+// a NaN image into a black one that the pipeline's finite check cannot see.
+TEST(CudaOps, ClampPropagatesNaN) {
+  ZI_REQUIRE_GPU();
+  for (DType dt : kDTypes) {
+    Tensor h = Tensor::host(DType::kF32, {4});
+    float* p = h.data_as<float>();
+    p[0] = std::numeric_limits<float>::quiet_NaN();
+    p[1] = -3.0f;
+    p[2] = 0.25f;
+    p[3] = std::numeric_limits<float>::infinity();
+    Both x = both(h, dt);
+    Both o = outputs({4}, dt);
+    ZI_ASSERT_OK(cpu_oracle().clamp(x.cpu, 0.0f, 1.0f, o.cpu));
+    ZI_ASSERT_OK(gpu(dt)->clamp(x.gpu, 0.0f, 1.0f, o.gpu));
+    Tensor got = Tensor::host(DType::kF32, {4});
+    ZI_ASSERT_OK(gpu(dt)->download(o.gpu, got));
+    const float* g = got.data_as<float>();
+    const float* c = o.cpu.data_as<float>();
+    EXPECT_TRUE(std::isnan(c[0])) << "cpu";
+    EXPECT_TRUE(std::isnan(g[0])) << dtype_name(dt);
+    EXPECT_EQ(g[1], 0.0f);
+    EXPECT_EQ(g[2], 0.25f);
+    EXPECT_EQ(g[3], 1.0f);
+  }
+}
+
 TEST(CudaOps, SumSquares) {
   ZI_REQUIRE_GPU();
   const Shape shapes[] = {{1, 1}, {3, 1001}, {2, 16, 64, 64}, {7, 5}};

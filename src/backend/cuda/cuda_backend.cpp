@@ -221,6 +221,11 @@ Status CudaBackend::synchronize() {
   return Status::Ok();
 }
 
+Status CudaBackend::bind_thread() {
+  ZI_CUDA_TRY(cudaSetDevice(device_));
+  return Status::Ok();
+}
+
 Status CudaBackend::finish_uploads() {
   ZI_CUDA_TRY(cudaStreamSynchronize(stream_));  // the uploads' DMA runs on stream_
   return uploader_->release();

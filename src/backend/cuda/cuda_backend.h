@@ -82,6 +82,7 @@ class CudaBackend final : public Backend {
   // Waits for every upload and frees the pinned staging buffers (uploader.h) until the next bulk
   // upload. Loaders call it once at the end.
   Status finish_uploads() override;
+  Status bind_thread() override;
   Status matmul(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y) override;
   Status quantize_fp8(const Tensor& x, Tensor& x8, Tensor& scale) override;
   Status matmul_fp8(const Tensor& x, const Tensor& w8, const Tensor& w_scale, Tensor& y) override;

@@ -52,9 +52,11 @@ struct SiluOp {
 struct TanhOp {
   __device__ float operator()(float v) const { return tanhf(v); }
 };
+// NaN stays NaN, as in torch.clamp and the CPU oracle: fminf/fmaxf alone would turn a NaN image
+// into a black one and hide the failure from the pipeline's finite check.
 struct ClampOp {
   float lo, hi;
-  __device__ float operator()(float v) const { return fminf(fmaxf(v, lo), hi); }
+  __device__ float operator()(float v) const { return v != v ? v : fminf(fmaxf(v, lo), hi); }
 };
 
 template <typename T, int VEC>
