@@ -7,11 +7,15 @@
 //                   --output FILE.png
 // Exit codes: 0 success, 1 failure (model, device, I/O), 2 usage (bad flag or value),
 // 130 cancelled by Ctrl-C.
+#include <unistd.h>
+
 #include <atomic>
 #include <csignal>
+#include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -38,7 +42,7 @@ struct GenerateArgs {
   int height = 1024;
   int steps = 8;
   float guidance = 0.0f;
-  uint64_t seed = 0;
+  std::string seed = "0";  // parsed by parse_seed: 0..2^64-1, or -1 for a random seed
   int images_per_prompt = 1;
   float cfg_truncation = 1.0f;
   float cfg_normalization = 0.0f;
@@ -55,13 +59,35 @@ struct GenerateArgs {
 };
 
 std::atomic<bool> g_cancel{false};
+// First Ctrl-C: stop at the next step or VAE block and write nothing. A second: leave now.
 extern "C" void on_sigint(int) {
-  g_cancel.store(true);
+  if (g_cancel.exchange(true)) ::_exit(130);
 }
 
 [[noreturn]] void fail(int code, const std::string& message) {
   std::fprintf(stderr, "zimage generate: %s\n", message.c_str());
   throw CLI::RuntimeError(code);
+}
+
+// --seed: a decimal number in 0..2^64-1, or -1 (also "random") for a random seed, as other tools
+// spell it. Anything else, a value >= 2^64 included, is a usage error: nothing wraps silently.
+bool parse_seed(const std::string& text, uint64_t* seed, bool* random) {
+  *random = text == "-1" || text == "random";
+  if (*random) {
+    std::random_device rd;
+    *seed = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+    return true;
+  }
+  if (text.empty() || text.size() > 20) return false;
+  uint64_t v = 0;
+  for (char c : text) {
+    if (c < '0' || c > '9') return false;
+    const uint64_t d = static_cast<uint64_t>(c - '0');
+    if (v > (UINT64_MAX - d) / 10) return false;  // would pass 2^64 - 1
+    v = v * 10 + d;
+  }
+  *seed = v;
+  return true;
 }
 
 // FILE.png for one image; FILE_0.png, FILE_1.png, ... for several.
@@ -124,7 +150,18 @@ void run_generate(const GenerateArgs& a, const CLI::App& cmd) {
     eo.model_dir = kTinyModel;
     if (cmd.count("--width") == 0) req.width = kTinyDefaultSide;
     if (cmd.count("--height") == 0) req.height = kTinyDefaultSide;
+  } else {  // a path of the wrong kind is a usage error, whatever kind it is (exit 2)
+    std::error_code ec;
+    const auto st = std::filesystem::status(eo.model_dir, ec);
+    if (!std::filesystem::exists(st)) fail(2, "--model: '" + eo.model_dir + "' does not exist");
+    if (!std::filesystem::is_directory(st))
+      fail(2, "--model: '" + eo.model_dir +
+                  "' is not a folder (give the diffusers model folder, with model_index.json)");
   }
+  bool random_seed = false;
+  if (!parse_seed(a.seed, &req.seed, &random_seed))
+    fail(2, "--seed: '" + a.seed + "' is not a whole number in 0..18446744073709551615 (or -1 " +
+                "for a random seed)");
   eo.device = a.device;
   eo.precision = a.precision;
   eo.threads = a.threads;
@@ -132,7 +169,6 @@ void run_generate(const GenerateArgs& a, const CLI::App& cmd) {
   if (cmd.count("--negative-prompt") > 0) req.negative_prompt = a.negative_prompt;
   req.steps = a.steps;
   req.guidance = a.guidance;
-  req.seed = a.seed;
   req.images_per_prompt = a.images_per_prompt;
   req.cfg_truncation = a.cfg_truncation;
   req.cfg_normalization = a.cfg_normalization;
@@ -140,17 +176,18 @@ void run_generate(const GenerateArgs& a, const CLI::App& cmd) {
 
   const size_t count = req.prompts.size() * static_cast<size_t>(std::max(1, a.images_per_prompt));
   const std::vector<std::string> paths = output_paths(a.output, count);
-  {  // fail before the model loads when the output cannot be written
-    const std::filesystem::path parent = std::filesystem::path(a.output).parent_path();
-    std::error_code ec;
-    if (!parent.empty() && !std::filesystem::is_directory(parent, ec))
-      fail(1, "--output: directory '" + parent.string() + "' does not exist");
+  for (const std::string& path : paths) {  // fail before the model loads, not after generating
+    const Status st = check_writable_path(path, "--output");
+    if (!st.ok()) fail(st.code() == ErrorCode::kInvalidArgument ? 2 : 1, st.message());
   }
+  if (random_seed && !a.quiet)
+    std::fprintf(stderr, "seed %llu\n", static_cast<unsigned long long>(req.seed));
 
   auto engine = Engine::load(eo);
   if (!engine.ok()) {
     const bool usage = engine.status().code() == ErrorCode::kInvalidArgument;
-    fail(usage ? 2 : 1, "cannot load the model: " + engine.status().to_string());
+    fail(usage ? 2 : 1, usage ? engine.status().message()  // names the option at fault
+                              : "cannot load the model: " + engine.status().to_string());
   }
   const Status valid = (*engine)->validate(req);
   if (!valid.ok()) fail(2, valid.message());
@@ -164,19 +201,36 @@ void run_generate(const GenerateArgs& a, const CLI::App& cmd) {
   g_cancel.store(false);
   auto previous = std::signal(SIGINT, on_sigint);
   auto result = (*engine)->generate(req, hooks);
-  std::signal(SIGINT, previous == SIG_ERR ? SIG_DFL : previous);
-  bar.finish();
+  // A Ctrl-C after the last check inside generate() still means: write nothing.
+  const bool cancelled =
+      g_cancel.load() || (!result.ok() && result.status().code() == ErrorCode::kCancelled);
+  bar.finish(result.ok() && !cancelled ? "done" : cancelled ? "cancelled" : "failed");
+  if (cancelled) {
+    std::signal(SIGINT, previous == SIG_ERR ? SIG_DFL : previous);
+    fail(130, "cancelled");
+  }
   if (!result.ok()) {
-    if (result.status().code() == ErrorCode::kCancelled) fail(130, "cancelled");
-    fail(1, result.status().to_string());
+    std::signal(SIGINT, previous == SIG_ERR ? SIG_DFL : previous);
+    fail(result.status().code() == ErrorCode::kInvalidArgument ? 2 : 1,
+         result.status().to_string());
   }
   if (result->images.size() != paths.size())
     fail(1, "internal error: " + std::to_string(result->images.size()) + " images for " +
                 std::to_string(paths.size()) + " output files");
+  // Every image is encoded first, then all files are written at once: a failure (full disk)
+  // leaves no half-written batch and no damaged file behind.
+  std::vector<std::vector<uint8_t>> encoded;
   for (size_t i = 0; i < paths.size(); ++i) {
-    const Status st = png_save(paths[i], result->images[i], metadata(req, i));
-    if (!st.ok()) fail(1, st.to_string());
-    if (!a.quiet) std::printf("wrote %s\n", paths[i].c_str());
+    auto png = png_encode(result->images[i], metadata(req, i));
+    if (!png.ok()) fail(1, png.status().to_string());
+    encoded.push_back(std::move(png).value());
+  }
+  std::signal(SIGINT, previous == SIG_ERR ? SIG_DFL : previous);
+  if (g_cancel.load()) fail(130, "cancelled");
+  const Status written = write_files_atomically(paths, encoded);
+  if (!written.ok()) fail(1, written.to_string());
+  if (!a.quiet) {
+    for (const std::string& path : paths) std::printf("wrote %s\n", path.c_str());
   }
   if (a.verbose) print_timings(*result);
 }
@@ -204,7 +258,9 @@ void register_generate_command(CLI::App& app) {
   cmd->add_option("--steps,-s", args->steps, "Denoising steps (default 8)");
   cmd->add_option("--guidance,-g", args->guidance,
                   "Classifier-free guidance scale, diffusers form (0 = off, the Turbo default)");
-  cmd->add_option("--seed", args->seed, "Seed of the PyTorch-compatible CPU noise (default 0)");
+  cmd->add_option("--seed", args->seed,
+                  "Seed of the PyTorch-compatible CPU noise, 0..2^64-1, or -1 for a random seed "
+                  "(printed and stored in the PNG) (default 0)");
   cmd->add_option("--images-per-prompt", args->images_per_prompt, "Images per prompt (default 1)");
   cmd->add_option("--cfg-truncation", args->cfg_truncation,
                   "Skip CFG on steps whose normalised time exceeds this (default 1 = never)");
@@ -216,7 +272,8 @@ void register_generate_command(CLI::App& app) {
   cmd->add_option("--precision", args->precision,
                   "auto, bf16, f32, or fp8 (bf16 with the DiT feed-forward GEMMs in FP8; CUDA) "
                   "(default auto)");
-  cmd->add_option("--threads,-t", args->threads, "CPU threads (default 0 = all)");
+  cmd->add_option("--threads,-t", args->threads,
+                  "CPU threads, at most 4x the hardware threads (default 0 = all)");
   cmd->add_option("--output,-o", args->output,
                   "Output PNG; with several images FILE_0.png, FILE_1.png, ... (default "
                   "zimage.png)");

@@ -11,6 +11,7 @@
 int main(int argc, char** argv) {
   CLI::App app{"zimage: Z-Image-Turbo text-to-image inference engine"};
   app.require_subcommand(1);
+  app.set_version_flag("--version,-V", std::string("zimage ") + zimage::kVersion);
   app.add_subcommand("version", "Print the version")->callback([] {
     std::printf("zimage %s\n", zimage::kVersion);
   });

@@ -67,9 +67,9 @@ void ProgressBar::update(const Progress& p) {
   }
 }
 
-void ProgressBar::finish() {
+void ProgressBar::finish(const std::string& final_text) {
   if (!enabled_ || !open_) return;
-  draw("done");
+  draw(final_text);
   std::fputc('\n', out_);
   std::fflush(out_);
   open_ = false;

@@ -17,14 +17,15 @@ class ProgressBar {
  public:
   // Draws only when `enabled`; `out` is normally stderr.
   ProgressBar(bool enabled, std::FILE* out) : enabled_(enabled), out_(out) {}
-  ~ProgressBar() { finish(); }
+  ~ProgressBar() { finish(""); }
   ProgressBar(const ProgressBar&) = delete;
   ProgressBar& operator=(const ProgressBar&) = delete;
 
   // Feeds one progress event from the engine (GenerateHooks::on_progress).
   void update(const Progress& p);
   // Ends the line (idempotent).
-  void finish();
+  // Ends the line with `final_text` ("done", "cancelled", "failed") if the bar was drawn.
+  void finish(const std::string& final_text = "done");
 
  private:
   void draw(const std::string& line);

@@ -148,6 +148,9 @@ class Engine {
  private:
   struct Impl;
   explicit Engine(std::unique_ptr<Impl> impl);
+  static Result<std::unique_ptr<Engine>> load_impl(const EngineOptions& options);
+  Status validate_impl(const GenerateRequest& req) const;
+  Result<GenerateResult> generate_impl(const GenerateRequest& req, const GenerateHooks& hooks);
   std::unique_ptr<Impl> impl_;
 };
 
@@ -161,6 +164,17 @@ Result<std::vector<uint8_t>> png_encode(const Image& image, const PngTextChunks&
 Status png_save(const std::string& path, const Image& image, const PngTextChunks& text = {});
 // Reads a PNG file as 8-bit RGB (alpha dropped); its text chunks into `text` when non-null.
 Result<Image> png_load(const std::string& path, PngTextChunks* text = nullptr);
+
+// Writes contents[i] to paths[i], all or nothing: each file goes to a temporary sibling first
+// (flushed to disk), and only when every one was written are they renamed into place. A failed
+// write (full disk: "No space left on device") removes only the temporaries; existing files are
+// untouched. An existing device or FIFO (/dev/stdout) is written in place, never replaced.
+Status write_files_atomically(const std::vector<std::string>& paths,
+                              const std::vector<std::vector<uint8_t>>& contents);
+// Checks, before any work, that `path` can be written: its folder exists and accepts a new file,
+// and it is not a folder. `what` names it in messages ("--output"): kInvalidArgument for a path
+// of the wrong kind, kIo when the folder refuses (read-only, no permission).
+Status check_writable_path(const std::string& path, const std::string& what);
 
 // Engine messages on stderr: 0 errors only, 1 warnings (default; env ZIMAGE_LOG overrides),
 // 2 info (load and per-phase times), 3 debug.

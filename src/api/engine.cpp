@@ -2,7 +2,9 @@
 // serves generate() calls one at a time. The only place where public options become engine
 // internals, so the public header stays free of src/ types.
 #include <cstdlib>
+#include <filesystem>
 #include <mutex>
+#include <new>
 #include <utility>
 
 #include "api/request_check.h"
@@ -55,8 +57,7 @@ Result<std::unique_ptr<Backend>> make_backend(const EngineOptions& o, std::strin
   if (o.precision != "auto" && o.precision != "bf16" && o.precision != "f32" &&
       o.precision != "fp8")
     return InvalidArgument("precision: '" + o.precision + "' is not one of auto, bf16, fp8, f32");
-  if (o.threads < 0)
-    return InvalidArgument("threads: must be >= 0 (0 = all), got " + std::to_string(o.threads));
+  ZI_TRY(check_cpu_threads(o.threads));
   const bool want_cpu = o.device == "cpu";
   const int gpu = cuda_index(o.device);
   if (!want_cpu && gpu < 0 && o.device != "auto")
@@ -75,7 +76,7 @@ Result<std::unique_ptr<Backend>> make_backend(const EngineOptions& o, std::strin
     return InvalidArgument("precision: " + o.precision +
                            " needs the CUDA backend; the CPU computes in f32");
   precision = "f32";
-  return make_cpu_backend(o.threads);
+  return create_cpu_backend(o.threads);
 }
 
 }  // namespace
@@ -83,7 +84,50 @@ Result<std::unique_ptr<Backend>> make_backend(const EngineOptions& o, std::strin
 Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Engine::~Engine() = default;
 
+namespace {
+
+// Nothing escapes the API: an exception from a library or an allocation (std::bad_alloc) becomes
+// a Status naming the call.
+template <typename F>
+auto guarded(const char* call, F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const std::bad_alloc&) {
+    return OutOfMemory(std::string(call) + ": out of host memory");
+  } catch (const std::exception& e) {
+    return InternalError(std::string(call) + ": unexpected exception: " + e.what());
+  } catch (...) {
+    return InternalError(std::string(call) + ": unexpected exception");
+  }
+}
+
+// --dump DIR: made if missing, and refused up front when it is not a folder (rather than one
+// warning per tensor and a success).
+Status prepare_dump_dir(const std::string& dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (!std::filesystem::is_directory(dir, ec)) {
+    return InvalidArgument("dump_dir: '" + dir + "' is not a folder" +
+                           (std::filesystem::exists(dir, ec) ? "" : " and cannot be created"));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
 Result<std::unique_ptr<Engine>> Engine::load(const EngineOptions& options) {
+  return guarded("Engine::load", [&] { return load_impl(options); });
+}
+
+Status Engine::validate(const GenerateRequest& req) const {
+  return guarded("Engine::validate", [&] { return validate_impl(req); });
+}
+
+Result<GenerateResult> Engine::generate(const GenerateRequest& req, const GenerateHooks& hooks) {
+  return guarded("Engine::generate", [&] { return generate_impl(req, hooks); });
+}
+
+Result<std::unique_ptr<Engine>> Engine::load_impl(const EngineOptions& options) {
   if (options.model_dir.empty()) return InvalidArgument("model_dir: no model folder given");
   if (options.max_side < 1 || options.max_batch < 1 || options.max_pixels < 1 ||
       options.max_prompt_bytes < 1)
@@ -106,21 +150,27 @@ Result<std::unique_ptr<Engine>> Engine::load(const EngineOptions& options) {
   return std::unique_ptr<Engine>(new Engine(std::move(impl)));
 }
 
-Status Engine::validate(const GenerateRequest& req) const {
+Status Engine::validate_impl(const GenerateRequest& req) const {
   ZI_TRY(check_request(req, impl_->limits));
   return impl_->pipeline->check(req);
 }
 
-Result<GenerateResult> Engine::generate(const GenerateRequest& req, const GenerateHooks& hooks) {
-  ZI_TRY(validate(req));
+Result<GenerateResult> Engine::generate_impl(const GenerateRequest& req,
+                                             const GenerateHooks& hooks) {
+  ZI_TRY(validate_impl(req));
   std::unique_ptr<DebugSink> sink;
-  if (!hooks.dump_dir.empty()) sink = make_directory_dump_sink(hooks.dump_dir, hooks.dump_filter);
+  if (!hooks.dump_dir.empty()) {
+    ZI_TRY(prepare_dump_dir(hooks.dump_dir));
+    sink = make_directory_dump_sink(hooks.dump_dir, hooks.dump_filter);
+  }
   TextToImageHooks h;
   h.on_progress = hooks.on_progress;
   h.cancel = hooks.cancel;
   h.debug = sink.get();
   std::lock_guard<std::mutex> lock(impl_->mu);
+  ZI_TRY(impl_->backend->bind_thread());
   ZI_ASSIGN_OR_RETURN(TextToImageOutput out, impl_->pipeline->run(req, h));
+  if (sink) ZI_TRY(sink->status());  // a dump that failed fails the call
   GenerateResult result;
   result.images = std::move(out.images);
   result.timings = std::move(out.timings);

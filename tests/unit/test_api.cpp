@@ -393,14 +393,14 @@ TEST(ApiCli, ExitCodesAndMessages) {
   EXPECT_EQ(run_cli({"generate", "--prompt", "a", "--guidance", "abc"}, &err), 2);
   EXPECT_EQ(run_cli({"generate", "--prompt", "a", "--guidance", "-1", "-o", out}, &err), 2);
   EXPECT_NE(err.find("guidance"), std::string::npos) << err;
-  // Failures: 1, with a message naming the problem.
+  // Paths that do not exist are usage errors too (2), named in the message.
   EXPECT_EQ(run_cli({"generate", "--model", "/nonexistent/m", "--prompt", "a", "-o", out}, &err),
-            1);
+            2);
   EXPECT_NE(err.find("/nonexistent/m"), std::string::npos) << err;
   EXPECT_EQ(run_cli({"generate", "--model", model, "--prompt", "a", "-o",
                      (dir / "missing" / "x.png").string()},
                     &err),
-            1);
+            2);
   EXPECT_NE(err.find("does not exist"), std::string::npos) << err;
   EXPECT_FALSE(std::filesystem::exists(out));
   // Success: the built-in model at its default 64x64, two prompts -> img_0.png, img_1.png.
