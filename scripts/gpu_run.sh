@@ -15,8 +15,10 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/zimage-out}
 ZR=${ZR:-/tmp/zimage-random-turbo}
-BIN=build/gpu/zimage
-TESTS=build/gpu/tests/zimage_gpu_tests
+# The build folder the carried binaries were configured in (PRESET of stage_gpu_carry.sh).
+BUILD_DIR=build/${PRESET:-gpu}
+BIN=$BUILD_DIR/zimage
+TESTS=$BUILD_DIR/tests/zimage_gpu_tests
 # CUDA libraries: the toolkit's, or the ones PyTorch's wheels bring.
 LIBS=/usr/local/cuda/lib64
 for m in cudnn cublas cuda_runtime; do
@@ -36,10 +38,10 @@ for stage in "$@"; do
 import glob, lzma, shutil
 for f in glob.glob('build/carry/*.xz') + glob.glob('build/carry/lib/*.xz'):
     with lzma.open(f) as i, open(f[:-3], 'wb') as o: shutil.copyfileobj(i, o)"
-      mkdir -p build/gpu/tests
+      mkdir -p "$BUILD_DIR/tests"
       cp build/carry/zimage "$BIN" && cp build/carry/zimage_gpu_tests "$TESTS" && chmod +x "$BIN" "$TESTS"
-      cmake -DSRC="$PWD" -DDST="$PWD/build/gpu/golden" -P cmake/unpack_goldens.cmake
-      cmake -DSRC="$PWD" -DDST="$PWD/build/gpu/tiny-model" -P cmake/unpack_tiny_model.cmake
+      cmake -DSRC="$PWD" -DDST="$PWD/$BUILD_DIR/golden" -P cmake/unpack_goldens.cmake
+      cmake -DSRC="$PWD" -DDST="$PWD/$BUILD_DIR/tiny-model" -P cmake/unpack_tiny_model.cmake
       ldd "$BIN" | grep -E "not found|cudnn|cublas" ;;
     build)
       { cmake --preset gpu && cmake --build --preset gpu -j "$(nproc)" --target zimage zimage_gpu_tests; } \

@@ -2,14 +2,18 @@
 # Packs what a GPU-machine run needs into build/carry (device tool: carry ["build/carry", ".whl"]).
 # The GPU machine's image has CUDA but not the project's -dev packages (PCRE2, utf8proc, OpenBLAS,
 # CLI11...), so zimage is built here with the gpu preset and carried with its non-system shared
-# libraries, xz-compressed; scripts/gpu_run.sh unpacks them there.
+# libraries, xz-compressed; scripts/gpu_run.sh unpacks them there. PRESET=ci reuses the CI
+# build (same sm_90a code, warnings as errors) instead of a second CUDA build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cmake --preset gpu >/dev/null
-cmake --build --preset gpu -j "$(nproc)" --target zimage zimage_gpu_tests
+PRESET=${PRESET:-gpu}
+cmake --preset "$PRESET" >/dev/null
+cmake --build "build/$PRESET" -j "$(nproc)" --target zimage zimage_gpu_tests
 rm -rf build/carry && mkdir -p build/carry/lib
-for b in build/gpu/zimage build/gpu/tests/zimage_gpu_tests; do xz -T0 -c "$b" > "build/carry/$(basename "$b").xz"; done
-for l in $(ldd build/gpu/zimage build/gpu/tests/zimage_gpu_tests | awk '/=> \//{print $3}' | sort -u |
+for b in "build/$PRESET/zimage" "build/$PRESET/tests/zimage_gpu_tests"; do
+  xz -T0 -c "$b" > "build/carry/$(basename "$b").xz"
+done
+for l in $(ldd "build/$PRESET/zimage" "build/$PRESET/tests/zimage_gpu_tests" | awk '/=> \//{print $3}' | sort -u |
            grep -vE 'cuda|cudnn|cublas|/libc\.|/libm\.|libdl|libpthread|librt|libgcc_s|libstdc|ld-linux'); do
   xz -T0 -c "$(readlink -f "$l")" > "build/carry/lib/$(basename "$l").xz"
 done
