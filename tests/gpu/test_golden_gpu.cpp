@@ -1,7 +1,9 @@
 // The golden cases on the GPU: the whole text-to-image pipeline on the CUDA backend, in fp32 and in
-// bf16, against diffusers' fp32 reference (image.npy and the per-step DiT outputs). fp32 must agree
-// with the reference (and so with the CPU oracle) to 1e-3; bf16 is the production precision and
-// its error is reported and bounded (a broken kernel gives errors of order 1, not 1e-2).
+// bf16, against diffusers' fp32 reference (image.npy and the per-step DiT outputs). The bounds sit
+// a few times above what the H200 measured (fp32: DiT 6.1e-6, image 3.0e-6; bf16: DiT 1.2e-2
+// relative, image 2.6e-2), so a regression of an order of magnitude fails. The dumps that capture
+// the DiT outputs make the DiT run eagerly; the shipped path (recorded CUDA graphs, no sink) is
+// run too and must give the same image.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -74,7 +76,8 @@ struct Errors {
   double image = 0, dit = 0, dit_rel = 0;
 };
 
-Errors run_case(const std::string& name, DType act) {
+Errors run_case(const std::string& name, DType act, Tensor* image_out = nullptr,
+                bool capture = true) {
   const std::string dir = test::golden_dir(name);
   std::ifstream f(dir + "/case.json");
   const auto spec = nlohmann::json::parse(f);
@@ -86,7 +89,7 @@ Errors run_case(const std::string& name, DType act) {
   if (!pipe.ok()) return {};
   CaptureSink sink;
   TextToImageHooks hooks;
-  hooks.debug = &sink;
+  if (capture) hooks.debug = &sink;  // no sink: the recorded (graph) DiT path runs
   auto out = (*pipe)->run(request_for(spec), hooks);
   EXPECT_TRUE(out.ok()) << out.status().to_string();
   if (!out.ok()) return {};
@@ -94,6 +97,8 @@ Errors run_case(const std::string& name, DType act) {
   auto img = test::load_npy(dir + "/image.npy");
   EXPECT_TRUE(img.ok());
   if (img.ok()) e.image = test::max_abs_diff(out->image, *img);
+  if (image_out != nullptr) *image_out = out->image;
+  if (!capture) return e;
   for (int k = 0; k < static_cast<int>(spec["steps"]); ++k) {
     auto ref = test::load_npy(dir + "/debug/dit_out_step" + std::to_string(k) + ".npy");
     auto it = sink.got.find("dit_out.step" + std::to_string(k));
@@ -111,8 +116,13 @@ Errors run_case(const std::string& name, DType act) {
   return e;
 }
 
+// Skips only where there is no CUDA device (kUnsupported); a device whose backend cannot be
+// created is a failure, not a skip.
 bool have_gpu() {
-  return make_cuda_backend(0, DType::kF32).ok();
+  auto be = make_cuda_backend(0, DType::kF32);
+  if (!be.ok() && be.status().code() != ErrorCode::kUnsupported)
+    ADD_FAILURE() << "a CUDA device is present but the backend failed: " << be.status().to_string();
+  return be.ok();
 }
 
 TEST(GoldenGpu, Fp32MatchesDiffusers) {
@@ -123,8 +133,8 @@ TEST(GoldenGpu, Fp32MatchesDiffusers) {
     const Errors e = run_case(c, DType::kF32);
     std::printf("  %-12s fp32: DiT max|diff| %.2e (rel %.2e), image max|diff| %.2e\n", c.c_str(),
                 e.dit, e.dit_rel, e.image);
-    EXPECT_LT(e.dit, 1e-3) << c;
-    EXPECT_LT(e.image, 1e-3) << c;
+    EXPECT_LT(e.dit, 5e-5) << c;
+    EXPECT_LT(e.image, 3e-5) << c;
   }
 }
 
@@ -134,9 +144,28 @@ TEST(GoldenGpu, Bf16WithinStatedTolerance) {
     const Errors e = run_case(c, DType::kBF16);
     std::printf("  %-12s bf16: DiT max|diff| %.2e (rel %.2e), image max|diff| %.2e\n", c.c_str(),
                 e.dit, e.dit_rel, e.image);
-    // bf16 keeps 8 bits of mantissa: relative errors of a few 1e-2 through tiny random models.
-    EXPECT_LT(e.dit_rel, 0.1) << c;
-    EXPECT_LT(e.image, 0.1) << c;
+    // bf16 keeps 8 bits of mantissa: relative errors of about 1e-2 through tiny random models.
+    EXPECT_LT(e.dit_rel, 4e-2) << c;
+    EXPECT_LT(e.image, 6e-2) << c;
+  }
+}
+
+// The path that ships: no debug sink, so the DiT forward is recorded once per shape and replayed
+// as a CUDA graph. Same kernels in the same order as the eager run: the same image.
+TEST(GoldenGpu, RecordedPathMatchesEagerAndDiffusers) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  for (DType act : {DType::kF32, DType::kBF16}) {
+    for (const auto& c : golden_cases()) {
+      Tensor eager, recorded;
+      run_case(c, act, &eager, /*capture=*/true);
+      const Errors e = run_case(c, act, &recorded, /*capture=*/false);
+      ASSERT_TRUE(eager.defined() && recorded.defined()) << c;
+      const double d = test::max_abs_diff(recorded, eager);
+      std::printf("  %-12s %s recorded vs eager image max|diff| %.2e, vs diffusers %.2e\n",
+                  c.c_str(), dtype_name(act), d, e.image);
+      EXPECT_LE(d, act == DType::kF32 ? 1e-6 : 1e-2) << c;
+      EXPECT_LT(e.image, act == DType::kF32 ? 3e-5 : 6e-2) << c;
+    }
   }
 }
 
