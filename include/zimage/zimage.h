@@ -125,6 +125,12 @@ struct EngineInfo {
   int max_batch = 16;
 };
 
+// What one step of the shared batch finished (Engine::batch_step).
+struct BatchOutcome {
+  uint64_t id = 0;
+  Result<GenerateResult> result = Status(ErrorCode::kInternal, "not run");
+};
+
 class Engine {
  public:
   // Opens the model folder, picks the device, loads and uploads every weight. Errors name the
@@ -144,6 +150,26 @@ class Engine {
   Result<GenerateResult> generate(const GenerateRequest& req, const GenerateHooks& hooks = {});
 
   EngineInfo info() const;
+
+  // ---- continuous batching (for a server's step scheduler) ----------------------------------
+  // Requests of one image size share each DiT forward, joining and leaving at step boundaries:
+  // nobody waits for a whole batch to drain. A request's image does not depend on its company in
+  // what the engine controls: its noise comes from its own generator, its prompt is encoded
+  // alone, and its scheduler and CFG arithmetic are its own (the DiT's GEMMs see more rows; see
+  // docs/SERVER.md for the measured difference). Drive it from one thread; generate() calls from
+  // other threads interleave between steps.
+  //
+  // Validates `req`, tokenizes and encodes its prompts and draws its noise (the text encoder
+  // runs now); the request then takes part in the next batch_step() calls. `hooks` work as in
+  // generate(): per-step progress, the cancel flag (polled before each step), dumps.
+  Result<uint64_t> batch_add(const GenerateRequest& req, const GenerateHooks& hooks = {});
+  // One denoising step for every active request of one image size (that of the oldest request),
+  // as one DiT forward. Requests whose cancel flag is set leave first (kCancelled); requests that
+  // took their last step are VAE-decoded and returned; an error of the step itself fails the
+  // requests that took part in it, and only them.
+  std::vector<BatchOutcome> batch_step();
+  // Requests added and not yet returned by batch_step().
+  int batch_active() const;
 
  private:
   struct Impl;

@@ -7,6 +7,7 @@
 #include <new>
 #include <utility>
 
+#include "api/engine_impl.h"
 #include "api/request_check.h"
 #include "backend/backend.h"
 #include "core/log.h"
@@ -29,15 +30,6 @@ const char* phase_name(Phase p) {
   }
   return "unknown";
 }
-
-struct Engine::Impl {
-  EngineOptions options;
-  std::string precision;
-  std::unique_ptr<Backend> backend;
-  std::unique_ptr<TextToImage> pipeline;
-  RequestLimits limits;
-  std::mutex mu;  // one generate() at a time: the backend's buffers are shared
-};
 
 namespace {
 
@@ -83,37 +75,6 @@ Result<std::unique_ptr<Backend>> make_backend(const EngineOptions& o, std::strin
 
 Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Engine::~Engine() = default;
-
-namespace {
-
-// Nothing escapes the API: an exception from a library or an allocation (std::bad_alloc) becomes
-// a Status naming the call.
-template <typename F>
-auto guarded(const char* call, F&& f) -> decltype(f()) {
-  try {
-    return f();
-  } catch (const std::bad_alloc&) {
-    return OutOfMemory(std::string(call) + ": out of host memory");
-  } catch (const std::exception& e) {
-    return InternalError(std::string(call) + ": unexpected exception: " + e.what());
-  } catch (...) {
-    return InternalError(std::string(call) + ": unexpected exception");
-  }
-}
-
-// --dump DIR: made if missing, and refused up front when it is not a folder (rather than one
-// warning per tensor and a success).
-Status prepare_dump_dir(const std::string& dir) {
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  if (!std::filesystem::is_directory(dir, ec)) {
-    return InvalidArgument("dump_dir: '" + dir + "' is not a folder" +
-                           (std::filesystem::exists(dir, ec) ? "" : " and cannot be created"));
-  }
-  return Status::Ok();
-}
-
-}  // namespace
 
 Result<std::unique_ptr<Engine>> Engine::load(const EngineOptions& options) {
   return guarded("Engine::load", [&] { return load_impl(options); });

@@ -169,86 +169,188 @@ Result<std::vector<Tensor>> TextToImage::encode_prompts(const GenerateRequest& r
   return embeds;
 }
 
-Status TextToImage::denoise(const GenerateRequest& req, const std::vector<Tensor>& embeds, bool cfg,
-                            std::vector<float>& latents, const TextToImageHooks& hooks,
-                            PhaseTimings& t, double start_s) {
-  const int64_t per = req.images_per_prompt;
-  const int64_t n = static_cast<int64_t>(req.prompts.size()) * per;
-  const int64_t ch = latent_channels();
-  const int64_t h = req.height / vae_factor(), w = req.width / vae_factor();
-  const int64_t p = c_.transformer->config().patch_size;
-  const size_t sample = static_cast<size_t>(ch * h * w);  // floats per image
-  ZI_ASSIGN_OR_RETURN(FlowMatchEulerScheduler sched,
-                      FlowMatchEulerScheduler::create(c_.scheduler, req.steps, (h / p) * (w / p)));
+Result<std::unique_ptr<DenoiseState>> TextToImage::begin(const GenerateRequest& req,
+                                                         const TextToImageHooks& hooks) {
+  auto st = std::make_unique<DenoiseState>();
+  st->start_s = now_s();
+  ZI_TRY(check(req));
+  st->req = req;
+  st->hooks = hooks;
+  auto cancelled = [&] { return hooks.cancel != nullptr && hooks.cancel->load(); };
+  auto report = [&](Phase ph, int step, int total) {
+    if (hooks.on_progress) hooks.on_progress({ph, step, total, now_s() - st->start_s});
+  };
+  st->cfg = req.guidance > 0.0f;  // diffusers: do_classifier_free_guidance = scale > 0
 
-  // Caption features per DiT batch row: prompt i's embedding for each of its images (as
-  // diffusers repeats them: p0, p0, p1, p1, ...), then the negative for every row under CFG.
-  std::vector<Tensor> caps_pos, caps_cfg;
-  for (int64_t i = 0; i < n; ++i) caps_pos.push_back(embeds[static_cast<size_t>(i / per)]);
-  caps_cfg = caps_pos;
-  if (cfg) {
-    for (int64_t i = 0; i < n; ++i) caps_cfg.push_back(embeds.back());
+  // 1-2. Tokenize and encode the prompts (and the negative prompt under CFG).
+  if (cancelled()) return Cancelled("generation cancelled before it started");
+  report(Phase::kTokenize, 0, 0);
+  ZI_ASSIGN_OR_RETURN(st->embeds, encode_prompts(req, st->cfg, hooks, st->timings, st->start_s));
+
+  // 3. Noise: ONE generator per request, [n, C, h, w] in one call (diffusers' prepare_latents):
+  // a request's noise does not depend on what it is batched with.
+  st->n = static_cast<int64_t>(req.prompts.size()) * req.images_per_prompt;
+  st->channels = latent_channels();
+  st->h = req.height / vae_factor();
+  st->w = req.width / vae_factor();
+  TorchCpuGenerator gen(req.seed);
+  ZI_ASSIGN_OR_RETURN(Tensor noise, gen.randn({st->n, st->channels, st->h, st->w}));
+  st->latents.assign(noise.data_as<float>(), noise.data_as<float>() + noise.numel());
+  dump_host(hooks.debug, *host_, "init_noise", st->latents.data(), noise.shape());
+
+  const int64_t p = c_.transformer->config().patch_size;
+  ZI_ASSIGN_OR_RETURN(
+      FlowMatchEulerScheduler sched,
+      FlowMatchEulerScheduler::create(c_.scheduler, req.steps, (st->h / p) * (st->w / p)));
+  st->scheduler = std::move(sched);
+  if (cancelled()) return Cancelled("generation cancelled before denoising");
+  report(Phase::kDenoise, 0, req.steps);
+  return st;
+}
+
+Status TextToImage::step(const std::vector<DenoiseState*>& states) {
+  if (states.empty()) return Status::Ok();
+  const DenoiseState& first = *states.front();
+  const int64_t ch = first.channels, h = first.h, w = first.w;
+  const size_t sample = static_cast<size_t>(ch * h * w);  // floats per image
+  const double t0 = now_s();
+
+  // The batch rows: per state, its n positive rows, then its n negative rows when CFG applies at
+  // its current step (as run() alone lays them out), each row with its own time and caption.
+  struct Part {
+    DenoiseState* st;
+    int64_t row0, rows;
+    float guidance;  // 0: positive rows only at this step
+  };
+  std::vector<Part> parts;
+  std::vector<float> t_model;
+  std::vector<Tensor> caps;
+  int64_t rows = 0;
+  for (DenoiseState* st : states) {
+    if (st == nullptr || st->done() || st->h != h || st->w != w || st->channels != ch)
+      return InvalidArgument("denoising step: states must be unfinished and of one latent size");
+    const int i = st->step;
+    const float g =
+        st->cfg ? st->scheduler->guidance_at(i, st->req.guidance, st->req.cfg_truncation) : 0.0f;
+    const int64_t n = st->n, per = st->req.images_per_prompt;
+    const int64_t r = g > 0.0f ? 2 * n : n;
+    parts.push_back({st, rows, r, g});
+    for (int64_t k = 0; k < r; ++k) {
+      t_model.push_back(st->scheduler->model_time(i));
+      // Caption of row k: prompt k/per's embedding (p0, p0, p1, p1, ...), the negative after n.
+      caps.push_back(k < n ? st->embeds[static_cast<size_t>(k / per)] : st->embeds.back());
+    }
+    rows += r;
   }
 
-  Tensor in_host = Tensor::host(DType::kF32, {(cfg ? 2 : 1) * n, ch, h, w});
-  Tensor out_host = Tensor::host(DType::kF32, {(cfg ? 2 : 1) * n, ch, h, w});
-  if (!in_host.defined() || !out_host.defined())
+  // DiT input: every state's latents (twice under CFG), in row order.
+  Tensor in = Tensor::host(DType::kF32, {rows, ch, h, w});
+  Tensor out = Tensor::host(DType::kF32, {rows, ch, h, w});
+  if (!in.defined() || !out.defined())
     return OutOfMemory("host buffers for the DiT input and output");
-  std::vector<float> velocity(latents.size());
+  for (const Part& pt : parts) {
+    float* dst = in.data_as<float>() + pt.row0 * static_cast<int64_t>(sample);
+    const size_t bytes = pt.st->latents.size() * sizeof(float);
+    std::memcpy(dst, pt.st->latents.data(), bytes);
+    if (pt.guidance > 0.0f) std::memcpy(dst + pt.st->latents.size(), pt.st->latents.data(), bytes);
+  }
+  ZI_ASSIGN_OR_RETURN(Tensor in_dev, be_.upload(in, DType::kF32));
+  Tensor out_dev;
+  // A single request keeps its own debug sink and names; a batch runs without dumps.
+  DebugSink* dbg = parts.size() == 1 ? first.hooks.debug : nullptr;
+  const std::string step_name = "step" + std::to_string(first.step);
+  ZI_TRY(c_.transformer->forward(in_dev, t_model, caps, out_dev, dbg, "dit." + step_name)
+             .with_context("denoising step " + std::to_string(first.step)));
+  ZI_TRY(be_.download(out_dev, out));
 
-  for (int i = 0; i < req.steps; ++i) {
-    if (hooks.cancel != nullptr && hooks.cancel->load())
-      return Cancelled("generation cancelled at step " + std::to_string(i) + " of " +
-                       std::to_string(req.steps));
-    const double t0 = now_s();
-    // Guidance at this step: 0 where cfg_truncation switches CFG off (a positive-only pass).
-    const float g = cfg ? sched.guidance_at(i, req.guidance, req.cfg_truncation) : 0.0f;
-    const bool apply_cfg = cfg && g > 0.0f;
-    const int64_t rows = apply_cfg ? 2 * n : n;
-    // DiT input: the latents (twice under CFG: positive rows, then negative rows).
-    Tensor in = in_host.slice0(0, rows);
-    std::memcpy(in.data(), latents.data(), latents.size() * sizeof(float));
-    if (apply_cfg)
-      std::memcpy(in.data_as<float>() + latents.size(), latents.data(),
-                  latents.size() * sizeof(float));
-    ZI_ASSIGN_OR_RETURN(Tensor in_dev, be_.upload(in, DType::kF32));
-    const std::vector<float> t_model(static_cast<size_t>(rows), sched.model_time(i));
-    Tensor out_dev;
-    const std::string step = "step" + std::to_string(i);
-    ZI_TRY(c_.transformer
-               ->forward(in_dev, t_model, apply_cfg ? caps_cfg : caps_pos, out_dev, hooks.debug,
-                         "dit." + step)
-               .with_context("denoising step " + std::to_string(i)));
-    Tensor out = out_host.slice0(0, rows);
-    ZI_TRY(be_.download(out_dev, out));
-    const float* o = out.data_as<float>();
-    dump_host(hooks.debug, *host_, "dit_out." + step, o, out.shape());
-    // NaN/Inf never reach the image silently (a black picture): ~0.1 ms for a 1024² batch row.
-    if (const int64_t bad = count_nonfinite(o, static_cast<size_t>(out.numel())); bad > 0) {
+  for (const Part& pt : parts) {
+    DenoiseState& st = *pt.st;
+    const int i = st.step;
+    const int64_t n = st.n;
+    const float* o = out.data_as<float>() + pt.row0 * static_cast<int64_t>(sample);
+    const std::string name = "step" + std::to_string(i);
+    dump_host(st.hooks.debug, *host_, "dit_out." + name, o, {pt.rows, ch, h, w});
+    // NaN/Inf never reach the image silently (a black picture): ~0.1 ms for a 1024² row.
+    if (const int64_t bad = count_nonfinite(o, static_cast<size_t>(pt.rows) * sample); bad > 0) {
       return nonfinite_error("denoising step " + std::to_string(i) + ": the DiT output", bad,
-                             out.numel(), "transformer", &embeds);
+                             pt.rows * static_cast<int64_t>(sample), "transformer", &st.embeds);
     }
-
     // Velocity v = -(guided prediction), float32 as the pipeline computes it.
-    if (apply_cfg) {
+    std::vector<float> velocity(st.latents.size());
+    if (pt.guidance > 0.0f) {
       for (int64_t j = 0; j < n; ++j) {
         const float* pos = o + j * sample;
         const float* neg = o + (n + j) * sample;
         float* pred = velocity.data() + j * sample;
-        cfg_combine(pos, neg, g, pred, sample);
-        if (req.cfg_normalization > 0.0f) cfg_renormalize(pos, pred, sample, req.cfg_normalization);
+        cfg_combine(pos, neg, pt.guidance, pred, sample);
+        if (st.req.cfg_normalization > 0.0f)
+          cfg_renormalize(pos, pred, sample, st.req.cfg_normalization);
       }
       for (float& v : velocity) v = -v;
     } else {
       for (size_t k = 0; k < velocity.size(); ++k) velocity[k] = -o[k];
     }
-    ZI_TRY(sched.step(i, velocity.data(), latents.data(), latents.size()));
-    dump_host(hooks.debug, *host_, "latents." + step, latents.data(), {n, ch, h, w});
-    t.dit_s.push_back(now_s() - t0);
-    if (hooks.on_progress)
-      hooks.on_progress({Phase::kDenoise, i + 1, req.steps, now_s() - start_s});
+    ZI_TRY(st.scheduler->step(i, velocity.data(), st.latents.data(), st.latents.size()));
+    dump_host(st.hooks.debug, *host_, "latents." + name, st.latents.data(), {n, ch, h, w});
+    st.step = i + 1;
+  }
+  const double took = now_s() - t0;
+  for (const Part& pt : parts) {
+    DenoiseState& st = *pt.st;
+    st.timings.dit_s.push_back(took);
+    if (st.hooks.on_progress)
+      st.hooks.on_progress({Phase::kDenoise, st.step, st.req.steps, now_s() - st.start_s});
   }
   return Status::Ok();
+}
+
+Result<TextToImageOutput> TextToImage::finish(DenoiseState& st) {
+  if (!st.done()) return InvalidArgument("finish: the request has steps left");
+  const TextToImageHooks& hooks = st.hooks;
+  auto cancelled = [&] { return hooks.cancel != nullptr && hooks.cancel->load(); };
+  const GenerateRequest& req = st.req;
+  st.embeds.clear();  // frees the text features on the backend before the VAE runs
+  TextToImageOutput result;
+  result.timings = st.timings;
+
+  // 5. VAE decode and conversion to 8-bit RGB.
+  if (cancelled()) return Cancelled("generation cancelled before the VAE decode");
+  if (hooks.on_progress) hooks.on_progress({Phase::kVae, 0, 0, now_s() - st.start_s});
+  const double t0 = now_s();
+  const int64_t n = st.n;
+  Tensor lat_host = Tensor::wrap(st.latents.data(), DType::kF32, {n, st.channels, st.h, st.w});
+  ZI_ASSIGN_OR_RETURN(Tensor lat_dev, be_.upload(lat_host, DType::kF32));
+  auto image = c_.vae->decode(lat_dev, hooks.debug, hooks.cancel);
+  if (!image.ok()) {
+    if (image.status().code() == ErrorCode::kCancelled) return image.status();
+    return image.status().with_context("vae decode");
+  }
+  result.image = std::move(image).value();
+  result.timings.vae_s = now_s() - t0;
+  const Shape want{n, req.height, req.width, 3};
+  if (result.image.shape() != want || result.image.dtype() != DType::kF32 ||
+      result.image.device() != Device::kCPU) {
+    return InternalError("vae decode returned " + result.image.describe() + ", expected f32" +
+                         shape_string(want) + " on the host");
+  }
+  const float* px = result.image.data_as<float>();
+  if (const int64_t bad = count_nonfinite(px, static_cast<size_t>(result.image.numel())); bad > 0)
+    return nonfinite_error("vae decode: the image", bad, result.image.numel(), "vae", nullptr);
+  // A Ctrl-C that arrived during the last VAE block or the download still stops the call.
+  if (cancelled()) return Cancelled("generation cancelled during the VAE decode");
+  const size_t per_image = static_cast<size_t>(req.height) * req.width * 3;
+  for (int64_t i = 0; i < n; ++i) {
+    Image img;
+    img.width = req.width;
+    img.height = req.height;
+    img.rgb.resize(per_image);
+    for (size_t k = 0; k < per_image; ++k) img.rgb[k] = to_u8(px[i * per_image + k]);
+    result.images.push_back(std::move(img));
+  }
+  result.timings.total_s = now_s() - st.start_s;
+  ZI_INFO("generated %lld image(s) %dx%d in %.3f s", static_cast<long long>(n), req.width,
+          req.height, result.timings.total_s);
+  return result;
 }
 
 Status TextToImage::nonfinite_error(const std::string& what, int64_t bad, int64_t total,
@@ -284,73 +386,14 @@ Status TextToImage::nonfinite_error(const std::string& what, int64_t bad, int64_
 
 Result<TextToImageOutput> TextToImage::run(const GenerateRequest& req,
                                            const TextToImageHooks& hooks) {
-  const double start = now_s();
-  ZI_TRY(check(req));
-  auto cancelled = [&] { return hooks.cancel != nullptr && hooks.cancel->load(); };
-  auto report = [&](Phase ph, int step, int total) {
-    if (hooks.on_progress) hooks.on_progress({ph, step, total, now_s() - start});
-  };
-  const bool cfg = req.guidance > 0.0f;  // diffusers: do_classifier_free_guidance = scale > 0
-  TextToImageOutput result;
-
-  // 1-2. Tokenize and encode the prompts (and the negative prompt under CFG).
-  if (cancelled()) return Cancelled("generation cancelled before it started");
-  report(Phase::kTokenize, 0, 0);
-  ZI_ASSIGN_OR_RETURN(std::vector<Tensor> embeds,
-                      encode_prompts(req, cfg, hooks, result.timings, start));
-
-  // 3. Noise: ONE generator, [n, C, h, w] in one call (diffusers' prepare_latents).
-  const int64_t n = static_cast<int64_t>(req.prompts.size()) * req.images_per_prompt;
-  const int64_t ch = latent_channels();
-  const int64_t h = req.height / vae_factor(), w = req.width / vae_factor();
-  TorchCpuGenerator gen(req.seed);
-  ZI_ASSIGN_OR_RETURN(Tensor noise, gen.randn({n, ch, h, w}));
-  std::vector<float> latents(noise.data_as<float>(), noise.data_as<float>() + noise.numel());
-  dump_host(hooks.debug, *host_, "init_noise", latents.data(), noise.shape());
-
-  // 4. Denoising loop.
-  if (cancelled()) return Cancelled("generation cancelled before denoising");
-  report(Phase::kDenoise, 0, req.steps);
-  ZI_TRY(denoise(req, embeds, cfg, latents, hooks, result.timings, start));
-  embeds.clear();  // frees the text features on the backend before the VAE runs
-
-  // 5. VAE decode and conversion to 8-bit RGB.
-  if (cancelled()) return Cancelled("generation cancelled before the VAE decode");
-  report(Phase::kVae, 0, 0);
-  const double t0 = now_s();
-  Tensor lat_host = Tensor::wrap(latents.data(), DType::kF32, {n, ch, h, w});
-  ZI_ASSIGN_OR_RETURN(Tensor lat_dev, be_.upload(lat_host, DType::kF32));
-  auto image = c_.vae->decode(lat_dev, hooks.debug, hooks.cancel);
-  if (!image.ok()) {
-    if (image.status().code() == ErrorCode::kCancelled) return image.status();
-    return image.status().with_context("vae decode");
+  ZI_ASSIGN_OR_RETURN(std::unique_ptr<DenoiseState> st, begin(req, hooks));
+  while (!st->done()) {
+    if (hooks.cancel != nullptr && hooks.cancel->load())
+      return Cancelled("generation cancelled at step " + std::to_string(st->step) + " of " +
+                       std::to_string(req.steps));
+    ZI_TRY(step({st.get()}));
   }
-  result.image = std::move(image).value();
-  result.timings.vae_s = now_s() - t0;
-  const Shape want{n, req.height, req.width, 3};
-  if (result.image.shape() != want || result.image.dtype() != DType::kF32 ||
-      result.image.device() != Device::kCPU) {
-    return InternalError("vae decode returned " + result.image.describe() + ", expected f32" +
-                         shape_string(want) + " on the host");
-  }
-  const float* px = result.image.data_as<float>();
-  if (const int64_t bad = count_nonfinite(px, static_cast<size_t>(result.image.numel())); bad > 0)
-    return nonfinite_error("vae decode: the image", bad, result.image.numel(), "vae", nullptr);
-  // A Ctrl-C that arrived during the last VAE block or the download still stops the call.
-  if (cancelled()) return Cancelled("generation cancelled during the VAE decode");
-  const size_t per_image = static_cast<size_t>(req.height) * req.width * 3;
-  for (int64_t i = 0; i < n; ++i) {
-    Image img;
-    img.width = req.width;
-    img.height = req.height;
-    img.rgb.resize(per_image);
-    for (size_t k = 0; k < per_image; ++k) img.rgb[k] = to_u8(px[i * per_image + k]);
-    result.images.push_back(std::move(img));
-  }
-  result.timings.total_s = now_s() - start;
-  ZI_INFO("generated %lld image(s) %dx%d in %.3f s", static_cast<long long>(n), req.width,
-          req.height, result.timings.total_s);
-  return result;
+  return finish(*st);
 }
 
 }  // namespace zimage

@@ -16,6 +16,7 @@
 
 #include <atomic>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -27,6 +28,7 @@
 #include "model/qwen3_encoder.h"
 #include "model/vae.h"
 #include "model/zimage_dit.h"
+#include "pipeline/scheduler.h"
 #include "pipeline/tokenizer.h"
 #include "zimage/zimage.h"
 
@@ -45,6 +47,22 @@ struct TextToImageHooks {
   ProgressCallback on_progress;  // see GenerateHooks (zimage/zimage.h)
   const std::atomic<bool>* cancel = nullptr;
   DebugSink* debug = nullptr;  // named intermediates, see the list above
+};
+
+// One request between its denoising steps: what begin() prepared and step() advances. The
+// caller keeps `hooks.debug` alive until finish().
+struct DenoiseState {
+  GenerateRequest req;
+  TextToImageHooks hooks;
+  bool cfg = false;            // guidance > 0
+  std::vector<Tensor> embeds;  // per prompt, then the negative under CFG (backend)
+  std::vector<float> latents;  // [n, C, h, w] f32, host
+  std::optional<FlowMatchEulerScheduler> scheduler;
+  int step = 0;  // steps done
+  PhaseTimings timings;
+  double start_s = 0;                         // steady clock at begin()
+  int64_t n = 0, channels = 0, h = 0, w = 0;  // latent batch and shape
+  bool done() const { return step >= req.steps; }
 };
 
 struct TextToImageOutput {
@@ -67,8 +85,21 @@ class TextToImage {
   // (api/request_check.h) come first; these assume them.
   Status check(const GenerateRequest& req) const;
 
-  // Runs one request. The caller serialises calls (the backend's buffers are shared).
+  // Runs one request: begin(), step() until done, finish(). The caller serialises calls (the
+  // backend's buffers are shared).
   Result<TextToImageOutput> run(const GenerateRequest& req, const TextToImageHooks& hooks);
+
+  // The same, in pieces a scheduler can interleave (continuous batching):
+  // begin: checks the request, tokenizes and encodes its prompts, draws its noise.
+  Result<std::unique_ptr<DenoiseState>> begin(const GenerateRequest& req,
+                                              const TextToImageHooks& hooks);
+  // One denoising step of every state, as ONE DiT forward over all their rows (each row with its
+  // own timestep and caption): the states must share the latent size and not be done. Each
+  // request's rows are the ones run() would give it (positives, then negatives under CFG), and
+  // its noise, scheduler and CFG arithmetic are its own. Progress is reported per state.
+  Status step(const std::vector<DenoiseState*>& states);
+  // VAE decode and RGB8 conversion of a finished state.
+  Result<TextToImageOutput> finish(DenoiseState& state);
 
   // Runs the DiT's feed-forward GEMMs in FP8 from now on (ZImageDiT::quantize_ffn_fp8).
   Status use_fp8_ffn() { return c_.transformer->quantize_ffn_fp8(); }
@@ -84,9 +115,6 @@ class TextToImage {
   Result<std::vector<Tensor>> encode_prompts(const GenerateRequest& req, bool cfg,
                                              const TextToImageHooks& hooks, PhaseTimings& t,
                                              double start_s);
-  Status denoise(const GenerateRequest& req, const std::vector<Tensor>& embeds, bool cfg,
-                 std::vector<float>& latents, const TextToImageHooks& hooks, PhaseTimings& t,
-                 double start_s);
   // The error for `bad` NaN/Inf values among `total` in `what`: blames the text encoder when
   // `embeds` (given for the DiT) hold NaN/Inf, else `component`, with the weight scan's finding.
   Status nonfinite_error(const std::string& what, int64_t bad, int64_t total,

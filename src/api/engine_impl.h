@@ -1,0 +1,67 @@
+// The Engine's state (include/zimage/zimage.h), shared by engine.cpp (load, generate) and
+// engine_batch.cpp (continuous batching). Internal: nothing outside src/api includes it.
+#pragma once
+
+#include <cstdint>
+#include <exception>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <string>
+
+#include "api/request_check.h"
+#include "backend/backend.h"
+#include "model/debug.h"
+#include "pipeline/text_to_image.h"
+#include "zimage/zimage.h"
+
+namespace zimage {
+
+// One request in the shared denoising batch.
+struct BatchEntry {
+  std::unique_ptr<DebugSink> sink;  // when the request asked for dumps
+  std::unique_ptr<DenoiseState> state;
+};
+
+struct Engine::Impl {
+  EngineOptions options;
+  std::string precision;
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<TextToImage> pipeline;
+  RequestLimits limits;
+  std::mutex mu;  // one call at a time: the backend's buffers are shared
+  // Continuous batching: requests by id (ids grow with arrival, so the map is in arrival order).
+  std::map<uint64_t, BatchEntry> batch;
+  uint64_t next_batch_id = 1;
+};
+
+// Nothing escapes the API: an exception from a library or an allocation (std::bad_alloc) becomes
+// a Status naming the call.
+template <typename F>
+inline auto guarded(const char* call, F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const std::bad_alloc&) {
+    return OutOfMemory(std::string(call) + ": out of host memory");
+  } catch (const std::exception& e) {
+    return InternalError(std::string(call) + ": unexpected exception: " + e.what());
+  } catch (...) {
+    return InternalError(std::string(call) + ": unexpected exception");
+  }
+}
+
+// --dump DIR: made if missing, and refused up front when it is not a folder (rather than one
+// warning per tensor and a success).
+inline Status prepare_dump_dir(const std::string& dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (!std::filesystem::is_directory(dir, ec)) {
+    return InvalidArgument("dump_dir: '" + dir + "' is not a folder" +
+                           (std::filesystem::exists(dir, ec) ? "" : " and cannot be created"));
+  }
+  return Status::Ok();
+}
+
+}  // namespace zimage
