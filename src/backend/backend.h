@@ -150,6 +150,14 @@ class Backend {
   virtual Status add(const Tensor& x, const Tensor& y, Tensor& out) = 0;
   // Sum of squares of all elements, per leading-dim row: x[B, ...] -> host vector of B doubles.
   virtual Result<std::vector<double>> sum_squares(const Tensor& x) = 0;
+  // One request's denoising update in float32, element for element as the reference pipeline
+  // computes it on the host (pipeline/scheduler.h: cfg_combine, negation, euler_step; separate
+  // roundings, no fused multiply-add): pred = pos + g·(pos − neg) when `neg` is defined, else
+  // pos; latents = latents + dt·(−pred). pos, neg, latents: f32 with equal numel.
+  virtual Status guided_euler_step(const Tensor& pos, const Tensor& neg, float g, float dt,
+                                   Tensor& latents) = 0;
+  // How many elements of x (f32, bf16 or f16) are NaN or +-Inf. Waits for x (a host read).
+  virtual Result<int64_t> count_nonfinite(const Tensor& x) = 0;
 
   // ---- convolution / resampling (NHWC) ----
   // x[B, H, W, Cin], w[Cout, kh, kw, Cin], bias[Cout] (optional), y[B, Ho, Wo, Cout].

@@ -195,8 +195,8 @@ Result<std::unique_ptr<DenoiseState>> TextToImage::begin(const GenerateRequest& 
   st->w = req.width / vae_factor();
   TorchCpuGenerator gen(req.seed);
   ZI_ASSIGN_OR_RETURN(Tensor noise, gen.randn({st->n, st->channels, st->h, st->w}));
-  st->latents.assign(noise.data_as<float>(), noise.data_as<float>() + noise.numel());
-  dump_host(hooks.debug, *host_, "init_noise", st->latents.data(), noise.shape());
+  dump_host(hooks.debug, *host_, "init_noise", noise.data_as<float>(), noise.shape());
+  ZI_ASSIGN_OR_RETURN(st->latents, be_.upload(noise, DType::kF32));
 
   const int64_t p = c_.transformer->config().patch_size;
   ZI_ASSIGN_OR_RETURN(
@@ -212,7 +212,6 @@ Status TextToImage::step(const std::vector<DenoiseState*>& states) {
   if (states.empty()) return Status::Ok();
   const DenoiseState& first = *states.front();
   const int64_t ch = first.channels, h = first.h, w = first.w;
-  const size_t sample = static_cast<size_t>(ch * h * w);  // floats per image
   const double t0 = now_s();
 
   // The batch rows: per state, its n positive rows, then its n negative rows when CFG applies at
@@ -243,55 +242,51 @@ Status TextToImage::step(const std::vector<DenoiseState*>& states) {
     rows += r;
   }
 
-  // DiT input: every state's latents (twice under CFG), in row order.
-  Tensor in = Tensor::host(DType::kF32, {rows, ch, h, w});
-  Tensor out = Tensor::host(DType::kF32, {rows, ch, h, w});
-  if (!in.defined() || !out.defined())
-    return OutOfMemory("host buffers for the DiT input and output");
+  // DiT input: every state's latents (twice under CFG), in row order, copied on the backend.
+  ZI_ASSIGN_OR_RETURN(Tensor in, be_.alloc(DType::kF32, {rows, ch, h, w}));
   for (const Part& pt : parts) {
-    float* dst = in.data_as<float>() + pt.row0 * static_cast<int64_t>(sample);
-    const size_t bytes = pt.st->latents.size() * sizeof(float);
-    std::memcpy(dst, pt.st->latents.data(), bytes);
-    if (pt.guidance > 0.0f) std::memcpy(dst + pt.st->latents.size(), pt.st->latents.data(), bytes);
+    Tensor pos_rows = in.slice0(pt.row0, pt.row0 + pt.st->n);
+    ZI_TRY(be_.convert(pt.st->latents, pos_rows));
+    if (pt.guidance > 0.0f) {
+      Tensor neg_rows = in.slice0(pt.row0 + pt.st->n, pt.row0 + 2 * pt.st->n);
+      ZI_TRY(be_.convert(pt.st->latents, neg_rows));
+    }
   }
-  ZI_ASSIGN_OR_RETURN(Tensor in_dev, be_.upload(in, DType::kF32));
-  Tensor out_dev;
+  Tensor out;
   // A single request keeps its own debug sink and names; a batch runs without dumps.
   DebugSink* dbg = parts.size() == 1 ? first.hooks.debug : nullptr;
   const std::string step_name = "step" + std::to_string(first.step);
-  ZI_TRY(c_.transformer->forward(in_dev, t_model, caps, out_dev, dbg, "dit." + step_name)
+  ZI_TRY(c_.transformer->forward(in, t_model, caps, out, dbg, "dit." + step_name)
              .with_context("denoising step " + std::to_string(first.step)));
-  ZI_TRY(be_.download(out_dev, out));
+  in = Tensor();
 
+  // NaN/Inf never reach the image silently (a black picture): one count over the whole output,
+  // read back with the step's only synchronisation; per request only when it is not zero.
+  ZI_ASSIGN_OR_RETURN(const int64_t bad_total, be_.count_nonfinite(out));
   for (const Part& pt : parts) {
     DenoiseState& st = *pt.st;
     const int i = st.step;
     const int64_t n = st.n;
-    const float* o = out.data_as<float>() + pt.row0 * static_cast<int64_t>(sample);
+    Tensor o = out.slice0(pt.row0, pt.row0 + pt.rows);  // [rows, C, h, w]
     const std::string name = "step" + std::to_string(i);
-    dump_host(st.hooks.debug, *host_, "dit_out." + name, o, {pt.rows, ch, h, w});
-    // NaN/Inf never reach the image silently (a black picture): ~0.1 ms for a 1024² row.
-    if (const int64_t bad = count_nonfinite(o, static_cast<size_t>(pt.rows) * sample); bad > 0) {
-      return nonfinite_error("denoising step " + std::to_string(i) + ": the DiT output", bad,
-                             pt.rows * static_cast<int64_t>(sample), "transformer", &st.embeds);
-    }
-    // Velocity v = -(guided prediction), float32 as the pipeline computes it.
-    std::vector<float> velocity(st.latents.size());
-    if (pt.guidance > 0.0f) {
-      for (int64_t j = 0; j < n; ++j) {
-        const float* pos = o + j * sample;
-        const float* neg = o + (n + j) * sample;
-        float* pred = velocity.data() + j * sample;
-        cfg_combine(pos, neg, pt.guidance, pred, sample);
-        if (st.req.cfg_normalization > 0.0f)
-          cfg_renormalize(pos, pred, sample, st.req.cfg_normalization);
+    debug_tensor(st.hooks.debug, "dit_out." + name, be_, o);
+    if (bad_total > 0) {
+      ZI_ASSIGN_OR_RETURN(const int64_t bad, be_.count_nonfinite(o));
+      if (bad > 0) {
+        return nonfinite_error("denoising step " + std::to_string(i) + ": the DiT output", bad,
+                               o.numel(), "transformer", &st.embeds);
       }
-      for (float& v : velocity) v = -v;
-    } else {
-      for (size_t k = 0; k < velocity.size(); ++k) velocity[k] = -o[k];
     }
-    ZI_TRY(st.scheduler->step(i, velocity.data(), st.latents.data(), st.latents.size()));
-    dump_host(st.hooks.debug, *host_, "latents." + name, st.latents.data(), {n, ch, h, w});
+    const Tensor pos = o.slice0(0, n);
+    const Tensor neg = pt.guidance > 0.0f ? o.slice0(n, 2 * n) : Tensor();
+    const float dt = st.scheduler->dt(i);
+    if (pt.guidance > 0.0f && st.req.cfg_normalization > 0.0f) {
+      ZI_TRY(renormalized_step(st, pos, neg, pt.guidance, dt));
+    } else {
+      // latents += dt·(−(pos + g·(pos − neg))), on the backend with the host's roundings.
+      ZI_TRY(be_.guided_euler_step(pos, neg, pt.guidance, dt, st.latents));
+    }
+    debug_tensor(st.hooks.debug, "latents." + name, be_, st.latents);
     st.step = i + 1;
   }
   const double took = now_s() - t0;
@@ -301,6 +296,33 @@ Status TextToImage::step(const std::vector<DenoiseState*>& states) {
     if (st.hooks.on_progress)
       st.hooks.on_progress({Phase::kDenoise, st.step, st.req.steps, now_s() - st.start_s});
   }
+  return Status::Ok();
+}
+
+Status TextToImage::renormalized_step(DenoiseState& st, const Tensor& pos, const Tensor& neg,
+                                      float g, float dt) {
+  // cfg_normalization clips each image's guided prediction to a multiple of the positive one's
+  // norm: a reduction whose float32 result must equal the reference's, so it runs on the host
+  // (in double, in order) as diffusers' CPU reference does. Rarely used (off by default).
+  const int64_t n = st.n, sample = st.channels * st.h * st.w;
+  Tensor pos_h = Tensor::host(DType::kF32, pos.shape());
+  Tensor neg_h = Tensor::host(DType::kF32, neg.shape());
+  Tensor lat_h = Tensor::host(DType::kF32, st.latents.shape());
+  if (!pos_h.defined() || !neg_h.defined() || !lat_h.defined())
+    return OutOfMemory("host buffers for the normalised CFG step");
+  ZI_TRY(be_.download(pos, pos_h));
+  ZI_TRY(be_.download(neg, neg_h));
+  ZI_TRY(be_.download(st.latents, lat_h));
+  std::vector<float> velocity(static_cast<size_t>(n * sample));
+  for (int64_t j = 0; j < n; ++j) {
+    const float* p = pos_h.data_as<float>() + j * sample;
+    float* pred = velocity.data() + j * sample;
+    cfg_combine(p, neg_h.data_as<float>() + j * sample, g, pred, static_cast<size_t>(sample));
+    cfg_renormalize(p, pred, static_cast<size_t>(sample), st.req.cfg_normalization);
+  }
+  for (float& v : velocity) v = -v;
+  euler_step(lat_h.data_as<float>(), velocity.data(), dt, velocity.size());
+  ZI_ASSIGN_OR_RETURN(st.latents, be_.upload(lat_h, DType::kF32));
   return Status::Ok();
 }
 
@@ -318,9 +340,7 @@ Result<TextToImageOutput> TextToImage::finish(DenoiseState& st) {
   if (hooks.on_progress) hooks.on_progress({Phase::kVae, 0, 0, now_s() - st.start_s});
   const double t0 = now_s();
   const int64_t n = st.n;
-  Tensor lat_host = Tensor::wrap(st.latents.data(), DType::kF32, {n, st.channels, st.h, st.w});
-  ZI_ASSIGN_OR_RETURN(Tensor lat_dev, be_.upload(lat_host, DType::kF32));
-  auto image = c_.vae->decode(lat_dev, hooks.debug, hooks.cancel);
+  auto image = c_.vae->decode(st.latents, hooks.debug, hooks.cancel);
   if (!image.ok()) {
     if (image.status().code() == ErrorCode::kCancelled) return image.status();
     return image.status().with_context("vae decode");

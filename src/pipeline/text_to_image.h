@@ -8,7 +8,8 @@
 //   token ids       per prompt, host                       (dump "tokens.<i>", "tokens.negative")
 //   embeddings      per prompt [L_i, cap_feat_dim], backend (dump "prompt_embeds.<i>",
 //                                                             "negative_embeds")
-//   latents         [n, 16, h, w] f32, host; uploaded for each DiT call (dump "init_noise",
+//   latents         [n, 16, h, w] f32 on the backend; the CFG combine and the Euler step run
+//                   there, with the host's float32 roundings (dump "init_noise",
 //                                                             "latents.step<k>")
 //   DiT output      [n or 2n, 16, h, w] f32 (dump "dit_out.step<k>", raw, before negation)
 //   image           [n, H, W, 3] f32 in [0, 1], host; then RGB8
@@ -56,7 +57,7 @@ struct DenoiseState {
   TextToImageHooks hooks;
   bool cfg = false;            // guidance > 0
   std::vector<Tensor> embeds;  // per prompt, then the negative under CFG (backend)
-  std::vector<float> latents;  // [n, C, h, w] f32, host
+  Tensor latents;              // [n, C, h, w] f32, on the backend between steps
   std::optional<FlowMatchEulerScheduler> scheduler;
   int step = 0;  // steps done
   PhaseTimings timings;
@@ -115,6 +116,9 @@ class TextToImage {
   Result<std::vector<Tensor>> encode_prompts(const GenerateRequest& req, bool cfg,
                                              const TextToImageHooks& hooks, PhaseTimings& t,
                                              double start_s);
+  // The CFG-normalised update of one state (cfg_normalization > 0), on the host.
+  Status renormalized_step(DenoiseState& st, const Tensor& pos, const Tensor& neg, float g,
+                           float dt);
   // The error for `bad` NaN/Inf values among `total` in `what`: blames the text encoder when
   // `embeds` (given for the DiT) hold NaN/Inf, else `component`, with the weight scan's finding.
   Status nonfinite_error(const std::string& what, int64_t bad, int64_t total,

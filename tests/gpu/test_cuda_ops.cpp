@@ -577,3 +577,51 @@ TEST(CudaOps, ErrorsAreStatuses) {
 
 }  // namespace
 }  // namespace zimage::test
+
+namespace zimage::test {
+namespace {
+
+// The CUDA denoising update is bit-identical to the CPU oracle (itself the pipeline's host
+// arithmetic, tests/ops): no fused multiply-add may slip in.
+TEST(CudaOps, GuidedEulerStepBitIdenticalToCpu) {
+  ZI_REQUIRE_GPU();
+  Backend& g = *gpu(DType::kBF16);  // the latents path is f32 on either backend
+  for (int64_t n : {1, 4099, 262144}) {
+    Tensor pos = rand_host({n}, 910, DType::kF32, -3.f, 3.f);
+    Tensor neg = rand_host({n}, 911, DType::kF32, -3.f, 3.f);
+    Tensor lat = rand_host({n}, 912, DType::kF32, -2.f, 2.f);
+    for (float gs : {0.0f, 1.0f, 4.5f}) {
+      const float dt = -0.0873f;
+      Tensor want = take(cpu_oracle().upload(lat, DType::kF32), "cpu");
+      ZI_ASSERT_OK(cpu_oracle().guided_euler_step(pos, gs > 0 ? neg : Tensor(), gs, dt, want));
+      Tensor gp = take(g.upload(pos, DType::kF32), "pos");
+      Tensor gn = take(g.upload(neg, DType::kF32), "neg");
+      Tensor gl = take(g.upload(lat, DType::kF32), "lat");
+      ZI_ASSERT_OK(g.guided_euler_step(gp, gs > 0 ? gn : Tensor(), gs, dt, gl));
+      Tensor got = Tensor::host(DType::kF32, {n});
+      ZI_ASSERT_OK(g.download(gl, got));
+      EXPECT_EQ(std::memcmp(got.data(), want.data(), static_cast<size_t>(n) * 4), 0)
+          << "n=" << n << " g=" << gs;
+    }
+  }
+}
+
+TEST(CudaOps, CountNonfinite) {
+  ZI_REQUIRE_GPU();
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    Tensor h = rand_host({100000}, 913, DType::kF32);
+    h.data_as<float>()[7] = std::numeric_limits<float>::quiet_NaN();
+    h.data_as<float>()[99999] = std::numeric_limits<float>::infinity();
+    h.data_as<float>()[500] = -std::numeric_limits<float>::infinity();
+    Tensor x = take(gpu(dt)->upload(h, dt), "x");
+    auto bad = gpu(dt)->count_nonfinite(x);
+    ASSERT_TRUE(bad.ok()) << bad.status().to_string();
+    EXPECT_EQ(*bad, 3) << dtype_name(dt);
+    auto none = gpu(dt)->count_nonfinite(x.slice0(8, 500));
+    ASSERT_TRUE(none.ok());
+    EXPECT_EQ(*none, 0);
+  }
+}
+
+}  // namespace
+}  // namespace zimage::test

@@ -1,6 +1,9 @@
 // CPU element-wise ops and RoPE against double references: SiLU, tanh, SwiGLU (also in place),
 // axpby in f32 / bf16 / f16 (also in place), broadcast add, per-row sum of squares, rotate-half
 // and interleaved RoPE, plus their argument errors.
+#include <limits>
+
+#include "pipeline/scheduler.h"
 #include "test_cpu_util.h"
 
 namespace zimage::test {
@@ -182,6 +185,53 @@ TEST(CpuOps, RopeInterleaved) {
   ASSERT_TRUE(cpu().rope_interleaved(xs, fr.slice0(0, 1)).ok());
   expect_close("rope_interleaved freqs shared over batch", xs, reference(true), 1e-6, 1e-6);
   expect_invalid(cpu().rope_interleaved(xi, f32({b, s, dh, 2})), "must be [2, 7, 6, 2]");
+}
+
+}  // namespace
+}  // namespace zimage::test
+
+// The denoising update op is the reference pipeline's host arithmetic, bit for bit: the CPU op
+// against pipeline/scheduler.h's cfg_combine + negation + euler_step (what the CUDA op is then
+// compared with, bit for bit, in the GPU suite).
+namespace zimage::test {
+namespace {
+
+TEST(CpuOps, GuidedEulerStepIsThePipelinesArithmetic) {
+  for (int64_t n : {1, 1000, 70000}) {
+    const Tensor pos = rand_f32({n}, 900, -3.0f, 3.0f);
+    const Tensor neg = rand_f32({n}, 901, -3.0f, 3.0f);
+    const Tensor lat = rand_f32({n}, 902, -2.0f, 2.0f);
+    for (float g : {0.0f, 1.0f, 4.5f}) {
+      const float dt = -0.0873f;
+      std::vector<float> pred(static_cast<size_t>(n));
+      if (g > 0.0f) {
+        cfg_combine(pos.data_as<float>(), neg.data_as<float>(), g, pred.data(), pred.size());
+      } else {
+        std::copy(pos.data_as<float>(), pos.data_as<float>() + n, pred.begin());
+      }
+      for (float& v : pred) v = -v;
+      std::vector<float> want(lat.data_as<float>(), lat.data_as<float>() + n);
+      euler_step(want.data(), pred.data(), dt, want.size());
+      Tensor got = copy_of(lat);
+      ASSERT_TRUE(cpu().guided_euler_step(pos, g > 0.0f ? neg : Tensor(), g, dt, got).ok());
+      EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * 4), 0)
+          << "n=" << n << " g=" << g << ": not bit-identical to the pipeline's host arithmetic";
+    }
+  }
+  Tensor lat = f32({3});
+  EXPECT_FALSE(cpu().guided_euler_step(rand_f32({4}, 1), Tensor(), 0.0f, 0.1f, lat).ok());
+}
+
+TEST(CpuOps, CountNonfinite) {
+  Tensor x = rand_f32({1000}, 903);
+  auto zero = cpu().count_nonfinite(x);
+  ASSERT_TRUE(zero.ok());
+  EXPECT_EQ(*zero, 0);
+  x.data_as<float>()[3] = std::numeric_limits<float>::quiet_NaN();
+  x.data_as<float>()[999] = -std::numeric_limits<float>::infinity();
+  auto two = cpu().count_nonfinite(x);
+  ASSERT_TRUE(two.ok());
+  EXPECT_EQ(*two, 2);
 }
 
 }  // namespace

@@ -59,6 +59,9 @@ class CpuBackend final : public Backend {
   Status axpby(float a, const Tensor& x, float b, const Tensor& y, Tensor& out) override;
   Status add(const Tensor& x, const Tensor& y, Tensor& out) override;
   Result<std::vector<double>> sum_squares(const Tensor& x) override;
+  Status guided_euler_step(const Tensor& pos, const Tensor& neg, float g, float dt,
+                           Tensor& latents) override;
+  Result<int64_t> count_nonfinite(const Tensor& x) override;
 
   // cpu_attention.cpp
   Status attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& p,

@@ -2,6 +2,7 @@
 // per-row sum of squares, and the two RoPE variants (rotate-half for Qwen3, interleaved complex
 // for the DiT). All parallel over contiguous ranges of the flat tensor or over rows.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <vector>
 
@@ -167,6 +168,54 @@ Status CpuBackend::add(const Tensor& x, const Tensor& y, Tensor& out) {
     }
   });
   return Status::Ok();
+}
+
+Status CpuBackend::guided_euler_step(const Tensor& pos, const Tensor& neg, float g, float dt,
+                                     Tensor& latents) {
+  const char* op = "guided_euler_step";
+  const bool cfg = neg.defined();
+  if (!pos.defined() || pos.dtype() != DType::kF32 || !latents.defined() ||
+      latents.dtype() != DType::kF32 || (cfg && neg.dtype() != DType::kF32))
+    return InvalidArgument(std::string(op) + ": pos, neg and latents must be f32");
+  if (pos.numel() != latents.numel() || (cfg && neg.numel() != latents.numel()))
+    return InvalidArgument(std::string(op) + ": sizes differ: pos " + desc(pos) + ", latents " +
+                           desc(latents));
+  const float* p = pos.data_as<float>();
+  const float* n = cfg ? neg.data_as<float>() : nullptr;
+  float* x = latents.data_as<float>();
+  // The reference's arithmetic, one rounding per operation (this file is built without FMA
+  // contraction: ISO C++ mode).
+  pool_.parallel_for(latents.numel(), 4096, [&](int64_t b, int64_t e) {
+    for (int64_t k = b; k < e; ++k) {
+      float pred = p[k];
+      if (n != nullptr) {
+        const float d = pred - n[k];
+        const float gd = g * d;
+        pred = pred + gd;
+      }
+      const float v = -pred;
+      const float dv = dt * v;
+      x[k] = x[k] + dv;
+    }
+  });
+  return Status::Ok();
+}
+
+Result<int64_t> CpuBackend::count_nonfinite(const Tensor& x) {
+  ZI_TRY(check_float("count_nonfinite", "x", x));
+  const DType dt = x.dtype();
+  std::atomic<int64_t> bad{0};
+  pool_.parallel_for(x.numel(), 1 << 14, [&](int64_t b, int64_t e) {
+    int64_t local = 0;
+    for (int64_t k = b; k < e; ++k) {
+      const float v = dt == DType::kF32    ? x.data_as<float>()[k]
+                      : dt == DType::kBF16 ? bf16_to_f32(static_cast<const uint16_t*>(x.data())[k])
+                                           : f16_to_f32(static_cast<const uint16_t*>(x.data())[k]);
+      local += std::isfinite(v) ? 0 : 1;
+    }
+    bad += local;
+  });
+  return bad.load();
 }
 
 Result<std::vector<double>> CpuBackend::sum_squares(const Tensor& x) {

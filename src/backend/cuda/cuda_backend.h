@@ -110,6 +110,9 @@ class CudaBackend final : public Backend {
   Status axpby(float a, const Tensor& x, float b, const Tensor& y, Tensor& out) override;
   Status add(const Tensor& x, const Tensor& y, Tensor& out) override;
   Result<std::vector<double>> sum_squares(const Tensor& x) override;
+  Status guided_euler_step(const Tensor& pos, const Tensor& neg, float g, float dt,
+                           Tensor& latents) override;
+  Result<int64_t> count_nonfinite(const Tensor& x) override;
   Status conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dParams& p,
                 Tensor& y) override;
   Status upsample_nearest2x(const Tensor& x, Tensor& y) override;

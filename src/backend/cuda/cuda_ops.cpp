@@ -474,6 +474,44 @@ Result<std::vector<double>> CudaBackend::sum_squares(const Tensor& x) {
   return out;
 }
 
+Status CudaBackend::guided_euler_step(const Tensor& pos, const Tensor& neg, float g, float dt,
+                                      Tensor& latents) {
+  ZI_OP_SCOPE("guided_euler_step", &pos);
+  constexpr const char* op = "guided_euler_step";
+  ZI_TRY(check_cuda_tensor(op, "pos", pos));
+  ZI_TRY(check_cuda_tensor(op, "latents", latents));
+  ZI_TRY(check_dtype(op, "pos", pos, DType::kF32));
+  ZI_TRY(check_dtype(op, "latents", latents, DType::kF32));
+  if (pos.numel() != latents.numel())
+    return InvalidArgument("guided_euler_step: sizes differ: " + pos.describe() + ", " +
+                           latents.describe());
+  const float* negp = nullptr;
+  if (neg.defined()) {
+    ZI_TRY(check_cuda_tensor(op, "neg", neg));
+    ZI_TRY(check_dtype(op, "neg", neg, DType::kF32));
+    if (neg.numel() != latents.numel())
+      return InvalidArgument("guided_euler_step: sizes differ: " + neg.describe() + ", " +
+                             latents.describe());
+    negp = neg.data_as<float>();
+  }
+  ZI_LAUNCH_TRY(op, launch_guided_euler(pos.data_as<float>(), negp, g, dt, latents.data_as<float>(),
+                                        latents.numel(), stream_));
+  return Status::Ok();
+}
+
+Result<int64_t> CudaBackend::count_nonfinite(const Tensor& x) {
+  constexpr const char* op = "count_nonfinite";
+  ZI_TRY(check_cuda_tensor(op, "x", x));
+  ZI_ASSIGN_OR_RETURN(KType kt, ktype_of(op, x.dtype()));
+  ZI_ASSIGN_OR_RETURN(Tensor acc, alloc(DType::kI64, {1}));
+  ZI_LAUNCH_TRY(op, launch_count_nonfinite(kt, x.data(), x.numel(),
+                                           static_cast<unsigned long long*>(acc.data()), stream_));
+  unsigned long long bad = 0;
+  ZI_CUDA_TRY(cudaMemcpyAsync(&bad, acc.data(), sizeof(bad), cudaMemcpyDeviceToHost, stream_));
+  ZI_CUDA_TRY(cudaStreamSynchronize(stream_));
+  return static_cast<int64_t>(bad);
+}
+
 Status CudaBackend::upsample_nearest2x(const Tensor& x, Tensor& y) {
   ZI_OP_SCOPE("upsample_nearest2x", &x);
   constexpr const char* op = "upsample_nearest2x";

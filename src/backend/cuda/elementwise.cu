@@ -181,6 +181,34 @@ __global__ void sum_squares_kernel(const T* x, int64_t cols, double* out) {
   if (threadIdx.x == 0) atomicAdd(out + blockIdx.y, acc);
 }
 
+// The reference pipeline's host arithmetic, one IEEE rounding per operation: the explicit _rn
+// intrinsics keep nvcc from contracting a*b + c into a fused multiply-add, so the result is
+// bit-identical to the CPU's.
+__global__ void guided_euler_kernel(const float* pos, const float* neg, float g, float dt, float* x,
+                                    int64_t n) {
+  for (int64_t k = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; k < n;
+       k += int64_t{gridDim.x} * blockDim.x) {
+    float pred = pos[k];
+    if (neg != nullptr) {
+      const float d = __fsub_rn(pred, neg[k]);
+      const float gd = __fmul_rn(g, d);
+      pred = __fadd_rn(pred, gd);
+    }
+    const float dv = __fmul_rn(dt, -pred);
+    x[k] = __fadd_rn(x[k], dv);
+  }
+}
+
+template <typename T>
+__global__ void count_nonfinite_kernel(const T* x, int64_t n, unsigned long long* out) {
+  unsigned long long bad = 0;
+  for (int64_t k = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; k < n;
+       k += int64_t{gridDim.x} * blockDim.x) {
+    bad += isfinite(to_f32<T>(x[k])) ? 0 : 1;
+  }
+  if (bad != 0) atomicAdd(out, bad);  // rare: only a broken run pays for atomics
+}
+
 __global__ void write_i32_kernel(int32_t* dst, I32Values values) {
   const int i = static_cast<int>(threadIdx.x);
   if (i < values.n) dst[i] = values.v[i];
@@ -193,6 +221,27 @@ cudaError_t launch_write_i32(int32_t* dst, const I32Values& values, cudaStream_t
   if (values.n > I32Values::kMax) return cudaErrorInvalidValue;
   write_i32_kernel<<<1, I32Values::kMax, 0, s>>>(dst, values);
   return cudaGetLastError();
+}
+
+cudaError_t launch_guided_euler(const float* pos, const float* neg, float g, float dt, float* x,
+                                int64_t n, cudaStream_t s) {
+  if (n <= 0) return cudaSuccess;
+  guided_euler_kernel<<<grid_for(n, kThreads), kThreads, 0, s>>>(pos, neg, g, dt, x, n);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_count_nonfinite(KType t, const void* x, int64_t n, unsigned long long* out,
+                                   cudaStream_t s) {
+  cudaError_t e = cudaMemsetAsync(out, 0, sizeof(unsigned long long), s);
+  if (e != cudaSuccess || n <= 0) return e;
+  return dispatch_ktype(t, [&](auto tag) {
+    using T = decltype(tag);
+    int64_t blocks = (n + kThreads * 8 - 1) / (kThreads * 8);
+    if (blocks > 4096) blocks = 4096;
+    count_nonfinite_kernel<T>
+        <<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(static_cast<const T*>(x), n, out);
+    return cudaGetLastError();
+  });
 }
 
 cudaError_t launch_fill(KType t, void* dst, int64_t n, float value, cudaStream_t s) {

@@ -36,6 +36,13 @@ struct I32Values {
   int32_t v[kMax] = {};
 };
 cudaError_t launch_write_i32(int32_t* dst, const I32Values& values, cudaStream_t s);
+// x = x + dt·(−pred), pred = pos + g·(pos − neg) (neg may be null: pred = pos), all f32, with
+// the host's roundings (no FMA).
+cudaError_t launch_guided_euler(const float* pos, const float* neg, float g, float dt, float* x,
+                                int64_t n, cudaStream_t s);
+// *out = number of NaN/Inf among the n elements of x (a device counter).
+cudaError_t launch_count_nonfinite(KType t, const void* x, int64_t n, unsigned long long* out,
+                                   cudaStream_t s);
 // out[r] = sum over the row of x², for x[rows, cols]; out is a device array of `rows` doubles.
 cudaError_t launch_sum_squares(KType t, const void* x, int64_t rows, int64_t cols, double* out,
                                cudaStream_t s);
