@@ -397,12 +397,14 @@ void run_bench(const Options& o) {
       const char* name;
       cuda::AttentionPath attention;
       bool fused, graphs;
+      bool device_step = true;  // CFG + Euler step on the device (else downloaded every step)
     };
     auto measure = [&](Loaded& M, const Setup& st, int image_iters) {
       auto* mb = as_cuda(*M.be);
       mb->set_attention_path(st.attention);
       mb->set_fused(st.fused);
       M.dit->set_use_graphs(st.graphs);
+      M.pipe->set_device_step(st.device_step);
       TorchCpuGenerator gen(1);
       auto host = gen.randn({1, 16, res0 / fac, res0 / fac});
       if (!host.ok()) fail(host.status());
@@ -431,14 +433,16 @@ void run_bench(const Options& o) {
       mb->set_attention_path(cuda::AttentionPath::kAuto);
       mb->set_fused(true);
       M.dit->set_use_graphs(true);
+      M.pipe->set_device_step(true);
       return row;
     };
     const Setup bf16_rows[] = {
-        {"bf16", cuda::AttentionPath::kGeneral, false, false},
-        {"+ fused kernels", cuda::AttentionPath::kGeneral, true, false},
-        {"+ flash attention (own FA2-style kernel)", cuda::AttentionPath::kOwn, true, false},
-        {"+ cuDNN fused attention", cuda::AttentionPath::kAuto, true, false},
-        {"+ CUDA graphs", cuda::AttentionPath::kAuto, true, true},
+        {"bf16", cuda::AttentionPath::kGeneral, false, false, false},
+        {"+ fused kernels", cuda::AttentionPath::kGeneral, true, false, false},
+        {"+ flash attention (own FA2-style kernel)", cuda::AttentionPath::kOwn, true, false, false},
+        {"+ cuDNN fused attention", cuda::AttentionPath::kAuto, true, false, false},
+        {"+ CUDA graphs", cuda::AttentionPath::kAuto, true, true, false},
+        {"+ CFG and Euler step on the device", cuda::AttentionPath::kAuto, true, true, true},
     };
     for (const Setup& st : bf16_rows) rows.push_back(measure(L, st, 2));
     if (std::find(o.batches.begin(), o.batches.end(), 4) != o.batches.end()) {

@@ -280,8 +280,8 @@ Status TextToImage::step(const std::vector<DenoiseState*>& states) {
     const Tensor pos = o.slice0(0, n);
     const Tensor neg = pt.guidance > 0.0f ? o.slice0(n, 2 * n) : Tensor();
     const float dt = st.scheduler->dt(i);
-    if (pt.guidance > 0.0f && st.req.cfg_normalization > 0.0f) {
-      ZI_TRY(renormalized_step(st, pos, neg, pt.guidance, dt));
+    if (!device_step_ || (pt.guidance > 0.0f && st.req.cfg_normalization > 0.0f)) {
+      ZI_TRY(host_step(st, pos, neg, pt.guidance, dt));
     } else {
       // latents += dt·(−(pos + g·(pos − neg))), on the backend with the host's roundings.
       ZI_TRY(be_.guided_euler_step(pos, neg, pt.guidance, dt, st.latents));
@@ -299,26 +299,33 @@ Status TextToImage::step(const std::vector<DenoiseState*>& states) {
   return Status::Ok();
 }
 
-Status TextToImage::renormalized_step(DenoiseState& st, const Tensor& pos, const Tensor& neg,
-                                      float g, float dt) {
+Status TextToImage::host_step(DenoiseState& st, const Tensor& pos, const Tensor& neg, float g,
+                              float dt) {
   // cfg_normalization clips each image's guided prediction to a multiple of the positive one's
   // norm: a reduction whose float32 result must equal the reference's, so it runs on the host
-  // (in double, in order) as diffusers' CPU reference does. Rarely used (off by default).
+  // (in double, in order) as diffusers' CPU reference does. Rarely used (off by default). The
+  // same path, without the clip, is the "host scheduler" ablation of zimage bench.
   const int64_t n = st.n, sample = st.channels * st.h * st.w;
+  const bool cfg = g > 0.0f;
   Tensor pos_h = Tensor::host(DType::kF32, pos.shape());
-  Tensor neg_h = Tensor::host(DType::kF32, neg.shape());
+  Tensor neg_h = cfg ? Tensor::host(DType::kF32, neg.shape()) : Tensor();
   Tensor lat_h = Tensor::host(DType::kF32, st.latents.shape());
-  if (!pos_h.defined() || !neg_h.defined() || !lat_h.defined())
-    return OutOfMemory("host buffers for the normalised CFG step");
+  if (!pos_h.defined() || (cfg && !neg_h.defined()) || !lat_h.defined())
+    return OutOfMemory("host buffers for the denoising step");
   ZI_TRY(be_.download(pos, pos_h));
-  ZI_TRY(be_.download(neg, neg_h));
+  if (cfg) ZI_TRY(be_.download(neg, neg_h));
   ZI_TRY(be_.download(st.latents, lat_h));
   std::vector<float> velocity(static_cast<size_t>(n * sample));
   for (int64_t j = 0; j < n; ++j) {
     const float* p = pos_h.data_as<float>() + j * sample;
     float* pred = velocity.data() + j * sample;
-    cfg_combine(p, neg_h.data_as<float>() + j * sample, g, pred, static_cast<size_t>(sample));
-    cfg_renormalize(p, pred, static_cast<size_t>(sample), st.req.cfg_normalization);
+    if (cfg) {
+      cfg_combine(p, neg_h.data_as<float>() + j * sample, g, pred, static_cast<size_t>(sample));
+      if (st.req.cfg_normalization > 0.0f)
+        cfg_renormalize(p, pred, static_cast<size_t>(sample), st.req.cfg_normalization);
+    } else {
+      std::copy(p, p + sample, pred);
+    }
   }
   for (float& v : velocity) v = -v;
   euler_step(lat_h.data_as<float>(), velocity.data(), dt, velocity.size());

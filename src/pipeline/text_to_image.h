@@ -102,6 +102,10 @@ class TextToImage {
   // VAE decode and RGB8 conversion of a finished state.
   Result<TextToImageOutput> finish(DenoiseState& state);
 
+  // The CFG combine and Euler step on the backend (default) or, for the ablation, on the host
+  // with the DiT output downloaded every step (the same float32 result).
+  void set_device_step(bool on) { device_step_ = on; }
+
   // Runs the DiT's feed-forward GEMMs in FP8 from now on (ZImageDiT::quantize_ffn_fp8).
   Status use_fp8_ffn() { return c_.transformer->quantize_ffn_fp8(); }
 
@@ -116,9 +120,8 @@ class TextToImage {
   Result<std::vector<Tensor>> encode_prompts(const GenerateRequest& req, bool cfg,
                                              const TextToImageHooks& hooks, PhaseTimings& t,
                                              double start_s);
-  // The CFG-normalised update of one state (cfg_normalization > 0), on the host.
-  Status renormalized_step(DenoiseState& st, const Tensor& pos, const Tensor& neg, float g,
-                           float dt);
+  // One state's update on the host (cfg_normalization > 0, or the device step switched off).
+  Status host_step(DenoiseState& st, const Tensor& pos, const Tensor& neg, float g, float dt);
   // The error for `bad` NaN/Inf values among `total` in `what`: blames the text encoder when
   // `embeds` (given for the DiT) hold NaN/Inf, else `component`, with the weight scan's finding.
   Status nonfinite_error(const std::string& what, int64_t bad, int64_t total,
@@ -126,7 +129,8 @@ class TextToImage {
 
   TextToImageComponents c_;
   Backend& be_;
-  std::string model_dir_;  // where the weights came from (scanned when an output is not finite)
+  std::string model_dir_;
+  bool device_step_ = true;  // where the weights came from (scanned when an output is not finite)
   std::unique_ptr<Backend> host_;  // a 1-thread CPU backend: dumps of host tensors
 };
 

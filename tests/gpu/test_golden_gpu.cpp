@@ -77,7 +77,7 @@ struct Errors {
 };
 
 Errors run_case(const std::string& name, DType act, Tensor* image_out = nullptr,
-                bool capture = true) {
+                bool capture = true, bool device_step = true) {
   const std::string dir = test::golden_dir(name);
   std::ifstream f(dir + "/case.json");
   const auto spec = nlohmann::json::parse(f);
@@ -87,6 +87,7 @@ Errors run_case(const std::string& name, DType act, Tensor* image_out = nullptr,
   auto pipe = TextToImage::load(dir + "/model", **be);
   EXPECT_TRUE(pipe.ok()) << pipe.status().to_string();
   if (!pipe.ok()) return {};
+  (*pipe)->set_device_step(device_step);
   CaptureSink sink;
   TextToImageHooks hooks;
   if (capture) hooks.debug = &sink;  // no sink: the recorded (graph) DiT path runs
@@ -165,6 +166,21 @@ TEST(GoldenGpu, RecordedPathMatchesEagerAndDiffusers) {
                   c.c_str(), dtype_name(act), d, e.image);
       EXPECT_LE(d, act == DType::kF32 ? 1e-6 : 1e-2) << c;
       EXPECT_LT(e.image, act == DType::kF32 ? 3e-5 : 6e-2) << c;
+    }
+  }
+}
+
+// The CFG combine and Euler step on the device give the latents the host arithmetic gives, bit
+// for bit, so the whole image is identical.
+TEST(GoldenGpu, DeviceStepMatchesHostStep) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  for (DType act : {DType::kF32, DType::kBF16}) {
+    for (const auto& c : golden_cases()) {
+      Tensor host_step, device_step;
+      run_case(c, act, &host_step, /*capture=*/false, /*device_step=*/false);
+      run_case(c, act, &device_step, /*capture=*/false, /*device_step=*/true);
+      ASSERT_TRUE(host_step.defined() && device_step.defined()) << c;
+      EXPECT_EQ(test::max_abs_diff(host_step, device_step), 0.0) << c << " " << dtype_name(act);
     }
   }
 }
