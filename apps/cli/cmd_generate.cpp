@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "builtin_model.h"
 #include "commands.h"
 #include "progress.h"
 #include "zimage/zimage.h"
@@ -23,11 +24,6 @@ namespace zimage::cli {
 
 namespace {
 
-#ifdef ZIMAGE_TINY_MODEL
-constexpr const char* kTinyModel = ZIMAGE_TINY_MODEL;
-#else
-constexpr const char* kTinyModel = "";
-#endif
 constexpr int kTinyDefaultSide = 64;
 
 struct GenerateArgs {
@@ -120,8 +116,9 @@ void run_generate(const GenerateArgs& a, const CLI::App& cmd) {
   req.width = a.width;
   req.height = a.height;
   if (eo.model_dir.empty()) {
-    if (kTinyModel[0] == '\0') fail(2, "--model is required (this build has no built-in model)");
-    eo.model_dir = kTinyModel;
+    auto builtin = builtin_model_dir();  // embedded; unpacked into the user's cache
+    if (!builtin.ok()) fail(1, builtin.status().to_string());
+    eo.model_dir = *builtin;
     if (cmd.count("--width") == 0) req.width = kTinyDefaultSide;
     if (cmd.count("--height") == 0) req.height = kTinyDefaultSide;
   }
