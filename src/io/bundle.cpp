@@ -152,9 +152,9 @@ Result<std::string> pack_folder(const std::string& dir, int level) {
     const fs::file_status st = it->symlink_status(ec);
     if (ec) break;
     if (fs::is_directory(st)) continue;
-    const std::string rel = fs::relative(it->path(), dir, ec).generic_string();
-    if (ec) break;
-    if (!fs::is_regular_file(st)) return InvalidArgument(rel + ": not a regular file or folder");
+    const std::string rel = it->path().lexically_relative(dir).generic_string();
+    if (!fs::is_regular_file(st))
+      return InvalidArgument(rel + ": not a regular file or folder (a link or a device)");
     if (!safe_path(rel)) return InvalidArgument(rel + ": not a plain relative path");
     paths.push_back(rel);
   }

@@ -45,7 +45,7 @@ std::string try_cache(const Bundle& b, const std::string& root, const std::strin
     const Status found = b.verify(final_dir);
     if (found.ok()) return final_dir;
     if (found.code() != ErrorCode::kNotFound || fs::exists(final_dir, ec))
-      ZI_WARN("%s; unpacking the built-in files again", found.to_string().c_str());
+      ZI_WARN("%s; unpacking %s again", found.to_string().c_str(), name.c_str());
     const std::string tmp = make_temp_dir(root, "." + name + ".tmp-");
     if (tmp.empty()) {
       why = root + ": cannot write (" + std::strerror(errno) + ")";
