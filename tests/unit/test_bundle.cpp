@@ -33,7 +33,8 @@ class BundleTest : public ::testing::Test {
     write(root_ / "src" / "top.json", "{\"x\": 1}");
     write(root_ / "src" / "empty", "");
     std::string big;
-    for (int i = 0; i < 300000; ++i) big += std::to_string((static_cast<unsigned>(i) * 7919u) % 1000u) + ",";
+    for (int i = 0; i < 300000; ++i)
+      big += std::to_string((static_cast<unsigned>(i) * 7919u) % 1000u) + ",";
     write(root_ / "src" / "a" / "b" / "big.bin", big);  // several zlib chunks
     auto packed = pack_folder((root_ / "src").string());
     ASSERT_TRUE(packed.ok()) << packed.status().to_string();
