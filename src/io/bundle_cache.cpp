@@ -7,9 +7,11 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <vector>
 
 #include "core/log.h"
 
@@ -31,6 +33,22 @@ void remove_tree(const std::string& path) {
   fs::remove_all(path, ec);
 }
 
+// Removes `.<name>.tmp-*` / `.<name>.stale-*` folders under `root` older than an hour: what a
+// process killed while unpacking leaves behind (a live one is done within seconds).
+void sweep_leftovers(const std::string& root, const std::string& name) {
+  std::error_code ec;
+  const auto cutoff = fs::file_time_type::clock::now() - std::chrono::hours(1);
+  std::vector<std::string> old;
+  for (const auto& e : fs::directory_iterator(root, ec)) {
+    const std::string f = e.path().filename().string();
+    const bool ours =
+        f.rfind("." + name + ".tmp-", 0) == 0 || f.rfind("." + name + ".stale-", 0) == 0;
+    std::error_code tec;
+    if (ours && e.last_write_time(tec) < cutoff && !tec) old.push_back(e.path().string());
+  }
+  for (const std::string& p : old) remove_tree(p);
+}
+
 // Tries the cache; returns the verified folder's path, or "" with `why` set.
 std::string try_cache(const Bundle& b, const std::string& root, const std::string& name,
                       std::string& why) {
@@ -40,6 +58,7 @@ std::string try_cache(const Bundle& b, const std::string& root, const std::strin
     why = root + ": cannot create the cache folder (" + (ec ? ec.message() : "not a folder") + ")";
     return "";
   }
+  sweep_leftovers(root, name);
   const std::string final_dir = root + "/" + name;
   for (int attempt = 0; attempt < 4; ++attempt) {
     const Status found = b.verify(final_dir);

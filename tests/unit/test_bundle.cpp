@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -161,6 +162,16 @@ TEST_F(BundleTest, CacheIsUnpackedOnceAndReplacedWhenDamaged) {
   }
   expect_same_tree(path);
   EXPECT_EQ(entries(root_ / "cache" / "zimage").size(), 1u);  // no temporary siblings left
+
+  // What a killed process leaves behind is removed once it is an hour old, not before.
+  const fs::path old_tmp = root_ / "cache" / "zimage" / ".t-1.tmp-AAAAAA";
+  const fs::path new_tmp = root_ / "cache" / "zimage" / ".t-1.stale-BBBBBB";
+  fs::create_directories(old_tmp / "sub");
+  fs::create_directories(new_tmp);
+  fs::last_write_time(old_tmp, fs::file_time_type::clock::now() - std::chrono::hours(2));
+  ASSERT_TRUE(unpack_cached(b, cache, "t-1").ok());
+  EXPECT_FALSE(fs::exists(old_tmp));
+  EXPECT_TRUE(fs::exists(new_tmp));
 }
 
 TEST_F(BundleTest, UnwritableCacheUsesATemporaryFolderRemovedAfterUse) {
