@@ -4,7 +4,8 @@
 // `generate` runs (TextToImage::check_folder: the real loaders bind every tensor against a backend
 // that holds nothing), so `info` is the check to run on a freshly downloaded model: it fails
 // (exit 1) with the message `generate` would give. --json prints the same facts, "valid" and the
-// errors for scripts.
+// errors for scripts. For a component folder or a single file, which no config describes, "valid"
+// covers the safetensors checks only (headers, offsets, shards against their index).
 #include <sys/stat.h>
 
 #include <charconv>
