@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "builtin_model.h"
 #include "commands.h"
 #include "io/file_io.h"
 #include "io/model_folder.h"
@@ -225,7 +226,9 @@ void run_bench(const Options& o) {
       ro.dit = cfg.transformer;
       ro.text_encoder = cfg.text_encoder;
       ro.vae = cfg.vae;
-      ro.tokenizer_dir = std::string(ZIMAGE_TINY_MODEL) + "/tokenizer";
+      auto builtin = builtin_model_dir();
+      if (!builtin.ok()) fail(builtin.status());
+      ro.tokenizer_dir = *builtin + "/tokenizer";
       const double t0 = now_s();
       check(write_random_model(dir, ro));
       R["random_model_write_s"] = now_s() - t0;

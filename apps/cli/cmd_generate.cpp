@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "builtin_model.h"
 #include "commands.h"
 #include "progress.h"
 #include "zimage/zimage.h"
@@ -27,11 +28,6 @@ namespace zimage::cli {
 
 namespace {
 
-#ifdef ZIMAGE_TINY_MODEL
-constexpr const char* kTinyModel = ZIMAGE_TINY_MODEL;
-#else
-constexpr const char* kTinyModel = "";
-#endif
 constexpr int kTinyDefaultSide = 64;
 
 struct GenerateArgs {
@@ -146,8 +142,9 @@ void run_generate(const GenerateArgs& a, const CLI::App& cmd) {
   req.width = a.width;
   req.height = a.height;
   if (eo.model_dir.empty()) {
-    if (kTinyModel[0] == '\0') fail(2, "--model is required (this build has no built-in model)");
-    eo.model_dir = kTinyModel;
+    auto builtin = builtin_model_dir();  // embedded; unpacked into the user's cache
+    if (!builtin.ok()) fail(1, builtin.status().to_string());
+    eo.model_dir = *builtin;
     if (cmd.count("--width") == 0) req.width = kTinyDefaultSide;
     if (cmd.count("--height") == 0) req.height = kTinyDefaultSide;
   } else {  // a path of the wrong kind is a usage error, whatever kind it is (exit 2)

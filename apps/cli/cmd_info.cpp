@@ -1,7 +1,11 @@
-// zimage info PATH: what is in a model folder, a component folder or a single .safetensors file,
-// without running anything: configs, tensor and parameter counts, dtypes and on-disk sizes.
-// Opening validates every config and every weight file, so `info` doubles as the check to run on
-// a freshly downloaded model. --json prints the same facts for scripts.
+// zimage info [PATH]: what is in a model folder, a component folder or a single .safetensors
+// file, without running anything: configs, tensor and parameter counts, dtypes and on-disk sizes.
+// Without PATH, the built-in model. For a model folder it also runs every load-time check
+// `generate` runs (TextToImage::check_folder: the real loaders bind every tensor against a backend
+// that holds nothing), so `info` is the check to run on a freshly downloaded model: it fails
+// (exit 1) with the message `generate` would give. --json prints the same facts, "valid" and the
+// errors for scripts. For a component folder or a single file, which no config describes, "valid"
+// covers the safetensors checks only (headers, offsets, shards against their index).
 #include <sys/stat.h>
 
 #include <charconv>
@@ -13,9 +17,11 @@
 #include <string>
 #include <vector>
 
+#include "builtin_model.h"
 #include "commands.h"
 #include "io/model_folder.h"
 #include "io/weights.h"
+#include "pipeline/text_to_image.h"
 
 namespace zimage::cli {
 namespace {
@@ -24,6 +30,30 @@ using nlohmann::ordered_json;
 
 [[noreturn]] void fail(const Status& s) {
   std::fprintf(stderr, "zimage info: %s\n", s.to_string().c_str());
+  throw CLI::RuntimeError(1);
+}
+
+ordered_json error_list(const std::vector<Status>& errors) {
+  ordered_json list = ordered_json::array();
+  for (const Status& e : errors) list.push_back(e.to_string());
+  return list;
+}
+
+// Each error on stderr as `generate` words it; exit 1 when there is one.
+void report_errors(const std::vector<Status>& errors) {
+  for (const Status& e : errors) std::fprintf(stderr, "zimage info: %s\n", e.to_string().c_str());
+  if (!errors.empty()) throw CLI::RuntimeError(1);
+}
+
+// A path that cannot even be described (errors not empty): with --json still a JSON answer.
+[[noreturn]] void fail_invalid(const std::string& path, const char* kind, bool as_json,
+                               const std::vector<Status>& errors) {
+  if (as_json) {
+    ordered_json j = {
+        {"path", path}, {"kind", kind}, {"valid", false}, {"errors", error_list(errors)}};
+    std::printf("%s\n", j.dump(2).c_str());
+  }
+  report_errors(errors);
   throw CLI::RuntimeError(1);
 }
 
@@ -167,15 +197,23 @@ void print_weights(const char* indent, const WeightStore& w, bool with_tensors) 
   }
 }
 
-void run_info(const std::string& path, bool as_json, bool with_tensors) {
+void run_info(std::string path, bool as_json, bool with_tensors) {
+  if (path.empty()) {
+    auto builtin = builtin_model_dir();
+    if (!builtin.ok()) fail(builtin.status());
+    path = *builtin;
+  }
   struct stat st {};
   const bool is_model = ::stat((path + "/model_index.json").c_str(), &st) == 0;
   if (!is_model) {  // a component folder or a single file
     auto w = WeightStore::open(path);
-    if (!w.ok()) fail(w.status());
+    if (!w.ok()) fail_invalid(path, "weights", as_json, {w.status()});
     if (as_json) {
-      ordered_json j = {
-          {"path", path}, {"kind", "weights"}, {"weights", weights_json(*w, with_tensors)}};
+      ordered_json j = {{"path", path},
+                        {"kind", "weights"},
+                        {"valid", true},
+                        {"errors", ordered_json::array()},
+                        {"weights", weights_json(*w, with_tensors)}};
       std::printf("%s\n", j.dump(2).c_str());
     } else {
       std::printf("weights: %s\n", path.c_str());
@@ -185,15 +223,19 @@ void run_info(const std::string& path, bool as_json, bool with_tensors) {
   }
 
   auto folder = ModelFolder::open(path);
-  if (!folder.ok()) fail(folder.status());
+  if (!folder.ok()) fail_invalid(path, "model_folder", as_json, {folder.status()});
+  // What generate would reject: the real loaders bind every tensor, nothing is uploaded.
+  const std::vector<Status> errors = TextToImage::check_folder(path);
   const std::pair<const char*, ordered_json> components[] = {
       {"transformer", transformer_json(folder->transformer())},
       {"text_encoder", text_encoder_json(folder->text_encoder())},
       {"vae", vae_json(folder->vae())}};
   std::vector<WeightStore> stores;
   for (const auto& [name, cfg] : components) {
-    auto w = folder->open_weights(name);
-    if (!w.ok()) fail(w.status());
+    auto w = folder->open_weights(name);  // a failure is among `errors` too
+    if (!w.ok())
+      fail_invalid(path, "model_folder", as_json,
+                   errors.empty() ? std::vector<Status>{w.status()} : errors);
     stores.push_back(std::move(*w));
   }
   uint64_t tensors = 0, file_bytes = 0;
@@ -205,7 +247,10 @@ void run_info(const std::string& path, bool as_json, bool with_tensors) {
   }
 
   if (as_json) {
-    ordered_json j = {{"path", folder->dir()}, {"kind", "model_folder"}};
+    ordered_json j = {{"path", folder->dir()},
+                      {"kind", "model_folder"},
+                      {"valid", errors.empty()},
+                      {"errors", error_list(errors)}};
     ordered_json comps = ordered_json::object();
     for (size_t i = 0; i < stores.size(); ++i) {
       comps[components[i].first] = {{"config", components[i].second},
@@ -216,6 +261,7 @@ void run_info(const std::string& path, bool as_json, bool with_tensors) {
     j["components"] = comps;
     j["total"] = {{"tensors", tensors}, {"parameters", params}, {"file_bytes", file_bytes}};
     std::printf("%s\n", j.dump(2).c_str());
+    report_errors(errors);
     return;
   }
   std::printf("model folder: %s (ZImagePipeline)\n", folder->dir().c_str());
@@ -230,18 +276,30 @@ void run_info(const std::string& path, bool as_json, bool with_tensors) {
   std::printf("total: %s tensors, %s parameters, %s (%s bytes) on disk\n", grouped(tensors).c_str(),
               grouped(static_cast<uint64_t>(params)).c_str(), human_bytes(file_bytes).c_str(),
               grouped(file_bytes).c_str());
+  if (errors.empty()) {
+    std::printf(
+        "check: ok (tokenizer parsed; every tensor the models bind present with its shape and a "
+        "float dtype, none unexpected; components consistent)\n");
+  } else {
+    std::printf("check: FAILED, %zu problem(s); `generate` would refuse this folder\n",
+                errors.size());
+  }
+  report_errors(errors);
 }
 
 }  // namespace
 
 void register_info_command(CLI::App& app) {
   auto* cmd = app.add_subcommand(
-      "info", "Describe a model folder, component folder or .safetensors file (validates it)");
+      "info",
+      "Describe a model folder, component folder or .safetensors file and run every load-time "
+      "check `generate` runs (exit 1 on a problem); without PATH, the built-in model");
   auto path = std::make_shared<std::string>();
   auto as_json = std::make_shared<bool>(false);
   auto with_tensors = std::make_shared<bool>(false);
-  cmd->add_option("PATH", *path, "Model folder (with model_index.json), component folder or file")
-      ->required();
+  cmd->add_option("PATH", *path,
+                  "Model folder (with model_index.json), component folder or file (default: the "
+                  "built-in model)");
   cmd->add_flag("--json", *as_json, "Print machine-readable JSON");
   cmd->add_flag("--tensors", *with_tensors, "Also list every tensor (name, dtype, shape)");
   cmd->callback([=] { run_info(*path, *as_json, *with_tensors); });

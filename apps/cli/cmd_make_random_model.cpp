@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <string>
 
+#include "builtin_model.h"
 #include "commands.h"
 #include "io/model_folder.h"
 #include "io/random_model.h"
@@ -18,14 +19,15 @@ void register_make_random_model_command(CLI::App& app) {
       "Z-Image-Turbo architecture by default, or the configs of an existing folder (--like)");
   auto out = std::make_shared<std::string>();
   auto like = std::make_shared<std::string>();
-  auto tokenizer = std::make_shared<std::string>(std::string(ZIMAGE_TINY_MODEL) + "/tokenizer");
+  auto tokenizer = std::make_shared<std::string>();
   auto seed = std::make_shared<uint64_t>(0);
   auto dtype = std::make_shared<std::string>("bf16");
   cmd->add_option("--out", *out, "Folder to create (must not exist or be empty)")->required();
   cmd->add_option("--like", *like,
                   "Copy the configs of this model folder instead of the full-size ones");
   cmd->add_option("--tokenizer", *tokenizer,
-                  "Tokenizer folder to copy (tokenizer.json, tokenizer_config.json)");
+                  "Tokenizer folder to copy (tokenizer.json, tokenizer_config.json; default: the "
+                  "built-in model's)");
   cmd->add_option("--seed", *seed, "Seed of the random values");
   cmd->add_option("--dtype", *dtype, "Stored dtype: bf16, f16 or f32")
       ->check(CLI::IsMember({"bf16", "f16", "f32"}));
@@ -47,6 +49,15 @@ void register_make_random_model_command(CLI::App& app) {
     o.seed = *seed;
     o.dtype = *dtype == "f32" ? DType::kF32 : *dtype == "f16" ? DType::kF16 : DType::kBF16;
     o.tokenizer_dir = *tokenizer;
+    if (o.tokenizer_dir.empty()) {
+      auto builtin = builtin_model_dir();
+      if (!builtin.ok()) {
+        std::fprintf(stderr, "zimage make-random-model: %s\n",
+                     builtin.status().to_string().c_str());
+        throw CLI::RuntimeError(1);
+      }
+      o.tokenizer_dir = *builtin + "/tokenizer";
+    }
     const Status s = write_random_model(
         *out, o, [](const std::string& file) { std::fprintf(stderr, "wrote %s\n", file.c_str()); });
     if (!s.ok()) {

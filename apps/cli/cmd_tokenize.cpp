@@ -1,4 +1,5 @@
-// zimage tokenize --tokenizer DIR [--chat-template]: token ids for JSON-string lines on stdin.
+// zimage tokenize [--tokenizer DIR] [--chat-template]: token ids for JSON-string lines on stdin
+// (default: the built-in model's tokenizer, the published Qwen3 one).
 // Why: lets scripts compare our tokenizer with Hugging Face's line by line, and shows what the
 // text encoder will see for a prompt. Input: one JSON string per line. Output: one JSON array of
 // ids per line. --chat-template applies the Z-Image wrapping and 512-token truncation first.
@@ -9,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "builtin_model.h"
 #include "commands.h"
 #include "pipeline/tokenizer.h"
 
@@ -27,7 +29,13 @@ struct TokenizeOptions {
 };
 
 void run_tokenize(const TokenizeOptions& o) {
-  auto tok = Tokenizer::load(o.tokenizer);
+  std::string dir = o.tokenizer;
+  if (dir.empty()) {
+    auto builtin = builtin_model_dir();
+    if (!builtin.ok()) fail(builtin.status().to_string());
+    dir = *builtin + "/tokenizer";
+  }
+  auto tok = Tokenizer::load(dir);
   if (!tok.ok()) fail(tok.status().to_string());
   std::string line, out;
   size_t line_no = 0;
@@ -61,8 +69,8 @@ void register_tokenize_command(CLI::App& app) {
       "tokenize",
       "Token ids of JSON-string lines on stdin, one JSON array per line (Qwen3 tokenizer)");
   cmd->add_option("--tokenizer", o->tokenizer,
-                  "Model folder, its tokenizer/ folder, or a tokenizer.json file")
-      ->required();
+                  "Model folder, its tokenizer/ folder, or a tokenizer.json file (default: the "
+                  "built-in model's Qwen3 tokenizer)");
   cmd->add_flag("--chat-template", o->chat_template,
                 "Wrap each prompt in the Z-Image chat template and keep the first 512 ids");
   cmd->callback([o] { run_tokenize(*o); });

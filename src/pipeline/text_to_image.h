@@ -78,6 +78,12 @@ class TextToImage {
   // VAE decoder and scheduler config onto `be`, which must outlive the pipeline. Errors name the
   // component ("loading transformer: ...").
   static Result<std::unique_ptr<TextToImage>> load(const std::string& model_dir, Backend& be);
+  // Every check load() makes on `model_dir` (configs, tokenizer parsed, each model's tensors
+  // present with the right shape and a float dtype, no unexpected tensors, the components
+  // consistent) without uploading a weight: the loaders bind against the check-only backend.
+  // Returns the errors worded as load() words them, the one load() would return first; each
+  // component is checked even after another failed. Empty: load() would succeed.
+  static std::vector<Status> check_folder(const std::string& model_dir);
   // Assembles a pipeline from loaded components (all non-null, consistent with each other).
   static Result<std::unique_ptr<TextToImage>> create(TextToImageComponents parts, Backend& be);
 

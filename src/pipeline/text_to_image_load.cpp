@@ -1,46 +1,62 @@
 // Loading the text-to-image pipeline from a diffusers folder: configs first (io/model_folder.h
 // validates them before any weight is read), then each component onto the backend. Kept apart
 // from the loop in text_to_image.cpp because it is the only part that touches the file system.
+//
+// check_folder() runs the same code against the check-only backend (backend/check), which binds
+// every weight without holding it: `zimage info` then reports exactly what `generate` would reject,
+// and there is no second list of expected tensors that could drift from the loaders.
 #include <chrono>
 #include <utility>
 
+#include "backend/check/check_backend.h"
 #include "core/log.h"
 #include "io/model_folder.h"
 #include "pipeline/text_to_image.h"
 
 namespace zimage {
 
+namespace {
+
+// The components in the order load() binds them (its first error is the one reported).
+constexpr const char* kParts[] = {"tokenizer", "text_encoder", "transformer", "vae"};
+
+// Loads one component of `folder` onto `be` into `parts`; errors carry "loading <part>: ".
+Status load_part(const ModelFolder& folder, const std::string& part, Backend& be,
+                 TextToImageComponents& parts) {
+  const std::string what = "loading " + part;
+  if (part == "tokenizer") {
+    auto tok = Tokenizer::load(folder.tokenizer_dir());
+    if (!tok.ok()) return tok.status().with_context(what);
+    parts.tokenizer = std::make_unique<Tokenizer>(std::move(tok).value());
+    return Status::Ok();
+  }
+  auto ws = folder.open_weights(part);
+  if (!ws.ok()) return ws.status().with_context(what);
+  if (part == "text_encoder") {
+    // The loaders name themselves ("loading text encoder: ..."): no second prefix.
+    auto te = Qwen3Encoder::load(folder.text_encoder(), ws.value(), be);
+    if (!te.ok()) return te.status();
+    parts.text_encoder = std::move(te).value();
+  } else if (part == "transformer") {
+    auto dit = ZImageDiT::load(folder.transformer(), ws.value(), be);
+    if (!dit.ok()) return dit.status();
+    parts.transformer = std::move(dit).value();
+  } else {
+    auto vae = VaeDecoder::load(folder.vae(), ws.value(), be);
+    if (!vae.ok()) return vae.status();
+    parts.vae = std::move(vae).value();
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
 Result<std::unique_ptr<TextToImage>> TextToImage::load(const std::string& model_dir, Backend& be) {
   const auto start = std::chrono::steady_clock::now();
   ZI_ASSIGN_OR_RETURN(ModelFolder folder, ModelFolder::open(model_dir));
   TextToImageComponents parts;
   parts.scheduler = folder.scheduler();
-  {
-    auto tok = Tokenizer::load(folder.tokenizer_dir());
-    if (!tok.ok()) return tok.status().with_context("loading tokenizer");
-    parts.tokenizer = std::make_unique<Tokenizer>(std::move(tok).value());
-  }
-  {
-    auto ws = folder.open_weights("text_encoder");
-    if (!ws.ok()) return ws.status().with_context("loading text_encoder");
-    auto te = Qwen3Encoder::load(folder.text_encoder(), ws.value(), be);
-    if (!te.ok()) return te.status();  // already says "loading text encoder"
-    parts.text_encoder = std::move(te).value();
-  }
-  {
-    auto ws = folder.open_weights("transformer");
-    if (!ws.ok()) return ws.status().with_context("loading transformer");
-    auto dit = ZImageDiT::load(folder.transformer(), ws.value(), be);
-    if (!dit.ok()) return dit.status();  // already says "loading transformer"
-    parts.transformer = std::move(dit).value();
-  }
-  {
-    auto ws = folder.open_weights("vae");
-    if (!ws.ok()) return ws.status().with_context("loading vae");
-    auto vae = VaeDecoder::load(folder.vae(), ws.value(), be);
-    if (!vae.ok()) return vae.status();  // already says "loading vae decoder"
-    parts.vae = std::move(vae).value();
-  }
+  for (const char* part : kParts) ZI_TRY(load_part(folder, part, be, parts));
   // Uploads may still be in flight (the CUDA backend's DMA is asynchronous): wait for them, so
   // the time below is the real load time, and free the upload staging memory.
   if (Status s = be.finish_uploads(); !s.ok()) return s.with_context("loading " + model_dir);
@@ -50,6 +66,24 @@ Result<std::unique_ptr<TextToImage>> TextToImage::load(const std::string& model_
   ZI_ASSIGN_OR_RETURN(auto pipeline, create(std::move(parts), be));
   pipeline->model_dir_ = model_dir;
   return pipeline;
+}
+
+std::vector<Status> TextToImage::check_folder(const std::string& model_dir) {
+  auto folder = ModelFolder::open(model_dir);
+  if (!folder.ok()) return {folder.status()};
+  std::unique_ptr<Backend> be = make_check_backend();
+  TextToImageComponents parts;
+  parts.scheduler = folder->scheduler();
+  std::vector<Status> errors;
+  for (const char* part : kParts) {
+    Status st = load_part(*folder, part, *be, parts);
+    if (!st.ok()) errors.push_back(std::move(st));
+  }
+  if (errors.empty()) {  // the cross-component checks load() makes last
+    auto pipeline = create(std::move(parts), *be);
+    if (!pipeline.ok()) errors.push_back(pipeline.status());
+  }
+  return errors;
 }
 
 }  // namespace zimage
