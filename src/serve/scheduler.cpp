@@ -69,7 +69,10 @@ size_t Scheduler::depth() const {
 
 std::shared_ptr<Job> Scheduler::running() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return running_.empty() ? nullptr : running_.front();
+  // A job that just turned final is still in running_ until the executor calls done().
+  for (const auto& job : running_)
+    if (!is_final(job->snapshot().state)) return job;
+  return nullptr;
 }
 
 std::shared_ptr<Job> Scheduler::wait_pop() {

@@ -55,7 +55,7 @@ class Scheduler : public JobSource {
   // 0-based position among queued jobs; -1 when not queued.
   int position(const Job& job) const;
   size_t depth() const;
-  // The running job, if any.
+  // The running job that has not finished yet, if any.
   std::shared_ptr<Job> running() const;
   // Stops accepting, cancels every queued and running job with `reason`, joins the worker.
   void shutdown(const std::string& reason);

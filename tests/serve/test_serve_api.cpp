@@ -212,7 +212,7 @@ TEST_F(ServeApi, CancelQueuedAndRunningJobsIdempotently) {
   EXPECT_EQ(q["status"], "queued");
   EXPECT_EQ(q["queue_position"], 0);
   // Wait until the long one has made a step.
-  for (int i = 0; i < 400; ++i) {
+  for (int i = 0; i < 1200; ++i) {
     if (get(port(), "/v1/jobs/" + running).json().value("step", 0) > 0) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(25));
   }
@@ -264,7 +264,7 @@ TEST_F(ServeApi, Automatic1111Txt2ImgAndProgress) {
   EXPECT_EQ(idle["progress"], 0.0);
   const std::string id = submit(port(), R"({"prompt": "p", "num_inference_steps": 1000})");
   json p;
-  for (int i = 0; i < 400; ++i) {
+  for (int i = 0; i < 1200; ++i) {
     p = get(port(), "/sdapi/v1/progress").json();
     if (p["state"]["sampling_step"].get<int>() > 0) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(25));

@@ -140,7 +140,7 @@ void graceful_stop(int sig) {
       return true;
     });
   });
-  for (int i = 0; i < 400; ++i) {
+  for (int i = 0; i < 1200; ++i) {
     if (get(port, "/v1/jobs/" + rid).json().value("step", 0) > 0) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(25));
   }
