@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -141,40 +140,88 @@ Status get_seed(const json& obj, uint64_t random_seed, uint64_t* seed, bool* ran
   return InvalidArgument(std::string("seed: must be an integer (-1 = random), got ") + type_of(*v));
 }
 
-// The object key whose value starts before byte `at` ("guidance_scale" for
-// {"guidance_scale": 1e400} and an error at the number); empty when there is none.
-std::string key_before(std::string_view body, size_t at) {
-  size_t i = std::min(at, body.size());
-  while (i > 0 && body[i - 1] != ':') --i;
-  if (i == 0) return "";
-  --i;  // at the ':'
-  while (i > 0 &&
-         (body[i - 1] == ' ' || body[i - 1] == '\t' || body[i - 1] == '\n' || body[i - 1] == '\r'))
-    --i;
-  if (i == 0 || body[i - 1] != '"') return "";
-  const size_t end = i - 1;
-  size_t start = end;
-  while (start > 0 && body[start - 1] != '"') --start;
-  if (start == 0 || end - start == 0 || end - start > 64) return "";
-  const std::string_view key = body.substr(start, end - start);
-  for (char c : key)
-    if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_'))
-      return "";
-  return std::string(key);
+// Finds which top-level field a JSON syntax error sits in, so the 400 can name it: nlohmann's
+// SAX parser reports each key, and the error (or a number too large for a double, JSON's only
+// way to say "infinity") arrives while that key's value is being read.
+class FieldLocator : public nlohmann::json_sax<json> {
+ public:
+  std::string field;  // set when the error was inside a top-level field's value
+
+  bool null() override { return value(); }
+  bool boolean(bool) override { return value(); }
+  bool number_integer(number_integer_t) override { return value(); }
+  bool number_unsigned(number_unsigned_t) override { return value(); }
+  bool number_float(number_float_t v, const string_t&) override {
+    if (!std::isfinite(v)) return fail();
+    return value();
+  }
+  bool string(string_t&) override { return value(); }
+  bool binary(binary_t&) override { return value(); }
+  bool start_object(std::size_t) override {
+    ++depth_;
+    return depth_ <= json_util::kMaxJsonDepth;
+  }
+  bool key(string_t& k) override {
+    if (depth_ == 1) {
+      key_ = k;
+      in_value_ = true;
+    }
+    return true;
+  }
+  bool end_object() override {
+    --depth_;
+    return value();
+  }
+  bool start_array(std::size_t) override {
+    ++depth_;
+    return depth_ <= json_util::kMaxJsonDepth;
+  }
+  bool end_array() override {
+    --depth_;
+    return value();
+  }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override {
+    return fail();
+  }
+
+ private:
+  bool value() {
+    if (depth_ == 1) in_value_ = false;
+    return true;
+  }
+  bool fail() {
+    if (in_value_) field = key_;
+    return false;
+  }
+  int depth_ = 0;
+  bool in_value_ = false;
+  std::string key_;
+};
+
+std::string field_at_error(std::string_view body) {
+  try {
+    FieldLocator loc;
+    json::sax_parse(body.data(), body.data() + body.size(), &loc, json::input_format_t::json,
+                    /*strict=*/true);
+    if (loc.field.empty() || loc.field.size() > 64) return "";
+    for (char c : loc.field)  // only plain names make a "param"
+      if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_'))
+        return "";
+    return loc.field;
+  } catch (...) {
+    return "";
+  }
 }
 
 Status parse_body(std::string_view body, json* out) {
   if (body.empty()) return InvalidArgument("body: empty; expected a JSON object");
   auto parsed = json_util::parse_strict(body, "body");
   if (!parsed.ok()) {
-    // A number too large for a double (1e400, JSON's only way to say "infinity") is a bad value
-    // of a field: name the field.
+    // An error inside a field's value (invalid UTF-8 in the prompt, 1e400 as guidance) names
+    // that field; other syntax errors are the body's.
     const std::string& m = parsed.status().message();
-    const size_t at = m.find("at byte ");
-    if (at != std::string::npos && m.find("number overflow") != std::string::npos) {
-      const std::string key = key_before(body, std::strtoull(m.c_str() + at + 8, nullptr, 10));
-      if (!key.empty()) return InvalidArgument(key + ": the number is out of range (" + m + ")");
-    }
+    const std::string key = body.find('\0') == std::string_view::npos ? field_at_error(body) : "";
+    if (!key.empty()) return InvalidArgument(key + ": invalid value (" + m + ")");
     return InvalidArgument(m);
   }
   if (!parsed->is_object())

@@ -41,8 +41,8 @@ std::vector<Case> cases() {
       {"POST", g, R"({"prompt": "a"} {"prompt": "b"})", 400, "body"},
       {"POST", g, R"({"prompt": "a", "prompt": "b"})", 400, "body"},
       {"POST", g, nested(10000), 400, "body"},
-      {"POST", g, R"({"prompt": NaN})", 400, "body"},
-      {"POST", g, R"({"prompt": "a", "guidance_scale": Infinity})", 400, "body"},
+      {"POST", g, R"({"prompt": NaN})", 400, "prompt"},
+      {"POST", g, R"({"prompt": "a", "guidance_scale": Infinity})", 400, "guidance_scale"},
       // prompt
       {"POST", g, "{}", 400, "prompt"},
       {"POST", g, R"({"prompt": 5})", 400, "prompt"},
@@ -50,9 +50,12 @@ std::vector<Case> cases() {
       {"POST", g, R"({"prompt": null})", 400, "prompt"},
       {"POST", g, R"({"prompt": ["a", "b"]})", 400, "prompt"},
       {"POST", g, R"({"prompt": "a\u0000b"})", 400, "prompt"},
-      {"POST", g, "{\"prompt\": \"a\xff\xfe\"}", 400, "body"},  // invalid UTF-8
-      {"POST", g, "{\"prompt\": \"\xc0\xaf\"}", 400, "body"},   // overlong encoding
-      {"POST", g, R"({"prompt": "\ud800"})", 400, "body"},      // lone surrogate
+      {"POST", g, "{\"prompt\": \"a: \xff\xfe\"}", 400, "prompt"},  // invalid UTF-8
+      {"POST", j, "{\"prompt\": \"a\", \"negative_prompt\": \"\xed\xa0\x80\"}", 400,
+       "negative_prompt"},                                       // encoded surrogate
+      {"POST", g, "{\"pr\xffompt\": \"a\"}", 400, "body"},       // invalid UTF-8 in a key
+      {"POST", g, "{\"prompt\": \"\xc0\xaf\"}", 400, "prompt"},  // overlong encoding
+      {"POST", g, R"({"prompt": "\ud800"})", 400, "prompt"},     // lone surrogate
       {"POST", g, "{\"prompt\": \"" + std::string(100000, 'x') + "\"}", 400, "prompt"},
       {"POST", j, R"({"prompt": "a", "negative_prompt": 7})", 400, "negative_prompt"},
       // n
