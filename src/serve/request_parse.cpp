@@ -12,6 +12,7 @@
 #include <string>
 
 #include "io/json_util.h"
+#include "serve/api_error.h"
 
 namespace zimage::serve {
 
@@ -254,9 +255,16 @@ Status parse_size(const json& obj, int* width, int* height) {
 }
 
 Status check_fields(const json& obj, const std::set<std::string>& known) {
-  for (auto it = obj.begin(); it != obj.end(); ++it)
-    if (known.count(it.key()) == 0)
-      return InvalidArgument(json_util::printable(it.key().substr(0, 64)) + ": unknown field");
+  for (auto it = obj.begin(); it != obj.end(); ++it) {
+    if (known.count(it.key()) != 0) continue;
+    // A plain name is the error's field ("steps: unknown field"); any other key is shown quoted
+    // (and made printable) as a problem of the body, so "param" is always a clean name.
+    const std::string named = it.key() + ": unknown field";
+    if (!field_of(named).empty() && field_of(named).size() == it.key().size())
+      return InvalidArgument(named);
+    return InvalidArgument("body: unknown field \"" + json_util::printable(it.key().substr(0, 64)) +
+                           "\"");
+  }
   return Status::Ok();
 }
 

@@ -48,6 +48,21 @@ TEST(ServeParse, OpenAiDefaultsAndFields) {
   EXPECT_EQ(t->response_format, ResponseFormat::kUrl);
 }
 
+TEST(ServeParse, UnknownFieldsAreNamedWhenTheNameIsPlain) {
+  auto a = parse_openai(R"({"prompt": "p", "steps": 4})", limits(), 0);
+  ASSERT_FALSE(a.ok());
+  EXPECT_EQ(api_error(a.status()).param, "steps");
+  // Found by fuzz_serve_request: a key with odd bytes must still give a clean "param".
+  auto b = parse_openai(R"({"prompt": "p", "73709551615,n": 1.0})", limits(), 0);
+  ASSERT_FALSE(b.ok());
+  EXPECT_EQ(api_error(b.status()).param, "body");
+  EXPECT_NE(b.status().message().find("73709551615,n"), std::string::npos);
+  auto c = parse_openai("{\"prompt\": \"p\", \"a: \\u001b[31m\": 1}", limits(), 0);
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(api_error(c.status()).param, "body");
+  EXPECT_EQ(c.status().message().find('\x1b'), std::string::npos);  // made printable
+}
+
 TEST(ServeParse, A1111IterationsAndUnknownFieldsIgnored) {
   auto s = parse_a1111(R"({"prompt": "p", "batch_size": 2, "n_iter": 3, "seed": 10,
                             "sampler_name": "Euler a", "restore_faces": false})",
