@@ -207,15 +207,15 @@ TEST_F(ServeApi, CancelQueuedAndRunningJobsIdempotently) {
   // A long job runs; a second waits behind it.
   const std::string running =
       submit(port(), R"({"prompt": "long", "num_inference_steps": 1000, "size": "128x128"})");
-  const std::string queued = submit(port(), R"({"prompt": "behind"})");
-  json q = get(port(), "/v1/jobs/" + queued).json();
-  EXPECT_EQ(q["status"], "queued");
-  EXPECT_EQ(q["queue_position"], 0);
   // Wait until the long one has made a step.
   for (int i = 0; i < 1200; ++i) {
     if (get(port(), "/v1/jobs/" + running).json().value("step", 0) > 0) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(25));
   }
+  const std::string queued = submit(port(), R"({"prompt": "behind"})");
+  json q = get(port(), "/v1/jobs/" + queued).json();
+  EXPECT_EQ(q["status"], "queued");
+  EXPECT_EQ(q["queue_position"], 0);
   // A late SSE client of the running job gets "started" and the current step first.
   std::vector<Event> late = read_events(port(), running, 2);
   ASSERT_EQ(late.size(), 2u);
@@ -283,7 +283,13 @@ TEST_F(ServeApi, HealthReadyModelsMetrics) {
   EXPECT_EQ(models["data"][0]["id"], "z-image-turbo");
   ASSERT_EQ(post(port(), "/v1/images/generations", R"({"prompt": "m"})").status, 200);
   ASSERT_EQ(post(port(), "/v1/images/generations", R"({"prompt": 1})").status, 400);
-  Reply m = get(port(), "/metrics");
+  // HTTP responses are counted by the access logger, just after the response went out.
+  Reply m;
+  for (int i = 0; i < 100; ++i) {
+    m = get(port(), "/metrics");
+    if (m.body.find("zimage_http_requests_total{code=\"400\"} 1") != std::string::npos) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
   ASSERT_EQ(m.status, 200);
   EXPECT_NE(m.headers.find("Content-Type")->second.find("text/plain"), std::string::npos);
   for (const char* line :
