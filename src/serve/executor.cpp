@@ -87,11 +87,29 @@ void SerialExecutor::run_job(Job& job) noexcept {
     metrics_->observe_phase("total", t.total_s);
     job.finish_succeeded(std::move(images), t);
   } catch (const std::bad_alloc&) {
-    fail(ApiError{503, "server_error", "generation failed: out of memory", ""});
+    fail_safely(job, t, 503, "generation failed: out of memory");
   } catch (const std::exception& ex) {
-    fail(ApiError{500, "server_error", std::string("generation failed: ") + ex.what(), ""});
+    fail_safely(job, t, 500, ex.what());
   } catch (...) {
-    fail(ApiError{500, "server_error", "generation failed: unknown error", ""});
+    fail_safely(job, t, 500, "generation failed: unknown error");
+  }
+}
+
+void SerialExecutor::fail_safely(Job& job, const JobTimings& t, int status,
+                                 const char* what) noexcept {
+  ++metrics_->jobs_failed;
+  try {
+    std::string message = what;
+    if (message.rfind("generation failed", 0) != 0) message = "generation failed: " + message;
+    job.finish_failed(ApiError{status, "server_error", std::move(message), ""}, t);
+  } catch (...) {
+    // Even the error could not be built (no memory at all): a fixed message needs no allocation
+    // beyond what ApiError's empty strings hold, so try once more with nothing but the status.
+    try {
+      job.finish_failed(ApiError{status, "server_error", "generation failed", ""}, t);
+    } catch (...) {
+      job.request_cancel("generation failed");  // the job stays visible as cancel_requested
+    }
   }
 }
 

@@ -53,6 +53,8 @@ class SerialExecutor : public Executor {
   void run_job(Job& job) noexcept;
 
  private:
+  // Marks `job` failed from inside a catch block without letting a second exception out.
+  void fail_safely(Job& job, const JobTimings& t, int status, const char* what) noexcept;
   EngineRunner* runner_;
   Metrics* metrics_;
 };

@@ -1,6 +1,7 @@
 // Shared HTTP helpers and server-wide hooks (see http_util.h).
 #include "serve/http_util.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <ctime>
@@ -147,6 +148,17 @@ std::shared_ptr<Job> parse_and_admit(ServeContext& ctx, ParseFn parse, const htt
   std::shared_ptr<Job> job = admit(ctx, std::move(spec).value(), res, &e);
   if (job == nullptr) send_error(res, e);
   return job;
+}
+
+bool reserve_waiting_slot(ServeContext& ctx, httplib::Response& res) {
+  const int limit = std::max(2, ctx.options.http_threads - 8);
+  if (ctx.waiting_responses.load() < limit) return true;
+  res.set_header("Retry-After", "1");
+  send_error(res, ApiError{503, "server_error",
+                           "too many open event streams and waiting requests (" +
+                               std::to_string(limit) + "); retry later",
+                           ""});
+  return false;
 }
 
 std::string base_url(const httplib::Request& req) {

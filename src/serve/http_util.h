@@ -33,6 +33,11 @@ using ParseFn = Result<JobSpec> (*)(std::string_view, const ParseLimits&, uint64
 std::shared_ptr<Job> parse_and_admit(ServeContext& ctx, ParseFn parse, const httplib::Request& req,
                                      httplib::Response& res);
 
+// Responses that wait on a job (sync generations, SSE streams) each hold an HTTP thread; past
+// http_threads - 8 of them a new one gets 503, so /healthz and short requests always find a thread.
+// Returns false after sending that 503.
+bool reserve_waiting_slot(ServeContext& ctx, httplib::Response& res);
+
 // "http://host:port" as the client addressed us (from a well-formed Host header), else "".
 std::string base_url(const httplib::Request& req);
 

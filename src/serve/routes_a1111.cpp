@@ -13,6 +13,7 @@ using nlohmann::json;
 
 void add_a1111_routes(httplib::Server& svr, ServeContext& ctx) {
   svr.Post("/sdapi/v1/txt2img", guard([&ctx](const httplib::Request& req, httplib::Response& res) {
+             if (!reserve_waiting_slot(ctx, res)) return;
              std::shared_ptr<Job> job = parse_and_admit(ctx, parse_a1111, req, res);
              if (job == nullptr) return;
              WaitingResponse waiting(ctx);

@@ -148,7 +148,7 @@ void add_job_routes(httplib::Server& svr, ServeContext& ctx) {
   svr.Get(R"(/v1/jobs/([^/]+)/events)",
           guard([&ctx](const httplib::Request& req, httplib::Response& res) {
             std::shared_ptr<Job> job = find_job(ctx, req, res);
-            if (job == nullptr) return;
+            if (job == nullptr || !reserve_waiting_slot(ctx, res)) return;
             auto stream = std::make_shared<SseStream>(job, base_url(req));
             auto waiting = std::make_shared<WaitingResponse>(ctx);
             res.set_header("Cache-Control", "no-store");

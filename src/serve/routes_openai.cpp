@@ -14,6 +14,7 @@ namespace zimage::serve {
 void add_openai_routes(httplib::Server& svr, ServeContext& ctx) {
   svr.Post("/v1/images/generations",
            guard([&ctx](const httplib::Request& req, httplib::Response& res) {
+             if (!reserve_waiting_slot(ctx, res)) return;
              std::shared_ptr<Job> job = parse_and_admit(ctx, parse_openai, req, res);
              if (job == nullptr) return;
              WaitingResponse waiting(ctx);

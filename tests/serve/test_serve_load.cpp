@@ -242,6 +242,32 @@ TEST(ServeLoad, SlowClientsDoNotHoldTheServer) {
   EXPECT_EQ(good.load(), 6);
 }
 
+TEST(ServeLoad, EventStreamsAreCappedBelowTheThreadCount) {
+  ServeOptions o = TestServer::defaults();
+  o.http_threads = 12;  // at most 12 - 8 = 4 waiting responses
+  TestServer server(o);
+  const int port = server.port();
+  ServeContext& ctx = server.server().context();
+  Reply r = post(port, "/v1/jobs", R"({"prompt": "watched", "num_inference_steps": 1000})");
+  ASSERT_EQ(r.status, 202);
+  const std::string id = r.json()["id"];
+  std::vector<int> fds;
+  for (int i = 0; i < 4; ++i)
+    fds.push_back(
+        raw_connect(port, "GET /v1/jobs/" + id + "/events HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"));
+  ASSERT_TRUE(wait_for([&] { return ctx.waiting_responses.load() == 4; }, 10.0));
+  Reply fifth = get(port, "/v1/jobs/" + id + "/events");
+  EXPECT_EQ(fifth.status, 503);
+  EXPECT_TRUE(fifth.headers.count("Retry-After"));
+  Reply sync = post(port, "/v1/images/generations", R"({"prompt": "x"})");
+  EXPECT_EQ(sync.status, 503);
+  EXPECT_EQ(get(port, "/healthz").status, 200);
+  EXPECT_EQ(get(port, "/v1/jobs/" + id).status, 200);
+  for (int fd : fds) ::close(fd);
+  EXPECT_EQ(del(port, "/v1/jobs/" + id).status, 200);
+  EXPECT_TRUE(wait_for([&] { return ctx.waiting_responses.load() == 0; }, 10.0));
+}
+
 // Wraps the real engine; some prompts fail or throw inside the worker.
 class FaultyRunner : public EngineRunner {
  public:
