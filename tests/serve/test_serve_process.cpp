@@ -174,6 +174,12 @@ TEST(ServeProcess, NonLoopbackHostWithoutKeyIsRefused) {
   EXPECT_EQ(child.wait_exit(30), 2);
 }
 
+TEST(ServeProcess, MissingModelFailsWithExitCode1) {
+  Child child({ZIMAGE_CLI_PATH, "serve", "--model", "/nonexistent/zimage-model", "--port", "0"});
+  EXPECT_FALSE(child.wait_line(std::regex("listening on"), 30).empty());
+  EXPECT_EQ(child.wait_exit(30), 1);
+}
+
 TEST(ServeCli, SeededImageMatchesCli) {
   const std::string out = (std::filesystem::temp_directory_path() /
                            ("zimage_serve_cli_" + std::to_string(getpid()) + ".png"))
