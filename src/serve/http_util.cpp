@@ -190,9 +190,10 @@ void install_hooks(httplib::Server& svr, ServeContext& ctx) {
         return httplib::Server::HandlerResponse::Handled;
       }
       // CORS is off: a browser request from another origin is refused outright (this also stops
-      // cross-site form POSTs, which browsers send without a preflight).
+      // cross-site form POSTs, which browsers send without a preflight). https:// is the same
+      // page behind a TLS-terminating proxy.
       const std::string origin = req.get_header_value("Origin");
-      if (!origin.empty() && origin != "http://" + host) {
+      if (!origin.empty() && origin != "http://" + host && origin != "https://" + host) {
         send_error(res, ApiError{403, "permission_error",
                                  "Origin: cross-origin requests are not allowed", "Origin"});
         return httplib::Server::HandlerResponse::Handled;
