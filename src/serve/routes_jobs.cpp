@@ -94,10 +94,11 @@ void add_job_routes(httplib::Server& svr, ServeContext& ctx) {
              json body = {{"id", job->id()},
                           {"object", "job"},
                           {"status", state_name(job->snapshot().state)},
-                          {"queue_position", ctx.scheduler.position(*job)},
                           {"url", "/v1/jobs/" + job->id()},
                           {"events_url", "/v1/jobs/" + job->id() + "/events"},
                           {"seed", job->spec().runs.front().seed}};
+             const int position = ctx.scheduler.position(*job);
+             if (position >= 0) body["queue_position"] = position;  // absent once it runs
              send_json(res, 202, body);
            }));
 
