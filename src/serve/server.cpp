@@ -70,6 +70,11 @@ Status Server::start() {
   http->widen_backlog();
   http_ = std::move(http);
   http_thread_ = std::thread([this] { http_->listen_after_bind(); });
+  // httplib's stop() does nothing before the accept loop runs; wait for it so an early
+  // shutdown() cannot leave the thread listening forever.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!http_->is_running() && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
   return Status::Ok();
 }
 

@@ -325,6 +325,14 @@ TEST(ServeLifecycle, ReadyzIs503UntilTheEngineIsAttached) {
   server.shutdown();
 }
 
+TEST(ServeLifecycle, ImmediateShutdownDoesNotHang) {
+  for (int i = 0; i < 20; ++i) {
+    Server s(TestServer::defaults());
+    ASSERT_TRUE(s.start().ok());
+    s.shutdown();
+  }
+}
+
 TEST(ServeLifecycle, NonLoopbackHostNeedsAnApiKey) {
   ServeOptions o = TestServer::defaults();
   o.host = "0.0.0.0";
