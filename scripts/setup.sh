@@ -3,7 +3,11 @@
 set -euo pipefail
 PKGS=(build-essential cmake ninja-build pkg-config git
       nlohmann-json3-dev libpng-dev zlib1g-dev libpcre2-dev libutf8proc-dev libopenblas-dev
-      libcli11-dev libgtest-dev libgmock-dev libbenchmark-dev)
+      libcli11-dev libgtest-dev libgmock-dev libbenchmark-dev
+      # zimage serve: HTTP (cpp-httplib, built with OpenSSL/zlib/brotli), JPEG and WebP output
+      libcpp-httplib-dev libssl-dev libbrotli-dev libturbojpeg0-dev libwebp-dev
+      # its web-page test: real headless Chromium driven by selenium
+      python3 chromium chromium-driver python3-selenium)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

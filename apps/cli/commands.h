@@ -20,6 +20,9 @@ void register_info_command(CLI::App& app);
 // zimage tokenize --tokenizer DIR [--chat-template] (JSON-string lines on stdin -> id arrays).
 void register_tokenize_command(CLI::App& app);
 
+// zimage serve --model DIR [--port N] (HTTP image server, src/serve/).
+void register_serve_command(CLI::App& app);
+
 // zimage bench [--model DIR | --random-weights] (speed and memory figures).
 void register_bench_command(CLI::App& app);
 

@@ -1,0 +1,186 @@
+// `zimage serve`: the HTTP image server (src/serve/). Why this file is thin: everything but flag
+// parsing, signals and exit codes lives in the zimage_serve library, which the tests drive
+// in-process. Signals: SIGINT and SIGTERM wake the main thread (self-pipe), which stops the
+// server; queued and running jobs end "cancelled" with the reason "server shutting down", and
+// the process exits 0.
+//
+//   zimage serve --model DIR [--host 127.0.0.1] [--port 8188] [--api-key KEY] [--max-queue N]
+//                [--device auto] [--precision auto] [--threads N]
+#include <fcntl.h>
+#include <poll.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <string>
+
+#include "builtin_model.h"
+#include "commands.h"
+#include "serve/server.h"
+#include "zimage/zimage.h"
+
+namespace zimage::cli {
+
+namespace {
+
+struct ServeArgs {
+  serve::ServeOptions serve;
+  std::string model;
+  std::string device = "auto";
+  std::string precision = "auto";
+  int threads = 0;
+  std::string default_size = "1024x1024";
+  bool quiet = false;
+  bool verbose = false;
+};
+
+[[noreturn]] void fail(int code, const std::string& message) {
+  std::fprintf(stderr, "zimage serve: %s\n", message.c_str());
+  throw CLI::RuntimeError(code);
+}
+
+// SIGINT/SIGTERM, through a self-pipe: the handler only writes the signal number (async-signal
+// safe), whichever thread the kernel picked (the engine's BLAS threads exist before main, so
+// blocking the signals in our threads is not enough).
+int g_signal_pipe[2] = {-1, -1};
+extern "C" void on_stop_signal(int sig) {
+  const unsigned char b = static_cast<unsigned char>(sig);
+  const ssize_t n = ::write(g_signal_pipe[1], &b, 1);
+  (void)n;
+}
+
+class SignalWaiter {
+ public:
+  SignalWaiter() {
+    if (::pipe2(g_signal_pipe, O_CLOEXEC) != 0) fail(1, "pipe2 failed");
+    struct sigaction sa {};
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, &old_int_);
+    sigaction(SIGTERM, &sa, &old_term_);
+  }
+  ~SignalWaiter() {
+    sigaction(SIGINT, &old_int_, nullptr);
+    sigaction(SIGTERM, &old_term_, nullptr);
+    ::close(g_signal_pipe[0]);
+    ::close(g_signal_pipe[1]);
+  }
+  // Blocks until a signal arrives; returns it.
+  int wait() {
+    unsigned char b = 0;
+    for (;;) {
+      const ssize_t n = ::read(g_signal_pipe[0], &b, 1);
+      if (n == 1) return b;
+      if (n < 0 && errno != EINTR) return SIGTERM;
+    }
+  }
+  // True when a signal is already waiting (does not consume it).
+  bool pending() {
+    pollfd p{g_signal_pipe[0], POLLIN, 0};
+    return ::poll(&p, 1, 0) > 0;
+  }
+
+ private:
+  struct sigaction old_int_ {};
+  struct sigaction old_term_ {};
+};
+
+void run_serve(ServeArgs& a) {
+  set_log_verbosity(a.verbose ? 2 : a.quiet ? 0 : 1);
+  std::signal(SIGPIPE, SIG_IGN);  // a client that hangs up must not kill the server
+  if (a.serve.api_key.empty()) {
+    if (const char* k = std::getenv("ZIMAGE_API_KEY"); k != nullptr) a.serve.api_key = k;
+  }
+  const size_t x = a.default_size.find('x');
+  try {
+    if (x == std::string::npos) throw std::invalid_argument("size");
+    a.serve.default_width = std::stoi(a.default_size.substr(0, x));
+    a.serve.default_height = std::stoi(a.default_size.substr(x + 1));
+  } catch (const std::exception&) {
+    fail(2, "--default-size: expected WIDTHxHEIGHT, e.g. 1024x1024");
+  }
+  a.serve.access_log = !a.quiet;
+
+  SignalWaiter signals;
+  serve::Server server(a.serve);
+  Status st = server.start();
+  if (!st.ok()) fail(st.code() == ErrorCode::kInvalidArgument ? 2 : 1, st.message());
+  std::printf("zimage serve: listening on http://%s:%d\n", a.serve.host.c_str(), server.port());
+  std::fflush(stdout);
+
+  EngineOptions eo;
+  eo.model_dir = a.model;
+  if (eo.model_dir.empty()) {  // the tiny built-in model: a server to try the API and the page
+    auto builtin = builtin_model_dir();
+    if (!builtin.ok()) {
+      server.shutdown();
+      fail(1, builtin.status().to_string());
+    }
+    eo.model_dir = *builtin;
+  }
+  eo.device = a.device;
+  eo.precision = a.precision;
+  eo.threads = a.threads;
+  st = server.load(eo);
+  if (!st.ok()) {
+    server.shutdown();
+    fail(st.code() == ErrorCode::kInvalidArgument ? 2 : 1, st.to_string());
+  }
+  if (!signals.pending()) {
+    std::printf("zimage serve: ready (%s)\n", server.context().info.device.c_str());
+    std::fflush(stdout);
+  }
+  const int sig = signals.wait();
+  std::fprintf(stderr, "zimage serve: %s received; cancelling jobs and stopping\n",
+               sig == SIGINT ? "SIGINT" : "SIGTERM");
+  server.shutdown();
+  std::printf("zimage serve: stopped\n");
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+void register_serve_command(CLI::App& app) {
+  auto a = std::make_shared<ServeArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "serve",
+      "HTTP image server: OpenAI Images API, async jobs with progress events, Automatic1111 "
+      "txt2img, Prometheus metrics and a web page at /. See docs/SERVER.md.");
+  cmd->add_option("--model,-m", a->model,
+                  "Model folder in the diffusers layout (default: the tiny built-in model, whose "
+                  "pictures are noise)");
+  cmd->add_option("--host", a->serve.host,
+                  "Address to listen on (default 127.0.0.1; others need --api-key or --insecure)");
+  cmd->add_option("--port", a->serve.port, "TCP port (default 8188; 0 = any free port)")
+      ->check(CLI::Range(0, 65535));
+  cmd->add_option("--api-key", a->serve.api_key,
+                  "Require 'Authorization: Bearer KEY' on every route but /healthz (or set "
+                  "ZIMAGE_API_KEY)");
+  cmd->add_flag("--insecure", a->serve.insecure, "Allow a non-loopback --host without an API key");
+  cmd->add_option("--max-queue", a->serve.max_queue,
+                  "Jobs waiting at most; more get 429 (default 16)")
+      ->check(CLI::Range(1, 100000));
+  cmd->add_option("--device,-d", a->device, "cpu, cuda, cuda:N or auto (default auto)");
+  cmd->add_option("--precision", a->precision, "auto, bf16, f32 or fp8 (default auto)");
+  cmd->add_option("--threads,-t", a->threads, "CPU threads (default 0 = all)");
+  cmd->add_option("--default-size", a->default_size,
+                  "Image size when a request gives none (default 1024x1024)");
+  cmd->add_option("--default-steps", a->serve.default_steps, "Steps when a request gives none")
+      ->check(CLI::Range(1, 1000));
+  cmd->add_option("--max-body", a->serve.max_body_bytes,
+                  "Largest request body in bytes; larger get 413 (default 1 MiB)")
+      ->check(CLI::Range(1024, 1 << 30));
+  cmd->add_option("--http-threads", a->serve.http_threads,
+                  "Connections served at once (default 64)")
+      ->check(CLI::Range(4, 4096));
+  cmd->add_option("--model-name", a->serve.model_name,
+                  "Model id in /v1/models (default z-image-turbo)");
+  cmd->add_flag("--quiet,-q", a->quiet, "No access log; errors only");
+  cmd->add_flag("--verbose,-v", a->verbose, "Engine load information and per-phase times");
+  cmd->callback([a] { run_serve(*a); });
+}
+
+}  // namespace zimage::cli

@@ -1,0 +1,66 @@
+// What the HTTP routes share: the options, the loaded engine (once ready), the job table, the
+// scheduler and the metrics. Why one struct: routes are free functions in routes_*.cpp; they get
+// everything through this, so adding an endpoint touches one file.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "serve/job_table.h"
+#include "serve/metrics.h"
+#include "serve/request_parse.h"
+#include "serve/scheduler.h"
+#include "zimage/zimage.h"
+
+namespace zimage::serve {
+
+struct ServeOptions {
+  std::string host = "127.0.0.1";
+  int port = 8188;        // 0 = any free port
+  std::string api_key;    // non-empty: every route but /healthz (and the static page) needs it
+  bool insecure = false;  // allow a non-loopback host without --api-key
+  size_t max_queue = 16;  // queued jobs (the running one not counted)
+  size_t max_body_bytes = size_t{1} << 20;
+  int http_threads = 64;  // connections served at once (SSE streams hold one each)
+  int io_timeout_s = 10;  // read / write timeout of one socket operation
+  std::string model_name = "z-image-turbo";
+  int default_width = 1024;
+  int default_height = 1024;
+  int default_steps = 8;
+  RetentionLimits retention;
+  bool access_log = true;  // one JSON line per request on stderr
+};
+
+struct ServeContext {
+  explicit ServeContext(ServeOptions o)
+      : options(std::move(o)), jobs(options.retention), scheduler(options.max_queue, &metrics) {}
+
+  ServeOptions options;
+  Metrics metrics;
+  JobTable jobs;
+  Scheduler scheduler;
+  std::atomic<bool> ready{false};     // the engine is loaded and warmed up
+  std::atomic<bool> stopping{false};  // shutting down: no new jobs
+  Engine* engine = nullptr;           // set before `ready` turns true
+  EngineInfo info;                    // ditto
+  ParseLimits limits;                 // ditto
+  // Responses still waiting on a job (sync generations, SSE streams): shutdown lets them send
+  // their final word before the HTTP server stops.
+  std::atomic<int> waiting_responses{0};
+};
+
+// Counts one waiting response for its lifetime.
+class WaitingResponse {
+ public:
+  explicit WaitingResponse(ServeContext& ctx) : ctx_(ctx) { ++ctx_.waiting_responses; }
+  ~WaitingResponse() { --ctx_.waiting_responses; }
+  WaitingResponse(const WaitingResponse&) = delete;
+  WaitingResponse& operator=(const WaitingResponse&) = delete;
+
+ private:
+  ServeContext& ctx_;
+};
+
+}  // namespace zimage::serve

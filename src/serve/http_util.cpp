@@ -1,0 +1,271 @@
+// Shared HTTP helpers and server-wide hooks (see http_util.h).
+#include "serve/http_util.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <exception>
+#include <new>
+
+#include "serve/request_parse.h"
+
+namespace zimage::serve {
+
+namespace {
+
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+// Each connection is served by one thread, request after request; the pre-routing hook stamps
+// the start so the logger can print the duration.
+thread_local Clock::time_point t_request_start{};
+
+bool is_loopback_host(const std::string& h) {
+  return h == "localhost" || h == "::1" || h == "[::1]" || h.rfind("127.", 0) == 0;
+}
+
+// The host part of a Host header ("127.0.0.1:8188" -> "127.0.0.1", "[::1]:80" -> "[::1]").
+std::string host_part(const std::string& host) {
+  if (!host.empty() && host[0] == '[') {
+    const size_t close = host.find(']');
+    return close == std::string::npos ? host : host.substr(0, close + 1);
+  }
+  const size_t colon = host.find(':');
+  return colon == std::string::npos ? host : host.substr(0, colon);
+}
+
+bool well_formed_host(const std::string& h) {
+  if (h.empty() || h.size() > 255) return false;
+  for (char c : h) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                    c == '.' || c == '-' || c == ':' || c == '[' || c == ']';
+    if (!ok) return false;
+  }
+  return true;
+}
+
+std::string utc_now() {
+  const auto now = std::chrono::system_clock::now();
+  const std::time_t t = std::chrono::system_clock::to_time_t(now);
+  const auto ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()) % 1000;
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900,
+                tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
+                static_cast<int>(ms.count()));
+  return buf;
+}
+
+}  // namespace
+
+void send_json(httplib::Response& res, int status, const json& body) {
+  res.status = status;
+  res.set_content(body.dump(-1, ' ', false, json::error_handler_t::replace),
+                  "application/json; charset=utf-8");
+}
+
+void send_error(httplib::Response& res, const ApiError& e) {
+  res.status = e.status;
+  res.set_content(error_body(e), "application/json; charset=utf-8");
+}
+
+httplib::Server::Handler guard(std::function<void(const httplib::Request&, httplib::Response&)> f) {
+  return [f = std::move(f)](const httplib::Request& req, httplib::Response& res) {
+    try {
+      f(req, res);
+    } catch (const std::bad_alloc&) {
+      res = httplib::Response();
+      send_error(res, ApiError{503, "server_error", "out of memory", ""});
+    } catch (const std::exception& e) {
+      res = httplib::Response();
+      send_error(res,
+                 ApiError{500, "server_error", std::string("internal error: ") + e.what(), ""});
+    } catch (...) {
+      res = httplib::Response();
+      send_error(res, ApiError{500, "server_error", "internal error", ""});
+    }
+  };
+}
+
+std::shared_ptr<Job> admit(ServeContext& ctx, JobSpec spec, httplib::Response& res,
+                           ApiError* error) {
+  if (ctx.stopping.load()) {
+    *error = ApiError{503, "server_error", "the server is shutting down", ""};
+    return nullptr;
+  }
+  if (!ctx.ready.load()) {
+    res.set_header("Retry-After", "5");
+    *error = ApiError{503, "server_error", "the model is still loading; retry later", ""};
+    return nullptr;
+  }
+  for (const GenerateRequest& r : spec.runs) {
+    const Status st = rename_fields(ctx.engine->validate(r), spec.dialect);
+    if (!st.ok()) {
+      ++ctx.metrics.rejected_invalid;
+      *error = api_error(st);
+      return nullptr;
+    }
+  }
+  std::shared_ptr<Job> job = ctx.jobs.create(std::move(spec));
+  switch (ctx.scheduler.submit(job)) {
+    case Admission::kAccepted:
+      return job;
+    case Admission::kQueueFull:
+      ctx.jobs.remove(job->id());
+      ++ctx.metrics.rejected_queue_full;
+      res.set_header("Retry-After", "1");
+      *error = ApiError{
+          429, "rate_limit_error",
+          "the queue is full (" + std::to_string(ctx.options.max_queue) + " jobs); retry later",
+          ""};
+      return nullptr;
+    case Admission::kShuttingDown:
+      break;
+  }
+  ctx.jobs.remove(job->id());
+  *error = ApiError{503, "server_error", "the server is shutting down", ""};
+  return nullptr;
+}
+
+std::shared_ptr<Job> parse_and_admit(ServeContext& ctx, ParseFn parse, const httplib::Request& req,
+                                     httplib::Response& res) {
+  if (!ctx.ready.load() || ctx.stopping.load()) {
+    ApiError e;
+    admit(ctx, JobSpec{}, res, &e);
+    send_error(res, e);
+    return nullptr;
+  }
+  Result<JobSpec> spec = parse(req.body, ctx.limits, random_seed());
+  if (!spec.ok()) {
+    ++ctx.metrics.rejected_invalid;
+    send_error(res, api_error(spec.status()));
+    return nullptr;
+  }
+  ApiError e;
+  std::shared_ptr<Job> job = admit(ctx, std::move(spec).value(), res, &e);
+  if (job == nullptr) send_error(res, e);
+  return job;
+}
+
+bool reserve_waiting_slot(ServeContext& ctx, httplib::Response& res) {
+  const int limit = std::max(2, ctx.options.http_threads - 8);
+  if (ctx.waiting_responses.load() < limit) return true;
+  res.set_header("Retry-After", "1");
+  send_error(res, ApiError{503, "server_error",
+                           "too many open event streams and waiting requests (" +
+                               std::to_string(limit) + "); retry later",
+                           ""});
+  return false;
+}
+
+std::string base_url(const httplib::Request& req) {
+  const std::string host = req.get_header_value("Host");
+  if (!well_formed_host(host)) return "";
+  return "http://" + host;
+}
+
+bool constant_time_equal(const std::string& a, const std::string& b) {
+  // The length is not secret (keys have fixed, documented lengths); the bytes are compared
+  // without an early exit.
+  volatile unsigned char diff = a.size() == b.size() ? 0 : 1;
+  const size_t n = a.size() < b.size() ? a.size() : b.size();
+  for (size_t i = 0; i < n; ++i) diff = diff | static_cast<unsigned char>(a[i] ^ b[i]);
+  return diff == 0;
+}
+
+void install_hooks(httplib::Server& svr, ServeContext& ctx) {
+  const bool loopback = is_loopback_host(ctx.options.host);
+  svr.set_pre_routing_handler([&ctx, loopback](const httplib::Request& req,
+                                               httplib::Response& res) {
+    t_request_start = Clock::now();
+    try {
+      const std::string host = req.get_header_value("Host");
+      // DNS rebinding: a page on evil.example resolving to 127.0.0.1 still sends its own Host.
+      if (loopback && !host.empty() && !is_loopback_host(host_part(host))) {
+        send_error(res, ApiError{403, "permission_error",
+                                 "Host: this server only answers to loopback names", "Host"});
+        return httplib::Server::HandlerResponse::Handled;
+      }
+      // CORS is off: a browser request from another origin is refused outright (this also stops
+      // cross-site form POSTs, which browsers send without a preflight). https:// is the same
+      // page behind a TLS-terminating proxy.
+      const std::string origin = req.get_header_value("Origin");
+      if (!origin.empty() && origin != "http://" + host && origin != "https://" + host) {
+        send_error(res, ApiError{403, "permission_error",
+                                 "Origin: cross-origin requests are not allowed", "Origin"});
+        return httplib::Server::HandlerResponse::Handled;
+      }
+      if (!ctx.options.api_key.empty() && req.path != "/healthz" && req.path != "/") {
+        const std::string auth = req.get_header_value("Authorization");
+        const std::string expected = "Bearer " + ctx.options.api_key;
+        if (!constant_time_equal(auth, expected)) {
+          res.set_header("WWW-Authenticate", "Bearer");
+          send_error(res, ApiError{401, "authentication_error",
+                                   "Authorization: a valid \"Bearer <api key>\" header is required",
+                                   "Authorization"});
+          return httplib::Server::HandlerResponse::Handled;
+        }
+      }
+    } catch (...) {
+      res = httplib::Response();
+      send_error(res, ApiError{500, "server_error", "internal error", ""});
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    return httplib::Server::HandlerResponse::Unhandled;
+  });
+
+  const size_t max_body = ctx.options.max_body_bytes;
+  svr.set_error_handler([max_body](const httplib::Request& req, httplib::Response& res) {
+    if (!res.body.empty() || res.is_chunked_content_provider_) return;
+    try {
+      ApiError e{res.status, "invalid_request_error", "", ""};
+      if (res.status == 404) {
+        e.type = "not_found_error";
+        e.message = "no route for " + req.method + " " + req.path.substr(0, 200);
+      } else if (res.status == 413) {
+        e.message = "body: larger than the " + std::to_string(max_body) + "-byte limit";
+        e.param = "body";
+      } else if (res.status >= 500) {
+        e.type = "server_error";
+        e.message = "internal error";
+      } else {
+        e.message = "bad request";
+      }
+      send_error(res, e);
+    } catch (...) {
+      // Leave the status as it is; the body stays empty.
+    }
+  });
+
+  svr.set_exception_handler(
+      [](const httplib::Request&, httplib::Response& res, std::exception_ptr) {
+        res = httplib::Response();
+        send_error(res, ApiError{500, "server_error", "internal error", ""});
+      });
+
+  svr.set_logger([&ctx](const httplib::Request& req, const httplib::Response& res) {
+    try {
+      ctx.metrics.count_http(res.status);
+      if (!ctx.options.access_log) return;
+      const double ms =
+          t_request_start == Clock::time_point{}
+              ? 0.0
+              : std::chrono::duration<double, std::milli>(Clock::now() - t_request_start).count();
+      t_request_start = Clock::time_point{};
+      // Never the API key, the headers, the query or the body (prompts stay private).
+      nlohmann::ordered_json line = {
+          {"ts", utc_now()},      {"remote", req.remote_addr},
+          {"method", req.method}, {"path", req.path.substr(0, 200)},
+          {"status", res.status}, {"ms", static_cast<int64_t>(ms * 1000) / 1000.0}};
+      const std::string s = line.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
+      std::fwrite(s.data(), 1, s.size(), stderr);
+    } catch (...) {
+      // Logging must never take a request down.
+    }
+  });
+}
+
+}  // namespace zimage::serve

@@ -1,0 +1,54 @@
+// Server metrics in the Prometheus text format (version 0.0.4). Why hand-rolled: a handful of
+// counters, gauges and fixed-bucket histograms do not justify a client library (prometheus-cpp is
+// not packaged for Debian 12); the format itself is four line shapes. Thread-safe.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+
+namespace zimage::serve {
+
+class Histogram {
+ public:
+  static constexpr std::array<double, 14> kBounds = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+                                                     1,     2.5,  5,     10,   30,  60,   120};
+  void observe(double v);
+  // The "_bucket", "_sum" and "_count" lines for `name` with `labels` ("phase=\"vae\"").
+  std::string render(const std::string& name, const std::string& labels) const;
+  uint64_t count() const;
+
+ private:
+  mutable std::mutex mu_;
+  std::array<uint64_t, kBounds.size()> buckets_{};
+  uint64_t count_ = 0;
+  double sum_ = 0;
+};
+
+class Metrics {
+ public:
+  std::atomic<int64_t> queue_depth{0};
+  std::atomic<int64_t> jobs_running{0};
+  std::atomic<uint64_t> jobs_succeeded{0};
+  std::atomic<uint64_t> jobs_failed{0};
+  std::atomic<uint64_t> jobs_cancelled{0};
+  std::atomic<uint64_t> rejected_queue_full{0};
+  std::atomic<uint64_t> rejected_invalid{0};
+  std::atomic<uint64_t> images_generated{0};
+  std::atomic<int> ready{0};
+
+  // Phases: queue_wait, tokenize, text_encoder, denoise, vae, encode, total.
+  void observe_phase(const std::string& phase, double seconds);
+  void count_http(int status);
+  std::string render() const;
+
+ private:
+  mutable std::mutex mu_;
+  std::map<std::string, Histogram> phases_;
+  std::map<int, uint64_t> http_;
+};
+
+}  // namespace zimage::serve

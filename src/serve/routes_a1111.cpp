@@ -1,0 +1,93 @@
+// Automatic1111's API, the subset image front-ends use: POST /sdapi/v1/txt2img (synchronous;
+// base64 PNGs, the parameters and an "info" JSON string with the seeds) and GET
+// /sdapi/v1/progress (the running job). Same queue, limits and errors as the OpenAI routes.
+#include <chrono>
+
+#include "serve/http_util.h"
+#include "serve/image_encode.h"
+#include "serve/routes.h"
+
+namespace zimage::serve {
+
+using nlohmann::json;
+
+void add_a1111_routes(httplib::Server& svr, ServeContext& ctx) {
+  svr.Post("/sdapi/v1/txt2img", guard([&ctx](const httplib::Request& req, httplib::Response& res) {
+             if (!reserve_waiting_slot(ctx, res)) return;
+             std::shared_ptr<Job> job = parse_and_admit(ctx, parse_a1111, req, res);
+             if (job == nullptr) return;
+             WaitingResponse waiting(ctx);
+             while (!job->wait_final(std::chrono::seconds(1))) {
+             }
+             const JobSnapshot s = job->snapshot();
+             if (s.state != JobState::kSucceeded) {
+               ApiError e = s.error;
+               if (ctx.stopping.load() && s.state == JobState::kCancelled) e.status = 503;
+               send_error(res, e);
+               return;
+             }
+             const JobSpec& spec = job->spec();
+             const GenerateRequest& r = spec.runs.front();
+             json images = json::array();
+             json seeds = json::array();
+             for (size_t k = 0; k < s.image_count; ++k) {
+               images.push_back(base64_encode(job->image(k)));
+               seeds.push_back(s.image_seeds[k]);
+             }
+             json parameters = {{"prompt", r.prompts.front()},
+                                {"negative_prompt", r.negative_prompt.value_or("")},
+                                {"width", r.width},
+                                {"height", r.height},
+                                {"steps", r.steps},
+                                {"cfg_scale", r.guidance},
+                                {"seed", r.seed},
+                                {"batch_size", r.images_per_prompt},
+                                {"n_iter", spec.runs.size()}};
+             json info = {{"prompt", r.prompts.front()},
+                          {"negative_prompt", r.negative_prompt.value_or("")},
+                          {"seed", r.seed},
+                          {"all_seeds", seeds},
+                          {"width", r.width},
+                          {"height", r.height},
+                          {"steps", r.steps},
+                          {"cfg_scale", r.guidance},
+                          {"sampler_name", "FlowMatchEulerDiscrete"},
+                          {"sd_model_name", ctx.options.model_name},
+                          {"job_id", job->id()}};
+             send_json(res, 200,
+                       {{"images", std::move(images)},
+                        {"parameters", std::move(parameters)},
+                        {"info", info.dump(-1, ' ', false, json::error_handler_t::replace)}});
+           }));
+
+  svr.Get("/sdapi/v1/progress", guard([&ctx](const httplib::Request&, httplib::Response& res) {
+            std::shared_ptr<Job> job = ctx.scheduler.running();
+            json state = {
+                {"skipped", false},   {"interrupted", false},
+                {"job", ""},          {"job_count", static_cast<int64_t>(ctx.scheduler.depth())},
+                {"sampling_step", 0}, {"sampling_steps", 0}};
+            double progress = 0, eta = 0;
+            if (job != nullptr) {
+              const JobSnapshot s = job->snapshot();
+              state["job"] = job->id();
+              state["job_count"] = static_cast<int64_t>(ctx.scheduler.depth()) + 1;
+              state["sampling_step"] = s.step;
+              state["sampling_steps"] = s.total;
+              state["interrupted"] = job->cancel_requested();
+              progress = s.total > 0 ? static_cast<double>(s.step) / s.total : 0.0;
+              const double now =
+                  std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
+                      .count();
+              const double elapsed = s.started > 0 ? now - s.started : 0.0;
+              if (progress > 0) eta = elapsed / progress - elapsed;
+            }
+            send_json(res, 200,
+                      {{"progress", progress},
+                       {"eta_relative", eta},
+                       {"state", std::move(state)},
+                       {"current_image", nullptr},
+                       {"textinfo", nullptr}});
+          }));
+}
+
+}  // namespace zimage::serve

@@ -1,0 +1,60 @@
+// Operations: GET /healthz (the process answers), GET /readyz (200 once the model is loaded and
+// warmed up, 503 before), GET /metrics (Prometheus text), GET /v1/models (OpenAI's model list,
+// plus this server's limits for the web page), and GET / (the embedded web page).
+#include "serve/http_util.h"
+#include "serve/routes.h"
+#include "serve/web_page.h"
+
+namespace zimage::serve {
+
+using nlohmann::json;
+
+void add_ops_routes(httplib::Server& svr, ServeContext& ctx) {
+  svr.Get("/healthz", guard([](const httplib::Request&, httplib::Response& res) {
+            send_json(res, 200, {{"status", "ok"}});
+          }));
+
+  svr.Get("/readyz", guard([&ctx](const httplib::Request&, httplib::Response& res) {
+            if (ctx.stopping.load()) {
+              send_error(res, ApiError{503, "server_error", "the server is shutting down", ""});
+            } else if (!ctx.ready.load()) {
+              res.set_header("Retry-After", "2");
+              send_error(res, ApiError{503, "server_error", "the model is loading", ""});
+            } else {
+              send_json(res, 200, {{"status", "ready"}, {"device", ctx.info.device}});
+            }
+          }));
+
+  svr.Get("/metrics", guard([&ctx](const httplib::Request&, httplib::Response& res) {
+            res.set_content(ctx.metrics.render(), "text/plain; version=0.0.4; charset=utf-8");
+          }));
+
+  svr.Get("/v1/models", guard([&ctx](const httplib::Request&, httplib::Response& res) {
+            json model = {{"id", ctx.options.model_name},
+                          {"object", "model"},
+                          {"created", 0},
+                          {"owned_by", "zimage"}};
+            if (ctx.ready.load()) {
+              const ParseLimits& l = ctx.limits;
+              model["zimage"] = {
+                  {"default_width", l.default_width}, {"default_height", l.default_height},
+                  {"default_steps", l.default_steps}, {"size_multiple", l.request.size_multiple},
+                  {"max_side", l.request.max_side},   {"max_batch", l.request.max_batch},
+                  {"max_steps", l.request.max_steps}, {"device", ctx.info.device},
+                  {"precision", ctx.info.precision},  {"version", kVersion}};
+            }
+            send_json(res, 200, {{"object", "list"}, {"data", json::array({model})}});
+          }));
+
+  svr.Get("/", guard([](const httplib::Request&, httplib::Response& res) {
+            const std::string_view page = web_page();
+            res.set_header("Cache-Control", "no-cache");
+            res.set_header("Content-Security-Policy",
+                           "default-src 'self'; img-src 'self' blob: data:; style-src 'self' "
+                           "'unsafe-inline'; script-src 'self' 'unsafe-inline'; "
+                           "connect-src 'self'; frame-ancestors 'none'");
+            res.set_content(page.data(), page.size(), "text/html; charset=utf-8");
+          }));
+}
+
+}  // namespace zimage::serve

@@ -1,0 +1,59 @@
+// `zimage serve` as a library: binds the HTTP server, loads (or adopts) an engine, warms it up,
+// runs the worker, and shuts everything down in order. Why a class apart from the CLI: the tests
+// run the same server in-process on a loopback port with a shared engine, and the CLI file stays
+// flag parsing and signal handling only.
+//
+// Order: start() binds and answers at once (/healthz 200, /readyz 503), load()/attach() makes it
+// ready, shutdown() stops taking jobs, cancels queued and running ones ("server shutting down"),
+// lets waiting responses finish, then stops HTTP.
+#pragma once
+
+#include <memory>
+#include <thread>
+
+#include "serve/context.h"
+#include "serve/executor.h"
+#include "zimage/zimage.h"
+
+namespace httplib {
+class Server;
+}
+
+namespace zimage::serve {
+
+class Server {
+ public:
+  explicit Server(ServeOptions options);
+  ~Server();
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  // Checks the options (a non-loopback host needs an API key or `insecure`), binds host:port
+  // (port 0: any free port) and serves on a background thread.
+  Status start();
+  int port() const { return port_; }
+
+  // Loads the model, warms it up (one tiny generate) and starts the worker.
+  Status load(const EngineOptions& options);
+  // The same with an engine the caller owns (tests); `runner` (optional) stands between the
+  // worker and the engine.
+  Status attach(Engine* engine, EngineRunner* runner = nullptr, bool warm_up = true);
+
+  // Idempotent; see the file comment.
+  void shutdown();
+  ServeContext& context() { return ctx_; }
+
+ private:
+  ServeContext ctx_;
+  std::unique_ptr<httplib::Server> http_;
+  std::thread http_thread_;
+  int port_ = -1;
+  std::unique_ptr<Engine> owned_engine_;
+  std::unique_ptr<EngineRunner> adapter_;
+  bool shut_down_ = false;
+};
+
+// True for 127.0.0.0/8, ::1 and "localhost".
+bool is_loopback(const std::string& host);
+
+}  // namespace zimage::serve

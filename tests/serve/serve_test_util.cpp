@@ -1,0 +1,153 @@
+// Helpers for the server tests (see serve_test_util.h).
+#include "serve/serve_test_util.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <cstdio>
+#include <fstream>
+#include <mutex>
+
+#include "common/npy.h"
+
+namespace zimage::serve::test {
+
+namespace {
+// A client that hangs up mid-response must not kill the test process (the server writes to it).
+const bool kIgnoreSigpipe = [] {
+  std::signal(SIGPIPE, SIG_IGN);
+  return true;
+}();
+}  // namespace
+
+std::string tiny_model_dir() {
+  return zimage::test::golden_dir("v_turbo") + "/model";
+}
+
+Engine* shared_engine() {
+  static std::once_flag once;
+  static Engine* engine = nullptr;
+  std::call_once(once, [] {
+    (void)kIgnoreSigpipe;
+    EngineOptions o;
+    o.model_dir = tiny_model_dir();
+    o.device = "cpu";
+    o.threads = 2;
+    auto e = Engine::load(o);
+    if (!e.ok()) {
+      std::fprintf(stderr, "cannot load the tiny model: %s\n", e.status().to_string().c_str());
+      std::abort();
+    }
+    engine = std::move(e).value().release();  // lives until exit
+  });
+  return engine;
+}
+
+ServeOptions TestServer::defaults() {
+  ServeOptions o;
+  o.port = 0;
+  o.access_log = false;
+  o.default_width = 64;
+  o.default_height = 64;
+  o.default_steps = 2;
+  return o;
+}
+
+TestServer::TestServer(ServeOptions options, EngineRunner* runner)
+    : server_(std::make_unique<Server>(std::move(options))) {
+  const Status st = server_->start();
+  EXPECT_TRUE(st.ok()) << st.to_string();
+  const Status at = server_->attach(shared_engine(), runner, /*warm_up=*/false);
+  EXPECT_TRUE(at.ok()) << at.to_string();
+}
+
+TestServer::~TestServer() {
+  server_->shutdown();
+}
+
+httplib::Client TestServer::client(int timeout_s) const {
+  httplib::Client c("127.0.0.1", port());
+  c.set_read_timeout(timeout_s, 0);
+  c.set_connection_timeout(5, 0);
+  return c;
+}
+
+nlohmann::json Reply::json() const {
+  return nlohmann::json::parse(body, nullptr, false);
+}
+
+namespace {
+Reply to_reply(const httplib::Result& r) {
+  Reply out;
+  if (!r) return out;
+  out.status = r->status;
+  out.body = r->body;
+  out.headers = r->headers;
+  return out;
+}
+httplib::Client make_client(int port) {
+  httplib::Client c("127.0.0.1", port);
+  c.set_read_timeout(60, 0);
+  c.set_connection_timeout(5, 0);
+  return c;
+}
+}  // namespace
+
+Reply post(int port, const std::string& path, const std::string& body,
+           const httplib::Headers& headers) {
+  httplib::Client c = make_client(port);
+  return to_reply(c.Post(path, headers, body, "application/json"));
+}
+
+Reply get(int port, const std::string& path, const httplib::Headers& headers) {
+  httplib::Client c = make_client(port);
+  return to_reply(c.Get(path, headers));
+}
+
+Reply del(int port, const std::string& path, const httplib::Headers& headers) {
+  httplib::Client c = make_client(port);
+  return to_reply(c.Delete(path, headers));
+}
+
+std::vector<uint8_t> base64_decode(const std::string& s) {
+  auto val = [](char c) -> int {
+    if (c >= 'A' && c <= 'Z') return c - 'A';
+    if (c >= 'a' && c <= 'z') return c - 'a' + 26;
+    if (c >= '0' && c <= '9') return c - '0' + 52;
+    if (c == '+') return 62;
+    if (c == '/') return 63;
+    return -1;
+  };
+  std::vector<uint8_t> out;
+  uint32_t acc = 0;
+  int bits = 0;
+  for (char c : s) {
+    const int v = val(c);
+    if (v < 0) continue;
+    acc = (acc << 6) | static_cast<uint32_t>(v);
+    bits += 6;
+    if (bits >= 8) {
+      bits -= 8;
+      out.push_back(static_cast<uint8_t>((acc >> bits) & 0xFF));
+    }
+  }
+  return out;
+}
+
+Result<Image> png_decode(const std::vector<uint8_t>& bytes, PngTextChunks* text) {
+  char path[] = "/tmp/zimage_serve_png_XXXXXX";
+  const int fd = mkstemp(path);
+  if (fd < 0) return IoError("mkstemp");
+  close(fd);
+  {
+    std::ofstream f(path, std::ios::binary);
+    f.write(reinterpret_cast<const char*>(bytes.data()),
+            static_cast<std::streamsize>(bytes.size()));
+  }
+  Result<Image> img = png_load(path, text);
+  std::remove(path);
+  return img;
+}
+
+}  // namespace zimage::serve::test
