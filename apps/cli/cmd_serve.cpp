@@ -35,6 +35,7 @@ struct ServeArgs {
   std::string default_size = "1024x1024";
   bool quiet = false;
   bool verbose = false;
+  std::string batching = "on";
 };
 
 [[noreturn]] void fail(int code, const std::string& message) {
@@ -103,6 +104,7 @@ void run_serve(ServeArgs& a) {
     fail(2, "--default-size: expected WIDTHxHEIGHT, e.g. 1024x1024");
   }
   a.serve.access_log = !a.quiet;
+  a.serve.batching = a.batching == "on";
 
   SignalWaiter signals;
   serve::Server server(a.serve);
@@ -178,6 +180,14 @@ void register_serve_command(CLI::App& app) {
       ->check(CLI::Range(4, 4096));
   cmd->add_option("--model-name", a->serve.model_name,
                   "Model id in /v1/models (default z-image-turbo)");
+  cmd->add_option("--batching", a->batching,
+                  "on: jobs of one size share each denoising step (continuous batching; an image "
+                  "may differ by 1/255 from the same request served alone); off: one job at a "
+                  "time, every image exactly as zimage generate makes it (default on)")
+      ->check(CLI::IsMember({"on", "off"}));
+  cmd->add_option("--max-batch-images", a->serve.max_batch_images,
+                  "Images per denoising step with --batching on (default 8)")
+      ->check(CLI::Range(1, 64));
   cmd->add_flag("--quiet,-q", a->quiet, "No access log; errors only");
   cmd->add_flag("--verbose,-v", a->verbose, "Engine load information and per-phase times");
   cmd->callback([a] { run_serve(*a); });

@@ -31,6 +31,11 @@ struct ServeOptions {
   int default_steps = 8;
   RetentionLimits retention;
   bool access_log = true;  // one JSON line per request on stderr
+  // Continuous batching: jobs of one size share each DiT step (BatchingExecutor), at most this
+  // many images per step. Off: one job at a time (SerialExecutor), each image exactly as
+  // `zimage generate` makes it whatever runs beside it.
+  bool batching = true;
+  int max_batch_images = 8;
 };
 
 struct ServeContext {

@@ -76,6 +76,15 @@ std::string Metrics::render() const {
   o += "# HELP zimage_images_generated_total Images generated\n"
        "# TYPE zimage_images_generated_total counter\n";
   o += "zimage_images_generated_total " + std::to_string(images_generated) + "\n";
+  o += "# HELP zimage_batch_steps_total Denoising steps run by the batching worker\n"
+       "# TYPE zimage_batch_steps_total counter\n";
+  o += "zimage_batch_steps_total " + std::to_string(batch_steps) + "\n";
+  o +=
+      "# HELP zimage_batch_step_requests_total Requests active in the engine at those steps (sum)\n"
+      "# TYPE zimage_batch_step_requests_total counter\n";
+  o += "zimage_batch_step_requests_total " + std::to_string(batch_step_requests) + "\n";
+  gauge("zimage_batch_max_requests", "Most requests active in the engine at one step",
+        static_cast<double>(max_step_requests));
   std::lock_guard<std::mutex> lock(mu_);
   o += "# HELP zimage_phase_seconds Latency of each phase of a job\n"
        "# TYPE zimage_phase_seconds histogram\n";

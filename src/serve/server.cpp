@@ -105,11 +105,17 @@ Status Server::attach(Engine* engine, EngineRunner* runner, bool warm_up) {
   l.default_width = ctx_.options.default_width;
   l.default_height = ctx_.options.default_height;
   l.default_steps = ctx_.options.default_steps;
-  if (runner == nullptr) {
-    adapter_ = std::make_unique<EngineAdapter>(engine);
-    runner = adapter_.get();
+  if (runner == nullptr && ctx_.options.batching) {
+    batch_runner_ = std::make_unique<EngineBatchRunner>(engine);
+    ctx_.scheduler.start(std::make_unique<BatchingExecutor>(batch_runner_.get(), &ctx_.metrics,
+                                                            ctx_.options.max_batch_images));
+  } else {
+    if (runner == nullptr) {
+      adapter_ = std::make_unique<EngineAdapter>(engine);
+      runner = adapter_.get();
+    }
+    ctx_.scheduler.start(std::make_unique<SerialExecutor>(runner, &ctx_.metrics));
   }
-  ctx_.scheduler.start(std::make_unique<SerialExecutor>(runner, &ctx_.metrics));
   ctx_.metrics.ready = 1;
   ctx_.ready.store(true);
   return Status::Ok();

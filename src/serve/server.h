@@ -11,6 +11,7 @@
 #include <memory>
 #include <thread>
 
+#include "serve/batching_executor.h"
 #include "serve/context.h"
 #include "serve/executor.h"
 #include "zimage/zimage.h"
@@ -50,6 +51,7 @@ class Server {
   int port_ = -1;
   std::unique_ptr<Engine> owned_engine_;
   std::unique_ptr<EngineRunner> adapter_;
+  std::unique_ptr<BatchRunner> batch_runner_;
   bool shut_down_ = false;
 };
 
