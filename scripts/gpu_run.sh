@@ -10,6 +10,9 @@
 #   diffusers upstream diffusers on the same folder, same GPU (carried wheel in .whl/)
 #   compare   cosine / PSNR of zimage vs diffusers -> $OUT/parity.json
 #   parity8, compare8   the same with --precision fp8 -> $OUT/parity_fp8.json
+#   serve     zimage serve on that folder with --batching on, then off: tools/serve_bench.py
+#             (1/4/16 clients, 512² and 1024²) -> $OUT/serve_bench.jsonl, and the batched
+#             images against the one-by-one images (max pixel difference) -> $OUT/serve_diff.txt
 # Usage: scripts/gpu_run.sh STAGE [STAGE ...]   (e.g. build test, or model bench parity diffusers compare)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -75,6 +78,25 @@ for f in glob.glob('build/carry/*.xz') + glob.glob('build/carry/lib/*.xz'):
       python3 tools/compare_outputs.py --zimage-dit /tmp/zdump/dit_out.step0.npy \
         --diffusers-dit "$OUT/diffusers_dit_out_step0.npy" --zimage-png "$OUT/zimage_1024.png" \
         --diffusers-image "$OUT/diffusers_image.npy" --json "$OUT/parity.json" || rc=1 ;;
+    serve)
+      rm -rf "$OUT/serve_img" && mkdir -p "$OUT/serve_img"
+      for mode in on off; do
+        "$BIN" serve --model "$ZR" --device cuda --port 8190 --batching "$mode" --max-queue 64 \
+          --quiet > "$OUT/serve_$mode.log" 2>&1 &
+        pid=$!
+        for _ in $(seq 1 120); do
+          python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:8190/readyz')" \
+            2>/dev/null && break; sleep 1
+        done
+        python3 tools/serve_bench.py --url http://127.0.0.1:8190 --sizes ${SERVE_SIZES:-512,1024} \
+          --clients 1,4,16 --requests ${SERVE_REQUESTS:-2} --label "batching-$mode" \
+          --json "$OUT/serve_bench.jsonl" --images-dir "$OUT/serve_img" || rc=1
+        python3 -c "import urllib.request as u; print(u.urlopen('http://127.0.0.1:8190/metrics').read().decode())" \
+          | grep -E '^zimage_batch' >> "$OUT/serve_$mode.log"
+        kill -TERM $pid; wait $pid || rc=1
+      done
+      python3 tools/compare_images.py "$OUT/serve_img" batching-on batching-off \
+        | tee "$OUT/serve_diff.txt" || rc=1 ;;
     *) echo "unknown stage $stage"; rc=2 ;;
   esac
   echo "== stage $stage: $(( $(date +%s) - t0 )) s"
