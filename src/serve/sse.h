@@ -15,11 +15,12 @@ namespace zimage::serve {
 
 class SseStream {
  public:
-  // `position` tells the queue position of a queued job (-1 when not queued).
+  // `base` prefixes the image URLs of the final event ("" = relative).
   SseStream(std::shared_ptr<Job> job, std::string base)
       : job_(std::move(job)), base_(std::move(base)) {}
 
-  // The text to send after seeing `snap` (may be empty), and whether the stream is over.
+  // The text to send after seeing `snap` (may be empty; finished() tells when the stream is
+  // over). `position` is the job's queue position (-1 when not queued).
   std::string next(const JobSnapshot& snap, int position);
   bool finished() const { return finished_; }
   uint64_t seen_version() const { return seen_; }

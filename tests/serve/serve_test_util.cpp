@@ -4,10 +4,13 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <mutex>
+#include <thread>
 
 #include "common/npy.h"
 
@@ -54,8 +57,47 @@ ServeOptions TestServer::defaults() {
   return o;
 }
 
+namespace {
+// With ZIMAGE_SERVE_FAKE_ENGINE=1 the worker runs this instead of the model (validation still
+// uses the real engine): every step reports progress and honours cancel, pixels follow the seed.
+// It keeps the server's own concurrency testable under ThreadSanitizer, where the real CPU
+// backend is too slow and OpenBLAS (uninstrumented) drowns the report in false positives.
+class FakeEngine : public EngineRunner {
+ public:
+  Result<GenerateResult> generate(const GenerateRequest& req, const GenerateHooks& hooks) override {
+    GenerateResult r;
+    for (int step = 1; step <= req.steps; ++step) {
+      if (hooks.cancel != nullptr && hooks.cancel->load()) return Cancelled("cancelled");
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      if (hooks.on_progress) hooks.on_progress(Progress{Phase::kDenoise, step, req.steps, 0.0});
+    }
+    const size_t n = req.prompts.size() * static_cast<size_t>(req.images_per_prompt);
+    for (size_t i = 0; i < n; ++i) {
+      Image im;
+      im.width = req.width;
+      im.height = req.height;
+      im.rgb.resize(static_cast<size_t>(req.width) * req.height * 3);
+      for (size_t k = 0; k < im.rgb.size(); ++k)
+        im.rgb[k] = static_cast<uint8_t>((req.seed * 31 + i * 7 + k) & 0xFF);
+      r.images.push_back(std::move(im));
+    }
+    r.timings.dit_s.assign(static_cast<size_t>(req.steps), 0.002);
+    r.seed = req.seed;
+    r.device = "fake";
+    return r;
+  }
+};
+
+EngineRunner* default_runner() {
+  static FakeEngine fake;
+  const char* env = std::getenv("ZIMAGE_SERVE_FAKE_ENGINE");
+  return env != nullptr && std::string(env) == "1" ? &fake : nullptr;
+}
+}  // namespace
+
 TestServer::TestServer(ServeOptions options, EngineRunner* runner)
     : server_(std::make_unique<Server>(std::move(options))) {
+  if (runner == nullptr) runner = default_runner();
   const Status st = server_->start();
   EXPECT_TRUE(st.ok()) << st.to_string();
   const Status at = server_->attach(shared_engine(), runner, /*warm_up=*/false);

@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <mutex>
@@ -37,6 +38,7 @@ TEST(ServeLoad, HundredConcurrentClientsCompleteOrGet429) {
   constexpr int kAttempts = 5;  // a client retries a 429 after 200 ms, at most this many times
   std::mutex mu;
   std::vector<std::string> ids;
+  std::vector<double> latencies;  // submission to images, completed requests only
   int ok = 0, gave_up = 0, other = 0, responses_429 = 0;
   const auto start = Clock::now();
   std::vector<std::thread> threads;
@@ -49,6 +51,7 @@ TEST(ServeLoad, HundredConcurrentClientsCompleteOrGet429) {
         const std::string body =
             R"({"prompt": "load", "num_inference_steps": 1, "size": "32x32", "seed": )" +
             std::to_string(i) + "}";
+        const auto t0 = Clock::now();
         Reply r = post(port, sync ? "/v1/images/generations" : "/v1/jobs", body);
         if (r.status == 429) {
           std::lock_guard<std::mutex> lock(mu);
@@ -77,6 +80,7 @@ TEST(ServeLoad, HundredConcurrentClientsCompleteOrGet429) {
         if (done) {
           ++ok;
           ids.push_back(id);
+          latencies.push_back(seconds_since(t0));
         } else {
           ++other;
           ADD_FAILURE() << r.status << " " << r.body.substr(0, 200);
@@ -86,10 +90,14 @@ TEST(ServeLoad, HundredConcurrentClientsCompleteOrGet429) {
     });
   for (auto& t : threads) t.join();
   const double elapsed = seconds_since(start);
+  std::sort(latencies.begin(), latencies.end());
+  auto pct = [&](double p) {
+    return latencies.empty() ? 0.0 : latencies[static_cast<size_t>(p * (latencies.size() - 1))];
+  };
   std::printf(
       "[ServeLoad] %d clients: %d completed, %d gave up after %d x 429 (%d 429 responses "
-      "in all), %d other, %.2f s\n",
-      kClients, ok, gave_up, kAttempts, responses_429, other, elapsed);
+      "in all), %d other, %.2f s; latency of completed p50 %.3f s, p95 %.3f s\n",
+      kClients, ok, gave_up, kAttempts, responses_429, other, elapsed, pct(0.5), pct(0.95));
   EXPECT_EQ(ok + gave_up, kClients);
   EXPECT_EQ(other, 0);
   EXPECT_GT(ok, 8);
