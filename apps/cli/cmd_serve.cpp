@@ -35,7 +35,7 @@ struct ServeArgs {
   std::string default_size = "1024x1024";
   bool quiet = false;
   bool verbose = false;
-  std::string batching = "on";
+  std::string batching = "off";
 };
 
 [[noreturn]] void fail(int code, const std::string& message) {
@@ -182,8 +182,9 @@ void register_serve_command(CLI::App& app) {
                   "Model id in /v1/models (default z-image-turbo)");
   cmd->add_option("--batching", a->batching,
                   "on: jobs of one size share each denoising step (continuous batching; an image "
-                  "may differ by 1/255 from the same request served alone); off: one job at a "
-                  "time, every image exactly as zimage generate makes it (default on)")
+                  "may differ slightly from the same request served alone); off: one job at a "
+                  "time, every image exactly as zimage generate makes it (default off: on an "
+                  "H200 one 512² or 1024² image already fills the GPU)")
       ->check(CLI::IsMember({"on", "off"}));
   cmd->add_option("--max-batch-images", a->serve.max_batch_images,
                   "Images per denoising step with --batching on (default 8)")

@@ -1,6 +1,7 @@
 // zimage::Engine (include/zimage/zimage.h): picks the backend, loads the pipeline once, and
 // serves generate() calls one at a time. The only place where public options become engine
 // internals, so the public header stays free of src/ types.
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <mutex>
@@ -104,7 +105,11 @@ Result<std::unique_ptr<Engine>> Engine::load_impl(const EngineOptions& options) 
     if (!st.ok()) return st.with_context("precision fp8");
   }
   impl->limits.size_multiple = impl->pipeline->size_multiple();
-  impl->limits.max_side = options.max_side;
+  // The model's own limit (RoPE tables: latent side / patch < axes_lens) may be lower than the
+  // configured one: info() and the range checks report the smaller.
+  const int model_side = impl->pipeline->max_image_tokens_side() * impl->pipeline->size_multiple();
+  impl->limits.max_side =
+      model_side > 0 ? std::min(options.max_side, model_side) : options.max_side;
   impl->limits.max_pixels = options.max_pixels;
   impl->limits.max_batch = options.max_batch;
   impl->limits.max_prompt_bytes = options.max_prompt_bytes;

@@ -32,9 +32,10 @@ struct ServeOptions {
   RetentionLimits retention;
   bool access_log = true;  // one JSON line per request on stderr
   // Continuous batching: jobs of one size share each DiT step (BatchingExecutor), at most this
-  // many images per step. Off: one job at a time (SerialExecutor), each image exactly as
-  // `zimage generate` makes it whatever runs beside it.
-  bool batching = true;
+  // many images per step. Off (the default): one job at a time (SerialExecutor), each image
+  // exactly as `zimage generate` makes it whatever runs beside it. Measured on an H200 at 512²
+  // and 1024², one image already fills the GPU and batching bought no throughput (SERVER.md).
+  bool batching = false;
   int max_batch_images = 8;
 };
 

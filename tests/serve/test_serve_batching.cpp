@@ -99,8 +99,14 @@ TEST(ServeBatching, ConcurrentJobsShareStepsAndKeepTheirImages) {
   }
 }
 
+ServeOptions batching_on() {
+  ServeOptions o = TestServer::defaults();
+  o.batching = true;
+  return o;
+}
+
 TEST(ServeBatching, CancelledJobLeavesTheBatchOthersFinish) {
-  TestServer server;
+  TestServer server(batching_on());
   Reply a = post(server.port(), "/v1/jobs", body(1, 40));
   Reply b = post(server.port(), "/v1/jobs", body(2, 6));
   ASSERT_EQ(a.status, 202) << a.body;
@@ -127,7 +133,7 @@ TEST(ServeBatching, CancelledJobLeavesTheBatchOthersFinish) {
 }
 
 TEST(ServeBatching, OtherSizesWaitTheirTurn) {
-  TestServer server;
+  TestServer server(batching_on());
   std::vector<Reply> r(3);
   std::thread t0([&] { r[0] = post(server.port(), "/v1/images/generations", body(5, 8, 64)); });
   std::thread t1([&] { r[1] = post(server.port(), "/v1/images/generations", body(6, 3, 32)); });

@@ -384,9 +384,14 @@ TEST(ApiCli, ExitCodesAndMessages) {
       run_cli({"generate", "--model", model, "--prompt", "a", "--width", "30", "-o", out}, &err),
       2);
   EXPECT_NE(err.find("width: 30 is not a multiple of 4"), std::string::npos) << err;
-  EXPECT_EQ(
-      run_cli({"generate", "--model", model, "--prompt", "a", "--steps", "0", "-o", out}, &err), 2);
+  EXPECT_EQ(run_cli({"generate", "--model", model, "--prompt", "a", "-W", "64", "-H", "64",
+                     "--steps", "0", "-o", out},
+                    &err),
+            2);
   EXPECT_NE(err.find("steps"), std::string::npos) << err;
+  // The default 1024 is beyond the tiny model's own limit (256): named up front.
+  EXPECT_EQ(run_cli({"generate", "--model", model, "--prompt", "a", "-o", out}, &err), 2);
+  EXPECT_NE(err.find("width: 1024 exceeds the limit 256"), std::string::npos) << err;
   EXPECT_EQ(run_cli({"generate", "--model", model, "-o", out}, &err), 2);
   EXPECT_NE(err.find("--prompt"), std::string::npos) << err;
   EXPECT_EQ(run_cli({"generate", "--prompt", "a", "--no-such-flag"}, &err), 2);
