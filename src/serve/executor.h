@@ -4,17 +4,8 @@
 // that fails on demand. SerialExecutor is this branch's executor: one job at a time through
 // Engine::generate, progress from GenerateHooks::on_progress, cancel through GenerateHooks::cancel.
 //
-// Cross-request batching (a later BatchingExecutor, same JobSource, no HTTP change) needs a
-// step-wise pipeline API from the engine, roughly:
-//   Result<Session> Engine::begin(const GenerateRequest&)   // tokenize + text encoder + noise
-//   Status Engine::step(std::span<Session*> batch)          // one DiT forward over all sessions'
-//                                                           // latents (same size), CFG + Euler
-//                                                           // per session with its own sigma
-//   Result<std::vector<Image>> Engine::finish(Session&)     // VAE decode
-// with sessions at different step indices in one batch (per-row timestep embedding), each
-// session's noise from its own seed (so a batched job gives the same pixels as a lone one), and
-// CFG/non-CFG rows mixable (or batches split by guidance > 0). The executor would then pop jobs
-// with try_pop_if(same width/height) at every step boundary and retire finished sessions.
+// Cross-request batching is the other executor (batching_executor.h, --batching on), over the
+// engine's step-wise API (Engine::batch_add / batch_step).
 #pragma once
 
 #include <memory>
