@@ -23,7 +23,9 @@ Set DIFFUSERS_SRC to a diffusers source tree's src/ folder to use that instead o
 
 case.json holds: name, seed, H, W, steps, guidance, neg (null = none), prompts, and, only where a
 case sets them, images_per_prompt, cfg_truncation, cfg_normalization, max_sequence_length (absent =
-the pipeline defaults 1, 1.0, False, 512). Files per case are described in /work/shared/golden/README.md
+the pipeline defaults 1, 1.0, False, 512). Files per case: model/ (the tiny pipeline in the diffusers
+layout), init_noise.npy, prompt_embeds_<i>.npy, image.npy (the decoded image, float in [0, 1]),
+debug/token_ids.json, debug/latents_after_step<k>.npy and debug/dit_out_step<k>.npy
 (debug/dit_out_step<k>.npy has 2B rows on CFG steps and B rows on steps cfg_truncation skips;
 B = prompts x images_per_prompt).
 """
