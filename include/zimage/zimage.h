@@ -171,6 +171,16 @@ class Engine {
   // Requests added and not yet returned by batch_step().
   int batch_active() const;
 
+  // Device memory the engine holds through its allocator (0 on the CPU): live tensors, what it
+  // keeps from the driver (live + cached), and the live peak. The CUDA context and library
+  // workspaces are not included. Safe from any thread, also during generate().
+  struct Memory {
+    uint64_t in_use_bytes = 0;
+    uint64_t reserved_bytes = 0;
+    uint64_t peak_in_use_bytes = 0;
+  };
+  Memory memory() const;
+
  private:
   struct Impl;
   explicit Engine(std::unique_ptr<Impl> impl);

@@ -30,6 +30,11 @@ Result<uint64_t> Engine::batch_add(const GenerateRequest& req, const GenerateHoo
   });
 }
 
+Engine::Memory Engine::memory() const {
+  const Backend::MemoryUse m = impl_->backend->memory_use();  // the allocator locks itself
+  return {m.in_use, m.reserved, m.peak_in_use};
+}
+
 int Engine::batch_active() const {
   std::lock_guard<std::mutex> lock(impl_->mu);
   return static_cast<int>(impl_->batch.size());

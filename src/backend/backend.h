@@ -77,6 +77,13 @@ class Backend {
   // uploads (CUDA: pinned staging buffers). Loaders call it once at the end, so a measured load
   // time includes every copy.
   virtual Status finish_uploads() { return synchronize(); }
+  // Device memory the backend's allocator holds (0 on the CPU). Safe from any thread.
+  struct MemoryUse {
+    uint64_t in_use = 0;       // live tensors
+    uint64_t reserved = 0;     // obtained from the driver: in use + cached
+    uint64_t peak_in_use = 0;  // high-water mark of in_use
+  };
+  virtual MemoryUse memory_use() const { return {}; }
   // Makes this backend's device the calling thread's current one (CUDA: cudaSetDevice). The
   // Engine calls it at the start of every call, so any thread may drive any backend.
   virtual Status bind_thread() { return Status::Ok(); }

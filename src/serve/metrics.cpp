@@ -55,6 +55,17 @@ void Metrics::count_http(int status) {
   ++http_[status];
 }
 
+std::string device_memory_metrics(const Engine::Memory& m) {
+  std::string o =
+      "# HELP zimage_gpu_memory_bytes Device memory the engine's allocator holds (CUDA context "
+      "and library workspaces not included)\n# TYPE zimage_gpu_memory_bytes gauge\n";
+  o += "zimage_gpu_memory_bytes{kind=\"in_use\"} " + std::to_string(m.in_use_bytes) + "\n";
+  o += "zimage_gpu_memory_bytes{kind=\"reserved\"} " + std::to_string(m.reserved_bytes) + "\n";
+  o +=
+      "zimage_gpu_memory_bytes{kind=\"peak_in_use\"} " + std::to_string(m.peak_in_use_bytes) + "\n";
+  return o;
+}
+
 std::string Metrics::render() const {
   std::string o;
   auto gauge = [&o](const char* name, const char* help, double v) {

@@ -10,6 +10,8 @@
 #include <mutex>
 #include <string>
 
+#include "zimage/zimage.h"
+
 namespace zimage::serve {
 
 class Histogram {
@@ -27,6 +29,9 @@ class Histogram {
   uint64_t count_ = 0;
   double sum_ = 0;
 };
+
+// The engine's device memory as Prometheus gauges (zimage_gpu_memory_bytes{kind=...}).
+std::string device_memory_metrics(const Engine::Memory& m);
 
 class Metrics {
  public:

@@ -26,7 +26,12 @@ void add_ops_routes(httplib::Server& svr, ServeContext& ctx) {
           }));
 
   svr.Get("/metrics", guard([&ctx](const httplib::Request&, httplib::Response& res) {
-            res.set_content(ctx.metrics.render(), "text/plain; version=0.0.4; charset=utf-8");
+            std::string text = ctx.metrics.render();
+            if (ctx.ready.load() && ctx.engine != nullptr) {
+              const Engine::Memory m = ctx.engine->memory();
+              if (m.reserved_bytes > 0) text += device_memory_metrics(m);
+            }
+            res.set_content(text, "text/plain; version=0.0.4; charset=utf-8");
           }));
 
   svr.Get("/v1/models", guard([&ctx](const httplib::Request&, httplib::Response& res) {

@@ -187,3 +187,21 @@ TEST(ServeBatching, AJobTheEngineRefusesFailsAlone) {
 
 }  // namespace
 }  // namespace zimage::serve::test
+
+namespace zimage::serve::test {
+namespace {
+
+// /metrics shows the engine's device memory when there is any (the CPU engine has none).
+TEST(ServeMetrics, DeviceMemoryGauges) {
+  const std::string text = device_memory_metrics({1024, 4096, 2048});
+  EXPECT_NE(text.find("# TYPE zimage_gpu_memory_bytes gauge"), std::string::npos) << text;
+  EXPECT_NE(text.find("zimage_gpu_memory_bytes{kind=\"in_use\"} 1024\n"), std::string::npos);
+  EXPECT_NE(text.find("zimage_gpu_memory_bytes{kind=\"reserved\"} 4096\n"), std::string::npos);
+  EXPECT_NE(text.find("zimage_gpu_memory_bytes{kind=\"peak_in_use\"} 2048\n"), std::string::npos);
+  TestServer server;
+  EXPECT_EQ(shared_engine()->memory().reserved_bytes, 0u);
+  EXPECT_EQ(get(server.port(), "/metrics").body.find("zimage_gpu_memory_bytes"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace zimage::serve::test

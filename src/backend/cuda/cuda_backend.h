@@ -124,6 +124,10 @@ class CudaBackend final : public Backend {
   cudaStream_t stream() const { return stream_; }
   int device_index() const { return device_; }
   AllocatorStats memory_stats() const { return allocator_->stats(); }
+  MemoryUse memory_use() const override {
+    const AllocatorStats s = memory_stats();
+    return {s.in_use_bytes, s.reserved_bytes, s.peak_in_use_bytes};
+  }
   void reset_peak_memory() { allocator_->reset_peak(); }
   Status empty_cache() { return allocator_->empty_cache(); }
   // Private pools for graph capture (see the comment at the top and core/block_allocator.h).
