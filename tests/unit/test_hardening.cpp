@@ -362,6 +362,49 @@ TEST(HardeningCli, SeedsAreCheckedAndMinusOneIsRandom) {
   fs::remove_all(dir);
 }
 
+// Ctrl-C (a real SIGINT) while generating: exit 130, nothing written, and the progress line ends
+// with "cancelled" (it used to print "done" first).
+TEST(HardeningCli, CtrlCStopsWritesNothingAndSaysCancelled) {
+  const fs::path dir = scratch("sigint");
+  const std::string out = (dir / "never.png").string();
+  const fs::path log = dir / "log.txt";
+  std::string exe = ZIMAGE_CLI_PATH;
+  std::vector<std::string> args = {exe,  "generate", "-m",         tiny_model(), "-p",
+                                   "x",  "-W",       "64",         "-H",         "64",
+                                   "-s", "1000",     "--progress", "-o",         out};
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(fd, 2);
+    dup2(fd, 1);
+    alarm(120);
+    execv(exe.c_str(), argv.data());
+    _exit(127);
+  }
+  // Wait until the denoising loop runs (the progress bar shows steps), then Ctrl-C.
+  std::string text;
+  for (int i = 0; i < 600 && text.find("denoising [") == std::string::npos; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    std::ifstream f(log);
+    text.assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+  }
+  kill(pid, SIGINT);
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  std::ifstream f(log);
+  text.assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+  ASSERT_TRUE(WIFEXITED(status)) << text;
+  EXPECT_EQ(WEXITSTATUS(status), 130) << text;
+  EXPECT_NE(text.find("cancelled"), std::string::npos) << text;
+  EXPECT_EQ(text.find("done"), std::string::npos) << text;
+  EXPECT_FALSE(fs::exists(out));
+  fs::remove_all(dir);
+}
+
 TEST(HardeningCli, ExitCodesOfTheSmallerDefects) {
   const fs::path dir = scratch("cli");
   const std::string out = (dir / "o.png").string();
