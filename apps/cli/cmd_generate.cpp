@@ -97,29 +97,6 @@ std::vector<std::string> output_paths(const std::string& output, size_t count) {
   return paths;
 }
 
-std::string fmt(const char* f, double v) {
-  char buf[64];
-  std::snprintf(buf, sizeof(buf), f, v);
-  return buf;
-}
-
-PngTextChunks metadata(const GenerateRequest& req, size_t image_index) {
-  const size_t prompt_index = image_index / static_cast<size_t>(req.images_per_prompt);
-  PngTextChunks t;
-  t.emplace_back("prompt", req.prompts[prompt_index]);
-  if (req.negative_prompt) t.emplace_back("negative_prompt", *req.negative_prompt);
-  t.emplace_back("seed", std::to_string(req.seed));
-  t.emplace_back("batch_index", std::to_string(image_index));
-  t.emplace_back("steps", std::to_string(req.steps));
-  t.emplace_back("guidance", fmt("%g", req.guidance));
-  if (req.cfg_truncation != 1.0f) t.emplace_back("cfg_truncation", fmt("%g", req.cfg_truncation));
-  if (req.cfg_normalization != 0.0f)
-    t.emplace_back("cfg_normalization", fmt("%g", req.cfg_normalization));
-  t.emplace_back("size", std::to_string(req.width) + "x" + std::to_string(req.height));
-  t.emplace_back("software", std::string("zimage ") + kVersion);
-  return t;
-}
-
 void print_timings(const GenerateResult& r) {
   const PhaseTimings& t = r.timings;
   const double denoise = t.denoise_s();
@@ -218,7 +195,7 @@ void run_generate(const GenerateArgs& a, const CLI::App& cmd) {
   // leaves no half-written batch and no damaged file behind.
   std::vector<std::vector<uint8_t>> encoded;
   for (size_t i = 0; i < paths.size(); ++i) {
-    auto png = png_encode(result->images[i], metadata(req, i));
+    auto png = png_encode(result->images[i], png_metadata(req, i));
     if (!png.ok()) fail(1, png.status().to_string());
     encoded.push_back(std::move(png).value());
   }

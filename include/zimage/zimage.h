@@ -193,6 +193,10 @@ class Engine {
 // ---- image files --------------------------------------------------------------------------------
 // (keyword, UTF-8 value) pairs stored as PNG iTXt chunks, e.g. {"prompt", "a red fox"}.
 using PngTextChunks = std::vector<std::pair<std::string, std::string>>;
+// The text chunks zimage writes into image `image_index` of `req`'s result (as `zimage generate`
+// and `zimage serve` do): prompt, negative_prompt, seed, batch_index, steps, guidance, the CFG
+// options when set, size and software version. Never a path or a key.
+PngTextChunks png_metadata(const GenerateRequest& req, size_t image_index);
 // Encodes `image` as a PNG in memory (for a server response). kInvalidArgument for an image whose
 // rgb size does not match width*height*3 or a keyword PNG does not allow.
 Result<std::vector<uint8_t>> png_encode(const Image& image, const PngTextChunks& text = {});

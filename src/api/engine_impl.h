@@ -11,6 +11,7 @@
 #include <new>
 #include <string>
 
+#include "api/guarded.h"
 #include "api/request_check.h"
 #include "backend/backend.h"
 #include "model/debug.h"
@@ -36,21 +37,6 @@ struct Engine::Impl {
   std::map<uint64_t, BatchEntry> batch;
   uint64_t next_batch_id = 1;
 };
-
-// Nothing escapes the API: an exception from a library or an allocation (std::bad_alloc) becomes
-// a Status naming the call.
-template <typename F>
-inline auto guarded(const char* call, F&& f) -> decltype(f()) {
-  try {
-    return f();
-  } catch (const std::bad_alloc&) {
-    return OutOfMemory(std::string(call) + ": out of host memory");
-  } catch (const std::exception& e) {
-    return InternalError(std::string(call) + ": unexpected exception: " + e.what());
-  } catch (...) {
-    return InternalError(std::string(call) + ": unexpected exception");
-  }
-}
 
 // --dump DIR: made if missing, and refused up front when it is not a folder (rather than one
 // warning per tensor and a success).

@@ -1,8 +1,10 @@
 // Public PNG helpers and log verbosity (include/zimage/zimage.h): thin wrappers that keep the
 // CLI and the server on the public header while io/png.h does the work.
 #include <algorithm>
+#include <cstdio>
 #include <new>
 
+#include "api/guarded.h"
 #include "core/log.h"
 #include "io/file_io.h"
 #include "io/png.h"
@@ -21,19 +23,32 @@ Status check_image(const Image& image) {
   return Status::Ok();
 }
 
-// No exception escapes the public API (std::bad_alloc included).
-template <typename F>
-auto guarded(const char* call, F&& f) -> decltype(f()) {
-  try {
-    return f();
-  } catch (const std::bad_alloc&) {
-    return OutOfMemory(std::string(call) + ": out of memory");
-  } catch (const std::exception& e) {
-    return InternalError(std::string(call) + ": unexpected exception: " + e.what());
-  }
+std::string fmt_g(float v) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%g", static_cast<double>(v));
+  return buf;
 }
 
 }  // namespace
+
+PngTextChunks png_metadata(const GenerateRequest& req, size_t image_index) {
+  const size_t per_prompt = static_cast<size_t>(std::max(1, req.images_per_prompt));
+  const size_t prompt_index =
+      req.prompts.empty() ? 0 : std::min(image_index / per_prompt, req.prompts.size() - 1);
+  PngTextChunks t;
+  t.emplace_back("prompt", req.prompts.empty() ? std::string() : req.prompts[prompt_index]);
+  if (req.negative_prompt) t.emplace_back("negative_prompt", *req.negative_prompt);
+  t.emplace_back("seed", std::to_string(req.seed));
+  t.emplace_back("batch_index", std::to_string(image_index));
+  t.emplace_back("steps", std::to_string(req.steps));
+  t.emplace_back("guidance", fmt_g(req.guidance));
+  if (req.cfg_truncation != 1.0f) t.emplace_back("cfg_truncation", fmt_g(req.cfg_truncation));
+  if (req.cfg_normalization != 0.0f)
+    t.emplace_back("cfg_normalization", fmt_g(req.cfg_normalization));
+  t.emplace_back("size", std::to_string(req.width) + "x" + std::to_string(req.height));
+  t.emplace_back("software", std::string("zimage ") + kVersion);
+  return t;
+}
 
 Result<std::vector<uint8_t>> png_encode(const Image& image, const PngTextChunks& text) {
   return guarded("png_encode", [&]() -> Result<std::vector<uint8_t>> {

@@ -12,12 +12,6 @@ namespace zimage::serve {
 
 namespace {
 
-std::string fmt(const char* f, double v) {
-  char buf[64];
-  std::snprintf(buf, sizeof(buf), f, v);
-  return buf;
-}
-
 Status check_image(const Image& image) {
   if (image.width <= 0 || image.height <= 0 ||
       image.rgb.size() != static_cast<size_t>(image.width) * image.height * 3)
@@ -61,24 +55,6 @@ Result<std::vector<uint8_t>> encode_webp(const Image& image, int quality) {
 }
 
 }  // namespace
-
-PngTextChunks png_metadata(const GenerateRequest& req, size_t image_index) {
-  const size_t per_prompt = static_cast<size_t>(std::max(1, req.images_per_prompt));
-  const size_t prompt_index = std::min(image_index / per_prompt, req.prompts.size() - 1);
-  PngTextChunks t;
-  t.emplace_back("prompt", req.prompts[prompt_index]);
-  if (req.negative_prompt) t.emplace_back("negative_prompt", *req.negative_prompt);
-  t.emplace_back("seed", std::to_string(req.seed));
-  t.emplace_back("batch_index", std::to_string(image_index));
-  t.emplace_back("steps", std::to_string(req.steps));
-  t.emplace_back("guidance", fmt("%g", req.guidance));
-  if (req.cfg_truncation != 1.0f) t.emplace_back("cfg_truncation", fmt("%g", req.cfg_truncation));
-  if (req.cfg_normalization != 0.0f)
-    t.emplace_back("cfg_normalization", fmt("%g", req.cfg_normalization));
-  t.emplace_back("size", std::to_string(req.width) + "x" + std::to_string(req.height));
-  t.emplace_back("software", std::string("zimage ") + kVersion);
-  return t;
-}
 
 Result<std::vector<uint8_t>> encode_image(const Image& image, OutputFormat format, int quality,
                                           const PngTextChunks& text) {

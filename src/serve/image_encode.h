@@ -13,10 +13,6 @@
 
 namespace zimage::serve {
 
-// The PNG text chunks of image `image_index` of `req`'s result: prompt, negative_prompt, seed,
-// batch_index, steps, guidance, size, software (as apps/cli/cmd_generate.cpp writes them).
-PngTextChunks png_metadata(const GenerateRequest& req, size_t image_index);
-
 // Encodes `image` in `format`; `quality` (0..100) for JPEG and WebP; `text` only for PNG.
 Result<std::vector<uint8_t>> encode_image(const Image& image, OutputFormat format, int quality,
                                           const PngTextChunks& text);
