@@ -161,6 +161,22 @@ bool reserve_waiting_slot(ServeContext& ctx, httplib::Response& res) {
   return false;
 }
 
+std::shared_ptr<Job> generate_and_wait(ServeContext& ctx, ParseFn parse,
+                                       const httplib::Request& req, httplib::Response& res) {
+  if (!reserve_waiting_slot(ctx, res)) return nullptr;
+  std::shared_ptr<Job> job = parse_and_admit(ctx, parse, req, res);
+  if (job == nullptr) return nullptr;
+  WaitingResponse waiting(ctx);
+  while (!job->wait_final(std::chrono::seconds(1))) {
+  }
+  const JobSnapshot s = job->snapshot();
+  if (s.state == JobState::kSucceeded) return job;
+  ApiError e = s.error;
+  if (ctx.stopping.load() && s.state == JobState::kCancelled) e.status = 503;
+  send_error(res, e);
+  return nullptr;
+}
+
 std::string base_url(const httplib::Request& req) {
   const std::string host = req.get_header_value("Host");
   if (!well_formed_host(host)) return "";

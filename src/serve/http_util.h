@@ -38,6 +38,12 @@ std::shared_ptr<Job> parse_and_admit(ServeContext& ctx, ParseFn parse, const htt
 // Returns false after sending that 503.
 bool reserve_waiting_slot(ServeContext& ctx, httplib::Response& res);
 
+// The synchronous generation endpoints' shared path: reserves a waiting slot, parses and admits
+// the body, waits for the job to end. Returns the job when it succeeded; otherwise sends the error
+// (503 for a job cancelled by shutdown) and returns nullptr.
+std::shared_ptr<Job> generate_and_wait(ServeContext& ctx, ParseFn parse,
+                                       const httplib::Request& req, httplib::Response& res);
+
 // "http://host:port" as the client addressed us (from a well-formed Host header), else "".
 std::string base_url(const httplib::Request& req);
 

@@ -281,6 +281,19 @@ constexpr Names kOpenAiNames{"prompt",         "size", "size", "num_inference_st
                              "guidance_scale", "n"};
 constexpr Names kA1111Names{"prompt", "width", "height", "steps", "cfg_scale", "batch_size"};
 
+// "prompt" (required, not empty) and "negative_prompt" (optional): the same in both dialects.
+Status get_prompts(const json& obj, size_t max_bytes, GenerateRequest* req) {
+  std::string prompt;
+  ZI_TRY(get_string(obj, "prompt", max_bytes, true, &prompt));
+  if (prompt.empty()) return InvalidArgument("prompt: must not be empty");
+  req->prompts = {prompt};
+  std::string negative;
+  bool has_negative = false;
+  ZI_TRY(get_string(obj, "negative_prompt", max_bytes, false, &negative, &has_negative));
+  if (has_negative) req->negative_prompt = negative;
+  return Status::Ok();
+}
+
 }  // namespace
 
 const char* format_name(OutputFormat f) {
@@ -357,14 +370,7 @@ Result<JobSpec> parse_openai(std::string_view body, const ParseLimits& lim, uint
   JobSpec spec;
   spec.dialect = Dialect::kOpenAi;
   GenerateRequest req;
-  std::string prompt;
-  ZI_TRY(get_string(obj, "prompt", max_bytes, true, &prompt));
-  if (prompt.empty()) return InvalidArgument("prompt: must not be empty");
-  req.prompts = {prompt};
-  std::string negative;
-  bool has_negative = false;
-  ZI_TRY(get_string(obj, "negative_prompt", max_bytes, false, &negative, &has_negative));
-  if (has_negative) req.negative_prompt = negative;
+  ZI_TRY(get_prompts(obj, max_bytes, &req));
   ZI_TRY(get_int(obj, "n", 1, lim.request.max_batch, &req.images_per_prompt));
   req.width = lim.default_width;
   req.height = lim.default_height;
@@ -414,14 +420,7 @@ Result<JobSpec> parse_a1111(std::string_view body, const ParseLimits& lim, uint6
   JobSpec spec;
   spec.dialect = Dialect::kA1111;
   GenerateRequest req;
-  std::string prompt;
-  ZI_TRY(get_string(obj, "prompt", max_bytes, true, &prompt));
-  if (prompt.empty()) return InvalidArgument("prompt: must not be empty");
-  req.prompts = {prompt};
-  std::string negative;
-  bool has_negative = false;
-  ZI_TRY(get_string(obj, "negative_prompt", max_bytes, false, &negative, &has_negative));
-  if (has_negative) req.negative_prompt = negative;
+  ZI_TRY(get_prompts(obj, max_bytes, &req));
   req.width = lim.default_width;
   req.height = lim.default_height;
   const int64_t side = lim.request.max_side;

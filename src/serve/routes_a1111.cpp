@@ -13,19 +13,9 @@ using nlohmann::json;
 
 void add_a1111_routes(httplib::Server& svr, ServeContext& ctx) {
   svr.Post("/sdapi/v1/txt2img", guard([&ctx](const httplib::Request& req, httplib::Response& res) {
-             if (!reserve_waiting_slot(ctx, res)) return;
-             std::shared_ptr<Job> job = parse_and_admit(ctx, parse_a1111, req, res);
+             std::shared_ptr<Job> job = generate_and_wait(ctx, parse_a1111, req, res);
              if (job == nullptr) return;
-             WaitingResponse waiting(ctx);
-             while (!job->wait_final(std::chrono::seconds(1))) {
-             }
              const JobSnapshot s = job->snapshot();
-             if (s.state != JobState::kSucceeded) {
-               ApiError e = s.error;
-               if (ctx.stopping.load() && s.state == JobState::kCancelled) e.status = 503;
-               send_error(res, e);
-               return;
-             }
              const JobSpec& spec = job->spec();
              const GenerateRequest& r = spec.runs.front();
              json images = json::array();

@@ -14,19 +14,9 @@ namespace zimage::serve {
 void add_openai_routes(httplib::Server& svr, ServeContext& ctx) {
   svr.Post("/v1/images/generations",
            guard([&ctx](const httplib::Request& req, httplib::Response& res) {
-             if (!reserve_waiting_slot(ctx, res)) return;
-             std::shared_ptr<Job> job = parse_and_admit(ctx, parse_openai, req, res);
+             std::shared_ptr<Job> job = generate_and_wait(ctx, parse_openai, req, res);
              if (job == nullptr) return;
-             WaitingResponse waiting(ctx);
-             while (!job->wait_final(std::chrono::seconds(1))) {
-             }
              const JobSnapshot s = job->snapshot();
-             if (s.state != JobState::kSucceeded) {
-               ApiError e = s.error;
-               if (ctx.stopping.load() && s.state == JobState::kCancelled) e.status = 503;
-               send_error(res, e);
-               return;
-             }
              const JobSpec& spec = job->spec();
              const std::string base = base_url(req);
              nlohmann::json data = nlohmann::json::array();

@@ -18,26 +18,22 @@
 
 #include "api/request_check.h"
 #include "common/npy.h"
+#include "common/tiny_engine.h"
 #include "zimage/zimage.h"
 
 namespace zimage {
 namespace {
 
 std::string tiny_model() {
-  return test::golden_dir("v_turbo") + "/model";
+  return test::tiny_model_dir();
 }
 
 // One engine for the whole suite: loading the tokenizer dominates a tiny model's load time.
 class Api : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    EngineOptions o;
-    o.model_dir = tiny_model();
-    o.device = "cpu";
-    o.threads = 2;
-    auto e = Engine::load(o);
-    ASSERT_TRUE(e.ok()) << e.status().to_string();
-    engine_ = std::move(e).value().release();
+    engine_ = test::load_tiny_engine().release();
+    ASSERT_NE(engine_, nullptr);
   }
   static void TearDownTestSuite() {
     delete engine_;

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "common/npy.h"
+#include "common/tiny_engine.h"
 #include "zimage/zimage.h"
 
 namespace zimage {
@@ -25,13 +26,8 @@ namespace {
 class Batching : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    EngineOptions o;
-    o.model_dir = test::golden_dir("v_turbo") + "/model";
-    o.device = "cpu";
-    o.threads = 2;
-    auto e = Engine::load(o);
-    ASSERT_TRUE(e.ok()) << e.status().to_string();
-    engine_ = std::move(e).value().release();
+    engine_ = test::load_tiny_engine().release();
+    ASSERT_NE(engine_, nullptr);
   }
   static void TearDownTestSuite() {
     delete engine_;

@@ -29,6 +29,7 @@
 
 #include "backend/backend.h"
 #include "common/npy.h"
+#include "common/tiny_engine.h"
 #include "core/dtype.h"
 #include "core/thread_pool.h"
 #include "io/safetensors.h"
@@ -40,7 +41,7 @@ namespace {
 namespace fs = std::filesystem;
 
 std::string tiny_model() {
-  return test::golden_dir("v_turbo") + "/model";
+  return test::tiny_model_dir();
 }
 
 fs::path scratch(const std::string& tag) {
@@ -212,13 +213,8 @@ TEST(Hardening, NaNInTheTextEncoderIsBlamedOnIt) {
 class HardeningEngine : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    EngineOptions o;
-    o.model_dir = tiny_model();
-    o.device = "cpu";
-    o.threads = 2;
-    auto e = Engine::load(o);
-    ASSERT_TRUE(e.ok()) << e.status().to_string();
-    engine_ = std::move(e).value().release();
+    engine_ = test::load_tiny_engine().release();
+    ASSERT_NE(engine_, nullptr);
   }
   static void TearDownTestSuite() {
     delete engine_;
