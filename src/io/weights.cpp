@@ -210,7 +210,19 @@ Result<Tensor> WeightStore::get(const std::string& name) const {
     std::lock_guard<std::mutex> lock(used_->mu);
     used_->names.insert(name);
   }
-  return it->second.file->tensor(it->second.original_name);
+  const Entry& e = it->second;
+  if (!e.computed) return e.file->tensor(e.original_name);
+  if (!e.computed->make)
+    return InternalError(path_ + ": tensor " + in_quotes(name) + " has no maker");
+  ZI_ASSIGN_OR_RETURN(Tensor t, e.computed->make());
+  if (t.device() != Device::kCPU || t.dtype() != e.computed->info.dtype ||
+      t.shape() != e.computed->info.shape) {
+    return InternalError(path_ + ": tensor " + in_quotes(name) + " was made as " +
+                         dtype_name(t.dtype()) + " " + shape_string(t.shape()) + ", declared " +
+                         dtype_name(e.computed->info.dtype) + " " +
+                         shape_string(e.computed->info.shape));
+  }
+  return t;
 }
 
 Result<Tensor> WeightStore::get(const std::string& name, const Shape& expected) const {
@@ -225,6 +237,7 @@ Result<Tensor> WeightStore::get(const std::string& name, const Shape& expected) 
 Result<WeightInfo> WeightStore::info(const std::string& name) const {
   auto it = entries_.find(name);
   if (it == entries_.end()) return NotFound(path_ + ": no tensor named " + in_quotes(name));
+  if (const WeightInfo* ci = computed_info(it->second)) return *ci;
   const SafetensorsTensorInfo* t = it->second.file->find(it->second.original_name);
   if (!t) return InternalError(path_ + ": tensor " + in_quotes(name) + " vanished from its file");
   return WeightInfo{t->dtype, t->shape, it->second.file->path()};
@@ -244,7 +257,11 @@ size_t WeightStore::size() const {
 size_t WeightStore::total_bytes() const {
   size_t n = 0;
   for (const auto& [name, e] : entries_) {
-    if (const SafetensorsTensorInfo* t = e.file->find(e.original_name)) n += t->nbytes();
+    if (e.computed) {
+      n += e.computed->stored_bytes;
+    } else if (const SafetensorsTensorInfo* t = e.file->find(e.original_name)) {
+      n += t->nbytes();
+    }
   }
   return n;
 }
@@ -252,7 +269,11 @@ size_t WeightStore::total_bytes() const {
 int64_t WeightStore::total_params() const {
   int64_t n = 0;
   for (const auto& [name, e] : entries_) {
-    if (const SafetensorsTensorInfo* t = e.file->find(e.original_name)) n += shape_numel(t->shape);
+    if (const WeightInfo* ci = computed_info(e)) {
+      n += shape_numel(ci->shape);
+    } else if (const SafetensorsTensorInfo* t = e.file->find(e.original_name)) {
+      n += shape_numel(t->shape);
+    }
   }
   return n;
 }
@@ -260,7 +281,11 @@ int64_t WeightStore::total_params() const {
 std::map<DType, size_t> WeightStore::dtype_counts() const {
   std::map<DType, size_t> out;
   for (const auto& [name, e] : entries_) {
-    if (const SafetensorsTensorInfo* t = e.file->find(e.original_name)) ++out[t->dtype];
+    if (const WeightInfo* ci = computed_info(e)) {
+      ++out[ci->dtype];
+    } else if (const SafetensorsTensorInfo* t = e.file->find(e.original_name)) {
+      ++out[t->dtype];
+    }
   }
   return out;
 }
@@ -268,13 +293,16 @@ std::map<DType, size_t> WeightStore::dtype_counts() const {
 std::vector<std::string> WeightStore::files() const {
   std::vector<std::string> out;
   for (const auto& f : files_) out.push_back(f->path());
+  for (const auto& f : backing_) out.push_back(f.path);
   std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
   return out;
 }
 
 uint64_t WeightStore::file_bytes() const {
   uint64_t n = 0;
   for (const auto& f : files_) n += f->file_size();
+  for (const auto& f : backing_) n += f.bytes;
   return n;
 }
 
@@ -307,6 +335,93 @@ Status WeightStore::strip_prefix(const std::string& prefix) {
   used_->names = std::move(used);
   entries_ = std::move(renamed);
   return Status::Ok();
+}
+
+WeightStore WeightStore::empty(const std::string& path) {
+  WeightStore store;
+  store.path_ = path;
+  return store;
+}
+
+Status WeightStore::add_computed(const std::string& name, ComputedWeight w) {
+  auto it = entries_.find(name);
+  if (it != entries_.end()) {
+    return FormatError(path_ + ": tensor " + in_quotes(name) + " is in both " +
+                       it->second.file_name + " and " + w.info.file);
+  }
+  Entry e;
+  e.file_name = w.info.file;
+  e.original_name = name;
+  e.computed = std::make_shared<const ComputedWeight>(std::move(w));
+  entries_.emplace(name, std::move(e));
+  return Status::Ok();
+}
+
+Status WeightStore::transform(const std::string& name, DType dtype,
+                              std::function<Result<Tensor>(const Tensor&)> fn) {
+  ZI_ASSIGN_OR_RETURN(WeightInfo base_info, info(name));
+  // The new maker reads the old entry through a copy of this store's view of it.
+  Entry old = entries_.at(name);
+  ComputedWeight w;
+  w.info = WeightInfo{dtype, base_info.shape, base_info.file};
+  w.stored_bytes = old.computed ? old.computed->stored_bytes
+                                : (old.file && old.file->find(old.original_name)
+                                       ? old.file->find(old.original_name)->nbytes()
+                                       : 0);
+  const std::string where = path_;
+  w.make = [old, fn = std::move(fn), name, where]() -> Result<Tensor> {
+    Tensor base;
+    if (old.computed) {
+      ZI_ASSIGN_OR_RETURN(base, old.computed->make());
+    } else {
+      ZI_ASSIGN_OR_RETURN(base, old.file->tensor(old.original_name));
+    }
+    return fn(base);
+  };
+  Entry e;
+  e.file_name = old.file_name;
+  e.original_name = name;
+  e.computed = std::make_shared<const ComputedWeight>(std::move(w));
+  entries_[name] = std::move(e);
+  return Status::Ok();
+}
+
+Status WeightStore::remove(const std::string& name) {
+  if (entries_.erase(name) == 0) return NotFound(path_ + ": no tensor named " + in_quotes(name));
+  return Status::Ok();
+}
+
+Status WeightStore::rename(const std::string& from, const std::string& to) {
+  auto it = entries_.find(from);
+  if (it == entries_.end()) return NotFound(path_ + ": no tensor named " + in_quotes(from));
+  if (from == to) return Status::Ok();
+  if (entries_.count(to)) {
+    return FormatError(path_ + ": cannot rename " + in_quotes(from) + " to " + in_quotes(to) +
+                       ": that name exists");
+  }
+  Entry e = std::move(it->second);
+  entries_.erase(it);
+  entries_.emplace(to, std::move(e));
+  return Status::Ok();
+}
+
+Status WeightStore::absorb(WeightStore other) {
+  for (const auto& [name, e] : other.entries_) {
+    auto it = entries_.find(name);
+    if (it != entries_.end()) {
+      return FormatError(path_ + ": tensor " + in_quotes(name) + " is in both " +
+                         it->second.file_name + " and " + e.file_name);
+    }
+  }
+  for (auto& [name, e] : other.entries_) entries_.emplace(name, std::move(e));
+  for (auto& f : other.files_) files_.push_back(std::move(f));
+  for (auto& f : other.backing_) backing_.push_back(std::move(f));
+  return Status::Ok();
+}
+
+void WeightStore::add_backing_file(const std::string& path, uint64_t bytes,
+                                   std::shared_ptr<const void> keep) {
+  backing_.push_back(BackingFile{path, bytes, std::move(keep)});
 }
 
 }  // namespace zimage

@@ -9,6 +9,7 @@
 // name the unexpected ones.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -36,6 +37,16 @@ struct WeightInfo {
   std::string file;  // path of the safetensors file holding it
 };
 
+// A tensor made on demand as an owned host tensor instead of read from a safetensors file: a
+// dequantised GGUF or scaled-FP8 tensor, a LoRA-merged weight, one part of a fused tensor.
+// `info` states what make() returns (make's result is checked against it); `stored_bytes` is what
+// the tensor takes in its file (for total_bytes()).
+struct ComputedWeight {
+  WeightInfo info;
+  uint64_t stored_bytes = 0;
+  std::function<Result<Tensor>()> make;
+};
+
 class WeightStore {
  public:
   // Opens a component folder (index.json + shards, or exactly one *.safetensors file) or a
@@ -59,6 +70,24 @@ class WeightStore {
   uint64_t file_bytes() const;                   // their on-disk size
   // Names not returned by get() so far: the model loader reports them as unexpected tensors.
   std::vector<std::string> unused_names() const;
+  // ---- building stores from other formats (GGUF, single files, LoRA) ----
+  // An empty store named `path` (messages use it).
+  static WeightStore empty(const std::string& path);
+  // Adds tensor `name` made on demand; an existing name is a FormatError naming both origins.
+  Status add_computed(const std::string& name, ComputedWeight w);
+  // Replaces tensor `name` by fn(its current value), e.g. a LoRA merge; fn returns a host tensor
+  // of `dtype` and the same shape. Getting the new tensor counts the old one as used.
+  Status transform(const std::string& name, DType dtype,
+                   std::function<Result<Tensor>(const Tensor&)> fn);
+  // Removes `name` (NotFound if absent): a tensor another one was computed from.
+  Status remove(const std::string& name);
+  // Renames `from` to `to` (`to` must not exist).
+  Status rename(const std::string& from, const std::string& to);
+  // Moves every tensor of `other` into this store (a name in both is a FormatError); `other`'s
+  // files are kept alive by this store.
+  Status absorb(WeightStore other);
+  // Records a file the computed tensors read (kept alive by `keep`; listed by files()).
+  void add_backing_file(const std::string& path, uint64_t bytes, std::shared_ptr<const void> keep);
   // Strips a leading prefix from every name that has it (e.g. "model." in some text-encoder
   // exports). Fails, changing nothing, if two names would become equal.
   Status strip_prefix(const std::string& prefix);
@@ -66,10 +95,19 @@ class WeightStore {
 
  private:
   struct Entry {
-    std::shared_ptr<SafetensorsFile> file;
-    std::string file_name;  // the on-disk name the tensor came from
+    std::shared_ptr<SafetensorsFile> file;  // null for a computed tensor
+    std::string file_name;                  // the on-disk name the tensor came from
     std::string original_name;
+    std::shared_ptr<const ComputedWeight> computed;  // set when made on demand
   };
+  struct BackingFile {
+    std::string path;
+    uint64_t bytes = 0;
+    std::shared_ptr<const void> keep;
+  };
+  const WeightInfo* computed_info(const Entry& e) const {
+    return e.computed ? &e.computed->info : nullptr;
+  }
   // Shared by copies of the store, so a copy's get() counts for all of them.
   struct UsedSet {
     std::mutex mu;
@@ -82,6 +120,7 @@ class WeightStore {
   std::string path_;
   std::map<std::string, Entry> entries_;
   std::vector<std::shared_ptr<SafetensorsFile>> files_;
+  std::vector<BackingFile> backing_;
   std::shared_ptr<UsedSet> used_ = std::make_shared<UsedSet>();
 };
 

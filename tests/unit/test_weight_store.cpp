@@ -236,3 +236,70 @@ TEST(WeightStore, FolderLayoutErrors) {
   expect_error(WeightStore::open("/nonexistent/zimage/folder"), ErrorCode::kNotFound,
                {"/nonexistent/zimage/folder: no such file or folder"});
 }
+
+// Computed tensors (GGUF / scaled FP8 dequantisation, LoRA merges, fused-tensor parts): made on
+// get(), checked against what they declared, counted in the totals; transform() wraps the current
+// value; rename/remove/absorb keep names unique.
+TEST(WeightStore, ComputedTransformedRenamedAndAbsorbedTensors) {
+  TempDir dir;
+  ASSERT_FALSE(dir.path().empty());
+  dir.write_shard("a.safetensors", {"base", "other"});
+  auto opened = WeightStore::open(dir.file("a.safetensors"));
+  ASSERT_TRUE(opened.ok()) << opened.status().to_string();
+  WeightStore ws = std::move(opened).value();
+
+  ComputedWeight cw;
+  cw.info = WeightInfo{DType::kF32, {3}, "made.gguf"};
+  cw.stored_bytes = 5;
+  cw.make = []() -> Result<Tensor> {
+    Tensor t = Tensor::host(DType::kF32, {3});
+    for (int i = 0; i < 3; ++i) t.data_as<float>()[i] = 1.5f * static_cast<float>(i);
+    return t;
+  };
+  ASSERT_TRUE(ws.add_computed("made", cw).ok());
+  EXPECT_EQ(ws.add_computed("base", cw).code(), ErrorCode::kFormat);  // names stay unique
+  auto made = ws.get("made", {3});
+  ASSERT_TRUE(made.ok()) << made.status().to_string();
+  EXPECT_EQ(made->data_as<float>()[2], 3.0f);
+  EXPECT_EQ(ws.info("made")->file, "made.gguf");
+  EXPECT_EQ(ws.total_bytes(), 2 * 8 + 5u);
+  EXPECT_EQ(ws.total_params(), 2 * 2 + 3);
+
+  // A maker whose result differs from its declaration is an internal error, not a wrong tensor.
+  ComputedWeight liar = cw;
+  liar.info.shape = {4};
+  ASSERT_TRUE(ws.add_computed("liar", liar).ok());
+  EXPECT_EQ(ws.get("liar").status().code(), ErrorCode::kInternal);
+  ASSERT_TRUE(ws.remove("liar").ok());
+  EXPECT_EQ(ws.remove("liar").code(), ErrorCode::kNotFound);
+
+  // transform: base (zeros written by write_shard? contents unspecified) -> base * 0 + 7.
+  ASSERT_TRUE(ws.transform("base", DType::kF32, [](const Tensor& b) -> Result<Tensor> {
+                  Tensor t = Tensor::host(DType::kF32, b.shape());
+                  for (int64_t i = 0; i < b.numel(); ++i) t.data_as<float>()[i] = 7.0f;
+                  return t;
+                }).ok());
+  ASSERT_TRUE(ws.transform("made", DType::kF32, [](const Tensor& b) -> Result<Tensor> {
+                  Tensor t = Tensor::host(DType::kF32, b.shape());
+                  for (int64_t i = 0; i < b.numel(); ++i)
+                    t.data_as<float>()[i] = b.data_as<float>()[i] + 1.0f;
+                  return t;
+                }).ok());
+  EXPECT_EQ(ws.get("base")->data_as<float>()[1], 7.0f);
+  EXPECT_EQ(ws.get("made")->data_as<float>()[2], 4.0f);  // transform of a computed tensor
+
+  ASSERT_TRUE(ws.rename("made", "renamed").ok());
+  EXPECT_FALSE(ws.contains("made"));
+  EXPECT_EQ(ws.rename("renamed", "base").code(), ErrorCode::kFormat);
+  EXPECT_EQ(ws.get("renamed")->data_as<float>()[0], 1.0f);
+
+  WeightStore extra = WeightStore::empty("extra");
+  ASSERT_TRUE(extra.add_computed("third", cw).ok());
+  WeightStore clash = WeightStore::empty("clash");
+  ASSERT_TRUE(clash.add_computed("other", cw).ok());
+  EXPECT_EQ(ws.absorb(std::move(clash)).code(), ErrorCode::kFormat);
+  ASSERT_TRUE(ws.absorb(std::move(extra)).ok());
+  EXPECT_TRUE(ws.contains("third"));
+  const std::vector<std::string> unused = ws.unused_names();
+  EXPECT_EQ(unused, (std::vector<std::string>{"other", "third"}));
+}
