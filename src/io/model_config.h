@@ -62,6 +62,9 @@ struct VaeConfig {
   bool use_quant_conv = false;
   bool use_post_quant_conv = false;
   bool mid_block_add_attention = true;
+  // diffusers' sample_size: the tile size in pixels of AutoencoderKL's tiled decode
+  // (tile_sample_min_size; model/vae_tiling.h). The class default is 32; Z-Image's is 1024.
+  int sample_size = 1024;
 
   int spatial_factor() const { return 1 << (static_cast<int>(block_out_channels.size()) - 1); }
 };

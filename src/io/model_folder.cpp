@@ -384,6 +384,16 @@ Result<VaeConfig> parse_vae_config(std::string_view text, const std::string& fil
   ZI_TRY(r.get_bool("use_quant_conv", &c.use_quant_conv, false));
   ZI_TRY(r.get_bool("use_post_quant_conv", &c.use_post_quant_conv, false));
   ZI_TRY(r.get_bool("mid_block_add_attention", &c.mid_block_add_attention, false));
+  // sample_size: an int, or a list whose first entry diffusers uses (absent: the class default).
+  c.sample_size = 32;
+  if (const json* ss = r.find("sample_size"); ss != nullptr && ss->is_array()) {
+    std::vector<int> sizes;
+    ZI_TRY(r.get_int_list("sample_size", &sizes, true, 1, 1 << 20));
+    if (sizes.empty()) return bad(file, "sample_size", "is an empty list");
+    c.sample_size = sizes[0];
+  } else {
+    ZI_TRY(r.get_int("sample_size", &c.sample_size, false, 1, 1 << 20));
+  }
   std::string act = "silu";
   ZI_TRY(r.get_string("act_fn", &act, false));
   if (act != "silu") return unsupported(file, "act_fn", q(act) + " is not silu");

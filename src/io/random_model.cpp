@@ -135,7 +135,7 @@ json vae_config_json(const VaeConfig& c) {
               {"mid_block_add_attention", c.mid_block_add_attention},
               {"norm_num_groups", c.norm_num_groups},
               {"out_channels", c.out_channels},
-              {"sample_size", 1024},
+              {"sample_size", c.sample_size},
               {"scaling_factor", c.scaling_factor},
               {"shift_factor", c.shift_factor},
               {"up_block_types", std::vector<std::string>(n, "UpDecoderBlock2D")},
