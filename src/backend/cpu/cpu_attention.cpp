@@ -15,10 +15,6 @@
 
 namespace zimage::cpu {
 
-namespace {
-constexpr int64_t kMaxScoreFloats = int64_t{1} << 24;  // 64 MiB of scores per query block
-}
-
 Status CpuBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v,
                              const AttentionParams& p, Tensor& out) {
   const char* op = "attention";
@@ -64,8 +60,10 @@ Status CpuBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v,
   if (out.numel() == 0) return Status::Ok();
   set_blas_threads(threads_);
 
-  const int64_t qblock =
-      std::clamp<int64_t>(kMaxScoreFloats / std::max<int64_t>(sk, 1), 1, std::max<int64_t>(sq, 1));
+  // Scores of one block of queries at a time (attention_score_floats_, 64 MiB by default): never
+  // the whole [Sq, Sk] matrix (16 GiB for the VAE's 65536-pixel attention at 2048²).
+  const int64_t qblock = std::clamp<int64_t>(attention_score_floats_ / std::max<int64_t>(sk, 1), 1,
+                                             std::max<int64_t>(sq, 1));
   auto scratch = HostStorage::allocate(static_cast<size_t>(qblock * std::max<int64_t>(sk, 1)) * 4);
   if (!scratch) return OutOfMemory("attention: score buffer for k " + desc(k));
   float* scores = static_cast<float*>(scratch->data());

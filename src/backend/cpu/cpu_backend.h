@@ -23,6 +23,11 @@ class CpuBackend final : public Backend {
   DType act_dtype() const override { return DType::kF32; }
   ThreadPool& pool() { return pool_; }
   int threads() const { return threads_; }
+  // Attention computes the scores of a block of queries at a time, at most this many floats
+  // (default 2^24 = 64 MiB; at least one query row): memory stays bounded whatever the sequence
+  // length (the VAE's mid-block attends over every latent pixel). Tests lower it.
+  void set_attention_score_floats(int64_t n) { attention_score_floats_ = n; }
+  int64_t attention_score_floats() const { return attention_score_floats_; }
 
   // memory (cpu_backend.cpp)
   Result<Tensor> alloc(DType dtype, const Shape& shape) override;
@@ -80,6 +85,7 @@ class CpuBackend final : public Backend {
  private:
   int threads_;
   ThreadPool pool_;
+  int64_t attention_score_floats_ = int64_t{1} << 24;
 };
 
 }  // namespace zimage::cpu
