@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -84,6 +85,9 @@ class Backend {
     uint64_t peak_in_use = 0;  // high-water mark of in_use
   };
   virtual MemoryUse memory_use() const { return {}; }
+  // Device bytes new tensors could still get: what the driver has free plus what the allocator
+  // holds unused. nullopt where the backend has no such limit (the CPU).
+  virtual std::optional<uint64_t> available_memory() const { return std::nullopt; }
   // Makes this backend's device the calling thread's current one (CUDA: cudaSetDevice). The
   // Engine calls it at the start of every call, so any thread may drive any backend.
   virtual Status bind_thread() { return Status::Ok(); }

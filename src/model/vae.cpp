@@ -278,16 +278,6 @@ Status VaeDecoder::load_weights(const WeightStore& ws) {
 
 Result<Tensor> VaeDecoder::decode(const Tensor& latents, DebugSink* dbg,
                                   const std::atomic<bool>* cancel) {
-  const auto cancelled = [cancel] { return cancel != nullptr && cancel->load(); };
-  const int64_t lat = cfg_.latent_channels;
-  if (!latents.defined() || latents.rank() != 4 || latents.dtype() != DType::kF32 ||
-      latents.dim(1) != lat || latents.dim(0) < 1 || latents.dim(2) < 1 || latents.dim(3) < 1) {
-    return InvalidArgument("vae decode: latents must be f32 [B, " + std::to_string(lat) +
-                           ", h, w], got " +
-                           (latents.defined() ? latents.describe() : std::string("undefined")));
-  }
-  const int64_t b = latents.dim(0), h = latents.dim(2), w = latents.dim(3);
-  const int groups = cfg_.norm_num_groups;
   // Where the time goes (ZIMAGE_LOG=debug): host preparation, queuing the convolutions, waiting
   // for the device, the image download and the host post-processing.
   using Clock = std::chrono::steady_clock;
@@ -296,8 +286,33 @@ Result<Tensor> VaeDecoder::decode(const Tensor& latents, DebugSink* dbg,
   };
   const Clock::time_point t_start = Clock::now();
   double t_pre = 0, t_queue = 0, t_wait = 0, t_down = 0;
-  // z = latents / scaling + shift in f32 on the host (the latents are small), then
-  // NCHW -> NHWC in the compute dtype.
+  ZI_ASSIGN_OR_RETURN(Tensor zh, scale_latents(latents));  // [B, C, h, w] host f32
+  t_pre = ms_since(t_start);
+  ZI_ASSIGN_OR_RETURN(Tensor x, decode_scaled(zh, dbg, cancel, "vae"));  // [B, H, W, 3]
+  t_queue = ms_since(t_start);
+  if (log_level() == LogLevel::kDebug) {
+    ZI_TRY(be_.synchronize());
+    t_wait = ms_since(t_start);
+  }
+  ZI_ASSIGN_OR_RETURN(Tensor img, postprocess(x));  // [B, H, W, 3] host f32
+  t_down = ms_since(t_start);
+  ZI_DEBUG(
+      "vae decode %lldx%lld: prepare %.1f ms, queued by %.1f, device done %.1f, downloaded "
+      "%.1f, returned %.1f ms",
+      static_cast<long long>(latents.dim(2)), static_cast<long long>(latents.dim(3)), t_pre,
+      t_queue, t_wait, t_down, ms_since(t_start));
+  return img;
+}
+
+Result<Tensor> VaeDecoder::scale_latents(const Tensor& latents) const {
+  const int64_t lat = cfg_.latent_channels;
+  if (!latents.defined() || latents.rank() != 4 || latents.dtype() != DType::kF32 ||
+      latents.dim(1) != lat || latents.dim(0) < 1 || latents.dim(2) < 1 || latents.dim(3) < 1) {
+    return InvalidArgument("vae decode: latents must be f32 [B, " + std::to_string(lat) +
+                           ", h, w], got " +
+                           (latents.defined() ? latents.describe() : std::string("undefined")));
+  }
+  // z = latents / scaling + shift in f32 on the host (the latents are small).
   Tensor zh = Tensor::host(DType::kF32, latents.shape());  // [B, C, h, w]
   if (!zh.defined()) return OutOfMemory("vae latents host copy");
   ZI_TRY(be_.download(latents, zh));
@@ -305,8 +320,24 @@ Result<Tensor> VaeDecoder::decode(const Tensor& latents, DebugSink* dbg,
     float& v = zh.data_as<float>()[i];
     v = v / cfg_.scaling_factor + cfg_.shift_factor;
   }
+  return zh;
+}
+
+Result<Tensor> VaeDecoder::decode_scaled(const Tensor& zh, DebugSink* dbg,
+                                         const std::atomic<bool>* cancel,
+                                         const std::string& prefix) {
+  const auto cancelled = [cancel] { return cancel != nullptr && cancel->load(); };
+  const int64_t lat = cfg_.latent_channels;
+  if (!zh.defined() || zh.device() != Device::kCPU || zh.rank() != 4 || zh.dtype() != DType::kF32 ||
+      zh.dim(1) != lat || zh.numel() == 0) {
+    return InvalidArgument("vae decode: scaled latents must be host f32 [B, " +
+                           std::to_string(lat) + ", h, w], got " +
+                           (zh.defined() ? zh.describe() : std::string("undefined")));
+  }
+  const int64_t b = zh.dim(0), h = zh.dim(2), w = zh.dim(3);
+  const int groups = cfg_.norm_num_groups;
+  // NCHW -> NHWC in the compute dtype.
   ZI_ASSIGN_OR_RETURN(Tensor z, load::upload_host(be_, zh, DType::kF32));  // [B, C, h, w]
-  t_pre = ms_since(t_start);
   ZI_ASSIGN_OR_RETURN(Tensor x, load::alloc(be_, be_.act_dtype(), {b, h * w, lat}, "vae input"));
   ZI_TRY(be_.patchify(z, 1, x));  // [B, h*w, C]
   z = Tensor();
@@ -316,9 +347,9 @@ Result<Tensor> VaeDecoder::decode(const Tensor& latents, DebugSink* dbg,
   }
 
   ZI_ASSIGN_OR_RETURN(x, conv(be_, x, conv_in_, same_pad(3)));  // [B, h, w, top]
-  debug_tensor(dbg, "vae.conv_in", be_, x);
+  debug_tensor(dbg, prefix + ".conv_in", be_, x);
   ZI_ASSIGN_OR_RETURN(x, mid(be_, x, mid_, groups));  // [B, h, w, top]
-  debug_tensor(dbg, "vae.mid", be_, x);
+  debug_tensor(dbg, prefix + ".mid", be_, x);
   for (size_t i = 0; i < up_.size(); ++i) {
     if (cancelled()) return Cancelled("generation cancelled during the VAE decode");
     for (const vae::Resnet& r : up_[i].resnets) {
@@ -331,18 +362,16 @@ Result<Tensor> VaeDecoder::decode(const Tensor& latents, DebugSink* dbg,
       ZI_TRY(be_.upsample_nearest2x(x, up));
       ZI_ASSIGN_OR_RETURN(x, conv(be_, up, up_[i].resample, same_pad(3)));  // [B, 2H, 2W, C]
     }
-    debug_tensor(dbg, "vae.up." + std::to_string(i), be_, x);
+    debug_tensor(dbg, prefix + ".up." + std::to_string(i), be_, x);
   }
   if (cancelled()) return Cancelled("generation cancelled during the VAE decode");
   ZI_TRY(be_.group_norm(x, norm_out_.gamma, norm_out_.beta, groups, kGroupNormEps, true, x));
   ZI_ASSIGN_OR_RETURN(x, conv(be_, x, conv_out_, same_pad(3)));  // [B, H, W, 3]
-  debug_tensor(dbg, "vae.conv_out", be_, x);
+  debug_tensor(dbg, prefix + ".conv_out", be_, x);
+  return x;
+}
 
-  t_queue = ms_since(t_start);
-  if (log_level() == LogLevel::kDebug) {
-    ZI_TRY(be_.synchronize());
-    t_wait = ms_since(t_start);
-  }
+Result<Tensor> VaeDecoder::postprocess(Tensor& x) {
   // image = clamp(x / 2 + 0.5, 0, 1) on the device in the compute dtype, as the reference
   // post-processes (x / 2 is exact; the + 0.5 rounds to bf16 in bf16).
   ZI_TRY(be_.axpby(0.5f, x, 0.0f, x, x));
@@ -353,13 +382,41 @@ Result<Tensor> VaeDecoder::decode(const Tensor& latents, DebugSink* dbg,
   Tensor img = Tensor::host(DType::kF32, x.shape());  // [B, H, W, 3]
   if (!img.defined()) return OutOfMemory("vae output image " + shape_string(x.shape()));
   ZI_TRY(be_.download(x, img));
-  t_down = ms_since(t_start);
-  ZI_DEBUG(
-      "vae decode %lldx%lld: prepare %.1f ms, queued by %.1f, device done %.1f, downloaded "
-      "%.1f, returned %.1f ms",
-      static_cast<long long>(h), static_cast<long long>(w), t_pre, t_queue, t_wait, t_down,
-      ms_since(t_start));
   return img;
+}
+
+uint64_t VaeDecoder::estimate_decode_bytes(int64_t batch, int64_t h, int64_t w) const {
+  // Follows decode_scaled's allocations: which feature maps are alive together at each step.
+  // Sizes in bytes as doubles (no overflow; the answer is an estimate).
+  const double es = static_cast<double>(dtype_size(be_.act_dtype()));
+  double px = static_cast<double>(std::max<int64_t>(batch, 0)) * static_cast<double>(h) *
+              static_cast<double>(w);  // pixels of the current stage, batch included
+  const double lat = cfg_.latent_channels;
+  const auto fm = [&](double channels) { return px * channels * es; };  // one feature map
+  double peak = px * lat * (4.0 + es);  // the f32 latents on the device and their NHWC copy
+  const auto note = [&](double bytes) { peak = std::max(peak, bytes); };
+  // resnet(x): x + GN(x) + conv1 out, then x + conv1 out + conv2 out (+ the shortcut's out).
+  const auto resnet_peak = [&](const vae::Resnet& r) {
+    const double ci = static_cast<double>(r.conv1.cin), co = static_cast<double>(r.conv1.cout);
+    return fm(ci) + std::max(fm(ci) + fm(co), fm(co) * (r.has_shortcut ? 3 : 2));
+  };
+  if (has_post_quant_) note(2 * fm(lat));
+  const double top = static_cast<double>(conv_in_.cout);
+  note(fm(lat) + fm(top));  // conv_in
+  // mid: conv_in's output stays alive throughout (the caller's x).
+  note(fm(top) + resnet_peak(mid_.res0));
+  if (mid_.has_attn) note(fm(top) * 9);  // x, res0 out, GN, qkv, q, k, v
+  note(fm(top) + resnet_peak(mid_.res1));
+  for (const vae::Stage& st : up_) {
+    for (const vae::Resnet& r : st.resnets) note(resnet_peak(r));
+    if (st.has_resample) {
+      const double c = static_cast<double>(st.resample.cout);
+      note(fm(c) + 8 * fm(c));  // x, its nearest x2 upsample and the conv's output (4x each)
+      px *= 4;
+    }
+  }
+  note(fm(static_cast<double>(conv_out_.cin)) + fm(static_cast<double>(conv_out_.cout)));
+  return static_cast<uint64_t>(peak);
 }
 
 // =============================== encoder ===============================

@@ -64,6 +64,27 @@ class VaeDecoder {
   Result<Tensor> decode(const Tensor& latents, DebugSink* dbg = nullptr,
                         const std::atomic<bool>* cancel = nullptr);
   const VaeConfig& config() const { return cfg_; }
+  Backend& backend() const { return be_; }
+
+  // decode() in three pieces, for the tiled decode (model/vae_tiling.h), which scales once,
+  // decodes crops of the scaled latents and blends the raw outputs before post-processing.
+  // scale_latents: latents as decode() takes them -> z = latents / scaling + shift, host f32
+  // [B, C, h, w] (float32 arithmetic, as the reference pipeline).
+  Result<Tensor> scale_latents(const Tensor& latents) const;
+  // The decoder proper on a scaled host f32 [B, C, h, w]: its raw output [B, H, W, out_channels]
+  // in the act dtype on the backend (before x/2 + 0.5 and the clamp). Intermediates are named
+  // `<prefix>.conv_in`, `<prefix>.mid`, `<prefix>.up.<i>`, `<prefix>.conv_out`.
+  Result<Tensor> decode_scaled(const Tensor& z_host, DebugSink* dbg,
+                               const std::atomic<bool>* cancel, const std::string& prefix = "vae");
+  // clamp(x/2 + 0.5, 0, 1) in the act dtype on the backend (x is overwritten), downloaded as a
+  // host f32 tensor of x's shape.
+  Result<Tensor> postprocess(Tensor& x);
+
+  // Bytes of activations the untiled decode of a [batch, C, h, w] latent holds at its peak: the
+  // feature maps alive together at the most expensive step (a resnet or upsampler at the largest
+  // stage), in the backend's act dtype. Excludes weights, convolution workspaces and the
+  // attention's score buffer (bounded by the backends: 64 MiB CPU, 256 MiB CUDA).
+  uint64_t estimate_decode_bytes(int64_t batch, int64_t h, int64_t w) const;
 
  private:
   VaeDecoder(const VaeConfig& cfg, Backend& be) : cfg_(cfg), be_(be) {}

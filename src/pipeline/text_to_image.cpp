@@ -347,7 +347,7 @@ Result<TextToImageOutput> TextToImage::finish(DenoiseState& st) {
   if (hooks.on_progress) hooks.on_progress({Phase::kVae, 0, 0, now_s() - st.start_s});
   const double t0 = now_s();
   const int64_t n = st.n;
-  auto image = c_.vae->decode(st.latents, hooks.debug, hooks.cancel);
+  auto image = vae_decode_with_policy(*c_.vae, st.latents, vae_tiling_, hooks.debug, hooks.cancel);
   if (!image.ok()) {
     if (image.status().code() == ErrorCode::kCancelled) return image.status();
     return image.status().with_context("vae decode");

@@ -28,6 +28,7 @@
 #include "model/debug.h"
 #include "model/qwen3_encoder.h"
 #include "model/vae.h"
+#include "model/vae_tiling.h"
 #include "model/zimage_dit.h"
 #include "pipeline/scheduler.h"
 #include "pipeline/tokenizer.h"
@@ -112,6 +113,10 @@ class TextToImage {
   // with the DiT output downloaded every step (the same float32 result).
   void set_device_step(bool on) { device_step_ = on; }
 
+  // How finish() decodes: tiled as diffusers' enable_tiling() or not (model/vae_tiling.h).
+  // Default: auto with the backend's free memory as the budget.
+  void set_vae_tiling(const VaeTilingPolicy& p) { vae_tiling_ = p; }
+
   // Runs the DiT's feed-forward GEMMs in FP8 from now on (ZImageDiT::quantize_ffn_fp8).
   Status use_fp8_ffn() { return c_.transformer->quantize_ffn_fp8(); }
 
@@ -136,6 +141,7 @@ class TextToImage {
   TextToImageComponents c_;
   Backend& be_;
   std::string model_dir_;
+  VaeTilingPolicy vae_tiling_;
   bool device_step_ = true;  // where the weights came from (scanned when an output is not finite)
   std::unique_ptr<Backend> host_;  // a 1-thread CPU backend: dumps of host tensors
 };

@@ -14,6 +14,7 @@
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/sdpa_cudnn.h"
 #include "backend/cuda/validate.h"
+#include "core/log.h"
 
 namespace zimage {
 
@@ -224,6 +225,20 @@ Status CudaBackend::synchronize() {
 Status CudaBackend::bind_thread() {
   ZI_CUDA_TRY(cudaSetDevice(device_));
   return Status::Ok();
+}
+
+std::optional<uint64_t> CudaBackend::available_memory() const {
+  int prev = -1;
+  size_t free_b = 0, total_b = 0;
+  const bool ok = cudaGetDevice(&prev) == cudaSuccess && cudaSetDevice(device_) == cudaSuccess &&
+                  cudaMemGetInfo(&free_b, &total_b) == cudaSuccess;
+  if (prev >= 0) cudaSetDevice(prev);
+  if (!ok) {
+    ZI_WARN("cuda: cudaMemGetInfo failed (%s)", cudaGetErrorString(cudaGetLastError()));
+    return std::nullopt;
+  }
+  const AllocatorStats s = memory_stats();
+  return static_cast<uint64_t>(free_b) + (s.reserved_bytes - s.in_use_bytes);
 }
 
 Status CudaBackend::finish_uploads() {

@@ -128,6 +128,8 @@ class CudaBackend final : public Backend {
     const AllocatorStats s = memory_stats();
     return {s.in_use_bytes, s.reserved_bytes, s.peak_in_use_bytes};
   }
+  // cudaMemGetInfo's free bytes on this device plus the allocator's cached (unused) bytes.
+  std::optional<uint64_t> available_memory() const override;
   void reset_peak_memory() { allocator_->reset_peak(); }
   Status empty_cache() { return allocator_->empty_cache(); }
   // Private pools for graph capture (see the comment at the top and core/block_allocator.h).
