@@ -45,6 +45,7 @@ struct GenerateArgs {
   int max_sequence_length = 512;
   std::string device = "auto";
   std::string precision = "auto";
+  std::string vae_tiling = "auto";
   int threads = 0;
   std::string output = "zimage.png";
   std::string dump_dir;
@@ -138,6 +139,7 @@ void run_generate(const GenerateArgs& a, const CLI::App& cmd) {
                 "for a random seed)");
   eo.device = a.device;
   eo.precision = a.precision;
+  eo.vae_tiling = a.vae_tiling;
   eo.threads = a.threads;
   req.prompts = a.prompts;
   if (cmd.count("--negative-prompt") > 0) req.negative_prompt = a.negative_prompt;
@@ -246,6 +248,10 @@ void register_generate_command(CLI::App& app) {
   cmd->add_option("--precision", args->precision,
                   "auto, bf16, f32, or fp8 (bf16 with the DiT feed-forward GEMMs in FP8; CUDA) "
                   "(default auto)");
+  cmd->add_option("--vae-tiling", args->vae_tiling,
+                  "Decode in overlapping tiles as diffusers' enable_tiling(): on, off, or auto "
+                  "(tiled when the untiled decode would not fit free GPU memory) (default auto)")
+      ->check(CLI::IsMember({"auto", "on", "off"}));
   cmd->add_option("--threads,-t", args->threads,
                   "CPU threads, at most 4x the hardware threads (default 0 = all)");
   cmd->add_option("--output,-o", args->output,

@@ -35,6 +35,10 @@ struct EngineOptions {
   // feed-forward GEMMs in FP8 e4m3 (per-tensor scales; CUDA, Hopper or newer).
   std::string precision = "auto";
   int threads = 0;  // CPU worker threads; 0 = all hardware threads
+  // VAE decode in tiles as diffusers' vae.enable_tiling(): "on", "off", or "auto" (tiled when
+  // the untiled decode would not fit the device's free memory; never on the CPU). Tiling only
+  // applies to latents larger than one tile (the VAE config's sample_size, 1024 px for Z-Image).
+  std::string vae_tiling = "auto";
   // Limits every request is checked against (the server may lower them).
   int max_side = 4096;                        // width and height at most this (pixels)
   int64_t max_pixels = int64_t{4096} * 4096;  // width*height*images in one request at most

@@ -13,6 +13,7 @@
 #include "backend/backend.h"
 #include "core/log.h"
 #include "model/debug.h"
+#include "model/vae_tiling.h"
 #include "pipeline/text_to_image.h"
 #include "zimage/zimage.h"
 
@@ -96,6 +97,7 @@ Result<std::unique_ptr<Engine>> Engine::load_impl(const EngineOptions& options) 
     return InvalidArgument(
         "EngineOptions: max_side, max_batch, max_pixels and "
         "max_prompt_bytes must be positive");
+  ZI_ASSIGN_OR_RETURN(const VaeTiling vae_tiling, parse_vae_tiling(options.vae_tiling));
   auto impl = std::make_unique<Impl>();
   impl->options = options;
   ZI_ASSIGN_OR_RETURN(impl->backend, make_backend(options, impl->precision));
@@ -104,6 +106,7 @@ Result<std::unique_ptr<Engine>> Engine::load_impl(const EngineOptions& options) 
     Status st = impl->pipeline->use_fp8_ffn();
     if (!st.ok()) return st.with_context("precision fp8");
   }
+  impl->pipeline->set_vae_tiling({.mode = vae_tiling, .budget_bytes = 0});
   impl->limits.size_multiple = impl->pipeline->size_multiple();
   // The model's own limit (RoPE tables: latent side / patch < axes_lens) may be lower than the
   // configured one: info() and the range checks report the smaller.
