@@ -3,6 +3,7 @@
 // 2048x2048 and 1536x2560, tiled within a stated bound of device memory; the untiled 2048²
 // decode stays within its estimate too (its mid-block attention over 65536 pixels never builds
 // the 65536² score matrix, 8 GiB in bf16).
+#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -95,6 +96,7 @@ std::unique_ptr<VaeDecoder> full_size_decoder(Backend& be) {
 struct Measured {
   uint64_t peak = 0;  // peak bytes in use above what was in use before the decode
   int64_t nonfinite = 0;
+  double ms = 0;  // wall time of the measured run, image on the host
 };
 
 // Decodes twice (the first run plans the convolutions for every tile shape) and measures the
@@ -105,10 +107,12 @@ Measured measure(cuda::CudaBackend& be, VaeDecoder& vae, const Tensor& lat, bool
     EXPECT_TRUE(be.synchronize().ok());
     be.reset_peak_memory();
     const uint64_t base = be.memory_use().in_use;
+    const auto t0 = std::chrono::steady_clock::now();
     auto img = tiled ? vae_decode_tiled(vae, lat) : vae.decode(lat);
     EXPECT_TRUE(img.ok()) << img.status().to_string();
     if (!img.ok()) return m;
     EXPECT_TRUE(be.synchronize().ok());
+    m.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     m.peak = be.memory_use().peak_in_use - base;
     m.nonfinite = 0;
     const float* p = img->data_as<const float>();
@@ -140,9 +144,9 @@ TEST(VaeTilingGpu, FullSizeLargeImagesTiledWithinBound) {
     const Measured m = measure(*be, *vae, lat, true);
     std::printf(
         "  %lldx%lld tiled bf16: peak %.2f GiB above the weights (bound %.2f GiB; "
-        "untiled estimate %.2f GiB)\n",
+        "untiled estimate %.2f GiB), %.0f ms\n",
         static_cast<long long>(w * 8), static_cast<long long>(h * 8), gib(m.peak), gib(bound),
-        gib(vae->estimate_decode_bytes(1, h, w)));
+        gib(vae->estimate_decode_bytes(1, h, w)), m.ms);
     EXPECT_EQ(m.nonfinite, 0);
     EXPECT_LE(m.peak, bound) << h << "x" << w;
     if (h == 256) tiled_2048 = m.peak;
@@ -152,8 +156,10 @@ TEST(VaeTilingGpu, FullSizeLargeImagesTiledWithinBound) {
       take(be->upload(rand_host({1, 16, 256, 256}, 5, DType::kF32, -2.f, 2.f), DType::kF32), "lat");
   const Measured u = measure(*be, *vae, lat, false);
   const uint64_t est = vae->estimate_decode_bytes(1, 256, 256);
-  std::printf("  2048x2048 untiled bf16: peak %.2f GiB above the weights (estimate %.2f GiB)\n",
-              gib(u.peak), gib(est));
+  std::printf(
+      "  2048x2048 untiled bf16: peak %.2f GiB above the weights (estimate %.2f GiB), "
+      "%.0f ms\n",
+      gib(u.peak), gib(est), u.ms);
   EXPECT_EQ(u.nonfinite, 0);
   EXPECT_LE(u.peak, est + kVaeTilingMargin);
   EXPECT_LT(tiled_2048, u.peak);
