@@ -35,9 +35,20 @@ struct EngineOptions {
   // feed-forward GEMMs in FP8 e4m3 (per-tensor scales; CUDA, Hopper or newer).
   std::string precision = "auto";
   int threads = 0;  // CPU worker threads; 0 = all hardware threads
+  // Device memory the process may hold, in GiB, the CUDA context included (CUDA only). 0 = no
+  // limit: everything resident. Below what the model needs, the memory planner keeps text-
+  // encoder layers and DiT blocks in host memory and streams them in (same images, slower); a
+  // budget below the minimum fails at load with a message stating that minimum.
+  double vram_budget_gib = 0;
+  // "bf16" (weights in the compute dtype) or "fp8": the DiT's and text encoder's big linear
+  // weights stored as FP8 e4m3 with one scale per output channel (half the memory and the
+  // streamed bytes; widened to bf16 just before each GEMM; a small quality cost, see
+  // docs/BENCHMARKS.md).
+  std::string weights = "bf16";
   // VAE decode in tiles as diffusers' vae.enable_tiling(): "on", "off", or "auto" (tiled when
-  // the untiled decode would not fit the device's free memory; never on the CPU). Tiling only
-  // applies to latents larger than one tile (the VAE config's sample_size, 1024 px for Z-Image).
+  // the untiled decode would not fit the device memory left, within vram_budget_gib when set;
+  // never on the CPU). Tiling only applies to latents larger than one tile (the VAE config's
+  // sample_size, 1024 px for Z-Image).
   std::string vae_tiling = "auto";
   // Limits every request is checked against (the server may lower them).
   int max_side = 4096;                        // width and height at most this (pixels)
@@ -127,6 +138,8 @@ struct EngineInfo {
   int latent_channels = 16;
   int max_side = 4096;
   int max_batch = 16;
+  std::string weights = "bf16";
+  std::string memory_plan;  // what the planner decided (resident / streamed, bytes)
 };
 
 // What one step of the shared batch finished (Engine::batch_step).

@@ -386,36 +386,44 @@ Result<Tensor> VaeDecoder::postprocess(Tensor& x) {
 }
 
 uint64_t VaeDecoder::estimate_decode_bytes(int64_t batch, int64_t h, int64_t w) const {
+  return estimate_decode_bytes(cfg_, be_.act_dtype(), batch, h, w);
+}
+
+uint64_t VaeDecoder::estimate_decode_bytes(const VaeConfig& cfg, DType act, int64_t batch,
+                                           int64_t h, int64_t w) {
   // Follows decode_scaled's allocations: which feature maps are alive together at each step.
   // Sizes in bytes as doubles (no overflow; the answer is an estimate).
-  const double es = static_cast<double>(dtype_size(be_.act_dtype()));
-  double px = static_cast<double>(std::max<int64_t>(batch, 0)) * static_cast<double>(h) *
+  const auto& boc = cfg.block_out_channels;
+  if (boc.empty() || batch < 1 || h < 1 || w < 1) return 0;
+  const double es = static_cast<double>(dtype_size(act));
+  double px = static_cast<double>(batch) * static_cast<double>(h) *
               static_cast<double>(w);  // pixels of the current stage, batch included
-  const double lat = cfg_.latent_channels;
+  const double lat = cfg.latent_channels;
   const auto fm = [&](double channels) { return px * channels * es; };  // one feature map
   double peak = px * lat * (4.0 + es);  // the f32 latents on the device and their NHWC copy
   const auto note = [&](double bytes) { peak = std::max(peak, bytes); };
   // resnet(x): x + GN(x) + conv1 out, then x + conv1 out + conv2 out (+ the shortcut's out).
-  const auto resnet_peak = [&](const vae::Resnet& r) {
-    const double ci = static_cast<double>(r.conv1.cin), co = static_cast<double>(r.conv1.cout);
-    return fm(ci) + std::max(fm(ci) + fm(co), fm(co) * (r.has_shortcut ? 3 : 2));
+  const auto resnet_peak = [&](double ci, double co) {
+    return fm(ci) + std::max(fm(ci) + fm(co), fm(co) * (ci != co ? 3 : 2));
   };
-  if (has_post_quant_) note(2 * fm(lat));
-  const double top = static_cast<double>(conv_in_.cout);
+  if (cfg.use_post_quant_conv) note(2 * fm(lat));
+  const int n = static_cast<int>(boc.size());
+  const double top = boc[n - 1];
   note(fm(lat) + fm(top));  // conv_in
   // mid: conv_in's output stays alive throughout (the caller's x).
-  note(fm(top) + resnet_peak(mid_.res0));
-  if (mid_.has_attn) note(fm(top) * 9);  // x, res0 out, GN, qkv, q, k, v
-  note(fm(top) + resnet_peak(mid_.res1));
-  for (const vae::Stage& st : up_) {
-    for (const vae::Resnet& r : st.resnets) note(resnet_peak(r));
-    if (st.has_resample) {
-      const double c = static_cast<double>(st.resample.cout);
-      note(fm(c) + 8 * fm(c));  // x, its nearest x2 upsample and the conv's output (4x each)
+  note(fm(top) + resnet_peak(top, top));
+  if (cfg.mid_block_add_attention) note(fm(top) * 9);  // x, res0 out, GN, qkv (3), q, k, v
+  double prev = top;
+  for (int i = 0; i < n; ++i) {
+    const double c = boc[n - 1 - i];
+    for (int j = 0; j <= cfg.layers_per_block; ++j) note(resnet_peak(j == 0 ? prev : c, c));
+    if (i < n - 1) {
+      note(9 * fm(c));  // x, its nearest x2 upsample and the conv's output (4x each)
       px *= 4;
     }
+    prev = c;
   }
-  note(fm(static_cast<double>(conv_out_.cin)) + fm(static_cast<double>(conv_out_.cout)));
+  note(fm(boc[0]) + fm(cfg.out_channels));  // conv_out
   return static_cast<uint64_t>(peak);
 }
 

@@ -85,6 +85,9 @@ class VaeDecoder {
   // stage), in the backend's act dtype. Excludes weights, convolution workspaces and the
   // attention's score buffer (bounded by the backends: 64 MiB CPU, 256 MiB CUDA).
   uint64_t estimate_decode_bytes(int64_t batch, int64_t h, int64_t w) const;
+  // The same from the config alone (for the memory planner, before the VAE is loaded).
+  static uint64_t estimate_decode_bytes(const VaeConfig& cfg, DType act, int64_t batch, int64_t h,
+                                        int64_t w);
 
  private:
   VaeDecoder(const VaeConfig& cfg, Backend& be) : cfg_(cfg), be_(be) {}

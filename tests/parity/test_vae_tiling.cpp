@@ -20,6 +20,7 @@
 #include "io/weights.h"
 #include "model/vae.h"
 #include "model/vae_tiling.h"
+#include "pipeline/memory_plan.h"
 #include "pipeline/text_to_image.h"
 #include "zimage/zimage.h"
 
@@ -299,6 +300,22 @@ TEST(VaeTiling, EstimateFollowsTheLargestStage) {
   // One 1024² tile: what a tiled decode of any size needs per batch item.
   EXPECT_EQ((*vae)->estimate_decode_bytes(1, 128, 128), ch * 1024 * 1024 * f32);  // 2.5 GiB
   EXPECT_EQ((*vae)->estimate_decode_bytes(0, 128, 128), 0u);
+}
+
+// The memory planner's VAE inputs are this estimate: the untiled decode of the planned size, and
+// one 1024² tile of one image where tiling applies (at 1024² it does not: no saving).
+TEST(VaeTiling, PlannerUsesTheDecoderEstimate) {
+  const uint64_t bf16 = 2, ch = 640;
+  PipelineLoadOptions o;
+  o.plan_width = o.plan_height = 2048;
+  MemoryPlanInput in =
+      TextToImage::plan_input(zimage_turbo_reference_configs(), DType::kBF16, o, 83'800'000, 0);
+  EXPECT_EQ(in.vae_activation_bytes, ch * 2048 * 2048 * bf16);        // 5 GiB
+  EXPECT_EQ(in.vae_tiled_activation_bytes, ch * 1024 * 1024 * bf16);  // 1.25 GiB
+  o.plan_width = o.plan_height = 1024;
+  in = TextToImage::plan_input(zimage_turbo_reference_configs(), DType::kBF16, o, 83'800'000, 0);
+  EXPECT_EQ(in.vae_activation_bytes, ch * 1024 * 1024 * bf16);
+  EXPECT_EQ(in.vae_tiled_activation_bytes, in.vae_activation_bytes);
 }
 
 // ---- the pipeline, the engine option and the CLI flag, on the golden case v_vae8 (a factor-8

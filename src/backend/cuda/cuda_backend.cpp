@@ -3,6 +3,7 @@
 // attention in cuda_attention.cpp, conv2d in conv_cudnn.cpp.
 #include "backend/cuda/cuda_backend.h"
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -78,6 +79,12 @@ CudaBackend::CudaBackend(int device, DType act) : device_(device), act_(act) {}
 
 CudaBackend::~CudaBackend() {
   if (stream_) cudaStreamSynchronize(stream_);
+  if (copy_stream_) cudaStreamSynchronize(copy_stream_);
+  for (int i = 0; i < kStreamSlots; ++i) {
+    if (loaded_[i]) cudaEventDestroy(loaded_[i]);
+    if (released_[i]) cudaEventDestroy(released_[i]);
+  }
+  if (copy_stream_) cudaStreamDestroy(copy_stream_);
   profiler_.reset();
   sdpa_.reset();
   conv_graphs_.reset();
@@ -228,17 +235,18 @@ Status CudaBackend::bind_thread() {
 }
 
 std::optional<uint64_t> CudaBackend::available_memory() const {
-  int prev = -1;
-  size_t free_b = 0, total_b = 0;
-  const bool ok = cudaGetDevice(&prev) == cudaSuccess && cudaSetDevice(device_) == cudaSuccess &&
-                  cudaMemGetInfo(&free_b, &total_b) == cudaSuccess;
-  if (prev >= 0) cudaSetDevice(prev);
-  if (!ok) {
-    ZI_WARN("cuda: cudaMemGetInfo failed (%s)", cudaGetErrorString(cudaGetLastError()));
+  // The engine binds this device in the calling thread (bind_thread) before it decodes.
+  auto mem = device_memory();  // {total, free}
+  if (!mem.ok()) {
+    ZI_WARN("cuda: %s", mem.status().to_string().c_str());
     return std::nullopt;
   }
   const AllocatorStats s = memory_stats();
-  return static_cast<uint64_t>(free_b) + (s.reserved_bytes - s.in_use_bytes);
+  uint64_t avail = mem->second + (s.reserved_bytes - s.in_use_bytes);
+  // Under a memory budget (set_memory_limit) the allocator gets no more than its cap.
+  if (const size_t cap = allocator_->limit(); cap != 0)
+    avail = std::min<uint64_t>(avail, cap > s.in_use_bytes ? cap - s.in_use_bytes : 0);
+  return avail;
 }
 
 Status CudaBackend::finish_uploads() {
