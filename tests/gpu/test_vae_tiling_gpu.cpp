@@ -170,6 +170,20 @@ TEST(VaeTilingGpu, FullSizeLargeImagesTiledWithinBound) {
   const bool auto_tiles = vae_should_tile(*vae, {VaeTiling::kAuto, 0}, 1, 256, 256, &why);
   std::printf("  auto with the free device memory at 2048²: %s (%s)\n",
               auto_tiles ? "tiled" : "untiled", why.c_str());
+  // Under an allocator cap (--vram-budget) 3 GiB above what is held, auto tiles 2048² and the
+  // decode succeeds within the cap (untiled it would need 5 GiB).
+  ZI_ASSERT_OK(be->empty_cache());
+  be->set_memory_limit(be->memory_use().reserved + (uint64_t{3} << 30));
+  EXPECT_TRUE(vae_should_tile(*vae, {VaeTiling::kAuto, 0}, 1, 256, 256, &why)) << why;
+  std::printf("  auto under a cap 3 GiB above the weights: %s\n", why.c_str());
+  auto capped = vae_decode_with_policy(*vae, lat, {VaeTiling::kAuto, 0});
+  EXPECT_TRUE(capped.ok()) << capped.status().to_string();
+  auto refused = vae->decode(lat);  // the untiled decode does not fit the cap
+  EXPECT_FALSE(refused.ok());
+  if (!refused.ok()) {
+    EXPECT_EQ(refused.status().code(), ErrorCode::kOutOfMemory) << refused.status().to_string();
+  }
+  be->set_memory_limit(0);
 }
 
 }  // namespace
