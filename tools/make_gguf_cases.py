@@ -246,7 +246,6 @@ def write_meta(path):
     w.add_float32("test.f32", 1.5)
     w.add_bool("test.bool", True)
     w.add_string("test.string", "h\u00e9llo w\u00f6rld \u2713")
-    w.add_string("test.empty_string", "")
     w.add_uint64("test.u64", 2 ** 63 + 5)
     w.add_int64("test.i64", -(2 ** 62))
     w.add_float64("test.f64", 0.1)
