@@ -268,7 +268,9 @@ Result<Tensor> GgufFile::dequantize(std::string_view name, ThreadPool* pool) con
                        ggml_type_name(ti->type) + ", which zimage cannot dequantise (it reads " +
                        ggml_dequantizable_type_list() + ")");
   }
-  Tensor out = Tensor::host(DType::kF32, ti->shape());
+  // Every element is written below: no zero-fill (Tensor::host would clear it first).
+  auto storage = HostStorage::allocate(static_cast<size_t>(ti->numel()) * sizeof(float));
+  Tensor out = storage ? Tensor(std::move(storage), 0, DType::kF32, ti->shape()) : Tensor();
   if (!out.defined()) {
     return OutOfMemory(path_ + ": tensor " + in_quotes(name) + ": out of memory for " +
                        std::to_string(ti->numel()) + " floats");

@@ -93,8 +93,12 @@ std::string gguf_store_name(const std::string& arch, const std::string& tensor) 
 }
 
 Result<WeightStore> open_gguf_weights(const std::string& path) {
-  ZI_ASSIGN_OR_RETURN(std::shared_ptr<GgufFile> opened, GgufFile::open(path));
-  std::shared_ptr<const GgufFile> file = std::move(opened);
+  ZI_ASSIGN_OR_RETURN(std::shared_ptr<GgufFile> file, GgufFile::open(path));
+  return gguf_weight_store(std::move(file));
+}
+
+Result<WeightStore> gguf_weight_store(std::shared_ptr<const GgufFile> file) {
+  const std::string& path = file->path();
   const std::string arch = file->architecture();
   WeightStore store = WeightStore::empty(path);
   std::map<std::string, std::string> origin;  // store name -> GGUF name

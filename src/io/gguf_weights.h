@@ -13,14 +13,18 @@
 // naming the tensor when the file is opened.
 #pragma once
 
+#include <memory>
 #include <string>
 
 #include "core/status.h"
+#include "io/gguf.h"
 #include "io/weights.h"
 
 namespace zimage {
 
 Result<WeightStore> open_gguf_weights(const std::string& path);
+// The same over an already validated file (GgufFile::open or ::view); the store keeps it alive.
+Result<WeightStore> gguf_weight_store(std::shared_ptr<const GgufFile> file);
 
 // The store name of GGUF tensor `tensor` in a file of architecture `arch`: for `qwen3`, the
 // transformers name ("blk.3.attn_q.weight" -> "model.layers.3.self_attn.q_proj.weight",
