@@ -9,6 +9,9 @@
 //   2. The GGUF model gives exactly the output of the same model loaded from a safetensors folder
 //      holding those (package-equal) weights under the diffusers / transformers names.
 //   3. It stays close to the unquantised golden model (stated bound: the quantisation error).
+//   4. A model folder whose transformer/ and text_encoder/ hold these .gguf files (next to their
+//      config.json) generates, through the public Engine, exactly the image of the folder holding
+//      the same weights as safetensors.
 #include <gtest/gtest.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -23,9 +26,11 @@
 #include <vector>
 
 #include "common/npy.h"
+#include "common/tiny_engine.h"
 #include "golden_models_util.h"
 #include "io/safetensors.h"
 #include "io/weights.h"
+#include "zimage/zimage.h"
 
 namespace zimage {
 namespace {
@@ -218,6 +223,81 @@ TEST(GgufModels, TextEncoderFromGgufEqualsTheFolderModelWithTheSameWeights) {
               max_abs_diff(ha, ref));
   EXPECT_GT(cos, 0.99);
   std::filesystem::remove_all(folder);
+}
+
+// Copies the tiny model folder to `dir`, replacing the weight file of `component` by `weights`
+// (a path to copy, keeping its file name).
+void replace_weights(const std::string& dir, const std::string& component,
+                     const std::string& weights) {
+  std::vector<std::filesystem::path> old;
+  for (const auto& e : std::filesystem::directory_iterator(dir + "/" + component)) {
+    const std::string n = e.path().filename().string();
+    if (ends_with(n, ".safetensors") || ends_with(n, ".safetensors.index.json"))
+      old.push_back(e.path());
+  }
+  for (const auto& p : old) std::filesystem::remove(p);
+  std::filesystem::copy_file(
+      weights, dir + "/" + component + "/" + std::filesystem::path(weights).filename().string());
+}
+
+Image generate_one(const std::string& model_dir) {
+  EngineOptions o;
+  o.model_dir = model_dir;
+  o.device = "cpu";
+  o.threads = 2;
+  auto e = Engine::load(o);
+  EXPECT_TRUE(e.ok()) << e.status().to_string();
+  if (!e.ok()) return Image();
+  GenerateRequest req;
+  req.prompts = {"a cat sitting on a red sofa, photo"};
+  req.width = req.height = 32;
+  req.steps = 2;
+  req.seed = 7;
+  auto r = (*e)->generate(req);
+  EXPECT_TRUE(r.ok()) << r.status().to_string();
+  return r.ok() ? r->images[0] : Image();
+}
+
+TEST(GgufModels, PipelineFromGgufComponentsEqualsTheSafetensorsFolder) {
+  const Case c = load_case("v_turbo");
+  const std::string root =
+      ::testing::TempDir() + "zimage_gguf_pipeline_" + std::to_string(getpid());
+  std::filesystem::remove_all(root);
+  std::filesystem::create_directories(root);
+  const auto opts = std::filesystem::copy_options::recursive;
+  std::filesystem::copy(test::tiny_model_dir(), root + "/gguf", opts);
+  std::filesystem::copy(test::tiny_model_dir(), root + "/ref", opts);
+  replace_weights(root + "/gguf", "transformer", models_dir() + "/dit.gguf");
+  replace_weights(root + "/gguf", "text_encoder", models_dir() + "/te.gguf");
+  // The reference folder: the same (package-equal) weights as safetensors, diffusers names.
+  auto dit_ws = WeightStore::open(models_dir() + "/dit.gguf");
+  auto te_ws = WeightStore::open(models_dir() + "/te.gguf");
+  ASSERT_TRUE(dit_ws.ok() && te_ws.ok());
+  std::set<std::string> used;
+  const std::string dit_dir = write_folder(
+      "pipe_dit",
+      dit_weights_by_diffusers_name(*dit_ws, read_ref("dit_ref.json"), c.dit.dim, &used));
+  TensorList te;
+  for (const std::string& name : te_ws->names())
+    te.emplace_back(name, f32_rows(*te_ws, name, 0, -1));
+  const std::string te_dir = write_folder("pipe_te", te);
+  replace_weights(root + "/ref", "transformer", dit_dir + "/model.safetensors");
+  replace_weights(root + "/ref", "text_encoder", te_dir + "/model.safetensors");
+
+  const Image a = generate_one(root + "/gguf");
+  const Image b = generate_one(root + "/ref");
+  ASSERT_EQ(a.rgb.size(), 32u * 32u * 3u);
+  ASSERT_EQ(a.rgb.size(), b.rgb.size());
+  int max_diff = 0;
+  for (size_t i = 0; i < a.rgb.size(); ++i)
+    max_diff = std::max(max_diff, std::abs(a.rgb[i] - b.rgb[i]));
+  std::printf(
+      "[ gguf ] pipeline with GGUF DiT + text encoder vs safetensors folder: max pixel diff %d\n",
+      max_diff);
+  EXPECT_EQ(max_diff, 0);
+  std::filesystem::remove_all(root);
+  std::filesystem::remove_all(dit_dir);
+  std::filesystem::remove_all(te_dir);
 }
 
 }  // namespace
