@@ -179,7 +179,8 @@ void run_generate(const GenerateArgs& a, const CLI::App& cmd) {
     fail(2, "--mask: needs --init-image (the image to inpaint)");
   if (cmd.count("--strength") > 0 && cmd.count("--init-image") == 0)
     fail(2, "--strength: needs --init-image");
-  if (cmd.count("--init-image") > 0) req.init_image = read_input("--init-image", a.init_image, false);
+  if (cmd.count("--init-image") > 0)
+    req.init_image = read_input("--init-image", a.init_image, false);
   if (cmd.count("--mask") > 0) req.mask = read_input("--mask", a.mask, true);
   if (cmd.count("--strength") > 0) req.strength = a.strength;
 
@@ -205,8 +206,8 @@ void run_generate(const GenerateArgs& a, const CLI::App& cmd) {
     if (cmd.count("--width") == 0) req.width = req.init_image->width / m * m;
     if (cmd.count("--height") == 0) req.height = req.init_image->height / m * m;
     if (req.width == 0 || req.height == 0)
-      fail(2, "--init-image " + a.init_image + ": " + std::to_string(req.init_image->width) +
-                  "x" + std::to_string(req.init_image->height) +
+      fail(2, "--init-image " + a.init_image + ": " + std::to_string(req.init_image->width) + "x" +
+                  std::to_string(req.init_image->height) +
                   " is smaller than this model's size multiple " + std::to_string(m) +
                   "; give --width and --height");
   }

@@ -229,7 +229,7 @@ Result<Image> png_load(const std::string& path, PngTextChunks* text = nullptr);
 // WebP (told by content), EXIF / XMP orientation applied as PIL's ImageOps.exif_transpose,
 // converted to RGB as PIL's convert("RGB") (gray replicated, alpha dropped). Refused with a
 // message naming the file: other formats, 16-bit grayscale PNG, CMYK JPEG, animated WebP,
-// corrupt or truncated data, more than 2^28 pixels.
+// corrupt or truncated data, more than 2^26 pixels (from the header, before decoding).
 Result<Image> image_load(const std::string& path);
 Result<Image> image_decode(const uint8_t* data, size_t size, const std::string& name);
 // A mask file: as image_load, but a file with an alpha channel is refused (transparency or

@@ -42,13 +42,13 @@ Status check_input_image(const char* field, const Image& img) {
                            std::to_string(img.height) + ")");
   const int64_t pixels = int64_t{img.width} * img.height;
   if (pixels > kMaxInputImagePixels)
-    return InvalidArgument(f + ": " + std::to_string(img.width) + "x" +
-                           std::to_string(img.height) + " exceeds the limit of " +
-                           std::to_string(kMaxInputImagePixels) + " pixels");
+    return InvalidArgument(f + ": " + std::to_string(img.width) + "x" + std::to_string(img.height) +
+                           " exceeds the limit of " + std::to_string(kMaxInputImagePixels) +
+                           " pixels");
   if (static_cast<int64_t>(img.rgb.size()) != pixels * 3)
-    return InvalidArgument(f + ": " + std::to_string(img.width) + "x" +
-                           std::to_string(img.height) + " needs " + std::to_string(pixels * 3) +
-                           " RGB bytes, has " + std::to_string(img.rgb.size()));
+    return InvalidArgument(f + ": " + std::to_string(img.width) + "x" + std::to_string(img.height) +
+                           " needs " + std::to_string(pixels * 3) + " RGB bytes, has " +
+                           std::to_string(img.rgb.size()));
   return Status::Ok();
 }
 
@@ -119,11 +119,10 @@ Status check_image_inputs(const GenerateRequest& req) {
   if (req.mask) {
     ZI_TRY(check_input_image("mask", *req.mask));
     if (req.mask->width != req.init_image->width || req.mask->height != req.init_image->height)
-      return InvalidArgument("mask: " + std::to_string(req.mask->width) + "x" +
-                             std::to_string(req.mask->height) + " differs from init_image's " +
-                             std::to_string(req.init_image->width) + "x" +
-                             std::to_string(req.init_image->height) +
-                             "; the mask must have the image's size");
+      return InvalidArgument(
+          "mask: " + std::to_string(req.mask->width) + "x" + std::to_string(req.mask->height) +
+          " differs from the image's " + std::to_string(req.init_image->width) + "x" +
+          std::to_string(req.init_image->height) + "; the mask must have the image's size");
   }
   if (req.strength) {
     const double s = *req.strength;
@@ -136,8 +135,8 @@ Status check_image_inputs(const GenerateRequest& req) {
     if (req.steps >= 1 && !img2img_start_index(req.steps, s).ok()) {
       char buf[64];
       std::snprintf(buf, sizeof(buf), "%g", s);
-      return InvalidArgument(std::string("strength: ") + buf + " of " +
-                             std::to_string(req.steps) + " steps leaves no denoising step");
+      return InvalidArgument(std::string("strength: ") + buf + " of " + std::to_string(req.steps) +
+                             " steps leaves no denoising step");
     }
   }
   return Status::Ok();

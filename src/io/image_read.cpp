@@ -49,6 +49,13 @@ struct Meta {
 
 Result<Image8> decode_png_file(const uint8_t* data, size_t size, const std::string& name,
                                Meta* meta) {
+  // The size from IHDR (right after the signature) before libpng allocates anything.
+  if (size >= 24 && std::memcmp(data + 12, "IHDR", 4) == 0) {
+    const auto be32 = [](const uint8_t* p) {
+      return int64_t{p[0]} << 24 | int64_t{p[1]} << 16 | int64_t{p[2]} << 8 | p[3];
+    };
+    ZI_TRY(check_pixels(name, be32(data + 16), be32(data + 20)));
+  }
   ZI_ASSIGN_OR_RETURN(PngPixels png, decode_png_pixels(data, size, name));
   meta->exif = std::move(png.exif);
   std::string raw_profile;
@@ -223,29 +230,29 @@ int exif_orientation(const std::string& exif) {
   std::string_view e(exif);
   if (starts_with(e, std::string_view("Exif\0\0", 6))) e.remove_prefix(6);
   const auto* d = reinterpret_cast<const uint8_t*>(e.data());
-  if (e.size() < 8) return 0;
+  if (e.size() < 8) return -1;
   bool big = false;
   if (d[0] == 'M' && d[1] == 'M') {
     big = true;
   } else if (!(d[0] == 'I' && d[1] == 'I')) {
-    return 0;
+    return -1;
   }
-  if (rd16(d + 2, big) != 42) return 0;
+  if (rd16(d + 2, big) != 42) return -1;
   const uint64_t ifd = rd32(d + 4, big);
-  if (ifd + 2 > e.size()) return 0;
+  if (ifd + 2 > e.size()) return -1;
   const uint32_t count = rd16(d + ifd, big);
   for (uint32_t i = 0; i < count; ++i) {
     const uint64_t at = ifd + 2 + uint64_t{12} * i;
-    if (at + 12 > e.size()) return 0;
+    if (at + 12 > e.size()) return -1;
     if (rd16(d + at, big) != 0x0112) continue;
     const uint32_t type = rd16(d + at + 2, big), n = rd32(d + at + 4, big);
-    if (n < 1) return 0;
+    if (n < 1) return -1;
     if (type == 3) return static_cast<int>(rd16(d + at + 8, big));           // SHORT
     if (type == 4) return static_cast<int>(rd32(d + at + 8, big) & 0xFFFF);  // LONG
     if (type == 1) return d[at + 8];                                         // BYTE
-    return 0;
+    return 0;  // present, of another type: no transposition (and no XMP fallback, as PIL)
   }
-  return 0;
+  return -1;
 }
 
 int xmp_orientation(const std::string& xmp) {
@@ -315,22 +322,19 @@ Result<Image8> decode_image(const uint8_t* data, size_t size, const std::string&
   if (data == nullptr || size == 0) return FormatError(name + ": empty file");
   try {
     Meta meta;
-    Result<Image8> img = FormatError("");
     static constexpr uint8_t kPng[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1A, '\n'};
-    if (size >= 8 && std::memcmp(data, kPng, 8) == 0) {
-      img = decode_png_file(data, size, name, &meta);
-    } else if (size >= 3 && data[0] == 0xFF && data[1] == 0xD8 && data[2] == 0xFF) {
-      img = decode_jpeg_file(data, size, name, &meta);
-    } else if (size >= 12 && std::memcmp(data, "RIFF", 4) == 0 &&
-               std::memcmp(data + 8, "WEBP", 4) == 0) {
-      img = decode_webp_file(data, size, name, &meta);
-    } else {
+    const bool png = size >= 8 && std::memcmp(data, kPng, 8) == 0;
+    const bool jpeg = size >= 3 && data[0] == 0xFF && data[1] == 0xD8 && data[2] == 0xFF;
+    const bool webp =
+        size >= 12 && std::memcmp(data, "RIFF", 4) == 0 && std::memcmp(data + 8, "WEBP", 4) == 0;
+    if (!png && !jpeg && !webp)
       return FormatError(name + ": not a PNG, JPEG or WebP file (unrecognised first bytes)");
-    }
-    if (!img.ok()) return img.status();
+    ZI_ASSIGN_OR_RETURN(Image8 img, png    ? decode_png_file(data, size, name, &meta)
+                                    : jpeg ? decode_jpeg_file(data, size, name, &meta)
+                                           : decode_webp_file(data, size, name, &meta));
     int orientation = exif_orientation(meta.exif);
-    if (orientation == 0) orientation = xmp_orientation(meta.xmp);
-    return apply_orientation(*img, orientation);
+    if (orientation < 0) orientation = xmp_orientation(meta.xmp);  // PIL: XMP only without EXIF's
+    return apply_orientation(img, orientation);
   } catch (const std::bad_alloc&) {
     return OutOfMemory(name + ": out of memory while decoding");
   }

@@ -25,8 +25,9 @@
 
 namespace zimage {
 
-// Inputs larger than this are refused before decoding (about 268 MP, as the PNG reader).
-inline constexpr int64_t kMaxInputPixels = int64_t{1} << 28;
+// Inputs larger than this (about 67 MP, 8192 x 8192) are refused from their header, before any
+// pixel memory is allocated: a small file cannot make the server allocate gigabytes.
+inline constexpr int64_t kMaxInputPixels = int64_t{1} << 26;
 
 // Decodes a PNG, JPEG or WebP held in memory, orientation applied, with the file's channels:
 // 1 gray, 2 gray + alpha, 3 RGB, 4 RGBA. `name` (a path or "image") starts every error message.
@@ -42,8 +43,8 @@ Image8 to_rgb(const Image8& in);
 // PIL's fixed point), alpha dropped; gray stays as it is.
 Image8 to_gray(const Image8& in);
 
-// The EXIF Orientation of a TIFF block (optionally prefixed "Exif\0\0"), 0 when absent or the
-// block is malformed. Exposed for tests.
+// The EXIF Orientation of a TIFF block (optionally prefixed "Exif\0\0"), -1 when the tag is
+// absent or the block is malformed. Exposed for tests.
 int exif_orientation(const std::string& exif);
 // PIL's XMP fallback: the digit after the first `tiff:Orientation="` or `tiff:Orientation>`,
 // 0 when there is none.

@@ -263,7 +263,7 @@ bool native_extras(png_structp png, png_infop info, PngPixels* image) noexcept {
       const char* key = texts[i].key ? texts[i].key : "";
       const char* text = texts[i].text ? texts[i].text : "";
       const size_t len = texts[i].compression >= PNG_ITXT_COMPRESSION_NONE ? texts[i].itxt_length
-                                                                            : texts[i].text_length;
+                                                                           : texts[i].text_length;
       image->text.emplace_back(key, std::string(text, len));
     }
 #ifdef PNG_eXIf_SUPPORTED

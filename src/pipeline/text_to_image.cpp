@@ -206,10 +206,9 @@ Result<std::unique_ptr<DenoiseState>> TextToImage::begin(const GenerateRequest& 
     report(Phase::kVaeEncode, 0, 0);
     const double t0 = now_s();
     ZI_ASSIGN_OR_RETURN(VaeEncoder * enc, vae_encoder());
-    ZI_ASSIGN_OR_RETURN(ImageStart start,
-                        prepare_image_start(req, *st->scheduler, *enc, be_, gen,
-                                            {st->n, st->channels, st->h, st->w}, hooks.debug,
-                                            *host_));
+    ZI_ASSIGN_OR_RETURN(ImageStart start, prepare_image_start(req, *st->scheduler, *enc, be_, gen,
+                                                              {st->n, st->channels, st->h, st->w},
+                                                              hooks.debug, *host_));
     st->timings.vae_encode_s = now_s() - t0;
     st->first_step = start.first_step;
     st->step = start.first_step;
@@ -292,8 +291,9 @@ Status TextToImage::step(const std::vector<DenoiseState*>& states) {
     if (bad_total > 0) {
       ZI_ASSIGN_OR_RETURN(const int64_t bad, be_.count_nonfinite(o));
       if (bad > 0) {
-        return nonfinite_error("denoising step " + std::to_string(st.steps_done()) + ": the DiT output", bad,
-                               o.numel(), "transformer", &st.embeds);
+        return nonfinite_error(
+            "denoising step " + std::to_string(st.steps_done()) + ": the DiT output", bad,
+            o.numel(), "transformer", &st.embeds);
       }
     }
     const Tensor pos = o.slice0(0, n);
@@ -457,8 +457,8 @@ Result<TextToImageOutput> TextToImage::run(const GenerateRequest& req,
   ZI_ASSIGN_OR_RETURN(std::unique_ptr<DenoiseState> st, begin(req, hooks));
   while (!st->done()) {
     if (hooks.cancel != nullptr && hooks.cancel->load())
-      return Cancelled("generation cancelled at step " + std::to_string(st->steps_done()) +
-                       " of " + std::to_string(st->steps_total()));
+      return Cancelled("generation cancelled at step " + std::to_string(st->steps_done()) + " of " +
+                       std::to_string(st->steps_total()));
     ZI_TRY(step({st.get()}));
   }
   return finish(*st);

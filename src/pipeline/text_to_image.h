@@ -73,7 +73,7 @@ struct DenoiseState {
   double start_s = 0;                         // steady clock at begin()
   int64_t n = 0, channels = 0, h = 0, w = 0;  // latent batch and shape
   bool done() const { return step >= req.steps; }
-  int steps_done() const { return step - first_step; }      // denoising steps run so far
+  int steps_done() const { return step - first_step; }        // denoising steps run so far
   int steps_total() const { return req.steps - first_step; }  // denoising steps this request runs
 };
 

@@ -155,9 +155,9 @@ TEST(ImageRead, OrientationParsers) {
   EXPECT_EQ(exif_orientation(le), 6);
   EXPECT_EQ(exif_orientation(std::string("Exif\0\0", 6) + le), 6);
   EXPECT_EQ(exif_orientation(be), 3);
-  EXPECT_EQ(exif_orientation(le.substr(0, 20)), 0);  // entry cut off
-  EXPECT_EQ(exif_orientation("garbage"), 0);
-  EXPECT_EQ(exif_orientation(""), 0);
+  EXPECT_EQ(exif_orientation(le.substr(0, 20)), -1);  // entry cut off
+  EXPECT_EQ(exif_orientation("garbage"), -1);
+  EXPECT_EQ(exif_orientation(""), -1);
   EXPECT_EQ(xmp_orientation("<x tiff:Orientation=\"8\"/>"), 8);
   EXPECT_EQ(xmp_orientation("<tiff:Orientation>5</tiff:Orientation>"), 5);
   EXPECT_EQ(xmp_orientation("tiff:Orientation='6' tiff:Orientation=\"2\""), 2);  // first match
@@ -180,7 +180,7 @@ TEST(ImageRead, BadFilesNameTheFile) {
   struct Bad {
     std::string what, bytes;
   };
-  std::string huge = png;  // IHDR claiming 100000 x 100000 (the CRC is wrong too)
+  std::string huge = png;  // IHDR claiming 100000 x 100000: refused before libpng runs
   huge[16] = 0, huge[17] = 1, huge[18] = static_cast<char>(0x86),
   huge[19] = static_cast<char>(0xA0);
   huge[20] = 0, huge[21] = 1, huge[22] = static_cast<char>(0x86),
