@@ -106,6 +106,7 @@ void print_timings(const GenerateResult& r) {
   std::fprintf(stderr, "device        %s\n", r.device.c_str());
   std::fprintf(stderr, "tokenize      %8.3f s\n", t.tokenize_s);
   std::fprintf(stderr, "text encoder  %8.3f s\n", t.text_encoder_s);
+  if (t.vae_encode_s > 0) std::fprintf(stderr, "vae encode    %8.3f s\n", t.vae_encode_s);
   for (size_t i = 0; i < t.dit_s.size(); ++i)
     std::fprintf(stderr, "  step %-6zu  %8.3f s\n", i, t.dit_s[i]);
   std::fprintf(stderr, "denoise       %8.3f s (%zu steps, %.3f s/step)\n", denoise, t.dit_s.size(),

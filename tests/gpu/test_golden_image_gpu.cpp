@@ -2,11 +2,11 @@
 // pipeline on the CUDA backend in fp32 and in bf16, against diffusers' fp32 CPU reference. What
 // is compared: the image latents (the VAE encoder's posterior sample, draw 1), the start latents,
 // the DiT output of every step and the image. The noise is drawn on the host and must match as on
-// the CPU. Bounds: fp32 as the CPU suite (test_golden_image.cpp: posterior-derived latents
-// 1e-4, DiT 5e-5, image 3e-5); bf16: the encoder, DiT and decoder in bf16 as diffusers' bf16
-// pipeline runs them, so relative errors of about 1e-2 (the text-to-image GPU suite measured DiT
-// 1.2e-2 relative and image 2.6e-2): latents 1e-1 absolute, DiT 5e-2 relative, image 8e-2.
-// These bf16 bounds are estimates written without a GPU at hand: the test prints every figure.
+// the CPU. Measured on an H200 (7 cases): fp32 image latents <= 2.2e-6, start latents <= 7.5e-7,
+// DiT <= 1.1e-5, image <= 4.6e-6; bf16 (the encoder, DiT and decoder in bf16, as diffusers' bf16
+// pipeline) image latents <= 1.7e-2, start latents <= 5.1e-3, DiT <= 1.3e-2 relative, image
+// <= 3.6e-2. The bounds sit 2-5x above: fp32 as the CPU suite (test_golden_image.cpp), bf16
+// latents 5e-2 / 2e-2, DiT 4e-2 relative, image 8e-2.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -168,9 +168,9 @@ TEST(GoldenImageGpu, Bf16WithinStatedTolerance) {
     const Errors e = run_case(c, DType::kBF16);
     print(c, "bf16", e);
     EXPECT_LT(e.noise, 2e-6) << c;  // drawn on the host: the same as on the CPU
-    EXPECT_LT(e.image_latents, 1e-1) << c;
-    EXPECT_LT(e.init_latents, 1e-1) << c;
-    EXPECT_LT(e.dit_rel, 5e-2) << c;
+    EXPECT_LT(e.image_latents, 5e-2) << c;
+    EXPECT_LT(e.init_latents, 2e-2) << c;
+    EXPECT_LT(e.dit_rel, 4e-2) << c;
     EXPECT_LT(e.image, 8e-2) << c;
   }
 }
