@@ -175,6 +175,10 @@ void register_serve_command(CLI::App& app) {
   cmd->add_option("--max-body", a->serve.max_body_bytes,
                   "Largest request body in bytes; larger get 413 (default 1 MiB)")
       ->check(CLI::Range(1024, 1 << 30));
+  cmd->add_option("--max-image-body", a->serve.max_image_body_bytes,
+                  "Largest body of /v1/images/edits and /sdapi/v1/img2img (an image and a mask) "
+                  "in bytes (default 32 MiB)")
+      ->check(CLI::Range(1024, 1 << 30));
   cmd->add_option("--http-threads", a->serve.http_threads,
                   "Connections served at once (default 64)")
       ->check(CLI::Range(4, 4096));

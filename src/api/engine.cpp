@@ -28,6 +28,8 @@ const char* phase_name(Phase p) {
       return "denoise";
     case Phase::kVae:
       return "vae";
+    case Phase::kVaeEncode:
+      return "vae_encode";
   }
   return "unknown";
 }

@@ -104,6 +104,19 @@ Result<std::unique_ptr<TextToImage>> TextToImage::load(const std::string& model_
   return pipeline;
 }
 
+Result<std::unique_ptr<VaeEncoder>> load_vae_encoder(const std::string& model_dir, Backend& be) {
+  const auto start = std::chrono::steady_clock::now();
+  auto folder = ModelFolder::open(model_dir);
+  if (!folder.ok()) return folder.status().with_context("loading vae encoder");
+  auto ws = folder->open_weights("vae");
+  if (!ws.ok()) return ws.status().with_context("loading vae encoder");
+  ZI_ASSIGN_OR_RETURN(std::unique_ptr<VaeEncoder> enc, VaeEncoder::load(folder->vae(), *ws, be));
+  if (Status s = be.finish_uploads(); !s.ok()) return s.with_context("loading vae encoder");
+  ZI_INFO("loaded the vae encoder in %.2f s",
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  return enc;
+}
+
 std::vector<Status> TextToImage::check_folder(const std::string& model_dir) {
   auto folder = ModelFolder::open(model_dir);
   if (!folder.ok()) return {folder.status()};
