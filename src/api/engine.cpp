@@ -2,6 +2,7 @@
 // serves generate() calls one at a time. The only place where public options become engine
 // internals, so the public header stays free of src/ types.
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <mutex>
@@ -99,7 +100,18 @@ Result<std::unique_ptr<Engine>> Engine::load_impl(const EngineOptions& options) 
   auto impl = std::make_unique<Impl>();
   impl->options = options;
   ZI_ASSIGN_OR_RETURN(impl->backend, make_backend(options, impl->precision));
-  ZI_ASSIGN_OR_RETURN(impl->pipeline, TextToImage::load(options.model_dir, *impl->backend));
+  for (size_t i = 0; i < options.loras.size(); ++i) {
+    if (options.loras[i].path.empty())
+      return InvalidArgument("loras[" + std::to_string(i) + "]: no LoRA file given");
+    if (!std::isfinite(options.loras[i].scale))
+      return InvalidArgument("loras[" + std::to_string(i) + "]: scale of " + options.loras[i].path +
+                             " is not a finite number");
+  }
+  TextToImageLoadOptions load_options;
+  load_options.loras = options.loras;
+  load_options.lora_lenient = options.lora_lenient;
+  ZI_ASSIGN_OR_RETURN(impl->pipeline,
+                      TextToImage::load(options.model_dir, *impl->backend, load_options));
   if (impl->precision == "fp8") {
     Status st = impl->pipeline->use_fp8_ffn();
     if (!st.ok()) return st.with_context("precision fp8");

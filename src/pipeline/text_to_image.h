@@ -72,12 +72,21 @@ struct TextToImageOutput {
   PhaseTimings timings;
 };
 
+// What TextToImage::load applies on top of the folder's weights.
+struct TextToImageLoadOptions {
+  std::vector<LoraSpec> loras;  // merged into the transformer at load (model/lora_merge.h)
+  bool lora_lenient = false;    // LoRA keys that match no weight: warn instead of fail
+};
+
 class TextToImage {
  public:
   // Opens the diffusers folder `model_dir` and loads the tokenizer, text encoder, transformer,
   // VAE decoder and scheduler config onto `be`, which must outlive the pipeline. Errors name the
   // component ("loading transformer: ...").
   static Result<std::unique_ptr<TextToImage>> load(const std::string& model_dir, Backend& be);
+  // The same, with LoRAs merged into the transformer's weights as they are read.
+  static Result<std::unique_ptr<TextToImage>> load(const std::string& model_dir, Backend& be,
+                                                   const TextToImageLoadOptions& options);
   // Every check load() makes on `model_dir` (configs, tokenizer parsed, each model's tensors
   // present with the right shape and a float dtype, no unexpected tensors, the components
   // consistent) without uploading a weight: the loaders bind against the check-only backend.

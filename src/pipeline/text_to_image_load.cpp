@@ -11,6 +11,7 @@
 #include "backend/check/check_backend.h"
 #include "core/log.h"
 #include "io/model_folder.h"
+#include "model/lora_merge.h"
 #include "pipeline/text_to_image.h"
 
 namespace zimage {
@@ -22,7 +23,7 @@ constexpr const char* kParts[] = {"tokenizer", "text_encoder", "transformer", "v
 
 // Loads one component of `folder` onto `be` into `parts`; errors carry "loading <part>: ".
 Status load_part(const ModelFolder& folder, const std::string& part, Backend& be,
-                 TextToImageComponents& parts) {
+                 TextToImageComponents& parts, const TextToImageLoadOptions& options = {}) {
   const std::string what = "loading " + part;
   if (part == "tokenizer") {
     auto tok = Tokenizer::load(folder.tokenizer_dir());
@@ -38,6 +39,10 @@ Status load_part(const ModelFolder& folder, const std::string& part, Backend& be
     if (!te.ok()) return te.status();
     parts.text_encoder = std::move(te).value();
   } else if (part == "transformer") {
+    if (!options.loras.empty()) {  // the targeted tensors become W + LoRA, made as they are read
+      Status st = merge_loras(ws.value(), options.loras, options.lora_lenient);
+      if (!st.ok()) return st.with_context(what);
+    }
     auto dit = ZImageDiT::load(folder.transformer(), ws.value(), be);
     if (!dit.ok()) return dit.status();
     parts.transformer = std::move(dit).value();
@@ -52,11 +57,16 @@ Status load_part(const ModelFolder& folder, const std::string& part, Backend& be
 }  // namespace
 
 Result<std::unique_ptr<TextToImage>> TextToImage::load(const std::string& model_dir, Backend& be) {
+  return load(model_dir, be, TextToImageLoadOptions{});
+}
+
+Result<std::unique_ptr<TextToImage>> TextToImage::load(const std::string& model_dir, Backend& be,
+                                                       const TextToImageLoadOptions& options) {
   const auto start = std::chrono::steady_clock::now();
   ZI_ASSIGN_OR_RETURN(ModelFolder folder, ModelFolder::open(model_dir));
   TextToImageComponents parts;
   parts.scheduler = folder.scheduler();
-  for (const char* part : kParts) ZI_TRY(load_part(folder, part, be, parts));
+  for (const char* part : kParts) ZI_TRY(load_part(folder, part, be, parts, options));
   // Uploads may still be in flight (the CUDA backend's DMA is asynchronous): wait for them, so
   // the time below is the real load time, and free the upload staging memory.
   if (Status s = be.finish_uploads(); !s.ok()) return s.with_context("loading " + model_dir);
