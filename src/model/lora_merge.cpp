@@ -3,6 +3,7 @@
 #include "model/lora_merge.h"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <memory>
 #include <thread>
@@ -128,6 +129,32 @@ void log_lora(const LoraFile& lora, const std::vector<Resolved>& applied) {
   for (const std::string& b : order) ZI_INFO("  %s: %s", b.c_str(), lines[b].c_str());
   for (const LoraSkippedKey& k : lora.redundant)
     ZI_INFO("  skipped %s: %s", k.key.c_str(), k.reason.c_str());
+}
+
+// base (any float dtype) + every patch's scale · ΔW at its rows, in float32.
+Result<Tensor> merged(const Tensor& base, const std::vector<Resolved>& patches,
+                      const std::string& name) {
+  Tensor w = Tensor::host(DType::kF32, base.shape());
+  if (!w.defined()) return OutOfMemory("LoRA merge of " + name);
+  if (!convert_to_f32(base.dtype(), base.data(), w.data_as<float>(),
+                      static_cast<size_t>(base.numel())))
+    return Unsupported("LoRA merge of " + name + ": non-float dtype " + dtype_name(base.dtype()));
+  // The CPU ops set their own BLAS thread count before each call; the merge (host work at load,
+  // up to ~2·N·K·r flops per weight) may use every core.
+  cpu::set_blas_threads(static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
+  for (const Resolved& r : patches) {
+    auto delta = lora_delta(*r.patch);  // [rows, cols], scale applied, in its own buffer
+    if (!delta.ok()) return delta.status().with_context("LoRA merge of " + name);
+    float* dst = w.data_as<float>() + r.where.row0 * r.where.cols;
+    const float* src = delta->data_as<float>();
+    for (int64_t i = 0; i < delta->numel(); ++i) dst[i] += src[i];
+  }
+  const float* v = w.data_as<float>();
+  for (int64_t i = 0; i < w.numel(); ++i)
+    if (!std::isfinite(v[i]))
+      return FormatError("LoRA merge of " + name +
+                         " overflows float32 (is a LoRA scale far too large?)");
+  return w;
 }
 
 }  // namespace
@@ -257,28 +284,11 @@ Status merge_loras(WeightStore& ws, const std::vector<LoraSpec>& loras, bool len
       it->second.push_back(std::move(r));
     }
   }
-  const int threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
   for (const std::string& name : tensor_order) {
     std::vector<Resolved> patches = std::move(by_tensor[name]);
-    ZI_TRY(ws.transform(name, DType::kF32,
-                        [patches, name, threads](const Tensor& base) -> Result<Tensor> {
-                          Tensor w = Tensor::host(DType::kF32, base.shape());
-                          if (!w.defined()) return OutOfMemory("LoRA merge of " + name);
-                          if (!convert_to_f32(base.dtype(), base.data(), w.data_as<float>(),
-                                              static_cast<size_t>(base.numel())))
-                            return Unsupported("LoRA merge of " + name + ": non-float dtype " +
-                                               dtype_name(base.dtype()));
-                          cpu::set_blas_threads(threads);
-                          for (const Resolved& r : patches) {
-                            auto delta = lora_delta(*r.patch);  // [rows, cols], scale applied
-                            if (!delta.ok())
-                              return delta.status().with_context("LoRA merge of " + name);
-                            float* dst = w.data_as<float>() + r.where.row0 * r.where.cols;
-                            const float* src = delta->data_as<float>();
-                            for (int64_t i = 0; i < delta->numel(); ++i) dst[i] += src[i];
-                          }
-                          return w;
-                        }));
+    ZI_TRY(ws.transform(name, DType::kF32, [patches, name](const Tensor& base) {
+      return merged(base, patches, name);
+    }));
   }
   return Status::Ok();
 }

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <random>
 #include <string>
@@ -533,6 +534,20 @@ TEST(LoraMerge, ScaleZeroKeepsTheWeights) {
   auto v = d->get("layers.0.attention.to_v.weight", {6, 4});
   ASSERT_TRUE(v.ok());
   EXPECT_EQ(max_diff(as_f64(s.v), *v), 0.0);
+  // A scale that overflows float32 is an error when the weight is made, not an Inf weight.
+  auto fours = [](const Shape& shape) {
+    Tensor t = Tensor::host(DType::kF32, shape);
+    for (int64_t i = 0; i < t.numel(); ++i) t.data_as<float>()[i] = 4.0f;
+    return t;
+  };
+  const std::string huge = write(s.dir, "huge.safetensors",
+                                 {{"layers.0.attention.to_v.lora_A.weight", fours({2, 4})},
+                                  {"layers.0.attention.to_v.lora_B.weight", fours({6, 2})}});
+  auto big = WeightStore::open(s.diffusers);
+  ASSERT_TRUE(big.ok());
+  ASSERT_TRUE(merge_loras(*big, {{huge, 1e38f}}, false).ok());
+  expect_error(big->get("layers.0.attention.to_v.weight").status(),
+               {"layers.0.attention.to_v.weight", "overflows"});
 }
 
 TEST(LoraMerge, UnmatchedKeysFailOrWarnAndShapesMustFit) {
