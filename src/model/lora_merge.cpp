@@ -3,6 +3,7 @@
 #include "model/lora_merge.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <map>
 #include <memory>
@@ -10,6 +11,7 @@
 
 #include "backend/cpu/cpu_gemm.h"
 #include "core/log.h"
+#include "core/thread_pool.h"
 #include "io/json_util.h"
 #include "io/safetensors.h"
 
@@ -131,29 +133,76 @@ void log_lora(const LoraFile& lora, const std::vector<Resolved>& applied) {
     ZI_INFO("  skipped %s: %s", k.key.c_str(), k.reason.c_str());
 }
 
-// base (any float dtype) + every patch's scale · ΔW at its rows, in float32.
-Result<Tensor> merged(const Tensor& base, const std::vector<Resolved>& patches,
-                      const std::string& name) {
-  Tensor w = Tensor::host(DType::kF32, base.shape());
-  if (!w.defined()) return OutOfMemory("LoRA merge of " + name);
-  if (!convert_to_f32(base.dtype(), base.data(), w.data_as<float>(),
-                      static_cast<size_t>(base.numel())))
-    return Unsupported("LoRA merge of " + name + ": non-float dtype " + dtype_name(base.dtype()));
-  // The CPU ops set their own BLAS thread count before each call; the merge (host work at load,
-  // up to ~2·N·K·r flops per weight) may use every core.
-  cpu::set_blas_threads(static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
-  for (const Resolved& r : patches) {
-    auto delta = lora_delta(*r.patch);  // [rows, cols], scale applied, in its own buffer
-    if (!delta.ok()) return delta.status().with_context("LoRA merge of " + name);
-    float* dst = w.data_as<float>() + r.where.row0 * r.where.cols;
-    const float* src = delta->data_as<float>();
-    for (int64_t i = 0; i < delta->numel(); ++i) dst[i] += src[i];
+// dst[0, n) += src[0, n) on the pool; false when a sum is not finite (a scale far too large).
+bool add_into(float* dst, const float* src, int64_t n, ThreadPool& pool) {
+  std::atomic<bool> finite{true};
+  pool.parallel_for(n, int64_t{1} << 16, [&](int64_t b, int64_t e) {
+    bool ok = true;
+    for (int64_t i = b; i < e; ++i) {
+      dst[i] += src[i];
+      ok &= std::isfinite(dst[i]);
+    }
+    if (!ok) finite.store(false, std::memory_order_relaxed);
+  });
+  return finite.load();
+}
+
+Status overflow() {
+  return FormatError("the sum overflows float32 (is a LoRA scale far too large?)");
+}
+
+// Adds a low-rank patch's scale · up · down into its rows of w, in blocks of kBlockRows rows
+// counted from the patch's first row: the same products in the same order whichever tensor (and
+// row offset) the patch lands in, and no full-size temporary.
+Status add_low_rank(const LoraPatch& p, float* w_rows, ThreadPool& pool) {
+  constexpr int64_t kBlockRows = 256;
+  ZI_ASSIGN_OR_RETURN(Tensor up, to_f32(p.up));      // [rows, r]
+  ZI_ASSIGN_OR_RETURN(Tensor down, to_f32(p.down));  // [r, cols]
+  const int64_t r = p.rank, cols = p.cols;
+  Tensor block = Tensor::host(DType::kF32, {std::min(kBlockRows, p.rows), cols});
+  if (!block.defined()) return OutOfMemory("LoRA delta block for " + p.target);
+  for (int64_t r0 = 0; r0 < p.rows; r0 += kBlockRows) {
+    const int64_t m = std::min(kBlockRows, p.rows - r0);
+    cpu::sgemm_nn(m, cols, r, p.scale, up.data_as<float>() + r0 * r, r, down.data_as<float>(), cols,
+                  0.0f, block.data_as<float>(), cols);
+    if (!add_into(w_rows + r0 * cols, block.data_as<float>(), m * cols, pool)) return overflow();
   }
-  const float* v = w.data_as<float>();
-  for (int64_t i = 0; i < w.numel(); ++i)
-    if (!std::isfinite(v[i]))
-      return FormatError("LoRA merge of " + name +
-                         " overflows float32 (is a LoRA scale far too large?)");
+  return Status::Ok();
+}
+
+// base (any float dtype) + every patch's scale · ΔW at its rows, in float32. The elementwise
+// passes run on `pool` (a full-size weight has 40M elements), the products in OpenBLAS. A sum
+// that is not finite is an error.
+Result<Tensor> merged(const Tensor& base, const std::vector<Resolved>& patches,
+                      const std::string& name, ThreadPool& pool) {
+  if (!dtype_is_float(base.dtype()))
+    return Unsupported("LoRA merge of " + name + ": non-float dtype " + dtype_name(base.dtype()));
+  // Not zero-filled (Tensor::host is): every element is written by the conversion below, whose
+  // threads also take the first-touch page faults.
+  const int64_t n = base.numel();
+  auto storage = HostStorage::allocate(static_cast<size_t>(n) * sizeof(float));
+  if (!storage) return OutOfMemory("LoRA merge of " + name);
+  Tensor w(std::move(storage), 0, DType::kF32, base.shape());
+  const size_t es = dtype_size(base.dtype());
+  pool.parallel_for(n, int64_t{1} << 16, [&](int64_t b, int64_t e) {
+    convert_to_f32(base.dtype(), static_cast<const char*>(base.data()) + b * es,
+                   w.data_as<float>() + b, static_cast<size_t>(e - b));
+  });
+  // The CPU ops set their own BLAS thread count before each call; the merge may use every core.
+  cpu::set_blas_threads(pool.size());
+  for (const Resolved& r : patches) {
+    float* rows = w.data_as<float>() + r.where.row0 * r.where.cols;
+    Status st;
+    if (r.patch->kind == LoraKind::kLowRank) {
+      st = add_low_rank(*r.patch, rows, pool);
+    } else {
+      auto delta = lora_delta(*r.patch);  // [rows, cols], scale applied
+      st = delta.status();
+      if (delta.ok() && !add_into(rows, delta->data_as<float>(), delta->numel(), pool))
+        st = overflow();
+    }
+    if (!st.ok()) return st.with_context("LoRA merge of " + name);
+  }
   return w;
 }
 
@@ -284,10 +333,13 @@ Status merge_loras(WeightStore& ws, const std::vector<LoraSpec>& loras, bool len
       it->second.push_back(std::move(r));
     }
   }
+  if (tensor_order.empty()) return Status::Ok();
+  // Host threads for the merges, alive as long as the store's merged tensors can be made.
+  auto pool = std::make_shared<ThreadPool>(0);
   for (const std::string& name : tensor_order) {
     std::vector<Resolved> patches = std::move(by_tensor[name]);
-    ZI_TRY(ws.transform(name, DType::kF32, [patches, name](const Tensor& base) {
-      return merged(base, patches, name);
+    ZI_TRY(ws.transform(name, DType::kF32, [patches, name, pool](const Tensor& base) {
+      return merged(base, patches, name, *pool);
     }));
   }
   return Status::Ok();
