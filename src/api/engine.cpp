@@ -110,6 +110,7 @@ Result<std::unique_ptr<Engine>> Engine::load_impl(const EngineOptions& options) 
   TextToImageLoadOptions load_options;
   load_options.loras = options.loras;
   load_options.lora_lenient = options.lora_lenient;
+  load_options.threads = options.threads;
   ZI_ASSIGN_OR_RETURN(impl->pipeline,
                       TextToImage::load(options.model_dir, *impl->backend, load_options));
   if (impl->precision == "fp8") {

@@ -78,7 +78,7 @@ Result<const Part*> need(const Group& g, LoraPart part, const char* what, const 
     return p;
   }
   return FormatError(file + ": LoRA module " + q(module) + " has no " + what + " (it has " +
-                     g.keys.front() + ")");
+                     q(g.keys.front()) + ")");
 }
 
 Status rank_mismatch(const std::string& file, const Part& a, const Part& b) {

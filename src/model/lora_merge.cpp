@@ -291,7 +291,7 @@ Result<Tensor> lora_delta(const LoraPatch& p) {
   return cut;
 }
 
-Status merge_loras(WeightStore& ws, const std::vector<LoraSpec>& loras, bool lenient) {
+Status merge_loras(WeightStore& ws, const std::vector<LoraSpec>& loras, bool lenient, int threads) {
   // store tensor -> its patches, in --lora order
   std::map<std::string, std::vector<Resolved>> by_tensor;
   std::vector<std::string> tensor_order;
@@ -335,7 +335,7 @@ Status merge_loras(WeightStore& ws, const std::vector<LoraSpec>& loras, bool len
   }
   if (tensor_order.empty()) return Status::Ok();
   // Host threads for the merges, alive as long as the store's merged tensors can be made.
-  auto pool = std::make_shared<ThreadPool>(0);
+  auto pool = std::make_shared<ThreadPool>(threads);
   for (const std::string& name : tensor_order) {
     std::vector<Resolved> patches = std::move(by_tensor[name]);
     ZI_TRY(ws.transform(name, DType::kF32, [patches, name, pool](const Tensor& base) {

@@ -28,7 +28,9 @@ namespace zimage {
 // a warning (the rest is applied). A patch whose shape does not fit its target is an error
 // naming the key, its shape and the target's. At log level info (--verbose) each LoRA's format,
 // patch count and targets with ranks are listed.
-Status merge_loras(WeightStore& ws, const std::vector<LoraSpec>& loras, bool lenient);
+// `threads` host threads make the merged tensors (0: every hardware thread).
+Status merge_loras(WeightStore& ws, const std::vector<LoraSpec>& loras, bool lenient,
+                   int threads = 0);
 
 // Where the diffusers-named DiT weight `canonical` lives in `ws`: the store's name and the first
 // row (non-zero for to_k / to_v inside a fused attention.qkv). NotFound when the model has none.

@@ -76,6 +76,7 @@ struct TextToImageOutput {
 struct TextToImageLoadOptions {
   std::vector<LoraSpec> loras;  // merged into the transformer at load (model/lora_merge.h)
   bool lora_lenient = false;    // LoRA keys that match no weight: warn instead of fail
+  int threads = 0;              // host threads for the LoRA merge (0: all)
 };
 
 class TextToImage {

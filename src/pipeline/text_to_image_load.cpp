@@ -40,7 +40,7 @@ Status load_part(const ModelFolder& folder, const std::string& part, Backend& be
     parts.text_encoder = std::move(te).value();
   } else if (part == "transformer") {
     if (!options.loras.empty()) {  // the targeted tensors become W + LoRA, made as they are read
-      Status st = merge_loras(ws.value(), options.loras, options.lora_lenient);
+      Status st = merge_loras(ws.value(), options.loras, options.lora_lenient, options.threads);
       if (!st.ok()) return st.with_context(what);
     }
     auto dit = ZImageDiT::load(folder.transformer(), ws.value(), be);
