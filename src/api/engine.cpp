@@ -100,6 +100,19 @@ Result<std::unique_ptr<Engine>> Engine::load_impl(const EngineOptions& options) 
   auto impl = std::make_unique<Impl>();
   impl->options = options;
   ZI_ASSIGN_OR_RETURN(impl->backend, make_backend(options, impl->precision));
+  PipelineLoadOptions load_options;
+  if (options.weights != "bf16" && options.weights != "fp8")
+    return InvalidArgument("weights: '" + options.weights + "' is not one of bf16, fp8");
+  if (!(options.vram_budget_gib >= 0) || options.vram_budget_gib > 1e6)
+    return InvalidArgument("vram_budget_gib: must be a number of GiB >= 0 (0 = no limit)");
+  if (impl->backend->device() == Device::kCPU && options.vram_budget_gib > 0)
+    return InvalidArgument("vram_budget_gib: a device-memory budget needs a CUDA device");
+  if (options.weights == "fp8" && impl->precision == "fp8")
+    return InvalidArgument("weights fp8 with precision fp8: choose one FP8 mode");
+  load_options.vram_budget =
+      static_cast<uint64_t>(options.vram_budget_gib * 1024.0 * 1024.0 * 1024.0);
+  load_options.fp8_weights = options.weights == "fp8";
+  load_options.plan_width = load_options.plan_height = std::min(options.max_side, 1024);
   for (size_t i = 0; i < options.loras.size(); ++i) {
     if (options.loras[i].path.empty())
       return InvalidArgument("loras[" + std::to_string(i) + "]: no LoRA file given");
@@ -107,10 +120,9 @@ Result<std::unique_ptr<Engine>> Engine::load_impl(const EngineOptions& options) 
       return InvalidArgument("loras[" + std::to_string(i) + "]: scale of " + options.loras[i].path +
                              " is not a finite number");
   }
-  TextToImageLoadOptions load_options;
   load_options.loras = options.loras;
   load_options.lora_lenient = options.lora_lenient;
-  load_options.threads = options.threads;
+  load_options.lora_threads = options.threads;
   ZI_ASSIGN_OR_RETURN(impl->pipeline,
                       TextToImage::load(options.model_dir, *impl->backend, load_options));
   if (impl->precision == "fp8") {
@@ -167,6 +179,8 @@ EngineInfo Engine::info() const {
   i.latent_channels = impl_->pipeline->latent_channels();
   i.max_side = impl_->limits.max_side;
   i.max_batch = impl_->limits.max_batch;
+  i.weights = impl_->options.weights;
+  i.memory_plan = impl_->pipeline->memory_plan().describe();
   return i;
 }
 

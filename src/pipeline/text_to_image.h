@@ -25,10 +25,12 @@
 #include "core/status.h"
 #include "core/tensor.h"
 #include "io/model_config.h"
+#include "io/model_folder.h"
 #include "model/debug.h"
 #include "model/qwen3_encoder.h"
 #include "model/vae.h"
 #include "model/zimage_dit.h"
+#include "pipeline/memory_plan.h"
 #include "pipeline/scheduler.h"
 #include "pipeline/tokenizer.h"
 #include "zimage/zimage.h"
@@ -72,11 +74,18 @@ struct TextToImageOutput {
   PhaseTimings timings;
 };
 
-// What TextToImage::load applies on top of the folder's weights.
-struct TextToImageLoadOptions {
-  std::vector<LoraSpec> loras;  // merged into the transformer at load (model/lora_merge.h)
-  bool lora_lenient = false;    // LoRA keys that match no weight: warn instead of fail
-  int threads = 0;              // host threads for the LoRA merge (0: all)
+// How to hold the model in memory (see pipeline/memory_plan.h).
+struct PipelineLoadOptions {
+  // Device bytes the process may hold (context included): 0 = no limit (everything resident),
+  // else the planner streams what does not fit, and the allocator is capped to it.
+  uint64_t vram_budget = 0;
+  bool fp8_weights = false;  // big linear weights of the DiT and text encoder as FP8 rows
+  // The largest request to plan activations for.
+  int plan_width = 1024, plan_height = 1024, plan_batch = 1;
+  // LoRAs merged into the transformer's weights as they are read (model/lora_merge.h).
+  std::vector<LoraSpec> loras;
+  bool lora_lenient = false;  // LoRA keys that match no weight: warn instead of fail
+  int lora_threads = 0;       // host threads for the merge (0: all)
 };
 
 class TextToImage {
@@ -84,16 +93,20 @@ class TextToImage {
   // Opens the diffusers folder `model_dir` and loads the tokenizer, text encoder, transformer,
   // VAE decoder and scheduler config onto `be`, which must outlive the pipeline. Errors name the
   // component ("loading transformer: ...").
-  static Result<std::unique_ptr<TextToImage>> load(const std::string& model_dir, Backend& be);
-  // The same, with LoRAs merged into the transformer's weights as they are read.
   static Result<std::unique_ptr<TextToImage>> load(const std::string& model_dir, Backend& be,
-                                                   const TextToImageLoadOptions& options);
+                                                   const PipelineLoadOptions& options = {});
   // Every check load() makes on `model_dir` (configs, tokenizer parsed, each model's tensors
   // present with the right shape and a float dtype, no unexpected tensors, the components
   // consistent) without uploading a weight: the loaders bind against the check-only backend.
   // Returns the errors worded as load() words them, the one load() would return first; each
   // component is checked even after another failed. Empty: load() would succeed.
   static std::vector<Status> check_folder(const std::string& model_dir);
+  // The memory planner's input for `configs`: weight bytes per block / layer in `act` (or FP8
+  // rows), activations of the largest planned request, the VAE's parameter count, and `fixed`
+  // device bytes (context and libraries, from the driver).
+  static MemoryPlanInput plan_input(const ZImageConfigs& configs, DType act,
+                                    const PipelineLoadOptions& o, uint64_t vae_params,
+                                    uint64_t fixed);
   // Assembles a pipeline from loaded components (all non-null, consistent with each other).
   static Result<std::unique_ptr<TextToImage>> create(TextToImageComponents parts, Backend& be);
 
@@ -130,6 +143,8 @@ class TextToImage {
   int latent_channels() const;
   int max_image_tokens_side() const;  // DiT RoPE limit on (latent side / patch)
   Backend& backend() const { return be_; }
+  // The memory plan the pipeline was loaded with.
+  const MemoryPlan& memory_plan() const { return plan_; }
 
  private:
   TextToImage(TextToImageComponents parts, Backend& be);
@@ -146,6 +161,7 @@ class TextToImage {
   TextToImageComponents c_;
   Backend& be_;
   std::string model_dir_;
+  MemoryPlan plan_;
   bool device_step_ = true;  // where the weights came from (scanned when an output is not finite)
   std::unique_ptr<Backend> host_;  // a 1-thread CPU backend: dumps of host tensors
 };

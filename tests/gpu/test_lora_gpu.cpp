@@ -50,7 +50,7 @@ TEST(LoraGpu, CasesMatchDiffusersInFp32AndBf16) {
   for (DType act : {DType::kF32, DType::kBF16}) {
     for (const auto& c : cases) {
       const std::string name = c.at("name").get<std::string>();
-      TextToImageLoadOptions opts;
+      PipelineLoadOptions opts;
       for (const auto& l : c.at("loras"))
         opts.loras.push_back(
             {lora_file(l.at("file").get<std::string>()), l.at("scale").get<float>()});

@@ -110,11 +110,12 @@ struct RunOut {
 };
 
 Result<RunOut> run(const std::string& model_dir, const std::vector<LoraSpec>& loras,
-                   bool lenient = false) {
+                   bool lenient = false, bool fp8_weights = false) {
   std::unique_ptr<Backend> be = make_cpu_backend(2);
-  TextToImageLoadOptions opts;
+  PipelineLoadOptions opts;
   opts.loras = loras;
   opts.lora_lenient = lenient;
+  opts.fp8_weights = fp8_weights;
   ZI_ASSIGN_OR_RETURN(auto pipe, TextToImage::load(model_dir, *be, opts));
   Step0Sink sink;
   TextToImageHooks hooks;
@@ -183,6 +184,19 @@ TEST(LoraParityData, ScaleZeroGivesTheBaseImageBitForBit) {
   ASSERT_TRUE(base.ok() && zero.ok());
   EXPECT_TRUE(same_bits(base->image, zero->image));
   EXPECT_TRUE(same_bits(base->dit0, zero->dit0));
+}
+
+// --weights fp8 stores the DiT's linear weights as FP8 rows: made from the merged weights, so the
+// LoRA still shows (the image lands near diffusers' LoRA image, far from the base image).
+TEST(LoraParityData, AppliedUnderFp8Weights) {
+  auto out = run(test::tiny_model_dir(), {{lora_file("peft.safetensors"), 1.0f}}, false, true);
+  ASSERT_TRUE(out.ok()) << out.status().to_string();
+  const double to_lora = test::max_abs_diff(out->image, npy(lora_file("peft.image.npy")));
+  const double to_base = test::max_abs_diff(out->image, npy(lora_file("base.image.npy")));
+  std::printf(
+      "  fp8 weights + peft LoRA: max|diff| to diffusers' LoRA image %.3g, to the base %.3g\n",
+      to_lora, to_base);
+  EXPECT_LT(to_lora, 0.25 * to_base);
 }
 
 TEST(LoraParityData, UnknownKeyFailsOrIsSkippedWhenLenient) {

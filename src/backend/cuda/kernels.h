@@ -52,6 +52,12 @@ cudaError_t launch_sum_squares(KType t, const void* x, int64_t rows, int64_t col
 // goes through amax_scratch (4 bytes of device memory). No host round trip.
 cudaError_t launch_quantize_fp8(KType t, const void* x, int64_t n, void* amax_scratch, float* scale,
                                 void* q, cudaStream_t s);
+// Per-row weights: w[rows, cols] -> q (e4m3) and scale[rows] (s = max|row| / 448, 1 for a zero
+// row), one block per row; and back: out[rows, cols] (type t) = float(q) * scale[row].
+cudaError_t launch_quantize_fp8_rows(KType t, const void* w, int64_t rows, int64_t cols, void* q,
+                                     float* scale, cudaStream_t s);
+cudaError_t launch_dequantize_fp8_rows(KType t, const void* q, const float* scale, int64_t rows,
+                                       int64_t cols, void* out, cudaStream_t s);
 
 // ---- fused prologues (prologue.cu) ----
 // qkv[rows, (hq + 2 hkv) * dh] -> q[rows, hq, dh], k/v[rows, hkv, dh]; q, k RMS-normed with wq/wk
