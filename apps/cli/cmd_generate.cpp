@@ -21,6 +21,7 @@
 
 #include "builtin_model.h"
 #include "commands.h"
+#include "lora_args.h"
 #include "progress.h"
 #include "zimage/zimage.h"
 
@@ -57,6 +58,7 @@ struct GenerateArgs {
   bool verbose = false;
   bool quiet = false;
   bool progress = false;
+  LoraArgs lora;
 };
 
 std::atomic<bool> g_cancel{false};
@@ -171,6 +173,9 @@ void run_generate(const GenerateArgs& a, const CLI::App& cmd) {
   eo.vram_budget_gib = a.vram_budget;
   eo.weights = a.weights;
   eo.threads = a.threads;
+  std::string lora_error;
+  if (!parse_lora_args(a.lora, &eo.loras, &lora_error)) fail(2, lora_error);
+  eo.lora_lenient = a.lora.lenient;
   req.prompts = a.prompts;
   if (cmd.count("--negative-prompt") > 0) req.negative_prompt = a.negative_prompt;
   req.steps = a.steps;
@@ -327,7 +332,9 @@ void register_generate_command(CLI::App& app) {
                   "Write named intermediate tensors as .npy files into this folder");
   cmd->add_option("--dump-filter", args->dump_filter,
                   "Only dump tensors whose name contains this text");
-  cmd->add_flag("--verbose,-v", args->verbose, "Print load information and per-phase times");
+  add_lora_options(cmd, args->lora);
+  cmd->add_flag("--verbose,-v", args->verbose,
+                "Print load information (each LoRA's format and targets) and per-phase times");
   cmd->add_flag("--quiet,-q", args->quiet, "Print nothing but errors");
   cmd->add_flag("--progress", args->progress,
                 "Show the progress bar even when stderr is not a terminal");

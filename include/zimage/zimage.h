@@ -28,6 +28,13 @@ namespace zimage {
 
 inline constexpr const char* kVersion = "0.1.0";
 
+// A LoRA for the transformer: a safetensors file in any common key layout (diffusers/PEFT,
+// ai-toolkit, kohya, ComfyUI fused qkv, LoHa, LoKr; docs/FORMATS.md) and its strength.
+struct LoraSpec {
+  std::string path;
+  float scale = 1.0f;  // finite; 0 leaves the weights as they are
+};
+
 struct EngineOptions {
   std::string model_dir;        // a diffusers Z-Image folder (model_index.json, transformer/, ...)
   std::string device = "auto";  // "cpu", "cuda" (GPU 0), "cuda:N", or "auto" (CUDA if usable)
@@ -50,6 +57,11 @@ struct EngineOptions {
   int64_t max_pixels = int64_t{4096} * 4096;  // width*height*images in one request at most
   int max_batch = 16;                         // prompts x images_per_prompt at most
   size_t max_prompt_bytes = 16384;  // each prompt and the negative prompt, before tokenizing
+  // LoRAs merged into the transformer's weights at load, in this order (they add up).
+  std::vector<LoraSpec> loras;
+  // A LoRA key that matches no transformer weight: a warning (the key is skipped) instead of an
+  // error. Shape mismatches stay errors.
+  bool lora_lenient = false;
 };
 
 // An 8-bit RGB image, rows top to bottom, no padding: rgb.size() == width * height * 3.

@@ -93,6 +93,10 @@ struct PipelineLoadOptions {
   bool fp8_weights = false;  // big linear weights of the DiT and text encoder as FP8 rows
   // The largest request to plan activations for.
   int plan_width = 1024, plan_height = 1024, plan_batch = 1;
+  // LoRAs merged into the transformer's weights as they are read (model/lora_merge.h).
+  std::vector<LoraSpec> loras;
+  bool lora_lenient = false;  // LoRA keys that match no weight: warn instead of fail
+  int lora_threads = 0;       // host threads for the merge (0: all)
 };
 
 class TextToImage {
