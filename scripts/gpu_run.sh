@@ -45,6 +45,7 @@ for f in glob.glob('build/carry/*.xz') + glob.glob('build/carry/lib/*.xz'):
       cp build/carry/zimage "$BIN" && cp build/carry/zimage_gpu_tests "$TESTS" && chmod +x "$BIN" "$TESTS"
       cmake -DSRC="$PWD" -DDST="$PWD/$BUILD_DIR/golden" -P cmake/unpack_goldens.cmake
       cmake -DSRC="$PWD" -DDST="$PWD/$BUILD_DIR/tiny-model" -P cmake/unpack_tiny_model.cmake
+      mkdir -p "$BUILD_DIR/gguf" && tar xzf tests/data/gguf/gguf_cases.tar.gz -C "$BUILD_DIR/gguf"
       ldd "$BIN" | grep -E "not found|cudnn|cublas" ;;
     build)
       { cmake --preset gpu && cmake --build --preset gpu -j "$(nproc)" --target zimage zimage_gpu_tests; } \

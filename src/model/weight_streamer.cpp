@@ -84,6 +84,7 @@ Status WeightStreamer::release(int unit) {
   // The unit that uses this slot next: `slots` later, or in the next pass unit `slot` (units
   // use slot unit % slots, and slots <= units).
   const int next = unit + slots_ < units() ? unit + slots_ : slot;
+  if (next == unit) return Status::Ok();  // no more units than slots: it stays where it is
   return load(slot, next);
 }
 

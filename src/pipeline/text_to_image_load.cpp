@@ -12,6 +12,7 @@
 #include "backend/check/check_backend.h"
 #include "core/log.h"
 #include "io/model_folder.h"
+#include "model/lora_merge.h"
 #include "pipeline/text_to_image.h"
 
 namespace zimage {
@@ -24,13 +25,13 @@ constexpr const char* kParts[] = {"tokenizer", "text_encoder", "transformer", "v
 // Loads one component of `folder` onto `be` into `parts`; errors carry "loading <part>: ".
 Status load_part(const ModelFolder& folder, const std::string& part, Backend& be,
                  TextToImageComponents& parts, const MemoryPlan* plan = nullptr,
-                 bool fp8_weights = false) {
+                 const PipelineLoadOptions& options = {}) {
   WeightPlacement te_place, dit_place;
   if (plan) {
     te_place.streamed = plan->te_streamed;
     dit_place.streamed = plan->dit_streamed;
   }
-  te_place.fp8_weights = dit_place.fp8_weights = fp8_weights;
+  te_place.fp8_weights = dit_place.fp8_weights = options.fp8_weights;
   te_place.first_slot = 2;  // the DiT streams through slots 0-1, the text encoder 2-3
   const std::string what = "loading " + part;
   if (part == "tokenizer") {
@@ -47,6 +48,11 @@ Status load_part(const ModelFolder& folder, const std::string& part, Backend& be
     if (!te.ok()) return te.status();
     parts.text_encoder = std::move(te).value();
   } else if (part == "transformer") {
+    if (!options.loras.empty()) {  // the targeted tensors become W + LoRA, made as they are read
+      Status st =
+          merge_loras(ws.value(), options.loras, options.lora_lenient, options.lora_threads);
+      if (!st.ok()) return st.with_context(what);
+    }
     auto dit = ZImageDiT::load(folder.transformer(), ws.value(), be, dit_place);
     if (!dit.ok()) return dit.status();
     parts.transformer = std::move(dit).value();
@@ -89,8 +95,7 @@ Result<std::unique_ptr<TextToImage>> TextToImage::load(const std::string& model_
                                                             : 1);
   TextToImageComponents parts;
   parts.scheduler = folder.scheduler();
-  for (const char* part : kParts)
-    ZI_TRY(load_part(folder, part, be, parts, &plan, options.fp8_weights));
+  for (const char* part : kParts) ZI_TRY(load_part(folder, part, be, parts, &plan, options));
   // Uploads may still be in flight (the CUDA backend's DMA is asynchronous): wait for them, so
   // the time below is the real load time, and free the upload staging memory.
   if (Status s = be.finish_uploads(); !s.ok()) return s.with_context("loading " + model_dir);
@@ -102,6 +107,19 @@ Result<std::unique_ptr<TextToImage>> TextToImage::load(const std::string& model_
   pipeline->model_dir_ = model_dir;
   pipeline->plan_ = std::move(plan);
   return pipeline;
+}
+
+Result<std::unique_ptr<VaeEncoder>> load_vae_encoder(const std::string& model_dir, Backend& be) {
+  const auto start = std::chrono::steady_clock::now();
+  auto folder = ModelFolder::open(model_dir);
+  if (!folder.ok()) return folder.status().with_context("loading vae encoder");
+  auto ws = folder->open_weights("vae");
+  if (!ws.ok()) return ws.status().with_context("loading vae encoder");
+  ZI_ASSIGN_OR_RETURN(std::unique_ptr<VaeEncoder> enc, VaeEncoder::load(folder->vae(), *ws, be));
+  if (Status s = be.finish_uploads(); !s.ok()) return s.with_context("loading vae encoder");
+  ZI_INFO("loaded the vae encoder in %.2f s",
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  return enc;
 }
 
 std::vector<Status> TextToImage::check_folder(const std::string& model_dir) {

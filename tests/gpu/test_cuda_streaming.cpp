@@ -123,7 +123,11 @@ TEST(CudaStreaming, StreamedDitAndTextEncoderEqualResident) {
           ASSERT_TRUE(streamed.ok()) << streamed.status().to_string();
           const uint64_t h2d0 = g->streamed_bytes();
           const auto got = run(**streamed);
-          EXPECT_EQ(g->streamed_bytes() - h2d0, 2 * (*streamed)->streamed_bytes_per_forward());
+          // At least one full pass was copied; at most two and the next pass's prefetch.
+          const uint64_t moved = g->streamed_bytes() - h2d0;
+          const uint64_t pass = (*streamed)->streamed_bytes_per_forward();
+          EXPECT_GE(moved, pass);
+          EXPECT_LE(moved, 2 * pass + (*streamed)->streaming_slot_bytes());
           for (size_t k = 0; k < ref.size(); ++k) {
             const double d = max_diff(got[k], ref[k]);
             std::printf("  %s %s%s streamed DiT vs resident max|diff| %.3g\n", name,
