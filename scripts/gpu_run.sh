@@ -46,12 +46,13 @@ for f in glob.glob('build/carry/*.xz') + glob.glob('build/carry/lib/*.xz'):
       cmake -DSRC="$PWD" -DDST="$PWD/$BUILD_DIR/golden" -P cmake/unpack_goldens.cmake
       cmake -DSRC="$PWD" -DDST="$PWD/$BUILD_DIR/tiny-model" -P cmake/unpack_tiny_model.cmake
       mkdir -p "$BUILD_DIR/gguf" && tar xzf tests/data/gguf/gguf_cases.tar.gz -C "$BUILD_DIR/gguf"
+      mkdir -p "$BUILD_DIR/lora" && tar xzf tests/data/lora/lora_cases.tar.gz -C "$BUILD_DIR/lora"
       ldd "$BIN" | grep -E "not found|cudnn|cublas" ;;
     build)
       { cmake --preset gpu && cmake --build --preset gpu -j "$(nproc)" --target zimage zimage_gpu_tests; } \
         > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; rc=1; break; } ;;
     test)
-      "$TESTS" --gtest_brief=1 2>&1 | tee "$OUT/gpu_tests.log" | grep -vE '^\[ +(OK|RUN) ' | tail -60
+      "$TESTS" --gtest_brief=${GTEST_BRIEF:-1} ${GTEST_FILTER:+--gtest_filter=$GTEST_FILTER} 2>&1 | tee "$OUT/gpu_tests.log" | grep -vE '^\[ +(OK|RUN) ' | tail -60
       [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1 ;;
     model)
       [ -f "$ZR/model_index.json" ] || "$BIN" make-random-model --out "$ZR" 2>&1 | tail -3 ;;
