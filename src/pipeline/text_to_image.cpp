@@ -386,8 +386,10 @@ Status TextToImage::nonfinite_error(const std::string& what, int64_t bad, int64_
   const std::string counted = what + " holds " + std::to_string(bad) + " NaN/Inf value(s) of " +
                               std::to_string(total) + " (the image would be black)";
   const auto diagnose = [&](const std::string& c) {
-    return model_dir_.empty() ? std::string("no model folder to check the ") + c + " weights"
-                              : diagnose_weights(model_dir_, c);
+    if (paths_.model_dir.empty() && paths_.transformer_file.empty() &&
+        paths_.text_encoder_file.empty() && paths_.vae_file.empty())
+      return std::string("no model folder to check the ") + c + " weights";
+    return diagnose_weights(paths_, c);
   };
   if (embeds != nullptr) {  // NaN in the prompt features makes every DiT output NaN
     for (const Tensor& e : *embeds) {

@@ -25,6 +25,7 @@
 #include "core/status.h"
 #include "core/tensor.h"
 #include "io/model_config.h"
+#include "io/model_source.h"
 #include "model/debug.h"
 #include "model/qwen3_encoder.h"
 #include "model/vae.h"
@@ -84,6 +85,13 @@ class TextToImage {
   // Returns the errors worded as load() words them, the one load() would return first; each
   // component is checked even after another failed. Empty: load() would succeed.
   static std::vector<Status> check_folder(const std::string& model_dir);
+  // The same two for a model folder and/or single files (io/model_source.h): `--dit`,
+  // `--text-encoder`, `--vae` replace components of the folder, or stand alone with a tokenizer.
+  static Result<std::unique_ptr<TextToImage>> load(const ModelPaths& paths, Backend& be);
+  static std::vector<Status> check(const ModelPaths& paths);
+  // `zimage info FILE`: for each component a single file holds (io/single_file.h), its config
+  // inferred and its loader bound on the check-only backend. Errors as load() would word them.
+  static std::vector<Status> check_file(const std::string& path);
   // Assembles a pipeline from loaded components (all non-null, consistent with each other).
   static Result<std::unique_ptr<TextToImage>> create(TextToImageComponents parts, Backend& be);
 
@@ -135,8 +143,8 @@ class TextToImage {
 
   TextToImageComponents c_;
   Backend& be_;
-  std::string model_dir_;
-  bool device_step_ = true;  // where the weights came from (scanned when an output is not finite)
+  ModelPaths paths_;  // where the weights came from (scanned when an output is not finite)
+  bool device_step_ = true;
   std::unique_ptr<Backend> host_;  // a 1-thread CPU backend: dumps of host tensors
 };
 
