@@ -29,12 +29,9 @@ struct Variant {
 };
 
 const Variant kVariants[] = {
-    {"dit_bf16", "te_bf16", "vae_ldm", "bf16"},
-    {"all_in_one", "all_in_one", "all_in_one", "bf16"},
-    {"dit_fp8_e4m3", "", "", "fp8_e4m3"},
-    {"dit_scaled_legacy", "", "", "scaled_tensor"},
-    {"dit_scaled", "", "", "scaled_tensor"},
-    {"dit_scaled_rows", "", "", "scaled_rows"},
+    {"dit_bf16", "te_bf16", "vae_ldm", "bf16"}, {"all_in_one", "all_in_one", "all_in_one", "bf16"},
+    {"dit_fp8_e4m3", "", "", "fp8_e4m3"},       {"dit_scaled_legacy", "", "", "scaled_tensor"},
+    {"dit_scaled", "", "", "scaled_tensor"},    {"dit_scaled_rows", "", "", "scaled_rows"},
     {"", "te_fp8_mixed", "", "te_fp8_mixed"},
 };
 

@@ -349,6 +349,40 @@ TEST_F(SingleFiles, MismatchedOrWrongFilesAreNamed) {
       << r.status().message();
 }
 
+// The library takes the same through EngineOptions (the CLI fills them from its flags).
+TEST_F(SingleFiles, EngineOptionsTakeSingleFiles) {
+  EngineOptions o;
+  o.dit_file = file("dit_bf16");
+  o.text_encoder_file = file("te_bf16");
+  o.vae_file = file("vae_ldm");
+  o.device = "cpu";
+  o.threads = 2;
+  auto bad = Engine::load(o);  // no folder and no tokenizer
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), ErrorCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("tokenizer_dir"), std::string::npos);
+  o.tokenizer_dir = model_dir() + "/tokenizer";
+  auto engine = Engine::load(o);
+  ASSERT_TRUE(engine.ok()) << engine.status().to_string();
+  auto got = (*engine)->generate(case_request());
+  ASSERT_TRUE(got.ok()) << got.status().to_string();
+  ModelPaths alone;
+  alone.transformer_file = o.dit_file;
+  alone.text_encoder_file = o.text_encoder_file;
+  alone.vae_file = o.vae_file;
+  alone.tokenizer_dir = o.tokenizer_dir;
+  auto want = run(alone);
+  ASSERT_TRUE(want.ok());
+  EXPECT_EQ(got->images[0].rgb, want->images[0].rgb);
+  o = EngineOptions{};
+  o.dit_file = file("dit_bf16");
+  o.device = "cpu";
+  bad = Engine::load(o);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), ErrorCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("model_dir: no model folder given"), std::string::npos);
+}
+
 test::ProgramRun zimage(std::vector<std::string> args) {
   test::ProgramSpec spec;
   spec.exe = ZIMAGE_CLI_PATH;
