@@ -148,10 +148,18 @@ const Fp8Summary& ModelSource::fp8(Component c) const {
 }
 
 Result<WeightStore> ModelSource::open_weights(Component c) const {
-  const Part& p = part(c);
-  if (p.file.empty()) return WeightStore::open(folder_dir_ + "/" + component_name(c));
-  ZI_ASSIGN_OR_RETURN(ComponentWeights cw, open_component_file(p.file, c));
+  ZI_ASSIGN_OR_RETURN(ComponentWeights cw, open_component(c));
   return std::move(cw.store);
+}
+
+Result<ComponentWeights> ModelSource::open_component(Component c) const {
+  const Part& p = part(c);
+  if (!p.file.empty()) return open_component_file(p.file, c);
+  ZI_ASSIGN_OR_RETURN(WeightStore ws, WeightStore::open(folder_dir_ + "/" + component_name(c)));
+  ComponentWeights cw;
+  cw.store = std::move(ws);
+  cw.fp8_index = std::make_shared<ScaledFp8Index>();
+  return cw;
 }
 
 Result<WeightStore> ModelSource::open_weights(const std::string& component) const {

@@ -55,6 +55,10 @@ class ModelSource {
   Result<WeightStore> open_weights(Component c) const;
   // As above by name ("transformer", "text_encoder", "vae"); InvalidArgument otherwise.
   Result<WeightStore> open_weights(const std::string& component) const;
+  // The store with what stands behind it: for a file component its prefix, FP8 summary and the
+  // FP8 bytes + scales of every dequantised weight (ScaledFp8Index), for a per-layer FP8 weight
+  // path; for a folder component an empty index.
+  Result<ComponentWeights> open_component(Component c) const;
 
  private:
   struct Part {

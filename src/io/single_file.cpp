@@ -130,7 +130,9 @@ Result<ComponentWeights> open_component_file(const std::string& path, Component 
     if (other) ZI_TRY(ws.remove(n));
   }
   ZI_TRY(ws.strip_prefix(mine.prefix));
-  ComponentWeights out{std::move(ws), mine.prefix, {}, nullptr};
+  ComponentWeights out;
+  out.store = std::move(ws);
+  out.prefix = mine.prefix;
   auto index = std::make_shared<ScaledFp8Index>();
   ZI_ASSIGN_OR_RETURN(out.fp8, apply_scaled_fp8(out.store, file, mine.prefix, index.get()));
   out.fp8_index = std::move(index);

@@ -230,7 +230,16 @@ TEST_F(SingleFiles, AllInOneComponentsEqualTheSplitFiles) {
 
 // The FP8 bytes behind each dequantised weight stay reachable for an FP8 weight path.
 TEST_F(SingleFiles, ScaledWeightsKeepTheirFp8Bytes) {
-  auto cw = open_component_file(file("dit_scaled"), Component::kTransformer);
+  ModelPaths paths;
+  paths.model_dir = model_dir();
+  paths.transformer_file = file("dit_scaled");
+  auto src = ModelSource::open(paths);
+  ASSERT_TRUE(src.ok()) << src.status().to_string();
+  auto folder_te = src->open_component(Component::kTextEncoder);
+  ASSERT_TRUE(folder_te.ok());
+  EXPECT_TRUE(folder_te->fp8_index->names().empty());
+  EXPECT_FALSE(folder_te->fp8.any());
+  auto cw = src->open_component(Component::kTransformer);
   ASSERT_TRUE(cw.ok()) << cw.status().to_string();
   EXPECT_EQ(cw->fp8.format, "comfy quant");
   EXPECT_EQ(cw->fp8.input_scales, 2);
