@@ -14,9 +14,10 @@
 // The weight is `<layer>.weight` in F8_E4M3 or F8_E5M2; the scale is the dequantisation
 // multiplier, one per tensor ([], [1]) or one per output row ([N], [N, 1]):
 //   W[n, k] = float32(q[n, k]) * scale[n or 0]      (one float32 multiply)
-// which is what ComfyUI's CUDA dequantisation computes before casting to the compute dtype (on
-// a bf16 backend the upload rounds W to bf16 once). The input scale only serves an FP8 GEMM with
-// static activation scales; it is validated and recorded, not used.
+// On a bf16 backend the upload rounds W to bf16 once. ComfyUI multiplies in the compute dtype
+// (q.to(bf16) * scale), which can differ from this by one bf16 rounding; the float32 product is
+// the exact value both approximate. The input scale only serves an FP8 GEMM with static
+// activation scales; it is validated and recorded, not used.
 //
 // First version: apply_scaled_fp8() replaces each scaled weight in the store by its dequantised
 // float32 value, made on demand (io/weights.h computed tensors: one tensor at a time, at load),
