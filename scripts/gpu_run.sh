@@ -45,6 +45,7 @@ for f in glob.glob('build/carry/*.xz') + glob.glob('build/carry/lib/*.xz'):
       cp build/carry/zimage "$BIN" && cp build/carry/zimage_gpu_tests "$TESTS" && chmod +x "$BIN" "$TESTS"
       cmake -DSRC="$PWD" -DDST="$PWD/$BUILD_DIR/golden" -P cmake/unpack_goldens.cmake
       cmake -DSRC="$PWD" -DDST="$PWD/$BUILD_DIR/tiny-model" -P cmake/unpack_tiny_model.cmake
+      mkdir -p "$BUILD_DIR/gguf" && tar xzf tests/data/gguf/gguf_cases.tar.gz -C "$BUILD_DIR/gguf"
       ldd "$BIN" | grep -E "not found|cudnn|cublas" ;;
     build)
       { cmake --preset gpu && cmake --build --preset gpu -j "$(nproc)" --target zimage zimage_gpu_tests; } \
@@ -97,6 +98,37 @@ for f in glob.glob('build/carry/*.xz') + glob.glob('build/carry/lib/*.xz'):
       done
       python3 tools/compare_images.py "$OUT/serve_img" batching-on batching-off \
         | tee "$OUT/serve_diff.txt" || rc=1 ;;
+    budget)
+      # The memory planner's table: whole 1024² images under device-memory budgets (bf16 and fp8
+      # weights), with the driver-side peak and the bytes streamed per image.
+      "$BIN" bench --model "$ZR" --vram-budget ${BUDGETS:-0 24 16 12 8 4} --iters 3 \
+        --json "$OUT/budget_bf16.json" 2>&1 | tee "$OUT/budget_bf16.md" | grep -v "^bench:" || rc=1
+      "$BIN" bench --model "$ZR" --weights fp8 --vram-budget ${BUDGETS8:-0 12 8 4} --iters 3 \
+        --json "$OUT/budget_fp8.json" 2>&1 | tee "$OUT/budget_fp8.md" | grep -v "^bench:" || rc=1 ;;
+    weights8)
+      # --weights fp8 against bf16 on the same seed: DiT output (step 0) cosine, image PSNR.
+      rm -rf /tmp/zdumpw8
+      "$BIN" generate --model "$ZR" --device cuda --weights fp8 --prompt "$PROMPT" --seed 42 \
+        --width 1024 --height 1024 --steps 8 --guidance 0 --dump /tmp/zdumpw8 \
+        --dump-filter dit_out.step0 --output "$OUT/zimage_1024_w8.png" --verbose 2>&1 | tail -8 || rc=1
+      python3 -c "
+import json, numpy as np, zlib, struct
+def png(p):
+    import subprocess
+    from PIL import Image
+    return np.asarray(Image.open(p).convert('RGB')).astype(np.float64)
+a = np.load('/tmp/zdump/dit_out.step0.npy').ravel().astype(np.float64)
+b = np.load('/tmp/zdumpw8/dit_out.step0.npy').ravel().astype(np.float64)
+cos = float(a @ b / np.sqrt((a @ a) * (b @ b)))
+x, y = png('$OUT/zimage_1024.png'), png('$OUT/zimage_1024_w8.png')
+mse = float(((x - y) ** 2).mean())
+r = {'dit_cosine_fp8_weights_vs_bf16': cos, 'image_psnr_db': 10 * np.log10(255 ** 2 / max(mse, 1e-12)),
+     'image_max_abs': float(abs(x - y).max())}
+print(r); json.dump(r, open('$OUT/weights_fp8_quality.json', 'w'))" || rc=1 ;;
+    offload)
+      python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+      PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 python3 tools/diffusers_offload.py --model "$ZR" \
+        --json "$OUT/diffusers_offload.json" ${OFFLOAD_ARGS:-} 2>&1 | grep -v Warning | tail -8 || rc=1 ;;
     *) echo "unknown stage $stage"; rc=2 ;;
   esac
   echo "== stage $stage: $(( $(date +%s) - t0 )) s"

@@ -10,6 +10,7 @@
 // folder is written once (zimage make-random-model) into --random-dir and reused, so the load
 // path is the real one.
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -17,6 +18,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "backend/backend.h"
@@ -192,8 +194,60 @@ Result<Loaded> load_all(const std::string& dir, const std::string& device, DType
   return L;
 }
 
+// Samples the driver's view of device memory (total - free) every millisecond on its own thread:
+// the peak of a run as the driver sees it, the CUDA context and library memory included.
+class DriverPeak {
+ public:
+  explicit DriverPeak(Backend& be) : be_(be), thread_([this] { loop(); }) {}
+  ~DriverPeak() {
+    stop_ = true;
+    thread_.join();
+  }
+  uint64_t peak() const { return peak_.load(); }
+  void reset() { peak_ = 0; }
+
+ private:
+  void loop() {
+    if (!be_.bind_thread().ok()) return;
+    while (!stop_) {
+      auto m = be_.device_memory();
+      if (m.ok()) {
+        const uint64_t used = m->first - m->second;
+        uint64_t p = peak_.load();
+        while (used > p && !peak_.compare_exchange_weak(p, used)) {
+        }
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+  Backend& be_;
+  std::atomic<bool> stop_{false};
+  std::atomic<uint64_t> peak_{0};
+  std::thread thread_;
+};
+
+// Host -> device rate from pinned memory (GB/s): what bounds streamed weights.
+double link_rate_gbs(Backend& be) {
+  constexpr int64_t kBytes = int64_t{1} << 30;
+  auto host = be.alloc_pinned(DType::kU8, {kBytes});
+  auto dev = be.alloc(DType::kU8, {kBytes});
+  if (!host.ok() || !dev.ok()) return 0;
+  check(be.stream_in(0, {{*host, *dev}}));  // warm
+  check(be.wait_slot(0));
+  check(be.synchronize());
+  const double t0 = now_s();
+  for (int i = 0; i < 3; ++i) {
+    check(be.stream_in(0, {{*host, *dev}}));
+    check(be.wait_slot(0));
+  }
+  check(be.synchronize());
+  return 3.0 * static_cast<double>(kBytes) / (now_s() - t0) / 1e9;
+}
+
 struct Options {
   std::string model;
+  std::vector<double> budgets;  // --vram-budget rows (GiB; 0 = no limit)
+  std::string weights = "bf16";
   bool random_weights = false;
   std::string random_dir = "/tmp/zimage-random-turbo";
   std::string device = "cuda";
@@ -211,6 +265,79 @@ std::string fmt_ms(double ms) {
   char b[32];
   std::snprintf(b, sizeof b, ms >= 100 ? "%.0f ms" : "%.1f ms", ms);
   return b;
+}
+
+// `zimage bench --vram-budget A B ...`: per budget a fresh pipeline loaded under it (the memory
+// planner decides what streams), one whole 1024² image first, then the median of --iters; the
+// driver-side peak, the bytes streamed host -> device per image and the plan. The link rate
+// gives each row's physical bound: streamed bytes / rate.
+void run_budget_rows(const Options& o, const std::string& dir, json& R) {
+  const int res = o.sizes.front();
+  json rows = json::array();
+  double rate = 0;
+  std::printf(
+      "| budget | weights | plan | s / image | first image s | driver peak GiB | "
+      "H2D GB / image | link bound s |\n| --- | --- | --- | --- | --- | --- | --- | --- |\n");
+  for (double budget : o.budgets) {
+    auto be = make_backend(o.device, DType::kBF16, o.threads);
+    if (!be.ok()) fail(be.status());
+    if (rate == 0) rate = link_rate_gbs(**be);
+    check((*be)->synchronize());
+    PipelineLoadOptions lo;
+    lo.vram_budget = static_cast<uint64_t>(budget * 1024.0 * 1024.0 * 1024.0);
+    lo.fp8_weights = o.weights == "fp8";
+    lo.plan_width = lo.plan_height = res;
+    json row = {{"budget_gib", budget}, {"weights", o.weights}};
+    DriverPeak peak(**be);
+    const double t0 = now_s();
+    auto pipe = TextToImage::load(dir, **be, lo);
+    if (!pipe.ok()) {
+      row["error"] = pipe.status().to_string();
+      std::printf("| %.0f GiB | %s | %s | | | | | |\n", budget, o.weights.c_str(),
+                  pipe.status().to_string().c_str());
+      rows.push_back(row);
+      continue;
+    }
+    row["load_s"] = now_s() - t0;
+    row["plan"] = (*pipe)->memory_plan().describe();
+    GenerateRequest req;
+    req.prompts = {kPrompt};
+    req.width = req.height = res;
+    req.steps = o.steps;
+    req.seed = 42;
+    const double f0 = now_s();
+    auto first = (*pipe)->run(req, {});
+    if (!first.ok()) fail(first.status());
+    row["first_image_s"] = now_s() - f0;
+    const uint64_t h2d0 = (*be)->streamed_bytes();
+    Stats s = timed(**be, 0, std::max(2, o.iters), [&]() -> Status {
+      auto r = (*pipe)->run(req, {});
+      return r.ok() ? Status::Ok() : r.status();
+    });
+    const double h2d_gb =
+        static_cast<double>((*be)->streamed_bytes() - h2d0) / std::max(2, o.iters) / 1e9;
+    row["image_s"] = s.median_ms / 1e3;
+    row["image_s_min"] = s.min_ms / 1e3;
+    row["driver_peak_gib"] = static_cast<double>(peak.peak()) / (1024.0 * 1024 * 1024);
+    row["h2d_gb_per_image"] = h2d_gb;
+    row["link_gbs"] = rate;
+    row["link_bound_s"] = rate > 0 ? h2d_gb / rate : 0;
+    const MemoryPlan& plan = (*pipe)->memory_plan();
+    char pl[96];
+    std::snprintf(pl, sizeof pl, "DiT %d/%zu, TE %d/%zu resident", plan.dit_resident_blocks(),
+                  plan.dit_streamed.size(), plan.te_resident_layers(), plan.te_streamed.size());
+    std::printf("| %s | %s | %s | %.3f | %.2f | %.2f | %.1f | %.3f |\n",
+                budget > 0 ? (std::to_string(static_cast<int>(budget)) + " GiB").c_str() : "none",
+                o.weights.c_str(), pl, s.median_ms / 1e3, row["first_image_s"].get<double>(),
+                row["driver_peak_gib"].get<double>(), h2d_gb, rate > 0 ? h2d_gb / rate : 0);
+    std::fflush(stdout);
+    rows.push_back(row);
+  }
+  R["budget_rows"] = rows;
+  R["link_gbs"] = rate;
+  if (!o.json_path.empty()) {
+    check(write_output_file(o.json_path, R.dump(2) + "\n"));
+  }
 }
 
 void run_bench(const Options& o) {
@@ -236,6 +363,10 @@ void run_bench(const Options& o) {
   }
   if (dir.empty()) fail(InvalidArgument("give --model DIR or --random-weights"));
   R["model"] = o.random_weights ? "random weights, full Z-Image-Turbo architecture" : dir;
+  if (!o.budgets.empty()) {
+    run_budget_rows(o, dir, R);
+    return;
+  }
 
   const double mem0 = gpu_used_gib();
   auto loaded = load_all(dir, o.device, DType::kBF16, o.threads);
@@ -566,6 +697,12 @@ void register_bench_command(CLI::App& app) {
                 "Also print GPU time per op (name and shapes) for one DiT forward, one VAE decode "
                 "and one text encoding");
   cmd->add_option("--json", o->json_path, "Write all figures as JSON to this file");
+  cmd->add_option("--vram-budget", o->budgets,
+                  "Whole-image rows under these device-memory budgets (GiB, context included; "
+                  "0 = no limit), each with a fresh pipeline and its memory plan")
+      ->check(CLI::Range(0.0, 1e6));
+  cmd->add_option("--weights", o->weights, "bf16 or fp8 weights for the --vram-budget rows")
+      ->check(CLI::IsMember({"bf16", "fp8"}));
   cmd->callback([o] { run_bench(*o); });
 }
 

@@ -47,6 +47,8 @@ struct GenerateArgs {
   int max_sequence_length = 512;
   std::string device = "auto";
   std::string precision = "auto";
+  double vram_budget = 0;
+  std::string weights = "bf16";
   int threads = 0;
   std::string output = "zimage.png";
   std::string dump_dir;
@@ -136,6 +138,8 @@ void run_generate(const GenerateArgs& a, const CLI::App& cmd) {
                 "for a random seed)");
   eo.device = a.device;
   eo.precision = a.precision;
+  eo.vram_budget_gib = a.vram_budget;
+  eo.weights = a.weights;
   eo.threads = a.threads;
   req.prompts = a.prompts;
   if (cmd.count("--negative-prompt") > 0) req.negative_prompt = a.negative_prompt;
@@ -242,6 +246,15 @@ void register_generate_command(CLI::App& app) {
   cmd->add_option("--max-sequence-length", args->max_sequence_length,
                   "Prompt tokens kept, chat template included (default 512)");
   cmd->add_option("--device,-d", args->device, "cpu, cuda, cuda:N or auto (default auto)");
+  cmd->add_option("--vram-budget", args->vram_budget,
+                  "GPU memory the process may use, in GiB, CUDA context included (default 0 = "
+                  "no limit); what does not fit streams from host memory (--verbose shows the "
+                  "plan)")
+      ->check(CLI::Range(0.0, 1e6));
+  cmd->add_option("--weights", args->weights,
+                  "bf16, or fp8: DiT and text-encoder linear weights stored as FP8 with "
+                  "per-channel scales (half the memory; small quality cost)")
+      ->check(CLI::IsMember({"bf16", "fp8"}));
   cmd->add_option("--precision", args->precision,
                   "auto, bf16, f32, or fp8 (bf16 with the DiT feed-forward GEMMs in FP8; CUDA) "
                   "(default auto)");

@@ -44,6 +44,16 @@ struct EngineOptions {
   // feed-forward GEMMs in FP8 e4m3 (per-tensor scales; CUDA, Hopper or newer).
   std::string precision = "auto";
   int threads = 0;  // CPU worker threads; 0 = all hardware threads
+  // Device memory the process may hold, in GiB, the CUDA context included (CUDA only). 0 = no
+  // limit: everything resident. Below what the model needs, the memory planner keeps text-
+  // encoder layers and DiT blocks in host memory and streams them in (same images, slower); a
+  // budget below the minimum fails at load with a message stating that minimum.
+  double vram_budget_gib = 0;
+  // "bf16" (weights in the compute dtype) or "fp8": the DiT's and text encoder's big linear
+  // weights stored as FP8 e4m3 with one scale per output channel (half the memory and the
+  // streamed bytes; widened to bf16 just before each GEMM; a small quality cost, see
+  // docs/BENCHMARKS.md).
+  std::string weights = "bf16";
   // Limits every request is checked against (the server may lower them).
   int max_side = 4096;                        // width and height at most this (pixels)
   int64_t max_pixels = int64_t{4096} * 4096;  // width*height*images in one request at most
@@ -132,6 +142,8 @@ struct EngineInfo {
   int latent_channels = 16;
   int max_side = 4096;
   int max_batch = 16;
+  std::string weights = "bf16";
+  std::string memory_plan;  // what the planner decided (resident / streamed, bytes)
 };
 
 // What one step of the shared batch finished (Engine::batch_step).

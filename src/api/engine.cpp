@@ -105,13 +105,26 @@ Result<std::unique_ptr<Engine>> Engine::load_impl(const EngineOptions& options) 
   auto impl = std::make_unique<Impl>();
   impl->options = options;
   ZI_ASSIGN_OR_RETURN(impl->backend, make_backend(options, impl->precision));
+  PipelineLoadOptions load_options;
+  if (options.weights != "bf16" && options.weights != "fp8")
+    return InvalidArgument("weights: '" + options.weights + "' is not one of bf16, fp8");
+  if (!(options.vram_budget_gib >= 0) || options.vram_budget_gib > 1e6)
+    return InvalidArgument("vram_budget_gib: must be a number of GiB >= 0 (0 = no limit)");
+  if (impl->backend->device() == Device::kCPU && options.vram_budget_gib > 0)
+    return InvalidArgument("vram_budget_gib: a device-memory budget needs a CUDA device");
+  if (options.weights == "fp8" && impl->precision == "fp8")
+    return InvalidArgument("weights fp8 with precision fp8: choose one FP8 mode");
+  load_options.vram_budget =
+      static_cast<uint64_t>(options.vram_budget_gib * 1024.0 * 1024.0 * 1024.0);
+  load_options.fp8_weights = options.weights == "fp8";
+  load_options.plan_width = load_options.plan_height = std::min(options.max_side, 1024);
   ModelPaths paths;
   paths.model_dir = options.model_dir;
   paths.transformer_file = options.dit_file;
   paths.text_encoder_file = options.text_encoder_file;
   paths.vae_file = options.vae_file;
   paths.tokenizer_dir = options.tokenizer_dir;
-  ZI_ASSIGN_OR_RETURN(impl->pipeline, TextToImage::load(paths, *impl->backend));
+  ZI_ASSIGN_OR_RETURN(impl->pipeline, TextToImage::load(paths, *impl->backend, load_options));
   if (impl->precision == "fp8") {
     Status st = impl->pipeline->use_fp8_ffn();
     if (!st.ok()) return st.with_context("precision fp8");
@@ -166,6 +179,8 @@ EngineInfo Engine::info() const {
   i.latent_channels = impl_->pipeline->latent_channels();
   i.max_side = impl_->limits.max_side;
   i.max_batch = impl_->limits.max_batch;
+  i.weights = impl_->options.weights;
+  i.memory_plan = impl_->pipeline->memory_plan().describe();
   return i;
 }
 

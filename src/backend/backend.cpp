@@ -1,5 +1,6 @@
 #include "backend/backend.h"
 
+#include <cstring>
 #include <string>
 
 namespace zimage {
@@ -10,6 +11,33 @@ Status Backend::quantize_fp8(const Tensor&, Tensor&, Tensor&) {
 
 Status Backend::matmul_fp8(const Tensor&, const Tensor&, const Tensor&, Tensor&) {
   return Unsupported(name() + " has no FP8 support");
+}
+
+Status Backend::quantize_fp8_rows(const Tensor&, Tensor&, Tensor&) {
+  return Unsupported(name() + " has no FP8 weight support");
+}
+
+Status Backend::dequantize_fp8_rows(const Tensor&, const Tensor&, Tensor&) {
+  return Unsupported(name() + " has no FP8 weight support");
+}
+
+Result<Tensor> Backend::alloc_pinned(DType dtype, const Shape& shape) {
+  Tensor t = Tensor::host(dtype, shape);
+  if (!t.defined()) return OutOfMemory("host memory for " + shape_string(shape));
+  return t;
+}
+
+Status Backend::stream_in(int slot, const std::vector<std::pair<Tensor, Tensor>>& copies) {
+  if (slot < 0 || slot >= kStreamSlots)
+    return InvalidArgument("stream_in: slot " + std::to_string(slot) + " out of range");
+  for (const auto& [host, dev] : copies) {
+    if (!host.defined() || !dev.defined() || host.dtype() != dev.dtype() ||
+        host.shape() != dev.shape() || host.device() != Device::kCPU)
+      return InvalidArgument("stream_in: " + host.describe() + " -> " + dev.describe());
+    if (dev.device() != Device::kCPU) return Unsupported(name() + ": stream_in to the device");
+    std::memcpy(dev.data(), host.data(), host.nbytes());
+  }
+  return Status::Ok();
 }
 
 Result<std::unique_ptr<RecordedWork>> Backend::record(const std::function<Status()>&) {

@@ -16,6 +16,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/status.h"
@@ -88,6 +89,38 @@ class Backend {
   // Engine calls it at the start of every call, so any thread may drive any backend.
   virtual Status bind_thread() { return Status::Ok(); }
 
+  // ---- weight streaming (the memory planner keeps some weights in host memory) ----
+  // A host tensor in page-locked memory, which the device copies from at full link speed (CUDA:
+  // cudaHostAlloc). The default (CPU) is an ordinary host tensor.
+  virtual Result<Tensor> alloc_pinned(DType dtype, const Shape& shape);
+  // Queues copies of host tensors into device tensors of the same dtype and shape (pairs: host,
+  // device) for weight slot `slot` (0..kStreamSlots-1): on CUDA on a separate copy stream, after
+  // the compute that last used the slot (release_slot), so they overlap other compute. The CPU
+  // backend copies at once.
+  static constexpr int kStreamSlots = 4;
+  virtual Status stream_in(int slot, const std::vector<std::pair<Tensor, Tensor>>& copies);
+  // Makes compute queued from now on wait until `slot`'s copies have landed (no host wait).
+  virtual Status wait_slot(int slot) {
+    (void)slot;
+    return Status::Ok();
+  }
+  // Marks the compute queued so far as the last use of `slot`'s contents: the next stream_in of
+  // the slot waits for it.
+  virtual Status release_slot(int slot) {
+    (void)slot;
+    return Status::Ok();
+  }
+  // The whole device's memory as the driver reports it: {total, free} bytes (CUDA:
+  // cudaMemGetInfo). kUnsupported on the CPU.
+  virtual Result<std::pair<uint64_t, uint64_t>> device_memory() const {
+    return Unsupported(name() + " has no device memory");
+  }
+  // Caps the bytes the backend's allocator may obtain from the driver (0 = no cap); beyond it
+  // allocations fail with OutOfMemory. No effect on the CPU.
+  virtual void set_memory_limit(size_t bytes) { (void)bytes; }
+  // Host-to-device bytes copied so far by stream_in (for the planner's reports).
+  virtual uint64_t streamed_bytes() const { return 0; }
+
   // ---- linear algebra ----
   // y[M, N] = x[M, K] · w[N, K]ᵀ (+ bias[N]). bias may be an undefined Tensor.
   virtual Status matmul(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y) = 0;
@@ -99,6 +132,13 @@ class Backend {
   // quantised here, the weight w8 [N, K] (kF8E4M3) with its scale [1] beforehand. x, y in the
   // compute dtype. The default answers kUnsupported (backends without FP8).
   virtual Status matmul_fp8(const Tensor& x, const Tensor& w8, const Tensor& w_scale, Tensor& y);
+
+  // FP8 weights with one scale per output channel (--weights fp8): for w[N, K] (any float
+  // dtype), s[n] = max|w[n, :]| / 448 (1 for an all-zero or non-finite row), w8 = e4m3(clamp(w ·
+  // (1 / s[n]), ±448)) rounded to nearest even. w8 kF8E4M3 [N, K], scale f32 [N].
+  virtual Status quantize_fp8_rows(const Tensor& w, Tensor& w8, Tensor& scale);
+  // y[N, K] (act dtype) = float(w8) · s[n], rounded once to y's dtype: the weight a GEMM uses.
+  virtual Status dequantize_fp8_rows(const Tensor& w8, const Tensor& scale, Tensor& y);
 
   // ---- normalisation ----
   // y[R, D] = x / sqrt(mean(x², over D) + eps) * w[D]; w undefined = no weight. In place allowed.

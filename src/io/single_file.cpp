@@ -7,6 +7,7 @@
 #include <array>
 #include <set>
 
+#include "io/gguf.h"
 #include "io/json_util.h"
 #include "io/safetensors.h"
 
@@ -107,7 +108,12 @@ Result<ComponentWeights> open_component_file(const std::string& path, Component 
   if (::stat(path.c_str(), &st) != 0) return NotFound(path + ": no such file");
   if (!S_ISREG(st.st_mode))
     return InvalidArgument(path + ": not a file (give a single .safetensors file)");
-  ZI_ASSIGN_OR_RETURN(std::shared_ptr<SafetensorsFile> file, SafetensorsFile::open(path));
+  // A .gguf file (io/gguf_weights.h) has its own quantisation and no safetensors header.
+  const bool gguf = file_has_gguf_magic(path);
+  std::shared_ptr<SafetensorsFile> file;
+  if (!gguf) {
+    ZI_ASSIGN_OR_RETURN(file, SafetensorsFile::open(path));
+  }
   ZI_ASSIGN_OR_RETURN(WeightStore ws, WeightStore::open(path));
   const SingleFileLayout layout = detect_single_file(ws.names());
   const SingleFileLayout::Part& mine = layout.part(c);
@@ -134,7 +140,9 @@ Result<ComponentWeights> open_component_file(const std::string& path, Component 
   out.store = std::move(ws);
   out.prefix = mine.prefix;
   auto index = std::make_shared<ScaledFp8Index>();
-  ZI_ASSIGN_OR_RETURN(out.fp8, apply_scaled_fp8(out.store, file, mine.prefix, index.get()));
+  if (file) {
+    ZI_ASSIGN_OR_RETURN(out.fp8, apply_scaled_fp8(out.store, file, mine.prefix, index.get()));
+  }
   out.fp8_index = std::move(index);
   return out;
 }

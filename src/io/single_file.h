@@ -48,9 +48,10 @@ struct ComponentWeights {
   std::shared_ptr<const ScaledFp8Index> fp8_index;  // the FP8 bytes + scales behind `store`
 };
 
-// Opens `path` (a single .safetensors file) and takes component `c` out of it: tensors of the
-// other components the file holds are dropped, the prefix is removed, scaled FP8 weights are
-// dequantised on demand. NotFound names the file and what it does hold when `c` is absent.
+// Opens `path` (a single .safetensors file, or a .gguf file: io/gguf_weights.h) and takes
+// component `c` out of it: tensors of the other components the file holds are dropped, the
+// prefix is removed, scaled FP8 weights are dequantised on demand. NotFound names the file and
+// what it does hold when `c` is absent.
 Result<ComponentWeights> open_component_file(const std::string& path, Component c);
 
 }  // namespace zimage

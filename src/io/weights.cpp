@@ -9,6 +9,8 @@
 #include <cstring>
 #include <filesystem>
 
+#include "io/gguf.h"
+#include "io/gguf_weights.h"
 #include "io/json_util.h"
 #include "io/safetensors.h"
 
@@ -159,6 +161,7 @@ Result<WeightStore> WeightStore::open(const std::string& path) {
     return IoError(path + ": cannot stat: " + std::strerror(errno));
   }
   if (S_ISREG(st.st_mode)) {
+    if (file_has_gguf_magic(path)) return open_gguf_weights(path);
     ZI_ASSIGN_OR_RETURN(auto file, SafetensorsFile::open(path));
     WeightStore store;
     store.path_ = path;
@@ -168,13 +171,14 @@ Result<WeightStore> WeightStore::open(const std::string& path) {
   }
   if (!S_ISDIR(st.st_mode)) return IoError(path + ": neither a file nor a folder");
 
-  std::vector<std::string> indexes, singles;
+  std::vector<std::string> indexes, singles, ggufs;
   std::error_code ec;
   std::filesystem::directory_iterator it(path, ec);
   for (; !ec && it != std::filesystem::directory_iterator(); it.increment(ec)) {
     const std::string name = it->path().filename().string();
     if (ends_with(name, ".safetensors.index.json")) indexes.push_back(name);
     if (ends_with(name, ".safetensors")) singles.push_back(name);
+    if (ends_with(name, ".gguf")) ggufs.push_back(name);
   }
   if (ec) return IoError(path + ": cannot list the folder: " + ec.message());
   std::sort(indexes.begin(), indexes.end());
@@ -185,8 +189,10 @@ Result<WeightStore> WeightStore::open(const std::string& path) {
                        "); expected one");
   }
   if (indexes.size() == 1) return open_sharded(path, indexes[0]);
+  if (singles.empty() && ggufs.size() == 1) return open_gguf_weights(join_path(path, ggufs[0]));
   if (singles.empty()) {
-    return NotFound(path + ": no *.safetensors file and no *.safetensors.index.json");
+    return NotFound(path + ": no *.safetensors file and no *.safetensors.index.json" +
+                    (ggufs.size() > 1 ? " (and several .gguf files)" : std::string()));
   }
   if (singles.size() > 1) {
     return FormatError(path + ": " + std::to_string(singles.size()) + " .safetensors files (" +
@@ -384,6 +390,19 @@ Status WeightStore::transform(const std::string& name, DType dtype,
   e.computed = std::make_shared<const ComputedWeight>(std::move(w));
   entries_[name] = std::move(e);
   return Status::Ok();
+}
+
+Result<PackedWeight> WeightStore::packed(const std::string& name) const {
+  auto it = entries_.find(name);
+  if (it == entries_.end()) return NotFound(path_ + ": no tensor named " + in_quotes(name));
+  if (!it->second.computed || !it->second.computed->packed) {
+    return Unsupported(path_ + ": tensor " + in_quotes(name) + " is not stored packed");
+  }
+  {
+    std::lock_guard<std::mutex> lock(used_->mu);
+    used_->names.insert(name);
+  }
+  return it->second.computed->packed();
 }
 
 Status WeightStore::remove(const std::string& name) {

@@ -37,6 +37,17 @@ struct WeightInfo {
   std::string file;  // path of the safetensors file holding it
 };
 
+// A tensor as its file stores it, still quantised (a GGUF tensor): ggml type id (io/gguf_quants.h
+// GgmlType), logical shape and a host view of the raw blocks, for a device-side dequantisation.
+struct PackedWeight {
+  uint32_t ggml_type = 0;
+  Shape shape;                 // PyTorch order
+  int64_t rows = 0, cols = 0;  // cols: elements per stored row (a multiple of the block size)
+  const void* data = nullptr;  // rows * row bytes, any alignment
+  uint64_t bytes = 0;
+  std::shared_ptr<const void> keep;  // keeps `data` alive
+};
+
 // A tensor made on demand as an owned host tensor instead of read from a safetensors file: a
 // dequantised GGUF or scaled-FP8 tensor, a LoRA-merged weight, one part of a fused tensor.
 // `info` states what make() returns (make's result is checked against it); `stored_bytes` is what
@@ -45,12 +56,16 @@ struct ComputedWeight {
   WeightInfo info;
   uint64_t stored_bytes = 0;
   std::function<Result<Tensor>()> make;
+  // Optional: the stored blocks behind a dequantised tensor (PackedWeight above).
+  std::function<Result<PackedWeight>()> packed;
 };
 
 class WeightStore {
  public:
   // Opens a component folder (index.json + shards, or exactly one *.safetensors file) or a
-  // single .safetensors file. Every file is fully validated (io/safetensors.h).
+  // single .safetensors file. A GGUF file (recognised by its magic), or a folder whose only
+  // weight file is one .gguf, opens through io/gguf_weights.h. Every file is fully validated
+  // (io/safetensors.h).
   static Result<WeightStore> open(const std::string& path);
 
   bool contains(const std::string& name) const;
@@ -88,6 +103,8 @@ class WeightStore {
   Status absorb(WeightStore other);
   // Records a file the computed tensors read (kept alive by `keep`; listed by files()).
   void add_backing_file(const std::string& path, uint64_t bytes, std::shared_ptr<const void> keep);
+  // The stored blocks of `name` (counts as used); kUnsupported when it is not stored packed.
+  Result<PackedWeight> packed(const std::string& name) const;
   // Strips a leading prefix from every name that has it (e.g. "model." in some text-encoder
   // exports). Fails, changing nothing, if two names would become equal.
   Status strip_prefix(const std::string& prefix);

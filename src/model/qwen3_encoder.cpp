@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <string>
 
 #include "core/dtype.h"
@@ -36,10 +37,13 @@ Status validate(const TextEncoderConfig& c) {
 }  // namespace
 
 Result<std::unique_ptr<Qwen3Encoder>> Qwen3Encoder::load(const TextEncoderConfig& cfg,
-                                                         const WeightStore& ws, Backend& be) {
+                                                         const WeightStore& ws, Backend& be,
+                                                         const WeightPlacement& placement) {
   ZI_TRY(validate(cfg));
   std::unique_ptr<Qwen3Encoder> m(new Qwen3Encoder(cfg, be));
+  m->placement_ = placement;
   Status st = m->load_weights(ws);
+  if (st.ok()) st = m->apply_placement();
   if (!st.ok()) return st.with_context("loading text encoder");
   // inv_freq_j = 1 / theta^(2j / Dh) in float32 (transformers keeps this buffer in fp32).
   const int half = cfg.head_dim / 2;
@@ -71,22 +75,73 @@ Status Qwen3Encoder::load_weights(const WeightStore& ws) {
                         load::host_view(ws, p + "self_attn.k_proj.weight", {hkv * dh, hd}));
     ZI_ASSIGN_OR_RETURN(Tensor v,
                         load::host_view(ws, p + "self_attn.v_proj.weight", {hkv * dh, hd}));
-    ZI_ASSIGN_OR_RETURN(l.wqkv, load::concat_rows(be_, {q, k, v}, p + "self_attn.qkv"));
+    ZI_ASSIGN_OR_RETURN(l.wqkv.w, load::concat_rows(be_, {q, k, v}, p + "self_attn.qkv"));
     ZI_ASSIGN_OR_RETURN(l.q_norm, load::weight(ws, be_, p + "self_attn.q_norm.weight", {dh}));
     ZI_ASSIGN_OR_RETURN(l.k_norm, load::weight(ws, be_, p + "self_attn.k_norm.weight", {dh}));
-    ZI_ASSIGN_OR_RETURN(l.wo, load::weight(ws, be_, p + "self_attn.o_proj.weight", {hd, hq * dh}));
+    ZI_ASSIGN_OR_RETURN(l.wo.w,
+                        load::weight(ws, be_, p + "self_attn.o_proj.weight", {hd, hq * dh}));
     ZI_ASSIGN_OR_RETURN(l.post_norm,
                         load::weight(ws, be_, p + "post_attention_layernorm.weight", {hd}));
     ZI_ASSIGN_OR_RETURN(Tensor g, load::host_view(ws, p + "mlp.gate_proj.weight", {ff, hd}));
     ZI_ASSIGN_OR_RETURN(Tensor u, load::host_view(ws, p + "mlp.up_proj.weight", {ff, hd}));
-    ZI_ASSIGN_OR_RETURN(l.wgu, load::concat_rows(be_, {g, u}, p + "mlp.gate_up"));
-    ZI_ASSIGN_OR_RETURN(l.wdown, load::weight(ws, be_, p + "mlp.down_proj.weight", {hd, ff}));
+    ZI_ASSIGN_OR_RETURN(l.wgu.w, load::concat_rows(be_, {g, u}, p + "mlp.gate_up"));
+    ZI_ASSIGN_OR_RETURN(l.wdown.w, load::weight(ws, be_, p + "mlp.down_proj.weight", {hd, ff}));
+    ZI_TRY(place_layer(l, i));
   }
   // Known and deliberately unused: the last layer, the final norm, a (tied) lm_head.
   const std::string last = pre + "layers." + std::to_string(cfg_.num_hidden_layers - 1) + ".";
   return load::check_all_used(ws, "text encoder", [&](const std::string& n) {
     return n.rfind(last, 0) == 0 || n == pre + "norm.weight" || n.rfind("lm_head.", 0) == 0;
   });
+}
+
+int64_t Qwen3Encoder::layer_weight_bytes(const TextEncoderConfig& c, DType act, bool fp8_weights) {
+  const int64_t hd = c.hidden_size, dh = c.head_dim, ff = c.intermediate_size;
+  const int64_t qkv_rows = (c.num_attention_heads + 2 * c.num_key_value_heads) * dh;
+  const int64_t elems = qkv_rows * hd + hd * c.num_attention_heads * dh + 2 * ff * hd + hd * ff;
+  const int64_t rows = qkv_rows + hd + 2 * ff + hd;
+  const int64_t es = dtype_size(act);
+  return (fp8_weights ? elems + 4 * rows : elems * es) + (2 * hd + 2 * dh) * es;
+}
+
+Status Qwen3Encoder::place_layer(Layer& l, int index) {
+  const std::string what = "text encoder layer " + std::to_string(index);
+  if (placement_.fp8_weights) {
+    for (LinearWeight* w : {&l.wqkv, &l.wo, &l.wgu, &l.wdown}) ZI_TRY(to_fp8_rows(be_, *w, what));
+  }
+  if (index < static_cast<int>(placement_.streamed.size()) && placement_.streamed[index])
+    ZI_TRY(move_to_host(be_, l.tensors()));
+  return Status::Ok();
+}
+
+Status Qwen3Encoder::apply_placement() {
+  const int n = static_cast<int>(layers_.size());
+  if (!placement_.streamed.empty() && static_cast<int>(placement_.streamed.size()) != n)
+    return InternalError("weight placement for " + std::to_string(placement_.streamed.size()) +
+                         " layers, the text encoder runs " + std::to_string(n));
+  unit_of_layer_.assign(n, -1);
+  std::vector<std::vector<Tensor>> units;
+  for (int i = 0; i < n; ++i) {
+    if (placement_.streamed.empty() || !placement_.streamed[i]) continue;
+    unit_of_layer_[i] = static_cast<int>(units.size());
+    std::vector<Tensor> u;
+    for (Tensor* t : layers_[i].tensors()) u.push_back(*t);
+    units.push_back(std::move(u));
+  }
+  if (!units.empty()) {
+    ZI_ASSIGN_OR_RETURN(streamer_, WeightStreamer::create(be_, std::move(units),
+                                                          placement_.first_slot, placement_.slots));
+    ZI_TRY(move_to_host(be_, {&embed_}));  // rows gathered on the host (encode)
+  }
+  if (placement_.fp8_weights) {
+    const int64_t hd = cfg_.hidden_size, ff = cfg_.intermediate_size;
+    const int64_t qkv_rows =
+        (cfg_.num_attention_heads + 2 * cfg_.num_key_value_heads) * cfg_.head_dim;
+    const int64_t elems = std::max<int64_t>(2 * ff * hd, qkv_rows * hd);
+    ZI_ASSIGN_OR_RETURN(wide_scratch_,
+                        load::alloc(be_, be_.act_dtype(), {elems}, "FP8 weight scratch"));
+  }
+  return be_.synchronize();
 }
 
 Status Qwen3Encoder::rope_tables(int64_t seq, Tensor& cos, Tensor& sin) const {
@@ -149,7 +204,22 @@ Result<std::vector<Tensor>> Qwen3Encoder::encode(const std::vector<std::vector<i
   if (!ragged) ap.key_len.clear();
 
   ZI_ASSIGN_OR_RETURN(Tensor h, load::alloc(be_, act, {rows, hd}, "te.hidden"));  // [B*S, hidden]
-  ZI_TRY(be_.embedding(embed_, host_ids, h));                                     // [B*S, hidden]
+  if (embed_.device() == Device::kCPU && be_.device() != Device::kCPU) {
+    // The table stays in host memory (weight streaming): gather the rows here, upload them.
+    Tensor rows_host = Tensor::host(embed_.dtype(), {rows, hd});  // [B*S, hidden]
+    if (!rows_host.defined()) return OutOfMemory("text encoder embedding rows");
+    const size_t row_bytes = static_cast<size_t>(hd) * dtype_size(embed_.dtype());
+    for (int64_t r = 0; r < rows; ++r) {
+      std::memcpy(static_cast<char*>(rows_host.data()) + r * row_bytes,
+                  static_cast<const char*>(embed_.data()) +
+                      static_cast<size_t>(host_ids.data_as<int32_t>()[r]) * row_bytes,
+                  row_bytes);
+    }
+    ZI_ASSIGN_OR_RETURN(Tensor up, load::upload_host(be_, rows_host, act));
+    ZI_TRY(be_.copy_2d(up, 0, hd, h, 0, hd, rows, hd));
+  } else {
+    ZI_TRY(be_.embedding(embed_, host_ids, h));  // [B*S, hidden]
+  }
   Tensor cos, sin;
   ZI_TRY(rope_tables(s, cos, sin));  // [S, Dh] each
 
@@ -166,29 +236,36 @@ Result<std::vector<Tensor>> Qwen3Encoder::encode(const std::vector<std::vector<i
   const Tensor none;
 
   for (size_t li = 0; li < layers_.size(); ++li) {
-    const Layer& l = layers_[li];
+    const int unit = unit_of_layer_.empty() ? -1 : unit_of_layer_[li];
+    Layer l = layers_[li];  // tensor handles: the resident weights or a streamed layer's slot
+    if (unit >= 0) {
+      ZI_ASSIGN_OR_RETURN(std::vector<Tensor> dev, streamer_->acquire(unit));
+      std::vector<Tensor*> dst = l.tensors();
+      for (size_t i = 0; i < dst.size(); ++i) *dst[i] = dev[i];
+    }
     const float eps = cfg_.rms_norm_eps;
     // --- attention ---
-    ZI_TRY(be_.rms_norm(h, l.input_norm, eps, none, a));                       // [B*S, hidden]
-    ZI_TRY(be_.matmul(a, l.wqkv, none, qkv));                                  // [B*S, QKV]
-    ZI_TRY(be_.copy_2d(qkv, 0, qkv_w, q, 0, hq * dh, rows, hq * dh));          // [B,S,Hq,Dh]
-    ZI_TRY(be_.copy_2d(qkv, hq * dh, qkv_w, k, 0, hkv * dh, rows, hkv * dh));  // [B,S,Hkv,Dh]
-    ZI_TRY(be_.copy_2d(qkv, v_off, qkv_w, v, 0, hkv * dh, rows, hkv * dh));    // [B,S,Hkv,Dh]
-    Tensor q_rows = q.view({rows * hq, dh});                                   // [B*S*Hq, Dh]
-    Tensor k_rows = k.view({rows * hkv, dh});                                  // [B*S*Hkv, Dh]
-    ZI_TRY(be_.rms_norm(q_rows, l.q_norm, eps, none, q_rows));                 // per head
-    ZI_TRY(be_.rms_norm(k_rows, l.k_norm, eps, none, k_rows));                 // per head
-    ZI_TRY(be_.rope_half(q, cos, sin));                                        // [B,S,Hq,Dh]
-    ZI_TRY(be_.rope_half(k, cos, sin));                                        // [B,S,Hkv,Dh]
-    ZI_TRY(be_.attention(q, k, v, ap, o));                                     // [B,S,Hq,Dh]
-    ZI_TRY(be_.matmul(o.view({rows, hq * dh}), l.wo, none, proj));             // [B*S, hidden]
-    ZI_TRY(be_.add(h, proj, h));                                               // [B*S, hidden]
+    ZI_TRY(be_.rms_norm(h, l.input_norm, eps, none, a));                            // [B*S, hidden]
+    ZI_TRY(linear(be_, a, l.wqkv, none, wide_scratch_, qkv));                       // [B*S, QKV]
+    ZI_TRY(be_.copy_2d(qkv, 0, qkv_w, q, 0, hq * dh, rows, hq * dh));               // [B,S,Hq,Dh]
+    ZI_TRY(be_.copy_2d(qkv, hq * dh, qkv_w, k, 0, hkv * dh, rows, hkv * dh));       // [B,S,Hkv,Dh]
+    ZI_TRY(be_.copy_2d(qkv, v_off, qkv_w, v, 0, hkv * dh, rows, hkv * dh));         // [B,S,Hkv,Dh]
+    Tensor q_rows = q.view({rows * hq, dh});                                        // [B*S*Hq, Dh]
+    Tensor k_rows = k.view({rows * hkv, dh});                                       // [B*S*Hkv, Dh]
+    ZI_TRY(be_.rms_norm(q_rows, l.q_norm, eps, none, q_rows));                      // per head
+    ZI_TRY(be_.rms_norm(k_rows, l.k_norm, eps, none, k_rows));                      // per head
+    ZI_TRY(be_.rope_half(q, cos, sin));                                             // [B,S,Hq,Dh]
+    ZI_TRY(be_.rope_half(k, cos, sin));                                             // [B,S,Hkv,Dh]
+    ZI_TRY(be_.attention(q, k, v, ap, o));                                          // [B,S,Hq,Dh]
+    ZI_TRY(linear(be_, o.view({rows, hq * dh}), l.wo, none, wide_scratch_, proj));  // [B*S, hd]
+    ZI_TRY(be_.add(h, proj, h));                                                    // [B*S, hidden]
     // --- SwiGLU MLP ---
-    ZI_TRY(be_.rms_norm(h, l.post_norm, eps, none, a));  // [B*S, hidden]
-    ZI_TRY(be_.matmul(a, l.wgu, none, gu));              // [B*S, 2F]
-    ZI_TRY(be_.swiglu(gu, mlp));                         // [B*S, F]
-    ZI_TRY(be_.matmul(mlp, l.wdown, none, proj));        // [B*S, hidden]
-    ZI_TRY(be_.add(h, proj, h));                         // [B*S, hidden]
+    ZI_TRY(be_.rms_norm(h, l.post_norm, eps, none, a));            // [B*S, hidden]
+    ZI_TRY(linear(be_, a, l.wgu, none, wide_scratch_, gu));        // [B*S, 2F]
+    ZI_TRY(be_.swiglu(gu, mlp));                                   // [B*S, F]
+    ZI_TRY(linear(be_, mlp, l.wdown, none, wide_scratch_, proj));  // [B*S, hidden]
+    ZI_TRY(be_.add(h, proj, h));                                   // [B*S, hidden]
+    if (unit >= 0) ZI_TRY(streamer_->release(unit));
     debug_tensor(dbg, "te.layer" + std::to_string(li), be_, h.view({b, s, hd}));
   }
 

@@ -12,6 +12,8 @@
 #include "io/model_config.h"
 #include "io/weights.h"
 #include "model/debug.h"
+#include "model/linear.h"
+#include "model/weight_streamer.h"
 
 namespace zimage {
 
@@ -21,8 +23,16 @@ class Qwen3Encoder {
   // a leading "model."), fuses q|k|v and gate|up, uploads to `be`. Tensors of the skipped last
   // layer, the final norm and an lm_head are accepted and ignored; anything else unused is an
   // error naming it.
+  // `placement` (memory planner): FP8 weight storage, and which layers stay in host memory and
+  // stream in (when any does, the embedding table stays in host memory too: its rows are
+  // gathered on the host).
   static Result<std::unique_ptr<Qwen3Encoder>> load(const TextEncoderConfig& cfg,
-                                                    const WeightStore& ws, Backend& be);
+                                                    const WeightStore& ws, Backend& be,
+                                                    const WeightPlacement& placement = {});
+  // Device bytes of one layer's weights, and of the embedding table.
+  static int64_t layer_weight_bytes(const TextEncoderConfig& cfg, DType act, bool fp8_weights);
+  uint64_t streamed_bytes_per_forward() const { return streamer_ ? streamer_->stream_bytes() : 0; }
+  uint64_t streaming_slot_bytes() const { return streamer_ ? streamer_->slot_bytes() : 0; }
 
   // For each prompt, hidden_states[-2] on its real tokens: [L_i, hidden_size] in the backend's
   // act dtype, on the backend. Prompts of different lengths run as one right-padded batch
@@ -37,18 +47,24 @@ class Qwen3Encoder {
 
  private:
   struct Layer {
-    Tensor input_norm;  // [hidden]
-    Tensor wqkv;        // [(Hq + 2 Hkv) * Dh, hidden]: q rows, then k, then v
-    Tensor q_norm;      // [Dh]
-    Tensor k_norm;      // [Dh]
-    Tensor wo;          // [hidden, Hq * Dh]
-    Tensor post_norm;   // [hidden]
-    Tensor wgu;         // [2 * inter, hidden]: gate rows, then up
-    Tensor wdown;       // [hidden, inter]
+    Tensor input_norm;   // [hidden]
+    LinearWeight wqkv;   // [(Hq + 2 Hkv) * Dh, hidden]: q rows, then k, then v
+    Tensor q_norm;       // [Dh]
+    Tensor k_norm;       // [Dh]
+    LinearWeight wo;     // [hidden, Hq * Dh]
+    Tensor post_norm;    // [hidden]
+    LinearWeight wgu;    // [2 * inter, hidden]: gate rows, then up
+    LinearWeight wdown;  // [hidden, inter]
+    std::vector<Tensor*> tensors() {
+      return {&input_norm, &wqkv.w,    &wqkv.scale, &q_norm,    &k_norm,  &wo.w,
+              &wo.scale,   &post_norm, &wgu.w,      &wgu.scale, &wdown.w, &wdown.scale};
+    }
   };
 
   Qwen3Encoder(const TextEncoderConfig& cfg, Backend& be) : cfg_(cfg), be_(be) {}
   Status load_weights(const WeightStore& ws);
+  Status place_layer(Layer& l, int index);
+  Status apply_placement();
   // cos/sin tables [S, Dh] (f32, on the backend) for positions 0..S-1.
   Status rope_tables(int64_t seq, Tensor& cos, Tensor& sin) const;
 
@@ -56,6 +72,10 @@ class Qwen3Encoder {
   Backend& be_;
   Tensor embed_;  // [vocab, hidden]
   std::vector<Layer> layers_;
+  WeightPlacement placement_;
+  std::vector<int> unit_of_layer_;  // -1 = resident
+  std::unique_ptr<WeightStreamer> streamer_;
+  Tensor wide_scratch_;          // FP8 weights are widened here before their GEMM
   std::vector<float> inv_freq_;  // [Dh / 2], float32 as in transformers
 };
 

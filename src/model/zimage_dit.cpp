@@ -111,12 +111,12 @@ Status ZImageDiT::run_block(const Block& blk, Tensor& x, const Tensor& freqs, co
     scale_a = s.scale_a, gate_a = s.gate_a, scale_f = s.scale_f, gate_f = s.gate_f;
   }
   // --- attention ---
-  ZI_TRY(be_.rms_norm(xr, blk.attn_norm1, eps, scale_a, s.norm));  // [B*S, D]
-  ZI_TRY(be_.matmul(s.norm, blk.wqkv, none, s.qkv));               // [B*S, 3D]
+  ZI_TRY(be_.rms_norm(xr, blk.attn_norm1, eps, scale_a, s.norm));     // [B*S, D]
+  ZI_TRY(linear(be_, s.norm, blk.wqkv, none, wide_scratch_, s.qkv));  // [B*S, 3D]
   // q, k, v [B, S, H, Dh]: per-head RMS norm of q and k (when qk_norm), then RoPE
   ZI_TRY(be_.qkv_split_norm_rope(s.qkv, blk.norm_q, blk.norm_k, kQkNormEps, freqs, s.q, s.k, s.v));
-  ZI_TRY(be_.attention(s.q, s.k, s.v, ap, s.o));                  // [B, S, H, Dh]
-  ZI_TRY(be_.matmul(s.o.view({rows, d}), blk.wo, none, s.proj));  // [B*S, D]
+  ZI_TRY(be_.attention(s.q, s.k, s.v, ap, s.o));                                  // [B, S, H, Dh]
+  ZI_TRY(linear(be_, s.o.view({rows, d}), blk.wo, none, wide_scratch_, s.proj));  // [B*S, D]
   ZI_TRY(be_.residual_rms_norm_gate(x, s.proj.view({b, sq, d}), blk.attn_norm2, eps, gate_a));
   // --- SwiGLU feed-forward ---
   ZI_TRY(be_.rms_norm(xr, blk.ffn_norm1, eps, scale_f, s.norm));  // [B*S, D]
@@ -125,15 +125,17 @@ Status ZImageDiT::run_block(const Block& blk, Tensor& x, const Tensor& freqs, co
     ZI_TRY(be_.swiglu(s.ffn, s.act));                             // [B*S, F]
     ZI_TRY(be_.matmul_fp8(s.act, blk.w2_8, blk.w2_s, s.proj));    // [B*S, D]
   } else {
-    ZI_TRY(be_.matmul(s.norm, blk.w13, none, s.ffn));  // [B*S, 2F]
-    ZI_TRY(be_.swiglu(s.ffn, s.act));                  // [B*S, F]
-    ZI_TRY(be_.matmul(s.act, blk.w2, none, s.proj));   // [B*S, D]
+    ZI_TRY(linear(be_, s.norm, blk.w13, none, wide_scratch_, s.ffn));  // [B*S, 2F]
+    ZI_TRY(be_.swiglu(s.ffn, s.act));                                  // [B*S, F]
+    ZI_TRY(linear(be_, s.act, blk.w2, none, wide_scratch_, s.proj));   // [B*S, D]
   }
   return be_.residual_rms_norm_gate(x, s.proj.view({b, sq, d}), blk.ffn_norm2, eps, gate_f);
 }
 
 Status ZImageDiT::quantize_ffn_fp8() {
   if (ffn_fp8_) return Status::Ok();
+  if (streamer_ || placement_.fp8_weights)
+    return Unsupported("FP8 compute (--precision fp8) with FP8 or streamed weights");
   // Probe first, so a backend or GPU without FP8 (the CUDA backend refuses below sm_89) leaves
   // the model as it was.
   {
@@ -144,11 +146,11 @@ Status ZImageDiT::quantize_ffn_fp8() {
     ZI_TRY(be_.quantize_fp8(x, x8, sx));
   }
   release_graphs();  // recorded forwards hold the bf16 weights' addresses
-  auto quantize = [&](Tensor& w, Tensor& w8, Tensor& sc) -> Status {
-    ZI_ASSIGN_OR_RETURN(w8, load::alloc(be_, DType::kF8E4M3, w.shape(), "fp8 weight"));
+  auto quantize = [&](LinearWeight& w, Tensor& w8, Tensor& sc) -> Status {
+    ZI_ASSIGN_OR_RETURN(w8, load::alloc(be_, DType::kF8E4M3, w.w.shape(), "fp8 weight"));
     ZI_ASSIGN_OR_RETURN(sc, load::alloc(be_, DType::kF32, {1}, "fp8 weight scale"));
-    ZI_TRY(be_.quantize_fp8(w, w8, sc));
-    w = Tensor();  // the bf16 copy goes
+    ZI_TRY(be_.quantize_fp8(w.w, w8, sc));
+    w = LinearWeight();  // the bf16 copy goes
     return Status::Ok();
   };
   for (std::vector<Block>* blocks : {&noise_refiner_, &context_refiner_, &layers_}) {
@@ -258,7 +260,10 @@ Status ZImageDiT::compute(const Layout& L, const Tensor& latents, const Tensor& 
     ZI_ASSIGN_OR_RETURN(Scratch s, Scratch::make(be_, cfg_, b, np));
     const AttentionParams ap{1.0f / std::sqrt(static_cast<float>(2 * half)), false, {}};
     for (size_t l = 0; l < noise_refiner_.size(); ++l) {
-      ZI_TRY(run_block(noise_refiner_[l], x, img_freqs, c, ap, s));  // [B, Np, D]
+      const int bi = static_cast<int>(l);
+      ZI_ASSIGN_OR_RETURN(Block blk, use_block(bi));
+      ZI_TRY(run_block(blk, x, img_freqs, c, ap, s));  // [B, Np, D]
+      ZI_TRY(done_block(bi));
       debug_tensor(dbg, pfx + ".noise_refiner." + std::to_string(l), be_, x);
     }
   }
@@ -284,7 +289,10 @@ Status ZImageDiT::compute(const Layout& L, const Tensor& latents, const Tensor& 
     if (cap_ragged)
       for (int64_t i = 0; i < b; ++i) ap.key_len.push_back(static_cast<int32_t>(cap_pad[i]));
     for (size_t l = 0; l < context_refiner_.size(); ++l) {
-      ZI_TRY(run_block(context_refiner_[l], cap, cap_freqs, none, ap, s));  // [B, Lp, D]
+      const int bi = static_cast<int>(noise_refiner_.size() + l);
+      ZI_ASSIGN_OR_RETURN(Block blk, use_block(bi));
+      ZI_TRY(run_block(blk, cap, cap_freqs, none, ap, s));  // [B, Lp, D]
+      ZI_TRY(done_block(bi));
       debug_tensor(dbg, pfx + ".context_refiner." + std::to_string(l), be_, cap);
     }
   }
@@ -304,7 +312,10 @@ Status ZImageDiT::compute(const Layout& L, const Tensor& latents, const Tensor& 
     if (seq_ragged)
       for (int64_t i = 0; i < b; ++i) ap.key_len.push_back(static_cast<int32_t>(seq[i]));
     for (size_t l = 0; l < layers_.size(); ++l) {
-      ZI_TRY(run_block(layers_[l], u, uni_freqs, c, ap, s));  // [B, S, D]
+      const int bi = static_cast<int>(noise_refiner_.size() + context_refiner_.size() + l);
+      ZI_ASSIGN_OR_RETURN(Block blk, use_block(bi));
+      ZI_TRY(run_block(blk, u, uni_freqs, c, ap, s));  // [B, S, D]
+      ZI_TRY(done_block(bi));
       debug_tensor(dbg, pfx + ".layers." + std::to_string(l), be_, u);
     }
   }
@@ -371,7 +382,9 @@ Status ZImageDiT::forward(const Tensor& latents, const std::vector<float>& t_mod
     ZI_ASSIGN_OR_RETURN(Tensor sinusoid, load::upload_host(be_, sin_host, be_.act_dtype()));
     return compute(lay, latents, sinusoid, caps, out, dbg, pfx);
   };
-  if (!use_graphs_ || dbg != nullptr || no_graphs_) return run_eagerly();
+  // Streamed weights: eager too (the copies and their events run beside the compute stream; at
+  // the link's speed the launch overhead a graph saves is noise).
+  if (!use_graphs_ || dbg != nullptr || no_graphs_ || streamer_) return run_eagerly();
 
   // Recorded (CUDA graphs): per input shape, the tables, input and output buffers stay on the
   // device and the forward is recorded once; each call copies its inputs in, replays, copies out.
@@ -379,7 +392,7 @@ Status ZImageDiT::forward(const Tensor& latents, const std::vector<float>& t_mod
   key.insert(key.end(), cap_len.begin(), cap_len.end());
   auto it = graphs_.find(key);
   if (it == graphs_.end()) {
-    if (graphs_.size() >= kMaxGraphs) graphs_.clear();  // bounded: shapes seen recently
+    if (graphs_.size() >= max_graphs_) graphs_.clear();  // bounded: shapes seen recently
     Graphed g;
     ZI_ASSIGN_OR_RETURN(g.layout, make_layout(b, lh, lw, cap_len));
     ZI_ASSIGN_OR_RETURN(g.latents, load::alloc(be_, DType::kF32, latents.shape(), "dit.graph_in"));

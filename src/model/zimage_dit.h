@@ -13,6 +13,8 @@
 #include "io/model_config.h"
 #include "io/weights.h"
 #include "model/debug.h"
+#include "model/linear.h"
+#include "model/weight_streamer.h"
 
 namespace zimage {
 
@@ -26,8 +28,20 @@ class ZImageDiT {
   // (§5.2: fused attention.qkv, x_embedder, final_layer, attention.out, q_norm/k_norm, optional
   // "model.diffusion_model." prefix, norm_final.weight ignored). Missing, wrongly shaped and
   // unused tensors are errors naming them.
+  // `placement` (from the memory planner): FP8 weight storage and which blocks (in execution
+  // order: noise refiners, context refiners, main layers) stay in host memory and stream in.
   static Result<std::unique_ptr<ZImageDiT>> load(const TransformerConfig& cfg,
-                                                 const WeightStore& ws, Backend& be);
+                                                 const WeightStore& ws, Backend& be,
+                                                 const WeightPlacement& placement = {});
+  // Blocks in execution order (what WeightPlacement::streamed indexes).
+  int num_blocks() const {
+    return static_cast<int>(noise_refiner_.size() + context_refiner_.size() + layers_.size());
+  }
+  // Device bytes of one block's weights (the largest block), of all non-block weights, and of
+  // the weight-streaming slots; host bytes streamed per forward.
+  static int64_t block_weight_bytes(const TransformerConfig& cfg, DType act, bool fp8_weights);
+  uint64_t streaming_slot_bytes() const { return streamer_ ? streamer_->slot_bytes() : 0; }
+  uint64_t streamed_bytes_per_forward() const { return streamer_ ? streamer_->stream_bytes() : 0; }
 
   // latents [B, C, h, w] f32 on the backend; t_model: B host floats ((1000 - T)/1000, spec §6.1);
   // caps: B tensors [L_i, cap_feat_dim] in act dtype (lengths may differ). out: [B, C, h, w] f32,
@@ -50,6 +64,12 @@ class ZImageDiT {
     use_graphs_ = on;
     if (!on) graphs_.clear();
   }
+  // At most `n` recorded forwards (input shapes) kept at once (default 4); the memory planner
+  // keeps one under a budget, each holds a forward's activations.
+  void set_max_graphs(size_t n) {
+    max_graphs_ = n < 1 ? 1 : n;
+    if (graphs_.size() > max_graphs_) graphs_.clear();
+  }
   // Drops the recorded forwards and the device memory they hold.
   void release_graphs() { graphs_.clear(); }
 
@@ -64,15 +84,21 @@ class ZImageDiT {
   struct Block {
     bool modulated = false;
     Tensor adaln_w, adaln_b;  // [4D, adaln], [4D]: scale_attn | gate_attn | scale_ffn | gate_ffn
-    Tensor wqkv;              // [3D, D]: q rows, then k, then v
+    LinearWeight wqkv;        // [3D, D]: q rows, then k, then v
     Tensor norm_q, norm_k;    // [Dh] (undefined when qk_norm is off)
-    Tensor wo;                // [D, D]
+    LinearWeight wo;          // [D, D]
     Tensor attn_norm1, attn_norm2, ffn_norm1, ffn_norm2;  // [D] each
-    Tensor w13;                                           // [2F, D]: w1 (gate) rows, then w3 (up)
-    Tensor w2;                                            // [D, F]
+    LinearWeight w13;                                     // [2F, D]: w1 (gate) rows, then w3 (up)
+    LinearWeight w2;                                      // [D, F]
     // After quantize_ffn_fp8(): the two FFN weights in e4m3 with their scales ([1] f32); w13 and
     // w2 are then released.
     Tensor w13_8, w13_s, w2_8, w2_s;
+    // Every tensor, in fixed positions (weight streaming moves them as a unit).
+    std::vector<Tensor*> tensors() {
+      return {&adaln_w,  &adaln_b,    &wqkv.w,     &wqkv.scale, &norm_q,    &norm_k, &wo.w,
+              &wo.scale, &attn_norm1, &attn_norm2, &ffn_norm1,  &ffn_norm2, &w13.w,  &w13.scale,
+              &w2.w,     &w2.scale,   &w13_8,      &w13_s,      &w2_8,      &w2_s};
+    }
   };
   struct Scratch;  // per-sequence activation buffers (zimage_dit.cpp)
   // What a forward needs that depends only on the input shapes: sizes, per-item caption and
@@ -90,7 +116,7 @@ class ZImageDiT {
     std::vector<Tensor> caps;
     std::unique_ptr<RecordedWork> work;
   };
-  static constexpr size_t kMaxGraphs = 4;
+  size_t max_graphs_ = 4;
 
   ZImageDiT(const TransformerConfig& cfg, Backend& be) : cfg_(cfg), be_(be) {}
   // zimage_dit_weights.cpp
@@ -112,6 +138,14 @@ class ZImageDiT {
                  const std::string& pfx);
   Status run_block(const Block& blk, Tensor& x, const Tensor& freqs, const Tensor& c,
                    const AttentionParams& ap, Scratch& s);
+  // Block `index` (execution order) ready on the device: the resident one, or a streamed one's
+  // slot views (wait for its copy); done_block releases a streamed block's slot.
+  Result<Block> use_block(int index);
+  Status done_block(int index);
+  Block& block_at(int index);
+  // After loading: FP8 rows and host placement as `placement` says; the streamer.
+  Status apply_placement(const WeightPlacement& placement);
+  Status place_block(Block& b, int index);
 
   TransformerConfig cfg_;
   Backend& be_;
@@ -123,6 +157,12 @@ class ZImageDiT {
   Tensor final_w_, final_b_;          // [p*p*C, D], [p*p*C]
   Tensor ones_;                       // [D] of 1.0: the "1 +" of the modulation scales
   std::vector<Block> noise_refiner_, context_refiner_, layers_;
+  // Weight streaming: unit index per block (execution order), -1 = resident.
+  std::vector<int> unit_of_block_;
+  std::unique_ptr<WeightStreamer> streamer_;
+  Tensor wide_scratch_;  // FP8 weights are widened here before their GEMM
+  WeightPlacement placement_;
+  int loaded_blocks_ = 0;
   // Per RoPE axis a: cos/sin of float32(p * omega_k), [axes_lens[a], axes_dims[a]/2] row-major.
   std::vector<std::vector<float>> rope_cos_, rope_sin_;
   bool use_graphs_ = true;

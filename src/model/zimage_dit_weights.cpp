@@ -41,10 +41,13 @@ Status validate(const TransformerConfig& c) {
 }  // namespace
 
 Result<std::unique_ptr<ZImageDiT>> ZImageDiT::load(const TransformerConfig& cfg,
-                                                   const WeightStore& ws, Backend& be) {
+                                                   const WeightStore& ws, Backend& be,
+                                                   const WeightPlacement& placement) {
   ZI_TRY(validate(cfg));
   std::unique_ptr<ZImageDiT> m(new ZImageDiT(cfg, be));
+  m->placement_ = placement;
   Status st = m->load_weights(ws);
+  if (st.ok()) st = m->apply_placement(placement);
   if (!st.ok()) return st.with_context("loading transformer");
   m->build_rope_tables();
   return m;
@@ -68,16 +71,16 @@ Status ZImageDiT::load_block(const WeightStore& ws, const std::string& p, bool m
   const int64_t d = cfg_.dim, dh = cfg_.head_dim(), f = cfg_.ffn_hidden();
   b.modulated = modulated;
   if (ws.contains(p + "attention.qkv.weight")) {  // ComfyUI: rows [q; k; v]
-    ZI_ASSIGN_OR_RETURN(b.wqkv, load::weight(ws, be_, p + "attention.qkv.weight", {3 * d, d}));
+    ZI_ASSIGN_OR_RETURN(b.wqkv.w, load::weight(ws, be_, p + "attention.qkv.weight", {3 * d, d}));
   } else {
     ZI_ASSIGN_OR_RETURN(Tensor q, load::host_view(ws, p + "attention.to_q.weight", {d, d}));
     ZI_ASSIGN_OR_RETURN(Tensor k, load::host_view(ws, p + "attention.to_k.weight", {d, d}));
     ZI_ASSIGN_OR_RETURN(Tensor v, load::host_view(ws, p + "attention.to_v.weight", {d, d}));
-    ZI_ASSIGN_OR_RETURN(b.wqkv, load::concat_rows(be_, {q, k, v}, p + "attention.qkv"));
+    ZI_ASSIGN_OR_RETURN(b.wqkv.w, load::concat_rows(be_, {q, k, v}, p + "attention.qkv"));
   }
   const bool comfy_out = ws.contains(p + "attention.out.weight");
   ZI_ASSIGN_OR_RETURN(
-      b.wo,
+      b.wo.w,
       load::weight(ws, be_, p + (comfy_out ? "attention.out.weight" : "attention.to_out.0.weight"),
                    {d, d}));
   if (cfg_.qk_norm) {
@@ -97,8 +100,8 @@ Status ZImageDiT::load_block(const WeightStore& ws, const std::string& p, bool m
   ZI_ASSIGN_OR_RETURN(b.ffn_norm2, load::weight(ws, be_, p + "ffn_norm2.weight", {d}));
   ZI_ASSIGN_OR_RETURN(Tensor w1, load::host_view(ws, p + "feed_forward.w1.weight", {f, d}));
   ZI_ASSIGN_OR_RETURN(Tensor w3, load::host_view(ws, p + "feed_forward.w3.weight", {f, d}));
-  ZI_ASSIGN_OR_RETURN(b.w13, load::concat_rows(be_, {w1, w3}, p + "feed_forward.w13"));
-  ZI_ASSIGN_OR_RETURN(b.w2, load::weight(ws, be_, p + "feed_forward.w2.weight", {d, f}));
+  ZI_ASSIGN_OR_RETURN(b.w13.w, load::concat_rows(be_, {w1, w3}, p + "feed_forward.w13"));
+  ZI_ASSIGN_OR_RETURN(b.w2.w, load::weight(ws, be_, p + "feed_forward.w2.weight", {d, f}));
   if (modulated) {
     const int64_t ad = cfg_.adaln_dim();
     ZI_ASSIGN_OR_RETURN(b.adaln_w,
@@ -142,6 +145,7 @@ Status ZImageDiT::load_weights(const WeightStore& ws) {
     out.resize(n);
     for (int i = 0; i < n; ++i) {
       ZI_TRY(load_block(ws, pre + name + "." + std::to_string(i) + ".", modulated, out[i]));
+      ZI_TRY(place_block(out[i], loaded_blocks_++));
     }
     return Status::Ok();
   };
@@ -157,6 +161,78 @@ Status ZImageDiT::load_weights(const WeightStore& ws) {
   // Lumina-2's leftover final norm is present in some single-file checkpoints and unused.
   return load::check_all_used(ws, "transformer",
                               [&](const std::string& n) { return n == pre + "norm_final.weight"; });
+}
+
+int64_t ZImageDiT::block_weight_bytes(const TransformerConfig& c, DType act, bool fp8_weights) {
+  const int64_t d = c.dim, f = c.ffn_hidden(), dh = c.head_dim(), es = dtype_size(act);
+  // Big linears: q|k|v [3D, D], out [D, D], w1|w3 [2F, D], w2 [D, F]; FP8 adds a scale per row.
+  const int64_t linear_elems = 3 * d * d + d * d + 2 * f * d + d * f;
+  const int64_t linear_rows = 3 * d + d + 2 * f + d;
+  const int64_t linear = fp8_weights ? linear_elems + 4 * linear_rows : linear_elems * es;
+  const int64_t small = (4 * d * c.adaln_dim() + 4 * d + 4 * d + 2 * dh) * es;
+  return linear + small;
+}
+
+Status ZImageDiT::place_block(Block& b, int index) {
+  const std::string what = "transformer block " + std::to_string(index);
+  if (placement_.fp8_weights) {
+    for (LinearWeight* w : {&b.wqkv, &b.wo, &b.w13, &b.w2}) ZI_TRY(to_fp8_rows(be_, *w, what));
+  }
+  const bool streamed =
+      index < static_cast<int>(placement_.streamed.size()) && placement_.streamed[index];
+  if (streamed) ZI_TRY(move_to_host(be_, b.tensors()));
+  return Status::Ok();
+}
+
+Status ZImageDiT::apply_placement(const WeightPlacement& placement) {
+  const int n = num_blocks();
+  if (!placement.streamed.empty() && static_cast<int>(placement.streamed.size()) != n)
+    return InternalError("weight placement for " + std::to_string(placement.streamed.size()) +
+                         " blocks, the transformer has " + std::to_string(n));
+  unit_of_block_.assign(n, -1);
+  std::vector<std::vector<Tensor>> units;
+  for (int i = 0; i < n; ++i) {
+    if (placement.streamed.empty() || !placement.streamed[i]) continue;
+    unit_of_block_[i] = static_cast<int>(units.size());
+    std::vector<Tensor> u;
+    for (Tensor* t : block_at(i).tensors()) u.push_back(*t);
+    units.push_back(std::move(u));
+  }
+  if (!units.empty()) {
+    ZI_ASSIGN_OR_RETURN(streamer_, WeightStreamer::create(be_, std::move(units),
+                                                          placement.first_slot, placement.slots));
+  }
+  if (placement.fp8_weights) {  // the widest weight: w1|w3 [2F, D]
+    const int64_t elems =
+        std::max<int64_t>(2 * cfg_.ffn_hidden() * cfg_.dim, 3 * cfg_.dim * cfg_.dim);
+    ZI_ASSIGN_OR_RETURN(wide_scratch_,
+                        load::alloc(be_, be_.act_dtype(), {elems}, "FP8 weight scratch"));
+  }
+  return be_.synchronize();
+}
+
+ZImageDiT::Block& ZImageDiT::block_at(int index) {
+  const int nr = static_cast<int>(noise_refiner_.size());
+  const int nc = static_cast<int>(context_refiner_.size());
+  if (index < nr) return noise_refiner_[index];
+  if (index < nr + nc) return context_refiner_[index - nr];
+  return layers_[index - nr - nc];
+}
+
+Result<ZImageDiT::Block> ZImageDiT::use_block(int index) {
+  Block& b = block_at(index);
+  const int unit = unit_of_block_.empty() ? -1 : unit_of_block_[index];
+  if (unit < 0) return b;
+  ZI_ASSIGN_OR_RETURN(std::vector<Tensor> dev, streamer_->acquire(unit));
+  Block view = b;  // flags; every tensor replaced by its slot view
+  std::vector<Tensor*> dst = view.tensors();
+  for (size_t i = 0; i < dst.size(); ++i) *dst[i] = dev[i];
+  return view;
+}
+
+Status ZImageDiT::done_block(int index) {
+  const int unit = unit_of_block_.empty() ? -1 : unit_of_block_[index];
+  return unit < 0 ? Status::Ok() : streamer_->release(unit);
 }
 
 void ZImageDiT::build_rope_tables() {

@@ -25,11 +25,13 @@
 #include "core/status.h"
 #include "core/tensor.h"
 #include "io/model_config.h"
+#include "io/model_folder.h"
 #include "io/model_source.h"
 #include "model/debug.h"
 #include "model/qwen3_encoder.h"
 #include "model/vae.h"
 #include "model/zimage_dit.h"
+#include "pipeline/memory_plan.h"
 #include "pipeline/scheduler.h"
 #include "pipeline/tokenizer.h"
 #include "zimage/zimage.h"
@@ -73,12 +75,23 @@ struct TextToImageOutput {
   PhaseTimings timings;
 };
 
+// How to hold the model in memory (see pipeline/memory_plan.h).
+struct PipelineLoadOptions {
+  // Device bytes the process may hold (context included): 0 = no limit (everything resident),
+  // else the planner streams what does not fit, and the allocator is capped to it.
+  uint64_t vram_budget = 0;
+  bool fp8_weights = false;  // big linear weights of the DiT and text encoder as FP8 rows
+  // The largest request to plan activations for.
+  int plan_width = 1024, plan_height = 1024, plan_batch = 1;
+};
+
 class TextToImage {
  public:
   // Opens the diffusers folder `model_dir` and loads the tokenizer, text encoder, transformer,
   // VAE decoder and scheduler config onto `be`, which must outlive the pipeline. Errors name the
   // component ("loading transformer: ...").
-  static Result<std::unique_ptr<TextToImage>> load(const std::string& model_dir, Backend& be);
+  static Result<std::unique_ptr<TextToImage>> load(const std::string& model_dir, Backend& be,
+                                                   const PipelineLoadOptions& options = {});
   // Every check load() makes on `model_dir` (configs, tokenizer parsed, each model's tensors
   // present with the right shape and a float dtype, no unexpected tensors, the components
   // consistent) without uploading a weight: the loaders bind against the check-only backend.
@@ -87,11 +100,18 @@ class TextToImage {
   static std::vector<Status> check_folder(const std::string& model_dir);
   // The same two for a model folder and/or single files (io/model_source.h): `--dit`,
   // `--text-encoder`, `--vae` replace components of the folder, or stand alone with a tokenizer.
-  static Result<std::unique_ptr<TextToImage>> load(const ModelPaths& paths, Backend& be);
+  static Result<std::unique_ptr<TextToImage>> load(const ModelPaths& paths, Backend& be,
+                                                   const PipelineLoadOptions& options = {});
   static std::vector<Status> check(const ModelPaths& paths);
   // `zimage info FILE`: for each component a single file holds (io/single_file.h), its config
   // inferred and its loader bound on the check-only backend. Errors as load() would word them.
   static std::vector<Status> check_file(const std::string& path);
+  // The memory planner's input for `configs`: weight bytes per block / layer in `act` (or FP8
+  // rows), activations of the largest planned request, the VAE's parameter count, and `fixed`
+  // device bytes (context and libraries, from the driver).
+  static MemoryPlanInput plan_input(const ZImageConfigs& configs, DType act,
+                                    const PipelineLoadOptions& o, uint64_t vae_params,
+                                    uint64_t fixed);
   // Assembles a pipeline from loaded components (all non-null, consistent with each other).
   static Result<std::unique_ptr<TextToImage>> create(TextToImageComponents parts, Backend& be);
 
@@ -128,6 +148,8 @@ class TextToImage {
   int latent_channels() const;
   int max_image_tokens_side() const;  // DiT RoPE limit on (latent side / patch)
   Backend& backend() const { return be_; }
+  // The memory plan the pipeline was loaded with.
+  const MemoryPlan& memory_plan() const { return plan_; }
 
  private:
   TextToImage(TextToImageComponents parts, Backend& be);
@@ -144,6 +166,7 @@ class TextToImage {
   TextToImageComponents c_;
   Backend& be_;
   ModelPaths paths_;  // where the weights came from (scanned when an output is not finite)
+  MemoryPlan plan_;
   bool device_step_ = true;
   std::unique_ptr<Backend> host_;  // a 1-thread CPU backend: dumps of host tensors
 };

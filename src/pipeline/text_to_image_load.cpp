@@ -6,6 +6,7 @@
 // check_folder() runs the same code against the check-only backend (backend/check), which binds
 // every weight without holding it: `zimage info` then reports exactly what `generate` would reject,
 // and there is no second list of expected tensors that could drift from the loaders.
+#include <algorithm>
 #include <chrono>
 #include <utility>
 
@@ -26,7 +27,15 @@ constexpr const char* kParts[] = {"tokenizer", "text_encoder", "transformer", "v
 
 // Loads one component of `src` onto `be` into `parts`; errors carry "loading <part>: ".
 Status load_part(const ModelSource& src, const std::string& part, Backend& be,
-                 TextToImageComponents& parts) {
+                 TextToImageComponents& parts, const MemoryPlan* plan = nullptr,
+                 bool fp8_weights = false) {
+  WeightPlacement te_place, dit_place;
+  if (plan) {
+    te_place.streamed = plan->te_streamed;
+    dit_place.streamed = plan->dit_streamed;
+  }
+  te_place.fp8_weights = dit_place.fp8_weights = fp8_weights;
+  te_place.first_slot = 2;  // the DiT streams through slots 0-1, the text encoder 2-3
   const std::string what = "loading " + part;
   if (part == "tokenizer") {
     auto tok = Tokenizer::load(src.tokenizer_dir());
@@ -39,11 +48,11 @@ Status load_part(const ModelSource& src, const std::string& part, Backend& be,
   const ZImageConfigs& cfg = src.configs();
   if (part == "text_encoder") {
     // The loaders name themselves ("loading text encoder: ..."): no second prefix.
-    auto te = Qwen3Encoder::load(cfg.text_encoder, ws.value(), be);
+    auto te = Qwen3Encoder::load(cfg.text_encoder, ws.value(), be, te_place);
     if (!te.ok()) return te.status();
     parts.text_encoder = std::move(te).value();
   } else if (part == "transformer") {
-    auto dit = ZImageDiT::load(cfg.transformer, ws.value(), be);
+    auto dit = ZImageDiT::load(cfg.transformer, ws.value(), be, dit_place);
     if (!dit.ok()) return dit.status();
     parts.transformer = std::move(dit).value();
   } else {
@@ -54,15 +63,26 @@ Status load_part(const ModelSource& src, const std::string& part, Backend& be,
   return Status::Ok();
 }
 
-}  // namespace
-
-Result<std::unique_ptr<TextToImage>> TextToImage::load(const std::string& model_dir, Backend& be) {
-  ModelPaths paths;
-  paths.model_dir = model_dir;
-  return load(paths, be);
+// The device memory the context and libraries hold, from the driver's view (0 on the CPU).
+Result<uint64_t> fixed_device_bytes(Backend& be) {
+  if (be.device() == Device::kCPU) return uint64_t{0};
+  ZI_ASSIGN_OR_RETURN(auto mem, be.device_memory());  // {total, free}
+  const uint64_t used = mem.first - mem.second;
+  const uint64_t ours = be.memory_use().reserved;
+  return used > ours ? used - ours : 0;
 }
 
-Result<std::unique_ptr<TextToImage>> TextToImage::load(const ModelPaths& paths, Backend& be) {
+}  // namespace
+
+Result<std::unique_ptr<TextToImage>> TextToImage::load(const std::string& model_dir, Backend& be,
+                                                       const PipelineLoadOptions& options) {
+  ModelPaths paths;
+  paths.model_dir = model_dir;
+  return load(paths, be, options);
+}
+
+Result<std::unique_ptr<TextToImage>> TextToImage::load(const ModelPaths& paths, Backend& be,
+                                                       const PipelineLoadOptions& options) {
   const auto start = std::chrono::steady_clock::now();
   const std::string what = paths.describe();
   ZI_ASSIGN_OR_RETURN(ModelSource src, ModelSource::open(paths));
@@ -72,17 +92,34 @@ Result<std::unique_ptr<TextToImage>> TextToImage::load(const ModelPaths& paths, 
     ZI_INFO("%s from %s: config %s%s%s", component_name(c), src.file(c).c_str(),
             src.config_origin(c).c_str(), fp8.empty() ? "" : "; ", fp8.c_str());
   }
+  ZI_ASSIGN_OR_RETURN(uint64_t fixed, fixed_device_bytes(be));
+  uint64_t vae_params = 0;
+  {
+    auto vae_ws = src.open_weights("vae");
+    if (!vae_ws.ok()) return vae_ws.status().with_context("loading vae");
+    vae_params = static_cast<uint64_t>(vae_ws->total_params());
+  }
+  const MemoryPlanInput plan_in =
+      plan_input(src.configs(), be.act_dtype(), options, vae_params, fixed);
+  ZI_ASSIGN_OR_RETURN(MemoryPlan plan, plan_memory(plan_in));
+  ZI_INFO("%s", plan.describe().c_str());
+  if (options.vram_budget != 0)  // the allocator's share: the budget less the context's
+    be.set_memory_limit(options.vram_budget > plan_in.fixed ? options.vram_budget - plan_in.fixed
+                                                            : 1);
   TextToImageComponents parts;
   parts.scheduler = src.configs().scheduler;
-  for (const char* part : kParts) ZI_TRY(load_part(src, part, be, parts));
+  for (const char* part : kParts)
+    ZI_TRY(load_part(src, part, be, parts, &plan, options.fp8_weights));
   // Uploads may still be in flight (the CUDA backend's DMA is asynchronous): wait for them, so
   // the time below is the real load time, and free the upload staging memory.
   if (Status s = be.finish_uploads(); !s.ok()) return s.with_context("loading " + what);
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   ZI_INFO("loaded %s on %s in %.2f s", what.c_str(), be.name().c_str(), seconds);
+  if (options.vram_budget != 0) parts.transformer->set_max_graphs(1);
   ZI_ASSIGN_OR_RETURN(auto pipeline, create(std::move(parts), be));
   pipeline->paths_ = paths;
+  pipeline->plan_ = std::move(plan);
   return pipeline;
 }
 
@@ -140,6 +177,54 @@ std::vector<Status> TextToImage::check_file(const std::string& path) {
     if (!st.ok()) errors.push_back(std::move(st));
   }
   return errors;
+}
+
+// The planner's inputs: weight sizes from the configs, activations for the largest planned
+// request, the device memory the context and libraries hold from the driver's view.
+MemoryPlanInput TextToImage::plan_input(const ZImageConfigs& configs, DType act,
+                                        const PipelineLoadOptions& o, uint64_t vae_params,
+                                        uint64_t fixed) {
+  const TransformerConfig& tc = configs.transformer;
+  const TextEncoderConfig& ec = configs.text_encoder;
+  const uint64_t es = dtype_size(act);
+  MemoryPlanInput in;
+  in.budget = o.vram_budget;
+  in.fixed = fixed;
+  const int64_t d = tc.dim, ad = tc.adaln_dim(), tf = tc.token_features(), fc = tc.cap_feat_dim;
+  in.dit_blocks = 2 * tc.n_refiner_layers + tc.n_layers;
+  in.dit_block_bytes = static_cast<uint64_t>(ZImageDiT::block_weight_bytes(tc, act, o.fp8_weights));
+  in.dit_other_bytes = static_cast<uint64_t>(1024 * 256 + 1024 + ad * 1024 + ad + d * tf + d + fc +
+                                             d * fc + d + 64 * d + d * ad + d + tf * d + tf + d) *
+                       es;
+  in.te_layers = ec.num_hidden_layers - 1;
+  in.te_layer_bytes =
+      static_cast<uint64_t>(Qwen3Encoder::layer_weight_bytes(ec, act, o.fp8_weights));
+  in.te_embed_bytes = static_cast<uint64_t>(ec.vocab_size) * ec.hidden_size * es;
+  in.te_other_bytes = static_cast<uint64_t>(ec.hidden_size) * es;
+  in.vae_bytes = vae_params * es;
+  if (o.fp8_weights)
+    in.fp8_scratch_bytes =
+        static_cast<uint64_t>(
+            std::max<int64_t>(2 * tc.ffn_hidden() * d, 2 * ec.intermediate_size * ec.hidden_size)) *
+        es;
+  // Activations (bytes per row of the widest phase buffers, plus a quarter for attention
+  // workspaces and temporaries).
+  const int64_t f = tc.ffn_hidden(), b = std::max(1, o.plan_batch);
+  const int64_t fac = configs.vae.spatial_factor() * tc.patch_size;
+  const int64_t img_tokens = (o.plan_height / fac) * (o.plan_width / fac);
+  const int64_t dit_rows = b * (img_tokens + 512 + 64);
+  in.dit_activation_bytes = static_cast<uint64_t>(dit_rows * (12 * d + 3 * f) * es * 5 / 4);
+  const int64_t hd = ec.hidden_size, ff = ec.intermediate_size;
+  const int64_t q = ec.num_attention_heads * ec.head_dim, kv = ec.num_key_value_heads * ec.head_dim;
+  in.te_activation_bytes =
+      static_cast<uint64_t>(b * 512 * (4 * hd + 3 * q + 3 * kv + 3 * ff) * es * 5 / 4);
+  const int64_t c0 =
+      configs.vae.block_out_channels.empty() ? 128 : configs.vae.block_out_channels.front();
+  in.vae_activation_bytes =
+      static_cast<uint64_t>(b * int64_t{o.plan_height} * o.plan_width * c0 * es * 6);
+  const int64_t tile = std::min<int64_t>(512, std::max(o.plan_height, o.plan_width));
+  in.vae_tiled_activation_bytes = static_cast<uint64_t>(b * tile * tile * c0 * es * 6);
+  return in;
 }
 
 }  // namespace zimage

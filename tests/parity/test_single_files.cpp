@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -23,6 +24,7 @@
 #include "io/png.h"
 #include "io/safetensors.h"
 #include "io/single_file.h"
+#include "model/zimage_dit.h"
 #include "pipeline/text_to_image.h"
 
 namespace zimage {
@@ -124,6 +126,10 @@ struct Variant {
   const char* vae;
   const char* reference;
 };
+
+void PrintTo(const Variant& v, std::ostream* os) {
+  *os << v.name;
+}
 
 const Variant kVariants[] = {
     {"comfy_bf16", "dit_bf16", "te_bf16", "vae_ldm", "bf16"},
@@ -390,6 +396,47 @@ TEST_F(SingleFiles, EngineOptionsTakeSingleFiles) {
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.status().code(), ErrorCode::kInvalidArgument);
   EXPECT_NE(bad.status().message().find("model_dir: no model folder given"), std::string::npos);
+}
+
+// `--weights fp8` (the FP8 weight rows of model/linear.h) on a scaled FP8 file with per-row
+// scales: the rows are requantised from the dequantised weights with the same recipe, so they
+// come back to the file's FP8 codes and scales; the DiT's output then equals the dequantised
+// model's to float32 rounding. The same option on the bf16 file loses precision (the control:
+// a difference this test would see if the FP8 rows did not keep the file's codes).
+TEST_F(SingleFiles, Fp8WeightRowsOfAScaledFileKeepItsCodes) {
+  std::unique_ptr<Backend> be = make_cpu_backend(2);
+  auto cfg = ModelSource::open({model_dir(), file("dit_scaled_rows")});
+  ASSERT_TRUE(cfg.ok()) << cfg.status().to_string();
+  const TransformerConfig& tc = cfg->configs().transformer;
+  Tensor lat = Tensor::host(DType::kF32, {1, 16, 8, 8});
+  Tensor cap = Tensor::host(DType::kF32, {7, tc.cap_feat_dim});
+  for (int64_t i = 0; i < lat.numel(); ++i) lat.data_as<float>()[i] = std::sin(0.37f * i);
+  for (int64_t i = 0; i < cap.numel(); ++i) cap.data_as<float>()[i] = std::cos(0.11f * i);
+  auto forward = [&](const std::string& f, bool fp8) {
+    auto cw = open_component_file(f, Component::kTransformer);
+    EXPECT_TRUE(cw.ok());
+    WeightPlacement place;
+    place.fp8_weights = fp8;
+    auto dit = ZImageDiT::load(tc, cw->store, *be, place);
+    EXPECT_TRUE(dit.ok()) << dit.status().to_string();
+    Tensor out;
+    auto l = be->upload(lat, DType::kF32);
+    auto c = be->upload(cap, be->act_dtype());
+    EXPECT_TRUE(l.ok() && c.ok());
+    EXPECT_TRUE((*dit)->forward(*l, {0.4f}, {*c}, out).ok());
+    Tensor host = Tensor::host(DType::kF32, out.shape());
+    EXPECT_TRUE(be->download(out, host).ok());
+    return host;
+  };
+  const double scaled = test::max_abs_diff(forward(file("dit_scaled_rows"), true),
+                                           forward(file("dit_scaled_rows"), false));
+  const double plain =
+      test::max_abs_diff(forward(file("dit_bf16"), true), forward(file("dit_bf16"), false));
+  std::printf("  DiT output, FP8 rows vs dequantised: scaled-rows file %.3g, bf16 file %.3g\n",
+              scaled, plain);
+  EXPECT_GE(scaled, 0.0);
+  EXPECT_LT(scaled, 1e-5);
+  EXPECT_GT(plain, 100 * std::max(scaled, 1e-7));
 }
 
 test::ProgramRun zimage(std::vector<std::string> args) {

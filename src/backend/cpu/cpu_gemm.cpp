@@ -6,9 +6,11 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <cmath>
 #include <mutex>
+#include <vector>
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/cpu_check.h"
@@ -167,6 +169,61 @@ Status CpuBackend::matmul_fp8(const Tensor& x, const Tensor& w8, const Tensor& w
   for (int64_t i = 0; i < xd.numel(); ++i) xd.data_as<float>()[i] = f8e4m3_to_f32(qx[i]) * s_x;
   for (int64_t i = 0; i < wd.numel(); ++i) wd.data_as<float>()[i] = f8e4m3_to_f32(qw[i]) * s_w;
   return matmul(xd, wd, Tensor(), y);
+}
+
+// Per-output-channel FP8 weights: the same arithmetic as fp8.cu's row kernels (amax over the
+// row, s = amax / 448, q = e4m3(clamp(w * (1 / s), ±448))), so both backends hold the same bytes.
+Status CpuBackend::quantize_fp8_rows(const Tensor& w, Tensor& w8, Tensor& scale) {
+  if (!w.defined() || w.rank() != 2 || !dtype_is_float(w.dtype()) || w.device() != Device::kCPU)
+    return InvalidArgument("quantize_fp8_rows: w must be a float [N, K] host tensor, got " +
+                           w.describe());
+  const int64_t n = w.dim(0), k = w.dim(1);
+  if (!w8.defined() || w8.dtype() != DType::kF8E4M3 || w8.shape() != w.shape())
+    return InvalidArgument("quantize_fp8_rows: w8 must be f8e4m3 " + shape_string(w.shape()));
+  if (!scale.defined() || scale.dtype() != DType::kF32 || scale.shape() != Shape{n})
+    return InvalidArgument("quantize_fp8_rows: scale must be f32 [" + std::to_string(n) + "]");
+  const size_t esz = dtype_size(w.dtype());
+  const auto* base = static_cast<const uint8_t*>(w.data());
+  auto* q = static_cast<uint8_t*>(w8.data());
+  float* sp = scale.data_as<float>();
+  std::atomic<bool> ok{true};
+  pool_.parallel_for(n, 1, [&](int64_t r0, int64_t r1) {
+    std::vector<float> row(static_cast<size_t>(k));
+    for (int64_t r = r0; r < r1; ++r) {
+      if (!convert_to_f32(w.dtype(), base + static_cast<size_t>(r * k) * esz, row.data(),
+                          static_cast<size_t>(k))) {
+        ok = false;
+        return;
+      }
+      float amax = 0.f;
+      for (float v : row) amax = std::max(amax, std::fabs(v));
+      const float s = amax > 0.f && amax < 3.0e38f ? amax / 448.f : 1.f;
+      const float inv = 1.f / s;
+      for (int64_t i = 0; i < k; ++i)
+        q[r * k + i] = f32_to_f8e4m3(std::clamp(row[i] * inv, -448.f, 448.f));
+      sp[r] = s;
+    }
+  });
+  if (!ok) return InvalidArgument("quantize_fp8_rows: cannot read " + w.describe());
+  return Status::Ok();
+}
+
+Status CpuBackend::dequantize_fp8_rows(const Tensor& w8, const Tensor& scale, Tensor& y) {
+  if (!w8.defined() || w8.dtype() != DType::kF8E4M3 || w8.rank() != 2)
+    return InvalidArgument("dequantize_fp8_rows: w8 must be f8e4m3 [N, K]");
+  const int64_t n = w8.dim(0), k = w8.dim(1);
+  if (!scale.defined() || scale.dtype() != DType::kF32 || scale.shape() != Shape{n})
+    return InvalidArgument("dequantize_fp8_rows: scale must be f32 [" + std::to_string(n) + "]");
+  ZI_TRY(check_f32("dequantize_fp8_rows", "y", y));
+  if (y.numel() != n * k) return InvalidArgument("dequantize_fp8_rows: y " + y.describe());
+  const auto* q = static_cast<const uint8_t*>(w8.data());
+  const float* sp = scale.data_as<float>();
+  float* yp = y.data_as<float>();
+  pool_.parallel_for(n, 1, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r)
+      for (int64_t i = 0; i < k; ++i) yp[r * k + i] = f8e4m3_to_f32(q[r * k + i]) * sp[r];
+  });
+  return Status::Ok();
 }
 
 }  // namespace zimage::cpu

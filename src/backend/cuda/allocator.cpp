@@ -28,15 +28,24 @@ std::shared_ptr<CachingAllocator> CachingAllocator::create(int device,
 }
 
 CachingAllocator::CachingAllocator(int device, BlockAllocatorOptions options) : device_(device) {
-  auto segment_alloc = [](size_t bytes) -> Result<void*> {
+  auto segment_alloc = [this](size_t bytes) -> Result<void*> {
+    const size_t limit = limit_.load();
+    if (limit != 0 && held_.load() + bytes > limit) {
+      return OutOfMemory("the memory budget allows " + std::to_string(limit >> 20) +
+                         " MiB for the allocator, " + std::to_string(held_.load() >> 20) +
+                         " MiB held");
+    }
     void* p = nullptr;
     // cuda_status maps cudaErrorMemoryAllocation to OutOfMemory (and clears it), which is what
     // makes the block allocator give idle segments back and retry.
     ZI_TRY(cuda_status(cudaMalloc(&p, bytes), "cudaMalloc"));
+    held_ += bytes;
     return p;
   };
-  auto segment_free = [](void* p, size_t) -> Status {
-    return cuda_status(cudaFree(p), "cudaFree");
+  auto segment_free = [this](void* p, size_t bytes) -> Status {
+    ZI_TRY(cuda_status(cudaFree(p), "cudaFree"));
+    held_ -= bytes;
+    return Status::Ok();
   };
   blocks_ = std::make_unique<BlockAllocator>(segment_alloc, segment_free, options);
 }

@@ -20,6 +20,7 @@
 // which would invalidate the capture; warm-up runs before capture avoid misses.)
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -68,6 +69,9 @@ class CachingAllocator : public std::enable_shared_from_this<CachingAllocator> {
 
   AllocatorStats stats() const;
   void reset_peak();
+  // At most `bytes` obtained from the driver (0 = no limit): a request that would go beyond it
+  // first gets idle segments given back, then fails with OutOfMemory.
+  void set_limit(size_t bytes) { limit_ = bytes; }
 
  private:
   friend class CudaStorage;
@@ -75,6 +79,8 @@ class CachingAllocator : public std::enable_shared_from_this<CachingAllocator> {
   void release(void* ptr);
 
   int device_;
+  std::atomic<size_t> limit_{0};
+  std::atomic<size_t> held_{0};  // bytes in segments from cudaMalloc
   std::unique_ptr<BlockAllocator> blocks_;
 };
 

@@ -77,6 +77,12 @@ CudaBackend::CudaBackend(int device, DType act) : device_(device), act_(act) {}
 
 CudaBackend::~CudaBackend() {
   if (stream_) cudaStreamSynchronize(stream_);
+  if (copy_stream_) cudaStreamSynchronize(copy_stream_);
+  for (int i = 0; i < kStreamSlots; ++i) {
+    if (loaded_[i]) cudaEventDestroy(loaded_[i]);
+    if (released_[i]) cudaEventDestroy(released_[i]);
+  }
+  if (copy_stream_) cudaStreamDestroy(copy_stream_);
   profiler_.reset();
   sdpa_.reset();
   conv_graphs_.reset();

@@ -21,6 +21,8 @@
 
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "backend/backend.h"
 #include "backend/cuda/allocator.h"
@@ -86,6 +88,14 @@ class CudaBackend final : public Backend {
   Status matmul(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y) override;
   Status quantize_fp8(const Tensor& x, Tensor& x8, Tensor& scale) override;
   Status matmul_fp8(const Tensor& x, const Tensor& w8, const Tensor& w_scale, Tensor& y) override;
+  Status quantize_fp8_rows(const Tensor& w, Tensor& w8, Tensor& scale) override;
+  Status dequantize_fp8_rows(const Tensor& w8, const Tensor& scale, Tensor& y) override;
+  // Weight streaming (cuda_streaming.cpp): pinned host tensors, a copy stream, per-slot events.
+  Result<Tensor> alloc_pinned(DType dtype, const Shape& shape) override;
+  Status stream_in(int slot, const std::vector<std::pair<Tensor, Tensor>>& copies) override;
+  Status wait_slot(int slot) override;
+  Status release_slot(int slot) override;
+  uint64_t streamed_bytes() const override { return streamed_bytes_; }
   Status rms_norm(const Tensor& x, const Tensor& w, float eps, const Tensor& scale,
                   Tensor& y) override;
   Status layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, float eps,
@@ -158,6 +168,11 @@ class CudaBackend final : public Backend {
   void set_conv_graphs(bool on) { use_conv_graphs_ = on; }
   // Whether cuDNN loaded; without it conv2d runs a direct (slow) kernel.
   bool has_cudnn() const;
+  // Caps the device memory the allocator may hold (0 = no cap): the memory planner's budget less
+  // what the CUDA context and libraries took. Allocations beyond it fail with OutOfMemory.
+  void set_memory_limit(size_t bytes) override { allocator_->set_limit(bytes); }
+  // What the driver reports for the whole device: total and free bytes (cudaMemGetInfo).
+  Result<std::pair<uint64_t, uint64_t>> device_memory() const override;
   // The staged upload path (tests and benchmarks read its statistics or tune its options).
   PinnedUploader& uploader() { return *uploader_; }
 
@@ -182,6 +197,13 @@ class CudaBackend final : public Backend {
   uint64_t next_pool_ = 1;  // private allocator pools for recorded work
   std::unique_ptr<OpProfiler> profiler_;
   std::unique_ptr<PinnedUploader> uploader_;  // every host -> device copy (uploader.h)
+  // Weight streaming: copies run on copy_stream_; loaded_[s] is recorded after slot s's copies,
+  // released_[s] after the compute that last read slot s.
+  Status ensure_streaming();
+  cudaStream_t copy_stream_ = nullptr;
+  cudaEvent_t loaded_[kStreamSlots] = {};
+  cudaEvent_t released_[kStreamSlots] = {};
+  uint64_t streamed_bytes_ = 0;
   AttentionPath attention_path_ = AttentionPath::kAuto;
   FlashVariant flash_variant_ = FlashVariant::kAuto;
 };

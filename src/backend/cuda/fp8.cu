@@ -48,7 +48,70 @@ __global__ void quantize_kernel(const T* __restrict__ x, int64_t n,
   }
 }
 
+template <typename T>
+__global__ void quantize_rows_kernel(const T* __restrict__ w, int64_t cols,
+                                     __nv_fp8_storage_t* __restrict__ q,
+                                     float* __restrict__ scale) {
+  const int64_t row = blockIdx.x;
+  const T* wr = w + row * cols;
+  float m = 0.f;
+  for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) m = fmaxf(m, fabsf(to_f32<T>(wr[i])));
+  for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+  __shared__ float warp_max[kThreads / 32];
+  __shared__ float row_scale;
+  if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x >> 5] = m;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int k = 1; k < kThreads / 32; ++k) m = fmaxf(m, warp_max[k]);
+    row_scale = m > 0.f && m < 3.0e38f ? __fdiv_rn(m, kE4M3Max) : 1.f;
+    scale[row] = row_scale;
+  }
+  __syncthreads();
+  const float inv = __frcp_rn(row_scale);
+  for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) {
+    const float v = fminf(fmaxf(__fmul_rn(to_f32<T>(wr[i]), inv), -kE4M3Max), kE4M3Max);
+    q[row * cols + i] = __nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3);
+  }
+}
+
+template <typename T>
+__global__ void dequantize_rows_kernel(const __nv_fp8_storage_t* __restrict__ q,
+                                       const float* __restrict__ scale, int64_t rows, int64_t cols,
+                                       T* __restrict__ out) {
+  const int64_t n = rows * cols;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const __half_raw h = __nv_cvt_fp8_to_halfraw(q[i], __NV_E4M3);
+    out[i] = from_f32<T>(__fmul_rn(__half2float(__half(h)), scale[i / cols]));
+  }
+}
+
 }  // namespace
+
+cudaError_t launch_quantize_fp8_rows(KType t, const void* w, int64_t rows, int64_t cols, void* q,
+                                     float* scale, cudaStream_t s) {
+  if (rows <= 0 || cols <= 0) return cudaSuccess;
+  if (rows > 0x7fffffff) return cudaErrorInvalidValue;
+  return dispatch_ktype(t, [&](auto tag) {
+    using T = decltype(tag);
+    quantize_rows_kernel<T><<<static_cast<unsigned>(rows), kThreads, 0, s>>>(
+        static_cast<const T*>(w), cols, static_cast<__nv_fp8_storage_t*>(q), scale);
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t launch_dequantize_fp8_rows(KType t, const void* q, const float* scale, int64_t rows,
+                                       int64_t cols, void* out, cudaStream_t s) {
+  const int64_t n = rows * cols;
+  if (n <= 0) return cudaSuccess;
+  return dispatch_ktype(t, [&](auto tag) {
+    using T = decltype(tag);
+    const unsigned grid = grid_for(n, kThreads) < 65535u * 8 ? grid_for(n, kThreads) : 65535u * 8;
+    dequantize_rows_kernel<T><<<grid, kThreads, 0, s>>>(static_cast<const __nv_fp8_storage_t*>(q),
+                                                        scale, rows, cols, static_cast<T*>(out));
+    return cudaGetLastError();
+  });
+}
 
 cudaError_t launch_quantize_fp8(KType t, const void* x, int64_t n, void* amax_scratch, float* scale,
                                 void* q, cudaStream_t s) {

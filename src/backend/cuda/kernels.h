@@ -52,6 +52,12 @@ cudaError_t launch_sum_squares(KType t, const void* x, int64_t rows, int64_t col
 // goes through amax_scratch (4 bytes of device memory). No host round trip.
 cudaError_t launch_quantize_fp8(KType t, const void* x, int64_t n, void* amax_scratch, float* scale,
                                 void* q, cudaStream_t s);
+// Per-row weights: w[rows, cols] -> q (e4m3) and scale[rows] (s = max|row| / 448, 1 for a zero
+// row), one block per row; and back: out[rows, cols] (type t) = float(q) * scale[row].
+cudaError_t launch_quantize_fp8_rows(KType t, const void* w, int64_t rows, int64_t cols, void* q,
+                                     float* scale, cudaStream_t s);
+cudaError_t launch_dequantize_fp8_rows(KType t, const void* q, const float* scale, int64_t rows,
+                                       int64_t cols, void* out, cudaStream_t s);
 
 // ---- fused prologues (prologue.cu) ----
 // qkv[rows, (hq + 2 hkv) * dh] -> q[rows, hq, dh], k/v[rows, hkv, dh]; q, k RMS-normed with wq/wk
@@ -141,5 +147,12 @@ cudaError_t launch_flash_attention(const FlashArgs& a, cudaStream_t s);
 cudaError_t launch_masked_softmax(KType p_t, const float* scores, void* probs, int64_t heads,
                                   int64_t rows, int64_t seq_k, int64_t q0, float scale, bool causal,
                                   int64_t key_len, cudaStream_t s);
+
+// ---- GGUF dequantisation (gguf_dequant.cu; call it through gguf_dequant.h) ----
+// Packed ggml blocks of `ggml_type` (io/gguf_quants.h GgmlType id), rows x row_bytes bytes, into
+// out[rows, cols] (kF32 or kBF16). cols must be a multiple of 8 and of the block size.
+cudaError_t launch_gguf_dequant(uint32_t ggml_type, const void* blocks, int64_t rows, int64_t cols,
+                                int64_t row_bytes, int block_size, int type_size, KType out_type,
+                                void* out, cudaStream_t s);
 
 }  // namespace zimage::cuda

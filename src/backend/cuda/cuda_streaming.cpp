@@ -1,0 +1,128 @@
+// CudaBackend's weight streaming and per-channel FP8 weights: pinned host tensors, a copy stream
+// with per-slot events (so weight copies overlap compute, double-buffered by the model), the
+// driver's view of device memory, and the FP8 row (de)quantisation ops.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <string>
+
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/kernels.h"
+#include "backend/cuda/validate.h"
+
+namespace zimage::cuda {
+namespace {
+
+// Page-locked host memory from cudaHostAlloc, freed with cudaFreeHost.
+class PinnedStorage final : public Storage {
+ public:
+  PinnedStorage(void* p, size_t n) : Storage(p, n, Device::kCPU) {}
+  ~PinnedStorage() override { cudaFreeHost(data_); }
+};
+
+}  // namespace
+
+Result<Tensor> CudaBackend::alloc_pinned(DType dtype, const Shape& shape) {
+  const int64_t n = shape_numel(shape);
+  if (n < 0) return InvalidArgument("alloc_pinned: bad shape " + shape_string(shape));
+  const size_t bytes = std::max<size_t>(1, static_cast<size_t>(n) * dtype_size(dtype));
+  void* p = nullptr;
+  const cudaError_t e = cudaHostAlloc(&p, bytes, cudaHostAllocDefault);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return OutOfMemory("cannot pin " + std::to_string(bytes >> 20) +
+                       " MiB of host memory: " + cudaGetErrorString(e));
+  }
+  return Tensor(std::make_shared<PinnedStorage>(p, bytes), 0, dtype, shape);
+}
+
+Status CudaBackend::ensure_streaming() {
+  if (copy_stream_) return Status::Ok();
+  ZI_CUDA_TRY(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
+  for (int i = 0; i < kStreamSlots; ++i) {
+    ZI_CUDA_TRY(cudaEventCreateWithFlags(&loaded_[i], cudaEventDisableTiming));
+    ZI_CUDA_TRY(cudaEventCreateWithFlags(&released_[i], cudaEventDisableTiming));
+  }
+  return Status::Ok();
+}
+
+Status CudaBackend::stream_in(int slot, const std::vector<std::pair<Tensor, Tensor>>& copies) {
+  if (slot < 0 || slot >= kStreamSlots)
+    return InvalidArgument("stream_in: slot " + std::to_string(slot) + " out of range");
+  ZI_TRY(ensure_streaming());
+  // The slot's previous contents may still be read by queued compute (release_slot recorded it);
+  // an event never recorded is already complete.
+  ZI_CUDA_TRY(cudaStreamWaitEvent(copy_stream_, released_[slot], 0));
+  for (const auto& [host, dev] : copies) {
+    if (!host.defined() || !dev.defined() || host.dtype() != dev.dtype() ||
+        host.shape() != dev.shape() || host.device() != Device::kCPU ||
+        dev.device() != Device::kCUDA)
+      return InvalidArgument("stream_in: " + host.describe() + " -> " + dev.describe());
+    ZI_CUDA_TRY(cudaMemcpyAsync(dev.data(), host.data(), host.nbytes(), cudaMemcpyHostToDevice,
+                                copy_stream_));
+    streamed_bytes_ += host.nbytes();
+  }
+  ZI_CUDA_TRY(cudaEventRecord(loaded_[slot], copy_stream_));
+  return Status::Ok();
+}
+
+Status CudaBackend::wait_slot(int slot) {
+  if (slot < 0 || slot >= kStreamSlots)
+    return InvalidArgument("wait_slot: slot " + std::to_string(slot) + " out of range");
+  ZI_TRY(ensure_streaming());
+  ZI_CUDA_TRY(cudaStreamWaitEvent(stream_, loaded_[slot], 0));
+  return Status::Ok();
+}
+
+Status CudaBackend::release_slot(int slot) {
+  if (slot < 0 || slot >= kStreamSlots)
+    return InvalidArgument("release_slot: slot " + std::to_string(slot) + " out of range");
+  ZI_TRY(ensure_streaming());
+  ZI_CUDA_TRY(cudaEventRecord(released_[slot], stream_));
+  return Status::Ok();
+}
+
+Result<std::pair<uint64_t, uint64_t>> CudaBackend::device_memory() const {
+  size_t free_b = 0, total_b = 0;
+  ZI_CUDA_TRY(cudaMemGetInfo(&free_b, &total_b));
+  return std::pair<uint64_t, uint64_t>{total_b, free_b};
+}
+
+Status CudaBackend::quantize_fp8_rows(const Tensor& w, Tensor& w8, Tensor& scale) {
+  constexpr const char* op = "quantize_fp8_rows";
+  ZI_TRY(check_cuda_tensor(op, "w", w));
+  ZI_TRY(check_cuda_tensor(op, "w8", w8));
+  ZI_TRY(check_cuda_tensor(op, "scale", scale));
+  ZI_TRY(check_rank(op, "w", w, 2));
+  ZI_ASSIGN_OR_RETURN(KType kt, ktype_of(op, w.dtype()));
+  ZI_TRY(check_dtype(op, "w8", w8, DType::kF8E4M3));
+  ZI_TRY(check_shape(op, "w8", w8, w.shape()));
+  ZI_TRY(check_dtype(op, "scale", scale, DType::kF32));
+  ZI_TRY(check_shape(op, "scale", scale, {w.dim(0)}));
+  ZI_LAUNCH_TRY(op, launch_quantize_fp8_rows(kt, w.data(), w.dim(0), w.dim(1), w8.data(),
+                                             scale.data_as<float>(), stream_));
+  return Status::Ok();
+}
+
+Status CudaBackend::dequantize_fp8_rows(const Tensor& w8, const Tensor& scale, Tensor& y) {
+  ZI_OP_SCOPE("dequantize_fp8_rows", &w8);
+  constexpr const char* op = "dequantize_fp8_rows";
+  ZI_TRY(check_cuda_tensor(op, "w8", w8));
+  ZI_TRY(check_cuda_tensor(op, "scale", scale));
+  ZI_TRY(check_cuda_tensor(op, "y", y));
+  ZI_TRY(check_rank(op, "w8", w8, 2));
+  ZI_TRY(check_dtype(op, "w8", w8, DType::kF8E4M3));
+  ZI_TRY(check_dtype(op, "scale", scale, DType::kF32));
+  ZI_TRY(check_shape(op, "scale", scale, {w8.dim(0)}));
+  ZI_TRY(check_dtype(op, "y", y, act_));
+  if (y.numel() != w8.numel())
+    return InvalidArgument("dequantize_fp8_rows: y " + y.describe() + " does not hold " +
+                           w8.describe());
+  ZI_ASSIGN_OR_RETURN(KType kt, ktype_of(op, y.dtype()));
+  ZI_LAUNCH_TRY(op, launch_dequantize_fp8_rows(kt, w8.data(), scale.data_as<float>(), w8.dim(0),
+                                               w8.dim(1), y.data(), stream_));
+  return Status::Ok();
+}
+
+}  // namespace zimage::cuda

@@ -1,0 +1,57 @@
+// How a model holds its big weights, as the memory planner decides (pipeline/memory_plan.h):
+//  * LinearWeight: a linear layer's weight in the compute dtype, or (--weights fp8) as FP8 e4m3
+//    with one scale per output channel, widened into a scratch buffer just before its GEMM, so
+//    the GEMM itself is the same bf16 GEMM (half the bytes resident and streamed, one extra pass
+//    over the weight per use).
+//  * WeightPlacement: which of a model's blocks live on the device and which in (pinned) host
+//    memory, streamed in before use (model/weight_streamer.h).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "backend/backend.h"
+#include "core/status.h"
+#include "core/tensor.h"
+
+namespace zimage {
+
+struct LinearWeight {
+  Tensor w;      // [N, K]: the backend's act dtype, or kF8E4M3 when `scale` is defined
+  Tensor scale;  // [N] f32: per-output-channel dequantisation scale (FP8 only)
+  bool fp8() const { return scale.defined(); }
+  bool defined() const { return w.defined(); }
+  int64_t rows() const { return w.defined() ? w.dim(0) : 0; }
+  int64_t cols() const { return w.defined() ? w.dim(1) : 0; }
+};
+
+struct WeightPlacement {
+  // Store the blocks' big linear weights (attention q|k|v and out, feed-forward) as FP8 rows.
+  bool fp8_weights = false;
+  // Per block in execution order: true = kept in host memory and streamed in before use.
+  // Empty = every block on the device.
+  std::vector<bool> streamed;
+  // The backend stream slots the model may use: [first_slot, first_slot + slots).
+  int first_slot = 0;
+  int slots = 2;
+  bool any_streamed() const {
+    for (bool s : streamed)
+      if (s) return true;
+    return false;
+  }
+};
+
+// y[M, N] = x[M, K] · wᵀ (+ bias). An FP8 weight is first dequantised into `scratch` (act dtype,
+// at least N*K elements; its leading N*K elements are overwritten).
+Status linear(Backend& be, const Tensor& x, const LinearWeight& w, const Tensor& bias,
+              const Tensor& scratch, Tensor& y);
+
+// Replaces a weight loaded in the act dtype by its FP8 rows (Backend::quantize_fp8_rows); the
+// wide copy is released.
+Status to_fp8_rows(Backend& be, LinearWeight& w, const std::string& what);
+
+// Moves device tensors into pinned host memory (Backend::alloc_pinned), in place: each defined
+// tensor is downloaded and replaced by its host copy. The bytes are exactly those on the device.
+Status move_to_host(Backend& be, const std::vector<Tensor*>& tensors);
+
+}  // namespace zimage

@@ -1,0 +1,60 @@
+// Streams the weights of blocks kept in host memory into device slots, in the order the model
+// runs them, double-buffered: while block u computes out of one slot, the next streamed block's
+// weights are copied into another on the backend's copy stream (Backend::stream_in), and the
+// compute waits on the device for exactly the copy it needs (Backend::wait_slot). When a block is
+// released, its slot is refilled with the streamed block `slots` positions later, wrapping
+// around into the next pass, so in a steady state of repeated forwards every copy overlaps
+// compute and the model runs at the speed of max(compute, link).
+//
+// A unit is one block's tensors in fixed positions (undefined where a block has none); a slot
+// has, per position, one device buffer as large as the largest unit's tensor there, and a unit
+// in the slot sees views of it with its own dtypes and shapes. The bytes computed on are exactly
+// the host copies' bytes, so a streamed forward equals the resident one bit for bit.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "backend/backend.h"
+#include "core/status.h"
+#include "core/tensor.h"
+
+namespace zimage {
+
+class WeightStreamer {
+ public:
+  // `units`: host tensors per streamed block, in execution order, all with the same number of
+  // positions. Uses backend slots [first_slot, first_slot + slots) (at most as many as units).
+  static Result<std::unique_ptr<WeightStreamer>> create(Backend& be,
+                                                        std::vector<std::vector<Tensor>> units,
+                                                        int first_slot, int slots);
+
+  // The device tensors of `unit` (same positions as given), valid until release(unit). Queues
+  // its copy first if it is not in its slot yet; compute queued after this waits for the copy.
+  Result<std::vector<Tensor>> acquire(int unit);
+  // Marks the compute queued so far as the last use of `unit`'s slot and queues the copy of the
+  // streamed block that uses the slot next.
+  Status release(int unit);
+
+  int units() const { return static_cast<int>(units_.size()); }
+  int slots() const { return slots_; }
+  uint64_t slot_bytes() const { return slot_bytes_; }      // device memory of all slots
+  uint64_t stream_bytes() const { return stream_bytes_; }  // bytes of one pass over all units
+
+ private:
+  WeightStreamer(Backend& be) : be_(be) {}
+  Status load(int slot, int unit);
+  std::vector<Tensor> views(int slot, int unit) const;
+
+  Backend& be_;
+  std::vector<std::vector<Tensor>> units_;    // host
+  std::vector<std::vector<Tensor>> buffers_;  // per slot, per position: device bytes
+  std::vector<int> in_slot_;                  // per slot: unit loaded or being loaded, -1 none
+  int first_slot_ = 0;
+  int slots_ = 0;
+  uint64_t slot_bytes_ = 0;
+  uint64_t stream_bytes_ = 0;
+};
+
+}  // namespace zimage

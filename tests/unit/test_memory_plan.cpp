@@ -1,0 +1,129 @@
+// The memory planner (pipeline/memory_plan.h) on the full-size Z-Image-Turbo sizes: a table of
+// budgets and the decisions they must give, the budget respected by the plan's own estimate, the
+// order of what streams (text encoder first, then DiT blocks spread over the forward), the
+// tiled VAE only as a last resort, and an impossible budget named with its minimum.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "io/model_folder.h"
+#include "pipeline/memory_plan.h"
+#include "pipeline/text_to_image.h"
+
+using namespace zimage;
+
+namespace {
+
+constexpr uint64_t kGiB = uint64_t{1} << 30;
+// The published VAE's parameter count (83.8 M; close enough for planning).
+constexpr uint64_t kVaeParams = 83'800'000;
+constexpr uint64_t kContext = 600ull << 20;  // a typical CUDA context + cuBLAS/cuDNN handles
+
+MemoryPlanInput full_size(double budget_gib, bool fp8 = false, int side = 1024) {
+  PipelineLoadOptions o;
+  o.vram_budget = static_cast<uint64_t>(budget_gib * static_cast<double>(kGiB));
+  o.fp8_weights = fp8;
+  o.plan_width = o.plan_height = side;
+  return TextToImage::plan_input(zimage_turbo_reference_configs(), DType::kBF16, o, kVaeParams,
+                                 kContext);
+}
+
+}  // namespace
+
+TEST(MemoryPlan, FullSizeWeightSizesMatchThePublishedModel) {
+  const MemoryPlanInput in = full_size(0);
+  EXPECT_EQ(in.dit_blocks, 34);  // 2 + 2 refiners, 30 layers
+  EXPECT_EQ(in.te_layers, 35);   // 36 layers, hidden_states[-2]
+  const double dit_gib =
+      static_cast<double>(in.dit_blocks * in.dit_block_bytes + in.dit_other_bytes) / kGiB;
+  const double te_gib = static_cast<double>(in.te_layers * in.te_layer_bytes + in.te_embed_bytes) /
+                        static_cast<double>(kGiB);
+  // DiT 6.15 B parameters (12.3 GB = 11.5 GiB in bf16), text encoder 4.0 B without its last layer
+  EXPECT_NEAR(dit_gib, 11.4, 0.3);
+  EXPECT_NEAR(te_gib, 7.2, 0.3);
+  const MemoryPlanInput f8 = full_size(0, true);
+  EXPECT_LT(f8.dit_block_bytes * 10, in.dit_block_bytes * 6);  // FP8 rows: about half
+}
+
+TEST(MemoryPlan, TableOfBudgets) {
+  struct Row {
+    double gib;
+    bool fp8;
+    int min_dit_resident, max_dit_resident;
+    int min_te_resident, max_te_resident;
+  };
+  // What each budget must give at 1024², batch 1 (bf16 unless marked).
+  const Row rows[] = {
+      {0, false, 34, 34, 35, 35},   // no limit: everything resident
+      {40, false, 34, 34, 35, 35},  // fits: everything resident
+      {16, false, 34, 34, 0, 20},   // the text encoder streams first
+      {12, false, 20, 33, 0, 4},    // then DiT blocks (text-encoder layers get leftovers)
+      {8, false, 5, 25, 0, 4},      //
+      {4, false, 0, 6, 0, 4},       // almost everything streams
+      {12, true, 34, 34, 0, 35},    // FP8 weights: the DiT fits at 12 GiB
+      {4, true, 0, 20, 0, 4},       //
+  };
+  for (const Row& r : rows) {
+    SCOPED_TRACE(std::to_string(r.gib) + " GiB" + (r.fp8 ? " fp8" : ""));
+    const MemoryPlanInput in = full_size(r.gib, r.fp8);
+    auto plan = plan_memory(in);
+    ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+    EXPECT_GE(plan->dit_resident_blocks(), r.min_dit_resident) << plan->describe();
+    EXPECT_LE(plan->dit_resident_blocks(), r.max_dit_resident) << plan->describe();
+    EXPECT_GE(plan->te_resident_layers(), r.min_te_resident) << plan->describe();
+    EXPECT_LE(plan->te_resident_layers(), r.max_te_resident) << plan->describe();
+    if (r.gib > 0) {  // the plan's own estimate stays inside the budget less the margin
+      EXPECT_LE(plan->peak_bytes + memory_plan_margin(plan->budget), plan->budget)
+          << plan->describe();
+    }
+    EXPECT_FALSE(plan->vae_tiled);
+    // Streamed bytes are exactly the streamed units.
+    EXPECT_EQ(plan->dit_stream_bytes,
+              static_cast<uint64_t>(34 - plan->dit_resident_blocks()) * in.dit_block_bytes);
+  }
+}
+
+TEST(MemoryPlan, TextEncoderStreamsBeforeAnyDitBlockAndBlocksAreSpread) {
+  for (double gib = 4; gib <= 24; gib += 0.5) {
+    auto plan = plan_memory(full_size(gib));
+    ASSERT_TRUE(plan.ok()) << gib << ": " << plan.status().to_string();
+    if (plan->dit_resident_blocks() < 34) {  // text-encoder layers only get leftovers
+      EXPECT_LE(plan->te_resident_layers(), 4) << plan->describe();
+    }
+    // More budget never means fewer resident blocks.
+    auto more = plan_memory(full_size(gib + 0.5));
+    ASSERT_TRUE(more.ok());
+    EXPECT_GE(more->dit_resident_blocks(), plan->dit_resident_blocks()) << gib;
+    // Streamed blocks spread: never two streamed blocks in a row while half or more are resident.
+    if (plan->dit_resident_blocks() * 2 >= 34) {
+      for (size_t i = 1; i < plan->dit_streamed.size(); ++i)
+        EXPECT_FALSE(plan->dit_streamed[i] && plan->dit_streamed[i - 1]) << gib << " block " << i;
+    }
+  }
+}
+
+TEST(MemoryPlan, LargeImagesTileTheVaeOnlyWhenNothingElseFits) {
+  auto big = plan_memory(full_size(6, false, 2048));
+  ASSERT_TRUE(big.ok()) << big.status().to_string();
+  EXPECT_TRUE(big->vae_tiled) << big->describe();
+  auto roomy = plan_memory(full_size(40, false, 2048));
+  ASSERT_TRUE(roomy.ok());
+  EXPECT_FALSE(roomy->vae_tiled);
+}
+
+TEST(MemoryPlan, ImpossibleBudgetNamesTheMinimum) {
+  auto plan = plan_memory(full_size(1));
+  ASSERT_FALSE(plan.ok());
+  EXPECT_EQ(plan.status().code(), ErrorCode::kInvalidArgument);
+  const std::string msg = plan.status().message();
+  EXPECT_NE(msg.find("--vram-budget 1.00 GiB is below the minimum"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("every weight streamed"), std::string::npos) << msg;
+  // The minimum it states is enough.
+  const std::string key = "minimum for this model and size: ";
+  const size_t at = msg.find(key);
+  ASSERT_NE(at, std::string::npos);
+  const double min_gib = std::stod(msg.substr(at + key.size()));
+  EXPECT_GT(min_gib, 1.0);
+  auto ok = plan_memory(full_size(min_gib + 0.01));
+  EXPECT_TRUE(ok.ok()) << ok.status().to_string();
+}
