@@ -439,6 +439,33 @@ TEST_F(SingleFiles, Fp8WeightRowsOfAScaledFileKeepItsCodes) {
   EXPECT_GT(plain, 100 * std::max(scaled, 1e-7));
 }
 
+// GGUF files (tests/data/gguf, made by the gguf package) given as single files: the same image
+// as a folder whose transformer/ and text_encoder/ hold them (GgufModels tests that folder
+// against the safetensors weights).
+TEST_F(SingleFiles, GgufFilesWorkAsSingleFiles) {
+  const std::string gguf = std::string(ZIMAGE_GGUF_DIR) + "/models";
+  const fs::path folder = fs::path(dir_) / "gguf_folder";
+  fs::copy(model_dir(), folder, fs::copy_options::recursive);
+  for (const auto& [component, f] :
+       {std::pair{"transformer", "dit.gguf"}, std::pair{"text_encoder", "te.gguf"}}) {
+    for (const auto& e : fs::directory_iterator(folder / component))
+      if (e.path().extension() == ".safetensors") fs::remove(e.path());
+    fs::copy_file(gguf + "/" + f, folder / component / f);
+  }
+  ModelPaths files;
+  files.model_dir = model_dir();
+  files.transformer_file = gguf + "/dit.gguf";
+  files.text_encoder_file = gguf + "/te.gguf";
+  auto a = run(files);
+  ASSERT_TRUE(a.ok()) << a.status().to_string();
+  ModelPaths in_folder;
+  in_folder.model_dir = folder.string();
+  auto b = run(in_folder);
+  ASSERT_TRUE(b.ok()) << b.status().to_string();
+  EXPECT_EQ(test::max_abs_diff(a->image, b->image), 0.0);
+  EXPECT_TRUE(TextToImage::check_file(gguf + "/dit.gguf").empty());
+}
+
 test::ProgramRun zimage(std::vector<std::string> args) {
   test::ProgramSpec spec;
   spec.exe = ZIMAGE_CLI_PATH;
