@@ -8,6 +8,18 @@ foreach(a ${archives})
     message(FATAL_ERROR "cannot unpack ${a}")
   endif()
 endforeach()
+# Image-to-image / inpainting cases and the image reader's files (tools/make_image_goldens.py)
+# go to DST/image/<case>/: they hold no model (each names a case above), and the text-to-image
+# tests, which glob DST/*, never see them.
+file(GLOB image_archives ${SRC}/tests/data/golden/image/*.tar.gz)
+file(MAKE_DIRECTORY ${DST}/image)
+foreach(a ${image_archives})
+  execute_process(COMMAND ${CMAKE_COMMAND} -E tar xzf ${a} WORKING_DIRECTORY ${DST}/image
+                  RESULT_VARIABLE rc)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "cannot unpack ${a}")
+  endif()
+endforeach()
 file(GLOB tokdirs ${DST}/*/model/tokenizer)
 foreach(t ${tokdirs})
   execute_process(COMMAND gzip -dc ${SRC}/tests/data/qwen3-tokenizer/tokenizer.json.gz

@@ -4,7 +4,7 @@
 //
 //   zimage generate --model DIR --prompt TEXT [--prompt TEXT ...] [--negative-prompt TEXT]
 //                   --width W --height H --steps N --guidance G --seed S [--device cpu|cuda]
-//                   --output FILE.png
+//                   [--init-image FILE [--mask FILE] [--strength S]] --output FILE.png
 //   zimage generate --dit FILE --text-encoder FILE --vae FILE --prompt TEXT ...  (single files)
 // Exit codes: 0 success, 1 failure (model, device, I/O), 2 usage (bad flag or value),
 // 130 cancelled by Ctrl-C.
@@ -22,6 +22,7 @@
 
 #include "builtin_model.h"
 #include "commands.h"
+#include "lora_args.h"
 #include "model_flags.h"
 #include "progress.h"
 #include "zimage/zimage.h"
@@ -51,11 +52,15 @@ struct GenerateArgs {
   std::string weights = "bf16";
   int threads = 0;
   std::string output = "zimage.png";
+  std::string init_image;  // img2img / inpainting inputs (PNG, JPEG, WebP)
+  std::string mask;
+  double strength = 0.0;
   std::string dump_dir;
   std::string dump_filter;
   bool verbose = false;
   bool quiet = false;
   bool progress = false;
+  LoraArgs lora;
 };
 
 std::atomic<bool> g_cancel{false};
@@ -107,12 +112,37 @@ void print_timings(const GenerateResult& r) {
   std::fprintf(stderr, "device        %s\n", r.device.c_str());
   std::fprintf(stderr, "tokenize      %8.3f s\n", t.tokenize_s);
   std::fprintf(stderr, "text encoder  %8.3f s\n", t.text_encoder_s);
+  if (t.vae_encode_s > 0) std::fprintf(stderr, "vae encode    %8.3f s\n", t.vae_encode_s);
   for (size_t i = 0; i < t.dit_s.size(); ++i)
     std::fprintf(stderr, "  step %-6zu  %8.3f s\n", i, t.dit_s[i]);
   std::fprintf(stderr, "denoise       %8.3f s (%zu steps, %.3f s/step)\n", denoise, t.dit_s.size(),
                t.dit_s.empty() ? 0.0 : denoise / t.dit_s.size());
   std::fprintf(stderr, "vae decode    %8.3f s\n", t.vae_s);
   std::fprintf(stderr, "total         %8.3f s\n", t.total_s);
+}
+
+// An engine error about an image field, worded with the flag and the file the user gave:
+// "mask: 30x20 differs from ..." -> "--mask m.png: 30x20 differs from ...".
+std::string with_flags(const std::string& message, const GenerateArgs& a) {
+  const std::pair<const char*, std::string> fields[] = {
+      {"init_image: ", "--init-image " + a.init_image + ": "},
+      {"mask: ", "--mask " + a.mask + ": "},
+      {"strength: ", "--strength: "}};
+  for (const auto& [field, flag] : fields)
+    if (message.rfind(field, 0) == 0) return flag + message.substr(std::string(field).size());
+  return message;
+}
+
+// Reads an --init-image / --mask file: a missing, unreadable or undecodable file is a usage
+// error (exit 2) naming the flag; the reader's message names the file.
+Image read_input(const std::string& flag, const std::string& path, bool is_mask) {
+  auto img = is_mask ? mask_load(path) : image_load(path);
+  if (!img.ok()) {
+    const ErrorCode c = img.status().code();
+    fail(c == ErrorCode::kOutOfMemory || c == ErrorCode::kInternal ? 1 : 2,
+         flag + ": " + img.status().message());
+  }
+  return std::move(img).value();
 }
 
 void run_generate(const GenerateArgs& a, const CLI::App& cmd) {
@@ -141,6 +171,9 @@ void run_generate(const GenerateArgs& a, const CLI::App& cmd) {
   eo.vram_budget_gib = a.vram_budget;
   eo.weights = a.weights;
   eo.threads = a.threads;
+  std::string lora_error;
+  if (!parse_lora_args(a.lora, &eo.loras, &lora_error)) fail(2, lora_error);
+  eo.lora_lenient = a.lora.lenient;
   req.prompts = a.prompts;
   if (cmd.count("--negative-prompt") > 0) req.negative_prompt = a.negative_prompt;
   req.steps = a.steps;
@@ -149,6 +182,15 @@ void run_generate(const GenerateArgs& a, const CLI::App& cmd) {
   req.cfg_truncation = a.cfg_truncation;
   req.cfg_normalization = a.cfg_normalization;
   req.max_sequence_length = a.max_sequence_length;
+  // Image inputs are read before the model loads, so a bad file fails at once.
+  if (cmd.count("--mask") > 0 && cmd.count("--init-image") == 0)
+    fail(2, "--mask: needs --init-image (the image to inpaint)");
+  if (cmd.count("--strength") > 0 && cmd.count("--init-image") == 0)
+    fail(2, "--strength: needs --init-image");
+  if (cmd.count("--init-image") > 0)
+    req.init_image = read_input("--init-image", a.init_image, false);
+  if (cmd.count("--mask") > 0) req.mask = read_input("--mask", a.mask, true);
+  if (cmd.count("--strength") > 0) req.strength = a.strength;
 
   const size_t count = req.prompts.size() * static_cast<size_t>(std::max(1, a.images_per_prompt));
   const std::vector<std::string> paths = output_paths(a.output, count);
@@ -165,8 +207,20 @@ void run_generate(const GenerateArgs& a, const CLI::App& cmd) {
     fail(usage ? 2 : 1, usage ? engine.status().message()  // names the option at fault
                               : "cannot load the model: " + engine.status().to_string());
   }
+  if (req.init_image) {
+    // As diffusers: without an asked-for size the output takes the image's size, each side
+    // rounded down to the model's size multiple (the image is then resized to it).
+    const int m = (*engine)->info().size_multiple;
+    if (cmd.count("--width") == 0) req.width = req.init_image->width / m * m;
+    if (cmd.count("--height") == 0) req.height = req.init_image->height / m * m;
+    if (req.width == 0 || req.height == 0)
+      fail(2, "--init-image " + a.init_image + ": " + std::to_string(req.init_image->width) + "x" +
+                  std::to_string(req.init_image->height) +
+                  " is smaller than this model's size multiple " + std::to_string(m) +
+                  "; give --width and --height");
+  }
   const Status valid = (*engine)->validate(req);
-  if (!valid.ok()) fail(2, valid.message());
+  if (!valid.ok()) fail(2, with_flags(valid.message(), a));
 
   ProgressBar bar(!a.quiet && (a.progress || is_terminal(stderr)), stderr);
   GenerateHooks hooks;
@@ -263,11 +317,23 @@ void register_generate_command(CLI::App& app) {
   cmd->add_option("--output,-o", args->output,
                   "Output PNG; with several images FILE_0.png, FILE_1.png, ... (default "
                   "zimage.png)");
+  cmd->add_option("--init-image", args->init_image,
+                  "Image-to-image: start from this PNG, JPEG or WebP (EXIF orientation applied, as "
+                  "diffusers' load_image); the output size defaults to the image's, rounded down "
+                  "to the size multiple, and the image is resized (PIL Lanczos) when it differs");
+  cmd->add_option("--mask", args->mask,
+                  "Inpainting: repaint where this mask (grayscale or RGB, the init image's size) "
+                  "is white (>= 128), keep the rest");
+  cmd->add_option("--strength", args->strength,
+                  "How far the init image is noised, in (0, 1]: steps run = steps - int(steps - "
+                  "steps x strength) (default 0.6, or 1.0 with --mask: diffusers' defaults)");
   cmd->add_option("--dump", args->dump_dir,
                   "Write named intermediate tensors as .npy files into this folder");
   cmd->add_option("--dump-filter", args->dump_filter,
                   "Only dump tensors whose name contains this text");
-  cmd->add_flag("--verbose,-v", args->verbose, "Print load information and per-phase times");
+  add_lora_options(cmd, args->lora);
+  cmd->add_flag("--verbose,-v", args->verbose,
+                "Print load information (each LoRA's format and targets) and per-phase times");
   cmd->add_flag("--quiet,-q", args->quiet, "Print nothing but errors");
   cmd->add_flag("--progress", args->progress,
                 "Show the progress bar even when stderr is not a terminal");

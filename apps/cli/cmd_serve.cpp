@@ -20,6 +20,7 @@
 
 #include "builtin_model.h"
 #include "commands.h"
+#include "lora_args.h"
 #include "model_flags.h"
 #include "serve/server.h"
 #include "zimage/zimage.h"
@@ -38,6 +39,7 @@ struct ServeArgs {
   bool quiet = false;
   bool verbose = false;
   std::string batching = "off";
+  LoraArgs lora;
 };
 
 [[noreturn]] void fail(int code, const std::string& message) {
@@ -105,6 +107,9 @@ void run_serve(ServeArgs& a) {
   } catch (const std::exception&) {
     fail(2, "--default-size: expected WIDTHxHEIGHT, e.g. 1024x1024");
   }
+  std::vector<LoraSpec> loras;  // checked before the server listens: a usage error exits 2
+  std::string lora_error;
+  if (!parse_lora_args(a.lora, &loras, &lora_error)) fail(2, lora_error);
   a.serve.access_log = !a.quiet;
   a.serve.batching = a.batching == "on";
 
@@ -125,6 +130,8 @@ void run_serve(ServeArgs& a) {
   eo.device = a.device;
   eo.precision = a.precision;
   eo.threads = a.threads;
+  eo.loras = loras;
+  eo.lora_lenient = a.lora.lenient;
   st = server.load(eo);
   if (!st.ok()) {
     server.shutdown();
@@ -175,6 +182,10 @@ void register_serve_command(CLI::App& app) {
   cmd->add_option("--max-body", a->serve.max_body_bytes,
                   "Largest request body in bytes; larger get 413 (default 1 MiB)")
       ->check(CLI::Range(1024, 1 << 30));
+  cmd->add_option("--max-image-body", a->serve.max_image_body_bytes,
+                  "Largest body of /v1/images/edits and /sdapi/v1/img2img (an image and a mask) "
+                  "in bytes (default 32 MiB)")
+      ->check(CLI::Range(1024, 1 << 30));
   cmd->add_option("--http-threads", a->serve.http_threads,
                   "Connections served at once (default 64)")
       ->check(CLI::Range(4, 4096));
@@ -189,6 +200,7 @@ void register_serve_command(CLI::App& app) {
   cmd->add_option("--max-batch-images", a->serve.max_batch_images,
                   "Images per denoising step with --batching on (default 8)")
       ->check(CLI::Range(1, 64));
+  add_lora_options(cmd, a->lora);
   cmd->add_flag("--quiet,-q", a->quiet, "No access log; errors only");
   cmd->add_flag("--verbose,-v", a->verbose, "Engine load information and per-phase times");
   cmd->callback([a] { run_serve(*a); });

@@ -64,6 +64,9 @@ void ProgressBar::update(const Progress& p) {
     case Phase::kVae:
       draw("decoding the image");
       break;
+    case Phase::kVaeEncode:
+      draw("encoding the init image");
+      break;
   }
 }
 

@@ -28,6 +28,13 @@ namespace zimage {
 
 inline constexpr const char* kVersion = "0.1.0";
 
+// A LoRA for the transformer: a safetensors file in any common key layout (diffusers/PEFT,
+// ai-toolkit, kohya, ComfyUI fused qkv, LoHa, LoKr; docs/FORMATS.md) and its strength.
+struct LoraSpec {
+  std::string path;
+  float scale = 1.0f;  // finite; 0 leaves the weights as they are
+};
+
 struct EngineOptions {
   std::string model_dir;  // a diffusers Z-Image folder (model_index.json, transformer/, ...)
   // Single .safetensors files (ComfyUI / original-release names, plain or scaled FP8, all-in-one
@@ -59,9 +66,22 @@ struct EngineOptions {
   int64_t max_pixels = int64_t{4096} * 4096;  // width*height*images in one request at most
   int max_batch = 16;                         // prompts x images_per_prompt at most
   size_t max_prompt_bytes = 16384;  // each prompt and the negative prompt, before tokenizing
+  // LoRAs merged into the transformer's weights at load, in this order (they add up).
+  std::vector<LoraSpec> loras;
+  // A LoRA key that matches no transformer weight: a warning (the key is skipped) instead of an
+  // error. Shape mismatches stay errors.
+  bool lora_lenient = false;
 };
 
-// One text-to-image request. Defaults are the Z-Image-Turbo recipe (1024x1024, 8 steps, no CFG).
+// An 8-bit RGB image, rows top to bottom, no padding: rgb.size() == width * height * 3.
+struct Image {
+  int width = 0;
+  int height = 0;
+  std::vector<uint8_t> rgb;
+};
+
+// One request: text to image, or image to image / inpainting with init_image (and mask). Defaults
+// are the Z-Image-Turbo recipe (1024x1024, 8 steps, no CFG).
 struct GenerateRequest {
   std::vector<std::string> prompts;            // one or more (UTF-8): they run as one batch
   std::optional<std::string> negative_prompt;  // used only with guidance > 0 (default "")
@@ -74,17 +94,28 @@ struct GenerateRequest {
   float cfg_truncation = 1.0f;     // CFG only while t_norm <= this (1 = always)
   float cfg_normalization = 0.0f;  // > 0: clip |guided| to this x |positive|
   int max_sequence_length = 512;   // prompt tokens kept (template included), 1..512
+
+  // ---- image-to-image and inpainting (diffusers' ZImageImg2ImgPipeline / ZImageInpaintPipeline)
+  // With init_image, the image is resized to width x height when its size differs (PIL Lanczos,
+  // as diffusers' VaeImageProcessor), VAE-encoded, noised to the schedule's step t_start =
+  // int(steps - steps * strength) and denoised from there; every image of the batch starts from
+  // it. With mask as well (white = repaint; gray masks as RGB with R = G = B; the same size as
+  // init_image), the rest of the image is put back after every step. Both at most 2^26 pixels.
+  std::optional<Image> init_image;
+  std::optional<Image> mask;  // needs init_image
+  // (0, 1]; unset: 0.6 (img2img) or 1.0 (inpainting), diffusers' defaults. A double, as Python's.
+  std::optional<double> strength;
 };
 
-// An 8-bit RGB image, rows top to bottom, no padding: rgb.size() == width * height * 3.
-struct Image {
-  int width = 0;
-  int height = 0;
-  std::vector<uint8_t> rgb;
-};
+// The denoising steps `req` runs: steps, or with init_image steps - t_start (0 for a strength
+// too small to leave a step, which validation refuses).
+int denoising_steps(const GenerateRequest& req);
 
-enum class Phase { kTokenize, kTextEncoder, kDenoise, kVae };
-const char* phase_name(Phase p);  // "tokenize", "text_encoder", "denoise", "vae"
+// kVaeEncode: the init image (and, for dumps, the masked image) through the VAE encoder, between
+// the text encoder and the denoising steps of an image-conditioned request.
+enum class Phase { kTokenize, kTextEncoder, kDenoise, kVae, kVaeEncode };
+// "tokenize", "text_encoder", "denoise", "vae", "vae_encode"
+const char* phase_name(Phase p);
 
 // Wall-clock seconds per phase of one generate() call.
 struct PhaseTimings {
@@ -92,6 +123,7 @@ struct PhaseTimings {
   double text_encoder_s = 0;
   std::vector<double> dit_s;  // one entry per denoising step (the DiT forward and the Euler step)
   double vae_s = 0;
+  double vae_encode_s = 0;  // image-conditioned requests: preprocessing and the VAE encoder
   double total_s = 0;
   double denoise_s() const {
     double s = 0;
@@ -225,6 +257,18 @@ Result<std::vector<uint8_t>> png_encode(const Image& image, const PngTextChunks&
 Status png_save(const std::string& path, const Image& image, const PngTextChunks& text = {});
 // Reads a PNG file as 8-bit RGB (alpha dropped); its text chunks into `text` when non-null.
 Result<Image> png_load(const std::string& path, PngTextChunks* text = nullptr);
+
+// Image inputs (init_image, mask), read as diffusers.utils.load_image reads them: PNG, JPEG or
+// WebP (told by content), EXIF / XMP orientation applied as PIL's ImageOps.exif_transpose,
+// converted to RGB as PIL's convert("RGB") (gray replicated, alpha dropped). Refused with a
+// message naming the file: other formats, 16-bit grayscale PNG, CMYK JPEG, animated WebP,
+// corrupt or truncated data, more than 2^26 pixels (from the header, before decoding).
+Result<Image> image_load(const std::string& path);
+Result<Image> image_decode(const uint8_t* data, size_t size, const std::string& name);
+// A mask file: as image_load, but a file with an alpha channel is refused (transparency or
+// colour would be a guess; OpenAI-style transparent-means-edit masks are the server's
+// /v1/images/edits concern). Gray masks come back as RGB with R = G = B.
+Result<Image> mask_load(const std::string& path);
 
 // Writes contents[i] to paths[i], all or nothing: each file goes to a temporary sibling first
 // (flushed to disk), and only when every one was written are they renamed into place. A failed

@@ -2,6 +2,7 @@
 // serves generate() calls one at a time. The only place where public options become engine
 // internals, so the public header stays free of src/ types.
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <mutex>
@@ -28,6 +29,8 @@ const char* phase_name(Phase p) {
       return "denoise";
     case Phase::kVae:
       return "vae";
+    case Phase::kVaeEncode:
+      return "vae_encode";
   }
   return "unknown";
 }
@@ -118,6 +121,16 @@ Result<std::unique_ptr<Engine>> Engine::load_impl(const EngineOptions& options) 
       static_cast<uint64_t>(options.vram_budget_gib * 1024.0 * 1024.0 * 1024.0);
   load_options.fp8_weights = options.weights == "fp8";
   load_options.plan_width = load_options.plan_height = std::min(options.max_side, 1024);
+  for (size_t i = 0; i < options.loras.size(); ++i) {
+    if (options.loras[i].path.empty())
+      return InvalidArgument("loras[" + std::to_string(i) + "]: no LoRA file given");
+    if (!std::isfinite(options.loras[i].scale))
+      return InvalidArgument("loras[" + std::to_string(i) + "]: scale of " + options.loras[i].path +
+                             " is not a finite number");
+  }
+  load_options.loras = options.loras;
+  load_options.lora_lenient = options.lora_lenient;
+  load_options.lora_threads = options.threads;
   ModelPaths paths;
   paths.model_dir = options.model_dir;
   paths.transformer_file = options.dit_file;

@@ -66,8 +66,8 @@ std::vector<BatchOutcome> Engine::batch_step() {
   }
   for (uint64_t id : cancelled) {
     const DenoiseState& st = *batch.at(id).state;
-    finish_one(id, Cancelled("generation cancelled at step " + std::to_string(st.step) + " of " +
-                             std::to_string(st.req.steps)));
+    finish_one(id, Cancelled("generation cancelled at step " + std::to_string(st.steps_done()) +
+                             " of " + std::to_string(st.steps_total())));
   }
   if (batch.empty()) return out;
 

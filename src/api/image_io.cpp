@@ -1,13 +1,16 @@
 // Public PNG helpers and log verbosity (include/zimage/zimage.h): thin wrappers that keep the
 // CLI and the server on the public header while io/png.h does the work.
 #include <algorithm>
+#include <charconv>
 #include <cstdio>
 #include <new>
 
 #include "api/guarded.h"
 #include "core/log.h"
 #include "io/file_io.h"
+#include "io/image_read.h"
 #include "io/png.h"
+#include "pipeline/image_to_image.h"
 #include "zimage/zimage.h"
 
 namespace zimage {
@@ -45,6 +48,13 @@ PngTextChunks png_metadata(const GenerateRequest& req, size_t image_index) {
   if (req.cfg_truncation != 1.0f) t.emplace_back("cfg_truncation", fmt_g(req.cfg_truncation));
   if (req.cfg_normalization != 0.0f)
     t.emplace_back("cfg_normalization", fmt_g(req.cfg_normalization));
+  if (req.init_image) {  // never the file's name or path
+    t.emplace_back("mode", req.mask ? "inpaint" : "img2img");
+    char buf[32];
+    const double strength = effective_strength(req);
+    const auto res = std::to_chars(buf, buf + sizeof(buf), strength);  // shortest: "0.6"
+    t.emplace_back("strength", std::string(buf, res.ptr));
+  }
   t.emplace_back("size", std::to_string(req.width) + "x" + std::to_string(req.height));
   t.emplace_back("software", std::string("zimage ") + kVersion);
   return t;
@@ -73,6 +83,44 @@ Result<Image> png_load(const std::string& path, PngTextChunks* text) {
     image.rgb = std::move(png.rgb);
     if (text != nullptr) *text = std::move(png.text);
     return image;
+  });
+}
+
+namespace {
+
+Image rgb_image(const Image8& decoded) {
+  Image8 rgb = to_rgb(decoded);
+  Image out;
+  out.width = rgb.width;
+  out.height = rgb.height;
+  out.rgb = std::move(rgb.pixels);
+  return out;
+}
+
+}  // namespace
+
+Result<Image> image_load(const std::string& path) {
+  return guarded("image_load", [&]() -> Result<Image> {
+    ZI_ASSIGN_OR_RETURN(Image8 img, read_image(path));
+    return rgb_image(img);
+  });
+}
+
+Result<Image> image_decode(const uint8_t* data, size_t size, const std::string& name) {
+  return guarded("image_decode", [&]() -> Result<Image> {
+    ZI_ASSIGN_OR_RETURN(Image8 img, decode_image(data, size, name));
+    return rgb_image(img);
+  });
+}
+
+Result<Image> mask_load(const std::string& path) {
+  return guarded("mask_load", [&]() -> Result<Image> {
+    ZI_ASSIGN_OR_RETURN(Image8 img, read_image(path));
+    if (img.channels == 2 || img.channels == 4)
+      return InvalidArgument(path +
+                             ": the mask has an alpha channel; give a grayscale or RGB mask "
+                             "(white = repaint, black = keep)");
+    return rgb_image(img);
   });
 }
 

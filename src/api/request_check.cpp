@@ -8,6 +8,8 @@
 #include <string>
 
 #include "core/utf8.h"
+#include "pipeline/image_to_image.h"
+#include "pipeline/scheduler.h"
 
 namespace zimage {
 
@@ -30,6 +32,23 @@ Status check_text(const std::string& field, const std::string& text, size_t max_
                            std::to_string(max_bytes) + "-byte limit");
   const std::string problem = text_problem(text);
   if (!problem.empty()) return InvalidArgument(field + ": " + problem);
+  return Status::Ok();
+}
+
+Status check_input_image(const char* field, const Image& img) {
+  const std::string f(field);
+  if (img.width < 1 || img.height < 1)
+    return InvalidArgument(f + ": empty image (" + std::to_string(img.width) + "x" +
+                           std::to_string(img.height) + ")");
+  const int64_t pixels = int64_t{img.width} * img.height;
+  if (pixels > kMaxInputImagePixels)
+    return InvalidArgument(f + ": " + std::to_string(img.width) + "x" + std::to_string(img.height) +
+                           " exceeds the limit of " + std::to_string(kMaxInputImagePixels) +
+                           " pixels");
+  if (static_cast<int64_t>(img.rgb.size()) != pixels * 3)
+    return InvalidArgument(f + ": " + std::to_string(img.width) + "x" + std::to_string(img.height) +
+                           " needs " + std::to_string(pixels * 3) + " RGB bytes, has " +
+                           std::to_string(img.rgb.size()));
   return Status::Ok();
 }
 
@@ -87,7 +106,46 @@ Status check_request(const GenerateRequest& req, const RequestLimits& lim) {
   if (req.max_sequence_length < 1 || req.max_sequence_length > lim.max_sequence_length)
     return InvalidArgument("max_sequence_length: " + std::to_string(req.max_sequence_length) +
                            " is outside 1.." + std::to_string(lim.max_sequence_length));
+  return check_image_inputs(req);
+}
+
+Status check_image_inputs(const GenerateRequest& req) {
+  if (!req.init_image) {
+    if (req.mask) return InvalidArgument("mask: needs an init_image to inpaint");
+    if (req.strength) return InvalidArgument("strength: needs an init_image");
+    return Status::Ok();
+  }
+  ZI_TRY(check_input_image("init_image", *req.init_image));
+  if (req.mask) {
+    ZI_TRY(check_input_image("mask", *req.mask));
+    if (req.mask->width != req.init_image->width || req.mask->height != req.init_image->height)
+      return InvalidArgument(
+          "mask: " + std::to_string(req.mask->width) + "x" + std::to_string(req.mask->height) +
+          " differs from the image's " + std::to_string(req.init_image->width) + "x" +
+          std::to_string(req.init_image->height) + "; the mask must have the image's size");
+  }
+  if (req.strength) {
+    const double s = *req.strength;
+    if (!std::isfinite(s) || !(s > 0.0) || s > 1.0) {
+      char buf[64];
+      std::snprintf(buf, sizeof(buf), "%g", s);
+      return InvalidArgument(std::string("strength: must be in (0, 1], got ") + buf);
+    }
+    // int(steps - steps * strength) must leave a step (as diffusers' check after get_timesteps).
+    if (req.steps >= 1 && !img2img_start_index(req.steps, s).ok()) {
+      char buf[64];
+      std::snprintf(buf, sizeof(buf), "%g", s);
+      return InvalidArgument(std::string("strength: ") + buf + " of " + std::to_string(req.steps) +
+                             " steps leaves no denoising step");
+    }
+  }
   return Status::Ok();
+}
+
+int denoising_steps(const GenerateRequest& req) {
+  if (!req.init_image) return req.steps;
+  auto start = img2img_start_index(req.steps, effective_strength(req));
+  return start.ok() ? req.steps - *start : 0;
 }
 
 }  // namespace zimage

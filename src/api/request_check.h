@@ -23,7 +23,16 @@ struct RequestLimits {
   int max_sequence_length = 512;
 };
 
+// Image inputs (init_image, mask): each side >= 1, at most this many pixels (as the file reader,
+// io/image_read.h kMaxInputPixels), the RGB buffer of the right length.
+inline constexpr int64_t kMaxInputImagePixels = int64_t{1} << 26;
+
 Status check_request(const GenerateRequest& req, const RequestLimits& limits);
+
+// The image-conditioned fields alone (check_request runs it last): mask and strength need
+// init_image; the images are well formed; the mask has init_image's size; strength is in (0, 1]
+// and leaves at least one of the steps.
+Status check_image_inputs(const GenerateRequest& req);
 
 // Empty when `text` is valid UTF-8 with no NUL byte (no overlongs, surrogates or code points past
 // U+10FFFF); else what is wrong and at which byte offset.

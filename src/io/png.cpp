@@ -223,7 +223,159 @@ bool guarded_read(png_structp png, png_infop info, ReadJob* job) {
   return true;
 }
 
+// ---- reading with the file's channels (decode_png_pixels) -------------------------------------
+
+struct NativeJob {
+  const uint8_t* data;
+  size_t size;
+  size_t pos;
+  PngPixels* image;  // owned by decode_png_pixels' frame
+  bool out_of_memory;
+  bool too_large;
+  bool gray16;
+  uint32_t width;
+  uint32_t height;
+  PngError error;
+};
+
+void on_native_read(png_structp png, png_bytep out, size_t size) {
+  auto* job = static_cast<NativeJob*>(png_get_io_ptr(png));
+  if (size > job->size - job->pos) png_error(png, "unexpected end of data");
+  std::memcpy(out, job->data + job->pos, size);
+  job->pos += size;
+}
+
+bool native_alloc(PngPixels* image, size_t bytes) noexcept {
+  try {
+    image->pixels.assign(bytes, 0);
+    return true;
+  } catch (...) {
+    return false;
+  }
+}
+
+bool native_extras(png_structp png, png_infop info, PngPixels* image) noexcept {
+  try {
+    png_textp texts = nullptr;
+    int num = 0;
+    png_get_text(png, info, &texts, &num);
+    for (int i = 0; i < num; ++i) {
+      const char* key = texts[i].key ? texts[i].key : "";
+      const char* text = texts[i].text ? texts[i].text : "";
+      const size_t len = texts[i].compression >= PNG_ITXT_COMPRESSION_NONE ? texts[i].itxt_length
+                                                                           : texts[i].text_length;
+      image->text.emplace_back(key, std::string(text, len));
+    }
+#ifdef PNG_eXIf_SUPPORTED
+    png_bytep exif = nullptr;
+    png_uint_32 exif_len = 0;
+    if (png_get_eXIf_1(png, info, &exif_len, &exif) != 0 && exif != nullptr)
+      image->exif.assign(reinterpret_cast<const char*>(exif), exif_len);
+#endif
+    return true;
+  } catch (...) {
+    return false;
+  }
+}
+
+void read_native_body(png_structp png, png_infop info, NativeJob* job) {
+  png_set_read_fn(png, job, on_native_read);
+  png_set_user_limits(png, kPngMaxSide, kPngMaxSide);
+  png_read_info(png, info);
+  png_uint_32 w = 0;
+  png_uint_32 h = 0;
+  int bit_depth = 0;
+  int color_type = 0;
+  png_get_IHDR(png, info, &w, &h, &bit_depth, &color_type, nullptr, nullptr, nullptr);
+  job->width = w;
+  job->height = h;
+  if (static_cast<uint64_t>(w) * h > static_cast<uint64_t>(kPngMaxPixels)) {
+    job->too_large = true;
+    png_error(png, "image too large");
+  }
+  if (color_type == PNG_COLOR_TYPE_GRAY && bit_depth == 16) {
+    job->gray16 = true;
+    png_error(png, "16-bit grayscale");
+  }
+  int channels = 3;
+  if (color_type == PNG_COLOR_TYPE_PALETTE) {
+    png_set_palette_to_rgb(png);  // also expands tRNS into an alpha channel ...
+    if (png_get_valid(png, info, PNG_INFO_tRNS) != 0) png_set_strip_alpha(png);  // ... dropped
+  } else if (color_type == PNG_COLOR_TYPE_GRAY) {
+    channels = 1;
+    if (bit_depth < 8) png_set_expand_gray_1_2_4_to_8(png);
+  } else if (color_type == PNG_COLOR_TYPE_GRAY_ALPHA) {
+    channels = 2;
+  } else if (color_type == PNG_COLOR_TYPE_RGB_ALPHA) {
+    channels = 4;
+  }
+  if (bit_depth == 16) png_set_strip_16(png);  // the high byte
+  const int passes = png_set_interlace_handling(png);
+  png_read_update_info(png, info);
+  const size_t row_bytes = static_cast<size_t>(w) * channels;
+  if (png_get_rowbytes(png, info) != row_bytes) png_error(png, "unexpected row size");
+  if (!native_alloc(job->image, row_bytes * h)) {
+    job->out_of_memory = true;
+    png_error(png, "out of memory while decoding");
+  }
+  uint8_t* base = job->image->pixels.data();
+  for (int p = 0; p < passes; ++p) {
+    for (png_uint_32 y = 0; y < h; ++y) png_read_row(png, base + y * row_bytes, nullptr);
+  }
+  png_read_end(png, info);  // text and eXIf chunks after the image data land in `info` too
+  if (!native_extras(png, info, job->image)) {
+    job->out_of_memory = true;
+    png_error(png, "out of memory while reading text");
+  }
+  job->image->width = static_cast<int>(w);
+  job->image->height = static_cast<int>(h);
+  job->image->channels = channels;
+}
+
+bool guarded_native_read(png_structp png, png_infop info, NativeJob* job) {
+  if (setjmp(png_jmpbuf(png))) return false;
+  read_native_body(png, info, job);
+  return true;
+}
+
 }  // namespace
+
+Result<PngPixels> decode_png_pixels(const uint8_t* data, size_t size, const std::string& name) {
+  if (data == nullptr || size < 8 || png_sig_cmp(data, 0, 8) != 0) {
+    return FormatError(name + ": not a PNG file (bad signature)");
+  }
+  PngPixels image;
+  NativeJob job{};
+  job.data = data;
+  job.size = size;
+  job.image = &image;
+  std::snprintf(job.error.message, sizeof(job.error.message), "unknown libpng error");
+  png_structp png =
+      png_create_read_struct(PNG_LIBPNG_VER_STRING, &job.error, on_png_error, on_png_warning);
+  if (png == nullptr) return OutOfMemory(name + ": cannot create the libpng reader");
+  png_infop info = png_create_info_struct(png);
+  if (info == nullptr) {
+    png_destroy_read_struct(&png, nullptr, nullptr);
+    return OutOfMemory(name + ": cannot create the libpng info struct");
+  }
+  const bool ok = guarded_native_read(png, info, &job);
+  png_destroy_read_struct(&png, &info, nullptr);
+  if (!ok) {
+    if (job.out_of_memory) return OutOfMemory(name + ": " + job.error.message);
+    if (job.too_large) {
+      return FormatError(name + ": image " + dims_string(job.width, job.height) +
+                         " exceeds the limit of " + std::to_string(kPngMaxPixels) + " pixels");
+    }
+    if (job.gray16) {
+      return FormatError(name +
+                         ": 16-bit grayscale PNG is not supported (PIL, and so diffusers, "
+                         "clips it to 8 bits, turning every value above 255 white); save it "
+                         "as 8-bit grayscale or RGB");
+    }
+    return FormatError(name + ": " + job.error.message);
+  }
+  return image;
+}
 
 Result<std::vector<uint8_t>> encode_png(const uint8_t* rgb, int w, int h, const PngText& text) {
   ZI_TRY(check_dims(w, h, "encode_png"));

@@ -48,4 +48,23 @@ Result<PngImage> decode_png(const uint8_t* data, size_t size, const std::string&
 // Reads and decodes a file; IoError naming the path when it cannot be read.
 Result<PngImage> read_png(const std::string& path);
 
+// A PNG with the channels PIL opens it with (image inputs, io/image_read.h): 1 gray (PIL "1",
+// "L"; 1/2/4-bit samples scaled to 0..255), 2 gray + alpha ("LA"), 3 RGB (also palettes, whose
+// tRNS transparency PIL keeps apart from the pixels), 4 RGBA. 16-bit samples keep their high
+// byte, as PIL's "RGB;16B" / "RGBA;16B" / "LA;16B" unpackers do.
+struct PngPixels {
+  int width = 0;
+  int height = 0;
+  int channels = 0;
+  std::vector<uint8_t> pixels;  // height * width * channels
+  PngText text;                 // tEXt / zTXt / iTXt chunks, in file order
+  std::string exif;             // the eXIf chunk's payload (a TIFF block), empty when none
+};
+
+// FormatError (naming `name`) for invalid data, for images beyond the limits above, and for
+// 16-bit grayscale without alpha, which PIL opens as "I;16" and converts to 8 bits by clipping
+// (every value above 255 becomes white): zimage refuses it rather than copy that.
+Result<PngPixels> decode_png_pixels(const uint8_t* data, size_t size,
+                                    const std::string& name = "<memory>");
+
 }  // namespace zimage

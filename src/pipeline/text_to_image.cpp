@@ -193,18 +193,34 @@ Result<std::unique_ptr<DenoiseState>> TextToImage::begin(const GenerateRequest& 
   st->channels = latent_channels();
   st->h = req.height / vae_factor();
   st->w = req.width / vae_factor();
-  TorchCpuGenerator gen(req.seed);
-  ZI_ASSIGN_OR_RETURN(Tensor noise, gen.randn({st->n, st->channels, st->h, st->w}));
-  dump_host(hooks.debug, *host_, "init_noise", noise.data_as<float>(), noise.shape());
-  ZI_ASSIGN_OR_RETURN(st->latents, be_.upload(noise, DType::kF32));
-
   const int64_t p = c_.transformer->config().patch_size;
   ZI_ASSIGN_OR_RETURN(
       FlowMatchEulerScheduler sched,
       FlowMatchEulerScheduler::create(c_.scheduler, req.steps, (st->h / p) * (st->w / p)));
   st->scheduler = std::move(sched);
+  TorchCpuGenerator gen(req.seed);
+  if (req.init_image) {
+    // Image-to-image / inpainting: the same generator first samples the image's posterior, then
+    // draws the noise (pipeline/image_to_image.h has the order).
+    if (cancelled()) return Cancelled("generation cancelled before the VAE encode");
+    report(Phase::kVaeEncode, 0, 0);
+    const double t0 = now_s();
+    ZI_ASSIGN_OR_RETURN(VaeEncoder * enc, vae_encoder());
+    ZI_ASSIGN_OR_RETURN(ImageStart start, prepare_image_start(req, *st->scheduler, *enc, be_, gen,
+                                                              {st->n, st->channels, st->h, st->w},
+                                                              hooks.debug, *host_));
+    st->timings.vae_encode_s = now_s() - t0;
+    st->first_step = start.first_step;
+    st->step = start.first_step;
+    st->inpaint = std::move(start.inpaint);
+    ZI_ASSIGN_OR_RETURN(st->latents, be_.upload(start.latents, DType::kF32));
+  } else {
+    ZI_ASSIGN_OR_RETURN(Tensor noise, gen.randn({st->n, st->channels, st->h, st->w}));
+    dump_host(hooks.debug, *host_, "init_noise", noise.data_as<float>(), noise.shape());
+    ZI_ASSIGN_OR_RETURN(st->latents, be_.upload(noise, DType::kF32));
+  }
   if (cancelled()) return Cancelled("generation cancelled before denoising");
-  report(Phase::kDenoise, 0, req.steps);
+  report(Phase::kDenoise, 0, st->steps_total());
   return st;
 }
 
@@ -253,11 +269,13 @@ Status TextToImage::step(const std::vector<DenoiseState*>& states) {
     }
   }
   Tensor out;
-  // A single request keeps its own debug sink and names; a batch runs without dumps.
+  // A single request keeps its own debug sink and names; a batch runs without dumps. Steps are
+  // named and reported by their number in the request's loop (diffusers' i), which starts at 0
+  // also when an init image skips the first t_start steps of the schedule.
   DebugSink* dbg = parts.size() == 1 ? first.hooks.debug : nullptr;
-  const std::string step_name = "step" + std::to_string(first.step);
+  const std::string step_name = "step" + std::to_string(first.steps_done());
   ZI_TRY(c_.transformer->forward(in, t_model, caps, out, dbg, "dit." + step_name)
-             .with_context("denoising step " + std::to_string(first.step)));
+             .with_context("denoising step " + std::to_string(first.steps_done())));
   in = Tensor();
 
   // NaN/Inf never reach the image silently (a black picture): one count over the whole output,
@@ -268,13 +286,14 @@ Status TextToImage::step(const std::vector<DenoiseState*>& states) {
     const int i = st.step;
     const int64_t n = st.n;
     Tensor o = out.slice0(pt.row0, pt.row0 + pt.rows);  // [rows, C, h, w]
-    const std::string name = "step" + std::to_string(i);
+    const std::string name = "step" + std::to_string(st.steps_done());
     debug_tensor(st.hooks.debug, "dit_out." + name, be_, o);
     if (bad_total > 0) {
       ZI_ASSIGN_OR_RETURN(const int64_t bad, be_.count_nonfinite(o));
       if (bad > 0) {
-        return nonfinite_error("denoising step " + std::to_string(i) + ": the DiT output", bad,
-                               o.numel(), "transformer", &st.embeds);
+        return nonfinite_error(
+            "denoising step " + std::to_string(st.steps_done()) + ": the DiT output", bad,
+            o.numel(), "transformer", &st.embeds);
       }
     }
     const Tensor pos = o.slice0(0, n);
@@ -286,6 +305,7 @@ Status TextToImage::step(const std::vector<DenoiseState*>& states) {
       // latents += dt·(−(pos + g·(pos − neg))), on the backend with the host's roundings.
       ZI_TRY(be_.guided_euler_step(pos, neg, pt.guidance, dt, st.latents));
     }
+    if (st.inpaint) ZI_TRY(inpaint_step(st, i));
     debug_tensor(st.hooks.debug, "latents." + name, be_, st.latents);
     st.step = i + 1;
   }
@@ -294,7 +314,8 @@ Status TextToImage::step(const std::vector<DenoiseState*>& states) {
     DenoiseState& st = *pt.st;
     st.timings.dit_s.push_back(took);
     if (st.hooks.on_progress)
-      st.hooks.on_progress({Phase::kDenoise, st.step, st.req.steps, now_s() - st.start_s});
+      st.hooks.on_progress(
+          {Phase::kDenoise, st.steps_done(), st.steps_total(), now_s() - st.start_s});
   }
   return Status::Ok();
 }
@@ -331,6 +352,26 @@ Status TextToImage::host_step(DenoiseState& st, const Tensor& pos, const Tensor&
   euler_step(lat_h.data_as<float>(), velocity.data(), dt, velocity.size());
   ZI_ASSIGN_OR_RETURN(st.latents, be_.upload(lat_h, DType::kF32));
   return Status::Ok();
+}
+
+Status TextToImage::inpaint_step(DenoiseState& st, int i) {
+  // The known region back at the noise level of the next step, on the host in float32 as the
+  // reference computes it (1 MB at 1024²: small next to a DiT forward).
+  Tensor lat_h = Tensor::host(DType::kF32, st.latents.shape());
+  if (!lat_h.defined()) return OutOfMemory("host buffer for the inpainting blend");
+  ZI_TRY(be_.download(st.latents, lat_h));
+  inpaint_blend(*st.inpaint, *st.scheduler, i, {st.n, st.channels, st.h, st.w},
+                lat_h.data_as<float>());
+  ZI_ASSIGN_OR_RETURN(st.latents, be_.upload(lat_h, DType::kF32));
+  return Status::Ok();
+}
+
+Result<VaeEncoder*> TextToImage::vae_encoder() {
+  if (c_.vae_encoder) return c_.vae_encoder.get();
+  if (paths_.model_dir.empty() && paths_.vae_file.empty())
+    return Unsupported("init_image: this pipeline was assembled without a VAE encoder");
+  ZI_ASSIGN_OR_RETURN(c_.vae_encoder, load_vae_encoder(paths_, be_));
+  return c_.vae_encoder.get();
 }
 
 Result<TextToImageOutput> TextToImage::finish(DenoiseState& st) {
@@ -418,8 +459,8 @@ Result<TextToImageOutput> TextToImage::run(const GenerateRequest& req,
   ZI_ASSIGN_OR_RETURN(std::unique_ptr<DenoiseState> st, begin(req, hooks));
   while (!st->done()) {
     if (hooks.cancel != nullptr && hooks.cancel->load())
-      return Cancelled("generation cancelled at step " + std::to_string(st->step) + " of " +
-                       std::to_string(req.steps));
+      return Cancelled("generation cancelled at step " + std::to_string(st->steps_done()) + " of " +
+                       std::to_string(st->steps_total()));
     ZI_TRY(step({st.get()}));
   }
   return finish(*st);

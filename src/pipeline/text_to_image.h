@@ -31,6 +31,7 @@
 #include "model/qwen3_encoder.h"
 #include "model/vae.h"
 #include "model/zimage_dit.h"
+#include "pipeline/image_to_image.h"
 #include "pipeline/memory_plan.h"
 #include "pipeline/scheduler.h"
 #include "pipeline/tokenizer.h"
@@ -45,6 +46,9 @@ struct TextToImageComponents {
   std::unique_ptr<ZImageDiT> transformer;
   std::unique_ptr<VaeDecoder> vae;
   SchedulerConfig scheduler;
+  // Optional: the VAE encoder for image-conditioned requests. When null, it is loaded from the
+  // model folder on the first such request (TextToImage::vae_encoder).
+  std::unique_ptr<VaeEncoder> vae_encoder;
 };
 
 struct TextToImageHooks {
@@ -62,11 +66,18 @@ struct DenoiseState {
   std::vector<Tensor> embeds;  // per prompt, then the negative under CFG (backend)
   Tensor latents;              // [n, C, h, w] f32, on the backend between steps
   std::optional<FlowMatchEulerScheduler> scheduler;
-  int step = 0;  // steps done
+  int step = 0;  // the scheduler index of the next step (steps done, counting skipped ones)
+  // Image-to-image / inpainting (pipeline/image_to_image.h): the schedule starts at first_step
+  // (diffusers' t_start; 0 for text-to-image), and inpainting puts the known region back after
+  // every step.
+  int first_step = 0;
+  std::optional<InpaintLatents> inpaint;
   PhaseTimings timings;
   double start_s = 0;                         // steady clock at begin()
   int64_t n = 0, channels = 0, h = 0, w = 0;  // latent batch and shape
   bool done() const { return step >= req.steps; }
+  int steps_done() const { return step - first_step; }        // denoising steps run so far
+  int steps_total() const { return req.steps - first_step; }  // denoising steps this request runs
 };
 
 struct TextToImageOutput {
@@ -83,6 +94,10 @@ struct PipelineLoadOptions {
   bool fp8_weights = false;  // big linear weights of the DiT and text encoder as FP8 rows
   // The largest request to plan activations for.
   int plan_width = 1024, plan_height = 1024, plan_batch = 1;
+  // LoRAs merged into the transformer's weights as they are read (model/lora_merge.h).
+  std::vector<LoraSpec> loras;
+  bool lora_lenient = false;  // LoRA keys that match no weight: warn instead of fail
+  int lora_threads = 0;       // host threads for the merge (0: all)
 };
 
 class TextToImage {
@@ -125,7 +140,8 @@ class TextToImage {
   Result<TextToImageOutput> run(const GenerateRequest& req, const TextToImageHooks& hooks);
 
   // The same, in pieces a scheduler can interleave (continuous batching):
-  // begin: checks the request, tokenizes and encodes its prompts, draws its noise.
+  // begin: checks the request, tokenizes and encodes its prompts, draws its noise (with an init
+  // image: encodes it and builds the start latents, pipeline/image_to_image.h).
   Result<std::unique_ptr<DenoiseState>> begin(const GenerateRequest& req,
                                               const TextToImageHooks& hooks);
   // One denoising step of every state, as ONE DiT forward over all their rows (each row with its
@@ -147,6 +163,10 @@ class TextToImage {
   int size_multiple() const;  // vae_factor * patch_size: what width and height must divide by
   int latent_channels() const;
   int max_image_tokens_side() const;  // DiT RoPE limit on (latent side / patch)
+  // The VAE encoder, loaded on first use from the model folder this pipeline was loaded from
+  // (text-to-image never pays for it: 34M parameters, 69 MB in bf16 at full size). Errors:
+  // a pipeline made by create() without an encoder, or the folder's encoder weights missing.
+  Result<VaeEncoder*> vae_encoder();
   Backend& backend() const { return be_; }
   // The memory plan the pipeline was loaded with.
   const MemoryPlan& memory_plan() const { return plan_; }
@@ -156,6 +176,8 @@ class TextToImage {
   Result<std::vector<Tensor>> encode_prompts(const GenerateRequest& req, bool cfg,
                                              const TextToImageHooks& hooks, PhaseTimings& t,
                                              double start_s);
+  // Inpainting: the known region put back after the Euler step at scheduler index i.
+  Status inpaint_step(DenoiseState& st, int i);
   // One state's update on the host (cfg_normalization > 0, or the device step switched off).
   Status host_step(DenoiseState& st, const Tensor& pos, const Tensor& neg, float g, float dt);
   // The error for `bad` NaN/Inf values among `total` in `what`: blames the text encoder when
@@ -170,6 +192,11 @@ class TextToImage {
   bool device_step_ = true;
   std::unique_ptr<Backend> host_;  // a 1-thread CPU backend: dumps of host tensors
 };
+
+// Loads the VAE encoder of the diffusers folder `model_dir` onto `be` (text_to_image_load.cpp).
+Result<std::unique_ptr<VaeEncoder>> load_vae_encoder(const std::string& model_dir, Backend& be);
+// The same from a folder and/or single files: the VAE file's encoder when one is given.
+Result<std::unique_ptr<VaeEncoder>> load_vae_encoder(const ModelPaths& paths, Backend& be);
 
 // round(255·x) with ties to even (NumPy's round), clamped to [0, 255]; NaN becomes 0.
 uint8_t to_u8(float x);

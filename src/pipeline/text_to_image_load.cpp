@@ -16,6 +16,7 @@
 #include "io/model_folder.h"
 #include "io/model_source.h"
 #include "io/single_file.h"
+#include "model/lora_merge.h"
 #include "pipeline/text_to_image.h"
 
 namespace zimage {
@@ -28,13 +29,13 @@ constexpr const char* kParts[] = {"tokenizer", "text_encoder", "transformer", "v
 // Loads one component of `src` onto `be` into `parts`; errors carry "loading <part>: ".
 Status load_part(const ModelSource& src, const std::string& part, Backend& be,
                  TextToImageComponents& parts, const MemoryPlan* plan = nullptr,
-                 bool fp8_weights = false) {
+                 const PipelineLoadOptions& options = {}) {
   WeightPlacement te_place, dit_place;
   if (plan) {
     te_place.streamed = plan->te_streamed;
     dit_place.streamed = plan->dit_streamed;
   }
-  te_place.fp8_weights = dit_place.fp8_weights = fp8_weights;
+  te_place.fp8_weights = dit_place.fp8_weights = options.fp8_weights;
   te_place.first_slot = 2;  // the DiT streams through slots 0-1, the text encoder 2-3
   const std::string what = "loading " + part;
   if (part == "tokenizer") {
@@ -52,6 +53,11 @@ Status load_part(const ModelSource& src, const std::string& part, Backend& be,
     if (!te.ok()) return te.status();
     parts.text_encoder = std::move(te).value();
   } else if (part == "transformer") {
+    if (!options.loras.empty()) {  // the targeted tensors become W + LoRA, made as they are read
+      Status st =
+          merge_loras(ws.value(), options.loras, options.lora_lenient, options.lora_threads);
+      if (!st.ok()) return st.with_context(what);
+    }
     auto dit = ZImageDiT::load(cfg.transformer, ws.value(), be, dit_place);
     if (!dit.ok()) return dit.status();
     parts.transformer = std::move(dit).value();
@@ -108,8 +114,7 @@ Result<std::unique_ptr<TextToImage>> TextToImage::load(const ModelPaths& paths, 
                                                             : 1);
   TextToImageComponents parts;
   parts.scheduler = src.configs().scheduler;
-  for (const char* part : kParts)
-    ZI_TRY(load_part(src, part, be, parts, &plan, options.fp8_weights));
+  for (const char* part : kParts) ZI_TRY(load_part(src, part, be, parts, &plan, options));
   // Uploads may still be in flight (the CUDA backend's DMA is asynchronous): wait for them, so
   // the time below is the real load time, and free the upload staging memory.
   if (Status s = be.finish_uploads(); !s.ok()) return s.with_context("loading " + what);
@@ -121,6 +126,26 @@ Result<std::unique_ptr<TextToImage>> TextToImage::load(const ModelPaths& paths, 
   pipeline->paths_ = paths;
   pipeline->plan_ = std::move(plan);
   return pipeline;
+}
+
+Result<std::unique_ptr<VaeEncoder>> load_vae_encoder(const std::string& model_dir, Backend& be) {
+  ModelPaths paths;
+  paths.model_dir = model_dir;
+  return load_vae_encoder(paths, be);
+}
+
+Result<std::unique_ptr<VaeEncoder>> load_vae_encoder(const ModelPaths& paths, Backend& be) {
+  const auto start = std::chrono::steady_clock::now();
+  auto src = ModelSource::open(paths);
+  if (!src.ok()) return src.status().with_context("loading vae encoder");
+  auto ws = src->open_weights(Component::kVae);
+  if (!ws.ok()) return ws.status().with_context("loading vae encoder");
+  ZI_ASSIGN_OR_RETURN(std::unique_ptr<VaeEncoder> enc,
+                      VaeEncoder::load(src->configs().vae, *ws, be));
+  if (Status s = be.finish_uploads(); !s.ok()) return s.with_context("loading vae encoder");
+  ZI_INFO("loaded the vae encoder in %.2f s",
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  return enc;
 }
 
 std::vector<Status> TextToImage::check_folder(const std::string& model_dir) {

@@ -23,6 +23,8 @@ struct ServeOptions {
   bool insecure = false;  // allow a non-loopback host without --api-key
   size_t max_queue = 16;  // queued jobs (the running one not counted)
   size_t max_body_bytes = size_t{1} << 20;
+  // Bodies of the image routes (/v1/images/edits, /sdapi/v1/img2img): an image, and a mask.
+  size_t max_image_body_bytes = size_t{32} << 20;
   int http_threads = 64;  // connections served at once (SSE streams hold one each)
   int io_timeout_s = 10;  // read / write timeout of one socket operation
   std::string model_name = "z-image-turbo";

@@ -73,7 +73,7 @@ void SerialExecutor::run_job(Job& job) noexcept {
         images.push_back(EncodedImage{std::move(bytes).value(), req.seed});
       }
       t.encode_s += since(encode_start);
-      steps_before += req.steps;
+      steps_before += denoising_steps(req);
     }
     t.total_s = since(start);
     ++metrics_->jobs_succeeded;

@@ -130,15 +130,44 @@ std::shared_ptr<Job> admit(ServeContext& ctx, JobSpec spec, httplib::Response& r
   return nullptr;
 }
 
+bool takes_image_body(const std::string& path) {
+  return path == "/v1/images/edits" || path == "/sdapi/v1/img2img";
+}
+
+namespace {
+
+// The server reads bodies up to the image routes' limit; JSON bodies stay under --max-body
+// (413 otherwise, as cpp-httplib answers past its own limit).
+bool json_body_fits(ServeContext& ctx, const httplib::Request& req, httplib::Response& res) {
+  if (takes_image_body(req.path) || req.body.size() <= ctx.options.max_body_bytes) return true;
+  send_error(res, ApiError{413, "invalid_request_error",
+                           "body: larger than the " + std::to_string(ctx.options.max_body_bytes) +
+                               "-byte limit",
+                           "body"});
+  return false;
+}
+
+}  // namespace
+
 std::shared_ptr<Job> parse_and_admit(ServeContext& ctx, ParseFn parse, const httplib::Request& req,
                                      httplib::Response& res) {
+  if (!json_body_fits(ctx, req, res)) return nullptr;
+  return make_and_admit(
+      ctx,
+      [parse, &req](const ParseLimits& limits, uint64_t seed) {
+        return parse(req.body, limits, seed);
+      },
+      res);
+}
+
+std::shared_ptr<Job> make_and_admit(ServeContext& ctx, const SpecFn& make, httplib::Response& res) {
   if (!ctx.ready.load() || ctx.stopping.load()) {
     ApiError e;
     admit(ctx, JobSpec{}, res, &e);
     send_error(res, e);
     return nullptr;
   }
-  Result<JobSpec> spec = parse(req.body, ctx.limits, random_seed());
+  Result<JobSpec> spec = make(ctx.limits, random_seed());
   if (!spec.ok()) {
     ++ctx.metrics.rejected_invalid;
     send_error(res, api_error(spec.status()));
@@ -163,8 +192,19 @@ bool reserve_waiting_slot(ServeContext& ctx, httplib::Response& res) {
 
 std::shared_ptr<Job> generate_and_wait(ServeContext& ctx, ParseFn parse,
                                        const httplib::Request& req, httplib::Response& res) {
+  if (!json_body_fits(ctx, req, res)) return nullptr;
+  return generate_and_wait(
+      ctx,
+      [parse, &req](const ParseLimits& limits, uint64_t seed) {
+        return parse(req.body, limits, seed);
+      },
+      res);
+}
+
+std::shared_ptr<Job> generate_and_wait(ServeContext& ctx, const SpecFn& make,
+                                       httplib::Response& res) {
   if (!reserve_waiting_slot(ctx, res)) return nullptr;
-  std::shared_ptr<Job> job = parse_and_admit(ctx, parse, req, res);
+  std::shared_ptr<Job> job = make_and_admit(ctx, make, res);
   if (job == nullptr) return nullptr;
   WaitingResponse waiting(ctx);
   while (!job->wait_final(std::chrono::seconds(1))) {
@@ -234,27 +274,32 @@ void install_hooks(httplib::Server& svr, ServeContext& ctx) {
   });
 
   const size_t max_body = ctx.options.max_body_bytes;
-  svr.set_error_handler([max_body](const httplib::Request& req, httplib::Response& res) {
-    if (!res.body.empty() || res.is_chunked_content_provider_) return;
-    try {
-      ApiError e{res.status, "invalid_request_error", "", ""};
-      if (res.status == 404) {
-        e.type = "not_found_error";
-        e.message = "no route for " + req.method + " " + req.path.substr(0, 200);
-      } else if (res.status == 413) {
-        e.message = "body: larger than the " + std::to_string(max_body) + "-byte limit";
-        e.param = "body";
-      } else if (res.status >= 500) {
-        e.type = "server_error";
-        e.message = "internal error";
-      } else {
-        e.message = "bad request";
-      }
-      send_error(res, e);
-    } catch (...) {
-      // Leave the status as it is; the body stays empty.
-    }
-  });
+  const size_t max_image_body =
+      std::max(ctx.options.max_body_bytes, ctx.options.max_image_body_bytes);
+  svr.set_error_handler(
+      [max_body, max_image_body](const httplib::Request& req, httplib::Response& res) {
+        if (!res.body.empty() || res.is_chunked_content_provider_) return;
+        try {
+          ApiError e{res.status, "invalid_request_error", "", ""};
+          if (res.status == 404) {
+            e.type = "not_found_error";
+            e.message = "no route for " + req.method + " " + req.path.substr(0, 200);
+          } else if (res.status == 413) {
+            e.message = "body: larger than the " +
+                        std::to_string(takes_image_body(req.path) ? max_image_body : max_body) +
+                        "-byte limit";
+            e.param = "body";
+          } else if (res.status >= 500) {
+            e.type = "server_error";
+            e.message = "internal error";
+          } else {
+            e.message = "bad request";
+          }
+          send_error(res, e);
+        } catch (...) {
+          // Leave the status as it is; the body stays empty.
+        }
+      });
 
   svr.set_exception_handler(
       [](const httplib::Request&, httplib::Response& res, std::exception_ptr) {

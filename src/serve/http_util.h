@@ -32,6 +32,10 @@ std::shared_ptr<Job> admit(ServeContext& ctx, JobSpec spec, httplib::Response& r
 using ParseFn = Result<JobSpec> (*)(std::string_view, const ParseLimits&, uint64_t);
 std::shared_ptr<Job> parse_and_admit(ServeContext& ctx, ParseFn parse, const httplib::Request& req,
                                      httplib::Response& res);
+// The same for a request that is not one JSON body (multipart forms): `make` builds the spec
+// from the server's limits and a fresh random seed.
+using SpecFn = std::function<Result<JobSpec>(const ParseLimits&, uint64_t)>;
+std::shared_ptr<Job> make_and_admit(ServeContext& ctx, const SpecFn& make, httplib::Response& res);
 
 // Responses that wait on a job (sync generations, SSE streams) each hold an HTTP thread; past
 // http_threads - 8 of them a new one gets 503, so /healthz and short requests always find a thread.
@@ -43,6 +47,12 @@ bool reserve_waiting_slot(ServeContext& ctx, httplib::Response& res);
 // (503 for a job cancelled by shutdown) and returns nullptr.
 std::shared_ptr<Job> generate_and_wait(ServeContext& ctx, ParseFn parse,
                                        const httplib::Request& req, httplib::Response& res);
+std::shared_ptr<Job> generate_and_wait(ServeContext& ctx, const SpecFn& make,
+                                       httplib::Response& res);
+
+// Paths whose bodies carry images (multipart /v1/images/edits, A1111's img2img): they may be
+// up to ServeOptions::max_image_body_bytes; every other body stays under max_body_bytes.
+bool takes_image_body(const std::string& path);
 
 // "http://host:port" as the client addressed us (from a well-formed Host header), else "".
 std::string base_url(const httplib::Request& req);

@@ -8,11 +8,13 @@
 #include <cstdio>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <string>
 
 #include "io/json_util.h"
 #include "serve/api_error.h"
+#include "serve/request_images.h"
 
 namespace zimage::serve {
 
@@ -84,6 +86,19 @@ Status get_number(const json& obj, const char* key, double min, double max, floa
     return InvalidArgument(k + buf);
   }
   *out = static_cast<float>(d);
+  return Status::Ok();
+}
+
+// A finite number in (0, 1] kept as a double (strength: Python multiplies it in double).
+Status get_strength(const json& obj, const char* key, std::optional<double>* out) {
+  const json* v = field(obj, key);
+  if (v == nullptr) return Status::Ok();
+  const std::string k(key);
+  if (!v->is_number()) return InvalidArgument(k + ": must be a number, got " + type_of(*v));
+  const double d = v->get<double>();
+  if (!std::isfinite(d) || !(d > 0.0) || d > 1.0)
+    return InvalidArgument(k + ": must be in (0, 1], got " + v->dump());
+  *out = d;
   return Status::Ok();
 }
 
@@ -327,7 +342,7 @@ int JobSpec::images() const {
 
 int JobSpec::total_steps() const {
   int n = 0;
-  for (const GenerateRequest& r : runs) n += r.steps;
+  for (const GenerateRequest& r : runs) n += denoising_steps(r);
   return n;
 }
 
@@ -351,35 +366,49 @@ Status rename_fields(const Status& st, Dialect dialect) {
     to = n.guidance;
   } else if (f == "images_per_prompt") {
     to = n.batch;
+  } else if (f == "init_image") {
+    to = dialect == Dialect::kOpenAi ? "image" : "init_images";
+  } else if (f == "strength") {
+    to = dialect == Dialect::kOpenAi ? "strength" : "denoising_strength";
   } else {
     return st;
   }
   return {st.code(), to + ": " + std::string(rest)};
 }
 
-Result<JobSpec> parse_openai(std::string_view body, const ParseLimits& lim, uint64_t random_seed) {
-  json obj;
-  ZI_TRY(parse_body(body, &obj));
+namespace {
+
+// The OpenAI Images fields of `obj` (a JSON body, or an edits form made into one). `req` may
+// already hold an init image (edits): then "strength" is known too and the default size is the
+// image's.
+Result<JobSpec> openai_spec(const json& obj, const ParseLimits& lim, uint64_t random_seed,
+                            GenerateRequest req) {
   static const std::set<std::string> kKnown = {
       "prompt", "n", "size", "response_format", "output_format", "output_compression",
       "negative_prompt", "num_inference_steps", "guidance_scale", "seed",
       // OpenAI fields accepted and ignored:
       "model", "quality", "style", "user", "background", "moderation"};
-  ZI_TRY(check_fields(obj, kKnown));
+  std::set<std::string> known = kKnown;
+  if (req.init_image) known.insert({"strength", "input_fidelity"});
+  ZI_TRY(check_fields(obj, known));
   const size_t max_bytes = lim.request.max_prompt_bytes;
   JobSpec spec;
   spec.dialect = Dialect::kOpenAi;
-  GenerateRequest req;
   ZI_TRY(get_prompts(obj, max_bytes, &req));
   ZI_TRY(get_int(obj, "n", 1, lim.request.max_batch, &req.images_per_prompt));
   req.width = lim.default_width;
   req.height = lim.default_height;
+  if (req.init_image)
+    ZI_TRY(
+        default_size(*req.init_image, lim.request.size_multiple, "image", &req.width, &req.height));
   ZI_TRY(parse_size(obj, &req.width, &req.height));
+  if (req.init_image) ZI_TRY(get_strength(obj, "strength", &req.strength));
   req.steps = lim.default_steps;
   ZI_TRY(get_int(obj, "num_inference_steps", 1, lim.request.max_steps, &req.steps));
   ZI_TRY(get_number(obj, "guidance_scale", 0.0, 100.0, &req.guidance));
   ZI_TRY(get_seed(obj, random_seed, &req.seed, &spec.random_seed));
-  for (const char* k : {"model", "quality", "style", "user", "background", "moderation"}) {
+  for (const char* k :
+       {"model", "quality", "style", "user", "background", "moderation", "input_fidelity"}) {
     const json* v = field(obj, k);
     if (v != nullptr && !v->is_string())
       return InvalidArgument(std::string(k) + ": must be a string, got " + type_of(*v));
@@ -413,16 +442,18 @@ Result<JobSpec> parse_openai(std::string_view body, const ParseLimits& lim, uint
   return spec;
 }
 
-Result<JobSpec> parse_a1111(std::string_view body, const ParseLimits& lim, uint64_t random_seed) {
-  json obj;
-  ZI_TRY(parse_body(body, &obj));
+// The A1111 fields of `obj`; `req` may already hold an init image (img2img).
+Result<JobSpec> a1111_spec(const json& obj, const ParseLimits& lim, uint64_t random_seed,
+                           GenerateRequest req) {
   const size_t max_bytes = lim.request.max_prompt_bytes;
   JobSpec spec;
   spec.dialect = Dialect::kA1111;
-  GenerateRequest req;
   ZI_TRY(get_prompts(obj, max_bytes, &req));
   req.width = lim.default_width;
   req.height = lim.default_height;
+  if (req.init_image)
+    ZI_TRY(default_size(*req.init_image, lim.request.size_multiple, "init_images", &req.width,
+                        &req.height));
   const int64_t side = lim.request.max_side;
   ZI_TRY(get_int(obj, "width", 1, side, &req.width));
   ZI_TRY(get_int(obj, "height", 1, side, &req.height));
@@ -445,6 +476,98 @@ Result<JobSpec> parse_a1111(std::string_view body, const ParseLimits& lim, uint6
     spec.runs.push_back(std::move(r));
   }
   return spec;
+}
+
+}  // namespace
+
+Result<JobSpec> parse_openai(std::string_view body, const ParseLimits& lim, uint64_t random_seed) {
+  json obj;
+  ZI_TRY(parse_body(body, &obj));
+  return openai_spec(obj, lim, random_seed, GenerateRequest());
+}
+
+Result<JobSpec> parse_a1111(std::string_view body, const ParseLimits& lim, uint64_t random_seed) {
+  json obj;
+  ZI_TRY(parse_body(body, &obj));
+  return a1111_spec(obj, lim, random_seed, GenerateRequest());
+}
+
+Result<JobSpec> parse_openai_edit(const std::vector<FormPart>& form, const ParseLimits& lim,
+                                  uint64_t random_seed) {
+  // Text fields become a JSON object for openai_spec; numbers are parsed from their text.
+  static const std::set<std::string> kNumbers = {"n",    "num_inference_steps", "guidance_scale",
+                                                 "seed", "output_compression",  "strength"};
+  json obj = json::object();
+  const FormPart* image = nullptr;
+  const FormPart* mask = nullptr;
+  for (const FormPart& p : form) {
+    const bool is_image = p.name == "image" || p.name == "image[]";
+    if (is_image || p.name == "mask") {
+      const FormPart*& slot = is_image ? image : mask;
+      if (slot != nullptr)
+        return InvalidArgument(std::string(is_image ? "image" : "mask") + ": one file per request");
+      slot = &p;
+      continue;
+    }
+    if (obj.contains(p.name))
+      return InvalidArgument(field_of(p.name + ": x") == p.name
+                                 ? p.name + ": given twice"
+                                 : "body: a form field is given twice");
+    if (kNumbers.count(p.name) != 0) {
+      json v = json::parse(p.content, nullptr, false);
+      if (v.is_discarded() || !v.is_number())
+        return InvalidArgument(p.name + ": must be a number, got \"" +
+                               json_util::printable(p.content.substr(0, 40)) + "\"");
+      obj[p.name] = v;
+    } else {
+      const std::string problem = text_problem(p.content);
+      if (!problem.empty())
+        return InvalidArgument((field_of(p.name + ": x") == p.name ? p.name : "body") + ": " +
+                               problem);
+      obj[p.name] = p.content;
+    }
+  }
+  if (image == nullptr) return InvalidArgument("image: is required (a PNG, JPEG or WebP file)");
+  GenerateRequest req;
+  const std::vector<uint8_t> image_bytes(image->content.begin(), image->content.end());
+  ZI_ASSIGN_OR_RETURN(req.init_image, decode_request_image(image_bytes, "image"));
+  if (mask != nullptr) {
+    const std::vector<uint8_t> mask_bytes(mask->content.begin(), mask->content.end());
+    ZI_ASSIGN_OR_RETURN(req.mask, decode_openai_mask(mask_bytes, "mask"));
+  }
+  return openai_spec(obj, lim, random_seed, std::move(req));
+}
+
+Result<JobSpec> parse_a1111_img2img(std::string_view body, const ParseLimits& lim,
+                                    uint64_t random_seed) {
+  json obj;
+  ZI_TRY(parse_body(body, &obj));
+  const json* images = field(obj, "init_images");
+  if (images == nullptr) return InvalidArgument("init_images: is required (one base64 image)");
+  if (!images->is_array() || images->size() != 1 || !(*images)[0].is_string())
+    return InvalidArgument("init_images: must be an array of one base64 image");
+  GenerateRequest req;
+  ZI_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes,
+                      base64_decode((*images)[0].get_ref<const std::string&>(), "init_images"));
+  ZI_ASSIGN_OR_RETURN(req.init_image, decode_request_image(bytes, "init_images"));
+  int invert = 0;
+  ZI_TRY(get_int(obj, "inpainting_mask_invert", 0, 1, &invert));
+  if (const json* m = field(obj, "mask"); m != nullptr) {
+    if (!m->is_string())
+      return InvalidArgument(std::string("mask: must be a base64 string, got ") + type_of(*m));
+    ZI_ASSIGN_OR_RETURN(std::vector<uint8_t> mb,
+                        base64_decode(m->get_ref<const std::string&>(), "mask"));
+    ZI_ASSIGN_OR_RETURN(req.mask, decode_a1111_mask(mb, "mask", invert == 1));
+  }
+  int resize_mode = 0;
+  ZI_TRY(get_int(obj, "resize_mode", 0, 3, &resize_mode));
+  if (resize_mode != 0)
+    return InvalidArgument(
+        "resize_mode: only 0 (just resize: the image stretched to width x height) is "
+        "supported");
+  req.strength = 0.75;  // A1111's default denoising_strength
+  ZI_TRY(get_strength(obj, "denoising_strength", &req.strength));
+  return a1111_spec(obj, lim, random_seed, std::move(req));
 }
 
 }  // namespace zimage::serve

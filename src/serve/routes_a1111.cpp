@@ -1,5 +1,6 @@
-// Automatic1111's API, the subset image front-ends use: POST /sdapi/v1/txt2img (synchronous;
-// base64 PNGs, the parameters and an "info" JSON string with the seeds) and GET
+// Automatic1111's API, the subset image front-ends use: POST /sdapi/v1/txt2img and
+// /sdapi/v1/img2img (init_images, mask, denoising_strength: image-to-image and inpainting)
+// (synchronous; base64 PNGs, the parameters and an "info" JSON string with the seeds) and GET
 // /sdapi/v1/progress (the running job). Same queue, limits and errors as the OpenAI routes.
 #include <chrono>
 
@@ -11,43 +12,60 @@ namespace zimage::serve {
 
 using nlohmann::json;
 
+namespace {
+
+// The response of txt2img and img2img: base64 images, the parameters, an "info" JSON string.
+void send_a1111_images(ServeContext& ctx, const std::shared_ptr<Job>& job, httplib::Response& res) {
+  const JobSnapshot s = job->snapshot();
+  const JobSpec& spec = job->spec();
+  const GenerateRequest& r = spec.runs.front();
+  json images = json::array();
+  json seeds = json::array();
+  for (size_t k = 0; k < s.image_count; ++k) {
+    images.push_back(base64_encode(job->image(k)));
+    seeds.push_back(s.image_seeds[k]);
+  }
+  json parameters = {{"prompt", r.prompts.front()},
+                     {"negative_prompt", r.negative_prompt.value_or("")},
+                     {"width", r.width},
+                     {"height", r.height},
+                     {"steps", r.steps},
+                     {"cfg_scale", r.guidance},
+                     {"seed", r.seed},
+                     {"batch_size", r.images_per_prompt},
+                     {"n_iter", spec.runs.size()}};
+  json info = {{"prompt", r.prompts.front()},
+               {"negative_prompt", r.negative_prompt.value_or("")},
+               {"seed", r.seed},
+               {"all_seeds", seeds},
+               {"width", r.width},
+               {"height", r.height},
+               {"steps", r.steps},
+               {"cfg_scale", r.guidance},
+               {"sampler_name", "FlowMatchEulerDiscrete"},
+               {"sd_model_name", ctx.options.model_name},
+               {"job_id", job->id()}};
+  if (r.init_image) {
+    parameters["denoising_strength"] = r.strength.value_or(0.75);
+    info["denoising_strength"] = r.strength.value_or(0.75);
+    parameters["inpaint"] = r.mask.has_value();
+  }
+  send_json(res, 200,
+            {{"images", std::move(images)},
+             {"parameters", std::move(parameters)},
+             {"info", info.dump(-1, ' ', false, json::error_handler_t::replace)}});
+}
+
+}  // namespace
+
 void add_a1111_routes(httplib::Server& svr, ServeContext& ctx) {
   svr.Post("/sdapi/v1/txt2img", guard([&ctx](const httplib::Request& req, httplib::Response& res) {
              std::shared_ptr<Job> job = generate_and_wait(ctx, parse_a1111, req, res);
-             if (job == nullptr) return;
-             const JobSnapshot s = job->snapshot();
-             const JobSpec& spec = job->spec();
-             const GenerateRequest& r = spec.runs.front();
-             json images = json::array();
-             json seeds = json::array();
-             for (size_t k = 0; k < s.image_count; ++k) {
-               images.push_back(base64_encode(job->image(k)));
-               seeds.push_back(s.image_seeds[k]);
-             }
-             json parameters = {{"prompt", r.prompts.front()},
-                                {"negative_prompt", r.negative_prompt.value_or("")},
-                                {"width", r.width},
-                                {"height", r.height},
-                                {"steps", r.steps},
-                                {"cfg_scale", r.guidance},
-                                {"seed", r.seed},
-                                {"batch_size", r.images_per_prompt},
-                                {"n_iter", spec.runs.size()}};
-             json info = {{"prompt", r.prompts.front()},
-                          {"negative_prompt", r.negative_prompt.value_or("")},
-                          {"seed", r.seed},
-                          {"all_seeds", seeds},
-                          {"width", r.width},
-                          {"height", r.height},
-                          {"steps", r.steps},
-                          {"cfg_scale", r.guidance},
-                          {"sampler_name", "FlowMatchEulerDiscrete"},
-                          {"sd_model_name", ctx.options.model_name},
-                          {"job_id", job->id()}};
-             send_json(res, 200,
-                       {{"images", std::move(images)},
-                        {"parameters", std::move(parameters)},
-                        {"info", info.dump(-1, ' ', false, json::error_handler_t::replace)}});
+             if (job != nullptr) send_a1111_images(ctx, job, res);
+           }));
+  svr.Post("/sdapi/v1/img2img", guard([&ctx](const httplib::Request& req, httplib::Response& res) {
+             std::shared_ptr<Job> job = generate_and_wait(ctx, parse_a1111_img2img, req, res);
+             if (job != nullptr) send_a1111_images(ctx, job, res);
            }));
 
   svr.Get("/sdapi/v1/progress", guard([&ctx](const httplib::Request&, httplib::Response& res) {

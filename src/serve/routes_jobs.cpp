@@ -4,6 +4,7 @@
 // Ids are checked for shape before lookup, so a path-like id ("..", "%2e%2e") is a 400.
 #include <chrono>
 
+#include "pipeline/image_to_image.h"
 #include "serve/http_util.h"
 #include "serve/routes.h"
 #include "serve/sse.h"
@@ -47,6 +48,11 @@ json job_parameters(const JobSpec& spec) {
             {"n", r.images_per_prompt},
             {"output_format", format_name(spec.output_format)}};
   if (r.negative_prompt) p["negative_prompt"] = *r.negative_prompt;
+  if (r.init_image) {  // image-to-image / inpainting (the images themselves are not echoed)
+    p["mode"] = r.mask ? "inpaint" : "img2img";
+    p["strength"] = effective_strength(r);
+    p["denoising_steps"] = denoising_steps(r);
+  }
   if (spec.runs.size() > 1) p["n_iter"] = spec.runs.size();
   return p;
 }

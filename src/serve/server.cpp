@@ -47,7 +47,7 @@ Status Server::start() {
   auto http = std::make_unique<HttpServer>();
   const size_t threads = static_cast<size_t>(o.http_threads);
   http->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
-  http->set_payload_max_length(o.max_body_bytes);
+  http->set_payload_max_length(std::max(o.max_body_bytes, o.max_image_body_bytes));
   http->set_read_timeout(o.io_timeout_s, 0);
   http->set_write_timeout(o.io_timeout_s, 0);
   http->set_keep_alive_timeout(std::min(5, o.io_timeout_s));

@@ -466,6 +466,53 @@ TEST_F(SingleFiles, GgufFilesWorkAsSingleFiles) {
   EXPECT_TRUE(TextToImage::check_file(gguf + "/dit.gguf").empty());
 }
 
+// Single files with the other load-time features: a LoRA merged into a ComfyUI-named (and a
+// scaled FP8) transformer file, and image-to-image whose VAE encoder comes from the LDM-named VAE
+// file. Each equals the same request on the folder model.
+TEST_F(SingleFiles, LoraAndImageToImageWorkOnSingleFiles) {
+  auto engine = [&](const std::string& dit, const std::string& vae, bool lora) {
+    EngineOptions o;
+    o.model_dir = model_dir();
+    o.dit_file = dit;
+    o.vae_file = vae;
+    o.device = "cpu";
+    o.threads = 2;
+    if (lora) o.loras = {{std::string(ZIMAGE_LORA_DIR) + "/kohya_qkv.safetensors", 1.0f}};
+    auto e = Engine::load(o);
+    EXPECT_TRUE(e.ok()) << e.status().to_string();
+    return e.ok() ? std::move(e).value() : nullptr;
+  };
+  auto image = [](Engine* e, const GenerateRequest& r) {
+    auto g = e->generate(r);
+    EXPECT_TRUE(g.ok()) << g.status().to_string();
+    return g.ok() ? g->images[0].rgb : std::vector<uint8_t>();
+  };
+  const GenerateRequest req = case_request();
+  auto folder_lora = engine("", "", true);
+  auto file_lora = engine(file("dit_bf16"), "", true);
+  ASSERT_TRUE(folder_lora && file_lora);
+  const std::vector<uint8_t> a = image(folder_lora.get(), req);
+  EXPECT_EQ(a, image(file_lora.get(), req));
+  auto scaled_lora = engine(file("dit_scaled"), "", true);
+  ASSERT_TRUE(scaled_lora);
+  EXPECT_NE(a, image(scaled_lora.get(), req));  // the FP8 weights under the same LoRA
+
+  GenerateRequest i2i = req;
+  Image init;
+  init.width = req.width;
+  init.height = req.height;
+  for (int i = 0; i < init.width * init.height * 3; ++i)
+    init.rgb.push_back(static_cast<uint8_t>((i * 7) % 251));
+  i2i.init_image = init;
+  i2i.strength = 0.6;
+  auto folder = engine("", "", false);
+  auto file_vae = engine("", file("vae_ldm"), false);
+  ASSERT_TRUE(folder && file_vae);
+  const std::vector<uint8_t> b = image(folder.get(), i2i);
+  ASSERT_FALSE(b.empty());
+  EXPECT_EQ(b, image(file_vae.get(), i2i));
+}
+
 test::ProgramRun zimage(std::vector<std::string> args) {
   test::ProgramSpec spec;
   spec.exe = ZIMAGE_CLI_PATH;

@@ -1,0 +1,389 @@
+// Image file inputs as diffusers' load_image reads them (see image_read.h): format sniffing, the
+// three decoders, PIL's orientation lookup (EXIF, then XMP) and its colour conversions.
+#include "io/image_read.h"
+
+#include <turbojpeg.h>
+#include <webp/decode.h>
+
+#include <cstring>
+#include <new>
+#include <string_view>
+
+#include "io/file_io.h"
+#include "io/png.h"
+
+namespace zimage {
+namespace {
+
+std::string dims(int64_t w, int64_t h) {
+  return std::to_string(w) + "x" + std::to_string(h);
+}
+
+Status check_pixels(const std::string& name, int64_t w, int64_t h) {
+  if (w < 1 || h < 1) return FormatError(name + ": empty image (" + dims(w, h) + ")");
+  if (w * h > kMaxInputPixels)
+    return FormatError(name + ": image " + dims(w, h) + " exceeds the limit of " +
+                       std::to_string(kMaxInputPixels) + " pixels");
+  return Status::Ok();
+}
+
+bool starts_with(std::string_view s, std::string_view prefix) {
+  return s.size() >= prefix.size() && s.compare(0, prefix.size(), prefix) == 0;
+}
+
+uint32_t be16(const uint8_t* p) {
+  return static_cast<uint32_t>(p[0]) << 8 | p[1];
+}
+uint32_t le32(const uint8_t* p) {
+  return p[0] | static_cast<uint32_t>(p[1]) << 8 | static_cast<uint32_t>(p[2]) << 16 |
+         static_cast<uint32_t>(p[3]) << 24;
+}
+
+// Metadata the orientation rule reads, per format.
+struct Meta {
+  std::string exif;  // a TIFF block, maybe prefixed "Exif\0\0"
+  std::string xmp;
+};
+
+// ---- PNG --------------------------------------------------------------------------------------
+
+Result<Image8> decode_png_file(const uint8_t* data, size_t size, const std::string& name,
+                               Meta* meta) {
+  // The size from IHDR (right after the signature) before libpng allocates anything.
+  if (size >= 24 && std::memcmp(data + 12, "IHDR", 4) == 0) {
+    const auto be32 = [](const uint8_t* p) {
+      return int64_t{p[0]} << 24 | int64_t{p[1]} << 16 | int64_t{p[2]} << 8 | p[3];
+    };
+    ZI_TRY(check_pixels(name, be32(data + 16), be32(data + 20)));
+  }
+  ZI_ASSIGN_OR_RETURN(PngPixels png, decode_png_pixels(data, size, name));
+  meta->exif = std::move(png.exif);
+  std::string raw_profile;
+  for (const auto& [key, value] : png.text) {
+    if (key == "XML:com.adobe.xmp" && meta->xmp.empty()) meta->xmp = value;
+    if (key == "Raw profile type exif" && raw_profile.empty()) raw_profile = value;
+  }
+  if (meta->exif.empty() && !raw_profile.empty()) {
+    // PIL: bytes.fromhex("".join(text.split("\n")[3:])): hex digits after the third newline
+    // (ImageMagick's "\nexif\n<length>\n<hex>"); whitespace is skipped, anything else voids it.
+    size_t pos = 0;
+    for (int k = 0; k < 3 && pos != std::string::npos; ++k) {
+      pos = raw_profile.find('\n', pos);
+      if (pos != std::string::npos) ++pos;
+    }
+    std::string bytes;
+    bool ok = pos != std::string::npos;
+    int hi = -1;
+    for (size_t i = ok ? pos : raw_profile.size(); i < raw_profile.size() && ok; ++i) {
+      const char c = raw_profile[i];
+      if (c == ' ' || c == '\n' || c == '\t' || c == '\r') continue;
+      int v = -1;
+      if (c >= '0' && c <= '9') v = c - '0';
+      if (c >= 'a' && c <= 'f') v = c - 'a' + 10;
+      if (c >= 'A' && c <= 'F') v = c - 'A' + 10;
+      if (v < 0) ok = false;
+      if (hi < 0) {
+        hi = v;
+      } else {
+        bytes.push_back(static_cast<char>(hi << 4 | v));
+        hi = -1;
+      }
+    }
+    if (ok && hi < 0) meta->exif = std::move(bytes);
+  }
+  Image8 out;
+  out.width = png.width;
+  out.height = png.height;
+  out.channels = png.channels;
+  out.pixels = std::move(png.pixels);
+  return out;
+}
+
+// ---- JPEG -------------------------------------------------------------------------------------
+
+// The APP1 segments before the scan: the first "Exif\0\0" one (PIL keeps the first) and the last
+// XMP one (PIL overwrites).
+void jpeg_markers(const uint8_t* data, size_t size, Meta* meta) {
+  static constexpr std::string_view kXmp("http://ns.adobe.com/xap/1.0/\0", 29);
+  size_t pos = 2;
+  while (pos + 4 <= size && data[pos] == 0xFF) {
+    const uint8_t marker = data[pos + 1];
+    if (marker == 0xFF) {  // fill byte
+      ++pos;
+      continue;
+    }
+    if (marker == 0xDA || marker == 0xD9) break;                 // start of scan / end of image
+    if (marker == 0x01 || (marker >= 0xD0 && marker <= 0xD7)) {  // no length
+      pos += 2;
+      continue;
+    }
+    const size_t len = be16(data + pos + 2);
+    if (len < 2 || pos + 2 + len > size) break;
+    const std::string_view seg(reinterpret_cast<const char*>(data + pos + 4), len - 2);
+    if (marker == 0xE1) {
+      if (starts_with(seg, std::string_view("Exif\0\0", 6)) && meta->exif.empty())
+        meta->exif = std::string(seg);
+      else if (starts_with(seg, kXmp))
+        meta->xmp = std::string(seg.substr(kXmp.size()));
+    }
+    pos += 2 + len;
+  }
+}
+
+struct TjHandle {
+  tjhandle h = tjInitDecompress();
+  ~TjHandle() {
+    if (h != nullptr) tjDestroy(h);
+  }
+  TjHandle() = default;
+  TjHandle(const TjHandle&) = delete;
+  TjHandle& operator=(const TjHandle&) = delete;
+};
+
+Result<Image8> decode_jpeg_file(const uint8_t* data, size_t size, const std::string& name,
+                                Meta* meta) {
+  if (size > 0xFFFFFFFFull) return FormatError(name + ": JPEG file too large");
+  jpeg_markers(data, size, meta);
+  TjHandle tj;
+  if (tj.h == nullptr) return OutOfMemory(name + ": cannot create the JPEG decoder");
+  int w = 0, h = 0, subsamp = 0, colorspace = 0;
+  auto* buf = const_cast<unsigned char*>(data);  // TurboJPEG 2.x takes non-const; never writes
+  const unsigned long len = static_cast<unsigned long>(size);
+  if (tjDecompressHeader3(tj.h, buf, len, &w, &h, &subsamp, &colorspace) != 0)
+    return FormatError(name + ": not a valid JPEG (" + tjGetErrorStr2(tj.h) + ")");
+  if (colorspace == TJCS_CMYK || colorspace == TJCS_YCCK)
+    return FormatError(name +
+                       ": CMYK JPEG is not supported (PIL converts it with its own formula); "
+                       "save the image as RGB");
+  ZI_TRY(check_pixels(name, w, h));
+  Image8 out;
+  out.width = w;
+  out.height = h;
+  out.channels = colorspace == TJCS_GRAY ? 1 : 3;
+  out.pixels.assign(static_cast<size_t>(w) * h * out.channels, 0);
+  // Flags 0: accurate integer IDCT and fancy upsampling, libjpeg's (and PIL's) defaults.
+  const int rc = tjDecompress2(tj.h, buf, len, out.pixels.data(), w, 0, h,
+                               out.channels == 1 ? TJPF_GRAY : TJPF_RGB, 0);
+  if (rc != 0) {
+    const std::string msg = tjGetErrorStr2(tj.h);
+    // libjpeg turns a truncated file into a warning and grey rows; PIL refuses it ("image file
+    // is truncated"). Other warnings (extraneous bytes) PIL ignores, and so do we.
+    if (tjGetErrorCode(tj.h) != TJERR_WARNING || msg.find("Premature end") != std::string::npos)
+      return FormatError(name + ": cannot decode the JPEG (" + msg + ")");
+  }
+  return out;
+}
+
+// ---- WebP -------------------------------------------------------------------------------------
+
+// The first EXIF and "XMP " chunks of the RIFF container (what libwebp's demuxer hands PIL).
+void webp_chunks(const uint8_t* data, size_t size, Meta* meta) {
+  size_t pos = 12;
+  while (pos + 8 <= size) {
+    const std::string_view tag(reinterpret_cast<const char*>(data + pos), 4);
+    const uint64_t len = le32(data + pos + 4);
+    if (len > size - pos - 8) break;
+    const std::string payload(reinterpret_cast<const char*>(data + pos + 8),
+                              static_cast<size_t>(len));
+    if (tag == "EXIF" && meta->exif.empty()) meta->exif = payload;
+    if (tag == "XMP " && meta->xmp.empty()) meta->xmp = payload;
+    pos += 8 + static_cast<size_t>(len) + (len & 1);  // chunks are padded to even sizes
+  }
+}
+
+Result<Image8> decode_webp_file(const uint8_t* data, size_t size, const std::string& name,
+                                Meta* meta) {
+  WebPBitstreamFeatures f;
+  if (WebPGetFeatures(data, size, &f) != VP8_STATUS_OK)
+    return FormatError(name + ": not a valid WebP file");
+  if (f.has_animation != 0)
+    return FormatError(name + ": animated WebP is not supported; give a still image");
+  ZI_TRY(check_pixels(name, f.width, f.height));
+  webp_chunks(data, size, meta);
+  Image8 out;
+  out.width = f.width;
+  out.height = f.height;
+  out.channels = f.has_alpha != 0 ? 4 : 3;
+  const size_t stride = static_cast<size_t>(f.width) * out.channels;
+  out.pixels.assign(stride * f.height, 0);
+  const uint8_t* ok = out.channels == 4
+                          ? WebPDecodeRGBAInto(data, size, out.pixels.data(), out.pixels.size(),
+                                               static_cast<int>(stride))
+                          : WebPDecodeRGBInto(data, size, out.pixels.data(), out.pixels.size(),
+                                              static_cast<int>(stride));
+  if (ok == nullptr) return FormatError(name + ": cannot decode the WebP image data");
+  return out;
+}
+
+uint32_t rd16(const uint8_t* p, bool big) {
+  return big ? static_cast<uint32_t>(p[0]) << 8 | p[1] : p[0] | static_cast<uint32_t>(p[1]) << 8;
+}
+uint32_t rd32(const uint8_t* p, bool big) {
+  return big ? static_cast<uint32_t>(p[0]) << 24 | static_cast<uint32_t>(p[1]) << 16 |
+                   static_cast<uint32_t>(p[2]) << 8 | p[3]
+             : le32(p);
+}
+
+}  // namespace
+
+int exif_orientation(const std::string& exif) {
+  std::string_view e(exif);
+  if (starts_with(e, std::string_view("Exif\0\0", 6))) e.remove_prefix(6);
+  const auto* d = reinterpret_cast<const uint8_t*>(e.data());
+  if (e.size() < 8) return -1;
+  bool big = false;
+  if (d[0] == 'M' && d[1] == 'M') {
+    big = true;
+  } else if (!(d[0] == 'I' && d[1] == 'I')) {
+    return -1;
+  }
+  if (rd16(d + 2, big) != 42) return -1;
+  const uint64_t ifd = rd32(d + 4, big);
+  if (ifd + 2 > e.size()) return -1;
+  const uint32_t count = rd16(d + ifd, big);
+  for (uint32_t i = 0; i < count; ++i) {
+    const uint64_t at = ifd + 2 + uint64_t{12} * i;
+    if (at + 12 > e.size()) return -1;
+    if (rd16(d + at, big) != 0x0112) continue;
+    const uint32_t type = rd16(d + at + 2, big), n = rd32(d + at + 4, big);
+    if (n < 1) return -1;
+    if (type == 3) return static_cast<int>(rd16(d + at + 8, big));           // SHORT
+    if (type == 4) return static_cast<int>(rd32(d + at + 8, big) & 0xFFFF);  // LONG
+    if (type == 1) return d[at + 8];                                         // BYTE
+    return 0;  // present, of another type: no transposition (and no XMP fallback, as PIL)
+  }
+  return -1;
+}
+
+int xmp_orientation(const std::string& xmp) {
+  static constexpr std::string_view kKey = "tiff:Orientation";
+  for (size_t pos = xmp.find(kKey); pos != std::string::npos; pos = xmp.find(kKey, pos + 1)) {
+    size_t v = pos + kKey.size();
+    if (v + 1 < xmp.size() && xmp[v] == '=' && xmp[v + 1] == '"') {
+      v += 2;
+    } else if (v < xmp.size() && xmp[v] == '>') {
+      v += 1;
+    } else {
+      continue;
+    }
+    if (v < xmp.size() && xmp[v] >= '0' && xmp[v] <= '9') return xmp[v] - '0';
+  }
+  return 0;
+}
+
+Image8 apply_orientation(const Image8& in, int orientation) {
+  if (orientation < 2 || orientation > 8) return in;
+  const int w = in.width, h = in.height, c = in.channels;
+  const bool swap = orientation >= 5;  // TRANSPOSE, ROTATE_270, TRANSVERSE, ROTATE_90
+  Image8 out;
+  out.width = swap ? h : w;
+  out.height = swap ? w : h;
+  out.channels = c;
+  out.pixels.resize(in.pixels.size());
+  for (int y = 0; y < out.height; ++y) {
+    for (int x = 0; x < out.width; ++x) {
+      int sx = x, sy = y;  // the source pixel of out(x, y), as PIL's Image.transpose
+      switch (orientation) {
+        case 2:
+          sx = w - 1 - x;
+          break;  // FLIP_LEFT_RIGHT
+        case 3:
+          sx = w - 1 - x;
+          sy = h - 1 - y;
+          break;  // ROTATE_180
+        case 4:
+          sy = h - 1 - y;
+          break;  // FLIP_TOP_BOTTOM
+        case 5:
+          sx = y;
+          sy = x;
+          break;  // TRANSPOSE
+        case 6:
+          sx = y;
+          sy = h - 1 - x;
+          break;  // ROTATE_270 (90° clockwise)
+        case 7:
+          sx = w - 1 - y;
+          sy = h - 1 - x;
+          break;  // TRANSVERSE
+        default:
+          sx = w - 1 - y;
+          sy = x;
+          break;  // 8: ROTATE_90 (counter-clockwise)
+      }
+      std::memcpy(&out.pixels[(static_cast<size_t>(y) * out.width + x) * c],
+                  &in.pixels[(static_cast<size_t>(sy) * w + sx) * c], static_cast<size_t>(c));
+    }
+  }
+  return out;
+}
+
+Result<Image8> decode_image(const uint8_t* data, size_t size, const std::string& name) {
+  if (data == nullptr || size == 0) return FormatError(name + ": empty file");
+  try {
+    Meta meta;
+    static constexpr uint8_t kPng[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1A, '\n'};
+    const bool png = size >= 8 && std::memcmp(data, kPng, 8) == 0;
+    const bool jpeg = size >= 3 && data[0] == 0xFF && data[1] == 0xD8 && data[2] == 0xFF;
+    const bool webp =
+        size >= 12 && std::memcmp(data, "RIFF", 4) == 0 && std::memcmp(data + 8, "WEBP", 4) == 0;
+    if (!png && !jpeg && !webp)
+      return FormatError(name + ": not a PNG, JPEG or WebP file (unrecognised first bytes)");
+    ZI_ASSIGN_OR_RETURN(Image8 img, png    ? decode_png_file(data, size, name, &meta)
+                                    : jpeg ? decode_jpeg_file(data, size, name, &meta)
+                                           : decode_webp_file(data, size, name, &meta));
+    int orientation = exif_orientation(meta.exif);
+    if (orientation < 0) orientation = xmp_orientation(meta.xmp);  // PIL: XMP only without EXIF's
+    return apply_orientation(img, orientation);
+  } catch (const std::bad_alloc&) {
+    return OutOfMemory(name + ": out of memory while decoding");
+  }
+}
+
+Result<Image8> read_image(const std::string& path) {
+  constexpr uint64_t kMaxFileBytes = uint64_t{1} << 30;
+  ZI_ASSIGN_OR_RETURN(const std::string bytes, read_input_file(path, kMaxFileBytes));
+  return decode_image(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), path);
+}
+
+Image8 to_rgb(const Image8& in) {
+  if (in.channels == 3) return in;
+  Image8 out;
+  out.width = in.width;
+  out.height = in.height;
+  out.channels = 3;
+  const size_t n = static_cast<size_t>(in.width) * in.height;
+  out.pixels.resize(n * 3);
+  for (size_t i = 0; i < n; ++i) {
+    const uint8_t* p = &in.pixels[i * in.channels];
+    uint8_t* q = &out.pixels[i * 3];
+    if (in.channels <= 2) {
+      q[0] = q[1] = q[2] = p[0];
+    } else {
+      q[0] = p[0], q[1] = p[1], q[2] = p[2];
+    }
+  }
+  return out;
+}
+
+Image8 to_gray(const Image8& in) {
+  if (in.channels == 1) return in;
+  Image8 out;
+  out.width = in.width;
+  out.height = in.height;
+  out.channels = 1;
+  const size_t n = static_cast<size_t>(in.width) * in.height;
+  out.pixels.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    const uint8_t* p = &in.pixels[i * in.channels];
+    if (in.channels == 2) {
+      out.pixels[i] = p[0];
+    } else {
+      const uint32_t l = p[0] * 19595u + p[1] * 38470u + p[2] * 7471u + 0x8000u;
+      out.pixels[i] = static_cast<uint8_t>(l >> 16);
+    }
+  }
+  return out;
+}
+
+}  // namespace zimage

@@ -1,0 +1,55 @@
+// Image files as inputs (img2img / inpainting), read the way diffusers users read them:
+// diffusers.utils.load_image(path) = PIL.Image.open -> ImageOps.exif_transpose -> convert("RGB").
+// Why it matters: an input must reach the VAE with the pixels diffusers would give it, so the
+// decoders, the orientation rule and the colour conversions follow PIL (Pillow 13), not what
+// another viewer might do. Checked file by file against PIL by the image_io golden.
+//
+//   formats      PNG (libpng; io/png.h decode_png_pixels), JPEG (libjpeg-turbo's TurboJPEG API,
+//                accurate integer IDCT and fancy upsampling: PIL's defaults), WebP (libwebp, still
+//                images; an animation is refused). Detected from the first bytes, not the name.
+//   orientation  as ImageOps.exif_transpose: the EXIF Orientation tag (JPEG APP1 "Exif", PNG eXIf
+//                or an ImageMagick "Raw profile type exif" text chunk, WebP EXIF chunk; either byte
+//                order) and, only when EXIF has none, the first `tiff:Orientation="N"` or
+//                `tiff:Orientation>N` in the XMP packet; 2..8 flip / rotate, anything else nothing.
+//                (PIL.Image.open alone applies no orientation; load_image does.)
+//   refused      16-bit grayscale PNG (PIL clips it), CMYK / YCCK JPEG, animated WebP: each with a
+//                message naming the file.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "core/status.h"
+#include "io/image_resize.h"
+
+namespace zimage {
+
+// Inputs larger than this (about 67 MP, 8192 x 8192) are refused from their header, before any
+// pixel memory is allocated: a small file cannot make the server allocate gigabytes.
+inline constexpr int64_t kMaxInputPixels = int64_t{1} << 26;
+
+// Decodes a PNG, JPEG or WebP held in memory, orientation applied, with the file's channels:
+// 1 gray, 2 gray + alpha, 3 RGB, 4 RGBA. `name` (a path or "image") starts every error message.
+Result<Image8> decode_image(const uint8_t* data, size_t size, const std::string& name);
+
+// Reads and decodes a file (validated as io/file_io.h read_input_file does: a regular file, not
+// a FIFO or device). Errors name the path.
+Result<Image8> read_image(const std::string& path);
+
+// PIL's convert("RGB"): gray replicated, alpha dropped (not composited).
+Image8 to_rgb(const Image8& in);
+// PIL's convert("L"): L = (19595·R + 38470·G + 7471·B + 0x8000) >> 16 (ITU-R 601-2 luma in
+// PIL's fixed point), alpha dropped; gray stays as it is.
+Image8 to_gray(const Image8& in);
+
+// The EXIF Orientation of a TIFF block (optionally prefixed "Exif\0\0"), -1 when the tag is
+// absent or the block is malformed. Exposed for tests.
+int exif_orientation(const std::string& exif);
+// PIL's XMP fallback: the digit after the first `tiff:Orientation="` or `tiff:Orientation>`,
+// 0 when there is none.
+int xmp_orientation(const std::string& xmp);
+// ImageOps.exif_transpose's transposition for `orientation` (2..8; other values: unchanged).
+Image8 apply_orientation(const Image8& in, int orientation);
+
+}  // namespace zimage
