@@ -5,6 +5,7 @@
 //   zimage generate --model DIR --prompt TEXT [--prompt TEXT ...] [--negative-prompt TEXT]
 //                   --width W --height H --steps N --guidance G --seed S [--device cpu|cuda]
 //                   [--init-image FILE [--mask FILE] [--strength S]] --output FILE.png
+//   zimage generate --dit FILE --text-encoder FILE --vae FILE --prompt TEXT ...  (single files)
 // Exit codes: 0 success, 1 failure (model, device, I/O), 2 usage (bad flag or value),
 // 130 cancelled by Ctrl-C.
 #include <unistd.h>
@@ -22,6 +23,7 @@
 #include "builtin_model.h"
 #include "commands.h"
 #include "lora_args.h"
+#include "model_flags.h"
 #include "progress.h"
 #include "zimage/zimage.h"
 
@@ -32,7 +34,7 @@ namespace {
 constexpr int kTinyDefaultSide = 64;
 
 struct GenerateArgs {
-  std::string model;
+  ModelFlags model;
   std::vector<std::string> prompts;
   std::string negative_prompt;
   int width = 1024;
@@ -147,23 +149,19 @@ Image read_input(const std::string& flag, const std::string& path, bool is_mask)
 void run_generate(const GenerateArgs& a, const CLI::App& cmd) {
   set_log_verbosity(a.verbose ? 2 : a.quiet ? 0 : 1);
   EngineOptions eo;
-  eo.model_dir = a.model;
   GenerateRequest req;
   req.width = a.width;
   req.height = a.height;
-  if (eo.model_dir.empty()) {
-    auto builtin = builtin_model_dir();  // embedded; unpacked into the user's cache
-    if (!builtin.ok()) fail(1, builtin.status().to_string());
-    eo.model_dir = *builtin;
+  // --model, --dit, --text-encoder, --vae; the built-in model (embedded, unpacked into the
+  // user's cache) without any. A path of the wrong kind is a usage error (exit 2).
+  auto choice = apply_model_flags(a.model, eo);
+  if (!choice.ok())
+    fail(choice.status().code() == ErrorCode::kInvalidArgument ? 2 : 1,
+         choice.status().code() == ErrorCode::kInvalidArgument ? choice.status().message()
+                                                               : choice.status().to_string());
+  if (choice->builtin) {
     if (cmd.count("--width") == 0) req.width = kTinyDefaultSide;
     if (cmd.count("--height") == 0) req.height = kTinyDefaultSide;
-  } else {  // a path of the wrong kind is a usage error, whatever kind it is (exit 2)
-    std::error_code ec;
-    const auto st = std::filesystem::status(eo.model_dir, ec);
-    if (!std::filesystem::exists(st)) fail(2, "--model: '" + eo.model_dir + "' does not exist");
-    if (!std::filesystem::is_directory(st))
-      fail(2, "--model: '" + eo.model_dir +
-                  "' is not a folder (give the diffusers model folder, with model_index.json)");
   }
   bool random_seed = false;
   if (!parse_seed(a.seed, &req.seed, &random_seed))
@@ -278,8 +276,9 @@ void register_generate_command(CLI::App& app) {
       "Generate images from text prompts. Defaults are the Z-Image-Turbo recipe (1024x1024, 8 "
       "steps, guidance 0, seed 0). Without --model the tiny built-in test model is used (random "
       "weights: the picture is noise-like) and the default size is 64x64.");
-  cmd->add_option("--model,-m", args->model,
+  cmd->add_option("--model,-m", args->model.model,
                   "Model folder in the diffusers layout (default: the tiny built-in model)");
+  add_single_file_flags(cmd, args->model);
   cmd->add_option("--prompt,-p", args->prompts,
                   "Prompt (UTF-8); repeat for a batch: --prompt A --prompt B")
       ->required()

@@ -4,8 +4,12 @@
 // `generate` runs (TextToImage::check_folder: the real loaders bind every tensor against a backend
 // that holds nothing), so `info` is the check to run on a freshly downloaded model: it fails
 // (exit 1) with the message `generate` would give. --json prints the same facts, "valid" and the
-// errors for scripts. For a component folder or a single file, which no config describes, "valid"
-// covers the safetensors checks only (headers, offsets, shards against their index).
+// errors for scripts. For a component folder, which no config describes, "valid" covers the
+// safetensors checks only (headers, offsets, shards against their index). A single file that
+// holds Z-Image components (ComfyUI / original names, FP8, all-in-one; docs/FORMATS.md) is
+// described per component: prefix, the config inferred from its shapes, its FP8 format, and the
+// loaders' checks (TextToImage::check_file), as `generate --dit/--text-encoder/--vae` would run
+// them.
 #include <sys/stat.h>
 
 #include <charconv>
@@ -19,7 +23,9 @@
 
 #include "builtin_model.h"
 #include "commands.h"
+#include "io/infer_config.h"
 #include "io/model_folder.h"
+#include "io/single_file.h"
 #include "io/weights.h"
 #include "pipeline/text_to_image.h"
 
@@ -178,6 +184,32 @@ std::string config_line(const ordered_json& cfg) {
   return s;
 }
 
+// Per component of a single file: prefix, inferred config, FP8 format (errors are reported by
+// TextToImage::check_file; a component whose config cannot be inferred has no "config").
+ordered_json single_file_json(const std::string& path, const SingleFileLayout& layout) {
+  ordered_json comps = ordered_json::object();
+  for (Component c : {Component::kTransformer, Component::kTextEncoder, Component::kVae}) {
+    if (!layout.part(c).present) continue;
+    ordered_json j = {{"prefix", layout.part(c).prefix}};
+    auto cw = open_component_file(path, c);
+    if (cw.ok()) {
+      const TensorShapes shapes = tensor_shapes(cw->store);
+      if (c == Component::kTransformer) {
+        if (auto cfg = infer_transformer_config(shapes, path); cfg.ok())
+          j["config"] = transformer_json(*cfg);
+      } else if (c == Component::kTextEncoder) {
+        if (auto cfg = infer_text_encoder_config(shapes, path); cfg.ok())
+          j["config"] = text_encoder_json(*cfg);
+      } else if (auto cfg = infer_vae_config(shapes, path); cfg.ok()) {
+        j["config"] = vae_json(*cfg);
+      }
+      if (cw->fp8.any()) j["fp8"] = cw->fp8.describe();
+    }
+    comps[component_name(c)] = j;
+  }
+  return {{"holds", layout.describe()}, {"components", comps}};
+}
+
 void print_weights(const char* indent, const WeightStore& w, bool with_tensors) {
   std::string dtypes;
   for (const auto& [dt, n] : w.dtype_counts()) {
@@ -208,17 +240,46 @@ void run_info(std::string path, bool as_json, bool with_tensors) {
   if (!is_model) {  // a component folder or a single file
     auto w = WeightStore::open(path);
     if (!w.ok()) fail_invalid(path, "weights", as_json, {w.status()});
+    const bool file = ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+    const SingleFileLayout layout = detect_single_file(w->names());
+    std::vector<Status> errors;
+    ordered_json single;
+    if (file && layout.count() > 0) {
+      errors = TextToImage::check_file(path);
+      single = single_file_json(path, layout);
+    }
     if (as_json) {
       ordered_json j = {{"path", path},
                         {"kind", "weights"},
-                        {"valid", true},
-                        {"errors", ordered_json::array()},
+                        {"valid", errors.empty()},
+                        {"errors", error_list(errors)},
                         {"weights", weights_json(*w, with_tensors)}};
+      if (!single.is_null()) j["single_file"] = single;
       std::printf("%s\n", j.dump(2).c_str());
     } else {
       std::printf("weights: %s\n", path.c_str());
       print_weights("  ", *w, with_tensors);
+      if (!single.is_null()) {
+        std::printf("single file holding %s\n", single["holds"].get<std::string>().c_str());
+        for (const auto& [name, c] : single["components"].items()) {
+          std::printf("%s%s\n", name.c_str(),
+                      c.contains("prefix") && !c["prefix"].get<std::string>().empty()
+                          ? (" (prefix " + c["prefix"].get<std::string>() + ")").c_str()
+                          : "");
+          if (c.contains("config"))
+            std::printf("  config (inferred from the tensor shapes): %s\n",
+                        config_line(c["config"]).c_str());
+          if (c.contains("fp8")) std::printf("  fp8: %s\n", c["fp8"].get<std::string>().c_str());
+        }
+        if (errors.empty())
+          std::printf(
+              "check: ok (every tensor the models bind present with its shape and a float "
+              "dtype, none unexpected; FP8 scales consistent)\n");
+        else
+          std::printf("check: FAILED, %zu problem(s)\n", errors.size());
+      }
     }
+    report_errors(errors);
     return;
   }
 

@@ -4,7 +4,8 @@
 // server; queued and running jobs end "cancelled" with the reason "server shutting down", and
 // the process exits 0.
 //
-//   zimage serve --model DIR [--host 127.0.0.1] [--port 8188] [--api-key KEY] [--max-queue N]
+//   zimage serve --model DIR | --dit F --text-encoder F --vae F [--host 127.0.0.1] [--port 8188]
+//   [--api-key KEY] [--max-queue N]
 //                [--device auto] [--precision auto] [--threads N]
 #include <fcntl.h>
 #include <poll.h>
@@ -20,6 +21,7 @@
 #include "builtin_model.h"
 #include "commands.h"
 #include "lora_args.h"
+#include "model_flags.h"
 #include "serve/server.h"
 #include "zimage/zimage.h"
 
@@ -29,7 +31,7 @@ namespace {
 
 struct ServeArgs {
   serve::ServeOptions serve;
-  std::string model;
+  ModelFlags model;
   std::string device = "auto";
   std::string precision = "auto";
   int threads = 0;
@@ -119,14 +121,11 @@ void run_serve(ServeArgs& a) {
   std::fflush(stdout);
 
   EngineOptions eo;
-  eo.model_dir = a.model;
-  if (eo.model_dir.empty()) {  // the tiny built-in model: a server to try the API and the page
-    auto builtin = builtin_model_dir();
-    if (!builtin.ok()) {
-      server.shutdown();
-      fail(1, builtin.status().to_string());
-    }
-    eo.model_dir = *builtin;
+  // Without --model or files, the tiny built-in model: a server to try the API and the page.
+  auto choice = apply_model_flags(a.model, eo);
+  if (!choice.ok()) {
+    server.shutdown();  // a model that cannot be had fails the server (exit 1), as a load does
+    fail(1, choice.status().to_string());
   }
   eo.device = a.device;
   eo.precision = a.precision;
@@ -158,9 +157,10 @@ void register_serve_command(CLI::App& app) {
       "serve",
       "HTTP image server: OpenAI Images API, async jobs with progress events, Automatic1111 "
       "txt2img, Prometheus metrics and a web page at /. See docs/SERVER.md.");
-  cmd->add_option("--model,-m", a->model,
+  cmd->add_option("--model,-m", a->model.model,
                   "Model folder in the diffusers layout (default: the tiny built-in model, whose "
                   "pictures are noise)");
+  add_single_file_flags(cmd, a->model);
   cmd->add_option("--host", a->serve.host,
                   "Address to listen on (default 127.0.0.1; others need --api-key or --insecure)");
   cmd->add_option("--port", a->serve.port, "TCP port (default 8188; 0 = any free port)")

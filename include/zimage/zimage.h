@@ -36,7 +36,16 @@ struct LoraSpec {
 };
 
 struct EngineOptions {
-  std::string model_dir;        // a diffusers Z-Image folder (model_index.json, transformer/, ...)
+  std::string model_dir;  // a diffusers Z-Image folder (model_index.json, transformer/, ...)
+  // Single .safetensors files (ComfyUI / original-release names, plain or scaled FP8, all-in-one
+  // checkpoints; docs/FORMATS.md), each replacing that component of model_dir. With all three,
+  // model_dir may be empty: the configs are inferred from the tensor shapes, the scheduler is the
+  // published one and tokenizer_dir names the Qwen3 tokenizer (the zimage program has one built
+  // in).
+  std::string dit_file;
+  std::string text_encoder_file;
+  std::string vae_file;
+  std::string tokenizer_dir;    // a folder holding tokenizer.json; overrides model_dir/tokenizer
   std::string device = "auto";  // "cpu", "cuda" (GPU 0), "cuda:N", or "auto" (CUDA if usable)
   // "auto" (bf16 on CUDA, f32 on CPU), "bf16", "f32", or "fp8": bf16 with the DiT's
   // feed-forward GEMMs in FP8 e4m3 (per-tensor scales; CUDA, Hopper or newer).

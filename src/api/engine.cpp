@@ -94,7 +94,13 @@ Result<GenerateResult> Engine::generate(const GenerateRequest& req, const Genera
 }
 
 Result<std::unique_ptr<Engine>> Engine::load_impl(const EngineOptions& options) {
-  if (options.model_dir.empty()) return InvalidArgument("model_dir: no model folder given");
+  const bool all_files =
+      !options.dit_file.empty() && !options.text_encoder_file.empty() && !options.vae_file.empty();
+  if (options.model_dir.empty() && !all_files)
+    return InvalidArgument(
+        "model_dir: no model folder given (or give dit_file, text_encoder_file and vae_file)");
+  if (options.model_dir.empty() && options.tokenizer_dir.empty())
+    return InvalidArgument("tokenizer_dir: needed when no model folder is given");
   if (options.max_side < 1 || options.max_batch < 1 || options.max_pixels < 1 ||
       options.max_prompt_bytes < 1)
     return InvalidArgument(
@@ -127,8 +133,13 @@ Result<std::unique_ptr<Engine>> Engine::load_impl(const EngineOptions& options) 
   load_options.loras = options.loras;
   load_options.lora_lenient = options.lora_lenient;
   load_options.lora_threads = options.threads;
-  ZI_ASSIGN_OR_RETURN(impl->pipeline,
-                      TextToImage::load(options.model_dir, *impl->backend, load_options));
+  ModelPaths paths;
+  paths.model_dir = options.model_dir;
+  paths.transformer_file = options.dit_file;
+  paths.text_encoder_file = options.text_encoder_file;
+  paths.vae_file = options.vae_file;
+  paths.tokenizer_dir = options.tokenizer_dir;
+  ZI_ASSIGN_OR_RETURN(impl->pipeline, TextToImage::load(paths, *impl->backend, load_options));
   if (impl->precision == "fp8") {
     Status st = impl->pipeline->use_fp8_ffn();
     if (!st.ok()) return st.with_context("precision fp8");

@@ -86,9 +86,15 @@ std::string fmt_g(double v) {
 }  // namespace
 
 std::string diagnose_weights(const std::string& model_dir, const std::string& component) {
-  auto folder = ModelFolder::open(model_dir);
-  if (!folder.ok()) return "its weights could not be checked (" + folder.status().message() + ")";
-  auto store = folder->open_weights(component);
+  ModelPaths paths;
+  paths.model_dir = model_dir;
+  return diagnose_weights(paths, component);
+}
+
+std::string diagnose_weights(const ModelPaths& paths, const std::string& component) {
+  auto source = ModelSource::open(paths);
+  if (!source.ok()) return "its weights could not be checked (" + source.status().message() + ")";
+  auto store = source->open_weights(component);
   if (!store.ok()) return "its weights could not be checked (" + store.status().message() + ")";
   std::vector<std::string> bad;
   int64_t bad_values = 0;

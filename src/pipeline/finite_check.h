@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <string>
 
+#include "io/model_source.h"
+
 namespace zimage {
 
 // How many of the n floats are NaN or +-Inf.
@@ -19,5 +21,7 @@ int64_t count_nonfinite(const float* x, size_t n);
 // NaN/Inf values, or, when all are finite, the largest magnitude found (values near the bf16/f16
 // maximum overflow the activations). Never fails: a folder it cannot read is said so.
 std::string diagnose_weights(const std::string& model_dir, const std::string& component);
+// The same for a model folder and/or single files (the component's file when it has one).
+std::string diagnose_weights(const ModelPaths& paths, const std::string& component);
 
 }  // namespace zimage

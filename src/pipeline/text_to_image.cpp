@@ -368,9 +368,9 @@ Status TextToImage::inpaint_step(DenoiseState& st, int i) {
 
 Result<VaeEncoder*> TextToImage::vae_encoder() {
   if (c_.vae_encoder) return c_.vae_encoder.get();
-  if (model_dir_.empty())
+  if (paths_.model_dir.empty() && paths_.vae_file.empty())
     return Unsupported("init_image: this pipeline was assembled without a VAE encoder");
-  ZI_ASSIGN_OR_RETURN(c_.vae_encoder, load_vae_encoder(model_dir_, be_));
+  ZI_ASSIGN_OR_RETURN(c_.vae_encoder, load_vae_encoder(paths_, be_));
   return c_.vae_encoder.get();
 }
 
@@ -427,8 +427,10 @@ Status TextToImage::nonfinite_error(const std::string& what, int64_t bad, int64_
   const std::string counted = what + " holds " + std::to_string(bad) + " NaN/Inf value(s) of " +
                               std::to_string(total) + " (the image would be black)";
   const auto diagnose = [&](const std::string& c) {
-    return model_dir_.empty() ? std::string("no model folder to check the ") + c + " weights"
-                              : diagnose_weights(model_dir_, c);
+    if (paths_.model_dir.empty() && paths_.transformer_file.empty() &&
+        paths_.text_encoder_file.empty() && paths_.vae_file.empty())
+      return std::string("no model folder to check the ") + c + " weights";
+    return diagnose_weights(paths_, c);
   };
   if (embeds != nullptr) {  // NaN in the prompt features makes every DiT output NaN
     for (const Tensor& e : *embeds) {

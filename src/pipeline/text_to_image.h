@@ -26,6 +26,7 @@
 #include "core/tensor.h"
 #include "io/model_config.h"
 #include "io/model_folder.h"
+#include "io/model_source.h"
 #include "model/debug.h"
 #include "model/qwen3_encoder.h"
 #include "model/vae.h"
@@ -113,6 +114,14 @@ class TextToImage {
   // Returns the errors worded as load() words them, the one load() would return first; each
   // component is checked even after another failed. Empty: load() would succeed.
   static std::vector<Status> check_folder(const std::string& model_dir);
+  // The same two for a model folder and/or single files (io/model_source.h): `--dit`,
+  // `--text-encoder`, `--vae` replace components of the folder, or stand alone with a tokenizer.
+  static Result<std::unique_ptr<TextToImage>> load(const ModelPaths& paths, Backend& be,
+                                                   const PipelineLoadOptions& options = {});
+  static std::vector<Status> check(const ModelPaths& paths);
+  // `zimage info FILE`: for each component a single file holds (io/single_file.h), its config
+  // inferred and its loader bound on the check-only backend. Errors as load() would word them.
+  static std::vector<Status> check_file(const std::string& path);
   // The memory planner's input for `configs`: weight bytes per block / layer in `act` (or FP8
   // rows), activations of the largest planned request, the VAE's parameter count, and `fixed`
   // device bytes (context and libraries, from the driver).
@@ -183,15 +192,17 @@ class TextToImage {
 
   TextToImageComponents c_;
   Backend& be_;
-  std::string model_dir_;
+  ModelPaths paths_;  // where the weights came from (scanned when an output is not finite)
   MemoryPlan plan_;
   VaeTilingPolicy vae_tiling_;
-  bool device_step_ = true;  // where the weights came from (scanned when an output is not finite)
+  bool device_step_ = true;
   std::unique_ptr<Backend> host_;  // a 1-thread CPU backend: dumps of host tensors
 };
 
 // Loads the VAE encoder of the diffusers folder `model_dir` onto `be` (text_to_image_load.cpp).
 Result<std::unique_ptr<VaeEncoder>> load_vae_encoder(const std::string& model_dir, Backend& be);
+// The same from a folder and/or single files: the VAE file's encoder when one is given.
+Result<std::unique_ptr<VaeEncoder>> load_vae_encoder(const ModelPaths& paths, Backend& be);
 
 // round(255·x) with ties to even (NumPy's round), clamped to [0, 255]; NaN becomes 0.
 uint8_t to_u8(float x);

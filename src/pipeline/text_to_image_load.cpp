@@ -1,6 +1,7 @@
-// Loading the text-to-image pipeline from a diffusers folder: configs first (io/model_folder.h
-// validates them before any weight is read), then each component onto the backend. Kept apart
-// from the loop in text_to_image.cpp because it is the only part that touches the file system.
+// Loading the text-to-image pipeline from a diffusers folder and/or single files
+// (io/model_source.h): configs first (parsed or inferred and validated before any weight is read),
+// then each component onto the backend. Kept apart from the loop in text_to_image.cpp because it is
+// the only part that touches the file system.
 //
 // check_folder() runs the same code against the check-only backend (backend/check), which binds
 // every weight without holding it: `zimage info` then reports exactly what `generate` would reject,
@@ -11,7 +12,10 @@
 
 #include "backend/check/check_backend.h"
 #include "core/log.h"
+#include "io/infer_config.h"
 #include "io/model_folder.h"
+#include "io/model_source.h"
+#include "io/single_file.h"
 #include "model/lora_merge.h"
 #include "pipeline/text_to_image.h"
 
@@ -22,8 +26,8 @@ namespace {
 // The components in the order load() binds them (its first error is the one reported).
 constexpr const char* kParts[] = {"tokenizer", "text_encoder", "transformer", "vae"};
 
-// Loads one component of `folder` onto `be` into `parts`; errors carry "loading <part>: ".
-Status load_part(const ModelFolder& folder, const std::string& part, Backend& be,
+// Loads one component of `src` onto `be` into `parts`; errors carry "loading <part>: ".
+Status load_part(const ModelSource& src, const std::string& part, Backend& be,
                  TextToImageComponents& parts, const MemoryPlan* plan = nullptr,
                  const PipelineLoadOptions& options = {}) {
   WeightPlacement te_place, dit_place;
@@ -35,16 +39,17 @@ Status load_part(const ModelFolder& folder, const std::string& part, Backend& be
   te_place.first_slot = 2;  // the DiT streams through slots 0-1, the text encoder 2-3
   const std::string what = "loading " + part;
   if (part == "tokenizer") {
-    auto tok = Tokenizer::load(folder.tokenizer_dir());
+    auto tok = Tokenizer::load(src.tokenizer_dir());
     if (!tok.ok()) return tok.status().with_context(what);
     parts.tokenizer = std::make_unique<Tokenizer>(std::move(tok).value());
     return Status::Ok();
   }
-  auto ws = folder.open_weights(part);
+  auto ws = src.open_weights(part);
   if (!ws.ok()) return ws.status().with_context(what);
+  const ZImageConfigs& cfg = src.configs();
   if (part == "text_encoder") {
     // The loaders name themselves ("loading text encoder: ..."): no second prefix.
-    auto te = Qwen3Encoder::load(folder.text_encoder(), ws.value(), be, te_place);
+    auto te = Qwen3Encoder::load(cfg.text_encoder, ws.value(), be, te_place);
     if (!te.ok()) return te.status();
     parts.text_encoder = std::move(te).value();
   } else if (part == "transformer") {
@@ -53,11 +58,11 @@ Status load_part(const ModelFolder& folder, const std::string& part, Backend& be
           merge_loras(ws.value(), options.loras, options.lora_lenient, options.lora_threads);
       if (!st.ok()) return st.with_context(what);
     }
-    auto dit = ZImageDiT::load(folder.transformer(), ws.value(), be, dit_place);
+    auto dit = ZImageDiT::load(cfg.transformer, ws.value(), be, dit_place);
     if (!dit.ok()) return dit.status();
     parts.transformer = std::move(dit).value();
   } else {
-    auto vae = VaeDecoder::load(folder.vae(), ws.value(), be);
+    auto vae = VaeDecoder::load(cfg.vae, ws.value(), be);
     if (!vae.ok()) return vae.status();
     parts.vae = std::move(vae).value();
   }
@@ -77,45 +82,66 @@ Result<uint64_t> fixed_device_bytes(Backend& be) {
 
 Result<std::unique_ptr<TextToImage>> TextToImage::load(const std::string& model_dir, Backend& be,
                                                        const PipelineLoadOptions& options) {
+  ModelPaths paths;
+  paths.model_dir = model_dir;
+  return load(paths, be, options);
+}
+
+Result<std::unique_ptr<TextToImage>> TextToImage::load(const ModelPaths& paths, Backend& be,
+                                                       const PipelineLoadOptions& options) {
   const auto start = std::chrono::steady_clock::now();
-  ZI_ASSIGN_OR_RETURN(ModelFolder folder, ModelFolder::open(model_dir));
+  const std::string what = paths.describe();
+  ZI_ASSIGN_OR_RETURN(ModelSource src, ModelSource::open(paths));
+  for (Component c : {Component::kTransformer, Component::kTextEncoder, Component::kVae}) {
+    if (src.file(c).empty()) continue;
+    const std::string fp8 = src.fp8(c).describe();
+    ZI_INFO("%s from %s: config %s%s%s", component_name(c), src.file(c).c_str(),
+            src.config_origin(c).c_str(), fp8.empty() ? "" : "; ", fp8.c_str());
+  }
   ZI_ASSIGN_OR_RETURN(uint64_t fixed, fixed_device_bytes(be));
   uint64_t vae_params = 0;
   {
-    auto vae_ws = folder.open_weights("vae");
+    auto vae_ws = src.open_weights("vae");
     if (!vae_ws.ok()) return vae_ws.status().with_context("loading vae");
     vae_params = static_cast<uint64_t>(vae_ws->total_params());
   }
   const MemoryPlanInput plan_in =
-      plan_input(folder.configs(), be.act_dtype(), options, vae_params, fixed);
+      plan_input(src.configs(), be.act_dtype(), options, vae_params, fixed);
   ZI_ASSIGN_OR_RETURN(MemoryPlan plan, plan_memory(plan_in));
   ZI_INFO("%s", plan.describe().c_str());
   if (options.vram_budget != 0)  // the allocator's share: the budget less the context's
     be.set_memory_limit(options.vram_budget > plan_in.fixed ? options.vram_budget - plan_in.fixed
                                                             : 1);
   TextToImageComponents parts;
-  parts.scheduler = folder.scheduler();
-  for (const char* part : kParts) ZI_TRY(load_part(folder, part, be, parts, &plan, options));
+  parts.scheduler = src.configs().scheduler;
+  for (const char* part : kParts) ZI_TRY(load_part(src, part, be, parts, &plan, options));
   // Uploads may still be in flight (the CUDA backend's DMA is asynchronous): wait for them, so
   // the time below is the real load time, and free the upload staging memory.
-  if (Status s = be.finish_uploads(); !s.ok()) return s.with_context("loading " + model_dir);
+  if (Status s = be.finish_uploads(); !s.ok()) return s.with_context("loading " + what);
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  ZI_INFO("loaded %s on %s in %.2f s", model_dir.c_str(), be.name().c_str(), seconds);
+  ZI_INFO("loaded %s on %s in %.2f s", what.c_str(), be.name().c_str(), seconds);
   if (options.vram_budget != 0) parts.transformer->set_max_graphs(1);
   ZI_ASSIGN_OR_RETURN(auto pipeline, create(std::move(parts), be));
-  pipeline->model_dir_ = model_dir;
+  pipeline->paths_ = paths;
   pipeline->plan_ = std::move(plan);
   return pipeline;
 }
 
 Result<std::unique_ptr<VaeEncoder>> load_vae_encoder(const std::string& model_dir, Backend& be) {
+  ModelPaths paths;
+  paths.model_dir = model_dir;
+  return load_vae_encoder(paths, be);
+}
+
+Result<std::unique_ptr<VaeEncoder>> load_vae_encoder(const ModelPaths& paths, Backend& be) {
   const auto start = std::chrono::steady_clock::now();
-  auto folder = ModelFolder::open(model_dir);
-  if (!folder.ok()) return folder.status().with_context("loading vae encoder");
-  auto ws = folder->open_weights("vae");
+  auto src = ModelSource::open(paths);
+  if (!src.ok()) return src.status().with_context("loading vae encoder");
+  auto ws = src->open_weights(Component::kVae);
   if (!ws.ok()) return ws.status().with_context("loading vae encoder");
-  ZI_ASSIGN_OR_RETURN(std::unique_ptr<VaeEncoder> enc, VaeEncoder::load(folder->vae(), *ws, be));
+  ZI_ASSIGN_OR_RETURN(std::unique_ptr<VaeEncoder> enc,
+                      VaeEncoder::load(src->configs().vae, *ws, be));
   if (Status s = be.finish_uploads(); !s.ok()) return s.with_context("loading vae encoder");
   ZI_INFO("loaded the vae encoder in %.2f s",
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
@@ -123,19 +149,57 @@ Result<std::unique_ptr<VaeEncoder>> load_vae_encoder(const std::string& model_di
 }
 
 std::vector<Status> TextToImage::check_folder(const std::string& model_dir) {
-  auto folder = ModelFolder::open(model_dir);
-  if (!folder.ok()) return {folder.status()};
+  ModelPaths paths;
+  paths.model_dir = model_dir;
+  return check(paths);
+}
+
+std::vector<Status> TextToImage::check(const ModelPaths& paths) {
+  auto src = ModelSource::open(paths);
+  if (!src.ok()) return {src.status()};
   std::unique_ptr<Backend> be = make_check_backend();
   TextToImageComponents parts;
-  parts.scheduler = folder->scheduler();
+  parts.scheduler = src->configs().scheduler;
   std::vector<Status> errors;
   for (const char* part : kParts) {
-    Status st = load_part(*folder, part, *be, parts);
+    Status st = load_part(*src, part, *be, parts);
     if (!st.ok()) errors.push_back(std::move(st));
   }
   if (errors.empty()) {  // the cross-component checks load() makes last
     auto pipeline = create(std::move(parts), *be);
     if (!pipeline.ok()) errors.push_back(pipeline.status());
+  }
+  return errors;
+}
+
+std::vector<Status> TextToImage::check_file(const std::string& path) {
+  auto ws = WeightStore::open(path);
+  if (!ws.ok()) return {ws.status()};
+  const SingleFileLayout layout = detect_single_file(ws->names());
+  if (layout.count() == 0)
+    return {NotFound(path + ": holds no Z-Image transformer, text encoder or VAE tensors")};
+  std::unique_ptr<Backend> be = make_check_backend();
+  std::vector<Status> errors;
+  for (Component c : {Component::kTransformer, Component::kTextEncoder, Component::kVae}) {
+    if (!layout.part(c).present) continue;
+    auto cw = open_component_file(path, c);
+    if (!cw.ok()) {
+      errors.push_back(cw.status());
+      continue;
+    }
+    const TensorShapes shapes = tensor_shapes(cw->store);
+    Status st;
+    if (c == Component::kTransformer) {
+      auto cfg = infer_transformer_config(shapes, path);
+      st = cfg.ok() ? ZImageDiT::load(*cfg, cw->store, *be).status() : cfg.status();
+    } else if (c == Component::kTextEncoder) {
+      auto cfg = infer_text_encoder_config(shapes, path);
+      st = cfg.ok() ? Qwen3Encoder::load(*cfg, cw->store, *be).status() : cfg.status();
+    } else {
+      auto cfg = infer_vae_config(shapes, path);
+      st = cfg.ok() ? VaeDecoder::load(*cfg, cw->store, *be).status() : cfg.status();
+    }
+    if (!st.ok()) errors.push_back(std::move(st));
   }
   return errors;
 }
