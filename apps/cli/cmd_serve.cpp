@@ -34,6 +34,8 @@ struct ServeArgs {
   ModelFlags model;
   std::string device = "auto";
   std::string precision = "auto";
+  double vram_budget = 0;
+  std::string weights = "bf16";
   int threads = 0;
   std::string default_size = "1024x1024";
   bool quiet = false;
@@ -129,6 +131,8 @@ void run_serve(ServeArgs& a) {
   }
   eo.device = a.device;
   eo.precision = a.precision;
+  eo.vram_budget_gib = a.vram_budget;
+  eo.weights = a.weights;
   eo.threads = a.threads;
   eo.loras = loras;
   eo.lora_lenient = a.lora.lenient;
@@ -174,6 +178,11 @@ void register_serve_command(CLI::App& app) {
       ->check(CLI::Range(1, 100000));
   cmd->add_option("--device,-d", a->device, "cpu, cuda, cuda:N or auto (default auto)");
   cmd->add_option("--precision", a->precision, "auto, bf16, f32 or fp8 (default auto)");
+  cmd->add_option("--vram-budget", a->vram_budget,
+                  "GPU memory the process may use, in GiB, CUDA context included (0 = no limit)")
+      ->check(CLI::Range(0.0, 1e6));
+  cmd->add_option("--weights", a->weights, "bf16, or fp8 (FP8 weight rows; see zimage generate)")
+      ->check(CLI::IsMember({"bf16", "fp8"}));
   cmd->add_option("--threads,-t", a->threads, "CPU threads (default 0 = all)");
   cmd->add_option("--default-size", a->default_size,
                   "Image size when a request gives none (default 1024x1024)");
