@@ -141,8 +141,10 @@ struct ReadJob {
   PngError error;
 };
 
+// libpng's read callback for both readers: the next `size` bytes of the job's buffer.
+template <typename Job>
 void on_png_read(png_structp png, png_bytep out, size_t size) {
-  auto* job = static_cast<ReadJob*>(png_get_io_ptr(png));
+  auto* job = static_cast<Job*>(png_get_io_ptr(png));
   if (size > job->size - job->pos) png_error(png, "unexpected end of data");
   std::memcpy(out, job->data + job->pos, size);
   job->pos += size;
@@ -174,7 +176,7 @@ bool collect_text(png_structp png, png_infop info, PngImage* image) noexcept {
 }
 
 void read_body(png_structp png, png_infop info, ReadJob* job) {
-  png_set_read_fn(png, job, on_png_read);
+  png_set_read_fn(png, job, on_png_read<ReadJob>);
   png_set_user_limits(png, kPngMaxSide, kPngMaxSide);
   png_read_info(png, info);
   png_uint_32 w = 0;
@@ -238,13 +240,6 @@ struct NativeJob {
   PngError error;
 };
 
-void on_native_read(png_structp png, png_bytep out, size_t size) {
-  auto* job = static_cast<NativeJob*>(png_get_io_ptr(png));
-  if (size > job->size - job->pos) png_error(png, "unexpected end of data");
-  std::memcpy(out, job->data + job->pos, size);
-  job->pos += size;
-}
-
 bool native_alloc(PngPixels* image, size_t bytes) noexcept {
   try {
     image->pixels.assign(bytes, 0);
@@ -279,7 +274,7 @@ bool native_extras(png_structp png, png_infop info, PngPixels* image) noexcept {
 }
 
 void read_native_body(png_structp png, png_infop info, NativeJob* job) {
-  png_set_read_fn(png, job, on_native_read);
+  png_set_read_fn(png, job, on_png_read<NativeJob>);
   png_set_user_limits(png, kPngMaxSide, kPngMaxSide);
   png_read_info(png, info);
   png_uint_32 w = 0;
