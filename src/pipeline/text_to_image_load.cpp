@@ -224,7 +224,8 @@ MemoryPlanInput TextToImage::plan_input(const ZImageConfigs& configs, DType act,
   in.te_layers = ec.num_hidden_layers - 1;
   in.te_layer_bytes =
       static_cast<uint64_t>(Qwen3Encoder::layer_weight_bytes(ec, act, o.fp8_weights));
-  in.te_embed_bytes = static_cast<uint64_t>(ec.vocab_size) * ec.hidden_size * es;
+  // The embedding table stays in host memory on a GPU (Qwen3Encoder::load): no device bytes.
+  in.te_embed_bytes = 0;
   in.te_other_bytes = static_cast<uint64_t>(ec.hidden_size) * es;
   in.vae_bytes = vae_params * es;
   if (o.fp8_weights)
