@@ -119,48 +119,11 @@ Status ZImageDiT::run_block(const Block& blk, Tensor& x, const Tensor& freqs, co
   ZI_TRY(linear(be_, s.o.view({rows, d}), blk.wo, none, wide_scratch_, s.proj));  // [B*S, D]
   ZI_TRY(be_.residual_rms_norm_gate(x, s.proj.view({b, sq, d}), blk.attn_norm2, eps, gate_a));
   // --- SwiGLU feed-forward ---
-  ZI_TRY(be_.rms_norm(xr, blk.ffn_norm1, eps, scale_f, s.norm));  // [B*S, D]
-  if (blk.w13_8.defined()) {  // FP8 feed-forward (quantize_ffn_fp8)
-    ZI_TRY(be_.matmul_fp8(s.norm, blk.w13_8, blk.w13_s, s.ffn));  // [B*S, 2F]
-    ZI_TRY(be_.swiglu(s.ffn, s.act));                             // [B*S, F]
-    ZI_TRY(be_.matmul_fp8(s.act, blk.w2_8, blk.w2_s, s.proj));    // [B*S, D]
-  } else {
-    ZI_TRY(linear(be_, s.norm, blk.w13, none, wide_scratch_, s.ffn));  // [B*S, 2F]
-    ZI_TRY(be_.swiglu(s.ffn, s.act));                                  // [B*S, F]
-    ZI_TRY(linear(be_, s.act, blk.w2, none, wide_scratch_, s.proj));   // [B*S, D]
-  }
+  ZI_TRY(be_.rms_norm(xr, blk.ffn_norm1, eps, scale_f, s.norm));     // [B*S, D]
+  ZI_TRY(linear(be_, s.norm, blk.w13, none, wide_scratch_, s.ffn));  // [B*S, 2F]
+  ZI_TRY(be_.swiglu(s.ffn, s.act));                                  // [B*S, F]
+  ZI_TRY(linear(be_, s.act, blk.w2, none, wide_scratch_, s.proj));   // [B*S, D]
   return be_.residual_rms_norm_gate(x, s.proj.view({b, sq, d}), blk.ffn_norm2, eps, gate_f);
-}
-
-Status ZImageDiT::quantize_ffn_fp8() {
-  if (ffn_fp8_) return Status::Ok();
-  if (streamer_ || placement_.fp8_weights)
-    return Unsupported("FP8 compute (--precision fp8) with FP8 or streamed weights");
-  // Probe first, so a backend or GPU without FP8 (the CUDA backend refuses below sm_89) leaves
-  // the model as it was.
-  {
-    ZI_ASSIGN_OR_RETURN(Tensor x, load::alloc(be_, be_.act_dtype(), {16}, "fp8 probe"));
-    ZI_ASSIGN_OR_RETURN(Tensor x8, load::alloc(be_, DType::kF8E4M3, {16}, "fp8 probe"));
-    ZI_ASSIGN_OR_RETURN(Tensor sx, load::alloc(be_, DType::kF32, {1}, "fp8 probe"));
-    ZI_TRY(be_.fill(x, 1.0f));
-    ZI_TRY(be_.quantize_fp8(x, x8, sx));
-  }
-  release_graphs();  // recorded forwards hold the bf16 weights' addresses
-  auto quantize = [&](LinearWeight& w, Tensor& w8, Tensor& sc) -> Status {
-    ZI_ASSIGN_OR_RETURN(w8, load::alloc(be_, DType::kF8E4M3, w.w.shape(), "fp8 weight"));
-    ZI_ASSIGN_OR_RETURN(sc, load::alloc(be_, DType::kF32, {1}, "fp8 weight scale"));
-    ZI_TRY(be_.quantize_fp8(w.w, w8, sc));
-    w = LinearWeight();  // the bf16 copy goes
-    return Status::Ok();
-  };
-  for (std::vector<Block>* blocks : {&noise_refiner_, &context_refiner_, &layers_}) {
-    for (Block& b : *blocks) {
-      ZI_TRY(quantize(b.w13, b.w13_8, b.w13_s));
-      ZI_TRY(quantize(b.w2, b.w2_8, b.w2_s));
-    }
-  }
-  ffn_fp8_ = true;
-  return be_.synchronize();
 }
 
 Result<ZImageDiT::Layout> ZImageDiT::make_layout(int64_t b, int64_t lh, int64_t lw,
