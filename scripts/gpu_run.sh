@@ -10,6 +10,8 @@
 #   diffusers upstream diffusers on the same folder, same GPU (carried wheel in .whl/)
 #   compare   cosine / PSNR of zimage vs diffusers -> $OUT/parity.json
 #   parity8, compare8   the same with --precision fp8 -> $OUT/parity_fp8.json
+#   fp8q      --precision fp8 quality and speed per group of DiT linears against bf16, on $ZR and
+#             on a folder with outlier channels ($ZRO) -> $OUT/fp8_quality{,_outliers}.{json,md}
 #   serve     zimage serve on that folder with --batching on, then off: tools/serve_bench.py
 #             (1/4/16 clients, 512² and 1024²) -> $OUT/serve_bench.jsonl, and the batched
 #             images against the one-by-one images (max pixel difference) -> $OUT/serve_diff.txt
@@ -75,7 +77,16 @@ for f in glob.glob('build/carry/*.xz') + glob.glob('build/carry/lib/*.xz'):
     diffusers)
       python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
       PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 python3 tools/diffusers_compare.py --model "$ZR" --out "$OUT" \
-        2>&1 | grep -v Warning | tail -60 || rc=1 ;;
+        ${DIFFUSERS_ARGS:-} 2>&1 | grep -v Warning | tail -60 || rc=1 ;;
+    fp8q)
+      groups=${FP8_GROUPS:-qkv out w13 w2 qkv,out,w13,w2 all}
+      "$BIN" bench --model "$ZR" --fp8-quality $groups --iters 3 --json "$OUT/fp8_quality.json" \
+        2>&1 | tee "$OUT/fp8_quality.md" | grep -v "^bench:" || rc=1
+      ZRO=${ZRO:-/tmp/zimage-random-outliers}
+      [ -f "$ZRO/model_index.json" ] || "$BIN" make-random-model --out "$ZRO" --outlier-channels 0.005 \
+        --outlier-scale 30 2>&1 | tail -1
+      "$BIN" bench --model "$ZRO" --fp8-quality $groups --iters 3 --json "$OUT/fp8_quality_outliers.json" \
+        2>&1 | tee "$OUT/fp8_quality_outliers.md" | grep -v "^bench:" || rc=1 ;;
     compare)
       python3 tools/compare_outputs.py --zimage-dit /tmp/zdump/dit_out.step0.npy \
         --diffusers-dit "$OUT/diffusers_dit_out_step0.npy" --zimage-png "$OUT/zimage_1024.png" \

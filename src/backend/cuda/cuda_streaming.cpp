@@ -10,6 +10,7 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/gemm_cublaslt.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/validate.h"
 #include "core/log.h"
@@ -184,7 +185,8 @@ Status CudaBackend::matmul_fp8_rows(const Tensor& x, const Tensor& w8, const Ten
   ZI_ASSIGN_OR_RETURN(Tensor wd, alloc(act_, {n, k}));
   ZI_TRY(dequantize_fp8_rows(x8, sx, xd));
   ZI_TRY(dequantize_fp8_rows(w8, w_scale, wd));
-  return matmul(xd, wd, bias, y.view({m, n}));
+  Tensor y2 = y.view({m, n});
+  return matmul(xd, wd, bias, y2);
 }
 
 }  // namespace zimage::cuda
