@@ -62,6 +62,27 @@ struct ZImageDiT::Scratch {
     ZI_ASSIGN_OR_RETURN(x.gate_f, load::alloc(be, t, {b, d}, "dit.gate_ffn"));
     return x;
   }
+
+  // The same buffers for a shorter sequence s <= the one made for (views of their leading
+  // elements): the noise refiner, context refiner and main layers share one set, so a forward
+  // holds one stage's activations, not three (0.55 GiB less at 1024²).
+  Scratch view(int64_t b, int64_t s, const TransformerConfig& c) const {
+    const int64_t d = c.dim, h = c.n_heads, dh = c.head_dim(), f = c.ffn_hidden(), r = b * s;
+    auto lead = [](const Tensor& t, Shape shape) {
+      return Tensor(t.storage(), t.byte_offset(), t.dtype(), std::move(shape));
+    };
+    Scratch x = *this;
+    x.norm = lead(norm, {r, d});
+    x.qkv = lead(qkv, {r, 3 * d});
+    x.q = lead(q, {b, s, h, dh});
+    x.k = lead(k, {b, s, h, dh});
+    x.v = lead(v, {b, s, h, dh});
+    x.o = lead(o, {b, s, h, dh});
+    x.proj = lead(proj, {r, d});
+    x.ffn = lead(ffn, {r, 2 * f});
+    x.act = lead(act, {r, f});
+    return x;
+  }
 };
 
 Tensor ZImageDiT::timestep_sinusoid(const std::vector<float>& t_model) const {
@@ -198,6 +219,9 @@ Status ZImageDiT::compute(const Layout& L, const Tensor& latents, const Tensor& 
   const DType act = be_.act_dtype();
   const Tensor none;
 
+  // One set of activation buffers for the longest stage (Scratch::view).
+  ZI_ASSIGN_OR_RETURN(Scratch scratch, Scratch::make(be_, cfg_, b, std::max({np, lp_max, s_max})));
+
   // ---- timestep conditioning ----
   Tensor c;
   ZI_TRY(timestep_embedding(sinusoid, c));  // [B, adaln]
@@ -220,7 +244,7 @@ Status ZImageDiT::compute(const Layout& L, const Tensor& latents, const Tensor& 
   }
   debug_tensor(dbg, pfx + ".x_embed", be_, x);
   {
-    ZI_ASSIGN_OR_RETURN(Scratch s, Scratch::make(be_, cfg_, b, np));
+    Scratch s = scratch.view(b, np, cfg_);
     const AttentionParams ap{1.0f / std::sqrt(static_cast<float>(2 * half)), false, {}};
     for (size_t l = 0; l < noise_refiner_.size(); ++l) {
       const int bi = static_cast<int>(l);
@@ -247,7 +271,7 @@ Status ZImageDiT::compute(const Layout& L, const Tensor& latents, const Tensor& 
   }
   debug_tensor(dbg, pfx + ".cap_embed", be_, cap);
   {
-    ZI_ASSIGN_OR_RETURN(Scratch s, Scratch::make(be_, cfg_, b, lp_max));
+    Scratch s = scratch.view(b, lp_max, cfg_);
     AttentionParams ap{1.0f / std::sqrt(static_cast<float>(2 * half)), false, {}};
     if (cap_ragged)
       for (int64_t i = 0; i < b; ++i) ap.key_len.push_back(static_cast<int32_t>(cap_pad[i]));
@@ -270,7 +294,7 @@ Status ZImageDiT::compute(const Layout& L, const Tensor& latents, const Tensor& 
   x = Tensor();
   cap = Tensor();
   {
-    ZI_ASSIGN_OR_RETURN(Scratch s, Scratch::make(be_, cfg_, b, s_max));
+    Scratch s = scratch.view(b, s_max, cfg_);
     AttentionParams ap{1.0f / std::sqrt(static_cast<float>(2 * half)), false, {}};
     if (seq_ragged)
       for (int64_t i = 0; i < b; ++i) ap.key_len.push_back(static_cast<int32_t>(seq[i]));

@@ -46,10 +46,11 @@ void compare_with_oracle(int64_t m, int64_t n, int64_t k) {
   ZI_ASSERT_OK(g->fill(y, std::numeric_limits<float>::quiet_NaN()));
   ZI_ASSERT_OK(g->matmul_fp8_rows(x, w8, sw, Tensor(), y));
   const std::vector<float> ref(cy.data_as<float>(), cy.data_as<float>() + cy.numel());
-  // The same quantised operands; only the accumulation order and the final bf16 rounding differ.
+  // The same quantised operands; the accumulation order and the bf16 roundings differ (two where
+  // the GEMM writes the raw sums and the scales follow: ~2.8e-3 each, measured).
   expect_close("matmul_fp8_rows [" + std::to_string(m) + "x" + std::to_string(k) + "]x[" +
                    std::to_string(n) + "]",
-               DType::kBF16, fetch(*g, y), ref, 4e-3);
+               DType::kBF16, fetch(*g, y), ref, 6e-3);
 }
 
 Tensor run_dit(ZImageDiT& dit, const std::string& dir, Backend& be) {

@@ -129,10 +129,8 @@ Status CudaBackend::dequantize_fp8_rows(const Tensor& w8, const Tensor& scale, T
   return Status::Ok();
 }
 
-// Activations quantised per row by the weights' own row kernel, then cuBLASLt's FP8 GEMM with
-// outer-vector scales. Where cuBLASLt has no such algorithm (tiny or misaligned shapes) the
-// same FP8 operands are widened to the compute dtype and multiplied by the ordinary GEMM: the
-// same quantisation, one more rounding of each operand (stated once in the log).
+// Activations quantised per row by the weights' own row kernel, then an FP8 GEMM (three ways,
+// below). Every way multiplies the same FP8 operands; they differ in roundings only.
 Status CudaBackend::matmul_fp8_rows(const Tensor& x, const Tensor& w8, const Tensor& w_scale,
                                     const Tensor& bias, Tensor& y) {
   ZI_OP_SCOPE("matmul_fp8_rows", &x, &w8);
@@ -166,20 +164,34 @@ Status CudaBackend::matmul_fp8_rows(const Tensor& x, const Tensor& w8, const Ten
   ZI_ASSIGN_OR_RETURN(Tensor x8, alloc(DType::kF8E4M3, {m, k}));
   ZI_ASSIGN_OR_RETURN(Tensor sx, alloc(DType::kF32, {m}));
   ZI_TRY(quantize_fp8_rows(x.view({m, k}), x8, sx));
-  const Status st = gemm_->linear_fp8_rows(x8.data(), w8.data(), sx.data_as<float>(),
-                                           w_scale.data_as<float>(), y.data(), m, n, k, act_);
+  ZI_ASSIGN_OR_RETURN(KType kt, ktype_of(op, act_));
+  // 1. cuBLASLt's outer-vector scales, where the library has an algorithm for them.
+  Status st = gemm_->linear_fp8_rows(x8.data(), w8.data(), sx.data_as<float>(),
+                                     w_scale.data_as<float>(), y.data(), m, n, k, act_);
   if (st.ok()) {
-    if (bias.defined()) {
-      ZI_ASSIGN_OR_RETURN(KType kt, ktype_of(op, act_));
+    if (bias.defined())
       ZI_LAUNCH_TRY("matmul_fp8_rows bias",
                     launch_add(kt, y.data(), bias.data(), y.data(), m * n, n, stream_));
-    }
     return Status::Ok();
   }
   if (st.code() != ErrorCode::kUnsupported) return st.with_context(op);
+  // 2. The per-tensor FP8 GEMM with unit scales (the raw sums, rounded once to the compute
+  //    dtype), then the scales (and bias) applied in one pass: cuBLAS 13.0 has no outer-vector
+  //    algorithm on sm_90 (measured on the H200), this path runs at FP8 tensor-core rate.
+  const Status raw =
+      gemm_->linear_fp8(x8.data(), w8.data(), nullptr, nullptr, y.data(), m, n, k, act_);
+  if (raw.ok()) {
+    ZI_LAUNCH_TRY(
+        "matmul_fp8_rows scales",
+        launch_scale_rows_cols(kt, y.data(), sx.data_as<float>(), w_scale.data_as<float>(),
+                               ptr_or_null(bias), m, n, stream_));
+    return Status::Ok();
+  }
+  if (raw.code() != ErrorCode::kUnsupported) return raw.with_context(op);
+  // 3. No FP8 GEMM at all for this shape (tiny or misaligned): widen the same FP8 operands.
   static std::atomic<bool> said{false};
   if (!said.exchange(true))
-    ZI_INFO("FP8: %s; such GEMMs widen their FP8 operands and run in %s", st.message().c_str(),
+    ZI_INFO("FP8: %s; such GEMMs widen their FP8 operands and run in %s", raw.message().c_str(),
             dtype_name(act_));
   ZI_ASSIGN_OR_RETURN(Tensor xd, alloc(act_, {m, k}));
   ZI_ASSIGN_OR_RETURN(Tensor wd, alloc(act_, {n, k}));
