@@ -43,6 +43,7 @@ struct ServeArgs {
   bool verbose = false;
   std::string batching = "off";
   LoraArgs lora;
+  std::string controlnet;  // loaded with the model; requests send a control image
 };
 
 [[noreturn]] void fail(int code, const std::string& message) {
@@ -137,6 +138,7 @@ void run_serve(ServeArgs& a) {
   eo.weights = a.weights;
   eo.threads = a.threads;
   eo.loras = loras;
+  eo.controlnet = a.controlnet;
   eo.lora_lenient = a.lora.lenient;
   st = server.load(eo);
   if (!st.ok()) {
@@ -214,6 +216,10 @@ void register_serve_command(CLI::App& app) {
                   "Images per denoising step with --batching on (default 8)")
       ->check(CLI::Range(1, 64));
   add_lora_options(cmd, a->lora);
+  cmd->add_option("--controlnet", a->controlnet,
+                  "Z-Image ControlNet (folder or single file) loaded with the model; requests "
+                  "send the control image (A1111 alwayson_scripts.controlnet, /v1/images/edits "
+                  "control_image)");
   cmd->add_flag("--quiet,-q", a->quiet, "No access log; errors only");
   cmd->add_flag("--verbose,-v", a->verbose, "Engine load information and per-phase times");
   cmd->callback([a] { run_serve(*a); });

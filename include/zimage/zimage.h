@@ -81,6 +81,10 @@ struct EngineOptions {
   // A LoRA key that matches no transformer weight: a warning (the key is skipped) instead of an
   // error. Shape mismatches stay errors.
   bool lora_lenient = false;
+  // A Z-Image ControlNet (Fun-Controlnet-Union: a diffusers folder or a published single file,
+  // versions 1.0, 2.0, 2.1, 2.1-lite; docs/FORMATS.md), loaded once with the engine; requests with
+  // a control_image use it.
+  std::string controlnet;
 };
 
 // An 8-bit RGB image, rows top to bottom, no padding: rgb.size() == width * height * 3.
@@ -115,6 +119,13 @@ struct GenerateRequest {
   std::optional<Image> mask;  // needs init_image
   // (0, 1]; unset: 0.6 (img2img) or 1.0 (inpainting), diffusers' defaults. A double, as Python's.
   std::optional<double> strength;
+
+  // ---- ControlNet (diffusers' ZImageControlNetPipeline; needs EngineOptions::controlnet) ----
+  // The control image (pose, depth, edges, ...), resized to width x height as init_image is; its
+  // VAE latents condition every step. With init_image and mask as well: ControlNet inpainting
+  // (ZImageControlNetInpaintPipeline, 2.x ControlNets; strength does not apply).
+  std::optional<Image> control_image;
+  float control_scale = 0.75f;  // controlnet_conditioning_scale (diffusers' default), finite
 };
 
 // The denoising steps `req` runs: steps, or with init_image steps - t_start (0 for a strength

@@ -146,6 +146,7 @@ Result<std::unique_ptr<Engine>> Engine::load_impl(const EngineOptions& options) 
   paths.vae_file = options.vae_file;
   paths.tokenizer_dir = options.tokenizer_dir;
   ZI_ASSIGN_OR_RETURN(impl->pipeline, TextToImage::load(paths, *impl->backend, load_options));
+  if (!options.controlnet.empty()) ZI_TRY(impl->pipeline->load_controlnet(options.controlnet));
   impl->pipeline->set_vae_tiling({.mode = vae_tiling, .budget_bytes = 0});
   impl->limits.size_multiple = impl->pipeline->size_multiple();
   // The model's own limit (RoPE tables: latent side / patch < axes_lens) may be lower than the
