@@ -286,6 +286,10 @@ Result<Fp8Summary> apply_scaled_fp8(WeightStore& ws, const std::shared_ptr<Safet
       w.scale = scale;
       return dequantize_f32(w, raw);
     }));
+    ZI_TRY(ws.set_fp8_source(wname, [file, raw, scale]() -> Result<Fp8StoredWeight> {
+      ZI_ASSIGN_OR_RETURN(Tensor data, file->tensor(raw));
+      return Fp8StoredWeight{data, scale};
+    }));
     ++sum.scaled_weights;
     if (per_row) ++sum.per_row_scales;
     add_dtype(sum, wi.dtype);

@@ -6,18 +6,21 @@ namespace zimage {
 
 Status linear(Backend& be, const Tensor& x, const LinearWeight& w, const Tensor& bias,
               const Tensor& scratch, Tensor& y) {
-  if (!w.fp8()) return be.matmul(x, w.w, bias, y);
+  if (!w.quantized()) return be.matmul(x, w.w, bias, y);
   const int64_t n = w.rows(), k = w.cols();
   if (!scratch.defined() || scratch.numel() < n * k || scratch.dtype() != be.act_dtype())
-    return InternalError("linear: FP8 weight " + w.w.describe() + " needs a scratch of " +
+    return InternalError("linear: quantised weight " + w.w.describe() + " needs a scratch of " +
                          std::to_string(n * k) + " elements, got " + scratch.describe());
   Tensor wide(scratch.storage(), scratch.byte_offset(), scratch.dtype(), {n, k});
-  ZI_TRY(be.dequantize_fp8_rows(w.w, w.scale, wide));
+  if (w.packed())
+    ZI_TRY(be.dequantize_packed(w.ggml_type, w.w, wide));
+  else
+    ZI_TRY(be.dequantize_fp8_rows(w.w, w.scale, wide));
   return be.matmul(x, wide, bias, y);
 }
 
 Status to_fp8_rows(Backend& be, LinearWeight& w, const std::string& what) {
-  if (w.fp8() || !w.defined()) return Status::Ok();
+  if (w.quantized() || !w.defined()) return Status::Ok();
   auto w8 = be.alloc(DType::kF8E4M3, w.w.shape());
   if (!w8.ok()) return w8.status().with_context("allocating FP8 " + what);
   auto sc = be.alloc(DType::kF32, {w.rows()});

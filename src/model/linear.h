@@ -17,17 +17,28 @@
 namespace zimage {
 
 struct LinearWeight {
-  Tensor w;      // [N, K]: the backend's act dtype, or kF8E4M3 when `scale` is defined
+  Tensor w;      // [N, K]: the backend's act dtype, or kF8E4M3 / kF8E5M2 when `scale` is defined,
+                 // or kU8 [N, row bytes] holding GGUF blocks when `packed_cols` > 0
   Tensor scale;  // [N] f32: per-output-channel dequantisation scale (FP8 only)
+  // Packed GGUF rows (model/quantized_linear.h): the ggml type id of the blocks and K, the
+  // elements per row; dequantised into the scratch before the GEMM (Backend::dequantize_packed).
+  uint32_t ggml_type = 0;
+  int64_t packed_cols = 0;
   bool fp8() const { return scale.defined(); }
+  bool packed() const { return packed_cols > 0; }
+  bool quantized() const { return fp8() || packed(); }
   bool defined() const { return w.defined(); }
   int64_t rows() const { return w.defined() ? w.dim(0) : 0; }
-  int64_t cols() const { return w.defined() ? w.dim(1) : 0; }
+  int64_t cols() const { return packed() ? packed_cols : (w.defined() ? w.dim(1) : 0); }
 };
 
 struct WeightPlacement {
   // Store the blocks' big linear weights (attention q|k|v and out, feed-forward) as FP8 rows.
   bool fp8_weights = false;
+  // Keep weights the file stores quantised (FP8 with scales, GGUF blocks) in that form on the
+  // device, dequantised per layer before each GEMM (model/quantized_linear.h). False: widened to
+  // the act dtype at load (the reference the kept path is tested against).
+  bool keep_quantized = true;
   // Per block in execution order: true = kept in host memory and streamed in before use.
   // Empty = every block on the device.
   std::vector<bool> streamed;
@@ -41,8 +52,8 @@ struct WeightPlacement {
   }
 };
 
-// y[M, N] = x[M, K] · wᵀ (+ bias). An FP8 weight is first dequantised into `scratch` (act dtype,
-// at least N*K elements; its leading N*K elements are overwritten).
+// y[M, N] = x[M, K] · wᵀ (+ bias). An FP8 or packed weight is first dequantised into `scratch`
+// (act dtype, at least N*K elements; its leading N*K elements are overwritten).
 Status linear(Backend& be, const Tensor& x, const LinearWeight& w, const Tensor& bias,
               const Tensor& scratch, Tensor& y);
 

@@ -147,9 +147,19 @@ Status ZImageDiT::quantize_ffn_fp8() {
   }
   release_graphs();  // recorded forwards hold the bf16 weights' addresses
   auto quantize = [&](LinearWeight& w, Tensor& w8, Tensor& sc) -> Status {
-    ZI_ASSIGN_OR_RETURN(w8, load::alloc(be_, DType::kF8E4M3, w.w.shape(), "fp8 weight"));
+    const Shape shape{w.rows(), w.cols()};
+    ZI_ASSIGN_OR_RETURN(w8, load::alloc(be_, DType::kF8E4M3, shape, "fp8 weight"));
     ZI_ASSIGN_OR_RETURN(sc, load::alloc(be_, DType::kF32, {1}, "fp8 weight scale"));
-    ZI_TRY(be_.quantize_fp8(w.w, w8, sc));
+    Tensor src = w.w;
+    if (w.quantized()) {  // kept as the file stores it: widened into the scratch first
+      src = Tensor(wide_scratch_.storage(), wide_scratch_.byte_offset(), wide_scratch_.dtype(),
+                   shape);
+      if (w.packed())
+        ZI_TRY(be_.dequantize_packed(w.ggml_type, w.w, src));
+      else
+        ZI_TRY(be_.dequantize_fp8_rows(w.w, w.scale, src));
+    }
+    ZI_TRY(be_.quantize_fp8(src, w8, sc));
     w = LinearWeight();  // the bf16 copy goes
     return Status::Ok();
   };

@@ -93,6 +93,9 @@ struct PipelineLoadOptions {
   // else the planner streams what does not fit, and the allocator is capped to it.
   uint64_t vram_budget = 0;
   bool fp8_weights = false;  // big linear weights of the DiT and text encoder as FP8 rows
+  // Linear weights an FP8 or GGUF file stores quantised stay so on the device, dequantised per
+  // layer (model/quantized_linear.h); false widens them at load.
+  bool keep_quantized = true;
   // The largest request to plan activations for.
   int plan_width = 1024, plan_height = 1024, plan_batch = 1;
   // LoRAs merged into the transformer's weights as they are read (model/lora_merge.h).

@@ -57,7 +57,7 @@ cudaError_t launch_quantize_fp8(KType t, const void* x, int64_t n, void* amax_sc
 cudaError_t launch_quantize_fp8_rows(KType t, const void* w, int64_t rows, int64_t cols, void* q,
                                      float* scale, cudaStream_t s);
 cudaError_t launch_dequantize_fp8_rows(KType t, const void* q, const float* scale, int64_t rows,
-                                       int64_t cols, void* out, cudaStream_t s);
+                                       int64_t cols, void* out, cudaStream_t s, bool e5m2 = false);
 
 // ---- fused prologues (prologue.cu) ----
 // qkv[rows, (hq + 2 hkv) * dh] -> q[rows, hq, dh], k/v[rows, hkv, dh]; q, k RMS-normed with wq/wk
