@@ -3,6 +3,7 @@
 // (io/convert.h; docs/FORMATS.md has examples). Why: people with little RAM or VRAM can make the
 // smaller files themselves from the published folder, with the tool that will load them.
 #include <cstdio>
+#include <memory>
 #include <string>
 
 #include "commands.h"
@@ -63,11 +64,16 @@ void register_convert_command(CLI::App& app) {
     o.text_encoder = *only == "all" || *only == "text_encoder";
     o.vae = *only == "all" || *only == "vae";
     if (!*quiet) {
-      o.progress = [](const std::string& file, uint64_t done, uint64_t total) {
-        std::fprintf(stderr, "\r%s: %5.1f%% of %.2f GB", file.c_str(),
-                     total ? 100.0 * static_cast<double>(done) / static_cast<double>(total) : 100.0,
-                     static_cast<double>(total) / 1e9);
-        if (done >= total) std::fprintf(stderr, "\n");
+      // One line per file, redrawn when the whole percentage changes.
+      auto last = std::make_shared<int>(-1);
+      o.progress = [last](const std::string& file, uint64_t done, uint64_t total) {
+        const int pct =
+            total ? static_cast<int>(100 * static_cast<double>(done) / static_cast<double>(total))
+                  : 100;
+        if (pct == *last && done < total) return;
+        *last = done >= total ? -1 : pct;
+        std::fprintf(stderr, "\r%s: %3d%% of %.2f GB%s", file.c_str(), pct,
+                     static_cast<double>(total) / 1e9, done >= total ? "\n" : "");
         std::fflush(stderr);
       };
     }

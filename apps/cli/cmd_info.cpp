@@ -190,13 +190,15 @@ std::string config_line(const ordered_json& cfg) {
 // (model/quantized_linear.h) against widened to bf16; "" when nothing is kept.
 std::string kept_line(int64_t stored_per_unit, int64_t wide_per_unit, int units) {
   if (stored_per_unit >= wide_per_unit) return "";
-  char buf[160];
-  std::snprintf(buf, sizeof buf,
-                "block weights kept quantised on the device: about %.2f GiB for %d blocks "
-                "(%.2f GiB widened to bf16)",
-                static_cast<double>(stored_per_unit) * units / (1u << 30), units,
-                static_cast<double>(wide_per_unit) * units / (1u << 30));
-  return buf;
+  auto size = [](double b) {
+    char s[32];
+    std::snprintf(s, sizeof s, b >= (1u << 30) ? "%.2f GiB" : "%.2f MiB",
+                  b / (b >= (1u << 30) ? (1u << 30) : (1u << 20)));
+    return std::string(s);
+  };
+  return "block weights kept quantised on the device: about " +
+         size(static_cast<double>(stored_per_unit) * units) + " for " + std::to_string(units) +
+         " blocks (" + size(static_cast<double>(wide_per_unit) * units) + " widened to bf16)";
 }
 
 // Per component of a single file: prefix, inferred config, FP8 format (errors are reported by

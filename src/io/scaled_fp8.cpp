@@ -116,7 +116,6 @@ std::string Fp8Summary::describe() const {
   if (scaled_weights > 0) {
     s += std::to_string(scaled_weights) + " scaled FP8 weight(s)";
     if (per_row_scales > 0) s += " (" + std::to_string(per_row_scales) + " with per-row scales)";
-    s += " dequantised at load";
   }
   if (plain_fp8 > 0) {
     s += std::string(scaled_weights > 0 ? ", " : "") + std::to_string(plain_fp8) +
