@@ -14,6 +14,7 @@
 #include "io/weights.h"
 #include "model/debug.h"
 #include "model/linear.h"
+#include "model/lora_runtime.h"
 #include "model/weight_streamer.h"
 
 namespace zimage {
@@ -79,6 +80,17 @@ class ZImageDiT {
   // with FP8 (kUnsupported otherwise, the model unchanged).
   Status quantize_ffn_fp8();
   bool ffn_fp8() const { return ffn_fp8_; }
+
+  // ---- runtime LoRAs (model/lora_runtime.h; zimage_dit_lora.cpp) ----
+  // Makes `loras` the model's LoRA set: the previous set is taken off first (merged rows restored
+  // bit for bit, side GEMMs dropped), unless it is the same set (then nothing happens). Empty:
+  // the base model. Recorded forwards are dropped when side GEMMs come or go (they hold the
+  // side buffers' addresses); merges change weights in place and keep them. On an error the
+  // model is left as the base model.
+  Status set_loras(const std::vector<RuntimeLora>& loras, LoraMethod method, bool lenient);
+  const AppliedLoras& applied_loras() const { return lora_applied_; }
+  // Where a diffusers-named weight ("layers.3.attention.to_k.weight") lives in this model.
+  Result<LoraSlot> lora_slot(const std::string& canonical);
 
  private:
   struct Block {
@@ -169,6 +181,7 @@ class ZImageDiT {
   bool ffn_fp8_ = false;
   bool no_graphs_ = false;  // the backend answered that it cannot record
   std::map<std::vector<int64_t>, Graphed> graphs_;
+  AppliedLoras lora_applied_;  // the runtime LoRA set now applied
 };
 
 }  // namespace zimage
