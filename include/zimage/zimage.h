@@ -76,6 +76,12 @@ struct EngineOptions {
   // A LoRA key that matches no transformer weight: a warning (the key is skipped) instead of an
   // error. Shape mismatches stay errors.
   bool lora_lenient = false;
+  // Per-request LoRAs (GenerateRequest::loras): how they are applied ("auto": merged into
+  // weights resident in the compute dtype, side GEMMs for the rest; "merge"; "side": a low-rank
+  // side GEMM wherever the layer has one; docs/FORMATS.md) and the bytes of parsed LoRA files
+  // kept in host memory between requests (least recently used dropped first).
+  std::string lora_method = "auto";
+  uint64_t lora_cache_bytes = uint64_t{2} << 30;
 };
 
 // An 8-bit RGB image, rows top to bottom, no padding: rgb.size() == width * height * 3.
@@ -110,6 +116,10 @@ struct GenerateRequest {
   std::optional<Image> mask;  // needs init_image
   // (0, 1]; unset: 0.6 (img2img) or 1.0 (inpainting), diffusers' defaults. A double, as Python's.
   std::optional<double> strength;
+  // LoRAs for this request only, on top of EngineOptions::loras, applied to the transformer
+  // without reloading it (EngineOptions::lora_method) and taken off for the next request with a
+  // different set. Keys matching no weight follow EngineOptions::lora_lenient. At most 16.
+  std::vector<LoraSpec> loras;
 };
 
 // The denoising steps `req` runs: steps, or with init_image steps - t_start (0 for a strength

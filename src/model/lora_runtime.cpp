@@ -74,7 +74,8 @@ Status merge_one(Backend& be, const Use& u, Tensor& rows) {
 }
 
 // The side buffers of one linear weight: every low-rank patch on it stacked along the rank.
-Result<std::shared_ptr<const LoraSide>> make_side(Backend& be, const std::vector<const Use*>& uses) {
+Result<std::shared_ptr<const LoraSide>> make_side(Backend& be,
+                                                  const std::vector<const Use*>& uses) {
   const int64_t n = uses[0]->slot.full_rows, k = uses[0]->slot.cols;
   int64_t rtot = 0;
   for (const Use* u : uses) rtot += u->patch->rank;
@@ -156,8 +157,12 @@ Status apply_into(Backend& be, const std::vector<RuntimeLora>& loras, LoraMethod
     bool merge = false;
     switch (method) {
       case LoraMethod::kMerge:
-      case LoraMethod::kAuto: merge = can_merge; break;
-      case LoraMethod::kSide: merge = !can_side && can_merge; break;
+      case LoraMethod::kAuto:
+        merge = can_merge;
+        break;
+      case LoraMethod::kSide:
+        merge = !can_side && can_merge;
+        break;
     }
     if (method == LoraMethod::kMerge && !can_merge && !can_side)
       return Unsupported(g[0]->file->path + ": '" + g[0]->patch->keys.front() + "': " + s0.name +
@@ -204,9 +209,12 @@ Status apply_into(Backend& be, const std::vector<RuntimeLora>& loras, LoraMethod
 
 const char* lora_method_name(LoraMethod m) {
   switch (m) {
-    case LoraMethod::kAuto: return "auto";
-    case LoraMethod::kMerge: return "merge";
-    case LoraMethod::kSide: return "side";
+    case LoraMethod::kAuto:
+      return "auto";
+    case LoraMethod::kMerge:
+      return "merge";
+    case LoraMethod::kSide:
+      return "side";
   }
   return "?";
 }

@@ -45,12 +45,12 @@ std::string lora_set_key(const std::vector<RuntimeLora>& loras);
 
 // Where a diffusers-named DiT weight lives in a loaded model.
 struct LoraSlot {
-  std::string name;              // the model's name for it (messages)
+  std::string name;                // the model's name for it (messages)
   LinearWeight* linear = nullptr;  // a linear layer: a side GEMM is possible
-  Tensor* tensor = nullptr;      // the stored weight [full_rows, cols] (merge); null: none
-  int64_t row0 = 0;              // the canonical weight's first row in it (to_k in fused qkv)
-  int64_t rows = 0, cols = 0;    // the canonical weight's shape
-  int64_t full_rows = 0;         // rows of the stored weight (side GEMM output width)
+  Tensor* tensor = nullptr;        // the stored weight [full_rows, cols] (merge); null: none
+  int64_t row0 = 0;                // the canonical weight's first row in it (to_k in fused qkv)
+  int64_t rows = 0, cols = 0;      // the canonical weight's shape
+  int64_t full_rows = 0;           // rows of the stored weight (side GEMM output width)
 };
 // canonical name -> slot; kNotFound when the model has no such weight.
 using LoraSlotFinder = std::function<Result<LoraSlot>(const std::string& canonical)>;
@@ -62,8 +62,8 @@ struct AppliedLoras {
     Tensor saved;   // their bytes before the merge (same dtype, the backend's memory)
   };
   std::string key;
-  std::vector<Backup> backups;          // in merge order
-  std::vector<LinearWeight*> sided;     // weights given a side GEMM
+  std::vector<Backup> backups;       // in merge order
+  std::vector<LinearWeight*> sided;  // weights given a side GEMM
   int merged_weights = 0, side_weights = 0, patches = 0;
   bool empty() const { return backups.empty() && sided.empty(); }
 };

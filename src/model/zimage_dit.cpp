@@ -121,10 +121,10 @@ Status ZImageDiT::run_block(const Block& blk, Tensor& x, const Tensor& freqs, co
   // --- SwiGLU feed-forward ---
   ZI_TRY(be_.rms_norm(xr, blk.ffn_norm1, eps, scale_f, s.norm));  // [B*S, D]
   if (blk.w13_8.defined()) {  // FP8 feed-forward (quantize_ffn_fp8)
-    ZI_TRY(be_.matmul_fp8(s.norm, blk.w13_8, blk.w13_s, s.ffn));  // [B*S, 2F]
+    ZI_TRY(be_.matmul_fp8(s.norm, blk.w13_8, blk.w13_s, s.ffn));                   // [B*S, 2F]
     if (blk.w13.lora) ZI_TRY(apply_lora_side(be_, s.norm, *blk.w13.lora, s.ffn));  // runtime LoRA
-    ZI_TRY(be_.swiglu(s.ffn, s.act));                           // [B*S, F]
-    ZI_TRY(be_.matmul_fp8(s.act, blk.w2_8, blk.w2_s, s.proj));  // [B*S, D]
+    ZI_TRY(be_.swiglu(s.ffn, s.act));                                              // [B*S, F]
+    ZI_TRY(be_.matmul_fp8(s.act, blk.w2_8, blk.w2_s, s.proj));                     // [B*S, D]
     if (blk.w2.lora) ZI_TRY(apply_lora_side(be_, s.act, *blk.w2.lora, s.proj));
   } else {
     ZI_TRY(linear(be_, s.norm, blk.w13, none, wide_scratch_, s.ffn));  // [B*S, 2F]

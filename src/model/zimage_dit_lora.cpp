@@ -42,8 +42,9 @@ Result<LoraSlot> ZImageDiT::lora_slot(const std::string& canonical) {
 
   std::string rest = canonical;
   std::vector<Block>* blocks = nullptr;
-  for (auto [name, vec] : {std::pair{"layers.", &layers_}, std::pair{"noise_refiner.", &noise_refiner_},
-                           std::pair{"context_refiner.", &context_refiner_}}) {
+  for (auto [name, vec] :
+       {std::pair{"layers.", &layers_}, std::pair{"noise_refiner.", &noise_refiner_},
+        std::pair{"context_refiner.", &context_refiner_}}) {
     if (take_prefix(rest, name)) {
       blocks = vec;
       break;

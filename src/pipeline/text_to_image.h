@@ -173,6 +173,7 @@ class TextToImage {
   // a pipeline made by create() without an encoder, or the folder's encoder weights missing.
   Result<VaeEncoder*> vae_encoder();
   Backend& backend() const { return be_; }
+  ZImageDiT& transformer() { return *c_.transformer; }  // runtime LoRAs (set_loras)
   // The memory plan the pipeline was loaded with.
   const MemoryPlan& memory_plan() const { return plan_; }
 
