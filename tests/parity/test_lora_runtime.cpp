@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "common/cli_run.h"
 #include "common/npy.h"
 #include "common/tiny_engine.h"
 #include "io/lora.h"
@@ -338,6 +339,60 @@ TEST(LoraRuntime, EnginePerRequestLorasInARowAndInTheBatch) {
   auto r = engine->batch_add(req);
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("no_such.safetensors"), std::string::npos);
+}
+
+// `zimage make-random-lora` writes a LoRA the loader maps completely (every attention and
+// feed-forward weight of every block), and `zimage bench --lora` runs both methods on it.
+TEST(LoraRuntime, RandomLoraAndBenchModeRun) {
+  const std::string dir =
+      fs::temp_directory_path() / ("zimage_lora_bench_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const std::string file = dir + "/r4.safetensors";
+  test::ProgramSpec make;
+  make.exe = ZIMAGE_CLI_PATH;
+  make.args = {"make-random-lora", "--like", test::tiny_model_dir(), "--rank", "4", "--out", file};
+  test::ProgramRun m = test::run_program(make);
+  ASSERT_EQ(m.exit_code, 0) << m.err;
+  auto lora = read_lora(file, 1.0f);
+  ASSERT_TRUE(lora.ok()) << lora.status().to_string();
+  EXPECT_TRUE(lora->unmatched.empty());
+  // v_turbo: 2 noise + 2 context refiners + 2 layers (config) x 7 weights.
+  std::unique_ptr<Backend> be = make_cpu_backend(1);
+  auto pipe = TextToImage::load(test::tiny_model_dir(), *be);
+  ASSERT_TRUE(pipe.ok());
+  const int blocks = (*pipe)->transformer().num_blocks();
+  EXPECT_EQ(static_cast<int>(lora->patches.size()), 7 * blocks);
+  for (const LoraPatch& p : lora->patches) EXPECT_EQ(p.rank, 4);
+
+  test::ProgramSpec bench;
+  bench.exe = ZIMAGE_CLI_PATH;
+  bench.args = {"bench",
+                "--device",
+                "cpu",
+                "--threads",
+                "2",
+                "--model",
+                test::tiny_model_dir(),
+                "--lora",
+                file,
+                "--sizes",
+                "32",
+                "--steps",
+                "1",
+                "--iters",
+                "1",
+                "--json",
+                dir + "/bench.json"};
+  test::ProgramRun b = test::run_program(bench);
+  ASSERT_EQ(b.exit_code, 0) << b.err;
+  EXPECT_NE(b.out.find("| merge |"), std::string::npos) << b.out;
+  EXPECT_NE(b.out.find("| side |"), std::string::npos) << b.out;
+  const nlohmann::json j = nlohmann::json::parse(test::read_file_bytes(dir + "/bench.json"));
+  EXPECT_EQ(j["methods"]["merge"]["merged_weights"].get<int>(), 4 * blocks);
+  EXPECT_EQ(j["methods"]["merge"]["side_weights"].get<int>(), 0);
+  EXPECT_EQ(j["methods"]["side"]["side_weights"].get<int>(), 4 * blocks);  // qkv, out, w13, w2
+  EXPECT_GT(j["methods"]["side"]["image_s"].get<double>(), 0.0);
+  fs::remove_all(dir);
 }
 
 }  // namespace
