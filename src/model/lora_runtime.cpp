@@ -174,8 +174,10 @@ Status apply_into(Backend& be, const std::vector<RuntimeLora>& loras, LoraMethod
                                                : " gets a LoHa / LoKr patch, which has no side "
                                                  "GEMM form") +
                          ", and it is not resident in the compute dtype to merge into");
+    std::vector<AppliedLoras::Backup> backups;
     if (merge) {
-      // Back up each touched row range once, then add every patch.
+      // Back up each touched row range once. Under auto, a device too full for the copies gets a
+      // side GEMM instead (it needs only the low-rank factors).
       std::map<std::pair<int64_t, int64_t>, bool> saved;
       for (const Use* u : g) {
         const auto range = std::make_pair(u->slot.row0, u->slot.rows);
@@ -183,10 +185,24 @@ Status apply_into(Backend& be, const std::vector<RuntimeLora>& loras, LoraMethod
         saved[range] = true;
         Tensor rows = u->slot.tensor->slice0(u->slot.row0, u->slot.row0 + u->slot.rows);
         auto copy = be.alloc(rows.dtype(), rows.shape());
-        if (!copy.ok())
+        if (!copy.ok()) {
+          if (method == LoraMethod::kAuto && can_side &&
+              copy.status().code() == ErrorCode::kOutOfMemory) {
+            ZI_WARN("LoRA: no device memory to back up %s for a merge; a side GEMM instead",
+                    u->slot.name.c_str());
+            merge = false;
+            backups.clear();
+            break;
+          }
           return copy.status().with_context("backing up " + u->slot.name + " for a LoRA merge");
-        ZI_TRY(be.convert(rows, *copy));
-        out.backups.push_back({rows, std::move(copy).value()});
+        }
+        backups.push_back({rows, std::move(copy).value()});
+      }
+    }
+    if (merge) {
+      for (AppliedLoras::Backup& b : backups) {
+        ZI_TRY(be.convert(b.target, b.saved));
+        out.backups.push_back(std::move(b));
       }
       for (const Use* u : g) {
         Tensor rows = u->slot.tensor->slice0(u->slot.row0, u->slot.row0 + u->slot.rows);
@@ -229,8 +245,10 @@ Result<LoraMethod> parse_lora_method(const std::string& s, const std::string& wh
 std::string lora_set_key(const std::vector<RuntimeLora>& loras) {
   std::string key;
   for (const RuntimeLora& l : loras) {
-    char buf[32];
-    std::snprintf(buf, sizeof buf, "%a", static_cast<double>(l.scale));
+    // The file object too: a file re-read after it changed on disk is another set.
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%a\x1f%p", static_cast<double>(l.scale),
+                  static_cast<const void*>(l.file.get()));
     key += (l.file ? l.file->path : std::string()) + '\x1f' + buf + '\x1e';
   }
   return key;
@@ -241,6 +259,7 @@ Result<AppliedLoras> apply_runtime_loras(Backend& be, const std::vector<RuntimeL
                                          const LoraSlotFinder& find) {
   AppliedLoras out;
   out.key = lora_set_key(loras);
+  out.loras = loras;
   Status st = apply_into(be, loras, method, lenient, find, out);
   if (!st.ok()) {
     Status undo = remove_runtime_loras(be, out);
@@ -259,6 +278,7 @@ Status remove_runtime_loras(Backend& be, AppliedLoras& applied) {
     ZI_TRY(be.convert(it->saved, it->target));
   applied.backups.clear();
   applied.key.clear();
+  applied.loras.clear();
   applied.merged_weights = applied.side_weights = applied.patches = 0;
   return be.synchronize();
 }

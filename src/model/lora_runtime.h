@@ -40,7 +40,8 @@ struct RuntimeLora {
   std::shared_ptr<const LoraFile> file;
   float scale = 1.0f;
 };
-// The identity of a set ("path\x1fscale\x1e..."): equal sets give equal keys; empty: no LoRA.
+// The identity of a set (per LoRA: path, scale, the parsed file object): equal sets give equal
+// keys; empty: no LoRA.
 std::string lora_set_key(const std::vector<RuntimeLora>& loras);
 
 // Where a diffusers-named DiT weight lives in a loaded model.
@@ -62,6 +63,7 @@ struct AppliedLoras {
     Tensor saved;   // their bytes before the merge (same dtype, the backend's memory)
   };
   std::string key;
+  std::vector<RuntimeLora> loras;    // held: the key's file objects stay alive (and unique)
   std::vector<Backup> backups;       // in merge order
   std::vector<LinearWeight*> sided;  // weights given a side GEMM
   int merged_weights = 0, side_weights = 0, patches = 0;
