@@ -56,8 +56,13 @@ Status parse_lora_field(const json& obj, std::vector<LoraSpec>* out) {
   if (it == obj.end() || it->is_null()) return Status::Ok();
   json parsed;
   const json* v = &*it;
-  if (v->is_string()) {  // a multipart form field
-    parsed = json::parse(v->get<std::string>(), nullptr, false);
+  if (v->is_string()) {  // a multipart form field: bounded before parsing (size and nesting)
+    const std::string& text = v->get_ref<const std::string&>();
+    const auto opens =
+        std::count(text.begin(), text.end(), '[') + std::count(text.begin(), text.end(), '{');
+    if (text.size() > 16384 || opens > static_cast<long>(kMaxLorasPerRequest) + 1)
+      return InvalidArgument("loras: must be an array of at most 16 {name, scale} objects");
+    parsed = json::parse(text, nullptr, false);
     if (parsed.is_discarded()) return InvalidArgument("loras: not valid JSON");
     v = &parsed;
   }

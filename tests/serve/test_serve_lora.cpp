@@ -224,6 +224,48 @@ TEST(ServeLora, ListsTheFolderAndRefusesLorasWithoutOne) {
   EXPECT_EQ(get(plain.port(), "/v1/loras").json()["data"].size(), 0u);
 }
 
+// /v1/images/edits carries "loras" as a form field holding JSON: the same LoRA twice gives the
+// same image, a different one (or none) another; a name out of the folder is refused.
+TEST(ServeLora, EditsTakeLorasAsAFormField) {
+  LoraDir d;
+  TestServer server(with_loras(d.dir()));
+  Image init;
+  init.width = init.height = 32;
+  init.rgb.resize(32 * 32 * 3);
+  for (size_t i = 0; i < init.rgb.size(); ++i) init.rgb[i] = static_cast<uint8_t>(i * 7);
+  auto png = png_encode(init);
+  ASSERT_TRUE(png.ok());
+  const std::string png_bytes(png->begin(), png->end());
+  auto edit = [&](const std::string& loras) {
+    httplib::MultipartFormDataItems items = {{"image", png_bytes, "in.png", "image/png"},
+                                             {"prompt", "a cat", "", ""},
+                                             {"num_inference_steps", "2", "", ""},
+                                             {"seed", "3", "", ""},
+                                             {"strength", "0.9", "", ""}};
+    if (!loras.empty()) items.push_back({"loras", loras, "", ""});
+    httplib::Client c("127.0.0.1", server.port());
+    c.set_read_timeout(120, 0);
+    auto res = c.Post("/v1/images/edits", items);
+    Reply r;
+    if (res) r.status = res->status, r.body = res->body;
+    return r;
+  };
+  auto first_png = [](const Reply& r) {
+    return r.json()["data"][0]["b64_json"].get<std::string>();
+  };
+  const Reply none = edit(""), peft = edit(R"([{"name": "peft.safetensors"}])"),
+              again = edit(R"([{"name": "peft.safetensors", "scale": 1}])"),
+              kohya = edit(R"([{"name": "kohya.safetensors"}])");
+  for (const Reply* r : {&none, &peft, &again, &kohya}) ASSERT_EQ(r->status, 200) << r->body;
+  EXPECT_EQ(first_png(peft), first_png(again));
+  EXPECT_NE(first_png(peft), first_png(none));
+  EXPECT_NE(first_png(peft), first_png(kohya));
+  const Reply bad = edit(R"([{"name": "../outside/secret.safetensors"}])");
+  EXPECT_EQ(bad.status, 400) << bad.body;
+  EXPECT_EQ(edit("[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]").status,
+            400);
+}
+
 TEST(ServeLora, PromptTagsAreParsedAndRemoved) {
   std::string p = "<lora:a:0.5>x <lora:b>y<lora:c.safetensors:-2>";
   std::vector<LoraSpec> l;
