@@ -218,6 +218,10 @@ class Engine {
   Result<GenerateResult> generate(const GenerateRequest& req, const GenerateHooks& hooks = {});
 
   EngineInfo info() const;
+  // Reads (through the engine's LoRA cache) and checks `loras` as a request's LoRAs would be:
+  // files, key layouts, keys matching transformer weights, shapes; applies nothing. Thread-safe
+  // (the server checks requests as they arrive). Errors name the file and key.
+  Status check_loras(const std::vector<LoraSpec>& loras) const;
 
   // ---- continuous batching (for a server's step scheduler) ----------------------------------
   // Requests of one image size share each DiT forward, joining and leaving at step boundaries:

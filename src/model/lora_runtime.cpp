@@ -102,9 +102,10 @@ Result<std::shared_ptr<const LoraSide>> make_side(Backend& be,
   return std::shared_ptr<const LoraSide>(std::move(side));
 }
 
-Status apply_into(Backend& be, const std::vector<RuntimeLora>& loras, LoraMethod method,
-                  bool lenient, const LoraSlotFinder& find, AppliedLoras& out) {
-  // Resolve every patch; group by stored weight, in first-use order.
+// Every patch resolved against the model; unmatched keys and shapes checked (warn = log the
+// lenient skips).
+Result<std::vector<Use>> resolve(const std::vector<RuntimeLora>& loras, bool lenient,
+                                 const LoraSlotFinder& find, bool warn) {
   std::vector<Use> uses;
   for (const RuntimeLora& l : loras) {
     if (!l.file) return InvalidArgument("LoRA: no file");
@@ -133,10 +134,18 @@ Status apply_into(Backend& be, const std::vector<RuntimeLora>& loras, LoraMethod
       if (!lenient)
         return FormatError(f.path + ": " + what + ": " + key_list(unmatched, 4) +
                            " (lenient mode skips them with a warning)");
-      ZI_WARN("LoRA %s: %s; skipped (lenient): %s", f.path.c_str(), what.c_str(),
-              key_list(unmatched, 4).c_str());
+      if (warn)
+        ZI_WARN("LoRA %s: %s; skipped (lenient): %s", f.path.c_str(), what.c_str(),
+                key_list(unmatched, 4).c_str());
     }
   }
+  return uses;
+}
+
+Status apply_into(Backend& be, const std::vector<RuntimeLora>& loras, LoraMethod method,
+                  bool lenient, const LoraSlotFinder& find, AppliedLoras& out) {
+  // Resolve every patch; group by stored weight, in first-use order.
+  ZI_ASSIGN_OR_RETURN(const std::vector<Use> uses, resolve(loras, lenient, find, true));
   std::vector<const void*> order;
   std::map<const void*, std::vector<const Use*>> groups;
   for (const Use& u : uses) {
@@ -267,6 +276,11 @@ Result<AppliedLoras> apply_runtime_loras(Backend& be, const std::vector<RuntimeL
     return st;
   }
   return out;
+}
+
+Status check_runtime_loras(const std::vector<RuntimeLora>& loras, bool lenient,
+                           const LoraSlotFinder& find) {
+  return resolve(loras, lenient, find, false).status();
 }
 
 Status remove_runtime_loras(Backend& be, AppliedLoras& applied) {

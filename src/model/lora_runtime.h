@@ -76,6 +76,10 @@ struct AppliedLoras {
 Result<AppliedLoras> apply_runtime_loras(Backend& be, const std::vector<RuntimeLora>& loras,
                                          LoraMethod method, bool lenient,
                                          const LoraSlotFinder& find);
+// The checks apply_runtime_loras makes before touching the model (keys, shapes), and nothing
+// else: a request's LoRAs checked when it arrives.
+Status check_runtime_loras(const std::vector<RuntimeLora>& loras, bool lenient,
+                           const LoraSlotFinder& find);
 // Takes an applied set off: merged rows copied back (bit-exact), side GEMMs dropped.
 Status remove_runtime_loras(Backend& be, AppliedLoras& applied);
 

@@ -89,6 +89,12 @@ class ZImageDiT {
   // model is left as the base model.
   Status set_loras(const std::vector<RuntimeLora>& loras, LoraMethod method, bool lenient);
   const AppliedLoras& applied_loras() const { return lora_applied_; }
+  // set_loras' key and shape checks without applying anything. Reads only what loading fixed, so
+  // it may run beside a forward on another thread.
+  Status check_loras(const std::vector<RuntimeLora>& loras, bool lenient) {
+    return check_runtime_loras(loras, lenient,
+                               [this](const std::string& c) { return lora_slot(c); });
+  }
   // Where a diffusers-named weight ("layers.3.attention.to_k.weight") lives in this model.
   Result<LoraSlot> lora_slot(const std::string& canonical);
 

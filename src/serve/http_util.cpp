@@ -102,7 +102,8 @@ std::shared_ptr<Job> admit(ServeContext& ctx, JobSpec spec, httplib::Response& r
     *error = ApiError{503, "server_error", "the model is still loading; retry later", ""};
     return nullptr;
   }
-  if (const Status st = resolve_lora_names(spec.runs, ctx.options.lora_dir); !st.ok()) {
+  if (const Status st = check_request_loras(*ctx.engine, spec.runs, ctx.options.lora_dir);
+      !st.ok()) {
     ++ctx.metrics.rejected_invalid;
     *error = api_error(st);
     return nullptr;

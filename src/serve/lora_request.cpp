@@ -145,6 +145,27 @@ Status resolve_lora_names(std::vector<GenerateRequest>& runs, const std::string&
   return Status::Ok();
 }
 
+Status check_request_loras(const Engine& engine, std::vector<GenerateRequest>& runs,
+                           const std::string& lora_dir) {
+  std::vector<std::vector<LoraSpec>> named;
+  for (const GenerateRequest& r : runs) named.push_back(r.loras);
+  ZI_TRY(resolve_lora_names(runs, lora_dir));
+  for (size_t i = 0; i < runs.size(); ++i) {
+    if (runs[i].loras.empty()) continue;
+    const Status st = engine.check_loras(runs[i].loras);
+    if (st.ok()) continue;
+    std::string msg = st.message();
+    for (size_t k = 0; k < runs[i].loras.size(); ++k) {
+      const std::string& path = runs[i].loras[k].path;
+      for (size_t p = msg.find(path); p != std::string::npos; p = msg.find(path, p))
+        msg.replace(p, path.size(), named[i][k].path);
+    }
+    const bool ours = st.code() == ErrorCode::kOutOfMemory || st.code() == ErrorCode::kInternal;
+    return Status(ours ? st.code() : ErrorCode::kInvalidArgument, "loras: " + msg);
+  }
+  return Status::Ok();
+}
+
 json list_loras(const std::string& lora_dir, size_t max_files) {
   json out = json::array();
   if (lora_dir.empty()) return out;

@@ -39,6 +39,13 @@ Status take_prompt_loras(std::string* prompt, std::vector<LoraSpec>* out);
 // does not exist, is not a regular file, or lies outside the folder.
 Status resolve_lora_names(std::vector<GenerateRequest>& runs, const std::string& lora_dir);
 
+// resolve_lora_names, then the engine's check of each run's files (key layouts, keys matching
+// the transformer, shapes: Engine::check_loras), so a bad LoRA is a 400 before the job queues.
+// Messages name the LoRA as the client did ("loras: style.safetensors: ..."), never the server's
+// path.
+Status check_request_loras(const Engine& engine, std::vector<GenerateRequest>& runs,
+                           const std::string& lora_dir);
+
 // GET /v1/loras: the .safetensors files under `lora_dir` (names relative to it, sizes), sorted;
 // at most `max_files`. An empty list when there is no folder.
 nlohmann::json list_loras(const std::string& lora_dir, size_t max_files = 10000);

@@ -35,6 +35,7 @@ struct LoraDir {
     fs::create_directories(root / "outside");
     fs::copy_file(case_file("peft.safetensors"), root / "loras" / "peft.safetensors");
     fs::copy_file(case_file("kohya.safetensors"), root / "loras" / "kohya.safetensors");
+    fs::copy_file(case_file("unknown_key.safetensors"), root / "loras" / "unknown_key.safetensors");
     fs::copy_file(case_file("peft.safetensors"), root / "loras" / "sub" / "peft2.safetensors");
     fs::copy_file(case_file("kohya.safetensors"), root / "outside" / "secret.safetensors");
     fs::create_symlink(root / "outside" / "secret.safetensors",
@@ -186,6 +187,22 @@ TEST(ServeLora, NamesCannotLeaveTheFolder) {
     Reply r = post(server.port(), "/sdapi/v1/txt2img", body.dump());
     EXPECT_EQ(r.status, 400) << prompt << ": " << r.body;
   }
+  // A file whose keys match no transformer weight: 400 before queueing, naming the LoRA as the
+  // client did and the key, not the server's path.
+  {
+    json body = turbo_body();
+    body["loras"] =
+        json::array({{{"name", "peft.safetensors"}}, {{"name", "unknown_key.safetensors"}}});
+    Reply r = post(server.port(), "/v1/images/generations", body.dump());
+    EXPECT_EQ(r.status, 400) << r.body;
+    const std::string msg = r.json()["error"].value("message", "");
+    EXPECT_EQ(msg.rfind("loras: unknown_key.safetensors: ", 0), 0u) << msg;
+    EXPECT_NE(msg.find("'transformer.layers.0.attention.to_x.lora_A.weight'"), std::string::npos)
+        << msg;
+    EXPECT_EQ(r.body.find(d.root.string()), std::string::npos) << "leaks the path: " << r.body;
+    json a = {{"prompt", "<lora:unknown_key>a cat"}, {"width", 32}, {"height", 32}, {"steps", 2}};
+    EXPECT_EQ(post(server.port(), "/sdapi/v1/txt2img", a.dump()).status, 400);
+  }
   // Malformed fields.
   for (const char* loras : {R"("peft.safetensors")", R"([{"name": "peft.safetensors", "x": 1}])",
                             R"([{"name": "peft.safetensors", "scale": "1"}])",
@@ -208,8 +225,9 @@ TEST(ServeLora, ListsTheFolderAndRefusesLorasWithoutOne) {
     const json listing = r.json();
     for (const json& f : listing["data"]) names.push_back(f["name"]);
     // The symlink to a file outside the folder is not listed.
-    EXPECT_EQ(names, (std::vector<std::string>{"kohya.safetensors", "peft.safetensors",
-                                               "sub/peft2.safetensors"}));
+    EXPECT_EQ(names,
+              (std::vector<std::string>{"kohya.safetensors", "peft.safetensors",
+                                        "sub/peft2.safetensors", "unknown_key.safetensors"}));
     Reply a = get(server.port(), "/sdapi/v1/loras");
     ASSERT_EQ(a.status, 200);
     EXPECT_EQ(a.json()[1]["name"], "peft");
