@@ -10,6 +10,9 @@
 #   diffusers upstream diffusers on the same folder, same GPU (carried wheel in .whl/)
 #   compare   cosine / PSNR of zimage vs diffusers -> $OUT/parity.json
 #   parity8, compare8   the same with --precision fp8 -> $OUT/parity_fp8.json
+#   warmup    a new process's first image with the plan cache empty, then filled -> $OUT/warmup.txt
+#   fp8q      --precision fp8 quality and speed per group of DiT linears against bf16, on $ZR and
+#             on a folder with outlier channels ($ZRO) -> $OUT/fp8_quality{,_outliers}.{json,md}
 #   serve     zimage serve on that folder with --batching on, then off: tools/serve_bench.py
 #             (1/4/16 clients, 512² and 1024²) -> $OUT/serve_bench.jsonl, and the batched
 #             images against the one-by-one images (max pixel difference) -> $OUT/serve_diff.txt
@@ -62,7 +65,10 @@ for f in glob.glob('build/carry/*.xz') + glob.glob('build/carry/lib/*.xz'):
       rm -rf /tmp/zdump
       "$BIN" generate --model "$ZR" --device cuda --prompt "$PROMPT" --seed 42 --width 1024 --height 1024 \
         --steps 8 --guidance 0 --dump /tmp/zdump --dump-filter dit_out.step0 --output "$OUT/zimage_1024.png" \
-        --verbose 2>&1 | tail -20 || rc=1 ;;
+        --verbose 2>&1 | tail -20 || rc=1
+      # The shipped path: no dumps, so the DiT forward is recorded once and replayed (CUDA graph).
+      "$BIN" generate --model "$ZR" --device cuda --prompt "$PROMPT" --seed 42 --width 1024 --height 1024 \
+        --steps 8 --guidance 0 --output "$OUT/zimage_1024_graph.png" 2>&1 | tail -2 || rc=1 ;;
     parity8)
       rm -rf /tmp/zdump8
       "$BIN" generate --model "$ZR" --device cuda --precision fp8 --prompt "$PROMPT" --seed 42 \
@@ -75,11 +81,37 @@ for f in glob.glob('build/carry/*.xz') + glob.glob('build/carry/lib/*.xz'):
     diffusers)
       python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
       PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 python3 tools/diffusers_compare.py --model "$ZR" --out "$OUT" \
-        2>&1 | grep -v Warning | tail -60 || rc=1 ;;
+        ${DIFFUSERS_ARGS:-} 2>&1 | grep -v Warning | tail -60 || rc=1 ;;
+    warmup)
+      # A new process's first image, plan cache empty then filled by the first run (the CUDA
+      # kernel cache warm for both, as for a user's second start): whole-process wall time and
+      # the per-phase times.
+      export XDG_CACHE_HOME=/tmp/zimage-xdg-warmup
+      rm -rf "$XDG_CACHE_HOME"
+      for run in empty filled filled; do
+        s=$(date +%s.%N)
+        "$BIN" generate --model "$ZR" --device cuda --prompt "$PROMPT" --seed 42 --width 1024 \
+          --height 1024 --steps 8 --output "$OUT/warmup_$run.png" --verbose 2>&1 \
+          | grep -E "^(text encoder|  step 0 |  step 1 |vae decode|total)" | tr '\n' ' '
+        echo "| plan cache $run: process $(python3 -c "print(round($(date +%s.%N) - $s, 2))") s"
+      done | tee "$OUT/warmup.txt"
+      unset XDG_CACHE_HOME ;;
+    fp8q)
+      groups=${FP8_GROUPS:-qkv out w13 w2 qkv,out,w13,w2 all}
+      "$BIN" bench --model "$ZR" --fp8-quality $groups --iters 3 --json "$OUT/fp8_quality.json" \
+        2>&1 | tee "$OUT/fp8_quality.md" | grep -v "^bench:" || rc=1
+      ZRO=${ZRO:-/tmp/zimage-random-outliers}
+      [ -f "$ZRO/model_index.json" ] || "$BIN" make-random-model --out "$ZRO" --outlier-channels 0.005 \
+        --outlier-scale 30 2>&1 | tail -1
+      "$BIN" bench --model "$ZRO" --fp8-quality $groups --iters 3 --json "$OUT/fp8_quality_outliers.json" \
+        2>&1 | tee "$OUT/fp8_quality_outliers.md" | grep -v "^bench:" || rc=1 ;;
     compare)
       python3 tools/compare_outputs.py --zimage-dit /tmp/zdump/dit_out.step0.npy \
         --diffusers-dit "$OUT/diffusers_dit_out_step0.npy" --zimage-png "$OUT/zimage_1024.png" \
-        --diffusers-image "$OUT/diffusers_image.npy" --json "$OUT/parity.json" || rc=1 ;;
+        --diffusers-image "$OUT/diffusers_image.npy" --json "$OUT/parity.json" || rc=1
+      python3 tools/compare_outputs.py --zimage-dit /tmp/zdump/dit_out.step0.npy \
+        --diffusers-dit "$OUT/diffusers_dit_out_step0.npy" --zimage-png "$OUT/zimage_1024_graph.png" \
+        --diffusers-image "$OUT/diffusers_image.npy" --json "$OUT/parity_graph.json" || rc=1 ;;
     serve)
       rm -rf "$OUT/serve_img" && mkdir -p "$OUT/serve_img"
       for mode in on off; do

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "bench_common.h"
 #include "bench_lora.h"
 #include "builtin_model.h"
 #include "commands.h"
@@ -44,156 +45,8 @@
 namespace zimage::cli {
 namespace {
 
-using json = nlohmann::json;
+using namespace bench;
 namespace fs = std::filesystem;
-
-// The prompt diffusers_baseline.py and diffusers_compare.py use (35 tokens after the template).
-constexpr const char* kPrompt =
-    "A snow fairy with long silver hair in a blue dress standing in a snowy forest, "
-    "anime style, soft lighting, intricate details, masterpiece";
-
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-struct Stats {
-  double median_ms = 0, min_ms = 0, max_ms = 0;
-  json to_json() const {
-    return {{"median_ms", median_ms}, {"min_ms", min_ms}, {"max_ms", max_ms}};
-  }
-};
-
-[[noreturn]] void fail(const Status& s) {
-  std::fprintf(stderr, "zimage bench: %s\n", s.to_string().c_str());
-  throw CLI::RuntimeError(1);
-}
-void check(const Status& s) {
-  if (!s.ok()) fail(s);
-}
-
-// Runs fn `warm` times, then `iters` timed times (the backend synchronised around each).
-Stats timed(Backend& be, int warm, int iters, const std::function<Status()>& fn) {
-  for (int i = 0; i < warm; ++i) check(fn());
-  check(be.synchronize());
-  std::vector<double> ms;
-  for (int i = 0; i < iters; ++i) {
-    const double t0 = now_s();
-    check(fn());
-    check(be.synchronize());
-    ms.push_back((now_s() - t0) * 1e3);
-  }
-  std::sort(ms.begin(), ms.end());
-  return Stats{ms[ms.size() / 2], ms.front(), ms.back()};
-}
-
-// GPU memory the process holds (device total - free): the caching allocator keeps what it took,
-// so sampling after a phase gives the peak of that phase. 0 on the CPU.
-double gpu_used_gib() {
-#ifdef ZIMAGE_WITH_CUDA
-  size_t free_b = 0, total_b = 0;
-  if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess)
-    return static_cast<double>(total_b - free_b) / (1024.0 * 1024 * 1024);
-#endif
-  return 0;
-}
-
-// The CUDA caching allocator's counters, in GiB (all zero on the CPU): bytes in live tensors now
-// and their high-water mark since the last reset (what torch.cuda.max_memory_allocated reports for
-// diffusers); the high-water mark of the device memory it holds (cudaMalloc'd segments), which the
-// cudaMemGetInfo reading after a phase can miss now that idle segments are given back; and the
-// cudaMalloc + cudaFree calls so far (a steady state makes none).
-struct AllocCounters {
-  double in_use_gib = 0, peak_gib = 0, reserved_peak_gib = 0;
-  uint64_t device_calls = 0;
-};
-
-#ifdef ZIMAGE_WITH_CUDA
-cuda::CudaBackend* as_cuda(Backend& be) {
-  return dynamic_cast<cuda::CudaBackend*>(&be);
-}
-#endif
-
-AllocCounters alloc_counters(Backend& be) {
-  AllocCounters c;
-#ifdef ZIMAGE_WITH_CUDA
-  if (auto* cb = as_cuda(be)) {
-    constexpr double kGiB = 1024.0 * 1024 * 1024;
-    const auto st = cb->memory_stats();
-    c.in_use_gib = static_cast<double>(st.in_use_bytes) / kGiB;
-    c.peak_gib = static_cast<double>(st.peak_in_use_bytes) / kGiB;
-    c.reserved_peak_gib = static_cast<double>(st.peak_reserved_bytes) / kGiB;
-    c.device_calls = st.num_device_mallocs + st.num_device_frees;
-  }
-#else
-  (void)be;
-#endif
-  return c;
-}
-
-void reset_alloc_peak(Backend& be) {
-#ifdef ZIMAGE_WITH_CUDA
-  if (auto* cb = as_cuda(be)) cb->reset_peak_memory();
-#else
-  (void)be;
-#endif
-}
-
-// Forget recorded DiT forwards of other shapes and give idle memory back, so a measurement
-// starts as a fresh process with its one shape would.
-void fresh_memory(Backend& be, ZImageDiT& dit) {
-  dit.release_graphs();
-#ifdef ZIMAGE_WITH_CUDA
-  if (auto* cb = as_cuda(be)) check(cb->empty_cache());
-#else
-  (void)be;
-#endif
-}
-
-struct Loaded {
-  std::unique_ptr<Backend> be;
-  Qwen3Encoder* te = nullptr;
-  ZImageDiT* dit = nullptr;
-  VaeDecoder* vae = nullptr;
-  std::unique_ptr<Tokenizer> tok;
-  std::unique_ptr<TextToImage> pipe;
-  double load_s = 0;
-};
-
-Result<std::unique_ptr<Backend>> make_backend(const std::string& device, DType act, int threads) {
-  if (device == "cpu") return create_cpu_backend(threads);  // checked count, refused threads
-  return make_cuda_backend(0, act);
-}
-
-Result<Loaded> load_all(const std::string& dir, const std::string& device, DType act, int threads) {
-  Loaded L;
-  ZI_ASSIGN_OR_RETURN(L.be, make_backend(device, act, threads));
-  const double t0 = now_s();
-  ZI_ASSIGN_OR_RETURN(ModelFolder folder, ModelFolder::open(dir));
-  TextToImageComponents parts;
-  ZI_ASSIGN_OR_RETURN(Tokenizer tok, Tokenizer::load(dir));
-  L.tok = std::make_unique<Tokenizer>(tok);
-  parts.tokenizer = std::make_unique<Tokenizer>(tok);
-  {
-    ZI_ASSIGN_OR_RETURN(WeightStore ws, folder.open_weights("text_encoder"));
-    ZI_ASSIGN_OR_RETURN(parts.text_encoder, Qwen3Encoder::load(folder.text_encoder(), ws, *L.be));
-  }
-  {
-    ZI_ASSIGN_OR_RETURN(WeightStore ws, folder.open_weights("transformer"));
-    ZI_ASSIGN_OR_RETURN(parts.transformer, ZImageDiT::load(folder.transformer(), ws, *L.be));
-  }
-  {
-    ZI_ASSIGN_OR_RETURN(WeightStore ws, folder.open_weights("vae"));
-    ZI_ASSIGN_OR_RETURN(parts.vae, VaeDecoder::load(folder.vae(), ws, *L.be));
-  }
-  parts.scheduler = folder.scheduler();
-  ZI_TRY(L.be->finish_uploads());  // every copy landed: the time is the whole load
-  L.load_s = now_s() - t0;
-  L.te = parts.text_encoder.get();
-  L.dit = parts.transformer.get();
-  L.vae = parts.vae.get();
-  ZI_ASSIGN_OR_RETURN(L.pipe, TextToImage::create(std::move(parts), *L.be));
-  return L;
-}
 
 // Samples the driver's view of device memory (total - free) every millisecond on its own thread:
 // the peak of a run as the driver sees it, the CUDA context and library memory included.
@@ -244,25 +97,6 @@ double link_rate_gbs(Backend& be) {
   check(be.synchronize());
   return 3.0 * static_cast<double>(kBytes) / (now_s() - t0) / 1e9;
 }
-
-struct Options {
-  std::string model;
-  std::vector<double> budgets;  // --vram-budget rows (GiB; 0 = no limit)
-  std::string weights = "bf16";
-  bool random_weights = false;
-  std::string random_dir = "/tmp/zimage-random-turbo";
-  std::string device = "cuda";
-  std::vector<int> sizes{1024, 512};
-  std::vector<int> batches{1, 4};
-  int steps = 8;
-  int iters = 5;
-  int threads = 0;
-  bool ablation = false;
-  bool profile = false;
-  std::string json_path;
-  std::string lora;  // --lora FILE: the per-request LoRA rows (bench_lora.cpp) instead
-  float lora_scale = 1.0f;
-};
 
 std::string fmt_ms(double ms) {
   char b[32];
@@ -384,6 +218,11 @@ void run_bench(const Options& o) {
     lb.threads = o.threads;
     lb.json_path = o.json_path;
     run_lora_bench(lb);
+    return;
+  }
+  if (!o.fp8_groups.empty()) {
+    run_fp8_quality(o, dir, R);
+    if (!o.json_path.empty()) check(write_output_file(o.json_path, R.dump(1) + "\n"));
     return;
   }
 
@@ -607,24 +446,26 @@ void run_bench(const Options& o) {
                {"image_ms", p4["median_ms"].get<double>() / 4},
                {"alloc_peak_gib", p4["alloc_peak_gib"]}});
     }
-    // FP8 feed-forward GEMMs (opt-in: --precision fp8). Irreversible on this model copy, so
-    // after every bf16 row.
+    // W8A8 FP8 on every DiT linear (--precision fp8): a second load of the folder, after the
+    // bf16 rows, its memory figure from the device's view.
+    L.pipe.reset();
+    L.be.reset();
     {
-      const Status q = L.dit->quantize_ffn_fp8();
-      if (q.ok()) {
-        fresh_memory(be, *L.dit);
-        rows.push_back(measure(
-            L,
-            {"+ FP8 feed-forward GEMMs (--precision fp8)", cuda::AttentionPath::kAuto, true, true},
-            2));
-        rows.back()["gpu_gib_held"] = gpu_used_gib() - mem0;
+      WeightPlacement fp8;
+      fp8.fp8_compute = kFp8Default;
+      const double before = gpu_used_gib();
+      auto f8 = load_all(dir, o.device, DType::kBF16, o.threads, fp8);
+      if (f8.ok()) {
+        rows.push_back(measure(*f8,
+                               {"+ W8A8 FP8 on every DiT linear (--precision fp8)",
+                                cuda::AttentionPath::kAuto, true, true},
+                               2));
+        rows.back()["gpu_gib_held"] = gpu_used_gib() - before;
       } else {
-        rows.push_back(json{{"row", "FP8"}, {"error", q.to_string()}});
+        rows.push_back(json{{"row", "FP8"}, {"error", f8.status().to_string()}});
       }
     }
     // fp32 last: it needs its own copy of the weights, loaded after the bf16 copy is freed.
-    L.pipe.reset();
-    L.be.reset();
     auto f32 = load_all(dir, o.device, DType::kF32, o.threads);
     json row;
     if (f32.ok()) {
@@ -724,6 +565,11 @@ void register_bench_command(CLI::App& app) {
                   "Per-request LoRA costs instead: merge vs side GEMM switch and image times with "
                   "this LoRA file (zimage make-random-lora makes one), at the first --sizes");
   cmd->add_option("--lora-scale", o->lora_scale, "Strength of the --lora LoRA (default 1)");
+  cmd->add_option("--fp8-quality", o->fp8_groups,
+                  "Instead of the other figures: --precision fp8's quality (DiT output, image) "
+                  "and speed against bf16, one row per group of FP8 linears, e.g. qkv out w13 w2 "
+                  "all")
+      ->expected(1, -1);
   cmd->add_option("--weights", o->weights,
                   "bf16 or fp8 weights for the --vram-budget and --lora rows")
       ->check(CLI::IsMember({"bf16", "fp8"}));

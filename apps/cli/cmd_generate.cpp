@@ -48,6 +48,7 @@ struct GenerateArgs {
   int max_sequence_length = 512;
   std::string device = "auto";
   std::string precision = "auto";
+  std::string fp8_layers = "all";
   double vram_budget = 0;
   std::string weights = "bf16";
   std::string vae_tiling = "auto";
@@ -169,6 +170,7 @@ void run_generate(const GenerateArgs& a, const CLI::App& cmd) {
                 "for a random seed)");
   eo.device = a.device;
   eo.precision = a.precision;
+  eo.fp8_layers = a.fp8_layers;
   eo.vram_budget_gib = a.vram_budget;
   eo.weights = a.weights;
   eo.vae_tiling = a.vae_tiling;
@@ -312,8 +314,11 @@ void register_generate_command(CLI::App& app) {
                   "per-channel scales (half the memory; small quality cost)")
       ->check(CLI::IsMember({"bf16", "fp8"}));
   cmd->add_option("--precision", args->precision,
-                  "auto, bf16, f32, or fp8 (bf16 with the DiT feed-forward GEMMs in FP8; CUDA) "
-                  "(default auto)");
+                  "auto, bf16, f32, or fp8 (bf16 with the DiT's linears as W8A8 FP8 GEMMs; CUDA, "
+                  "Ada/Hopper or newer) (default auto)");
+  cmd->add_option("--fp8-layers", args->fp8_layers,
+                  "With --precision fp8: the DiT linears in FP8, all or a comma-separated subset "
+                  "of qkv, out, w13, w2, ffn, attn, refiners (default all)");
   cmd->add_option("--vae-tiling", args->vae_tiling,
                   "Decode in overlapping tiles as diffusers' enable_tiling(): on, off, or auto "
                   "(tiled when the untiled decode would not fit free GPU memory) (default auto)")

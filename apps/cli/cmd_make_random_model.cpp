@@ -31,6 +31,14 @@ void register_make_random_model_command(CLI::App& app) {
   cmd->add_option("--seed", *seed, "Seed of the random values");
   cmd->add_option("--dtype", *dtype, "Stored dtype: bf16, f16 or f32")
       ->check(CLI::IsMember({"bf16", "f16", "f32"}));
+  auto outlier_fraction = std::make_shared<double>(0.0);
+  auto outlier_scale = std::make_shared<float>(30.0f);
+  cmd->add_option("--outlier-channels", *outlier_fraction,
+                  "Fraction of input channels of the DiT blocks' linear weights scaled by "
+                  "--outlier-scale, as trained transformers show (e.g. 0.005; default 0)")
+      ->check(CLI::Range(0.0, 1.0));
+  cmd->add_option("--outlier-scale", *outlier_scale, "Factor of the outlier channels (default 30)")
+      ->check(CLI::Range(-1e6, 1e6));
   cmd->callback([=] {
     RandomModelOptions o;
     ZImageConfigs cfg = zimage_turbo_reference_configs();
@@ -49,6 +57,8 @@ void register_make_random_model_command(CLI::App& app) {
     o.seed = *seed;
     o.dtype = *dtype == "f32" ? DType::kF32 : *dtype == "f16" ? DType::kF16 : DType::kBF16;
     o.tokenizer_dir = *tokenizer;
+    o.outlier_fraction = *outlier_fraction;
+    o.outlier_scale = *outlier_scale;
     if (o.tokenizer_dir.empty()) {
       auto builtin = builtin_model_dir();
       if (!builtin.ok()) {

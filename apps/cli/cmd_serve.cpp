@@ -35,6 +35,7 @@ struct ServeArgs {
   ModelFlags model;
   std::string device = "auto";
   std::string precision = "auto";
+  std::string fp8_layers = "all";
   double vram_budget = 0;
   std::string weights = "bf16";
   int threads = 0;
@@ -139,6 +140,7 @@ void run_serve(ServeArgs& a) {
   }
   eo.device = a.device;
   eo.precision = a.precision;
+  eo.fp8_layers = a.fp8_layers;
   eo.vram_budget_gib = a.vram_budget;
   eo.weights = a.weights;
   eo.threads = a.threads;
@@ -188,6 +190,8 @@ void register_serve_command(CLI::App& app) {
       ->check(CLI::Range(1, 100000));
   cmd->add_option("--device,-d", a->device, "cpu, cuda, cuda:N or auto (default auto)");
   cmd->add_option("--precision", a->precision, "auto, bf16, f32 or fp8 (default auto)");
+  cmd->add_option("--fp8-layers", a->fp8_layers,
+                  "With --precision fp8: the DiT linears in FP8 (default all; see generate)");
   cmd->add_option("--vram-budget", a->vram_budget,
                   "GPU memory the process may use, in GiB, CUDA context included (0 = no limit)")
       ->check(CLI::Range(0.0, 1e6));

@@ -47,9 +47,14 @@ struct EngineOptions {
   std::string vae_file;
   std::string tokenizer_dir;    // a folder holding tokenizer.json; overrides model_dir/tokenizer
   std::string device = "auto";  // "cpu", "cuda" (GPU 0), "cuda:N", or "auto" (CUDA if usable)
-  // "auto" (bf16 on CUDA, f32 on CPU), "bf16", "f32", or "fp8": bf16 with the DiT's
-  // feed-forward GEMMs in FP8 e4m3 (per-tensor scales; CUDA, Hopper or newer).
+  // "auto" (bf16 on CUDA, f32 on CPU), "bf16", "f32", or "fp8": bf16 with the DiT's big linears
+  // as W8A8 FP8 e4m3 GEMMs (weights with one scale per output channel, activations with one
+  // scale per token; CUDA, Ada/Hopper or newer). Its measured quality is in docs/BENCHMARKS.md.
   std::string precision = "auto";
+  // With precision "fp8": which DiT linears run in FP8, "all" (= qkv,out,w13,w2,refiners) or a
+  // comma-separated subset of qkv, out, w13, w2, ffn (= w13,w2), attn (= qkv,out), refiners (the
+  // noise and context refiner blocks too, not only the 30 main layers).
+  std::string fp8_layers = "all";
   int threads = 0;  // CPU worker threads; 0 = all hardware threads
   // Device memory the process may hold, in GiB, the CUDA context included (CUDA only). 0 = no
   // limit: everything resident. Below what the model needs, the memory planner keeps text-
@@ -184,6 +189,7 @@ struct GenerateHooks {
 struct EngineInfo {
   std::string device;      // backend description
   std::string precision;   // "bf16", "fp8" or "f32"
+  std::string fp8_layers;  // precision fp8: the DiT linears in FP8 ("qkv,out,w13,w2,refiners")
   int size_multiple = 16;  // width and height must be multiples of this (VAE factor x patch)
   int vae_factor = 8;      // image pixels per latent pixel
   int latent_channels = 16;

@@ -117,8 +117,14 @@ Result<std::unique_ptr<Engine>> Engine::load_impl(const EngineOptions& options) 
     return InvalidArgument("vram_budget_gib: must be a number of GiB >= 0 (0 = no limit)");
   if (impl->backend->device() == Device::kCPU && options.vram_budget_gib > 0)
     return InvalidArgument("vram_budget_gib: a device-memory budget needs a CUDA device");
-  if (options.weights == "fp8" && impl->precision == "fp8")
-    return InvalidArgument("weights fp8 with precision fp8: choose one FP8 mode");
+  {
+    auto layers = parse_fp8_layers(options.fp8_layers);
+    if (!layers.ok()) return layers.status();
+    if (options.fp8_layers != "all" && impl->precision != "fp8")
+      return InvalidArgument("fp8_layers: '" + options.fp8_layers +
+                             "' needs precision fp8 (precision is " + impl->precision + ")");
+    if (impl->precision == "fp8") load_options.dit_fp8_compute = *layers;
+  }
   load_options.vram_budget =
       static_cast<uint64_t>(options.vram_budget_gib * 1024.0 * 1024.0 * 1024.0);
   load_options.fp8_weights = options.weights == "fp8";
@@ -140,10 +146,6 @@ Result<std::unique_ptr<Engine>> Engine::load_impl(const EngineOptions& options) 
   paths.vae_file = options.vae_file;
   paths.tokenizer_dir = options.tokenizer_dir;
   ZI_ASSIGN_OR_RETURN(impl->pipeline, TextToImage::load(paths, *impl->backend, load_options));
-  if (impl->precision == "fp8") {
-    Status st = impl->pipeline->use_fp8_ffn();
-    if (!st.ok()) return st.with_context("precision fp8");
-  }
   impl->pipeline->set_vae_tiling({.mode = vae_tiling, .budget_bytes = 0});
   ZI_ASSIGN_OR_RETURN(impl->lora_method, parse_lora_method(options.lora_method, "lora_method"));
   impl->lora_cache = std::make_unique<LoraCache>(options.lora_cache_bytes);
@@ -194,6 +196,7 @@ EngineInfo Engine::info() const {
   EngineInfo i;
   i.device = impl_->backend->name();
   i.precision = impl_->precision;
+  if (impl_->precision == "fp8") i.fp8_layers = fp8_layers_string(impl_->pipeline->fp8_layers());
   i.size_multiple = impl_->pipeline->size_multiple();
   i.vae_factor = impl_->pipeline->vae_factor();
   i.latent_channels = impl_->pipeline->latent_channels();

@@ -13,6 +13,11 @@ Status Backend::matmul_fp8(const Tensor&, const Tensor&, const Tensor&, Tensor&)
   return Unsupported(name() + " has no FP8 support");
 }
 
+Status Backend::matmul_fp8_rows(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                                Tensor&) {
+  return Unsupported(name() + " has no FP8 support");
+}
+
 Status Backend::quantize_fp8_rows(const Tensor&, Tensor&, Tensor&) {
   return Unsupported(name() + " has no FP8 weight support");
 }

@@ -144,6 +144,14 @@ class Backend {
   // y[N, K] (act dtype) = float(w8) · s[n], rounded once to y's dtype: the weight a GEMM uses.
   virtual Status dequantize_fp8_rows(const Tensor& w8, const Tensor& scale, Tensor& y);
 
+  // W8A8 FP8 linear (--precision fp8): the activations are quantised per row (token) exactly as
+  // quantize_fp8_rows quantises a weight, x8[m] = e4m3(x[m, :] / sx[m]) with sx[m] =
+  // max|x[m, :]| / 448, then y[m, n] = sx[m] · sw[n] · Σ_k x8[m, k] · w8[n, k] (+ bias[n]), fp32
+  // accumulation, y in the compute dtype. x [..., K] and y [..., N] in the compute dtype, w8
+  // kF8E4M3 [N, K], w_scale f32 [N], bias undefined or [N]. The default answers kUnsupported.
+  virtual Status matmul_fp8_rows(const Tensor& x, const Tensor& w8, const Tensor& w_scale,
+                                 const Tensor& bias, Tensor& y);
+
   // ---- normalisation ----
   // y[R, D] = x / sqrt(mean(x², over D) + eps) * w[D]; w undefined = no weight. In place allowed.
   // If `scale` is defined ([B, D], rows split evenly into B groups of R/B rows), the result is

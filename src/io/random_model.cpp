@@ -198,6 +198,13 @@ Status write_component(const fs::path& dir, const std::string& stem, const std::
           if (b >= e) break;
           pool.emplace_back([&, b, e] {
             random_tensor_values(*s, o.seed, off + b, vals.data() + b, e - b);
+            if (s->outlier_columns && o.outlier_fraction > 0 && s->shape.size() == 2) {
+              const int64_t k = s->shape[1];
+              for (size_t i = b; i < e; ++i)
+                if (is_outlier_channel(o.seed, static_cast<int64_t>((off + i) % k),
+                                       o.outlier_fraction))
+                  vals[i] *= o.outlier_scale;
+            }
             convert_from_f32(o.dtype, vals.data() + b, bytes.data() + b * esize, e - b);
           });
         }
@@ -334,6 +341,11 @@ std::vector<TensorSpec> vae_tensor_specs(const VaeConfig& c) {
   return v;
 }
 
+bool is_outlier_channel(uint64_t seed, int64_t column, double fraction) {
+  const uint64_t r = mix(mix(seed ^ 0x6f75746c69657273ull) + static_cast<uint64_t>(column));
+  return static_cast<double>(r >> 11) * (1.0 / 9007199254740992.0) < fraction;  // 53-bit uniform
+}
+
 void random_tensor_values(const TensorSpec& spec, uint64_t seed, uint64_t offset, float* out,
                           size_t n) {
   const uint64_t base = mix(seed ^ name_hash(spec.name));
@@ -409,9 +421,19 @@ Status write_random_model(const std::string& dir, const RandomModelOptions& o,
 
   fs::create_directories(root / "transformer", ec);
   ZI_TRY(write_text(root / "transformer" / "config.json", dit_config_json(o.dit).dump(2)));
+  std::vector<TensorSpec> dit_specs = dit_tensor_specs(o.dit);
+  if (!(o.outlier_fraction >= 0.0 && o.outlier_fraction <= 1.0) || !std::isfinite(o.outlier_scale))
+    return InvalidArgument("random model: outlier fraction must be in [0, 1], scale finite");
+  for (TensorSpec& s : dit_specs) {
+    const bool block = s.name.rfind("layers.", 0) == 0 || s.name.rfind("noise_refiner.", 0) == 0 ||
+                       s.name.rfind("context_refiner.", 0) == 0;
+    const bool linear = s.name.find(".attention.to_") != std::string::npos ||
+                        s.name.find(".feed_forward.w") != std::string::npos;
+    s.outlier_columns = block && linear && s.shape.size() == 2 && s.name.size() > 7 &&
+                        s.name.compare(s.name.size() - 7, 7, ".weight") == 0;
+  }
   ZI_TRY(write_component(root / "transformer", "diffusion_pytorch_model",
-                         "diffusion_pytorch_model.safetensors.index.json", dit_tensor_specs(o.dit),
-                         o, progress));
+                         "diffusion_pytorch_model.safetensors.index.json", dit_specs, o, progress));
   fs::create_directories(root / "text_encoder", ec);
   ZI_TRY(write_text(root / "text_encoder" / "config.json", te_config_json(o.text_encoder).dump(2)));
   ZI_TRY(write_component(root / "text_encoder", "model", "model.safetensors.index.json",

@@ -30,6 +30,8 @@ struct TensorSpec {
   std::string name;  // diffusers / transformers name
   Shape shape;
   InitKind init = InitKind::kFanIn;
+  // Outlier input channels (RandomModelOptions::outlier_fraction) apply to this 2-D weight.
+  bool outlier_columns = false;
 };
 
 // Every tensor of each component as diffusers / transformers save it (shapes in PyTorch order).
@@ -47,7 +49,17 @@ struct RandomModelOptions {
   uint64_t max_shard_bytes = 5'000'000'000ull;  // split a component into shards past this size
   std::string tokenizer_dir;  // copied into <dir>/tokenizer/ (tokenizer.json etc.)
   int threads = 0;            // 0 = hardware concurrency
+  // Outlier channels, as trained transformers show and plain Gaussian weights lack (they flatter
+  // quantisation): in the DiT blocks' linear weights (attention q/k/v/out, feed-forward w1/w2/w3)
+  // the input channels (columns) picked with probability `outlier_fraction` are multiplied by
+  // `outlier_scale`. A channel is picked by its index and the seed alone, so every weight with
+  // the same input width shares the same outlier channels. 0 = none.
+  double outlier_fraction = 0.0;
+  float outlier_scale = 30.0f;
 };
+
+// Whether input channel `column` is an outlier channel for (seed, fraction).
+bool is_outlier_channel(uint64_t seed, int64_t column, double fraction);
 
 // Fills `out` (n floats) with the values tensor `spec` gets at element offset `offset`.
 void random_tensor_values(const TensorSpec& spec, uint64_t seed, uint64_t offset, float* out,

@@ -1,6 +1,8 @@
 #include "model/linear.h"
 
+#include <algorithm>
 #include <string>
+#include <utility>
 
 namespace zimage {
 
@@ -9,6 +11,7 @@ namespace {
 Status linear_base(Backend& be, const Tensor& x, const LinearWeight& w, const Tensor& bias,
                    const Tensor& scratch, Tensor& y) {
   if (!w.fp8()) return be.matmul(x, w.w, bias, y);
+  if (w.fp8_compute) return be.matmul_fp8_rows(x, w.w, w.scale, bias, y);
   const int64_t n = w.rows(), k = w.cols();
   if (!scratch.defined() || scratch.numel() < n * k || scratch.dtype() != be.act_dtype())
     return InternalError("linear: FP8 weight " + w.w.describe() + " needs a scratch of " +
@@ -42,6 +45,52 @@ Status apply_lora_side(Backend& be, const Tensor& x, const LoraSide& side, Tenso
   ZI_TRY(be.matmul(*t, side.b, Tensor(), *prod));           // [M, N]
   Tensor yv = y.view({m, n});
   return be.axpby(1.0f, yv, 1.0f, *prod, yv);
+}
+
+Result<unsigned> parse_fp8_layers(const std::string& list) {
+  if (list == "all") return static_cast<unsigned>(kFp8Default);
+  if (list == "none") return 0u;
+  unsigned bits = 0;
+  size_t pos = 0;
+  while (pos <= list.size()) {
+    const size_t comma = std::min(list.find(',', pos), list.size());
+    const std::string name = list.substr(pos, comma - pos);
+    if (name == "qkv")
+      bits |= kFp8Qkv;
+    else if (name == "out")
+      bits |= kFp8Out;
+    else if (name == "w13")
+      bits |= kFp8W13;
+    else if (name == "w2")
+      bits |= kFp8W2;
+    else if (name == "ffn")
+      bits |= kFp8W13 | kFp8W2;
+    else if (name == "attn")
+      bits |= kFp8Qkv | kFp8Out;
+    else if (name == "refiners")
+      bits |= kFp8Refiners;
+    else
+      return InvalidArgument("fp8 layers: '" + name + "' in '" + list +
+                             "' is not one of qkv, out, w13, w2, ffn, attn, refiners (or all, "
+                             "none)");
+    pos = comma + 1;
+  }
+  return bits;
+}
+
+std::string fp8_layers_string(unsigned layers) {
+  std::string s;
+  const std::pair<unsigned, const char*> names[] = {{kFp8Qkv, "qkv"},
+                                                    {kFp8Out, "out"},
+                                                    {kFp8W13, "w13"},
+                                                    {kFp8W2, "w2"},
+                                                    {kFp8Refiners, "refiners"}};
+  for (const auto& [bit, name] : names) {
+    if (!(layers & bit)) continue;
+    if (!s.empty()) s += ",";
+    s += name;
+  }
+  return s.empty() ? "none" : s;
 }
 
 Status to_fp8_rows(Backend& be, LinearWeight& w, const std::string& what) {

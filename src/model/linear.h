@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "backend/backend.h"
@@ -31,15 +32,38 @@ struct LinearWeight {
   Tensor w;      // [N, K]: the backend's act dtype, or kF8E4M3 when `scale` is defined
   Tensor scale;  // [N] f32: per-output-channel dequantisation scale (FP8 only)
   std::shared_ptr<const LoraSide> lora;  // runtime LoRA side GEMM; null: none
+  // W8A8 (--precision fp8): the FP8 weight meets activations quantised per token in an FP8 GEMM
+  // (Backend::matmul_fp8_rows) instead of being widened for a bf16 GEMM.
+  bool fp8_compute = false;
   bool fp8() const { return scale.defined(); }
   bool defined() const { return w.defined(); }
   int64_t rows() const { return w.defined() ? w.dim(0) : 0; }
   int64_t cols() const { return w.defined() ? w.dim(1) : 0; }
 };
 
+// The DiT linears that run as W8A8 FP8 GEMMs under --precision fp8 (bits of
+// WeightPlacement::fp8_compute): attention q|k|v and out, feed-forward w1|w3 and w2, in the main
+// layers, and in the noise and context refiners too with kFp8Refiners. Embedders, adaLN and the
+// final layer stay in the compute dtype (small GEMMs, and where FP8 hurts most).
+enum Fp8Layers : unsigned {
+  kFp8Qkv = 1u,
+  kFp8Out = 2u,
+  kFp8W13 = 4u,
+  kFp8W2 = 8u,
+  kFp8Refiners = 16u,
+  kFp8AllLinears = kFp8Qkv | kFp8Out | kFp8W13 | kFp8W2,
+  kFp8Default = kFp8AllLinears | kFp8Refiners,
+};
+// "qkv,out,w13,w2,refiners" (any subset, comma-separated), "all" (= the default set), "ffn"
+// (= w13,w2), "attn" (= qkv,out) or "none"; an unknown name is an error naming it.
+Result<unsigned> parse_fp8_layers(const std::string& list);
+std::string fp8_layers_string(unsigned layers);  // "qkv,out,w13,w2,refiners"
+
 struct WeightPlacement {
   // Store the blocks' big linear weights (attention q|k|v and out, feed-forward) as FP8 rows.
   bool fp8_weights = false;
+  // Fp8Layers bits: these linears become FP8 rows with fp8_compute set (the DiT only).
+  unsigned fp8_compute = 0;
   // Per block in execution order: true = kept in host memory and streamed in before use.
   // Empty = every block on the device.
   std::vector<bool> streamed;

@@ -61,8 +61,20 @@ Status Qwen3Encoder::load_weights(const WeightStore& ws) {
   const std::string pre = ws.contains("model.embed_tokens.weight") ? "model." : "";
   const int64_t hd = cfg_.hidden_size, dh = cfg_.head_dim, ff = cfg_.intermediate_size;
   const int64_t hq = cfg_.num_attention_heads, hkv = cfg_.num_key_value_heads;
-  ZI_ASSIGN_OR_RETURN(embed_, load::weight(ws, be_, pre + "embed_tokens.weight",
-                                           {cfg_.vocab_size, hd}));  // [vocab, hidden]
+  if (be_.device() == Device::kCPU) {
+    ZI_ASSIGN_OR_RETURN(embed_, load::weight(ws, be_, pre + "embed_tokens.weight",
+                                             {cfg_.vocab_size, hd}));  // [vocab, hidden]
+  } else {
+    // On a GPU the table (0.73 GiB for Qwen3-4B in bf16) stays in host memory: a prompt needs
+    // a few hundred of its 151936 rows, gathered on the host and uploaded (encode). An owned
+    // copy, not a view of the mapped file, so a file replaced under a running server cannot
+    // fault the process.
+    ZI_ASSIGN_OR_RETURN(Tensor view, load::host_view(ws, pre + "embed_tokens.weight",
+                                                     {cfg_.vocab_size, hd}));  // [vocab, hidden]
+    embed_ = Tensor::host(view.dtype(), view.shape());
+    if (!embed_.defined()) return OutOfMemory("host copy of the text encoder's embedding table");
+    std::memcpy(embed_.data(), view.data(), view.nbytes());
+  }
   const int run = cfg_.num_hidden_layers - 1;  // hidden_states[-2] = output of layer N-2
   layers_.resize(run);
   for (int i = 0; i < run; ++i) {
@@ -131,7 +143,6 @@ Status Qwen3Encoder::apply_placement() {
   if (!units.empty()) {
     ZI_ASSIGN_OR_RETURN(streamer_, WeightStreamer::create(be_, std::move(units),
                                                           placement_.first_slot, placement_.slots));
-    ZI_TRY(move_to_host(be_, {&embed_}));  // rows gathered on the host (encode)
   }
   if (placement_.fp8_weights) {
     const int64_t hd = cfg_.hidden_size, ff = cfg_.intermediate_size;
@@ -205,7 +216,7 @@ Result<std::vector<Tensor>> Qwen3Encoder::encode(const std::vector<std::vector<i
 
   ZI_ASSIGN_OR_RETURN(Tensor h, load::alloc(be_, act, {rows, hd}, "te.hidden"));  // [B*S, hidden]
   if (embed_.device() == Device::kCPU && be_.device() != Device::kCPU) {
-    // The table stays in host memory (weight streaming): gather the rows here, upload them.
+    // The table stays in host memory on a GPU: gather the rows here, upload them.
     Tensor rows_host = Tensor::host(embed_.dtype(), {rows, hd});  // [B*S, hidden]
     if (!rows_host.defined()) return OutOfMemory("text encoder embedding rows");
     const size_t row_bytes = static_cast<size_t>(hd) * dtype_size(embed_.dtype());

@@ -24,8 +24,8 @@ class Qwen3Encoder {
   // layer, the final norm and an lm_head are accepted and ignored; anything else unused is an
   // error naming it.
   // `placement` (memory planner): FP8 weight storage, and which layers stay in host memory and
-  // stream in (when any does, the embedding table stays in host memory too: its rows are
-  // gathered on the host).
+  // stream in. On a GPU backend the embedding table always stays in host memory: its rows are
+  // gathered on the host.
   static Result<std::unique_ptr<Qwen3Encoder>> load(const TextEncoderConfig& cfg,
                                                     const WeightStore& ws, Backend& be,
                                                     const WeightPlacement& placement = {});

@@ -74,12 +74,8 @@ class ZImageDiT {
   // Drops the recorded forwards and the device memory they hold.
   void release_graphs() { graphs_.clear(); }
 
-  // Converts every block's feed-forward weights (w13, w2: ~75% of the DiT's GEMM work and of its
-  // weight bytes) to FP8 e4m3 with one scale per tensor; their GEMMs then run on FP8 tensor
-  // cores with the activations quantised per tensor on the fly. Irreversible; needs a backend
-  // with FP8 (kUnsupported otherwise, the model unchanged).
-  Status quantize_ffn_fp8();
-  bool ffn_fp8() const { return ffn_fp8_; }
+  // The linears that run as W8A8 FP8 GEMMs (WeightPlacement::fp8_compute; 0 = none).
+  unsigned fp8_compute() const { return placement_.fp8_compute; }
 
   // ---- runtime LoRAs (model/lora_runtime.h; zimage_dit_lora.cpp) ----
   // Makes `loras` the model's LoRA set: the previous set is taken off first (merged rows restored
@@ -108,14 +104,11 @@ class ZImageDiT {
     Tensor attn_norm1, attn_norm2, ffn_norm1, ffn_norm2;  // [D] each
     LinearWeight w13;                                     // [2F, D]: w1 (gate) rows, then w3 (up)
     LinearWeight w2;                                      // [D, F]
-    // After quantize_ffn_fp8(): the two FFN weights in e4m3 with their scales ([1] f32); w13 and
-    // w2 are then released.
-    Tensor w13_8, w13_s, w2_8, w2_s;
     // Every tensor, in fixed positions (weight streaming moves them as a unit).
     std::vector<Tensor*> tensors() {
-      return {&adaln_w,  &adaln_b,    &wqkv.w,     &wqkv.scale, &norm_q,    &norm_k, &wo.w,
-              &wo.scale, &attn_norm1, &attn_norm2, &ffn_norm1,  &ffn_norm2, &w13.w,  &w13.scale,
-              &w2.w,     &w2.scale,   &w13_8,      &w13_s,      &w2_8,      &w2_s};
+      return {&adaln_w, &adaln_b,   &wqkv.w,     &wqkv.scale, &norm_q,    &norm_k,
+              &wo.w,    &wo.scale,  &attn_norm1, &attn_norm2, &ffn_norm1, &ffn_norm2,
+              &w13.w,   &w13.scale, &w2.w,       &w2.scale};
     }
   };
   struct Scratch;  // per-sequence activation buffers (zimage_dit.cpp)
@@ -184,7 +177,6 @@ class ZImageDiT {
   // Per RoPE axis a: cos/sin of float32(p * omega_k), [axes_lens[a], axes_dims[a]/2] row-major.
   std::vector<std::vector<float>> rope_cos_, rope_sin_;
   bool use_graphs_ = true;
-  bool ffn_fp8_ = false;
   bool no_graphs_ = false;  // the backend answered that it cannot record
   std::map<std::vector<int64_t>, Graphed> graphs_;
   AppliedLoras lora_applied_;  // the runtime LoRA set now applied

@@ -60,7 +60,7 @@ Result<LoraSlot> ZImageDiT::lora_slot(const std::string& canonical) {
   if (index >= blocks->size()) return not_found;
   Block& b = (*blocks)[index];
   const std::string leaf = rest.substr(dot + 1);
-  // The linear weight, its storage's shape (FP8 feed-forward: the e4m3 copy's), the part.
+  // The linear weight, its stored shape, the part of its rows.
   auto part = [&](LinearWeight& lw, const Tensor& shape_of, int64_t row0,
                   int64_t rows) -> Result<LoraSlot> {
     LoraSlot s;
@@ -77,11 +77,9 @@ Result<LoraSlot> ZImageDiT::lora_slot(const std::string& canonical) {
   if (leaf == "attention.to_k.weight") return part(b.wqkv, b.wqkv.w, d, d);
   if (leaf == "attention.to_v.weight") return part(b.wqkv, b.wqkv.w, 2 * d, d);
   if (leaf == "attention.to_out.0.weight") return part(b.wo, b.wo.w, 0, d);
-  const Tensor& w13 = b.w13.defined() ? b.w13.w : b.w13_8;
-  const Tensor& w2 = b.w2.defined() ? b.w2.w : b.w2_8;
-  if (leaf == "feed_forward.w1.weight") return part(b.w13, w13, 0, f);
-  if (leaf == "feed_forward.w3.weight") return part(b.w13, w13, f, f);
-  if (leaf == "feed_forward.w2.weight") return part(b.w2, w2, 0, d);
+  if (leaf == "feed_forward.w1.weight") return part(b.w13, b.w13.w, 0, f);
+  if (leaf == "feed_forward.w3.weight") return part(b.w13, b.w13.w, f, f);
+  if (leaf == "feed_forward.w2.weight") return part(b.w2, b.w2.w, 0, d);
   if (leaf == "adaLN_modulation.0.weight" && b.modulated)
     return whole(canonical, b.adaln_w, nullptr);
   return not_found;

@@ -44,6 +44,21 @@ Result<std::unique_ptr<ZImageDiT>> ZImageDiT::load(const TransformerConfig& cfg,
                                                    const WeightStore& ws, Backend& be,
                                                    const WeightPlacement& placement) {
   ZI_TRY(validate(cfg));
+  if (placement.fp8_compute & kFp8AllLinears) {
+    // Fail at load, not at the first image, where the backend has no FP8 GEMM (the CPU oracle
+    // has one; the CUDA backend needs sm_89 or newer).
+    ZI_ASSIGN_OR_RETURN(Tensor x, load::alloc(be, be.act_dtype(), {1, 16}, "FP8 probe"));
+    ZI_ASSIGN_OR_RETURN(Tensor w8, load::alloc(be, DType::kF8E4M3, {16, 16}, "FP8 probe"));
+    ZI_ASSIGN_OR_RETURN(Tensor ws8, load::alloc(be, DType::kF32, {16}, "FP8 probe"));
+    ZI_ASSIGN_OR_RETURN(Tensor y, load::alloc(be, be.act_dtype(), {1, 16}, "FP8 probe"));
+    ZI_TRY(be.fill(x, 1.0f));
+    ZI_ASSIGN_OR_RETURN(Tensor w, load::alloc(be, be.act_dtype(), {16, 16}, "FP8 probe"));
+    ZI_TRY(be.fill(w, 1.0f));
+    ZI_TRY(be.quantize_fp8_rows(w, w8, ws8));
+    Status st = be.matmul_fp8_rows(x, w8, ws8, Tensor(), y);
+    if (st.ok()) st = be.synchronize();
+    if (!st.ok()) return st.with_context("precision fp8");
+  }
   std::unique_ptr<ZImageDiT> m(new ZImageDiT(cfg, be));
   m->placement_ = placement;
   Status st = m->load_weights(ws);
@@ -177,6 +192,19 @@ Status ZImageDiT::place_block(Block& b, int index) {
   const std::string what = "transformer block " + std::to_string(index);
   if (placement_.fp8_weights) {
     for (LinearWeight* w : {&b.wqkv, &b.wo, &b.w13, &b.w2}) ZI_TRY(to_fp8_rows(be_, *w, what));
+  }
+  // W8A8 (--precision fp8): the chosen linears as FP8 rows multiplied in FP8. Blocks load in
+  // execution order: noise refiners, context refiners, then the main layers.
+  const unsigned fp8 = placement_.fp8_compute;
+  const bool refiner = index < 2 * cfg_.n_refiner_layers;
+  if ((fp8 & kFp8AllLinears) && (!refiner || (fp8 & kFp8Refiners))) {
+    const std::pair<unsigned, LinearWeight*> linears[] = {
+        {kFp8Qkv, &b.wqkv}, {kFp8Out, &b.wo}, {kFp8W13, &b.w13}, {kFp8W2, &b.w2}};
+    for (const auto& [bit, w] : linears) {
+      if (!(fp8 & bit)) continue;
+      ZI_TRY(to_fp8_rows(be_, *w, what));
+      w->fp8_compute = true;
+    }
   }
   const bool streamed =
       index < static_cast<int>(placement_.streamed.size()) && placement_.streamed[index];

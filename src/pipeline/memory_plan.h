@@ -33,7 +33,7 @@ struct MemoryPlanInput {
   uint64_t dit_other_bytes = 0;
   int te_layers = 0;
   uint64_t te_layer_bytes = 0;
-  uint64_t te_embed_bytes = 0;  // stays in host memory when any layer streams
+  uint64_t te_embed_bytes = 0;  // device bytes of the embedding table (0: kept on the host)
   uint64_t te_other_bytes = 0;
   uint64_t vae_bytes = 0;
   uint64_t fp8_scratch_bytes = 0;  // per model using FP8 weights: the widest weight, act dtype

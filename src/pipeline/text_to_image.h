@@ -93,6 +93,8 @@ struct PipelineLoadOptions {
   // else the planner streams what does not fit, and the allocator is capped to it.
   uint64_t vram_budget = 0;
   bool fp8_weights = false;  // big linear weights of the DiT and text encoder as FP8 rows
+  // --precision fp8: these DiT linears (Fp8Layers bits, model/linear.h) run as W8A8 FP8 GEMMs.
+  unsigned dit_fp8_compute = 0;
   // The largest request to plan activations for.
   int plan_width = 1024, plan_height = 1024, plan_batch = 1;
   // LoRAs merged into the transformer's weights as they are read (model/lora_merge.h).
@@ -161,9 +163,6 @@ class TextToImage {
   // Default: auto with the backend's free memory as the budget.
   void set_vae_tiling(const VaeTilingPolicy& p) { vae_tiling_ = p; }
 
-  // Runs the DiT's feed-forward GEMMs in FP8 from now on (ZImageDiT::quantize_ffn_fp8).
-  Status use_fp8_ffn() { return c_.transformer->quantize_ffn_fp8(); }
-
   int vae_factor() const;     // image pixels per latent pixel: 2^(len(block_out_channels) - 1)
   int size_multiple() const;  // vae_factor * patch_size: what width and height must divide by
   int latent_channels() const;
@@ -175,6 +174,8 @@ class TextToImage {
   Backend& backend() const { return be_; }
   ZImageDiT& transformer() { return *c_.transformer; }  // runtime LoRAs (set_loras)
   // The memory plan the pipeline was loaded with.
+  // The DiT linears that run as W8A8 FP8 GEMMs (Fp8Layers bits, 0 = none).
+  unsigned fp8_layers() const { return c_.transformer->fp8_compute(); }
   const MemoryPlan& memory_plan() const { return plan_; }
 
  private:

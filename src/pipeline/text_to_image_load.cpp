@@ -36,6 +36,7 @@ Status load_part(const ModelSource& src, const std::string& part, Backend& be,
     dit_place.streamed = plan->dit_streamed;
   }
   te_place.fp8_weights = dit_place.fp8_weights = options.fp8_weights;
+  dit_place.fp8_compute = options.dit_fp8_compute;
   te_place.first_slot = 2;  // the DiT streams through slots 0-1, the text encoder 2-3
   const std::string what = "loading " + part;
   if (part == "tokenizer") {
@@ -217,14 +218,18 @@ MemoryPlanInput TextToImage::plan_input(const ZImageConfigs& configs, DType act,
   in.fixed = fixed;
   const int64_t d = tc.dim, ad = tc.adaln_dim(), tf = tc.token_features(), fc = tc.cap_feat_dim;
   in.dit_blocks = 2 * tc.n_refiner_layers + tc.n_layers;
-  in.dit_block_bytes = static_cast<uint64_t>(ZImageDiT::block_weight_bytes(tc, act, o.fp8_weights));
+  // W8A8 on every big linear of every block stores them as FP8 rows too; a partial choice is
+  // planned as bf16 (an over-estimate).
+  const bool dit_fp8 = o.fp8_weights || (o.dit_fp8_compute & kFp8Default) == kFp8Default;
+  in.dit_block_bytes = static_cast<uint64_t>(ZImageDiT::block_weight_bytes(tc, act, dit_fp8));
   in.dit_other_bytes = static_cast<uint64_t>(1024 * 256 + 1024 + ad * 1024 + ad + d * tf + d + fc +
                                              d * fc + d + 64 * d + d * ad + d + tf * d + tf + d) *
                        es;
   in.te_layers = ec.num_hidden_layers - 1;
   in.te_layer_bytes =
       static_cast<uint64_t>(Qwen3Encoder::layer_weight_bytes(ec, act, o.fp8_weights));
-  in.te_embed_bytes = static_cast<uint64_t>(ec.vocab_size) * ec.hidden_size * es;
+  // The embedding table stays in host memory on a GPU (Qwen3Encoder::load): no device bytes.
+  in.te_embed_bytes = 0;
   in.te_other_bytes = static_cast<uint64_t>(ec.hidden_size) * es;
   in.vae_bytes = vae_params * es;
   if (o.fp8_weights)

@@ -2,7 +2,7 @@
 // device merge against the load-time merge on the same device, in fp32 and bf16; CUDA-graph
 // replays never use a stale set (the DiT records its forward once per shape: side GEMMs coming
 // or going must re-record, merges change the weights in place under the recorded graph); FP8-row
-// weights and the FP8 feed-forward carry the LoRA through side GEMMs. The CPU suite
+// weights and the W8A8 FP8 GEMMs (--precision fp8) carry the LoRA through side GEMMs. The CPU suite
 // (LoraRuntime.*) holds the float32 parity figures; these check the device paths.
 #include <gtest/gtest.h>
 
@@ -167,7 +167,8 @@ TEST(LoraRuntimeGpu, RecordedForwardsNeverReplayAStaleSet) {
 }
 
 // FP8 rows (--weights fp8) cannot be merged: side GEMMs carry the LoRA; with precision fp8 the
-// feed-forward's FP8 GEMMs get theirs after them. The image lands near diffusers' LoRA image.
+// W8A8 GEMMs of every block linear get theirs after them. The image lands near diffusers' LoRA
+// image.
 TEST(LoraRuntimeGpu, Fp8WeightsAndFp8FeedForwardUseSideGemms) {
   if (!have_cuda()) GTEST_SKIP() << "no CUDA device";
   const Tensor lora_img = *test::load_npy(lora_file("peft.image.npy"));
@@ -178,23 +179,20 @@ TEST(LoraRuntimeGpu, Fp8WeightsAndFp8FeedForwardUseSideGemms) {
     ASSERT_TRUE(be.ok());
     PipelineLoadOptions opts;
     opts.fp8_weights = mode == 0;
+    if (mode == 1) opts.dit_fp8_compute = kFp8Default;  // --precision fp8 (W8A8)
     auto pipe = TextToImage::load(test::tiny_model_dir(), **be, opts);
-    ASSERT_TRUE(pipe.ok()) << pipe.status().to_string();
-    if (mode == 1) {
-      Status st = (*pipe)->use_fp8_ffn();
-      if (st.code() == ErrorCode::kUnsupported) {
-        std::printf("  precision fp8 not available here: %s\n", st.message().c_str());
-        continue;
-      }
-      ASSERT_TRUE(st.ok()) << st.to_string();
+    if (mode == 1 && !pipe.ok() && pipe.status().code() == ErrorCode::kUnsupported) {
+      std::printf("  precision fp8 not available here: %s\n", pipe.status().message().c_str());
+      continue;
     }
+    ASSERT_TRUE(pipe.ok()) << pipe.status().to_string();
     ZImageDiT& dit = (*pipe)->transformer();
     ASSERT_TRUE(dit.set_loras(set, LoraMethod::kAuto, false).ok());
     EXPECT_GT(dit.applied_loras().side_weights, 0);
     auto out = (*pipe)->run(turbo_request(), {});
     if (!out.ok() && out.status().code() == ErrorCode::kUnsupported) {
       // cuBLASLt may have no FP8 algorithm for the tiny shapes (see SingleFilesGpu).
-      std::printf("  %s: %s\n", mode == 0 ? "fp8 weights" : "fp8 ffn",
+      std::printf("  %s: %s\n", mode == 0 ? "fp8 weights" : "fp8 W8A8",
                   out.status().message().c_str());
       continue;
     }
@@ -202,7 +200,7 @@ TEST(LoraRuntimeGpu, Fp8WeightsAndFp8FeedForwardUseSideGemms) {
     const double to_lora = test::max_abs_diff(out->image, lora_img);
     const double to_base = test::max_abs_diff(out->image, base_img);
     std::printf("  %s + runtime peft: to diffusers' LoRA image %.3g, to the base %.3g\n",
-                mode == 0 ? "fp8 weights" : "fp8 ffn", to_lora, to_base);
+                mode == 0 ? "fp8 weights" : "fp8 W8A8", to_lora, to_base);
     EXPECT_LT(to_lora, 0.25 * to_base);
   }
 }

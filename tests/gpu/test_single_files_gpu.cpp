@@ -83,19 +83,16 @@ TEST(SingleFilesGpu, EveryFormatMatchesItsReference) {
                   dtype_name(act), d);
       EXPECT_LT(d, act == DType::kF32 ? 3e-5 : 6e-2) << v.reference << " " << dtype_name(act);
       if (act == DType::kBF16 && std::string(v.dit) == "dit_scaled") {
-        ASSERT_TRUE((*pipe)->use_fp8_ffn().ok());  // --precision fp8
-        auto fp8 = (*pipe)->run(case_request(), {});
-        if (!fp8.ok() && fp8.status().code() == ErrorCode::kUnsupported) {
-          // cuBLASLt has no FP8 algorithm for the tiny model's GEMM shapes (measured on the
-          // H200: "no cuBLASLt FP8 algorithm for this shape"); the FP8 GEMM is covered at full
-          // size by the bench's parity8 stage.
-          std::printf("  %-18s fp8 GEMM not run: %s\n", v.dit, fp8.status().to_string().c_str());
-        } else {
-          ASSERT_TRUE(fp8.ok()) << fp8.status().to_string();
-          const double e = test::max_abs_diff(fp8->image, *ref);
-          std::printf("  %-18s %-14s fp8 GEMM image max|diff| %.2e\n", v.dit, v.reference, e);
-          EXPECT_LT(e, 1e-1);
-        }
+        PipelineLoadOptions o;  // --precision fp8: W8A8 on every DiT linear
+        o.dit_fp8_compute = kFp8Default;
+        auto pipe8 = TextToImage::load(p, **be, o);
+        ASSERT_TRUE(pipe8.ok()) << pipe8.status().to_string();
+        auto fp8 = (*pipe8)->run(case_request(), {});
+        ASSERT_TRUE(fp8.ok()) << fp8.status().to_string();
+        const double e = test::max_abs_diff(fp8->image, *ref);
+        std::printf("  %-18s %-14s W8A8 FP8 image max|diff| %.2e\n", v.dit, v.reference, e);
+        EXPECT_LT(e, 1e-1);
+        EXPECT_GT(e, 0.0);  // the FP8 path ran
       }
     }
   }

@@ -139,5 +139,62 @@ TEST(RandomModel, WritesALoadableTinyFolder) {
   fs::remove_all(dir);
 }
 
+// --outlier-channels: the picked input channels of the DiT blocks' linears are exactly the plain
+// folder's values times the scale; every other value (other columns, other tensors) is unchanged.
+TEST(RandomModel, OutlierChannelsScaleExactlyThePickedColumns) {
+  const fs::path base = fs::temp_directory_path() / "zimage_random_outliers";
+  fs::remove_all(base);
+  RandomModelOptions o;
+  o.dit.dim = 256;
+  o.dit.n_heads = 4;
+  o.dit.n_layers = 1;
+  o.dit.n_refiner_layers = 1;
+  o.dit.cap_feat_dim = 32;
+  o.dit.axes_dims = {32, 16, 16};
+  o.text_encoder.hidden_size = 32;
+  o.text_encoder.intermediate_size = 64;
+  o.text_encoder.num_hidden_layers = 2;
+  o.text_encoder.num_attention_heads = 4;
+  o.text_encoder.num_key_value_heads = 2;
+  o.text_encoder.head_dim = 8;
+  o.vae.block_out_channels = {32, 64};
+  o.vae.layers_per_block = 1;
+  o.dtype = DType::kF32;
+  o.tokenizer_dir = test::golden_dir("v_turbo") + "/model/tokenizer";
+  ASSERT_TRUE(write_random_model((base / "plain").string(), o).ok());
+  o.outlier_fraction = 0.05;
+  o.outlier_scale = 30.0f;
+  ASSERT_TRUE(write_random_model((base / "outliers").string(), o).ok());
+  const std::string file = "transformer/diffusion_pytorch_model.safetensors";
+  auto a = SafetensorsFile::open((base / "plain" / file).string());
+  auto b = SafetensorsFile::open((base / "outliers" / file).string());
+  ASSERT_TRUE(a.ok() && b.ok());
+  int picked = 0;
+  for (int64_t c = 0; c < o.dit.dim; ++c) picked += is_outlier_channel(0, c, 0.05) ? 1 : 0;
+  EXPECT_GT(picked, 3);  // about 5 % of 256
+  EXPECT_LT(picked, 30);
+  int scaled_tensors = 0;
+  for (const auto& t : (*a)->tensors()) {
+    auto x = (*a)->tensor(t.name);
+    auto y = (*b)->tensor(t.name);
+    ASSERT_TRUE(x.ok() && y.ok()) << t.name;
+    const bool target =
+        t.shape.size() == 2 && (t.name.find(".attention.to_") != std::string::npos ||
+                                t.name.find(".feed_forward.w") != std::string::npos);
+    const int64_t k = t.shape.size() == 2 ? t.shape[1] : 1;
+    bool any = false;
+    for (int64_t i = 0; i < x->numel(); ++i) {
+      const float want = target && is_outlier_channel(0, i % k, 0.05)
+                             ? x->data_as<float>()[i] * 30.0f
+                             : x->data_as<float>()[i];
+      any = any || want != x->data_as<float>()[i];
+      ASSERT_EQ(y->data_as<float>()[i], want) << t.name << " element " << i;
+    }
+    scaled_tensors += any ? 1 : 0;
+  }
+  EXPECT_EQ(scaled_tensors, 3 * 7);  // 3 blocks x (q, k, v, out, w1, w2, w3)
+  fs::remove_all(base);
+}
+
 }  // namespace
 }  // namespace zimage

@@ -43,6 +43,8 @@ class CpuBackend final : public Backend {
   Status matmul(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y) override;
   Status quantize_fp8(const Tensor& x, Tensor& x8, Tensor& scale) override;
   Status matmul_fp8(const Tensor& x, const Tensor& w8, const Tensor& w_scale, Tensor& y) override;
+  Status matmul_fp8_rows(const Tensor& x, const Tensor& w8, const Tensor& w_scale,
+                         const Tensor& bias, Tensor& y) override;
   Status quantize_fp8_rows(const Tensor& w, Tensor& w8, Tensor& scale) override;
   Status dequantize_fp8_rows(const Tensor& w8, const Tensor& scale, Tensor& y) override;
 

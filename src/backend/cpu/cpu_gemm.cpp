@@ -171,6 +171,35 @@ Status CpuBackend::matmul_fp8(const Tensor& x, const Tensor& w8, const Tensor& w
   return matmul(xd, wd, Tensor(), y);
 }
 
+// The oracle of the W8A8 GEMM: the activations quantised per row by the weights' own row
+// quantiser, both operands widened to f32 (exact: an e4m3 value times a float scale is one f32
+// rounding), then the ordinary f32 GEMM. The GPU applies the scales after its exact FP8 products
+// instead, so the two differ by f32 rounding only.
+Status CpuBackend::matmul_fp8_rows(const Tensor& x, const Tensor& w8, const Tensor& w_scale,
+                                   const Tensor& bias, Tensor& y) {
+  if (!w8.defined() || w8.dtype() != DType::kF8E4M3 || w8.rank() != 2)
+    return InvalidArgument("matmul_fp8_rows: w8 must be f8e4m3 [N, K]");
+  const int64_t n = w8.dim(0), k = w8.dim(1);
+  if (!w_scale.defined() || w_scale.dtype() != DType::kF32 || w_scale.shape() != Shape{n})
+    return InvalidArgument("matmul_fp8_rows: w_scale must be f32 [" + std::to_string(n) + "]");
+  ZI_TRY(check_f32("matmul_fp8_rows", "x", x));
+  if (x.rank() < 1 || x.dim(-1) != k)
+    return InvalidArgument("matmul_fp8_rows: x " + x.describe() + " does not match w8 " +
+                           w8.describe());
+  const int64_t m = x.numel() / std::max<int64_t>(k, 1);
+  Tensor x2 = x.view({m, k});
+  Tensor x8 = Tensor::host(DType::kF8E4M3, {m, k});
+  Tensor sx = Tensor::host(DType::kF32, {m});
+  Tensor xd = Tensor::host(DType::kF32, {m, k});
+  Tensor wd = Tensor::host(DType::kF32, {n, k});
+  if (!x8.defined() || !sx.defined() || !xd.defined() || !wd.defined())
+    return OutOfMemory("matmul_fp8_rows: host buffers");
+  ZI_TRY(quantize_fp8_rows(x2, x8, sx));
+  ZI_TRY(dequantize_fp8_rows(x8, sx, xd));
+  ZI_TRY(dequantize_fp8_rows(w8, w_scale, wd));
+  return matmul(xd, wd, bias, y);
+}
+
 // Per-output-channel FP8 weights: the same arithmetic as fp8.cu's row kernels (amax over the
 // row, s = amax / 448, q = e4m3(clamp(w * (1 / s), ±448))), so both backends hold the same bytes.
 Status CpuBackend::quantize_fp8_rows(const Tensor& w, Tensor& w8, Tensor& scale) {

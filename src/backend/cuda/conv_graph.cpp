@@ -2,6 +2,7 @@
 #include "backend/cuda/conv_graph.h"
 
 #include <map>
+#include <optional>
 #include <string>
 #include <tuple>
 
@@ -50,6 +51,34 @@ struct ConvGraphs::Impl {
   cudaStream_t stream = nullptr;
   cudnnHandle_t handle = nullptr;
   std::map<Key, Plan> plans;
+  std::shared_ptr<PlanCache> cache;
+
+  static std::string cache_key(const ConvRequest& r, bool bias) {
+    std::string k = "conv";
+    for (int64_t v : {r.n, r.h, r.w_, r.cin, r.cout, r.kh, r.kw, static_cast<int64_t>(r.stride),
+                      static_cast<int64_t>(r.pad_h), static_cast<int64_t>(r.pad_w),
+                      static_cast<int64_t>(r.dt), static_cast<int64_t>(bias)})
+      k += "," + std::to_string(v);
+    return k;
+  }
+
+  // The plan the cache names, built alone; false (and the hint forgotten) when it does not build.
+  bool build_cached(fe::graph::Graph& g, const std::string& key, Plan& p) {
+    if (!cache) return false;
+    const std::optional<int64_t> idx = cache->get(key);
+    if (!idx) return false;
+    int64_t ws = 0;
+    if (*idx >= 0 && *idx < g.get_execution_plan_count() && g.build_plan_at_index(*idx).is_good() &&
+        g.get_workspace_size_plan_at_index(*idx, ws).is_good()) {
+      p.index = *idx;
+      p.workspace = ws;
+      return true;
+    }
+    ZI_INFO("plan cache: the cached plan %lld of %s no longer builds; searching again",
+            static_cast<long long>(*idx), key.c_str());
+    cache->forget(key);
+    return false;
+  }
 
   Status build(const ConvRequest& r, const void* bias, CachingAllocator& alloc, Plan& p) {
     const fe::DataType_t io =
@@ -95,6 +124,12 @@ struct ConvGraphs::Impl {
     ZI_TRY(fe_status(g->build_operation_graph(handle), "build_operation_graph"));
     ZI_TRY(fe_status(g->create_execution_plans({fe::HeurMode_t::A}), "create_execution_plans"));
     ZI_TRY(fe_status(g->check_support(handle), "check_support"));
+    const std::string key = cache_key(r, bias != nullptr);
+    if (build_cached(*g, key, p)) {
+      p.graph = std::move(g);
+      p.supported = true;
+      return Status::Ok();
+    }
     ZI_TRY(fe_status(g->build_plans(handle, fe::BuildPlanPolicy_t::ALL), "build_plans"));
 
     // Time the candidates on the real buffers and keep the fastest.
@@ -144,6 +179,7 @@ struct ConvGraphs::Impl {
     p.ms /= kTimedRuns;
     p.graph = std::move(g);
     p.supported = true;
+    if (cache) cache->put(key, p.index);
     return Status::Ok();
   }
 };
@@ -157,9 +193,11 @@ ConvGraphs::~ConvGraphs() {
   }
 }
 
-std::unique_ptr<ConvGraphs> ConvGraphs::create(cudaStream_t stream) {
+std::unique_ptr<ConvGraphs> ConvGraphs::create(cudaStream_t stream,
+                                               std::shared_ptr<PlanCache> cache) {
   std::unique_ptr<ConvGraphs> c(new ConvGraphs());
   c->impl_->stream = stream;
+  c->impl_->cache = std::move(cache);
   c->impl_->handle = cudnn_graph_handle(stream);
   return c;
 }
@@ -217,7 +255,7 @@ Status ConvGraphs::run(const ConvRequest& r, const void* bias, CachingAllocator&
 struct ConvGraphs::Impl {};
 ConvGraphs::ConvGraphs() : impl_(std::make_unique<Impl>()) {}
 ConvGraphs::~ConvGraphs() = default;
-std::unique_ptr<ConvGraphs> ConvGraphs::create(cudaStream_t) {
+std::unique_ptr<ConvGraphs> ConvGraphs::create(cudaStream_t, std::shared_ptr<PlanCache>) {
   return std::unique_ptr<ConvGraphs>(new ConvGraphs());
 }
 bool ConvGraphs::available() const {

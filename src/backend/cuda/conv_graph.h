@@ -3,7 +3,9 @@
 // anew on the host every time (it is a wrapper over the graph API), which costs milliseconds per
 // call; the VAE decoder's ~40 convolutions then leave the GPU idle for longer than they run. A
 // graph here is built once per shape, its candidate plans are timed on the real buffers (the
-// engine's own "cudnn.benchmark"), and the fastest is kept; running it afterwards is cheap.
+// engine's own "cudnn.benchmark"), and the fastest is kept; running it afterwards is cheap. The
+// winner's index is remembered on disk (io/plan_cache.h), so a new process builds only that plan
+// instead of building and timing every candidate.
 //
 // Unavailable without the frontend headers; shapes cuDNN cannot fuse are remembered and answered
 // with kUnsupported so conv2d falls back to the legacy path (conv_cudnn.h).
@@ -16,12 +18,15 @@
 #include "backend/cuda/allocator.h"
 #include "backend/cuda/conv_cudnn.h"
 #include "core/status.h"
+#include "io/plan_cache.h"
 
 namespace zimage::cuda {
 
 class ConvGraphs {
  public:
-  static std::unique_ptr<ConvGraphs> create(cudaStream_t stream);
+  // `cache` (optional): the plan cache of this GPU and library version.
+  static std::unique_ptr<ConvGraphs> create(cudaStream_t stream,
+                                            std::shared_ptr<PlanCache> cache = nullptr);
   ~ConvGraphs();
   ConvGraphs(const ConvGraphs&) = delete;
   ConvGraphs& operator=(const ConvGraphs&) = delete;

@@ -69,7 +69,11 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(int device_index, DType
   ZI_ASSIGN_OR_RETURN(b->gemm_, LtGemm::create(b->stream_, *b->allocator_));
   b->conv_ = ConvPlanner::create(b->stream_);
   b->sdpa_ = CudnnSdpa::create(b->stream_);
-  b->conv_graphs_ = ConvGraphs::create(b->stream_);
+  // What the cached run-time choices depend on (io/plan_cache.h): the GPU and the libraries.
+  const std::string identity = std::string(prop.name) + " sm_" + std::to_string(b->sm_) +
+                               " cudnn " + std::to_string(cudnnGetVersion()) + " cublasLt " +
+                               std::to_string(cublasLtGetVersion()) + " conv-graphs v1";
+  b->conv_graphs_ = ConvGraphs::create(b->stream_, PlanCache::open("", identity));
   b->profiler_ = std::make_unique<OpProfiler>(b->stream_);
   b->uploader_ = std::make_unique<PinnedUploader>(device_index, b->stream_);
   return b;

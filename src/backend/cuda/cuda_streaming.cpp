@@ -1,15 +1,19 @@
 // CudaBackend's weight streaming and per-channel FP8 weights: pinned host tensors, a copy stream
 // with per-slot events (so weight copies overlap compute, double-buffered by the model), the
-// driver's view of device memory, and the FP8 row (de)quantisation ops.
+// driver's view of device memory, the FP8 row (de)quantisation ops and the W8A8 GEMM with
+// per-row scales built on them.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <atomic>
 #include <string>
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/gemm_cublaslt.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/validate.h"
+#include "core/log.h"
 
 namespace zimage::cuda {
 namespace {
@@ -123,6 +127,78 @@ Status CudaBackend::dequantize_fp8_rows(const Tensor& w8, const Tensor& scale, T
   ZI_LAUNCH_TRY(op, launch_dequantize_fp8_rows(kt, w8.data(), scale.data_as<float>(), w8.dim(0),
                                                w8.dim(1), y.data(), stream_));
   return Status::Ok();
+}
+
+// Activations quantised per row by the weights' own row kernel, then an FP8 GEMM (three ways,
+// below). Every way multiplies the same FP8 operands; they differ in roundings only.
+Status CudaBackend::matmul_fp8_rows(const Tensor& x, const Tensor& w8, const Tensor& w_scale,
+                                    const Tensor& bias, Tensor& y) {
+  ZI_OP_SCOPE("matmul_fp8_rows", &x, &w8);
+  constexpr const char* op = "matmul_fp8_rows";
+  ZI_TRY(check_fp8_capable());
+  ZI_TRY(check_cuda_tensor(op, "x", x));
+  ZI_TRY(check_cuda_tensor(op, "w8", w8));
+  ZI_TRY(check_cuda_tensor(op, "w_scale", w_scale));
+  ZI_TRY(check_optional(op, "bias", bias));
+  ZI_TRY(check_cuda_tensor(op, "y", y));
+  ZI_TRY(check_rank(op, "w8", w8, 2));
+  ZI_TRY(check_dtype(op, "w8", w8, DType::kF8E4M3));
+  ZI_TRY(check_dtype(op, "w_scale", w_scale, DType::kF32));
+  ZI_TRY(check_shape(op, "w_scale", w_scale, {w8.dim(0)}));
+  ZI_TRY(check_dtype(op, "x", x, act_));
+  ZI_TRY(check_dtype(op, "y", y, act_));
+  const int64_t n = w8.dim(0), k = w8.dim(1);
+  if (bias.defined()) {
+    ZI_TRY(check_dtype(op, "bias", bias, act_));
+    ZI_TRY(check_shape(op, "bias", bias, {n}));
+  }
+  if (x.rank() < 1 || x.dim(-1) != k)
+    return InvalidArgument("matmul_fp8_rows: x " + x.describe() + " does not match w8 " +
+                           w8.describe());
+  const int64_t m = x.numel() / std::max<int64_t>(k, 1);
+  if (y.dim(-1) != n || y.numel() != m * n)
+    return InvalidArgument("matmul_fp8_rows: y " + y.describe() + " must hold [" +
+                           std::to_string(m) + ", " + std::to_string(n) + "]");
+  if (overlaps(x, y)) return InvalidArgument("matmul_fp8_rows: y must not alias x");
+  if (m == 0 || n == 0) return Status::Ok();
+  ZI_ASSIGN_OR_RETURN(Tensor x8, alloc(DType::kF8E4M3, {m, k}));
+  ZI_ASSIGN_OR_RETURN(Tensor sx, alloc(DType::kF32, {m}));
+  ZI_TRY(quantize_fp8_rows(x.view({m, k}), x8, sx));
+  ZI_ASSIGN_OR_RETURN(KType kt, ktype_of(op, act_));
+  // 1. cuBLASLt's outer-vector scales, where the library has an algorithm for them.
+  Status st = gemm_->linear_fp8_rows(x8.data(), w8.data(), sx.data_as<float>(),
+                                     w_scale.data_as<float>(), y.data(), m, n, k, act_);
+  if (st.ok()) {
+    if (bias.defined())
+      ZI_LAUNCH_TRY("matmul_fp8_rows bias",
+                    launch_add(kt, y.data(), bias.data(), y.data(), m * n, n, stream_));
+    return Status::Ok();
+  }
+  if (st.code() != ErrorCode::kUnsupported) return st.with_context(op);
+  // 2. The per-tensor FP8 GEMM with unit scales (the raw sums, rounded once to the compute
+  //    dtype), then the scales (and bias) applied in one pass: cuBLAS 13.0 has no outer-vector
+  //    algorithm on sm_90 (measured on the H200), this path runs at FP8 tensor-core rate.
+  const Status raw =
+      gemm_->linear_fp8(x8.data(), w8.data(), nullptr, nullptr, y.data(), m, n, k, act_);
+  if (raw.ok()) {
+    ZI_LAUNCH_TRY(
+        "matmul_fp8_rows scales",
+        launch_scale_rows_cols(kt, y.data(), sx.data_as<float>(), w_scale.data_as<float>(),
+                               ptr_or_null(bias), m, n, stream_));
+    return Status::Ok();
+  }
+  if (raw.code() != ErrorCode::kUnsupported) return raw.with_context(op);
+  // 3. No FP8 GEMM at all for this shape (tiny or misaligned): widen the same FP8 operands.
+  static std::atomic<bool> said{false};
+  if (!said.exchange(true))
+    ZI_INFO("FP8: %s; such GEMMs widen their FP8 operands and run in %s", raw.message().c_str(),
+            dtype_name(act_));
+  ZI_ASSIGN_OR_RETURN(Tensor xd, alloc(act_, {m, k}));
+  ZI_ASSIGN_OR_RETURN(Tensor wd, alloc(act_, {n, k}));
+  ZI_TRY(dequantize_fp8_rows(x8, sx, xd));
+  ZI_TRY(dequantize_fp8_rows(w8, w_scale, wd));
+  Tensor y2 = y.view({m, n});
+  return matmul(xd, wd, bias, y2);
 }
 
 }  // namespace zimage::cuda

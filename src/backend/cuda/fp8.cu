@@ -86,7 +86,35 @@ __global__ void dequantize_rows_kernel(const __nv_fp8_storage_t* __restrict__ q,
   }
 }
 
+template <typename T>
+__global__ void scale_rows_cols_kernel(T* __restrict__ y, const float* __restrict__ sx,
+                                       const float* __restrict__ sw, const T* __restrict__ bias,
+                                       int64_t m, int64_t n) {
+  const int64_t total = m * n;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t r = i / n, c = i - r * n;
+    float v = __fmul_rn(__fmul_rn(to_f32<T>(y[i]), sx[r]), sw[c]);
+    if (bias) v = __fadd_rn(v, to_f32<T>(bias[c]));
+    y[i] = from_f32<T>(v);
+  }
+}
+
 }  // namespace
+
+cudaError_t launch_scale_rows_cols(KType t, void* y, const float* sx, const float* sw,
+                                   const void* bias, int64_t m, int64_t n, cudaStream_t s) {
+  const int64_t total = m * n;
+  if (total <= 0) return cudaSuccess;
+  return dispatch_ktype(t, [&](auto tag) {
+    using T = decltype(tag);
+    const unsigned grid =
+        grid_for(total, kThreads) < 65535u * 8 ? grid_for(total, kThreads) : 65535u * 8;
+    scale_rows_cols_kernel<T><<<grid, kThreads, 0, s>>>(static_cast<T*>(y), sx, sw,
+                                                        static_cast<const T*>(bias), m, n);
+    return cudaGetLastError();
+  });
+}
 
 cudaError_t launch_quantize_fp8_rows(KType t, const void* w, int64_t rows, int64_t cols, void* q,
                                      float* scale, cudaStream_t s) {

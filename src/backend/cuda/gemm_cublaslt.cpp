@@ -67,8 +67,8 @@ Result<LtGemm::Plan*> LtGemm::plan(const Key& key) {
   if (it != plans_.end()) return &it->second;
   const auto [m, n, k, dti, has_bias, al_x, al_w, al_y, fp8] = key;
   const DType dt = static_cast<DType>(dti);
-  const cudaDataType_t ct = cuda_type(dt);                     // output (and bias)
-  const cudaDataType_t operand_t = fp8 ? CUDA_R_8F_E4M3 : ct;  // x and w
+  const cudaDataType_t ct = cuda_type(dt);                               // output (and bias)
+  const cudaDataType_t operand_t = fp8 != kNoFp8 ? CUDA_R_8F_E4M3 : ct;  // x and w
   Plan p;
   // Builds the plan; on failure the descriptors made so far are destroyed.
   auto build = [&]() -> Status {
@@ -78,6 +78,13 @@ Result<LtGemm::Plan*> LtGemm::plan(const Key& key) {
         cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
     ZI_CUBLAS_TRY(
         cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+    if (fp8 == kFp8Rows) {  // A = w: a scale per row of op(A) (n); B = x: per column (m)
+      const int32_t mode = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+      ZI_CUBLAS_TRY(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode,
+                                                   sizeof(mode)));
+      ZI_CUBLAS_TRY(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode,
+                                                   sizeof(mode)));
+    }
     if (has_bias) {
       const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
       ZI_CUBLAS_TRY(
@@ -145,7 +152,7 @@ Status LtGemm::linear(const void* x, const void* w, const void* bias, void* y, i
   // The BIAS epilogue wants an aligned bias vector; otherwise the bias is a separate add.
   const bool fuse_bias = bias != nullptr && alignment(bias) == 16;
   const Key key{
-      m, n, k, static_cast<int>(dt), fuse_bias, alignment(x), alignment(w), alignment(y), false};
+      m, n, k, static_cast<int>(dt), fuse_bias, alignment(x), alignment(w), alignment(y), kNoFp8};
   ZI_ASSIGN_OR_RETURN(Plan * p, plan(key));
   const float alpha = 1.f, beta = 0.f;
   if (p->has_algo) {
@@ -176,10 +183,35 @@ Status LtGemm::linear_fp8(const void* x8, const void* w8, const float* sx, const
   if (k % 16 != 0 || alignment(x8) < 16 || alignment(w8) < 16 || alignment(y) < 16)
     return Unsupported("matmul_fp8: k must be a multiple of 16 and the operands 16-byte aligned");
   const Key key{
-      m, n, k, static_cast<int>(out_dt), false, alignment(x8), alignment(w8), alignment(y), true};
+      m,         n, k, static_cast<int>(out_dt), false, alignment(x8), alignment(w8), alignment(y),
+      kFp8Tensor};
   ZI_ASSIGN_OR_RETURN(Plan * p, plan(key));
   if (!p->has_algo) return Unsupported("matmul_fp8: no cuBLASLt FP8 algorithm for this shape");
   // A is the weight (scale sw), B the activations (scale sx): see linear().
+  ZI_CUBLAS_TRY(
+      cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sw, sizeof(sw)));
+  ZI_CUBLAS_TRY(
+      cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sx, sizeof(sx)));
+  const float alpha = 1.f, beta = 0.f;
+  ZI_CUBLAS_TRY(cublasLtMatmul(lt_, p->op, &alpha, w8, p->a, x8, p->b, &beta, y, p->c, y, p->c,
+                               &p->algo, workspace_->data(), kWorkspaceBytes, stream_));
+  return Status::Ok();
+}
+
+Status LtGemm::linear_fp8_rows(const void* x8, const void* w8, const float* sx, const float* sw,
+                               void* y, int64_t m, int64_t n, int64_t k, DType out_dt) {
+  if (m == 0 || n == 0) return Status::Ok();
+  if (k % 16 != 0 || alignment(x8) < 16 || alignment(w8) < 16 || alignment(y) < 16)
+    return Unsupported(
+        "matmul_fp8_rows: k must be a multiple of 16 and the operands 16-byte aligned");
+  const Key key{
+      m,       n, k, static_cast<int>(out_dt), false, alignment(x8), alignment(w8), alignment(y),
+      kFp8Rows};
+  ZI_ASSIGN_OR_RETURN(Plan * p, plan(key));
+  if (!p->has_algo)
+    return Unsupported("matmul_fp8_rows: no cuBLASLt algorithm with per-row FP8 scales for [" +
+                       std::to_string(m) + ", " + std::to_string(k) + "] x [" + std::to_string(n) +
+                       ", " + std::to_string(k) + "]");
   ZI_CUBLAS_TRY(
       cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sw, sizeof(sw)));
   ZI_CUBLAS_TRY(

@@ -38,6 +38,13 @@ class LtGemm {
   Status linear_fp8(const void* x8, const void* w8, const float* sx, const float* sw, void* y,
                     int64_t m, int64_t n, int64_t k, DType out_dt);
 
+  // W8A8 with per-row scales (cuBLASLt's outer-vector scaling): row-major y[m, n] = sx[m] ·
+  // sw[n] · Σ_k x8[m, k] · w8[n, k], e4m3 operands, fp32 accumulation, y in `out_dt`. sx [m] and
+  // sw [n] f32 in device memory. kUnsupported when cuBLASLt offers no algorithm (the caller
+  // falls back).
+  Status linear_fp8_rows(const void* x8, const void* w8, const float* sx, const float* sw, void* y,
+                         int64_t m, int64_t n, int64_t k, DType out_dt);
+
   cublasHandle_t blas() const { return blas_; }
 
  private:
@@ -47,8 +54,10 @@ class LtGemm {
     cublasLtMatmulAlgo_t algo{};
     bool has_algo = false;  // false: no cuBLASLt algorithm, use cublasGemmEx
   };
-  // (m, n, k, dtype, fused bias, alignment in bytes of x, w, y, fp8 operands)
-  using Key = std::tuple<int64_t, int64_t, int64_t, int, bool, int, int, int, bool>;
+  // FP8 operand scaling: none (bf16/f32 operands), one scale per tensor, one per row.
+  enum Fp8Mode : int { kNoFp8 = 0, kFp8Tensor = 1, kFp8Rows = 2 };
+  // (m, n, k, dtype, fused bias, alignment in bytes of x, w, y, Fp8Mode)
+  using Key = std::tuple<int64_t, int64_t, int64_t, int, bool, int, int, int, int>;
 
   LtGemm(cudaStream_t stream) : stream_(stream) {}
   Result<Plan*> plan(const Key& key);

@@ -58,6 +58,10 @@ cudaError_t launch_quantize_fp8_rows(KType t, const void* w, int64_t rows, int64
                                      float* scale, cudaStream_t s);
 cudaError_t launch_dequantize_fp8_rows(KType t, const void* q, const float* scale, int64_t rows,
                                        int64_t cols, void* out, cudaStream_t s);
+// y[m, n] = y[m, n] · sx[m] · sw[n] (+ bias[n] when not null), in place, computed in f32 and
+// rounded once: the outer-product scales of a W8A8 GEMM run with unit scales.
+cudaError_t launch_scale_rows_cols(KType t, void* y, const float* sx, const float* sw,
+                                   const void* bias, int64_t m, int64_t n, cudaStream_t s);
 
 // ---- fused prologues (prologue.cu) ----
 // qkv[rows, (hq + 2 hkv) * dh] -> q[rows, hq, dh], k/v[rows, hkv, dh]; q, k RMS-normed with wq/wk

@@ -1,0 +1,49 @@
+// Run-time choices remembered on disk, so a new process does not search again: which of cuDNN's
+// candidate convolution plans won the timing for a shape (today), keyed by the shape, in one small
+// JSON file per GPU and library version:
+//   $XDG_CACHE_HOME/zimage/plans/<identity hash>.json  (else ~/.cache/zimage/plans/...)
+//   {"identity": "<GPU, compute capability, cuDNN and cuBLAS versions, zimage version>",
+//    "entries": {"<key>": <value>, ...}}
+// Safe by construction: a missing, unreadable, corrupt or foreign file (another identity) is
+// ignored with one log line and replaced on the next put; a cached value is only a hint the user
+// of the cache verifies (a plan index that no longer builds is forgotten and searched again).
+// Writes replace the file atomically (temporary file + rename), so concurrent processes never
+// see a torn file; the last writer wins, which at worst loses a hint. ZIMAGE_PLAN_CACHE=off
+// disables it. Thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+
+namespace zimage {
+
+class PlanCache {
+ public:
+  // `dir`: the cache folder ("" = the user's cache folder + "/zimage/plans"); `identity`: what
+  // the cached choices depend on. Null when disabled (ZIMAGE_PLAN_CACHE=off) or no cache folder.
+  static std::unique_ptr<PlanCache> open(const std::string& dir, const std::string& identity);
+
+  std::optional<int64_t> get(const std::string& key) const;
+  // Records and saves at once (errors are logged, never fatal: the cache is an optimisation).
+  void put(const std::string& key, int64_t value);
+  // Drops a hint that turned out wrong, and saves.
+  void forget(const std::string& key);
+
+  const std::string& path() const { return path_; }
+  size_t size() const;
+
+ private:
+  PlanCache() = default;
+  void load();
+  void save_locked() const;
+
+  std::string path_, identity_;
+  mutable std::mutex mu_;
+  std::map<std::string, int64_t> entries_;
+};
+
+}  // namespace zimage

@@ -1,0 +1,98 @@
+// The plan cache on the GPU: a VAE decode (bf16: cuDNN convolution graphs) in a fresh backend
+// searches the convolution plans and records the winners; a second backend on the same cache
+// builds only the recorded plans and decodes the identical image; a corrupt cache file and bogus
+// plan indices are ignored (searched again) and the decode stays correct.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "common/npy.h"
+#include "gpu/cuda_test_util.h"
+#include "io/model_folder.h"
+#include "io/weights.h"
+#include "model/vae.h"
+
+using namespace zimage;
+using namespace zimage::test;
+
+namespace {
+
+namespace fs = std::filesystem;
+
+Tensor decode_once(const std::string& dir) {
+  auto be = make_cuda_backend(0, DType::kBF16);
+  EXPECT_TRUE(be.ok()) << be.status().to_string();
+  if (!be.ok()) return Tensor();
+  auto folder = ModelFolder::open(dir + "/model");
+  auto ws = WeightStore::open(dir + "/model/vae");
+  EXPECT_TRUE(folder.ok() && ws.ok());
+  if (!folder.ok() || !ws.ok()) return Tensor();
+  auto vae = VaeDecoder::load(folder->configs().vae, *ws, **be);
+  EXPECT_TRUE(vae.ok()) << vae.status().to_string();
+  auto lat = load_npy(dir + "/debug/latents_after_step2.npy");
+  EXPECT_TRUE(lat.ok());
+  if (!vae.ok() || !lat.ok()) return Tensor();
+  auto dl = (*be)->upload(*lat, DType::kF32);
+  EXPECT_TRUE(dl.ok());
+  auto img = (*vae)->decode(*dl);
+  EXPECT_TRUE(img.ok()) << img.status().to_string();
+  return img.ok() ? *img : Tensor();
+}
+
+std::vector<fs::path> cache_files(const fs::path& root) {
+  std::vector<fs::path> out;
+  std::error_code ec;
+  for (const auto& e : fs::recursive_directory_iterator(root, ec))
+    if (e.path().extension() == ".json") out.push_back(e.path());
+  return out;
+}
+
+}  // namespace
+
+TEST(PlanCacheGpu, CachedPlansDecodeTheSameImage) {
+  ZI_REQUIRE_GPU();
+  const fs::path cache =
+      fs::temp_directory_path() / ("zimage_plan_gpu_" + std::to_string(getpid()));
+  fs::remove_all(cache);
+  const char* old = std::getenv("XDG_CACHE_HOME");
+  const std::string saved = old ? old : "";
+  setenv("XDG_CACHE_HOME", cache.c_str(), 1);
+  const std::string dir = golden_dir("v_cfg");
+  const Tensor searched = decode_once(dir);
+  auto files = cache_files(cache);
+  ASSERT_EQ(files.size(), 1u) << "the first decode records its plans";
+  std::ifstream in(files[0]);
+  const auto j = nlohmann::json::parse(in);
+  const size_t n = j["entries"].size();
+  std::printf("  plan cache %s: %zu convolution plans recorded\n", files[0].c_str(), n);
+  EXPECT_GT(n, 0u);
+  const Tensor cached = decode_once(dir);
+  ASSERT_TRUE(searched.defined() && cached.defined());
+  EXPECT_EQ(max_abs_diff(searched, cached), 0.0);  // the recorded plans are the searched ones
+  // Bogus indices: ignored, searched again, the hints replaced.
+  nlohmann::json bad = j;
+  for (auto& [k, v] : bad["entries"].items()) v = 100000;
+  std::ofstream(files[0]) << bad.dump();
+  const Tensor after_bogus = decode_once(dir);
+  ASSERT_TRUE(after_bogus.defined());
+  EXPECT_LT(max_abs_diff(after_bogus, searched), 2e-2);  // another timing may pick another plan
+  std::ifstream in2(files[0]);
+  for (const auto& [k, v] : nlohmann::json::parse(in2)["entries"].items())
+    EXPECT_LT(v.get<int64_t>(), 100000) << k;
+  // A corrupt file: ignored and rewritten.
+  std::ofstream(files[0]) << "{ not json";
+  const Tensor after_corrupt = decode_once(dir);
+  ASSERT_TRUE(after_corrupt.defined());
+  EXPECT_LT(max_abs_diff(after_corrupt, searched), 2e-2);
+  std::ifstream in3(files[0]);
+  EXPECT_FALSE(nlohmann::json::parse(in3, nullptr, false).is_discarded());
+  if (saved.empty())
+    unsetenv("XDG_CACHE_HOME");
+  else
+    setenv("XDG_CACHE_HOME", saved.c_str(), 1);
+  fs::remove_all(cache);
+}
