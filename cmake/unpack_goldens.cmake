@@ -20,6 +20,18 @@ foreach(a ${image_archives})
     message(FATAL_ERROR "cannot unpack ${a}")
   endif()
 endforeach()
+# ControlNet cases (tools/make_controlnet_goldens.py) go to DST/controlnet/<case>/: the tiny
+# 30-layer transformer (cn_model) and one case per ControlNet version; they reuse v_turbo's other
+# components.
+file(GLOB controlnet_archives ${SRC}/tests/data/golden/controlnet/*.tar.gz)
+file(MAKE_DIRECTORY ${DST}/controlnet)
+foreach(a ${controlnet_archives})
+  execute_process(COMMAND ${CMAKE_COMMAND} -E tar xzf ${a} WORKING_DIRECTORY ${DST}/controlnet
+                  RESULT_VARIABLE rc)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "cannot unpack ${a}")
+  endif()
+endforeach()
 file(GLOB tokdirs ${DST}/*/model/tokenizer)
 foreach(t ${tokdirs})
   execute_process(COMMAND gzip -dc ${SRC}/tests/data/qwen3-tokenizer/tokenizer.json.gz

@@ -4,13 +4,15 @@
 //
 //   zimage generate --model DIR --prompt TEXT [--prompt TEXT ...] [--negative-prompt TEXT]
 //                   --width W --height H --steps N --guidance G --seed S [--device cpu|cuda]
-//                   [--init-image FILE [--mask FILE] [--strength S]] --output FILE.png
+//                   [--init-image FILE [--mask FILE] [--strength S]]
+//                   [--controlnet PATH --control-image FILE [--control-scale S]] --output FILE.png
 //   zimage generate --dit FILE --text-encoder FILE --vae FILE --prompt TEXT ...  (single files)
 // Exit codes: 0 success, 1 failure (model, device, I/O), 2 usage (bad flag or value),
 // 130 cancelled by Ctrl-C.
 #include <unistd.h>
 
 #include <atomic>
+#include <cmath>
 #include <csignal>
 #include <cstdint>
 #include <cstdio>
@@ -57,6 +59,9 @@ struct GenerateArgs {
   std::string init_image;  // img2img / inpainting inputs (PNG, JPEG, WebP)
   std::string mask;
   double strength = 0.0;
+  std::string controlnet;  // ControlNet folder or single file, its control image and scale
+  std::string control_image;
+  float control_scale = 0.75f;
   std::string dump_dir;
   std::string dump_filter;
   bool verbose = false;
@@ -129,7 +134,9 @@ std::string with_flags(const std::string& message, const GenerateArgs& a) {
   const std::pair<const char*, std::string> fields[] = {
       {"init_image: ", "--init-image " + a.init_image + ": "},
       {"mask: ", "--mask " + a.mask + ": "},
-      {"strength: ", "--strength: "}};
+      {"strength: ", "--strength: "},
+      {"control_image: ", "--control-image " + a.control_image + ": "},
+      {"control_scale: ", "--control-scale: "}};
   for (const auto& [field, flag] : fields)
     if (message.rfind(field, 0) == 0) return flag + message.substr(std::string(field).size());
   return message;
@@ -195,6 +202,22 @@ void run_generate(const GenerateArgs& a, const CLI::App& cmd) {
     req.init_image = read_input("--init-image", a.init_image, false);
   if (cmd.count("--mask") > 0) req.mask = read_input("--mask", a.mask, true);
   if (cmd.count("--strength") > 0) req.strength = a.strength;
+  if (cmd.count("--control-image") > 0 && cmd.count("--controlnet") == 0)
+    fail(2, "--control-image: needs --controlnet (the ControlNet that reads it)");
+  if (cmd.count("--controlnet") > 0 && cmd.count("--control-image") == 0)
+    fail(2, "--controlnet: needs --control-image (the pose, depth, edge... image)");
+  if (!std::isfinite(a.control_scale))
+    fail(2, "--control-scale: must be a finite number, got " + std::to_string(a.control_scale));
+  if (cmd.count("--controlnet") > 0) {
+    std::error_code ec;
+    if (!std::filesystem::exists(a.controlnet, ec))
+      fail(2, "--controlnet " + a.controlnet + ": no such file or folder");
+  }
+  if (cmd.count("--control-image") > 0) {
+    req.control_image = read_input("--control-image", a.control_image, false);
+    req.control_scale = a.control_scale;
+    eo.controlnet = a.controlnet;
+  }
 
   const size_t count = req.prompts.size() * static_cast<size_t>(std::max(1, a.images_per_prompt));
   const std::vector<std::string> paths = output_paths(a.output, count);
@@ -338,6 +361,14 @@ void register_generate_command(CLI::App& app) {
   cmd->add_option("--strength", args->strength,
                   "How far the init image is noised, in (0, 1]: steps run = steps - int(steps - "
                   "steps x strength) (default 0.6, or 1.0 with --mask: diffusers' defaults)");
+  cmd->add_option("--controlnet", args->controlnet,
+                  "ControlNet (Z-Image Fun-Controlnet-Union: diffusers folder or single "
+                  ".safetensors, versions 1.0, 2.0, 2.1, 2.1-lite); needs --control-image");
+  cmd->add_option("--control-image", args->control_image,
+                  "ControlNet condition image (pose, depth, edges...; PNG, JPEG, WebP), resized "
+                  "to the output size; with --init-image and --mask: ControlNet inpainting (2.x)");
+  cmd->add_option("--control-scale", args->control_scale,
+                  "ControlNet conditioning scale (default 0.75, diffusers' default)");
   cmd->add_option("--dump", args->dump_dir,
                   "Write named intermediate tensors as .npy files into this folder");
   cmd->add_option("--dump-filter", args->dump_filter,

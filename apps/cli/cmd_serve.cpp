@@ -46,6 +46,7 @@ struct ServeArgs {
   LoraArgs lora;
   std::string lora_method = "auto";
   int lora_cache_mib = 2048;
+  std::string controlnet;  // loaded with the model; requests send a control image
 };
 
 [[noreturn]] void fail(int code, const std::string& message) {
@@ -145,6 +146,7 @@ void run_serve(ServeArgs& a) {
   eo.weights = a.weights;
   eo.threads = a.threads;
   eo.loras = loras;
+  eo.controlnet = a.controlnet;
   eo.lora_lenient = a.lora.lenient;
   eo.lora_method = a.lora_method;
   eo.lora_cache_bytes = static_cast<uint64_t>(a.lora_cache_mib) << 20;
@@ -235,6 +237,10 @@ void register_serve_command(CLI::App& app) {
   cmd->add_option("--lora-cache", a->lora_cache_mib,
                   "MiB of parsed LoRA files kept in host memory between requests (default 2048)")
       ->check(CLI::Range(0, 1 << 20));
+  cmd->add_option("--controlnet", a->controlnet,
+                  "Z-Image ControlNet (folder or single file) loaded with the model; requests "
+                  "send the control image (A1111 alwayson_scripts.controlnet, /v1/images/edits "
+                  "control_image)");
   cmd->add_flag("--quiet,-q", a->quiet, "No access log; errors only");
   cmd->add_flag("--verbose,-v", a->verbose, "Engine load information and per-phase times");
   cmd->callback([a] { run_serve(*a); });

@@ -87,6 +87,10 @@ struct EngineOptions {
   // kept in host memory between requests (least recently used dropped first).
   std::string lora_method = "auto";
   uint64_t lora_cache_bytes = uint64_t{2} << 30;
+  // A Z-Image ControlNet (Fun-Controlnet-Union: a diffusers folder or a published single file,
+  // versions 1.0, 2.0, 2.1, 2.1-lite; docs/FORMATS.md), loaded once with the engine; requests with
+  // a control_image use it.
+  std::string controlnet;
 };
 
 // An 8-bit RGB image, rows top to bottom, no padding: rgb.size() == width * height * 3.
@@ -125,6 +129,13 @@ struct GenerateRequest {
   // without reloading it (EngineOptions::lora_method) and taken off for the next request with a
   // different set. Keys matching no weight follow EngineOptions::lora_lenient. At most 16.
   std::vector<LoraSpec> loras;
+
+  // ---- ControlNet (diffusers' ZImageControlNetPipeline; needs EngineOptions::controlnet) ----
+  // The control image (pose, depth, edges, ...), resized to width x height as init_image is; its
+  // VAE latents condition every step. With init_image and mask as well: ControlNet inpainting
+  // (ZImageControlNetInpaintPipeline, 2.x ControlNets; strength does not apply).
+  std::optional<Image> control_image;
+  float control_scale = 0.75f;  // controlnet_conditioning_scale (diffusers' default), finite
 };
 
 // The denoising steps `req` runs: steps, or with init_image steps - t_start (0 for a strength

@@ -146,6 +146,7 @@ Result<std::unique_ptr<Engine>> Engine::load_impl(const EngineOptions& options) 
   paths.vae_file = options.vae_file;
   paths.tokenizer_dir = options.tokenizer_dir;
   ZI_ASSIGN_OR_RETURN(impl->pipeline, TextToImage::load(paths, *impl->backend, load_options));
+  if (!options.controlnet.empty()) ZI_TRY(impl->pipeline->load_controlnet(options.controlnet));
   impl->pipeline->set_vae_tiling({.mode = vae_tiling, .budget_bytes = 0});
   ZI_ASSIGN_OR_RETURN(impl->lora_method, parse_lora_method(options.lora_method, "lora_method"));
   impl->lora_cache = std::make_unique<LoraCache>(options.lora_cache_bytes);

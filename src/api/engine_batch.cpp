@@ -79,8 +79,12 @@ std::vector<BatchOutcome> Engine::batch_step() {
   std::vector<uint64_t> ids;
   std::vector<DenoiseState*> states;
   for (auto& [id, e] : batch) {
+    // ControlNet requests step together only with ControlNet requests of the same scale.
+    const bool same_control =
+        e.state->control.defined() == oldest.control.defined() &&
+        (!oldest.control.defined() || e.state->req.control_scale == oldest.req.control_scale);
     if (e.state->h == oldest.h && e.state->w == oldest.w && e.lora_key == first.lora_key &&
-        !e.state->done()) {
+        !e.state->done() && same_control) {
       ids.push_back(id);
       states.push_back(e.state.get());
     }

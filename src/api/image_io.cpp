@@ -48,7 +48,10 @@ PngTextChunks png_metadata(const GenerateRequest& req, size_t image_index) {
   if (req.cfg_truncation != 1.0f) t.emplace_back("cfg_truncation", fmt_g(req.cfg_truncation));
   if (req.cfg_normalization != 0.0f)
     t.emplace_back("cfg_normalization", fmt_g(req.cfg_normalization));
-  if (req.init_image) {  // never the file's name or path
+  if (req.control_image) {  // ControlNet (inpainting with a mask); strength does not apply
+    t.emplace_back("mode", req.mask ? "controlnet_inpaint" : "controlnet");
+    t.emplace_back("control_scale", fmt_g(req.control_scale));
+  } else if (req.init_image) {  // never the file's name or path
     t.emplace_back("mode", req.mask ? "inpaint" : "img2img");
     char buf[32];
     const double strength = effective_strength(req);

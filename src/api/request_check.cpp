@@ -118,6 +118,14 @@ Status check_request(const GenerateRequest& req, const RequestLimits& lim) {
 }
 
 Status check_image_inputs(const GenerateRequest& req) {
+  if (req.control_image) {
+    ZI_TRY(check_input_image("control_image", *req.control_image));
+    if (!std::isfinite(req.control_scale)) {
+      char buf[64];
+      std::snprintf(buf, sizeof(buf), "%g", static_cast<double>(req.control_scale));
+      return InvalidArgument(std::string("control_scale: must be a finite number, got ") + buf);
+    }
+  }
   if (!req.init_image) {
     if (req.mask) return InvalidArgument("mask: needs an init_image to inpaint");
     if (req.strength) return InvalidArgument("strength: needs an init_image");

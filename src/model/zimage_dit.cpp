@@ -85,6 +85,11 @@ struct ZImageDiT::Scratch {
   }
 };
 
+Result<std::shared_ptr<ZImageDiT::Scratch>> ZImageDiT::make_scratch(int64_t b, int64_t s) {
+  ZI_ASSIGN_OR_RETURN(Scratch x, Scratch::make(be_, cfg_, b, s));
+  return std::make_shared<Scratch>(std::move(x));
+}
+
 Tensor ZImageDiT::timestep_sinusoid(const std::vector<float>& t_model) const {
   const int64_t b = static_cast<int64_t>(t_model.size());
   const int half = kTimeFreqDim / 2;
@@ -209,7 +214,7 @@ Result<ZImageDiT::Layout> ZImageDiT::make_layout(int64_t b, int64_t lh, int64_t 
 
 Status ZImageDiT::compute(const Layout& L, const Tensor& latents, const Tensor& sinusoid,
                           const std::vector<Tensor>& caps, Tensor& out, DebugSink* dbg,
-                          const std::string& pfx) {
+                          const std::string& pfx, const ControlResiduals* control) {
   const int64_t p = cfg_.patch_size, d = cfg_.dim, half = cfg_.head_dim() / 2;
   const int64_t tf = cfg_.token_features();
   const int64_t b = L.b, n_img = L.n_img, np = L.np, lp_max = L.lp_max, s_max = L.s_max;
@@ -303,6 +308,8 @@ Status ZImageDiT::compute(const Layout& L, const Tensor& latents, const Tensor& 
       ZI_ASSIGN_OR_RETURN(Block blk, use_block(bi));
       ZI_TRY(run_block(blk, u, uni_freqs, c, ap, s));  // [B, S, D]
       ZI_TRY(done_block(bi));
+      for (size_t k = 0; control != nullptr && k < control->layers.size(); ++k)
+        if (control->layers[k] == static_cast<int>(l)) ZI_TRY(be_.add(u, control->hints[k], u));
       debug_tensor(dbg, pfx + ".layers." + std::to_string(l), be_, u);
     }
   }
@@ -326,7 +333,7 @@ Status ZImageDiT::compute(const Layout& L, const Tensor& latents, const Tensor& 
 
 Status ZImageDiT::forward(const Tensor& latents, const std::vector<float>& t_model,
                           const std::vector<Tensor>& caps, Tensor& out, DebugSink* dbg,
-                          const std::string& pfx) {
+                          const std::string& pfx, const ControlResiduals* control) {
   // ---- validate inputs ----
   const int64_t p = cfg_.patch_size, ch = cfg_.in_channels;
   if (!latents.defined() || latents.rank() != 4 || latents.dtype() != DType::kF32 ||
@@ -359,6 +366,7 @@ Status ZImageDiT::forward(const Tensor& latents, const std::vector<float>& t_mod
     return InvalidArgument("transformer: out must be f32 " + shape_string(out_shape) + ", got " +
                            out.describe());
   }
+  if (control != nullptr) ZI_TRY(check_control(*control, b, lh, lw, cap_len));
   Tensor sin_host = timestep_sinusoid(t_model);  // [B, 256] f32
   if (!sin_host.defined()) return OutOfMemory("timestep sinusoid");
 
@@ -367,7 +375,7 @@ Status ZImageDiT::forward(const Tensor& latents, const std::vector<float>& t_mod
   auto run_eagerly = [&]() -> Status {
     ZI_ASSIGN_OR_RETURN(Layout lay, make_layout(b, lh, lw, cap_len));
     ZI_ASSIGN_OR_RETURN(Tensor sinusoid, load::upload_host(be_, sin_host, be_.act_dtype()));
-    return compute(lay, latents, sinusoid, caps, out, dbg, pfx);
+    return compute(lay, latents, sinusoid, caps, out, dbg, pfx, control);
   };
   // Streamed weights: eager too (the copies and their events run beside the compute stream; at
   // the link's speed the launch overhead a graph saves is noise).
@@ -377,6 +385,10 @@ Status ZImageDiT::forward(const Tensor& latents, const std::vector<float>& t_mod
   // device and the forward is recorded once; each call copies its inputs in, replays, copies out.
   std::vector<int64_t> key{b, lh, lw};
   key.insert(key.end(), cap_len.begin(), cap_len.end());
+  if (control != nullptr) {  // with control: its own recording, keyed by the layers it feeds
+    key.push_back(-1);
+    key.insert(key.end(), control->layers.begin(), control->layers.end());
+  }
   auto it = graphs_.find(key);
   if (it == graphs_.end()) {
     if (graphs_.size() >= max_graphs_) graphs_.clear();  // bounded: shapes seen recently
@@ -390,18 +402,28 @@ Status ZImageDiT::forward(const Tensor& latents, const std::vector<float>& t_mod
       g.caps.push_back(cc);
     }
     ZI_ASSIGN_OR_RETURN(g.out, load::alloc(be_, DType::kF32, out_shape, "dit.graph_out"));
+    if (control != nullptr) {
+      g.control.layers = control->layers;
+      for (const Tensor& h : control->hints) {
+        ZI_ASSIGN_OR_RETURN(Tensor hh, load::alloc(be_, h.dtype(), h.shape(), "dit.graph_hint"));
+        g.control.hints.push_back(hh);
+      }
+    }
     it = graphs_.emplace(key, std::move(g)).first;
   }
   Graphed& g = it->second;
   ZI_TRY(be_.convert(latents, g.latents));
   for (size_t i = 0; i < caps.size(); ++i) ZI_TRY(be_.convert(caps[i], g.caps[i]));
+  for (size_t k = 0; control != nullptr && k < control->hints.size(); ++k)
+    ZI_TRY(be_.convert(control->hints[k], g.control.hints[k]));
   {
     ZI_ASSIGN_OR_RETURN(Tensor sinusoid, load::upload_host(be_, sin_host, be_.act_dtype()));
     ZI_TRY(be_.convert(sinusoid, g.sinusoid));
   }
   if (!g.work) {
+    const ControlResiduals* gc = control != nullptr ? &g.control : nullptr;
     auto rec = be_.record(
-        [&] { return compute(g.layout, g.latents, g.sinusoid, g.caps, g.out, nullptr, pfx); });
+        [&] { return compute(g.layout, g.latents, g.sinusoid, g.caps, g.out, nullptr, pfx, gc); });
     if (!rec.ok()) {
       if (rec.status().code() != ErrorCode::kUnsupported) return rec.status();
       ZI_DEBUG("transformer: forwards run eagerly (%s)", rec.status().message().c_str());
@@ -413,6 +435,31 @@ Status ZImageDiT::forward(const Tensor& latents, const std::vector<float>& t_mod
   }
   ZI_TRY(g.work->replay());
   return be_.convert(g.out, out);
+}
+
+Status ZImageDiT::check_control(const ControlResiduals& control, int64_t b, int64_t lh, int64_t lw,
+                                const std::vector<int64_t>& cap_len) const {
+  const int64_t p = cfg_.patch_size;
+  const int64_t np = round_up((lh / p) * (lw / p), kSeqMultiple);
+  int64_t s_max = 0;
+  for (int64_t len : cap_len) s_max = std::max(s_max, np + round_up(len, kSeqMultiple));
+  const Shape want{b, s_max, cfg_.dim};
+  if (control.layers.size() != control.hints.size())
+    return InvalidArgument(
+        "transformer: control residuals: " + std::to_string(control.layers.size()) +
+        " layers but " + std::to_string(control.hints.size()) + " hints");
+  for (size_t k = 0; k < control.hints.size(); ++k) {
+    const Tensor& h = control.hints[k];
+    if (control.layers[k] < 0 || control.layers[k] >= cfg_.n_layers)
+      return InvalidArgument("transformer: control residual for layer " +
+                             std::to_string(control.layers[k]) + " of a " +
+                             std::to_string(cfg_.n_layers) + "-layer transformer");
+    if (!h.defined() || h.shape() != want || h.dtype() != be_.act_dtype())
+      return InvalidArgument("transformer: control residual " + std::to_string(k) + " must be " +
+                             shape_string(want) + " in the act dtype, got " +
+                             (h.defined() ? h.describe() : std::string("undefined")));
+  }
+  return Status::Ok();
 }
 
 }  // namespace zimage

@@ -19,6 +19,14 @@
 
 namespace zimage {
 
+// ControlNet residuals (model/zimage_controlnet.h): after main layer layers[k] the DiT adds
+// hints[k] ([B, S, D] in the act dtype, already scaled) to its unified sequence, as diffusers
+// adds controlnet_block_samples.
+struct ControlResiduals {
+  std::vector<int> layers;
+  std::vector<Tensor> hints;
+};
+
 class ZImageDiT {
  public:
   static constexpr int kSeqMultiple = 32;   // image and caption parts are padded to this
@@ -53,9 +61,11 @@ class ZImageDiT {
   // follow it must fit axes_lens[0] (see forward's RoPE layout).
   int64_t max_caption_tokens() const;
 
+  // `control` (optional): ControlNet residuals for this input; a recorded forward with control
+  // is keyed apart from one without and copies the hints into its own buffers before replay.
   Status forward(const Tensor& latents, const std::vector<float>& t_model,
                  const std::vector<Tensor>& caps, Tensor& out, DebugSink* dbg = nullptr,
-                 const std::string& dbg_prefix = "dit");
+                 const std::string& dbg_prefix = "dit", const ControlResiduals* control = nullptr);
 
   const TransformerConfig& config() const { return cfg_; }
 
@@ -125,6 +135,7 @@ class ZImageDiT {
     Layout layout;
     Tensor latents, sinusoid, out;
     std::vector<Tensor> caps;
+    ControlResiduals control;  // the hints' fixed buffers (forwards with control)
     std::unique_ptr<RecordedWork> work;
   };
   size_t max_graphs_ = 4;
@@ -146,7 +157,13 @@ class ZImageDiT {
   // The whole forward on device inputs: only backend ops, so it can be recorded.
   Status compute(const Layout& L, const Tensor& latents, const Tensor& sinusoid,
                  const std::vector<Tensor>& caps, Tensor& out, DebugSink* dbg,
-                 const std::string& pfx);
+                 const std::string& pfx, const ControlResiduals* control = nullptr);
+  // The ControlNet (model/zimage_controlnet.cpp) runs this model's embedders, refiners, RoPE
+  // tables and block code on its own tokens.
+  friend class ZImageControlNet;
+  Result<std::shared_ptr<Scratch>> make_scratch(int64_t b, int64_t s);
+  Status check_control(const ControlResiduals& control, int64_t b, int64_t lh, int64_t lw,
+                       const std::vector<int64_t>& cap_len) const;
   Status run_block(const Block& blk, Tensor& x, const Tensor& freqs, const Tensor& c,
                    const AttentionParams& ap, Scratch& s);
   // Block `index` (execution order) ready on the device: the resident one, or a streamed one's

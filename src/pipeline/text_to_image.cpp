@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "core/log.h"
+#include "pipeline/controlnet.h"
 #include "pipeline/finite_check.h"
 #include "pipeline/rng.h"
 #include "pipeline/scheduler.h"
@@ -103,6 +104,7 @@ Status TextToImage::check(const GenerateRequest& req) const {
   if (req.max_sequence_length < 1)
     return InvalidArgument("max_sequence_length: must be at least 1");
   if (req.steps < 1) return InvalidArgument("steps: must be at least 1");
+  ZI_TRY(check_control(req));
   // Prompt length against the DiT's position limit, before anything runs. Prompts are cut at
   // max_sequence_length tokens, so only a limit below that needs the tokenizer.
   const int64_t limit = c_.transformer->max_caption_tokens();
@@ -199,7 +201,22 @@ Result<std::unique_ptr<DenoiseState>> TextToImage::begin(const GenerateRequest& 
       FlowMatchEulerScheduler::create(c_.scheduler, req.steps, (st->h / p) * (st->w / p)));
   st->scheduler = std::move(sched);
   TorchCpuGenerator gen(req.seed);
-  if (req.init_image) {
+  if (req.control_image) {
+    // ControlNet (pipeline/controlnet.h): the control context from the posterior means (no draw),
+    // then the text-to-image noise; with init_image and mask that is ControlNet inpainting.
+    if (cancelled()) return Cancelled("generation cancelled before the VAE encode");
+    report(Phase::kVaeEncode, 0, 0);
+    const double t0 = now_s();
+    ZI_ASSIGN_OR_RETURN(VaeEncoder * enc, vae_encoder());
+    ZI_ASSIGN_OR_RETURN(Tensor ctx, prepare_control_context(
+                                        req, controlnet_->config().control_in_dim, *enc, be_,
+                                        {st->n, st->channels, st->h, st->w}, hooks.debug, *host_));
+    ZI_ASSIGN_OR_RETURN(st->control, be_.upload(ctx, DType::kF32));
+    st->timings.vae_encode_s = now_s() - t0;
+    ZI_ASSIGN_OR_RETURN(Tensor noise, gen.randn({st->n, st->channels, st->h, st->w}));
+    dump_host(hooks.debug, *host_, "init_noise", noise.data_as<float>(), noise.shape());
+    ZI_ASSIGN_OR_RETURN(st->latents, be_.upload(noise, DType::kF32));
+  } else if (req.init_image) {
     // Image-to-image / inpainting: the same generator first samples the image's posterior, then
     // draws the noise (pipeline/image_to_image.h has the order).
     if (cancelled()) return Cancelled("generation cancelled before the VAE encode");
@@ -274,8 +291,39 @@ Status TextToImage::step(const std::vector<DenoiseState*>& states) {
   // also when an init image skips the first t_start steps of the schedule.
   DebugSink* dbg = parts.size() == 1 ? first.hooks.debug : nullptr;
   const std::string step_name = "step" + std::to_string(first.steps_done());
-  ZI_TRY(c_.transformer->forward(in, t_model, caps, out, dbg, "dit." + step_name)
-             .with_context("denoising step " + std::to_string(first.steps_done())));
+  // ControlNet: its residuals for these rows (the control context repeated as the latents are).
+  ControlResiduals residuals;
+  const bool control = first.control.defined();
+  if (control) {
+    if (!controlnet_) return InvalidArgument("control_image: no ControlNet loaded");
+    const int64_t cc = first.control.dim(1);
+    ZI_ASSIGN_OR_RETURN(Tensor ctl, be_.alloc(DType::kF32, {rows, cc, h, w}));
+    for (const Part& pt : parts) {
+      if (!pt.st->control.defined() || pt.st->req.control_scale != first.req.control_scale)
+        return InvalidArgument(
+            "denoising step: ControlNet requests batch only with each other, "
+            "at one control scale");
+      Tensor pos_rows = ctl.slice0(pt.row0, pt.row0 + pt.st->n);
+      ZI_TRY(be_.convert(pt.st->control, pos_rows));
+      if (pt.guidance > 0.0f) {
+        Tensor neg_rows = ctl.slice0(pt.row0 + pt.st->n, pt.row0 + 2 * pt.st->n);
+        ZI_TRY(be_.convert(pt.st->control, neg_rows));
+      }
+    }
+    ZI_TRY(controlnet_
+               ->forward(in, t_model, caps, ctl, first.req.control_scale, residuals, dbg,
+                         "controlnet." + step_name)
+               .with_context("denoising step " + std::to_string(first.steps_done())));
+  } else {
+    for (const Part& pt : parts)
+      if (pt.st->control.defined())
+        return InvalidArgument("denoising step: ControlNet requests batch only with each other");
+  }
+  ZI_TRY(
+      c_.transformer
+          ->forward(in, t_model, caps, out, dbg, "dit." + step_name, control ? &residuals : nullptr)
+          .with_context("denoising step " + std::to_string(first.steps_done())));
+  residuals = ControlResiduals();
   in = Tensor();
 
   // NaN/Inf never reach the image silently (a black picture): one count over the whole output,
@@ -464,6 +512,38 @@ Result<TextToImageOutput> TextToImage::run(const GenerateRequest& req,
     ZI_TRY(step({st.get()}));
   }
   return finish(*st);
+}
+
+Status TextToImage::load_controlnet(const std::string& path) {
+  // The memory planner does not count a ControlNet (up to ~6 GB in bf16 for 2.x): with a budget
+  // the load would silently exceed it, or the streamed transformer could not serve it.
+  if (plan_.budget > 0)
+    return Unsupported("--controlnet " + path +
+                       ": a device-memory budget (--vram-budget) with a ControlNet is not "
+                       "supported yet; run without the budget");
+  ZI_ASSIGN_OR_RETURN(controlnet_, ZImageControlNet::load(path, *c_.transformer, be_));
+  return Status::Ok();
+}
+
+Status TextToImage::check_control(const GenerateRequest& req) const {
+  if (!req.control_image) return Status::Ok();
+  if (!controlnet_)
+    return InvalidArgument("control_image: no ControlNet loaded (give --controlnet PATH)");
+  if (!std::isfinite(req.control_scale))
+    return InvalidArgument("control_scale: must be a finite number");
+  if (req.strength) return InvalidArgument("strength: does not apply to ControlNet requests");
+  if (req.init_image && !req.mask)
+    return InvalidArgument(
+        "init_image: with a control_image it needs a mask (ControlNet "
+        "inpainting); diffusers has no ControlNet image-to-image for Z-Image");
+  const int need = 2 * latent_channels() + 1;
+  if (req.mask && controlnet_->config().control_in_dim < need)
+    return InvalidArgument(
+        "mask: ControlNet inpainting needs a ControlNet with mask channels "
+        "(2.x); " +
+        controlnet_->path() + " has " + std::to_string(controlnet_->config().control_in_dim) +
+        " control channels");
+  return Status::Ok();
 }
 
 }  // namespace zimage

@@ -31,6 +31,7 @@
 #include "model/qwen3_encoder.h"
 #include "model/vae.h"
 #include "model/vae_tiling.h"
+#include "model/zimage_controlnet.h"
 #include "model/zimage_dit.h"
 #include "pipeline/image_to_image.h"
 #include "pipeline/memory_plan.h"
@@ -73,6 +74,9 @@ struct DenoiseState {
   // every step.
   int first_step = 0;
   std::optional<InpaintLatents> inpaint;
+  // ControlNet requests (pipeline/controlnet.h): the control context [n, Cc, h, w] f32 on the
+  // backend; undefined without control.
+  Tensor control;
   PhaseTimings timings;
   double start_s = 0;                         // steady clock at begin()
   int64_t n = 0, channels = 0, h = 0, w = 0;  // latent batch and shape
@@ -163,6 +167,12 @@ class TextToImage {
   // Default: auto with the backend's free memory as the budget.
   void set_vae_tiling(const VaeTilingPolicy& p) { vae_tiling_ = p; }
 
+  // Loads a ControlNet (folder or single file, model/zimage_controlnet.h) for this pipeline's
+  // transformer; requests with a control_image use it from then on.
+  Status load_controlnet(const std::string& path);
+  Status check_control(const GenerateRequest& req) const;
+  const ZImageControlNet* controlnet() const { return controlnet_.get(); }
+
   int vae_factor() const;     // image pixels per latent pixel: 2^(len(block_out_channels) - 1)
   int size_multiple() const;  // vae_factor * patch_size: what width and height must divide by
   int latent_channels() const;
@@ -199,6 +209,7 @@ class TextToImage {
   VaeTilingPolicy vae_tiling_;
   bool device_step_ = true;
   std::unique_ptr<Backend> host_;  // a 1-thread CPU backend: dumps of host tensors
+  std::unique_ptr<ZImageControlNet> controlnet_;
 };
 
 // Loads the VAE encoder of the diffusers folder `model_dir` onto `be` (text_to_image_load.cpp).

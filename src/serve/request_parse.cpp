@@ -391,6 +391,7 @@ Result<JobSpec> openai_spec(const json& obj, const ParseLimits& lim, uint64_t ra
       "model", "quality", "style", "user", "background", "moderation"};
   std::set<std::string> known = kKnown;
   if (req.init_image) known.insert({"strength", "input_fidelity"});
+  if (req.control_image) known.insert("control_scale");
   ZI_TRY(check_fields(obj, known));
   const size_t max_bytes = lim.request.max_prompt_bytes;
   JobSpec spec;
@@ -404,7 +405,8 @@ Result<JobSpec> openai_spec(const json& obj, const ParseLimits& lim, uint64_t ra
     ZI_TRY(
         default_size(*req.init_image, lim.request.size_multiple, "image", &req.width, &req.height));
   ZI_TRY(parse_size(obj, &req.width, &req.height));
-  if (req.init_image) ZI_TRY(get_strength(obj, "strength", &req.strength));
+  if (req.init_image && !req.control_image) ZI_TRY(get_strength(obj, "strength", &req.strength));
+  ZI_TRY(get_number(obj, "control_scale", -100.0, 100.0, &req.control_scale));
   req.steps = lim.default_steps;
   ZI_TRY(get_int(obj, "num_inference_steps", 1, lim.request.max_steps, &req.steps));
   ZI_TRY(get_number(obj, "guidance_scale", 0.0, 100.0, &req.guidance));
@@ -444,6 +446,43 @@ Result<JobSpec> openai_spec(const json& obj, const ParseLimits& lim, uint64_t ra
   return spec;
 }
 
+// The ControlNet extension's unit in an A1111 body ("alwayson_scripts": {"controlnet": {"args":
+// [{"image" (or "input_image"): base64, "weight": scale, "enabled": bool, ...}]}}): the engine's
+// ControlNet (--controlnet) reads the image; "model", "module" and the other unit fields are
+// ignored (no preprocessor runs: the image is the condition as given). One enabled unit at most.
+Status a1111_controlnet(const json& obj, GenerateRequest* req) {
+  const json* scripts = field(obj, "alwayson_scripts");
+  if (scripts == nullptr || !scripts->is_object()) return Status::Ok();
+  const json* cn = field(*scripts, "controlnet");
+  if (cn == nullptr) cn = field(*scripts, "ControlNet");
+  if (cn == nullptr) return Status::Ok();
+  const json* args = cn->is_object() ? field(*cn, "args") : nullptr;
+  if (args == nullptr || !args->is_array())
+    return InvalidArgument("alwayson_scripts.controlnet.args: must be an array of units");
+  const json* unit = nullptr;
+  for (const json& u : *args) {
+    if (!u.is_object())
+      return InvalidArgument("alwayson_scripts.controlnet.args: each unit must be an object");
+    const json* en = field(u, "enabled");
+    if (en != nullptr && !en->is_boolean())
+      return InvalidArgument("alwayson_scripts.controlnet.args[].enabled: must be a boolean");
+    if (en != nullptr && !en->get<bool>()) continue;
+    if (unit != nullptr)
+      return InvalidArgument("alwayson_scripts.controlnet.args: one enabled unit at most");
+    unit = &u;
+  }
+  if (unit == nullptr) return Status::Ok();
+  const json* img = field(*unit, "image");
+  if (img == nullptr) img = field(*unit, "input_image");
+  if (img == nullptr || !img->is_string())
+    return InvalidArgument("alwayson_scripts.controlnet.args[].image: a base64 image is required");
+  ZI_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes,
+                      base64_decode(img->get_ref<const std::string&>(), "control_image"));
+  ZI_ASSIGN_OR_RETURN(req->control_image, decode_request_image(bytes, "control_image"));
+  req->control_scale = 1.0f;  // the extension's default weight
+  return get_number(*unit, "weight", -100.0, 100.0, &req->control_scale);
+}
+
 // The A1111 fields of `obj`; `req` may already hold an init image (img2img).
 Result<JobSpec> a1111_spec(const json& obj, const ParseLimits& lim, uint64_t random_seed,
                            GenerateRequest req) {
@@ -474,6 +513,7 @@ Result<JobSpec> a1111_spec(const json& obj, const ParseLimits& lim, uint64_t ran
     return InvalidArgument(
         "n_iter: batch_size x n_iter = " + std::to_string(req.images_per_prompt * n_iter) +
         " images exceeds the limit " + std::to_string(lim.request.max_batch));
+  ZI_TRY(a1111_controlnet(obj, &req));
   ZI_TRY(rename_fields(check_request(req, lim.request), Dialect::kA1111));
   // As A1111: iteration i uses seed + i * batch_size (wrapping past 2^64 - 1).
   for (int i = 0; i < n_iter; ++i) {
@@ -501,12 +541,19 @@ Result<JobSpec> parse_a1111(std::string_view body, const ParseLimits& lim, uint6
 Result<JobSpec> parse_openai_edit(const std::vector<FormPart>& form, const ParseLimits& lim,
                                   uint64_t random_seed) {
   // Text fields become a JSON object for openai_spec; numbers are parsed from their text.
-  static const std::set<std::string> kNumbers = {"n",    "num_inference_steps", "guidance_scale",
-                                                 "seed", "output_compression",  "strength"};
+  static const std::set<std::string> kNumbers = {
+      "n",        "num_inference_steps", "guidance_scale", "seed", "output_compression",
+      "strength", "control_scale"};
   json obj = json::object();
   const FormPart* image = nullptr;
   const FormPart* mask = nullptr;
+  const FormPart* control = nullptr;  // ControlNet inpainting: the control image
   for (const FormPart& p : form) {
+    if (p.name == "control_image") {
+      if (control != nullptr) return InvalidArgument("control_image: one file per request");
+      control = &p;
+      continue;
+    }
     const bool is_image = p.name == "image" || p.name == "image[]";
     if (is_image || p.name == "mask") {
       const FormPart*& slot = is_image ? image : mask;
@@ -540,6 +587,10 @@ Result<JobSpec> parse_openai_edit(const std::vector<FormPart>& form, const Parse
   if (mask != nullptr) {
     const std::vector<uint8_t> mask_bytes(mask->content.begin(), mask->content.end());
     ZI_ASSIGN_OR_RETURN(req.mask, decode_openai_mask(mask_bytes, "mask"));
+  }
+  if (control != nullptr) {
+    const std::vector<uint8_t> bytes(control->content.begin(), control->content.end());
+    ZI_ASSIGN_OR_RETURN(req.control_image, decode_request_image(bytes, "control_image"));
   }
   return openai_spec(obj, lim, random_seed, std::move(req));
 }

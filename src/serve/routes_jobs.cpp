@@ -48,7 +48,10 @@ json job_parameters(const JobSpec& spec) {
             {"n", r.images_per_prompt},
             {"output_format", format_name(spec.output_format)}};
   if (r.negative_prompt) p["negative_prompt"] = *r.negative_prompt;
-  if (r.init_image) {  // image-to-image / inpainting (the images themselves are not echoed)
+  if (r.control_image) {  // ControlNet (inpainting with a mask); no strength
+    p["mode"] = r.mask ? "controlnet_inpaint" : "controlnet";
+    p["control_scale"] = r.control_scale;
+  } else if (r.init_image) {  // image-to-image / inpainting (the images are not echoed)
     p["mode"] = r.mask ? "inpaint" : "img2img";
     p["strength"] = effective_strength(r);
     p["denoising_steps"] = denoising_steps(r);

@@ -8,6 +8,7 @@
 #include "serve/metrics.h"
 #include "serve/request_parse.h"
 #include "serve/sse.h"
+#include "zimage/zimage.h"
 
 namespace zimage::serve {
 namespace {
@@ -151,6 +152,57 @@ TEST(ServeParse, MetricsText) {
   EXPECT_NE(t.find("zimage_phase_seconds_bucket{phase=\"vae\",le=\"5\"} 2"), std::string::npos);
   EXPECT_NE(t.find("zimage_phase_seconds_count{phase=\"vae\"} 2"), std::string::npos);
   EXPECT_NE(t.find("# TYPE zimage_phase_seconds histogram"), std::string::npos);
+}
+
+// ControlNet fields: A1111's ControlNet extension unit (image + weight) and the edits form's
+// control_image part with control_scale; bad units are named.
+TEST(ServeParse, ControlNetFields) {
+  Image img;
+  img.width = 32;
+  img.height = 32;
+  img.rgb.assign(32 * 32 * 3, 100);
+  auto png = png_encode(img);
+  ASSERT_TRUE(png.ok());
+  const std::string b64 = base64_encode(*png);
+  auto a = parse_a1111(R"({"prompt": "p", "alwayson_scripts": {"controlnet": {"args": [
+                             {"enabled": false, "image": "x"},
+                             {"image": ")" +
+                           b64 + R"(", "weight": 0.5, "model": "any"}]}}})",
+                       limits(), 0);
+  ASSERT_TRUE(a.ok()) << a.status().to_string();
+  ASSERT_TRUE(a->runs[0].control_image.has_value());
+  EXPECT_EQ(a->runs[0].control_image->width, 32);
+  EXPECT_EQ(a->runs[0].control_image->rgb, img.rgb);
+  EXPECT_EQ(a->runs[0].control_scale, 0.5f);
+  auto none = parse_a1111(R"({"prompt": "p"})", limits(), 0);
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE(none->runs[0].control_image.has_value());
+  auto two = parse_a1111(R"({"prompt": "p", "alwayson_scripts": {"controlnet": {"args": [
+                              {"image": ")" +
+                             b64 + R"("}, {"image": ")" + b64 + R"("}]}}})",
+                         limits(), 0);
+  ASSERT_FALSE(two.ok());
+  EXPECT_NE(two.status().message().find("one enabled unit"), std::string::npos);
+  auto no_image = parse_a1111(
+      R"({"prompt": "p", "alwayson_scripts": {"controlnet": {"args": [{"weight": 1}]}}})", limits(),
+      0);
+  ASSERT_FALSE(no_image.ok());
+  EXPECT_NE(no_image.status().message().find("base64 image is required"), std::string::npos);
+
+  const std::string bytes(png->begin(), png->end());
+  std::vector<FormPart> form(4);
+  form[0].name = "image";
+  form[0].content = bytes;
+  form[1].name = "control_image";
+  form[1].content = bytes;
+  form[2].name = "prompt";
+  form[2].content = "p";
+  form[3].name = "control_scale";
+  form[3].content = "0.25";
+  auto e = parse_openai_edit(form, limits(), 0);
+  ASSERT_TRUE(e.ok()) << e.status().to_string();
+  ASSERT_TRUE(e->runs[0].control_image.has_value());
+  EXPECT_EQ(e->runs[0].control_scale, 0.25f);
 }
 
 }  // namespace
