@@ -16,11 +16,18 @@
 #   serve     zimage serve on that folder with --batching on, then off: tools/serve_bench.py
 #             (1/4/16 clients, 512² and 1024²) -> $OUT/serve_bench.jsonl, and the batched
 #             images against the one-by-one images (max pixel difference) -> $OUT/serve_diff.txt
+#   formats   the full-size random folder converted (zimage convert) to a bf16 single-file DiT,
+#             ComfyUI scaled FP8 (DiT + text encoder), GGUF Q8_0 and Q4_K DiTs, one at a time in
+#             $ZF (deleted after its rows: the disk holds 64 GiB); for each and the folder: load
+#             time, s / image at 1024² 8 steps (median of 3) and driver-side peak GPU memory
+#             (zimage bench --vram-budget 0) -> $OUT/formats.json, $OUT/formats.md, conversion
+#             times -> $OUT/formats_convert.txt
 # Usage: scripts/gpu_run.sh STAGE [STAGE ...]   (e.g. build test, or model bench parity diffusers compare)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/zimage-out}
 ZR=${ZR:-/tmp/zimage-random-turbo}
+ZF=${ZF:-/tmp/zimage-formats}
 # The build folder the carried binaries were configured in (PRESET of stage_gpu_carry.sh).
 BUILD_DIR=build/${PRESET:-gpu}
 BIN=$BUILD_DIR/zimage
@@ -162,6 +169,57 @@ print(r); json.dump(r, open('$OUT/weights_fp8_quality.json', 'w'))" || rc=1 ;;
       python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
       PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 python3 tools/diffusers_offload.py --model "$ZR" \
         --json "$OUT/diffusers_offload.json" ${OFFLOAD_ARGS:-} 2>&1 | grep -v Warning | tail -8 || rc=1 ;;
+    formats)
+      # One bench row per format; each converted file is deleted before the next is written.
+      rm -rf "$ZF" "$OUT"/formats_*.json && mkdir -p "$ZF"
+      : > "$OUT/formats_convert.txt"
+      bench_row() {  # NAME [bench flags...]
+        local name=$1; shift
+        "$BIN" bench --model "$ZR" --vram-budget 0 --iters ${FORMAT_ITERS:-3} --steps 8 --sizes 1024 \
+          "$@" --json "$OUT/formats_$name.json" 2>&1 | grep -v "^bench:" | tail -3 || rc=1
+      }
+      convert() {  # FORMAT COMPONENT
+        local t=$(date +%s)
+        "$BIN" convert --model "$ZR" --format "$1" --component "$2" --out "$ZF" --quiet \
+          2>&1 | tee -a "$OUT/formats_convert.txt" || rc=1
+        echo "convert $1 $2: $(( $(date +%s) - t )) s, $(du -sh "$ZF" | cut -f1)" | tee -a "$OUT/formats_convert.txt"
+      }
+      bench_row folder
+      convert bf16 transformer
+      bench_row bf16_single_file --dit "$ZF/z_image_turbo_bf16.safetensors"
+      rm -f "$ZF"/*.safetensors
+      convert fp8 transformer && convert fp8 text_encoder
+      bench_row fp8_scaled --dit "$ZF/z_image_turbo_fp8_scaled.safetensors" \
+        --text-encoder "$ZF/qwen_3_4b_fp8_scaled.safetensors"
+      bench_row fp8_scaled_widened --dit "$ZF/z_image_turbo_fp8_scaled.safetensors" \
+        --text-encoder "$ZF/qwen_3_4b_fp8_scaled.safetensors" --widen-quantized
+      rm -f "$ZF"/*.safetensors
+      for q in q8_0 q4_k; do
+        convert $q transformer
+        bench_row gguf_$q --dit "$ZF"/z_image_turbo-*.gguf
+        rm -f "$ZF"/*.gguf
+      done
+      python3 - "$OUT" <<'PY' || rc=1
+import glob, json, os, sys
+out = sys.argv[1]
+rows = []
+for name in ["folder", "bf16_single_file", "fp8_scaled", "fp8_scaled_widened", "gguf_q8_0", "gguf_q4_k"]:
+    p = os.path.join(out, "formats_%s.json" % name)
+    if not os.path.exists(p):
+        rows.append({"format": name, "error": "no result"}); continue
+    r = json.load(open(p))["budget_rows"][0]
+    r["format"] = name
+    rows.append(r)
+json.dump({"formats": rows}, open(os.path.join(out, "formats.json"), "w"), indent=1)
+with open(os.path.join(out, "formats.md"), "w") as f:
+    f.write("| format | load s | s / image (1024², 8 steps, median of 3) | first image s | driver peak GiB |\n| --- | --- | --- | --- | --- |\n")
+    for r in rows:
+        if "error" in r:
+            f.write("| %s | %s | | | |\n" % (r["format"], r["error"])); continue
+        f.write("| %s | %.2f | %.3f | %.2f | %.2f |\n" % (r["format"], r["load_s"], r["image_s"], r["first_image_s"], r["driver_peak_gib"]))
+print(open(os.path.join(out, "formats.md")).read())
+PY
+      rm -rf "$ZF" ;;
     *) echo "unknown stage $stage"; rc=2 ;;
   esac
   echo "== stage $stage: $(( $(date +%s) - t0 )) s"

@@ -28,6 +28,9 @@ struct Options {
   std::string model;
   std::vector<double> budgets;  // --vram-budget rows (GiB; 0 = no limit)
   std::string weights = "bf16";
+  // Single files replacing components of --model (--dit, --text-encoder, --vae; budget rows only).
+  std::string dit_file, text_encoder_file, vae_file;
+  bool keep_quantized = true;  // --widen-quantized: false
   bool random_weights = false;
   std::string random_dir = "/tmp/zimage-random-turbo";
   std::string device = "cuda";

@@ -123,11 +123,21 @@ void run_budget_rows(const Options& o, const std::string& dir, json& R) {
     PipelineLoadOptions lo;
     lo.vram_budget = static_cast<uint64_t>(budget * 1024.0 * 1024.0 * 1024.0);
     lo.fp8_weights = o.weights == "fp8";
+    lo.keep_quantized = o.keep_quantized;
     lo.plan_width = lo.plan_height = res;
     json row = {{"budget_gib", budget}, {"weights", o.weights}};
+    ModelPaths paths;
+    paths.model_dir = dir;
+    paths.transformer_file = o.dit_file;
+    paths.text_encoder_file = o.text_encoder_file;
+    paths.vae_file = o.vae_file;
+    if (!o.dit_file.empty()) row["dit_file"] = o.dit_file;
+    if (!o.text_encoder_file.empty()) row["text_encoder_file"] = o.text_encoder_file;
+    if (!o.vae_file.empty()) row["vae_file"] = o.vae_file;
+    row["keep_quantized"] = o.keep_quantized;
     DriverPeak peak(**be);
     const double t0 = now_s();
-    auto pipe = TextToImage::load(dir, **be, lo);
+    auto pipe = TextToImage::load(paths, **be, lo);
     if (!pipe.ok()) {
       row["error"] = pipe.status().to_string();
       std::printf("| %.0f GiB | %s | %s | | | | | |\n", budget, o.weights.c_str(),
@@ -225,6 +235,10 @@ void run_bench(const Options& o) {
     if (!o.json_path.empty()) check(write_output_file(o.json_path, R.dump(1) + "\n"));
     return;
   }
+  if (!o.dit_file.empty() || !o.text_encoder_file.empty() || !o.vae_file.empty())
+    fail(
+        InvalidArgument("--dit, --text-encoder and --vae are measured by the --vram-budget rows "
+                        "(use --vram-budget 0 for no limit)"));
 
   const double mem0 = gpu_used_gib();
   auto loaded = load_all(dir, o.device, DType::kBF16, o.threads);
@@ -573,6 +587,18 @@ void register_bench_command(CLI::App& app) {
   cmd->add_option("--weights", o->weights,
                   "bf16 or fp8 weights for the --vram-budget and --lora rows")
       ->check(CLI::IsMember({"bf16", "fp8"}));
+  cmd->add_option("--dit", o->dit_file,
+                  "Transformer single file (safetensors, FP8, GGUF) replacing --model's "
+                  "(--vram-budget rows)")
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--text-encoder", o->text_encoder_file,
+                  "Text-encoder single file replacing --model's (--vram-budget rows)")
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--vae", o->vae_file, "VAE single file replacing --model's (--vram-budget rows)")
+      ->check(CLI::ExistingFile);
+  cmd->add_flag(
+      "--widen-quantized", [o](int64_t) { o->keep_quantized = false; },
+      "Widen FP8 / GGUF weights to bf16 at load instead of keeping them quantised");
   cmd->callback([o] { run_bench(*o); });
 }
 

@@ -27,6 +27,8 @@
 #include "io/model_folder.h"
 #include "io/single_file.h"
 #include "io/weights.h"
+#include "model/qwen3_encoder.h"
+#include "model/zimage_dit.h"
 #include "pipeline/text_to_image.h"
 
 namespace zimage::cli {
@@ -184,6 +186,21 @@ std::string config_line(const ordered_json& cfg) {
   return s;
 }
 
+// What the blocks' linear weights take on a bf16 GPU when kept as the file stores them
+// (model/quantized_linear.h) against widened to bf16; "" when nothing is kept.
+std::string kept_line(int64_t stored_per_unit, int64_t wide_per_unit, int units) {
+  if (stored_per_unit >= wide_per_unit) return "";
+  auto size = [](double b) {
+    char s[32];
+    std::snprintf(s, sizeof s, b >= (1u << 30) ? "%.2f GiB" : "%.2f MiB",
+                  b / (b >= (1u << 30) ? (1u << 30) : (1u << 20)));
+    return std::string(s);
+  };
+  return "block weights kept quantised on the device: about " +
+         size(static_cast<double>(stored_per_unit) * units) + " for " + std::to_string(units) +
+         " blocks (" + size(static_cast<double>(wide_per_unit) * units) + " widened to bf16)";
+}
+
 // Per component of a single file: prefix, inferred config, FP8 format (errors are reported by
 // TextToImage::check_file; a component whose config cannot be inferred has no "config").
 ordered_json single_file_json(const std::string& path, const SingleFileLayout& layout) {
@@ -195,11 +212,23 @@ ordered_json single_file_json(const std::string& path, const SingleFileLayout& l
     if (cw.ok()) {
       const TensorShapes shapes = tensor_shapes(cw->store);
       if (c == Component::kTransformer) {
-        if (auto cfg = infer_transformer_config(shapes, path); cfg.ok())
+        if (auto cfg = infer_transformer_config(shapes, path); cfg.ok()) {
           j["config"] = transformer_json(*cfg);
+          const std::string k =
+              kept_line(ZImageDiT::stored_block_weight_bytes(*cfg, cw->store, DType::kBF16, {}),
+                        ZImageDiT::block_weight_bytes(*cfg, DType::kBF16, false),
+                        2 * cfg->n_refiner_layers + cfg->n_layers);
+          if (!k.empty()) j["kept_quantized"] = k;
+        }
       } else if (c == Component::kTextEncoder) {
-        if (auto cfg = infer_text_encoder_config(shapes, path); cfg.ok())
+        if (auto cfg = infer_text_encoder_config(shapes, path); cfg.ok()) {
           j["config"] = text_encoder_json(*cfg);
+          const std::string k =
+              kept_line(Qwen3Encoder::stored_layer_weight_bytes(*cfg, cw->store, DType::kBF16, {}),
+                        Qwen3Encoder::layer_weight_bytes(*cfg, DType::kBF16, false),
+                        cfg->num_hidden_layers - 1);
+          if (!k.empty()) j["kept_quantized"] = k;
+        }
       } else if (auto cfg = infer_vae_config(shapes, path); cfg.ok()) {
         j["config"] = vae_json(*cfg);
       }
@@ -270,6 +299,8 @@ void run_info(std::string path, bool as_json, bool with_tensors) {
             std::printf("  config (inferred from the tensor shapes): %s\n",
                         config_line(c["config"]).c_str());
           if (c.contains("fp8")) std::printf("  fp8: %s\n", c["fp8"].get<std::string>().c_str());
+          if (c.contains("kept_quantized"))
+            std::printf("  %s\n", c["kept_quantized"].get<std::string>().c_str());
         }
         if (errors.empty())
           std::printf(

@@ -29,4 +29,7 @@ void register_serve_command(CLI::App& app);
 // zimage bench [--model DIR | --random-weights] (speed and memory figures).
 void register_bench_command(CLI::App& app);
 
+// zimage convert --format FMT --out DIR (bf16 / scaled FP8 single files, GGUF DiT files).
+void register_convert_command(CLI::App& app);
+
 }  // namespace zimage::cli

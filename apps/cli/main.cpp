@@ -22,6 +22,7 @@ int main(int argc, char** argv) {
   zimage::cli::register_info_command(app);
   zimage::cli::register_tokenize_command(app);
   zimage::cli::register_serve_command(app);
+  zimage::cli::register_convert_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

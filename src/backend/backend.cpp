@@ -26,6 +26,10 @@ Status Backend::dequantize_fp8_rows(const Tensor&, const Tensor&, Tensor&) {
   return Unsupported(name() + " has no FP8 weight support");
 }
 
+Status Backend::dequantize_packed(uint32_t, const Tensor&, Tensor&) {
+  return Unsupported(name() + " cannot dequantise packed GGUF weights");
+}
+
 Result<Tensor> Backend::alloc_pinned(DType dtype, const Shape& shape) {
   Tensor t = Tensor::host(dtype, shape);
   if (!t.defined()) return OutOfMemory("host memory for " + shape_string(shape));

@@ -142,7 +142,13 @@ class Backend {
   // (1 / s[n]), ±448)) rounded to nearest even. w8 kF8E4M3 [N, K], scale f32 [N].
   virtual Status quantize_fp8_rows(const Tensor& w, Tensor& w8, Tensor& scale);
   // y[N, K] (act dtype) = float(w8) · s[n], rounded once to y's dtype: the weight a GEMM uses.
+  // w8 is kF8E4M3 or kF8E5M2 (an FP8 checkpoint's weights, kept as the file stores them).
   virtual Status dequantize_fp8_rows(const Tensor& w8, const Tensor& scale, Tensor& y);
+  // GGUF blocks kept packed on the device: blocks kU8 [N, row bytes] holding N rows of ggml type
+  // `ggml_type` (io/gguf_quants.h), y[N, K] (act dtype) = their dequantisation, each value the
+  // CPU oracle's float32 (dequantize_rows) rounded once to y's dtype. The default answers
+  // kUnsupported.
+  virtual Status dequantize_packed(uint32_t ggml_type, const Tensor& blocks, Tensor& y);
 
   // W8A8 FP8 linear (--precision fp8): the activations are quantised per row (token) exactly as
   // quantize_fp8_rows quantises a weight, x8[m] = e4m3(x[m, :] / sx[m]) with sx[m] =

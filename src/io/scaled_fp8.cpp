@@ -116,7 +116,6 @@ std::string Fp8Summary::describe() const {
   if (scaled_weights > 0) {
     s += std::to_string(scaled_weights) + " scaled FP8 weight(s)";
     if (per_row_scales > 0) s += " (" + std::to_string(per_row_scales) + " with per-row scales)";
-    s += " dequantised at load";
   }
   if (plain_fp8 > 0) {
     s += std::string(scaled_weights > 0 ? ", " : "") + std::to_string(plain_fp8) +
@@ -285,6 +284,10 @@ Result<Fp8Summary> apply_scaled_fp8(WeightStore& ws, const std::shared_ptr<Safet
       w.data = base;
       w.scale = scale;
       return dequantize_f32(w, raw);
+    }));
+    ZI_TRY(ws.set_fp8_source(wname, [file, raw, scale]() -> Result<Fp8StoredWeight> {
+      ZI_ASSIGN_OR_RETURN(Tensor data, file->tensor(raw));
+      return Fp8StoredWeight{data, scale};
     }));
     ++sum.scaled_weights;
     if (per_row) ++sum.per_row_scales;

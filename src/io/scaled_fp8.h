@@ -53,7 +53,7 @@ Result<Tensor> dequantize_f32(const ScaledWeight& w, const std::string& name);
 struct Fp8Summary {
   std::string format;                   // "" none, "fp8" plain casts, "comfy scaled_fp8 (legacy)",
                                         // "comfy quant", "weight_scale"
-  int scaled_weights = 0;               // weights with a scale (dequantised at load)
+  int scaled_weights = 0;               // weights with a scale
   int per_row_scales = 0;               // of which with one scale per output row
   int input_scales = 0;                 // static activation scales recorded (unused)
   int plain_fp8 = 0;                    // FP8 tensors without a scale (converted by value)

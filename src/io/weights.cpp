@@ -405,6 +405,56 @@ Result<PackedWeight> WeightStore::packed(const std::string& name) const {
   return it->second.computed->packed();
 }
 
+bool WeightStore::is_packed(const std::string& name) const {
+  auto it = entries_.find(name);
+  return it != entries_.end() && it->second.computed && it->second.computed->packed;
+}
+
+bool WeightStore::is_scaled_fp8(const std::string& name) const {
+  auto it = entries_.find(name);
+  return it != entries_.end() && it->second.computed && it->second.computed->fp8;
+}
+
+Result<PackedWeight> WeightStore::peek_packed(const std::string& name) const {
+  auto it = entries_.find(name);
+  if (it == entries_.end()) return NotFound(path_ + ": no tensor named " + in_quotes(name));
+  if (!it->second.computed || !it->second.computed->packed)
+    return Unsupported(path_ + ": tensor " + in_quotes(name) + " is not stored packed");
+  return it->second.computed->packed();
+}
+
+Result<Fp8StoredWeight> WeightStore::peek_fp8(const std::string& name) const {
+  auto it = entries_.find(name);
+  if (it == entries_.end()) return NotFound(path_ + ": no tensor named " + in_quotes(name));
+  if (!it->second.computed || !it->second.computed->fp8)
+    return Unsupported(path_ + ": tensor " + in_quotes(name) + " is not a scaled FP8 weight");
+  return it->second.computed->fp8();
+}
+
+Result<Fp8StoredWeight> WeightStore::fp8(const std::string& name) const {
+  auto it = entries_.find(name);
+  if (it == entries_.end()) return NotFound(path_ + ": no tensor named " + in_quotes(name));
+  if (!it->second.computed || !it->second.computed->fp8)
+    return Unsupported(path_ + ": tensor " + in_quotes(name) + " is not a scaled FP8 weight");
+  {
+    std::lock_guard<std::mutex> lock(used_->mu);
+    used_->names.insert(name);
+  }
+  return it->second.computed->fp8();
+}
+
+Status WeightStore::set_fp8_source(const std::string& name,
+                                   std::function<Result<Fp8StoredWeight>()> fn) {
+  auto it = entries_.find(name);
+  if (it == entries_.end()) return NotFound(path_ + ": no tensor named " + in_quotes(name));
+  if (!it->second.computed)
+    return InternalError(path_ + ": tensor " + in_quotes(name) + " is not a computed tensor");
+  auto w = std::make_shared<ComputedWeight>(*it->second.computed);
+  w->fp8 = std::move(fn);
+  it->second.computed = std::move(w);
+  return Status::Ok();
+}
+
 Status WeightStore::remove(const std::string& name) {
   if (entries_.erase(name) == 0) return NotFound(path_ + ": no tensor named " + in_quotes(name));
   return Status::Ok();

@@ -48,6 +48,13 @@ struct PackedWeight {
   std::shared_ptr<const void> keep;  // keeps `data` alive
 };
 
+// A weight an FP8 checkpoint stores with a dequantisation scale (io/scaled_fp8.h), as stored:
+// W = float32(data) * scale, for a model that keeps it FP8 on the device.
+struct Fp8StoredWeight {
+  Tensor data;   // host view of the file, F8_E4M3 or F8_E5M2, [N, K]
+  Tensor scale;  // host f32, [1] (per tensor) or [N] (per output row)
+};
+
 // A tensor made on demand as an owned host tensor instead of read from a safetensors file: a
 // dequantised GGUF or scaled-FP8 tensor, a LoRA-merged weight, one part of a fused tensor.
 // `info` states what make() returns (make's result is checked against it); `stored_bytes` is what
@@ -58,6 +65,8 @@ struct ComputedWeight {
   std::function<Result<Tensor>()> make;
   // Optional: the stored blocks behind a dequantised tensor (PackedWeight above).
   std::function<Result<PackedWeight>()> packed;
+  // Optional: the FP8 bytes and scale behind a dequantised scaled-FP8 weight.
+  std::function<Result<Fp8StoredWeight>()> fp8;
 };
 
 class WeightStore {
@@ -105,6 +114,16 @@ class WeightStore {
   void add_backing_file(const std::string& path, uint64_t bytes, std::shared_ptr<const void> keep);
   // The stored blocks of `name` (counts as used); kUnsupported when it is not stored packed.
   Result<PackedWeight> packed(const std::string& name) const;
+  // Whether `name` is stored packed / as scaled FP8 (does not count as used; false if absent).
+  bool is_packed(const std::string& name) const;
+  bool is_scaled_fp8(const std::string& name) const;
+  // As packed() / fp8(), without counting `name` as used (to size it before loading).
+  Result<PackedWeight> peek_packed(const std::string& name) const;
+  Result<Fp8StoredWeight> peek_fp8(const std::string& name) const;
+  // The FP8 bytes and scale of `name` (counts as used); kUnsupported when it has none.
+  Result<Fp8StoredWeight> fp8(const std::string& name) const;
+  // Attaches the FP8 source of computed tensor `name` (a scaled-FP8 weight made by transform()).
+  Status set_fp8_source(const std::string& name, std::function<Result<Fp8StoredWeight>()> fn);
   // Strips a leading prefix from every name that has it (e.g. "model." in some text-encoder
   // exports). Fails, changing nothing, if two names would become equal.
   Status strip_prefix(const std::string& prefix);

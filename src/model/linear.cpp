@@ -10,14 +10,17 @@ namespace {
 
 Status linear_base(Backend& be, const Tensor& x, const LinearWeight& w, const Tensor& bias,
                    const Tensor& scratch, Tensor& y) {
-  if (!w.fp8()) return be.matmul(x, w.w, bias, y);
+  if (!w.quantized()) return be.matmul(x, w.w, bias, y);
   if (w.fp8_compute) return be.matmul_fp8_rows(x, w.w, w.scale, bias, y);
   const int64_t n = w.rows(), k = w.cols();
   if (!scratch.defined() || scratch.numel() < n * k || scratch.dtype() != be.act_dtype())
-    return InternalError("linear: FP8 weight " + w.w.describe() + " needs a scratch of " +
+    return InternalError("linear: quantised weight " + w.w.describe() + " needs a scratch of " +
                          std::to_string(n * k) + " elements, got " + scratch.describe());
   Tensor wide(scratch.storage(), scratch.byte_offset(), scratch.dtype(), {n, k});
-  ZI_TRY(be.dequantize_fp8_rows(w.w, w.scale, wide));
+  if (w.packed())
+    ZI_TRY(be.dequantize_packed(w.ggml_type, w.w, wide));
+  else
+    ZI_TRY(be.dequantize_fp8_rows(w.w, w.scale, wide));
   return be.matmul(x, wide, bias, y);
 }
 
@@ -94,7 +97,7 @@ std::string fp8_layers_string(unsigned layers) {
 }
 
 Status to_fp8_rows(Backend& be, LinearWeight& w, const std::string& what) {
-  if (w.fp8() || !w.defined()) return Status::Ok();
+  if (w.quantized() || !w.defined()) return Status::Ok();
   auto w8 = be.alloc(DType::kF8E4M3, w.w.shape());
   if (!w8.ok()) return w8.status().with_context("allocating FP8 " + what);
   auto sc = be.alloc(DType::kF32, {w.rows()});
@@ -103,6 +106,26 @@ Status to_fp8_rows(Backend& be, LinearWeight& w, const std::string& what) {
   if (!st.ok()) return st.with_context("quantising " + what + " to FP8");
   w.w = std::move(w8).value();
   w.scale = std::move(sc).value();
+  return Status::Ok();
+}
+
+Status to_fp8_compute(Backend& be, LinearWeight& w, const std::string& what) {
+  if (!w.defined()) return Status::Ok();
+  if (w.fp8() && !w.packed() && w.w.dtype() == DType::kF8E4M3) {
+    w.fp8_compute = true;
+    return Status::Ok();
+  }
+  if (w.quantized()) {  // widen what the file stored, then quantise it per row below
+    auto wide = be.alloc(be.act_dtype(), {w.rows(), w.cols()});
+    if (!wide.ok()) return wide.status().with_context("widening " + what);
+    Status st = w.packed() ? be.dequantize_packed(w.ggml_type, w.w, *wide)
+                           : be.dequantize_fp8_rows(w.w, w.scale, *wide);
+    if (!st.ok()) return st.with_context("widening " + what);
+    w = LinearWeight();
+    w.w = std::move(wide).value();
+  }
+  ZI_TRY(to_fp8_rows(be, w, what));
+  w.fp8_compute = true;
   return Status::Ok();
 }
 

@@ -29,16 +29,23 @@ struct LoraSide {
 };
 
 struct LinearWeight {
-  Tensor w;      // [N, K]: the backend's act dtype, or kF8E4M3 when `scale` is defined
+  Tensor w;      // [N, K]: the backend's act dtype, or kF8E4M3 / kF8E5M2 when `scale` is defined,
+                 // or kU8 [N, row bytes] holding GGUF blocks when `packed_cols` > 0
   Tensor scale;  // [N] f32: per-output-channel dequantisation scale (FP8 only)
   std::shared_ptr<const LoraSide> lora;  // runtime LoRA side GEMM; null: none
   // W8A8 (--precision fp8): the FP8 weight meets activations quantised per token in an FP8 GEMM
   // (Backend::matmul_fp8_rows) instead of being widened for a bf16 GEMM.
   bool fp8_compute = false;
+  // Packed GGUF rows (model/quantized_linear.h): the ggml type id of the blocks and K, the
+  // elements per row; dequantised into the scratch before the GEMM (Backend::dequantize_packed).
+  uint32_t ggml_type = 0;
+  int64_t packed_cols = 0;
   bool fp8() const { return scale.defined(); }
+  bool packed() const { return packed_cols > 0; }
+  bool quantized() const { return fp8() || packed(); }
   bool defined() const { return w.defined(); }
   int64_t rows() const { return w.defined() ? w.dim(0) : 0; }
-  int64_t cols() const { return w.defined() ? w.dim(1) : 0; }
+  int64_t cols() const { return packed() ? packed_cols : (w.defined() ? w.dim(1) : 0); }
 };
 
 // The DiT linears that run as W8A8 FP8 GEMMs under --precision fp8 (bits of
@@ -64,6 +71,10 @@ struct WeightPlacement {
   bool fp8_weights = false;
   // Fp8Layers bits: these linears become FP8 rows with fp8_compute set (the DiT only).
   unsigned fp8_compute = 0;
+  // Keep weights the file stores quantised (FP8 with scales, GGUF blocks) in that form on the
+  // device, dequantised per layer before each GEMM (model/quantized_linear.h). False: widened to
+  // the act dtype at load (the reference the kept path is tested against).
+  bool keep_quantized = true;
   // Per block in execution order: true = kept in host memory and streamed in before use.
   // Empty = every block on the device.
   std::vector<bool> streamed;
@@ -77,8 +88,8 @@ struct WeightPlacement {
   }
 };
 
-// y[M, N] = x[M, K] · wᵀ (+ bias). An FP8 weight is first dequantised into `scratch` (act dtype,
-// at least N*K elements; its leading N*K elements are overwritten).
+// y[M, N] = x[M, K] · wᵀ (+ bias). An FP8 or packed weight is first dequantised into `scratch`
+// (act dtype, at least N*K elements; its leading N*K elements are overwritten).
 Status linear(Backend& be, const Tensor& x, const LinearWeight& w, const Tensor& bias,
               const Tensor& scratch, Tensor& y);
 
@@ -89,6 +100,11 @@ Status apply_lora_side(Backend& be, const Tensor& x, const LoraSide& side, Tenso
 // Replaces a weight loaded in the act dtype by its FP8 rows (Backend::quantize_fp8_rows); the
 // wide copy is released.
 Status to_fp8_rows(Backend& be, LinearWeight& w, const std::string& what);
+
+// Makes `w` an FP8 e4m3 row weight with fp8_compute set (--precision fp8): a compute-dtype weight
+// is quantised per row; a weight kept as its file stores it (GGUF blocks, e5m2) is widened first
+// and then quantised; an e4m3 row weight is used as it is.
+Status to_fp8_compute(Backend& be, LinearWeight& w, const std::string& what);
 
 // Moves device tensors into pinned host memory (Backend::alloc_pinned), in place: each defined
 // tensor is downloaded and replaced by its host copy. The bytes are exactly those on the device.

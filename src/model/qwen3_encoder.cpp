@@ -57,10 +57,50 @@ Result<std::unique_ptr<Qwen3Encoder>> Qwen3Encoder::load(const TextEncoderConfig
   return m;
 }
 
+namespace {
+
+// The stored tensors behind a layer's big linears under prefix p: q|k|v, o, gate|up, down.
+std::vector<std::vector<LinearPart>> layer_linear_parts(const TextEncoderConfig& c,
+                                                        const std::string& p) {
+  const int64_t hd = c.hidden_size, dh = c.head_dim, ff = c.intermediate_size;
+  const int64_t hq = c.num_attention_heads, hkv = c.num_key_value_heads;
+  return {{{p + "self_attn.q_proj.weight", {hq * dh, hd}},
+           {p + "self_attn.k_proj.weight", {hkv * dh, hd}},
+           {p + "self_attn.v_proj.weight", {hkv * dh, hd}}},
+          {{p + "self_attn.o_proj.weight", {hd, hq * dh}}},
+          {{p + "mlp.gate_proj.weight", {ff, hd}}, {p + "mlp.up_proj.weight", {ff, hd}}},
+          {{p + "mlp.down_proj.weight", {hd, ff}}}};
+}
+
+}  // namespace
+
+int64_t Qwen3Encoder::stored_layer_weight_bytes(const TextEncoderConfig& c, const WeightStore& ws,
+                                                DType act, const WeightPlacement& placement) {
+  const std::string pre = ws.contains("model.embed_tokens.weight") ? "model." : "";
+  const int64_t es = dtype_size(act);
+  int64_t worst = -1;
+  int64_t linear_wide = 0;
+  for (int i = 0; i + 1 < c.num_hidden_layers; ++i) {
+    int64_t bytes = 0;
+    linear_wide = 0;
+    for (const auto& g : layer_linear_parts(c, pre + "layers." + std::to_string(i) + ".")) {
+      int64_t rows = 0;
+      for (const LinearPart& lp : g) rows += lp.shape[0];
+      const int64_t e = rows * g[0].shape[1];
+      const int64_t wide = placement.fp8_weights ? e + 4 * rows : e * es;
+      linear_wide += wide;
+      const KeptForm kf = kept_form(ws, g, act, placement.keep_quantized);
+      bytes += kf.kind == KeptForm::kWide ? wide : static_cast<int64_t>(kf.device_bytes);
+    }
+    worst = std::max(worst, bytes);
+  }
+  const int64_t all = layer_weight_bytes(c, act, placement.fp8_weights);
+  return worst < 0 ? all : all - linear_wide + std::min(worst, linear_wide);
+}
+
 Status Qwen3Encoder::load_weights(const WeightStore& ws) {
   const std::string pre = ws.contains("model.embed_tokens.weight") ? "model." : "";
-  const int64_t hd = cfg_.hidden_size, dh = cfg_.head_dim, ff = cfg_.intermediate_size;
-  const int64_t hq = cfg_.num_attention_heads, hkv = cfg_.num_key_value_heads;
+  const int64_t hd = cfg_.hidden_size, dh = cfg_.head_dim;
   if (be_.device() == Device::kCPU) {
     ZI_ASSIGN_OR_RETURN(embed_, load::weight(ws, be_, pre + "embed_tokens.weight",
                                              {cfg_.vocab_size, hd}));  // [vocab, hidden]
@@ -81,23 +121,18 @@ Status Qwen3Encoder::load_weights(const WeightStore& ws) {
     const std::string p = pre + "layers." + std::to_string(i) + ".";
     Layer& l = layers_[i];
     ZI_ASSIGN_OR_RETURN(l.input_norm, load::weight(ws, be_, p + "input_layernorm.weight", {hd}));
-    ZI_ASSIGN_OR_RETURN(Tensor q,
-                        load::host_view(ws, p + "self_attn.q_proj.weight", {hq * dh, hd}));
-    ZI_ASSIGN_OR_RETURN(Tensor k,
-                        load::host_view(ws, p + "self_attn.k_proj.weight", {hkv * dh, hd}));
-    ZI_ASSIGN_OR_RETURN(Tensor v,
-                        load::host_view(ws, p + "self_attn.v_proj.weight", {hkv * dh, hd}));
-    ZI_ASSIGN_OR_RETURN(l.wqkv.w, load::concat_rows(be_, {q, k, v}, p + "self_attn.qkv"));
+    const auto groups = layer_linear_parts(cfg_, p);
+    const bool keep = placement_.keep_quantized;
+    ZI_ASSIGN_OR_RETURN(l.wqkv, load_linear(ws, be_, groups[0], p + "self_attn.qkv", keep, &kept_));
     ZI_ASSIGN_OR_RETURN(l.q_norm, load::weight(ws, be_, p + "self_attn.q_norm.weight", {dh}));
     ZI_ASSIGN_OR_RETURN(l.k_norm, load::weight(ws, be_, p + "self_attn.k_norm.weight", {dh}));
-    ZI_ASSIGN_OR_RETURN(l.wo.w,
-                        load::weight(ws, be_, p + "self_attn.o_proj.weight", {hd, hq * dh}));
+    ZI_ASSIGN_OR_RETURN(l.wo,
+                        load_linear(ws, be_, groups[1], p + "self_attn.o_proj", keep, &kept_));
     ZI_ASSIGN_OR_RETURN(l.post_norm,
                         load::weight(ws, be_, p + "post_attention_layernorm.weight", {hd}));
-    ZI_ASSIGN_OR_RETURN(Tensor g, load::host_view(ws, p + "mlp.gate_proj.weight", {ff, hd}));
-    ZI_ASSIGN_OR_RETURN(Tensor u, load::host_view(ws, p + "mlp.up_proj.weight", {ff, hd}));
-    ZI_ASSIGN_OR_RETURN(l.wgu.w, load::concat_rows(be_, {g, u}, p + "mlp.gate_up"));
-    ZI_ASSIGN_OR_RETURN(l.wdown.w, load::weight(ws, be_, p + "mlp.down_proj.weight", {hd, ff}));
+    ZI_ASSIGN_OR_RETURN(l.wgu, load_linear(ws, be_, groups[2], p + "mlp.gate_up", keep, &kept_));
+    ZI_ASSIGN_OR_RETURN(l.wdown,
+                        load_linear(ws, be_, groups[3], p + "mlp.down_proj", keep, &kept_));
     ZI_TRY(place_layer(l, i));
   }
   // Known and deliberately unused: the last layer, the final norm, a (tied) lm_head.
@@ -144,7 +179,7 @@ Status Qwen3Encoder::apply_placement() {
     ZI_ASSIGN_OR_RETURN(streamer_, WeightStreamer::create(be_, std::move(units),
                                                           placement_.first_slot, placement_.slots));
   }
-  if (placement_.fp8_weights) {
+  if (placement_.fp8_weights || kept_.kept > 0) {
     const int64_t hd = cfg_.hidden_size, ff = cfg_.intermediate_size;
     const int64_t qkv_rows =
         (cfg_.num_attention_heads + 2 * cfg_.num_key_value_heads) * cfg_.head_dim;

@@ -13,6 +13,7 @@
 #include "io/weights.h"
 #include "model/debug.h"
 #include "model/linear.h"
+#include "model/quantized_linear.h"
 #include "model/weight_streamer.h"
 
 namespace zimage {
@@ -31,6 +32,11 @@ class Qwen3Encoder {
                                                     const WeightPlacement& placement = {});
   // Device bytes of one layer's weights, and of the embedding table.
   static int64_t layer_weight_bytes(const TextEncoderConfig& cfg, DType act, bool fp8_weights);
+  // As layer_weight_bytes, for the weights as `ws` stores them (kept-quantised linears at their
+  // stored size; model/quantized_linear.h); the largest layer.
+  static int64_t stored_layer_weight_bytes(const TextEncoderConfig& cfg, const WeightStore& ws,
+                                           DType act, const WeightPlacement& placement);
+  const KeptQuantStats& kept_quantized() const { return kept_; }
   uint64_t streamed_bytes_per_forward() const { return streamer_ ? streamer_->stream_bytes() : 0; }
   uint64_t streaming_slot_bytes() const { return streamer_ ? streamer_->slot_bytes() : 0; }
 
@@ -76,6 +82,7 @@ class Qwen3Encoder {
   std::vector<int> unit_of_layer_;  // -1 = resident
   std::unique_ptr<WeightStreamer> streamer_;
   Tensor wide_scratch_;          // FP8 weights are widened here before their GEMM
+  KeptQuantStats kept_;          // linears kept quantised as the file stores them
   std::vector<float> inv_freq_;  // [Dh / 2], float32 as in transformers
 };
 

@@ -15,6 +15,7 @@
 #include "model/debug.h"
 #include "model/linear.h"
 #include "model/lora_runtime.h"
+#include "model/quantized_linear.h"
 #include "model/weight_streamer.h"
 
 namespace zimage {
@@ -49,6 +50,12 @@ class ZImageDiT {
   // Device bytes of one block's weights (the largest block), of all non-block weights, and of
   // the weight-streaming slots; host bytes streamed per forward.
   static int64_t block_weight_bytes(const TransformerConfig& cfg, DType act, bool fp8_weights);
+  // As block_weight_bytes, for the weights as `ws` stores them: linears a quantised file keeps
+  // quantised (model/quantized_linear.h) count their stored bytes; the largest block.
+  static int64_t stored_block_weight_bytes(const TransformerConfig& cfg, const WeightStore& ws,
+                                           DType act, const WeightPlacement& placement);
+  // What the load kept quantised.
+  const KeptQuantStats& kept_quantized() const { return kept_; }
   uint64_t streaming_slot_bytes() const { return streamer_ ? streamer_->slot_bytes() : 0; }
   uint64_t streamed_bytes_per_forward() const { return streamer_ ? streamer_->stream_bytes() : 0; }
 
@@ -114,6 +121,7 @@ class ZImageDiT {
     Tensor attn_norm1, attn_norm2, ffn_norm1, ffn_norm2;  // [D] each
     LinearWeight w13;                                     // [2F, D]: w1 (gate) rows, then w3 (up)
     LinearWeight w2;                                      // [D, F]
+    std::vector<LinearWeight*> linears() { return {&wqkv, &wo, &w13, &w2}; }
     // Every tensor, in fixed positions (weight streaming moves them as a unit).
     std::vector<Tensor*> tensors() {
       return {&adaln_w, &adaln_b,   &wqkv.w,     &wqkv.scale, &norm_q,    &norm_k,
@@ -188,7 +196,8 @@ class ZImageDiT {
   // Weight streaming: unit index per block (execution order), -1 = resident.
   std::vector<int> unit_of_block_;
   std::unique_ptr<WeightStreamer> streamer_;
-  Tensor wide_scratch_;  // FP8 weights are widened here before their GEMM
+  Tensor wide_scratch_;  // FP8 and packed weights are widened here before their GEMM
+  KeptQuantStats kept_;  // linears kept quantised as the file stores them
   WeightPlacement placement_;
   int loaded_blocks_ = 0;
   // Per RoPE axis a: cos/sin of float32(p * omega_k), [axes_lens[a], axes_dims[a]/2] row-major.

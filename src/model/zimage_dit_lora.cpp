@@ -60,26 +60,25 @@ Result<LoraSlot> ZImageDiT::lora_slot(const std::string& canonical) {
   if (index >= blocks->size()) return not_found;
   Block& b = (*blocks)[index];
   const std::string leaf = rest.substr(dot + 1);
-  // The linear weight, its stored shape, the part of its rows.
-  auto part = [&](LinearWeight& lw, const Tensor& shape_of, int64_t row0,
-                  int64_t rows) -> Result<LoraSlot> {
+  // The linear weight and the part of its rows.
+  auto part = [&](LinearWeight& lw, int64_t row0, int64_t rows) -> Result<LoraSlot> {
     LoraSlot s;
     s.name = "transformer weight " + canonical;
     s.linear = &lw;
     s.tensor = &lw.w;
     s.row0 = row0;
     s.rows = rows;
-    s.full_rows = shape_of.dim(0);
-    s.cols = shape_of.dim(1);
+    s.full_rows = lw.rows();
+    s.cols = lw.cols();  // K, also for packed GGUF rows
     return s;
   };
-  if (leaf == "attention.to_q.weight") return part(b.wqkv, b.wqkv.w, 0, d);
-  if (leaf == "attention.to_k.weight") return part(b.wqkv, b.wqkv.w, d, d);
-  if (leaf == "attention.to_v.weight") return part(b.wqkv, b.wqkv.w, 2 * d, d);
-  if (leaf == "attention.to_out.0.weight") return part(b.wo, b.wo.w, 0, d);
-  if (leaf == "feed_forward.w1.weight") return part(b.w13, b.w13.w, 0, f);
-  if (leaf == "feed_forward.w3.weight") return part(b.w13, b.w13.w, f, f);
-  if (leaf == "feed_forward.w2.weight") return part(b.w2, b.w2.w, 0, d);
+  if (leaf == "attention.to_q.weight") return part(b.wqkv, 0, d);
+  if (leaf == "attention.to_k.weight") return part(b.wqkv, d, d);
+  if (leaf == "attention.to_v.weight") return part(b.wqkv, 2 * d, d);
+  if (leaf == "attention.to_out.0.weight") return part(b.wo, 0, d);
+  if (leaf == "feed_forward.w1.weight") return part(b.w13, 0, f);
+  if (leaf == "feed_forward.w3.weight") return part(b.w13, f, f);
+  if (leaf == "feed_forward.w2.weight") return part(b.w2, 0, d);
   if (leaf == "adaLN_modulation.0.weight" && b.modulated)
     return whole(canonical, b.adaln_w, nullptr);
   return not_found;

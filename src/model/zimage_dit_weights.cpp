@@ -81,23 +81,47 @@ Result<Tensor> ZImageDiT::load_pad_block(const WeightStore& ws, const std::strin
   return load::upload_host(be_, block, be_.act_dtype());
 }
 
+namespace {
+
+// The stored tensors behind a block's big linears under prefix p: q|k|v, out, w1|w3, w2.
+std::vector<std::vector<LinearPart>> block_linear_parts(const TransformerConfig& c,
+                                                        const WeightStore& ws,
+                                                        const std::string& p) {
+  const int64_t d = c.dim, f = c.ffn_hidden();
+  std::vector<std::vector<LinearPart>> g;
+  if (ws.contains(p + "attention.qkv.weight"))  // ComfyUI: rows [q; k; v]
+    g.push_back({{p + "attention.qkv.weight", {3 * d, d}}});
+  else
+    g.push_back({{p + "attention.to_q.weight", {d, d}},
+                 {p + "attention.to_k.weight", {d, d}},
+                 {p + "attention.to_v.weight", {d, d}}});
+  const bool comfy_out = ws.contains(p + "attention.out.weight");
+  g.push_back({{p + (comfy_out ? "attention.out.weight" : "attention.to_out.0.weight"), {d, d}}});
+  g.push_back({{p + "feed_forward.w1.weight", {f, d}}, {p + "feed_forward.w3.weight", {f, d}}});
+  g.push_back({{p + "feed_forward.w2.weight", {d, f}}});
+  return g;
+}
+
+std::string dit_prefix(const WeightStore& ws) {
+  std::string pre;
+  for (const char* cand : {"model.diffusion_model.", "diffusion_model."})
+    if (ws.contains(std::string(cand) + "x_pad_token")) pre = cand;
+  return pre;
+}
+
+}  // namespace
+
 Status ZImageDiT::load_block(const WeightStore& ws, const std::string& p, bool modulated,
                              Block& b) {
-  const int64_t d = cfg_.dim, dh = cfg_.head_dim(), f = cfg_.ffn_hidden();
+  const int64_t d = cfg_.dim, dh = cfg_.head_dim();
   b.modulated = modulated;
-  if (ws.contains(p + "attention.qkv.weight")) {  // ComfyUI: rows [q; k; v]
-    ZI_ASSIGN_OR_RETURN(b.wqkv.w, load::weight(ws, be_, p + "attention.qkv.weight", {3 * d, d}));
-  } else {
-    ZI_ASSIGN_OR_RETURN(Tensor q, load::host_view(ws, p + "attention.to_q.weight", {d, d}));
-    ZI_ASSIGN_OR_RETURN(Tensor k, load::host_view(ws, p + "attention.to_k.weight", {d, d}));
-    ZI_ASSIGN_OR_RETURN(Tensor v, load::host_view(ws, p + "attention.to_v.weight", {d, d}));
-    ZI_ASSIGN_OR_RETURN(b.wqkv.w, load::concat_rows(be_, {q, k, v}, p + "attention.qkv"));
+  const auto groups = block_linear_parts(cfg_, ws, p);
+  const char* names[] = {"attention.qkv", "attention.out", "feed_forward.w13", "feed_forward.w2"};
+  std::vector<LinearWeight*> dst = b.linears();
+  for (size_t i = 0; i < groups.size(); ++i) {
+    ZI_ASSIGN_OR_RETURN(
+        *dst[i], load_linear(ws, be_, groups[i], p + names[i], placement_.keep_quantized, &kept_));
   }
-  const bool comfy_out = ws.contains(p + "attention.out.weight");
-  ZI_ASSIGN_OR_RETURN(
-      b.wo.w,
-      load::weight(ws, be_, p + (comfy_out ? "attention.out.weight" : "attention.to_out.0.weight"),
-                   {d, d}));
   if (cfg_.qk_norm) {
     const bool comfy_norm = ws.contains(p + "attention.q_norm.weight");
     ZI_ASSIGN_OR_RETURN(b.norm_q, load::weight(ws, be_,
@@ -113,10 +137,6 @@ Status ZImageDiT::load_block(const WeightStore& ws, const std::string& p, bool m
   ZI_ASSIGN_OR_RETURN(b.attn_norm2, load::weight(ws, be_, p + "attention_norm2.weight", {d}));
   ZI_ASSIGN_OR_RETURN(b.ffn_norm1, load::weight(ws, be_, p + "ffn_norm1.weight", {d}));
   ZI_ASSIGN_OR_RETURN(b.ffn_norm2, load::weight(ws, be_, p + "ffn_norm2.weight", {d}));
-  ZI_ASSIGN_OR_RETURN(Tensor w1, load::host_view(ws, p + "feed_forward.w1.weight", {f, d}));
-  ZI_ASSIGN_OR_RETURN(Tensor w3, load::host_view(ws, p + "feed_forward.w3.weight", {f, d}));
-  ZI_ASSIGN_OR_RETURN(b.w13.w, load::concat_rows(be_, {w1, w3}, p + "feed_forward.w13"));
-  ZI_ASSIGN_OR_RETURN(b.w2.w, load::weight(ws, be_, p + "feed_forward.w2.weight", {d, f}));
   if (modulated) {
     const int64_t ad = cfg_.adaln_dim();
     ZI_ASSIGN_OR_RETURN(b.adaln_w,
@@ -129,9 +149,7 @@ Status ZImageDiT::load_block(const WeightStore& ws, const std::string& p, bool m
 Status ZImageDiT::load_weights(const WeightStore& ws) {
   const int64_t d = cfg_.dim, ad = cfg_.adaln_dim(), tf = cfg_.token_features();
   const int64_t fc = cfg_.cap_feat_dim;
-  std::string pre;
-  for (const char* cand : {"model.diffusion_model.", "diffusion_model."})
-    if (ws.contains(std::string(cand) + "x_pad_token")) pre = cand;
+  const std::string pre = dit_prefix(ws);
   const bool comfy = ws.contains(pre + "x_embedder.weight");
   const std::string key = std::to_string(cfg_.patch_size) + "-" + std::to_string(cfg_.f_patch_size);
   const std::string xe = pre + (comfy ? "x_embedder." : "all_x_embedder." + key + ".");
@@ -188,6 +206,41 @@ int64_t ZImageDiT::block_weight_bytes(const TransformerConfig& c, DType act, boo
   return linear + small;
 }
 
+int64_t ZImageDiT::stored_block_weight_bytes(const TransformerConfig& c, const WeightStore& ws,
+                                             DType act, const WeightPlacement& placement) {
+  const int64_t d = c.dim, f = c.ffn_hidden(), es = dtype_size(act);
+  const int64_t wide = block_weight_bytes(c, act, placement.fp8_weights);
+  const int64_t linear_elems = 3 * d * d + d * d + 2 * f * d + d * f;
+  const int64_t linear_rows = 3 * d + d + 2 * f + d;
+  const int64_t linear_wide =
+      placement.fp8_weights ? linear_elems + 4 * linear_rows : linear_elems * es;
+  const std::string pre = dit_prefix(ws);
+  int64_t worst = 0;
+  bool any = false;
+  auto scan = [&](const std::string& name, int n) {
+    for (int i = 0; i < n; ++i) {
+      int64_t bytes = 0;
+      for (const auto& g : block_linear_parts(c, ws, pre + name + "." + std::to_string(i) + ".")) {
+        const KeptForm kf = kept_form(ws, g, act, placement.keep_quantized);
+        if (kf.kind == KeptForm::kWide) {  // as block_weight_bytes counts it
+          int64_t rows = 0;
+          for (const LinearPart& lp : g) rows += lp.shape[0];
+          const int64_t e = rows * g[0].shape[1];
+          bytes += placement.fp8_weights ? e + 4 * rows : e * es;
+        } else {
+          bytes += static_cast<int64_t>(kf.device_bytes);
+        }
+      }
+      worst = std::max(worst, bytes);
+      any = true;
+    }
+  };
+  scan("noise_refiner", c.n_refiner_layers);
+  scan("context_refiner", c.n_refiner_layers);
+  scan("layers", c.n_layers);
+  return any ? wide - linear_wide + std::min(worst, linear_wide) : wide;
+}
+
 Status ZImageDiT::place_block(Block& b, int index) {
   const std::string what = "transformer block " + std::to_string(index);
   if (placement_.fp8_weights) {
@@ -202,8 +255,7 @@ Status ZImageDiT::place_block(Block& b, int index) {
         {kFp8Qkv, &b.wqkv}, {kFp8Out, &b.wo}, {kFp8W13, &b.w13}, {kFp8W2, &b.w2}};
     for (const auto& [bit, w] : linears) {
       if (!(fp8 & bit)) continue;
-      ZI_TRY(to_fp8_rows(be_, *w, what));
-      w->fp8_compute = true;
+      ZI_TRY(to_fp8_compute(be_, *w, what));
     }
   }
   const bool streamed =
@@ -230,7 +282,7 @@ Status ZImageDiT::apply_placement(const WeightPlacement& placement) {
     ZI_ASSIGN_OR_RETURN(streamer_, WeightStreamer::create(be_, std::move(units),
                                                           placement.first_slot, placement.slots));
   }
-  if (placement.fp8_weights) {  // the widest weight: w1|w3 [2F, D]
+  if (placement.fp8_weights || kept_.kept > 0) {  // the widest weight: w1|w3 [2F, D]
     const int64_t elems =
         std::max<int64_t>(2 * cfg_.ffn_hidden() * cfg_.dim, 3 * cfg_.dim * cfg_.dim);
     ZI_ASSIGN_OR_RETURN(wide_scratch_,

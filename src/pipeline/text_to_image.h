@@ -99,6 +99,9 @@ struct PipelineLoadOptions {
   bool fp8_weights = false;  // big linear weights of the DiT and text encoder as FP8 rows
   // --precision fp8: these DiT linears (Fp8Layers bits, model/linear.h) run as W8A8 FP8 GEMMs.
   unsigned dit_fp8_compute = 0;
+  // Linear weights an FP8 or GGUF file stores quantised stay so on the device, dequantised per
+  // layer (model/quantized_linear.h); false widens them at load.
+  bool keep_quantized = true;
   // The largest request to plan activations for.
   int plan_width = 1024, plan_height = 1024, plan_batch = 1;
   // LoRAs merged into the transformer's weights as they are read (model/lora_merge.h).

@@ -37,6 +37,7 @@ Status load_part(const ModelSource& src, const std::string& part, Backend& be,
   }
   te_place.fp8_weights = dit_place.fp8_weights = options.fp8_weights;
   dit_place.fp8_compute = options.dit_fp8_compute;
+  te_place.keep_quantized = dit_place.keep_quantized = options.keep_quantized;
   te_place.first_slot = 2;  // the DiT streams through slots 0-1, the text encoder 2-3
   const std::string what = "loading " + part;
   if (part == "tokenizer") {
@@ -52,6 +53,8 @@ Status load_part(const ModelSource& src, const std::string& part, Backend& be,
     // The loaders name themselves ("loading text encoder: ..."): no second prefix.
     auto te = Qwen3Encoder::load(cfg.text_encoder, ws.value(), be, te_place);
     if (!te.ok()) return te.status();
+    if (const std::string k = (*te)->kept_quantized().describe(); !k.empty())
+      ZI_INFO("text encoder: %s", k.c_str());
     parts.text_encoder = std::move(te).value();
   } else if (part == "transformer") {
     if (!options.loras.empty()) {  // the targeted tensors become W + LoRA, made as they are read
@@ -61,11 +64,47 @@ Status load_part(const ModelSource& src, const std::string& part, Backend& be,
     }
     auto dit = ZImageDiT::load(cfg.transformer, ws.value(), be, dit_place);
     if (!dit.ok()) return dit.status();
+    if (const std::string k = (*dit)->kept_quantized().describe(); !k.empty())
+      ZI_INFO("transformer: %s", k.c_str());
     parts.transformer = std::move(dit).value();
   } else {
     auto vae = VaeDecoder::load(cfg.vae, ws.value(), be);
     if (!vae.ok()) return vae.status();
     parts.vae = std::move(vae).value();
+  }
+  return Status::Ok();
+}
+
+// The planner counts the blocks' linear weights as the files store them where they stay
+// quantised on the device (model/quantized_linear.h); a LoRA-merged transformer keeps the widened
+// estimate (its targeted weights are widened at load).
+Status count_stored_weights(const ModelSource& src, DType act, const PipelineLoadOptions& o,
+                            MemoryPlanInput& in) {
+  if (!o.keep_quantized) return Status::Ok();
+  WeightPlacement place;
+  place.fp8_weights = o.fp8_weights;
+  bool kept = false;
+  {
+    ZI_ASSIGN_OR_RETURN(WeightStore ws, src.open_weights(Component::kTextEncoder));
+    const auto b = static_cast<uint64_t>(
+        Qwen3Encoder::stored_layer_weight_bytes(src.configs().text_encoder, ws, act, place));
+    kept = kept || b != in.te_layer_bytes;
+    in.te_layer_bytes = b;
+  }
+  if (o.loras.empty()) {
+    ZI_ASSIGN_OR_RETURN(WeightStore ws, src.open_weights(Component::kTransformer));
+    const auto b = static_cast<uint64_t>(
+        ZImageDiT::stored_block_weight_bytes(src.configs().transformer, ws, act, place));
+    kept = kept || b != in.dit_block_bytes;
+    in.dit_block_bytes = b;
+  }
+  if (kept && in.fp8_scratch_bytes == 0) {
+    const TransformerConfig& tc = src.configs().transformer;
+    const TextEncoderConfig& ec = src.configs().text_encoder;
+    in.fp8_scratch_bytes =
+        static_cast<uint64_t>(std::max<int64_t>({2 * tc.ffn_hidden() * tc.dim, 3 * tc.dim * tc.dim,
+                                                 2 * ec.intermediate_size * ec.hidden_size})) *
+        dtype_size(act);
   }
   return Status::Ok();
 }
@@ -106,8 +145,8 @@ Result<std::unique_ptr<TextToImage>> TextToImage::load(const ModelPaths& paths, 
     if (!vae_ws.ok()) return vae_ws.status().with_context("loading vae");
     vae_params = static_cast<uint64_t>(vae_ws->total_params());
   }
-  const MemoryPlanInput plan_in =
-      plan_input(src.configs(), be.act_dtype(), options, vae_params, fixed);
+  MemoryPlanInput plan_in = plan_input(src.configs(), be.act_dtype(), options, vae_params, fixed);
+  ZI_TRY(count_stored_weights(src, be.act_dtype(), options, plan_in));
   ZI_ASSIGN_OR_RETURN(MemoryPlan plan, plan_memory(plan_in));
   ZI_INFO("%s", plan.describe().c_str());
   if (options.vram_budget != 0)  // the allocator's share: the budget less the context's

@@ -47,6 +47,7 @@ class CpuBackend final : public Backend {
                          const Tensor& bias, Tensor& y) override;
   Status quantize_fp8_rows(const Tensor& w, Tensor& w8, Tensor& scale) override;
   Status dequantize_fp8_rows(const Tensor& w8, const Tensor& scale, Tensor& y) override;
+  Status dequantize_packed(uint32_t ggml_type, const Tensor& blocks, Tensor& y) override;
 
   // cpu_norm.cpp
   Status rms_norm(const Tensor& x, const Tensor& w, float eps, const Tensor& scale,

@@ -15,6 +15,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/cpu_check.h"
 #include "core/log.h"
+#include "io/gguf_quants.h"
 
 namespace zimage::cpu {
 
@@ -238,8 +239,9 @@ Status CpuBackend::quantize_fp8_rows(const Tensor& w, Tensor& w8, Tensor& scale)
 }
 
 Status CpuBackend::dequantize_fp8_rows(const Tensor& w8, const Tensor& scale, Tensor& y) {
-  if (!w8.defined() || w8.dtype() != DType::kF8E4M3 || w8.rank() != 2)
-    return InvalidArgument("dequantize_fp8_rows: w8 must be f8e4m3 [N, K]");
+  if (!w8.defined() || (w8.dtype() != DType::kF8E4M3 && w8.dtype() != DType::kF8E5M2) ||
+      w8.rank() != 2)
+    return InvalidArgument("dequantize_fp8_rows: w8 must be f8e4m3 or f8e5m2 [N, K]");
   const int64_t n = w8.dim(0), k = w8.dim(1);
   if (!scale.defined() || scale.dtype() != DType::kF32 || scale.shape() != Shape{n})
     return InvalidArgument("dequantize_fp8_rows: scale must be f32 [" + std::to_string(n) + "]");
@@ -248,10 +250,38 @@ Status CpuBackend::dequantize_fp8_rows(const Tensor& w8, const Tensor& scale, Te
   const auto* q = static_cast<const uint8_t*>(w8.data());
   const float* sp = scale.data_as<float>();
   float* yp = y.data_as<float>();
+  const bool e5m2 = w8.dtype() == DType::kF8E5M2;
   pool_.parallel_for(n, 1, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r)
-      for (int64_t i = 0; i < k; ++i) yp[r * k + i] = f8e4m3_to_f32(q[r * k + i]) * sp[r];
+      for (int64_t i = 0; i < k; ++i)
+        yp[r * k + i] = (e5m2 ? f8e5m2_to_f32(q[r * k + i]) : f8e4m3_to_f32(q[r * k + i])) * sp[r];
   });
+  return Status::Ok();
+}
+
+Status CpuBackend::dequantize_packed(uint32_t ggml_type, const Tensor& blocks, Tensor& y) {
+  constexpr const char* op = "dequantize_packed";
+  const GgmlType type = static_cast<GgmlType>(ggml_type);
+  const GgmlTypeInfo* info = ggml_type_info(type);
+  if (!info || !info->dequantizable)
+    return Unsupported(std::string(op) + ": type " + ggml_type_name(ggml_type) +
+                       " cannot be dequantised");
+  if (!blocks.defined() || blocks.dtype() != DType::kU8 || blocks.rank() != 2 ||
+      blocks.device() != Device::kCPU)
+    return InvalidArgument(std::string(op) + ": blocks must be a u8 [N, row bytes] host tensor");
+  ZI_TRY(check_f32(op, "y", y));
+  const int64_t n = blocks.dim(0);
+  if (y.rank() != 2 || y.dim(0) != n)
+    return InvalidArgument(std::string(op) + ": y " + y.describe() + " must be [" +
+                           std::to_string(n) + ", K]");
+  const int64_t k = y.dim(1);
+  uint64_t row_bytes = 0;
+  if (!ggml_row_bytes(type, k, &row_bytes) || row_bytes != static_cast<uint64_t>(blocks.dim(1)))
+    return InvalidArgument(std::string(op) + ": " + blocks.describe() + " does not hold " +
+                           std::to_string(n) + " rows of " + std::to_string(k) + " " + info->name +
+                           " elements");
+  if (!dequantize_rows(type, blocks.data(), y.data_as<float>(), n, k, &pool_))
+    return InvalidArgument(std::string(op) + ": cannot dequantise " + blocks.describe());
   return Status::Ok();
 }
 

@@ -92,6 +92,7 @@ class CudaBackend final : public Backend {
                          const Tensor& bias, Tensor& y) override;
   Status quantize_fp8_rows(const Tensor& w, Tensor& w8, Tensor& scale) override;
   Status dequantize_fp8_rows(const Tensor& w8, const Tensor& scale, Tensor& y) override;
+  Status dequantize_packed(uint32_t ggml_type, const Tensor& blocks, Tensor& y) override;
   // Weight streaming (cuda_streaming.cpp): pinned host tensors, a copy stream, per-slot events.
   Result<Tensor> alloc_pinned(DType dtype, const Shape& shape) override;
   Status stream_in(int slot, const std::vector<std::pair<Tensor, Tensor>>& copies) override;

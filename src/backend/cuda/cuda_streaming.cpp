@@ -11,6 +11,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/gemm_cublaslt.h"
+#include "backend/cuda/gguf_dequant.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/validate.h"
 #include "core/log.h"
@@ -116,7 +117,7 @@ Status CudaBackend::dequantize_fp8_rows(const Tensor& w8, const Tensor& scale, T
   ZI_TRY(check_cuda_tensor(op, "scale", scale));
   ZI_TRY(check_cuda_tensor(op, "y", y));
   ZI_TRY(check_rank(op, "w8", w8, 2));
-  ZI_TRY(check_dtype(op, "w8", w8, DType::kF8E4M3));
+  if (w8.dtype() != DType::kF8E5M2) ZI_TRY(check_dtype(op, "w8", w8, DType::kF8E4M3));
   ZI_TRY(check_dtype(op, "scale", scale, DType::kF32));
   ZI_TRY(check_shape(op, "scale", scale, {w8.dim(0)}));
   ZI_TRY(check_dtype(op, "y", y, act_));
@@ -124,8 +125,9 @@ Status CudaBackend::dequantize_fp8_rows(const Tensor& w8, const Tensor& scale, T
     return InvalidArgument("dequantize_fp8_rows: y " + y.describe() + " does not hold " +
                            w8.describe());
   ZI_ASSIGN_OR_RETURN(KType kt, ktype_of(op, y.dtype()));
-  ZI_LAUNCH_TRY(op, launch_dequantize_fp8_rows(kt, w8.data(), scale.data_as<float>(), w8.dim(0),
-                                               w8.dim(1), y.data(), stream_));
+  ZI_LAUNCH_TRY(
+      op, launch_dequantize_fp8_rows(kt, w8.data(), scale.data_as<float>(), w8.dim(0), w8.dim(1),
+                                     y.data(), stream_, w8.dtype() == DType::kF8E5M2));
   return Status::Ok();
 }
 
@@ -199,6 +201,25 @@ Status CudaBackend::matmul_fp8_rows(const Tensor& x, const Tensor& w8, const Ten
   ZI_TRY(dequantize_fp8_rows(w8, w_scale, wd));
   Tensor y2 = y.view({m, n});
   return matmul(xd, wd, bias, y2);
-}
+  Status CudaBackend::dequantize_packed(uint32_t ggml_type, const Tensor& blocks, Tensor& y) {
+    ZI_OP_SCOPE("dequantize_packed", &blocks);
+    constexpr const char* op = "dequantize_packed";
+    ZI_TRY(check_cuda_tensor(op, "blocks", blocks));
+    ZI_TRY(check_cuda_tensor(op, "y", y));
+    ZI_TRY(check_rank(op, "blocks", blocks, 2));
+    ZI_TRY(check_dtype(op, "blocks", blocks, DType::kU8));
+    ZI_TRY(check_rank(op, "y", y, 2));
+    ZI_TRY(check_dtype(op, "y", y, act_));
+    const GgmlType type = static_cast<GgmlType>(ggml_type);
+    uint64_t row_bytes = 0;
+    if (y.dim(0) != blocks.dim(0) || !ggml_row_bytes(type, y.dim(1), &row_bytes) ||
+        row_bytes != static_cast<uint64_t>(blocks.dim(1)))
+      return InvalidArgument(std::string(op) + ": " + blocks.describe() + " does not hold " +
+                             y.describe() + " as " + ggml_type_name(ggml_type) + " rows");
+    if (y.dtype() == DType::kBF16)
+      return gguf_dequantize_bf16(type, blocks.data(), y.dim(0), y.dim(1), y.data(), stream_);
+    return gguf_dequantize_f32(type, blocks.data(), y.dim(0), y.dim(1), y.data_as<float>(),
+                               stream_);
+  }
 
 }  // namespace zimage::cuda

@@ -74,14 +74,14 @@ __global__ void quantize_rows_kernel(const T* __restrict__ w, int64_t cols,
   }
 }
 
-template <typename T>
+template <typename T, __nv_fp8_interpretation_t kFormat>
 __global__ void dequantize_rows_kernel(const __nv_fp8_storage_t* __restrict__ q,
                                        const float* __restrict__ scale, int64_t rows, int64_t cols,
                                        T* __restrict__ out) {
   const int64_t n = rows * cols;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
-    const __half_raw h = __nv_cvt_fp8_to_halfraw(q[i], __NV_E4M3);
+    const __half_raw h = __nv_cvt_fp8_to_halfraw(q[i], kFormat);
     out[i] = from_f32<T>(__fmul_rn(__half2float(__half(h)), scale[i / cols]));
   }
 }
@@ -129,14 +129,19 @@ cudaError_t launch_quantize_fp8_rows(KType t, const void* w, int64_t rows, int64
 }
 
 cudaError_t launch_dequantize_fp8_rows(KType t, const void* q, const float* scale, int64_t rows,
-                                       int64_t cols, void* out, cudaStream_t s) {
+                                       int64_t cols, void* out, cudaStream_t s, bool e5m2) {
   const int64_t n = rows * cols;
   if (n <= 0) return cudaSuccess;
   return dispatch_ktype(t, [&](auto tag) {
     using T = decltype(tag);
     const unsigned grid = grid_for(n, kThreads) < 65535u * 8 ? grid_for(n, kThreads) : 65535u * 8;
-    dequantize_rows_kernel<T><<<grid, kThreads, 0, s>>>(static_cast<const __nv_fp8_storage_t*>(q),
-                                                        scale, rows, cols, static_cast<T*>(out));
+    const auto* qp = static_cast<const __nv_fp8_storage_t*>(q);
+    if (e5m2)
+      dequantize_rows_kernel<T, __NV_E5M2>
+          <<<grid, kThreads, 0, s>>>(qp, scale, rows, cols, static_cast<T*>(out));
+    else
+      dequantize_rows_kernel<T, __NV_E4M3>
+          <<<grid, kThreads, 0, s>>>(qp, scale, rows, cols, static_cast<T*>(out));
     return cudaGetLastError();
   });
 }

@@ -57,7 +57,7 @@ cudaError_t launch_quantize_fp8(KType t, const void* x, int64_t n, void* amax_sc
 cudaError_t launch_quantize_fp8_rows(KType t, const void* w, int64_t rows, int64_t cols, void* q,
                                      float* scale, cudaStream_t s);
 cudaError_t launch_dequantize_fp8_rows(KType t, const void* q, const float* scale, int64_t rows,
-                                       int64_t cols, void* out, cudaStream_t s);
+                                       int64_t cols, void* out, cudaStream_t s, bool e5m2 = false);
 // y[m, n] = y[m, n] · sx[m] · sw[n] (+ bias[n] when not null), in place, computed in f32 and
 // rounded once: the outer-product scales of a W8A8 GEMM run with unit scales.
 cudaError_t launch_scale_rows_cols(KType t, void* y, const float* sx, const float* sw,
