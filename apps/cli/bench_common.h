@@ -44,6 +44,8 @@ struct Options {
   std::string json_path;
   // --fp8-quality: DiT-output and image quality of --precision fp8 per layer group, against bf16
   std::vector<std::string> fp8_groups;
+  std::string lora;  // --lora FILE: the per-request LoRA rows (bench_lora.cpp) instead
+  float lora_scale = 1.0f;
 };
 
 // The prompt diffusers_baseline.py and diffusers_compare.py use (35 tokens after the template).

@@ -23,6 +23,7 @@
 
 #include "backend/backend.h"
 #include "bench_common.h"
+#include "bench_lora.h"
 #include "builtin_model.h"
 #include "commands.h"
 #include "io/file_io.h"
@@ -211,6 +212,22 @@ void run_bench(const Options& o) {
   R["model"] = o.random_weights ? "random weights, full Z-Image-Turbo architecture" : dir;
   if (!o.budgets.empty()) {
     run_budget_rows(o, dir, R);
+    return;
+  }
+  if (!o.lora.empty()) {
+    LoraBenchOptions lb;
+    lb.model_dir = dir;
+    lb.device = o.device;
+    lb.weights = o.weights;
+    lb.lora = o.lora;
+    lb.scale = o.lora_scale;
+    lb.prompt = kPrompt;
+    lb.size = o.sizes.front();
+    lb.steps = o.steps;
+    lb.iters = o.iters;
+    lb.threads = o.threads;
+    lb.json_path = o.json_path;
+    run_lora_bench(lb);
     return;
   }
   if (!o.fp8_groups.empty()) {
@@ -558,12 +575,17 @@ void register_bench_command(CLI::App& app) {
                   "Whole-image rows under these device-memory budgets (GiB, context included; "
                   "0 = no limit), each with a fresh pipeline and its memory plan")
       ->check(CLI::Range(0.0, 1e6));
+  cmd->add_option("--lora", o->lora,
+                  "Per-request LoRA costs instead: merge vs side GEMM switch and image times with "
+                  "this LoRA file (zimage make-random-lora makes one), at the first --sizes");
+  cmd->add_option("--lora-scale", o->lora_scale, "Strength of the --lora LoRA (default 1)");
   cmd->add_option("--fp8-quality", o->fp8_groups,
                   "Instead of the other figures: --precision fp8's quality (DiT output, image) "
                   "and speed against bf16, one row per group of FP8 linears, e.g. qkv out w13 w2 "
                   "all")
       ->expected(1, -1);
-  cmd->add_option("--weights", o->weights, "bf16 or fp8 weights for the --vram-budget rows")
+  cmd->add_option("--weights", o->weights,
+                  "bf16 or fp8 weights for the --vram-budget and --lora rows")
       ->check(CLI::IsMember({"bf16", "fp8"}));
   cmd->add_option("--dit", o->dit_file,
                   "Transformer single file (safetensors, FP8, GGUF) replacing --model's "

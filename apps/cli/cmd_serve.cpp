@@ -15,6 +15,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <memory>
 #include <string>
 
@@ -43,6 +44,8 @@ struct ServeArgs {
   bool verbose = false;
   std::string batching = "off";
   LoraArgs lora;
+  std::string lora_method = "auto";
+  int lora_cache_mib = 2048;
   std::string controlnet;  // loaded with the model; requests send a control image
 };
 
@@ -116,6 +119,11 @@ void run_serve(ServeArgs& a) {
   if (!parse_lora_args(a.lora, &loras, &lora_error)) fail(2, lora_error);
   a.serve.access_log = !a.quiet;
   a.serve.batching = a.batching == "on";
+  if (!a.serve.lora_dir.empty()) {
+    std::error_code ec;
+    if (!std::filesystem::is_directory(a.serve.lora_dir, ec))
+      fail(2, "--lora-dir: '" + a.serve.lora_dir + "' is not a folder");
+  }
 
   SignalWaiter signals;
   serve::Server server(a.serve);
@@ -140,6 +148,8 @@ void run_serve(ServeArgs& a) {
   eo.loras = loras;
   eo.controlnet = a.controlnet;
   eo.lora_lenient = a.lora.lenient;
+  eo.lora_method = a.lora_method;
+  eo.lora_cache_bytes = static_cast<uint64_t>(a.lora_cache_mib) << 20;
   st = server.load(eo);
   if (!st.ok()) {
     server.shutdown();
@@ -216,6 +226,17 @@ void register_serve_command(CLI::App& app) {
                   "Images per denoising step with --batching on (default 8)")
       ->check(CLI::Range(1, 64));
   add_lora_options(cmd, a->lora);
+  cmd->add_option("--lora-dir", a->serve.lora_dir,
+                  "Folder of LoRA files requests may name (\"loras\": [{\"name\": "
+                  "\"x.safetensors\", \"scale\": 0.8}], A1111's <lora:x:0.8>); applied per "
+                  "request without reloading the model; GET /v1/loras lists them");
+  cmd->add_option("--lora-method", a->lora_method,
+                  "Per-request LoRAs: auto (merge into resident weights, side GEMMs for FP8 / "
+                  "streamed ones), merge, or side (low-rank side GEMMs) (default auto)")
+      ->check(CLI::IsMember({"auto", "merge", "side"}));
+  cmd->add_option("--lora-cache", a->lora_cache_mib,
+                  "MiB of parsed LoRA files kept in host memory between requests (default 2048)")
+      ->check(CLI::Range(0, 1 << 20));
   cmd->add_option("--controlnet", a->controlnet,
                   "Z-Image ControlNet (folder or single file) loaded with the model; requests "
                   "send the control image (A1111 alwayson_scripts.controlnet, /v1/images/edits "

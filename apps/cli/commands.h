@@ -14,6 +14,9 @@ void register_generate_command(CLI::App& app);
 // zimage make-random-model --out DIR (random-weight model folder for benchmarks).
 void register_make_random_model_command(CLI::App& app);
 
+// zimage make-random-lora --out FILE [--rank R] (random LoRA for zimage bench --lora).
+void register_make_random_lora_command(CLI::App& app);
+
 // zimage info PATH [--json] [--tensors] (configs, tensor/parameter counts, dtypes, sizes).
 void register_info_command(CLI::App& app);
 

@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
   });
   zimage::cli::register_generate_command(app);
   zimage::cli::register_make_random_model_command(app);
+  zimage::cli::register_make_random_lora_command(app);
   zimage::cli::register_bench_command(app);
   zimage::cli::register_info_command(app);
   zimage::cli::register_tokenize_command(app);

@@ -81,6 +81,12 @@ struct EngineOptions {
   // A LoRA key that matches no transformer weight: a warning (the key is skipped) instead of an
   // error. Shape mismatches stay errors.
   bool lora_lenient = false;
+  // Per-request LoRAs (GenerateRequest::loras): how they are applied ("auto": merged into
+  // weights resident in the compute dtype, side GEMMs for the rest; "merge"; "side": a low-rank
+  // side GEMM wherever the layer has one; docs/FORMATS.md) and the bytes of parsed LoRA files
+  // kept in host memory between requests (least recently used dropped first).
+  std::string lora_method = "auto";
+  uint64_t lora_cache_bytes = uint64_t{2} << 30;
   // A Z-Image ControlNet (Fun-Controlnet-Union: a diffusers folder or a published single file,
   // versions 1.0, 2.0, 2.1, 2.1-lite; docs/FORMATS.md), loaded once with the engine; requests with
   // a control_image use it.
@@ -119,6 +125,10 @@ struct GenerateRequest {
   std::optional<Image> mask;  // needs init_image
   // (0, 1]; unset: 0.6 (img2img) or 1.0 (inpainting), diffusers' defaults. A double, as Python's.
   std::optional<double> strength;
+  // LoRAs for this request only, on top of EngineOptions::loras, applied to the transformer
+  // without reloading it (EngineOptions::lora_method) and taken off for the next request with a
+  // different set. Keys matching no weight follow EngineOptions::lora_lenient. At most 16.
+  std::vector<LoraSpec> loras;
 
   // ---- ControlNet (diffusers' ZImageControlNetPipeline; needs EngineOptions::controlnet) ----
   // The control image (pose, depth, edges, ...), resized to width x height as init_image is; its
@@ -225,6 +235,10 @@ class Engine {
   Result<GenerateResult> generate(const GenerateRequest& req, const GenerateHooks& hooks = {});
 
   EngineInfo info() const;
+  // Reads (through the engine's LoRA cache) and checks `loras` as a request's LoRAs would be:
+  // files, key layouts, keys matching transformer weights, shapes; applies nothing. Thread-safe
+  // (the server checks requests as they arrive). Errors name the file and key.
+  Status check_loras(const std::vector<LoraSpec>& loras) const;
 
   // ---- continuous batching (for a server's step scheduler) ----------------------------------
   // Requests of one image size share each DiT forward, joining and leaving at step boundaries:

@@ -148,6 +148,8 @@ Result<std::unique_ptr<Engine>> Engine::load_impl(const EngineOptions& options) 
   ZI_ASSIGN_OR_RETURN(impl->pipeline, TextToImage::load(paths, *impl->backend, load_options));
   if (!options.controlnet.empty()) ZI_TRY(impl->pipeline->load_controlnet(options.controlnet));
   impl->pipeline->set_vae_tiling({.mode = vae_tiling, .budget_bytes = 0});
+  ZI_ASSIGN_OR_RETURN(impl->lora_method, parse_lora_method(options.lora_method, "lora_method"));
+  impl->lora_cache = std::make_unique<LoraCache>(options.lora_cache_bytes);
   impl->limits.size_multiple = impl->pipeline->size_multiple();
   // The model's own limit (RoPE tables: latent side / patch < axes_lens) may be lower than the
   // configured one: info() and the range checks report the smaller.
@@ -177,8 +179,10 @@ Result<GenerateResult> Engine::generate_impl(const GenerateRequest& req,
   h.on_progress = hooks.on_progress;
   h.cancel = hooks.cancel;
   h.debug = sink.get();
+  ZI_ASSIGN_OR_RETURN(std::vector<RuntimeLora> loras, impl_->resolve_loras(req.loras));
   std::lock_guard<std::mutex> lock(impl_->mu);
   ZI_TRY(impl_->backend->bind_thread());
+  ZI_TRY(impl_->use_loras(loras));
   ZI_ASSIGN_OR_RETURN(TextToImageOutput out, impl_->pipeline->run(req, h));
   if (sink) ZI_TRY(sink->status());  // a dump that failed fails the call
   GenerateResult result;

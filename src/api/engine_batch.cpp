@@ -21,6 +21,8 @@ Result<uint64_t> Engine::batch_add(const GenerateRequest& req, const GenerateHoo
     h.on_progress = hooks.on_progress;
     h.cancel = hooks.cancel;
     h.debug = entry.sink.get();
+    ZI_ASSIGN_OR_RETURN(entry.loras, impl_->resolve_loras(req.loras));
+    entry.lora_key = lora_set_key(entry.loras);
     std::lock_guard<std::mutex> lock(impl_->mu);
     ZI_TRY(impl_->backend->bind_thread());
     ZI_ASSIGN_OR_RETURN(entry.state, impl_->pipeline->begin(req, h));
@@ -71,8 +73,9 @@ std::vector<BatchOutcome> Engine::batch_step() {
   }
   if (batch.empty()) return out;
 
-  // The step: every request of the oldest one's size, in arrival order.
-  const DenoiseState& oldest = *batch.begin()->second.state;
+  // The step: every request of the oldest one's size and LoRA set, in arrival order.
+  const BatchEntry& first = batch.begin()->second;
+  const DenoiseState& oldest = *first.state;
   std::vector<uint64_t> ids;
   std::vector<DenoiseState*> states;
   for (auto& [id, e] : batch) {
@@ -80,13 +83,16 @@ std::vector<BatchOutcome> Engine::batch_step() {
     const bool same_control =
         e.state->control.defined() == oldest.control.defined() &&
         (!oldest.control.defined() || e.state->req.control_scale == oldest.req.control_scale);
-    if (e.state->h == oldest.h && e.state->w == oldest.w && !e.state->done() && same_control) {
+    if (e.state->h == oldest.h && e.state->w == oldest.w && e.lora_key == first.lora_key &&
+        !e.state->done() && same_control) {
       ids.push_back(id);
       states.push_back(e.state.get());
     }
   }
-  const Status stepped =
-      guarded("Engine::batch_step", [&] { return impl_->pipeline->step(states); });
+  const Status stepped = guarded("Engine::batch_step", [&] {
+    ZI_TRY(impl_->use_loras(first.loras));
+    return impl_->pipeline->step(states);
+  });
   if (!stepped.ok()) {
     for (uint64_t id : ids) finish_one(id, stepped);
     return out;

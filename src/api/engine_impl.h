@@ -14,7 +14,9 @@
 #include "api/guarded.h"
 #include "api/request_check.h"
 #include "backend/backend.h"
+#include "io/lora_cache.h"
 #include "model/debug.h"
+#include "model/lora_runtime.h"
 #include "pipeline/text_to_image.h"
 #include "zimage/zimage.h"
 
@@ -24,6 +26,8 @@ namespace zimage {
 struct BatchEntry {
   std::unique_ptr<DebugSink> sink;  // when the request asked for dumps
   std::unique_ptr<DenoiseState> state;
+  std::vector<RuntimeLora> loras;  // the request's LoRAs, parsed (requests of one set batch)
+  std::string lora_key;
 };
 
 struct Engine::Impl {
@@ -36,6 +40,13 @@ struct Engine::Impl {
   // Continuous batching: requests by id (ids grow with arrival, so the map is in arrival order).
   std::map<uint64_t, BatchEntry> batch;
   uint64_t next_batch_id = 1;
+  // Per-request LoRAs (engine_lora.cpp).
+  std::unique_ptr<LoraCache> lora_cache;
+  LoraMethod lora_method = LoraMethod::kAuto;
+  // The request's LoRA files, parsed (through the cache); errors name the file. No lock needed.
+  Result<std::vector<RuntimeLora>> resolve_loras(const std::vector<LoraSpec>& specs);
+  // Makes `loras` the transformer's set (under mu).
+  Status use_loras(const std::vector<RuntimeLora>& loras);
 };
 
 // --dump DIR: made if missing, and refused up front when it is not a folder (rather than one

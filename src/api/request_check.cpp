@@ -77,6 +77,14 @@ Status check_request(const GenerateRequest& req, const RequestLimits& lim) {
     ZI_TRY(check_text("prompts[" + std::to_string(i) + "]", req.prompts[i], lim.max_prompt_bytes));
   if (req.negative_prompt)
     ZI_TRY(check_text("negative_prompt", *req.negative_prompt, lim.max_prompt_bytes));
+  if (req.loras.size() > 16)
+    return InvalidArgument("loras: " + std::to_string(req.loras.size()) + " LoRAs, at most 16");
+  for (size_t i = 0; i < req.loras.size(); ++i) {
+    if (req.loras[i].path.empty())
+      return InvalidArgument("loras[" + std::to_string(i) + "]: no LoRA file given");
+    if (!std::isfinite(req.loras[i].scale))
+      return InvalidArgument("loras[" + std::to_string(i) + "]: scale is not a finite number");
+  }
   ZI_TRY(check_side("width", req.width, lim));
   ZI_TRY(check_side("height", req.height, lim));
   if (req.steps < 1 || req.steps > lim.max_steps)

@@ -6,8 +6,10 @@
 
 namespace zimage {
 
-Status linear(Backend& be, const Tensor& x, const LinearWeight& w, const Tensor& bias,
-              const Tensor& scratch, Tensor& y) {
+namespace {
+
+Status linear_base(Backend& be, const Tensor& x, const LinearWeight& w, const Tensor& bias,
+                   const Tensor& scratch, Tensor& y) {
   if (!w.quantized()) return be.matmul(x, w.w, bias, y);
   if (w.fp8_compute) return be.matmul_fp8_rows(x, w.w, w.scale, bias, y);
   const int64_t n = w.rows(), k = w.cols();
@@ -20,6 +22,32 @@ Status linear(Backend& be, const Tensor& x, const LinearWeight& w, const Tensor&
   else
     ZI_TRY(be.dequantize_fp8_rows(w.w, w.scale, wide));
   return be.matmul(x, wide, bias, y);
+}
+
+}  // namespace
+
+Status linear(Backend& be, const Tensor& x, const LinearWeight& w, const Tensor& bias,
+              const Tensor& scratch, Tensor& y) {
+  ZI_TRY(linear_base(be, x, w, bias, scratch, y));
+  if (w.lora) return apply_lora_side(be, x, *w.lora, y);  // runtime LoRA (lora_runtime.h)
+  return Status::Ok();
+}
+
+Status apply_lora_side(Backend& be, const Tensor& x, const LoraSide& side, Tensor& y) {
+  const int64_t r = side.a.dim(0), k = side.a.dim(1), n = side.b.dim(0);
+  if (side.b.dim(1) != r || x.dim(-1) != k || y.dim(-1) != n)
+    return InternalError("LoRA side GEMM: a " + side.a.describe() + ", b " + side.b.describe() +
+                         " do not fit x " + x.describe() + " -> y " + y.describe());
+  const int64_t m = x.numel() / k;
+  const DType act = be.act_dtype();
+  auto t = be.alloc(act, {m, r});
+  if (!t.ok()) return t.status().with_context("LoRA side GEMM [" + std::to_string(m) + ", r]");
+  auto prod = be.alloc(act, {m, n});
+  if (!prod.ok()) return prod.status().with_context("LoRA side GEMM output");
+  ZI_TRY(be.matmul(x.view({m, k}), side.a, Tensor(), *t));  // [M, R]
+  ZI_TRY(be.matmul(*t, side.b, Tensor(), *prod));           // [M, N]
+  Tensor yv = y.view({m, n});
+  return be.axpby(1.0f, yv, 1.0f, *prod, yv);
 }
 
 Result<unsigned> parse_fp8_layers(const std::string& list) {

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -17,10 +18,21 @@
 
 namespace zimage {
 
+// Runtime LoRAs on one linear weight (model/lora_runtime.h), applied after its GEMM as a low-rank
+// side GEMM: y += (x · aᵀ) · bᵀ. The LoRAs of a request are stacked along the rank: a [R, K] holds
+// every down, b [N, R] every up times its whole scale, zero on rows a LoRA does not touch (a LoRA
+// on to_k lands on the middle third of the rows of the fused q|k|v weight). Act dtype, on the
+// device; immutable once made, so a recorded forward may hold their addresses.
+struct LoraSide {
+  Tensor a;  // [R, K]
+  Tensor b;  // [N, R]
+};
+
 struct LinearWeight {
   Tensor w;      // [N, K]: the backend's act dtype, or kF8E4M3 / kF8E5M2 when `scale` is defined,
                  // or kU8 [N, row bytes] holding GGUF blocks when `packed_cols` > 0
   Tensor scale;  // [N] f32: per-output-channel dequantisation scale (FP8 only)
+  std::shared_ptr<const LoraSide> lora;  // runtime LoRA side GEMM; null: none
   // W8A8 (--precision fp8): the FP8 weight meets activations quantised per token in an FP8 GEMM
   // (Backend::matmul_fp8_rows) instead of being widened for a bf16 GEMM.
   bool fp8_compute = false;
@@ -80,6 +92,10 @@ struct WeightPlacement {
 // (act dtype, at least N*K elements; its leading N*K elements are overwritten).
 Status linear(Backend& be, const Tensor& x, const LinearWeight& w, const Tensor& bias,
               const Tensor& scratch, Tensor& y);
+
+// y[M, N] += (x[M, K] · side.aᵀ) · side.bᵀ through two act-dtype buffers ([M, R] and [M, N]) taken
+// from the backend's allocator (a recorded forward keeps them in its private pool).
+Status apply_lora_side(Backend& be, const Tensor& x, const LoraSide& side, Tensor& y);
 
 // Replaces a weight loaded in the act dtype by its FP8 rows (Backend::quantize_fp8_rows); the
 // wide copy is released.

@@ -14,6 +14,7 @@
 #include "io/weights.h"
 #include "model/debug.h"
 #include "model/linear.h"
+#include "model/lora_runtime.h"
 #include "model/quantized_linear.h"
 #include "model/weight_streamer.h"
 
@@ -92,6 +93,23 @@ class ZImageDiT {
 
   // The linears that run as W8A8 FP8 GEMMs (WeightPlacement::fp8_compute; 0 = none).
   unsigned fp8_compute() const { return placement_.fp8_compute; }
+
+  // ---- runtime LoRAs (model/lora_runtime.h; zimage_dit_lora.cpp) ----
+  // Makes `loras` the model's LoRA set: the previous set is taken off first (merged rows restored
+  // bit for bit, side GEMMs dropped), unless it is the same set (then nothing happens). Empty:
+  // the base model. Recorded forwards are dropped when side GEMMs come or go (they hold the
+  // side buffers' addresses); merges change weights in place and keep them. On an error the
+  // model is left as the base model.
+  Status set_loras(const std::vector<RuntimeLora>& loras, LoraMethod method, bool lenient);
+  const AppliedLoras& applied_loras() const { return lora_applied_; }
+  // set_loras' key and shape checks without applying anything. Reads only what loading fixed, so
+  // it may run beside a forward on another thread.
+  Status check_loras(const std::vector<RuntimeLora>& loras, bool lenient) {
+    return check_runtime_loras(loras, lenient,
+                               [this](const std::string& c) { return lora_slot(c); });
+  }
+  // Where a diffusers-named weight ("layers.3.attention.to_k.weight") lives in this model.
+  Result<LoraSlot> lora_slot(const std::string& canonical);
 
  private:
   struct Block {
@@ -187,6 +205,7 @@ class ZImageDiT {
   bool use_graphs_ = true;
   bool no_graphs_ = false;  // the backend answered that it cannot record
   std::map<std::vector<int64_t>, Graphed> graphs_;
+  AppliedLoras lora_applied_;  // the runtime LoRA set now applied
 };
 
 }  // namespace zimage

@@ -185,6 +185,7 @@ class TextToImage {
   // a pipeline made by create() without an encoder, or the folder's encoder weights missing.
   Result<VaeEncoder*> vae_encoder();
   Backend& backend() const { return be_; }
+  ZImageDiT& transformer() { return *c_.transformer; }  // runtime LoRAs (set_loras)
   // The memory plan the pipeline was loaded with.
   // The DiT linears that run as W8A8 FP8 GEMMs (Fp8Layers bits, 0 = none).
   unsigned fp8_layers() const { return c_.transformer->fp8_compute(); }

@@ -14,6 +14,14 @@ namespace {
 double since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
+// The engine steps one LoRA set at a time (Engine::batch_step): a job of another set would wait
+// in the batch instead of the queue.
+bool same_loras(const std::vector<LoraSpec>& a, const std::vector<LoraSpec>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (a[i].path != b[i].path || a[i].scale != b[i].scale) return false;
+  return true;
+}
 }  // namespace
 
 int BatchingExecutor::images_running() const {
@@ -43,7 +51,8 @@ void BatchingExecutor::run(JobSource& jobs) {
         const int room = max_images_ - images_running();
         std::shared_ptr<Job> next = jobs.try_pop_if([&](const Job& q) {
           const GenerateRequest& r = q.spec().runs.front();
-          return r.width == lead->width && r.height == lead->height && q.spec().images() <= room;
+          return r.width == lead->width && r.height == lead->height &&
+                 same_loras(r.loras, lead->loras) && q.spec().images() <= room;
         });
         if (!next) break;
         admit(next, jobs);
@@ -84,6 +93,7 @@ bool BatchingExecutor::admit(const std::shared_ptr<Job>& job, JobSource& jobs) n
     a->images.resize(spec.runs.size());
     a->width = spec.runs.front().width;
     a->height = spec.runs.front().height;
+    a->loras = spec.runs.front().loras;
     a->images_in_batch = spec.images();
     actives_.emplace(next_active_++, a);
     for (size_t i = 0; i < spec.runs.size(); ++i) {

@@ -59,6 +59,7 @@ class BatchingExecutor : public Executor {
     std::vector<std::vector<EncodedImage>> images;  // per run, once done
     size_t runs_left = 0;
     int width = 0, height = 0, images_in_batch = 0;
+    std::vector<LoraSpec> loras;  // jobs join the running batch only with the same LoRA set
     JobTimings timings;
     bool over = false;  // finished (any outcome): remaining outcomes are ignored
   };

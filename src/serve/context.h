@@ -39,6 +39,9 @@ struct ServeOptions {
   // and 1024², one image already fills the GPU and batching bought no throughput (SERVER.md).
   bool batching = false;
   int max_batch_images = 8;
+  // Per-request LoRAs: requests name files inside this folder ("loras" field, A1111's <lora:..>
+  // tags; serve/lora_request.h). Empty: requests naming LoRAs are refused.
+  std::string lora_dir;
 };
 
 struct ServeContext {

@@ -8,6 +8,7 @@
 #include <exception>
 #include <new>
 
+#include "serve/lora_request.h"
 #include "serve/request_parse.h"
 
 namespace zimage::serve {
@@ -99,6 +100,12 @@ std::shared_ptr<Job> admit(ServeContext& ctx, JobSpec spec, httplib::Response& r
   if (!ctx.ready.load()) {
     res.set_header("Retry-After", "5");
     *error = ApiError{503, "server_error", "the model is still loading; retry later", ""};
+    return nullptr;
+  }
+  if (const Status st = check_request_loras(*ctx.engine, spec.runs, ctx.options.lora_dir);
+      !st.ok()) {
+    ++ctx.metrics.rejected_invalid;
+    *error = api_error(st);
     return nullptr;
   }
   for (const GenerateRequest& r : spec.runs) {

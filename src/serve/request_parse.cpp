@@ -14,6 +14,7 @@
 
 #include "io/json_util.h"
 #include "serve/api_error.h"
+#include "serve/lora_request.h"
 #include "serve/request_images.h"
 
 namespace zimage::serve {
@@ -385,7 +386,7 @@ Result<JobSpec> openai_spec(const json& obj, const ParseLimits& lim, uint64_t ra
                             GenerateRequest req) {
   static const std::set<std::string> kKnown = {
       "prompt", "n", "size", "response_format", "output_format", "output_compression",
-      "negative_prompt", "num_inference_steps", "guidance_scale", "seed",
+      "negative_prompt", "num_inference_steps", "guidance_scale", "seed", "loras",
       // OpenAI fields accepted and ignored:
       "model", "quality", "style", "user", "background", "moderation"};
   std::set<std::string> known = kKnown;
@@ -396,6 +397,7 @@ Result<JobSpec> openai_spec(const json& obj, const ParseLimits& lim, uint64_t ra
   JobSpec spec;
   spec.dialect = Dialect::kOpenAi;
   ZI_TRY(get_prompts(obj, max_bytes, &req));
+  ZI_TRY(parse_lora_field(obj, &req.loras));  // names; admit() resolves them (lora_request.h)
   ZI_TRY(get_int(obj, "n", 1, lim.request.max_batch, &req.images_per_prompt));
   req.width = lim.default_width;
   req.height = lim.default_height;
@@ -488,6 +490,10 @@ Result<JobSpec> a1111_spec(const json& obj, const ParseLimits& lim, uint64_t ran
   JobSpec spec;
   spec.dialect = Dialect::kA1111;
   ZI_TRY(get_prompts(obj, max_bytes, &req));
+  ZI_TRY(parse_lora_field(obj, &req.loras));
+  ZI_TRY(take_prompt_loras(&req.prompts.front(), &req.loras));  // <lora:name:0.8>
+  if (req.loras.size() > kMaxLorasPerRequest)
+    return InvalidArgument("loras: more than " + std::to_string(kMaxLorasPerRequest) + " LoRAs");
   req.width = lim.default_width;
   req.height = lim.default_height;
   if (req.init_image)

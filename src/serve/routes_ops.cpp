@@ -1,7 +1,9 @@
 // Operations: GET /healthz (the process answers), GET /readyz (200 once the model is loaded and
 // warmed up, 503 before), GET /metrics (Prometheus text), GET /v1/models (OpenAI's model list,
-// plus this server's limits for the web page), and GET / (the embedded web page).
+// plus this server's limits for the web page), GET /v1/loras and A1111's GET /sdapi/v1/loras (the
+// LoRA files requests may name, serve --lora-dir), and GET / (the embedded web page).
 #include "serve/http_util.h"
+#include "serve/lora_request.h"
 #include "serve/routes.h"
 #include "serve/web_page.h"
 
@@ -49,6 +51,24 @@ void add_ops_routes(httplib::Server& svr, ServeContext& ctx) {
                   {"precision", ctx.info.precision},  {"version", kVersion}};
             }
             send_json(res, 200, {{"object", "list"}, {"data", json::array({model})}});
+          }));
+
+  svr.Get("/v1/loras", guard([&ctx](const httplib::Request&, httplib::Response& res) {
+            send_json(res, 200, {{"object", "list"}, {"data", list_loras(ctx.options.lora_dir)}});
+          }));
+
+  // A1111's shape: name without the extension (what <lora:name:0.8> takes), alias, path (here
+  // relative to the LoRA folder: the server's paths are not the client's business).
+  svr.Get("/sdapi/v1/loras", guard([&ctx](const httplib::Request&, httplib::Response& res) {
+            json out = json::array();
+            for (const json& f : list_loras(ctx.options.lora_dir)) {
+              std::string name = f.at("name").get<std::string>();
+              const std::string rel = name;
+              name.resize(name.size() - std::string(".safetensors").size());
+              out.push_back(
+                  {{"name", name}, {"alias", name}, {"path", rel}, {"metadata", json::object()}});
+            }
+            send_json(res, 200, out);
           }));
 
   svr.Get("/", guard([](const httplib::Request&, httplib::Response& res) {
