@@ -10,6 +10,7 @@
 #   diffusers upstream diffusers on the same folder, same GPU (carried wheel in .whl/)
 #   compare   cosine / PSNR of zimage vs diffusers -> $OUT/parity.json
 #   parity8, compare8   the same with --precision fp8 -> $OUT/parity_fp8.json
+#   lorabench per-request LoRA: merge/unmerge vs side GEMM on the full-size model -> $OUT/lora_bench.*
 #   warmup    a new process's first image with the plan cache empty, then filled -> $OUT/warmup.txt
 #   fp8q      --precision fp8 quality and speed per group of DiT linears against bf16, on $ZR and
 #             on a folder with outlier channels ($ZRO) -> $OUT/fp8_quality{,_outliers}.{json,md}
@@ -103,6 +104,13 @@ for f in glob.glob('build/carry/*.xz') + glob.glob('build/carry/lib/*.xz'):
         echo "| plan cache $run: process $(python3 -c "print(round($(date +%s.%N) - $s, 2))") s"
       done | tee "$OUT/warmup.txt"
       unset XDG_CACHE_HOME ;;
+    lorabench)
+      # Per-request LoRA on the full-size model: merge/unmerge against the side GEMM (rank 32,
+      # every attention and feed-forward linear), switch cost and s/image -> $OUT/lora_bench.*
+      [ -f /tmp/zimage-lora-r32.safetensors ] || "$BIN" make-random-lora --out /tmp/zimage-lora-r32.safetensors \
+        --rank 32 2>&1 | tail -1
+      "$BIN" bench --model "$ZR" --lora /tmp/zimage-lora-r32.safetensors --sizes 1024 --steps 8 \
+        --json "$OUT/lora_bench.json" 2>&1 | tee "$OUT/lora_bench.md" | grep -v "^bench:" || rc=1 ;;
     fp8q)
       groups=${FP8_GROUPS:-qkv out w13 w2 qkv,out,w13,w2 all}
       "$BIN" bench --model "$ZR" --fp8-quality $groups --iters 3 --json "$OUT/fp8_quality.json" \
