@@ -7,7 +7,8 @@
 //
 // Build and run (ASan + UBSan, clang 14):
 //   cmake --preset fuzz && cmake --build --preset fuzz --target fuzz_serve_image
-//   mkdir -p build/fuzz/corpus_image && cp build/fuzz/golden/image/image_io/decode/*.{png,jpg,webp} \
+//   mkdir -p build/fuzz/corpus_image && cp build/fuzz/golden/image/image_io/decode/*.{png,jpg,webp}
+//   \
 //       build/fuzz/corpus_image/ ; build/fuzz/fuzz/fuzz_serve_image -max_total_time=600 \
 //       -max_len=65536 -timeout=10 build/fuzz/corpus_image
 #include <cstddef>

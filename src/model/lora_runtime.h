@@ -7,9 +7,10 @@
 //          (the weights change in place).
 //   side   a low-rank side GEMM after the layer's own (LinearWeight::lora, linear.h): y += s ·
 //          (x · downᵀ) · upᵀ. For weights that cannot be merged: FP8 rows, quantised or streamed
-//          blocks, the W8A8 FP8 linears of --precision fp8. Costs two thin GEMMs and an add per layer per step; the
-//          weights are never touched. Recorded forwards hold the side buffers' addresses, so the
-//          model drops them when a set with side GEMMs comes or goes (ZImageDiT::set_loras).
+//          blocks, the W8A8 FP8 linears of --precision fp8. Costs two thin GEMMs and an add per
+//          layer per step; the weights are never touched. Recorded forwards hold the side buffers'
+//          addresses, so the model drops them when a set with side GEMMs comes or goes
+//          (ZImageDiT::set_loras).
 // auto (the default) merges every weight it can and uses side GEMMs for the rest. Why: merging a
 // rank-r LoRA costs one [N, r]·[r, K] GEMM and a copy of the touched rows per switch, once per
 // request, while the side GEMM adds an [M, N] pass (write, read, add) per layer per step to every

@@ -172,7 +172,7 @@ TEST(Fp8Compute, GoldenDitPerLayerGroup) {
     report(std::string("v_turbo dit W8A8 [") + groups + "] vs f32 (cosine " + std::to_string(cos) +
                ")",
            max_abs(a, b));
-    EXPECT_GT(cos, 0.998) << groups;  // measured 0.99938 (all) to 0.99995
+    EXPECT_GT(cos, 0.998) << groups;          // measured 0.99938 (all) to 0.99995
     EXPECT_GT(max_abs(a, b), 0.0) << groups;  // the FP8 path ran
   }
   // W8A8 and streaming together: the streamed model equals the resident one bit for bit.

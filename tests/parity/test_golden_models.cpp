@@ -1,7 +1,8 @@
 // Golden parity of the three models on the CPU backend (fp32, the oracle) against tensors dumped
 // by diffusers / transformers on the same tiny random checkpoints (tests/data/golden, made by
-// tools/make_goldens.py, whose header lists the files): text-encoder embeddings, DiT outputs at step 0 and at a later step,
-// the decoded image; and the VAE encoder against a naive double-precision reference.
+// tools/make_goldens.py, whose header lists the files): text-encoder embeddings, DiT outputs at
+// step 0 and at a later step, the decoded image; and the VAE encoder against a naive
+// double-precision reference.
 #include <gtest/gtest.h>
 
 #include <algorithm>

@@ -110,8 +110,8 @@ cudaError_t launch_scale_rows_cols(KType t, void* y, const float* sx, const floa
     using T = decltype(tag);
     const unsigned grid =
         grid_for(total, kThreads) < 65535u * 8 ? grid_for(total, kThreads) : 65535u * 8;
-    scale_rows_cols_kernel<T><<<grid, kThreads, 0, s>>>(static_cast<T*>(y), sx, sw,
-                                                        static_cast<const T*>(bias), m, n);
+    scale_rows_cols_kernel<T>
+        <<<grid, kThreads, 0, s>>>(static_cast<T*>(y), sx, sw, static_cast<const T*>(bias), m, n);
     return cudaGetLastError();
   });
 }
