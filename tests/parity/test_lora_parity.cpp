@@ -21,6 +21,7 @@
 
 #include "backend/backend.h"
 #include "common/cli_run.h"
+#include "common/lora_case.h"
 #include "common/npy.h"
 #include "common/tiny_engine.h"
 #include "io/safetensors.h"
@@ -31,6 +32,8 @@ namespace zimage {
 namespace {
 
 namespace fs = std::filesystem;
+using test::Step0Sink;
+using test::turbo_request;
 
 // Measured on the CPU backend against diffusers (fp32): image <= 4.5e-7 for LoRAs stored in f32,
 // <= 3.4e-4 where diffusers folds alpha / rank into bf16 factors (kohya, comfy_peft: diffusers
@@ -81,29 +84,6 @@ LoraCase find_case(const std::string& name) {
 }
 
 // The v_turbo recipe the LoRA cases were made with.
-GenerateRequest turbo_request() {
-  std::ifstream f(test::golden_dir("v_turbo") + "/case.json");
-  const nlohmann::json s = nlohmann::json::parse(f);
-  GenerateRequest req;
-  for (const auto& p : s.at("prompts")) req.prompts.push_back(p.get<std::string>());
-  req.width = s.at("W").get<int>();
-  req.height = s.at("H").get<int>();
-  req.steps = s.at("steps").get<int>();
-  req.guidance = s.at("guidance").get<float>();
-  req.seed = s.at("seed").get<uint64_t>();
-  return req;
-}
-
-class Step0Sink final : public DebugSink {
- public:
-  bool wants(const std::string& n) const override { return n == "dit_out.step0"; }
-  void tensor(const std::string&, Backend& be, const Tensor& t) override {
-    dit0 = Tensor::host(DType::kF32, t.shape());
-    if (!be.download(t, dit0).ok()) dit0 = Tensor();
-  }
-  Tensor dit0;
-};
-
 struct RunOut {
   Tensor image;  // [1, H, W, 3] f32
   Tensor dit0;   // step-0 DiT output

@@ -18,6 +18,7 @@
 
 #include "backend/backend.h"
 #include "common/cli_run.h"
+#include "common/lora_case.h"
 #include "common/npy.h"
 #include "common/tiny_engine.h"
 #include "io/lora.h"
@@ -29,6 +30,8 @@ namespace zimage {
 namespace {
 
 namespace fs = std::filesystem;
+using test::Step0Sink;
+using test::turbo_request;
 
 // Runtime vs load-time merge, both float32 on the CPU: the merge adds up·down computed by a
 // float32 GEMM instead of the host merge's, the side GEMM computes x·W + (x·downᵀ)·upᵀ instead of
@@ -61,29 +64,6 @@ std::vector<Case> cases() {
   }
   return out;
 }
-
-GenerateRequest turbo_request() {
-  std::ifstream f(test::golden_dir("v_turbo") + "/case.json");
-  const nlohmann::json s = nlohmann::json::parse(f);
-  GenerateRequest req;
-  for (const auto& p : s.at("prompts")) req.prompts.push_back(p.get<std::string>());
-  req.width = s.at("W").get<int>();
-  req.height = s.at("H").get<int>();
-  req.steps = s.at("steps").get<int>();
-  req.guidance = s.at("guidance").get<float>();
-  req.seed = s.at("seed").get<uint64_t>();
-  return req;
-}
-
-class Step0Sink final : public DebugSink {
- public:
-  bool wants(const std::string& n) const override { return n == "dit_out.step0"; }
-  void tensor(const std::string&, Backend& be, const Tensor& t) override {
-    dit0 = Tensor::host(DType::kF32, t.shape());
-    if (!be.download(t, dit0).ok()) dit0 = Tensor();
-  }
-  Tensor dit0;
-};
 
 struct RunOut {
   Tensor image, dit0;
