@@ -21,3 +21,4 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 echo "setup: all build dependencies present"
 scripts/fetch_cudnn_frontend.sh
+scripts/fetch_cutlass.sh

@@ -470,11 +470,29 @@ void run_bench(const Options& o) {
       const double before = gpu_used_gib();
       auto f8 = load_all(dir, o.device, DType::kBF16, o.threads, fp8);
       if (f8.ok()) {
+        // First the cuBLASLt path (per-tensor FP8 GEMM, then a pass applying both scales),
+        // then what ships: the scales in a CUTLASS epilogue (where built).
+        auto* fb = as_cuda(*f8->be);
+        fb->set_cutlass(false);
         rows.push_back(measure(*f8,
-                               {"+ W8A8 FP8 on every DiT linear (--precision fp8)",
+                               {"+ W8A8 FP8 on every DiT linear, cuBLASLt + scaling pass",
                                 cuda::AttentionPath::kAuto, true, true},
                                2));
         rows.back()["gpu_gib_held"] = gpu_used_gib() - before;
+        fb->set_cutlass(true);
+        f8->dit->release_graphs();
+        rows.push_back(measure(*f8,
+                               {"+ W8A8 FP8, scales in a CUTLASS epilogue (--precision fp8)",
+                                cuda::AttentionPath::kAuto, true, true},
+                               2));
+        // CUTLASS's FP8FastAccum (sums left in the tensor cores' FP8 accumulator).
+        fb->set_fp8_fast_accum(true);
+        f8->dit->release_graphs();
+        rows.push_back(measure(*f8,
+                               {"  (the same with FP8 fast accumulation, ZIMAGE_FP8_ACCUM=fast)",
+                                cuda::AttentionPath::kAuto, true, true},
+                               2));
+        fb->set_fp8_fast_accum(false);
       } else {
         rows.push_back(json{{"row", "FP8"}, {"error", f8.status().to_string()}});
       }

@@ -172,6 +172,13 @@ class CudaBackend final : public Backend {
   // Convolutions through cuDNN graphs with a fused bias (default, bf16) or the legacy cuDNN call
   // (benchmarks compare them; see conv_graph.h).
   void set_conv_graphs(bool on) { use_conv_graphs_ = on; }
+  // W8A8 FP8 GEMMs through CUTLASS with the scales in the epilogue (default, where built and on
+  // sm_90) or cuBLASLt's per-tensor FP8 GEMM plus a scaling pass (benchmarks compare them).
+  // Recorded forwards keep the path they were recorded with: drop them after switching.
+  void set_cutlass(bool on) { use_cutlass_ = on; }
+  // The CUTLASS FP8 GEMMs' accumulation: promoted to fp32 (default) or CUTLASS's FP8FastAccum
+  // (set ZIMAGE_FP8_ACCUM=fast, or this; benchmarks and tests compare them).
+  void set_fp8_fast_accum(bool on) { fp8_fast_accum_ = on; }
   // Whether cuDNN loaded; without it conv2d runs a direct (slow) kernel.
   bool has_cudnn() const;
   // Caps the device memory the allocator may hold (0 = no cap): the memory planner's budget less
@@ -198,6 +205,8 @@ class CudaBackend final : public Backend {
   std::unique_ptr<CudnnSdpa> sdpa_;
   std::unique_ptr<ConvGraphs> conv_graphs_;
   bool use_conv_graphs_ = true;
+  bool use_cutlass_ = true;
+  bool fp8_fast_accum_ = false;  // ZIMAGE_FP8_ACCUM=fast (the constructor reads it)
   bool fused_ = true;
   int sm_ = 0;              // compute capability, major * 10 + minor
   uint64_t next_pool_ = 1;  // private allocator pools for recorded work

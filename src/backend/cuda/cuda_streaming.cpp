@@ -11,6 +11,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/gemm_cublaslt.h"
+#include "backend/cuda/gemm_cutlass.h"
 #include "backend/cuda/gguf_dequant.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/validate.h"
@@ -167,6 +168,20 @@ Status CudaBackend::matmul_fp8_rows(const Tensor& x, const Tensor& w8, const Ten
   ZI_ASSIGN_OR_RETURN(Tensor sx, alloc(DType::kF32, {m}));
   ZI_TRY(quantize_fp8_rows(x.view({m, k}), x8, sx));
   ZI_ASSIGN_OR_RETURN(KType kt, ktype_of(op, act_));
+  // 0. CUTLASS's Hopper FP8 GEMM with both scales and the bias in its epilogue (bf16 out): one
+  //    pass over the output, the fp32 sums rounded once.
+  if (use_cutlass_ && act_ == DType::kBF16 && cutlass_available()) {
+    const size_t ws_bytes = cutlass_fp8_rows_workspace(m, n, k);
+    Tensor ws;
+    if (ws_bytes > 0) {
+      ZI_ASSIGN_OR_RETURN(ws, alloc(DType::kU8, {static_cast<int64_t>(ws_bytes)}));
+    }
+    const Status cs = cutlass_fp8_rows(
+        x8.data(), w8.data(), sx.data_as<float>(), w_scale.data_as<float>(), ptr_or_null(bias),
+        y.data(), m, n, k, ws_bytes ? ws.data() : nullptr, ws_bytes, stream_, fp8_fast_accum_);
+    if (cs.ok()) return Status::Ok();
+    if (cs.code() != ErrorCode::kUnsupported) return cs.with_context(op);
+  }
   // 1. cuBLASLt's outer-vector scales, where the library has an algorithm for them.
   Status st = gemm_->linear_fp8_rows(x8.data(), w8.data(), sx.data_as<float>(),
                                      w_scale.data_as<float>(), y.data(), m, n, k, act_);
