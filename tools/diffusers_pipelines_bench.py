@@ -14,8 +14,10 @@ calls, each synchronised (torch.cuda.synchronize) before and after, timed on the
 zimage times its rows. Every call is a whole request as a user makes it: PIL images in, PIL image
 out (output_type "pil"; zimage returns RGB8 too). Memory per pipeline: torch.cuda.max_memory_
 allocated / max_memory_reserved (reset before each pipeline) and the driver's view (total - free
-from torch.cuda.mem_get_info, sampled every millisecond on a thread, CUDA context included), the
-figure zimage's `driver peak` column reports. The pipelines share one set of components (from_pipe);
+from torch.cuda.mem_get_info, sampled every millisecond on a thread during the warm-up call, CUDA
+context included; the thread sleeps through the timed calls so that it does not compete for the
+GIL), the figure zimage's `driver peak` column reports (zimage samples from a C++ thread over the
+warm-up and the timed images). The pipelines share one set of modules (constructed from base.components);
 the ControlNet is loaded after the rows without it, as zimage does, so their memory excludes it.
 
   python3 tools/diffusers_pipelines_bench.py --model DIR --controlnet DIR --inputs-dir DIR
@@ -49,12 +51,15 @@ class DriverPeak:
         self.on = device.startswith("cuda")
         self.peak = 0
         self.stop = False
+        self.active = threading.Event()  # cleared: the thread blocks (no GIL) until set
         if self.on:
             self.thread = threading.Thread(target=self.loop, daemon=True)
             self.thread.start()
 
     def loop(self):
         while not self.stop:
+            if not self.active.wait(timeout=0.2):
+                continue
             free, total = torch.cuda.mem_get_info()
             self.peak = max(self.peak, total - free)
             time.sleep(0.001)
@@ -138,23 +143,26 @@ def main():
             sync(a.device)
             R["controlnet_load_s"] = time.perf_counter() - t0
             R["controlnet_config"] = dict(cn.config)
+        # The same modules in every pipeline (no copies, no casts: from_pipe would cast to its
+        # default float32).
+        c = {k: base.components[k] for k in ("scheduler", "vae", "text_encoder", "tokenizer", "transformer")}
         kw = {}
         if name == "t2i":
             pipe = base
         elif name == "img2img":
-            pipe = ZImageImg2ImgPipeline.from_pipe(base)
+            pipe = ZImageImg2ImgPipeline(**c)
             kw = dict(image=init, strength=a.strength)
         elif name == "inpaint":
-            pipe = ZImageInpaintPipeline.from_pipe(base)
+            pipe = ZImageInpaintPipeline(**c)
             kw = dict(image=init, mask_image=mask, strength=a.strength)
         else:
             cls = ZImageControlNetPipeline if name == "controlnet" else ZImageControlNetInpaintPipeline
-            c = base.components
-            pipe = cls(scheduler=c["scheduler"], vae=c["vae"], text_encoder=c["text_encoder"],
-                       tokenizer=c["tokenizer"], transformer=c["transformer"], controlnet=cn)
+            pipe = cls(**c, controlnet=cn)
             kw = dict(control_image=control, controlnet_conditioning_scale=a.control_scale)
             if name == "controlnet-inpaint":
                 kw.update(image=init, mask_image=mask)
+        dtypes = {m.dtype for m in (pipe.transformer, pipe.vae, pipe.text_encoder)}
+        assert dtypes == {dtype}, "%s: modules in %s, expected %s" % (name, dtypes, dtype)
         pipe.set_progress_bar_config(disable=True)
         steps_run = []
         cb = lambda p, i, t, d: (steps_run.append(i), d)[1]
@@ -169,11 +177,13 @@ def main():
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats()
         peak.reset()
+        peak.active.set()
         sync(a.device)
         t0 = time.perf_counter()
         call()
         sync(a.device)
         row = {"pipeline": name, "first_call_s": time.perf_counter() - t0}
+        peak.active.clear()  # the timed calls run without the sampling thread taking the GIL
         ts = []
         for _ in range(a.iters):
             sync(a.device)
