@@ -30,7 +30,7 @@
 #             ${PIPE_ITERS:-3}) writing its inputs to $OUT/pipe_inputs, then
 #             tools/diffusers_pipelines_bench.py on the same folders and inputs (carried wheel in
 #             .whl/) -> $OUT/pipelines.json, $OUT/pipelines.md (side by side; the raw rows in
-#             $OUT/pipelines_{zimage,diffusers}.{json,md})
+#             $OUT/pipelines_zimage.{json,md}, $OUT/pipelines_diffusers.{json,log})
 # Usage: scripts/gpu_run.sh STAGE [STAGE ...]   (e.g. build test, or model bench parity diffusers compare)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -252,7 +252,7 @@ PY
         PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 python3 tools/diffusers_pipelines_bench.py --model "$ZR" \
           --controlnet "$ZC" --inputs-dir "$OUT/pipe_inputs" --pipelines "$PIPES" --size 1024 --steps 8 \
           --strength 0.6 --iters ${PIPE_ITERS:-3} --json "$OUT/pipelines_diffusers.json" ${PIPE_DIFFUSERS_ARGS:-} \
-          2>&1 | grep -v Warning | tee "$OUT/pipelines_diffusers.md" | grep -vE '^ |^[{}]' | tail -20 || rc=1
+          2>&1 | grep -v Warning | tee "$OUT/pipelines_diffusers.log" | grep -vE '^ |^[{}]' | tail -20 || rc=1
       fi
       python3 tools/pipelines_table.py --zimage "$OUT/pipelines_zimage.json" \
         --diffusers "$OUT/pipelines_diffusers.json" --json "$OUT/pipelines.json" --md "$OUT/pipelines.md" || rc=1 ;;

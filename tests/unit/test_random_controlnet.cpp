@@ -163,7 +163,7 @@ TEST(RandomControlNet, WrittenFoldersLoad) {
     ASSERT_TRUE(write_random_controlnet(s.path.string(), version, o, [&](const std::string& f) {
                   written.push_back(f);
                 }).ok());
-    EXPECT_GT(written.size(), 3u);
+    EXPECT_GE(written.size(), 3u);  // config.json and at least two shards
     EXPECT_TRUE(fs::exists(s.path / "diffusion_pytorch_model.safetensors.index.json"));
     auto layout = controlnet_layout(version, o.dit);
     ASSERT_TRUE(layout.ok());
