@@ -239,18 +239,22 @@ PY
       rm -rf "$ZF" ;;
     pipelines)
       [ -f "$ZR/model_index.json" ] || "$BIN" make-random-model --out "$ZR" 2>&1 | tail -3
-      [ -f "$ZC/config.json" ] || { rm -rf "$ZC"; "$BIN" make-random-model --like "$ZR" --controlnet "$ZC" \
-        --controlnet-version ${CN_VERSION:-2.1} 2>&1 | tail -3; }
+      # "$ZC.complete" marks a finished write (an interrupted one is written again).
+      [ -f "$ZC.complete" ] || { rm -rf "$ZC"; "$BIN" make-random-model --like "$ZR" --controlnet "$ZC" \
+        --controlnet-version ${CN_VERSION:-2.1} 2>&1 | tail -3 && touch "$ZC.complete"; }
       du -sh "$ZR" "$ZC"; df -h /tmp | tail -1
       rm -rf "$OUT/pipe_inputs" "$OUT"/pipelines_*.json
       PIPES=${PIPES:-t2i,img2img,inpaint,controlnet,controlnet-inpaint}
-      "$BIN" bench --model "$ZR" --controlnet "$ZC" --pipeline "$PIPES" --sizes 1024 --steps 8 \
+      # PIPE_SIZE / PIPE_STEPS / PIPE_DEVICE: other sizes, or a CPU smoke of this stage (tiny model).
+      "$BIN" bench --model "$ZR" --controlnet "$ZC" --pipeline "$PIPES" --sizes ${PIPE_SIZE:-1024} \
+        --steps ${PIPE_STEPS:-8} --device ${PIPE_DEVICE:-cuda} \
         --strength 0.6 --iters ${PIPE_ITERS:-3} --inputs-dir "$OUT/pipe_inputs" \
         --json "$OUT/pipelines_zimage.json" 2>&1 | tee "$OUT/pipelines_zimage.md" || rc=1
       if [ -f "$OUT/pipe_inputs/control.png" ]; then
         python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
         PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 python3 tools/diffusers_pipelines_bench.py --model "$ZR" \
-          --controlnet "$ZC" --inputs-dir "$OUT/pipe_inputs" --pipelines "$PIPES" --size 1024 --steps 8 \
+          --controlnet "$ZC" --inputs-dir "$OUT/pipe_inputs" --pipelines "$PIPES" --size ${PIPE_SIZE:-1024} \
+          --steps ${PIPE_STEPS:-8} --device ${PIPE_DEVICE:-cuda} \
           --strength 0.6 --iters ${PIPE_ITERS:-3} --json "$OUT/pipelines_diffusers.json" ${PIPE_DIFFUSERS_ARGS:-} \
           2>&1 | grep -v Warning | tee "$OUT/pipelines_diffusers.log" | grep -vE '^ |^[{}]' | tail -20 || rc=1
       fi
