@@ -23,12 +23,21 @@
 #             time, s / image at 1024² 8 steps (median of 3) and driver-side peak GPU memory
 #             (zimage bench --vram-budget 0) -> $OUT/formats.json, $OUT/formats.md, conversion
 #             times -> $OUT/formats_convert.txt
+#   pipelines img2img, inpainting and ControlNet (issue 13) against diffusers, same GPU, same files:
+#             writes the full-size random model ($ZR, once) and a full-size random 2.1 ControlNet
+#             ($ZC, once, 6.7 GB), runs zimage bench --pipeline (t2i, img2img, inpaint,
+#             controlnet, controlnet-inpaint; 1024², 8 steps, strength 0.6, median of
+#             ${PIPE_ITERS:-3}) writing its inputs to $OUT/pipe_inputs, then
+#             tools/diffusers_pipelines_bench.py on the same folders and inputs (carried wheel in
+#             .whl/) -> $OUT/pipelines.json, $OUT/pipelines.md (side by side; the raw rows in
+#             $OUT/pipelines_zimage.{json,md}, $OUT/pipelines_diffusers.{json,log})
 # Usage: scripts/gpu_run.sh STAGE [STAGE ...]   (e.g. build test, or model bench parity diffusers compare)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/zimage-out}
 ZR=${ZR:-/tmp/zimage-random-turbo}
 ZF=${ZF:-/tmp/zimage-formats}
+ZC=${ZC:-/tmp/zimage-random-controlnet}
 # The build folder the carried binaries were configured in (PRESET of stage_gpu_carry.sh).
 BUILD_DIR=build/${PRESET:-gpu}
 BIN=$BUILD_DIR/zimage
@@ -228,6 +237,29 @@ with open(os.path.join(out, "formats.md"), "w") as f:
 print(open(os.path.join(out, "formats.md")).read())
 PY
       rm -rf "$ZF" ;;
+    pipelines)
+      [ -f "$ZR/model_index.json" ] || "$BIN" make-random-model --out "$ZR" 2>&1 | tail -3
+      # "$ZC.complete" marks a finished write (an interrupted one is written again).
+      [ -f "$ZC.complete" ] || { rm -rf "$ZC"; "$BIN" make-random-model --like "$ZR" --controlnet "$ZC" \
+        --controlnet-version ${CN_VERSION:-2.1} 2>&1 | tail -3 && touch "$ZC.complete"; }
+      du -sh "$ZR" "$ZC"; df -h /tmp | tail -1
+      rm -rf "$OUT/pipe_inputs" "$OUT"/pipelines_*.json
+      PIPES=${PIPES:-t2i,img2img,inpaint,controlnet,controlnet-inpaint}
+      # PIPE_SIZE / PIPE_STEPS / PIPE_DEVICE: other sizes, or a CPU smoke of this stage (tiny model).
+      "$BIN" bench --model "$ZR" --controlnet "$ZC" --pipeline "$PIPES" --sizes ${PIPE_SIZE:-1024} \
+        --steps ${PIPE_STEPS:-8} --device ${PIPE_DEVICE:-cuda} \
+        --strength 0.6 --iters ${PIPE_ITERS:-3} --inputs-dir "$OUT/pipe_inputs" \
+        --json "$OUT/pipelines_zimage.json" 2>&1 | tee "$OUT/pipelines_zimage.md" || rc=1
+      if [ -f "$OUT/pipe_inputs/control.png" ]; then
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+        PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 python3 tools/diffusers_pipelines_bench.py --model "$ZR" \
+          --controlnet "$ZC" --inputs-dir "$OUT/pipe_inputs" --pipelines "$PIPES" --size ${PIPE_SIZE:-1024} \
+          --steps ${PIPE_STEPS:-8} --device ${PIPE_DEVICE:-cuda} \
+          --strength 0.6 --iters ${PIPE_ITERS:-3} --json "$OUT/pipelines_diffusers.json" ${PIPE_DIFFUSERS_ARGS:-} \
+          2>&1 | grep -v Warning | tee "$OUT/pipelines_diffusers.log" | grep -vE '^ |^[{}]' | tail -20 || rc=1
+      fi
+      python3 tools/pipelines_table.py --zimage "$OUT/pipelines_zimage.json" \
+        --diffusers "$OUT/pipelines_diffusers.json" --json "$OUT/pipelines.json" --md "$OUT/pipelines.md" || rc=1 ;;
     *) echo "unknown stage $stage"; rc=2 ;;
   esac
   echo "== stage $stage: $(( $(date +%s) - t0 )) s"

@@ -2,10 +2,13 @@
 // whole model loaded component by component so a mode can reach each model.
 #pragma once
 
+#include <atomic>
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "backend/backend.h"
@@ -46,6 +49,13 @@ struct Options {
   std::vector<std::string> fp8_groups;
   std::string lora;  // --lora FILE: the per-request LoRA rows (bench_lora.cpp) instead
   float lora_scale = 1.0f;
+  // --pipeline t2i,img2img,...: the image-conditioned pipelines' rows (bench_pipelines.cpp)
+  std::vector<std::string> pipelines;
+  std::string controlnet;                       // ControlNet of the controlnet rows
+  std::string init_image, mask, control_image;  // given inputs (else generated)
+  std::string inputs_dir;                       // where generated inputs are written
+  double strength = 0.6;                        // img2img / inpaint
+  float control_scale = 0.75f;
 };
 
 // The prompt diffusers_baseline.py and diffusers_compare.py use (35 tokens after the template).
@@ -84,6 +94,46 @@ void reset_alloc_peak(Backend& be);
 #ifdef ZIMAGE_WITH_CUDA
 cuda::CudaBackend* as_cuda(Backend& be);
 #endif
+
+// Samples the driver's view of device memory (total - free) every millisecond on its own thread:
+// the peak of a run as the driver sees it, the CUDA context and library memory included. Zero on
+// the CPU (no device memory to read).
+class DriverPeak {
+ public:
+  explicit DriverPeak(Backend& be) : be_(be), thread_([this] { loop(); }) {}
+  ~DriverPeak() {
+    stop_ = true;
+    thread_.join();
+  }
+  DriverPeak(const DriverPeak&) = delete;
+  DriverPeak& operator=(const DriverPeak&) = delete;
+  uint64_t peak() const { return peak_.load(); }
+  void reset() { peak_ = 0; }
+
+ private:
+  void loop() {
+    if (!be_.bind_thread().ok()) return;
+    while (!stop_) {
+      auto m = be_.device_memory();
+      if (m.ok()) {
+        const uint64_t used = m->first - m->second;
+        uint64_t p = peak_.load();
+        while (used > p && !peak_.compare_exchange_weak(p, used)) {
+        }
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+  Backend& be_;
+  std::atomic<bool> stop_{false};
+  std::atomic<uint64_t> peak_{0};
+  std::thread thread_;
+};
+
+// `zimage bench --pipeline ...` (bench_pipelines.cpp): per pipeline (text-to-image, img2img,
+// inpainting, ControlNet, ControlNet inpainting) s / image and peak GPU memory at the first
+// --sizes, --steps, on `dir` (+ o.controlnet); Markdown on stdout, JSON to o.json_path.
+void run_pipeline_bench(const Options& o, const std::string& dir, json& R);
 
 // Forget recorded DiT forwards of other shapes and give idle memory back, so a measurement
 // starts as a fresh process with its one shape would.

@@ -48,38 +48,6 @@ namespace {
 using namespace bench;
 namespace fs = std::filesystem;
 
-// Samples the driver's view of device memory (total - free) every millisecond on its own thread:
-// the peak of a run as the driver sees it, the CUDA context and library memory included.
-class DriverPeak {
- public:
-  explicit DriverPeak(Backend& be) : be_(be), thread_([this] { loop(); }) {}
-  ~DriverPeak() {
-    stop_ = true;
-    thread_.join();
-  }
-  uint64_t peak() const { return peak_.load(); }
-  void reset() { peak_ = 0; }
-
- private:
-  void loop() {
-    if (!be_.bind_thread().ok()) return;
-    while (!stop_) {
-      auto m = be_.device_memory();
-      if (m.ok()) {
-        const uint64_t used = m->first - m->second;
-        uint64_t p = peak_.load();
-        while (used > p && !peak_.compare_exchange_weak(p, used)) {
-        }
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-  }
-  Backend& be_;
-  std::atomic<bool> stop_{false};
-  std::atomic<uint64_t> peak_{0};
-  std::thread thread_;
-};
-
 // Host -> device rate from pinned memory (GB/s): what bounds streamed weights.
 double link_rate_gbs(Backend& be) {
   constexpr int64_t kBytes = int64_t{1} << 30;
@@ -212,6 +180,10 @@ void run_bench(const Options& o) {
   R["model"] = o.random_weights ? "random weights, full Z-Image-Turbo architecture" : dir;
   if (!o.budgets.empty()) {
     run_budget_rows(o, dir, R);
+    return;
+  }
+  if (!o.pipelines.empty()) {
+    run_pipeline_bench(o, dir, R);  // bench_pipelines.cpp
     return;
   }
   if (!o.lora.empty()) {
@@ -617,6 +589,30 @@ void register_bench_command(CLI::App& app) {
   cmd->add_flag(
       "--widen-quantized", [o](int64_t) { o->keep_quantized = false; },
       "Widen FP8 / GGUF weights to bf16 at load instead of keeping them quantised");
+  cmd->add_option("--pipeline", o->pipelines,
+                  "Instead of the other figures: s / image and peak GPU memory of these "
+                  "pipelines at the first --sizes (t2i, img2img, inpaint, controlnet, "
+                  "controlnet-inpaint), median of --iters after one warm-up")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"t2i", "img2img", "inpaint", "controlnet", "controlnet-inpaint"}));
+  cmd->add_option("--controlnet", o->controlnet,
+                  "ControlNet folder or single file for the --pipeline controlnet rows "
+                  "(zimage make-random-model --controlnet writes a full-size one)");
+  cmd->add_option("--init-image", o->init_image,
+                  "Init image of the --pipeline rows (default: a generated one)")
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--mask", o->mask, "Inpainting mask (default: a white centre square)")
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--control-image", o->control_image, "Control image (default: generated edges)")
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--inputs-dir", o->inputs_dir,
+                  "Where the generated init image, mask and control image are written (PNG), "
+                  "for tools/diffusers_pipelines_bench.py to read the same files (default: a "
+                  "temporary folder)");
+  cmd->add_option("--strength", o->strength, "img2img / inpaint strength (default 0.6)")
+      ->check(CLI::Range(1e-6, 1.0));
+  cmd->add_option("--control-scale", o->control_scale, "ControlNet scale (default 0.75)")
+      ->check(CLI::Range(-100.0, 100.0));
   cmd->callback([o] { run_bench(*o); });
 }
 

@@ -8,6 +8,7 @@
 #include "builtin_model.h"
 #include "commands.h"
 #include "io/model_folder.h"
+#include "io/random_controlnet.h"
 #include "io/random_model.h"
 
 namespace zimage::cli {
@@ -16,13 +17,23 @@ void register_make_random_model_command(CLI::App& app) {
   auto* cmd = app.add_subcommand(
       "make-random-model",
       "Write a Z-Image model folder (diffusers layout) with random weights: the full-size "
-      "Z-Image-Turbo architecture by default, or the configs of an existing folder (--like)");
+      "Z-Image-Turbo architecture by default, or the configs of an existing folder (--like); "
+      "with --controlnet, a Fun-Controlnet-Union ControlNet folder for that transformer");
   auto out = std::make_shared<std::string>();
   auto like = std::make_shared<std::string>();
   auto tokenizer = std::make_shared<std::string>();
   auto seed = std::make_shared<uint64_t>(0);
   auto dtype = std::make_shared<std::string>("bf16");
-  cmd->add_option("--out", *out, "Folder to create (must not exist or be empty)")->required();
+  auto controlnet = std::make_shared<std::string>();
+  auto cn_version = std::make_shared<std::string>("2.1");
+  cmd->add_option("--out", *out, "Folder to create (must not exist or be empty)");
+  cmd->add_option("--controlnet", *controlnet,
+                  "Also (or, without --out, only) write a random ControlNet folder here "
+                  "(config.json + safetensors, diffusers' ZImageControlNetModel layout) for the "
+                  "transformer of --like or the full-size one");
+  cmd->add_option("--controlnet-version", *cn_version,
+                  "Published ControlNet layout: 1.0, 2.0, 2.1 (default) or 2.1-lite")
+      ->check(CLI::IsMember({"1.0", "2.0", "2.1", "2.1-lite"}));
   cmd->add_option("--like", *like,
                   "Copy the configs of this model folder instead of the full-size ones");
   cmd->add_option("--tokenizer", *tokenizer,
@@ -40,6 +51,10 @@ void register_make_random_model_command(CLI::App& app) {
   cmd->add_option("--outlier-scale", *outlier_scale, "Factor of the outlier channels (default 30)")
       ->check(CLI::Range(-1e6, 1e6));
   cmd->callback([=] {
+    if (out->empty() && controlnet->empty()) {
+      std::fprintf(stderr, "zimage make-random-model: give --out DIR and/or --controlnet DIR\n");
+      throw CLI::RuntimeError(2);
+    }
     RandomModelOptions o;
     ZImageConfigs cfg = zimage_turbo_reference_configs();
     if (!like->empty()) {
@@ -59,7 +74,7 @@ void register_make_random_model_command(CLI::App& app) {
     o.tokenizer_dir = *tokenizer;
     o.outlier_fraction = *outlier_fraction;
     o.outlier_scale = *outlier_scale;
-    if (o.tokenizer_dir.empty()) {
+    if (o.tokenizer_dir.empty() && !out->empty()) {
       auto builtin = builtin_model_dir();
       if (!builtin.ok()) {
         std::fprintf(stderr, "zimage make-random-model: %s\n",
@@ -68,8 +83,13 @@ void register_make_random_model_command(CLI::App& app) {
       }
       o.tokenizer_dir = *builtin + "/tokenizer";
     }
-    const Status s = write_random_model(
-        *out, o, [](const std::string& file) { std::fprintf(stderr, "wrote %s\n", file.c_str()); });
+    auto progress = [](const std::string& file) {
+      std::fprintf(stderr, "wrote %s\n", file.c_str());
+    };
+    Status s = Status::Ok();
+    if (!out->empty()) s = write_random_model(*out, o, progress);
+    if (s.ok() && !controlnet->empty())
+      s = write_random_controlnet(*controlnet, *cn_version, o, progress);
     if (!s.ok()) {
       std::fprintf(stderr, "zimage make-random-model: %s\n", s.to_string().c_str());
       throw CLI::RuntimeError(1);

@@ -224,23 +224,29 @@ Status write_component(const fs::path& dir, const std::string& stem, const std::
 
 }  // namespace
 
+void append_dit_block_specs(std::vector<TensorSpec>& v, const TransformerConfig& c,
+                            const std::string& p, bool modulated) {
+  const int64_t d = c.dim, f = c.ffn_hidden(), hd = c.head_dim(), a = c.adaln_dim();
+  for (const char* n : {"to_q", "to_k", "to_v", "to_out.0"})
+    add(v, p + "attention." + n + ".weight", {d, d}, InitKind::kFanIn);
+  add(v, p + "attention.norm_q.weight", {hd}, InitKind::kNormGain);
+  add(v, p + "attention.norm_k.weight", {hd}, InitKind::kNormGain);
+  add(v, p + "feed_forward.w1.weight", {f, d}, InitKind::kFanIn);
+  add(v, p + "feed_forward.w2.weight", {d, f}, InitKind::kFanIn);
+  add(v, p + "feed_forward.w3.weight", {f, d}, InitKind::kFanIn);
+  for (const char* n : {"attention_norm1", "attention_norm2", "ffn_norm1", "ffn_norm2"})
+    add(v, p + n + ".weight", {d}, InitKind::kNormGain);
+  if (modulated) {
+    add(v, p + "adaLN_modulation.0.weight", {4 * d, a}, InitKind::kFanIn);
+    add(v, p + "adaLN_modulation.0.bias", {4 * d}, InitKind::kBias);
+  }
+}
+
 std::vector<TensorSpec> dit_tensor_specs(const TransformerConfig& c) {
   std::vector<TensorSpec> v;
-  const int64_t d = c.dim, f = c.ffn_hidden(), hd = c.head_dim(), a = c.adaln_dim();
+  const int64_t d = c.dim, a = c.adaln_dim();
   auto block = [&](const std::string& p, bool modulated) {
-    for (const char* n : {"to_q", "to_k", "to_v", "to_out.0"})
-      add(v, p + "attention." + n + ".weight", {d, d}, InitKind::kFanIn);
-    add(v, p + "attention.norm_q.weight", {hd}, InitKind::kNormGain);
-    add(v, p + "attention.norm_k.weight", {hd}, InitKind::kNormGain);
-    add(v, p + "feed_forward.w1.weight", {f, d}, InitKind::kFanIn);
-    add(v, p + "feed_forward.w2.weight", {d, f}, InitKind::kFanIn);
-    add(v, p + "feed_forward.w3.weight", {f, d}, InitKind::kFanIn);
-    for (const char* n : {"attention_norm1", "attention_norm2", "ffn_norm1", "ffn_norm2"})
-      add(v, p + n + ".weight", {d}, InitKind::kNormGain);
-    if (modulated) {
-      add(v, p + "adaLN_modulation.0.weight", {4 * d, a}, InitKind::kFanIn);
-      add(v, p + "adaLN_modulation.0.bias", {4 * d}, InitKind::kBias);
-    }
+    append_dit_block_specs(v, c, p, modulated);
   };
   for (int i = 0; i < c.n_refiner_layers; ++i) block(layer("noise_refiner", i), true);
   for (int i = 0; i < c.n_refiner_layers; ++i) block(layer("context_refiner", i), false);
@@ -339,6 +345,13 @@ std::vector<TensorSpec> vae_tensor_specs(const VaeConfig& c) {
   add(v, "decoder.conv_out.weight", {c.out_channels, ch[0], 3, 3}, InitKind::kFanIn);
   add(v, "decoder.conv_out.bias", {c.out_channels}, InitKind::kBias);
   return v;
+}
+
+Status write_random_tensors(const std::string& dir, const std::string& stem,
+                            const std::string& index_name, const std::vector<TensorSpec>& specs,
+                            const RandomModelOptions& options,
+                            const std::function<void(const std::string&)>& progress) {
+  return write_component(fs::path(dir), stem, index_name, specs, options, progress);
 }
 
 bool is_outlier_channel(uint64_t seed, int64_t column, double fraction) {

@@ -38,6 +38,10 @@ struct TensorSpec {
 std::vector<TensorSpec> dit_tensor_specs(const TransformerConfig& c);
 std::vector<TensorSpec> qwen3_tensor_specs(const TextEncoderConfig& c);
 std::vector<TensorSpec> vae_tensor_specs(const VaeConfig& c);
+// The tensors of one DiT block under `prefix` ("layers.3."): attention, norms, feed-forward and,
+// when `modulated`, adaLN_modulation.0 (also the layout of a ControlNet's control blocks).
+void append_dit_block_specs(std::vector<TensorSpec>& v, const TransformerConfig& c,
+                            const std::string& prefix, bool modulated);
 
 struct RandomModelOptions {
   TransformerConfig dit;
@@ -64,6 +68,14 @@ bool is_outlier_channel(uint64_t seed, int64_t column, double fraction);
 // Fills `out` (n floats) with the values tensor `spec` gets at element offset `offset`.
 void random_tensor_values(const TensorSpec& spec, uint64_t seed, uint64_t offset, float* out,
                           size_t n);
+
+// Writes `specs` (random values from options.seed, stored as options.dtype) under `dir` as
+// <stem>.safetensors, or as numbered shards plus `index_name` past options.max_shard_bytes. The
+// values are generated and written a chunk at a time: memory stays small for any size.
+Status write_random_tensors(const std::string& dir, const std::string& stem,
+                            const std::string& index_name, const std::vector<TensorSpec>& specs,
+                            const RandomModelOptions& options,
+                            const std::function<void(const std::string&)>& progress = {});
 
 // Writes model_index.json, the component configs, the tokenizer and the weights (sharded with an
 // index.json where a component exceeds max_shard_bytes) under `dir`, which must not exist or be
