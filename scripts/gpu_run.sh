@@ -51,6 +51,15 @@ export LD_LIBRARY_PATH=$PWD/build/carry/lib:$LIBS:${LD_LIBRARY_PATH:-}
 PROMPT="A snow fairy with long silver hair in a blue dress standing in a snowy forest, anime style, soft lighting, intricate details, masterpiece"
 mkdir -p "$OUT"
 rc=0
+# Writes the full-size random folder $1 (extra make-random-model flags after it) unless a finished
+# write is marked ($1.complete: model_index.json comes first, so an interrupted write has one).
+random_model() {
+  local dir=$1; shift
+  [ -f "$dir.complete" ] && return 0
+  rm -rf "$dir"
+  "$BIN" make-random-model --out "$dir" "$@" 2>&1 | tail -3
+  [ "${PIPESTATUS[0]}" -eq 0 ] && touch "$dir.complete"
+}
 for stage in "$@"; do
   t0=$(date +%s)
   case "$stage" in
@@ -75,7 +84,7 @@ for f in glob.glob('build/carry/*.xz') + glob.glob('build/carry/lib/*.xz'):
       "$TESTS" --gtest_brief=${GTEST_BRIEF:-1} ${GTEST_FILTER:+--gtest_filter=$GTEST_FILTER} 2>&1 | tee "$OUT/gpu_tests.log" | grep -vE '^\[ +(OK|RUN) ' | tail -60
       [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1 ;;
     model)
-      [ -f "$ZR/model_index.json" ] || "$BIN" make-random-model --out "$ZR" 2>&1 | tail -3 ;;
+      random_model "$ZR" ;;
     bench)
       "$BIN" bench --model "$ZR" ${BENCH_ARGS:---ablation} --json "$OUT/zimage_bench.json" 2>&1 | tee "$OUT/zimage_bench.md" || rc=1 ;;
     parity)
@@ -125,8 +134,7 @@ for f in glob.glob('build/carry/*.xz') + glob.glob('build/carry/lib/*.xz'):
       "$BIN" bench --model "$ZR" --fp8-quality $groups --iters 3 --json "$OUT/fp8_quality.json" \
         2>&1 | tee "$OUT/fp8_quality.md" | grep -v "^bench:" || rc=1
       ZRO=${ZRO:-/tmp/zimage-random-outliers}
-      [ -f "$ZRO/model_index.json" ] || "$BIN" make-random-model --out "$ZRO" --outlier-channels 0.005 \
-        --outlier-scale 30 2>&1 | tail -1
+      random_model "$ZRO" --outlier-channels 0.005 --outlier-scale 30
       "$BIN" bench --model "$ZRO" --fp8-quality $groups --iters 3 --json "$OUT/fp8_quality_outliers.json" \
         2>&1 | tee "$OUT/fp8_quality_outliers.md" | grep -v "^bench:" || rc=1 ;;
     compare)
@@ -238,7 +246,7 @@ print(open(os.path.join(out, "formats.md")).read())
 PY
       rm -rf "$ZF" ;;
     pipelines)
-      [ -f "$ZR/model_index.json" ] || "$BIN" make-random-model --out "$ZR" 2>&1 | tail -3
+      random_model "$ZR"
       # "$ZC.complete" marks a finished write (an interrupted one is written again).
       [ -f "$ZC.complete" ] || { rm -rf "$ZC"; "$BIN" make-random-model --like "$ZR" --controlnet "$ZC" \
         --controlnet-version ${CN_VERSION:-2.1} 2>&1 | tail -3 && touch "$ZC.complete"; }

@@ -72,6 +72,37 @@ std::string fmt_ms(double ms) {
   return b;
 }
 
+#ifdef ZIMAGE_WITH_CUDA
+// Runs `fn` with the backend's per-op GPU timing on and prints the table (the 40 costliest ops);
+// the rows go to prof[phase].
+void profile_phase(cuda::CudaBackend& cb, const std::string& phase,
+                   const std::function<Status()>& fn, json& prof) {
+  check(cb.synchronize());
+  cb.set_profiling(true);
+  const Status st = fn();
+  cb.set_profiling(false);
+  check(st);
+  auto rows = cb.profile_report();
+  if (!rows.ok()) fail(rows.status());
+  double total = 0;
+  for (const auto& r : *rows) total += r.total_ms;
+  std::printf(
+      "\n### GPU time per op: %s (%.1f ms in ops)\n\n"
+      "| op and shapes | calls | GPU ms | %% | host ms |\n| --- | --- | --- | --- | --- |\n",
+      phase.c_str(), total);
+  json arr = json::array();
+  for (size_t i = 0; i < rows->size(); ++i) {
+    const auto& r = (*rows)[i];
+    if (i < 40)
+      std::printf("| %s | %lld | %.3f | %.1f | %.3f |\n", r.key.c_str(),
+                  static_cast<long long>(r.count), r.total_ms,
+                  100.0 * r.total_ms / std::max(total, 1e-9), r.host_ms);
+    arr.push_back({{"op", r.key}, {"calls", r.count}, {"ms", r.total_ms}, {"host_ms", r.host_ms}});
+  }
+  prof[phase] = {{"total_ms", total}, {"ops", arr}};
+}
+#endif
+
 // `zimage bench --vram-budget A B ...`: per budget a fresh pipeline loaded under it (the memory
 // planner decides what streams), one whole 1024² image first, then the median of --iters; the
 // driver-side peak, the bytes streamed host -> device per image and the plan. The link rate
@@ -323,30 +354,7 @@ void run_bench(const Options& o) {
     json prof;
     L.dit->set_use_graphs(false);  // a replayed graph's kernels are not seen op by op
     auto profile = [&](const std::string& phase, const std::function<Status()>& fn) {
-      check(be.synchronize());
-      cb->set_profiling(true);
-      const Status st = fn();
-      cb->set_profiling(false);
-      check(st);
-      auto rows = cb->profile_report();
-      if (!rows.ok()) fail(rows.status());
-      double total = 0;
-      for (const auto& r : *rows) total += r.total_ms;
-      std::printf(
-          "\n### GPU time per op: %s (%.1f ms in ops)\n\n"
-          "| op and shapes | calls | GPU ms | %% | host ms |\n| --- | --- | --- | --- | --- |\n",
-          phase.c_str(), total);
-      json arr = json::array();
-      for (size_t i = 0; i < rows->size(); ++i) {
-        const auto& r = (*rows)[i];
-        if (i < 40)
-          std::printf("| %s | %lld | %.3f | %.1f | %.3f |\n", r.key.c_str(),
-                      static_cast<long long>(r.count), r.total_ms,
-                      100.0 * r.total_ms / std::max(total, 1e-9), r.host_ms);
-        arr.push_back(
-            {{"op", r.key}, {"calls", r.count}, {"ms", r.total_ms}, {"host_ms", r.host_ms}});
-      }
-      prof[phase] = {{"total_ms", total}, {"ops", arr}};
+      profile_phase(*cb, phase, fn, prof);
     };
     TorchCpuGenerator gen(3);
     auto host = gen.randn({1, 16, res0 / fac, res0 / fac});
@@ -458,6 +466,25 @@ void run_bench(const Options& o) {
                                 cuda::AttentionPath::kAuto, true, true},
                                2));
         // CUTLASS's FP8FastAccum (sums left in the tensor cores' FP8 accumulator).
+        if (o.profile) {
+          // The shipped FP8 forward op by op (beside the bf16 profile above).
+          f8->dit->set_use_graphs(false);
+          profile_phase(
+              *fb, "DiT forward " + std::to_string(res0) + " bs1, W8A8 FP8 (CUTLASS)",
+              [&] {
+                TorchCpuGenerator g3(3);
+                auto h = g3.randn({1, 16, res0 / fac, res0 / fac});
+                if (!h.ok()) return h.status();
+                auto l = f8->be->upload(*h, DType::kF32);
+                if (!l.ok()) return l.status();
+                auto c = f8->te->encode({*ids});
+                if (!c.ok()) return c.status();
+                Tensor o8;
+                return f8->dit->forward(*l, {0.5f}, *c, o8);
+              },
+              R["profile"]);
+          f8->dit->set_use_graphs(true);
+        }
         fb->set_fp8_fast_accum(true);
         f8->dit->release_graphs();
         rows.push_back(measure(*f8,

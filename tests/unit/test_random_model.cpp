@@ -2,6 +2,7 @@
 // must name and shape every tensor exactly as diffusers / transformers save them: checked here
 // against the golden folders, which upstream wrote.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -142,7 +143,9 @@ TEST(RandomModel, WritesALoadableTinyFolder) {
 // --outlier-channels: the picked input channels of the DiT blocks' linears are exactly the plain
 // folder's values times the scale; every other value (other columns, other tensors) is unchanged.
 TEST(RandomModel, OutlierChannelsScaleExactlyThePickedColumns) {
-  const fs::path base = fs::temp_directory_path() / "zimage_random_outliers";
+  // Per process: two test runs on one machine (several checkouts) must not share the folder.
+  const fs::path base =
+      fs::temp_directory_path() / ("zimage_random_outliers_" + std::to_string(::getpid()));
   fs::remove_all(base);
   RandomModelOptions o;
   o.dit.dim = 256;
