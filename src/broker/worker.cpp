@@ -152,7 +152,9 @@ class Worker {
   Status run() {
     ClientOptions co;
     co.command_timeout_s = 10 + static_cast<double>(o_.block_ms) / 1000;
-    co.reconnect_attempts = 0;  // the worker waits for Redis to come back
+    // About 3 s of attempts: a wrong URL fails at start with a message; later, the loop below
+    // keeps retrying (with a log line each round), so a worker outlives a Redis restart.
+    co.reconnect_attempts = 6;
     co.stop = &stop_;
     co.client_name = client_name("worker");
     ZI_ASSIGN_OR_RETURN(db_, RedisClient::connect(o_.url, co));

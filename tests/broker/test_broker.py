@@ -260,6 +260,21 @@ def main():
     check(int(killed["deliveries"]) >= 2 and killed["worker"].decode() != victim,
           "the killed job was redelivered (deliveries %s) and finished by %s, not %s" %
           (killed["deliveries"].decode(), killed["worker"].decode(), victim))
+    # The heartbeat: jobs that ran longer than --claim-idle-ms were never taken from a live
+    # worker. Only the killed job and the poison job (held by a ghost) were ever claimed.
+    claimed = set()
+    for name in workers:
+        for line in open(os.path.join(tmp, name + ".log"), encoding="utf-8", errors="replace"):
+            if ": claimed job " in line:
+                claimed.add(line.split(": claimed job ")[1].split()[0])
+            if "was claimed by" in line:
+                fail("a live worker was robbed: " + line.strip())
+    rerun_s = json.loads(killed["timings"])["total_s"]
+    term_s = json.loads(r.hgetall("zimage:result:" + ids[term_job[0]])["timings"])["total_s"]
+    check(claimed == {ids[long_job[0]], poison} and killed["deliveries"] == b"2",
+          "only the killed and the poison job were claimed; the rerun (%.2f s) and the SIGTERM "
+          "job (%.2f s), both held past --claim-idle-ms 1.5 s, were not taken (claimed: %s)" %
+          (rerun_s, term_s, sorted(claimed)))
 
     res = r.hgetall("zimage:result:" + poison)
     check(res.get("status") == b"error" and res.get("error_code") == b"poison" and
