@@ -164,10 +164,27 @@ void run_submit(const SubmitArgs& a, const CLI::App& cmd) {
   // The worker's parser checks everything; the model-free checks run here too, so a bad flag
   // is a usage error before anything is queued.
   serve::ParseLimits limits;
+  limits.request.size_multiple = 1;  // the model's multiple is the worker's check
   auto body = broker::request_json(req);
   if (!body.ok()) fail(2, body.status().message());
   auto spec = serve::parse_openai(*body, limits, 0);
-  if (!spec.ok()) fail(2, spec.status().message());
+  if (!spec.ok()) {  // the request field's name -> the flag's
+    std::string m = spec.status().message();
+    const std::pair<const char*, const char*> names[] = {{"num_inference_steps:", "--steps:"},
+                                                         {"guidance_scale:", "--guidance:"},
+                                                         {"n:", "--images-per-prompt:"},
+                                                         {"negative_prompt:", "--negative-prompt:"},
+                                                         {"prompt:", "--prompt:"},
+                                                         {"size:", "--width/--height:"},
+                                                         {"width:", "--width:"},
+                                                         {"height:", "--height:"}};
+    for (const auto& [field, flag] : names)
+      if (m.rfind(field, 0) == 0) {
+        m = flag + m.substr(std::string(field).size());
+        break;
+      }
+    fail(2, m);
+  }
   if (a.wait) {
     const Status st = check_writable_path(a.output, "--output");
     if (!st.ok()) fail(st.code() == ErrorCode::kInvalidArgument ? 2 : 1, st.message());

@@ -68,6 +68,12 @@ void run_worker_command(WorkerArgs& a) {
   const Status opt = broker::finish_options(&wo);
   if (!opt.ok()) fail(2, opt.message());
 
+  {  // reach the broker before the (long) model load: a wrong URL or password fails at once
+    broker::ClientOptions co;
+    co.reconnect_attempts = 3;
+    auto probe = broker::RedisClient::connect(wo.url, co);
+    if (!probe.ok()) fail(1, "cannot reach the broker: " + probe.status().message());
+  }
   EngineOptions eo;
   auto choice = apply_model_flags(a.model, eo);
   if (!choice.ok())
