@@ -11,7 +11,8 @@ it holds it (seen through the job's progress key). Asserted:
     results naming why, without crashing or looping;
   * `submit --wait` writes the image and shows the worker's progress;
   * SIGTERM during a job: the job is finished, stored and acked, the worker exits 0;
-  * nothing is left pending.
+  * nothing is left pending;
+  * after a Redis restart the surviving worker reconnects and runs a new job.
 Exit 77 (ctest SKIP_RETURN_CODE) with a visible SKIP line when redis-server is not installed.
 Every child process is killed at exit, whatever happens.
 """
@@ -291,6 +292,34 @@ def main():
           "nothing pending at the end")
     check(not [k for k in r.text("KEYS", "zimage:progress:*").split("\n") if k],
           "no progress key left")
+
+    # Redis restarts (empty: no persistence here): the remaining worker reconnects, re-creates
+    # its group and runs the next job.
+    alive = [n for n, p in workers.items() if p.poll() is None]
+    check(len(alive) == 1, "one worker still running (%s)" % alive)
+    try:
+        r.text("SHUTDOWN", "NOSAVE")
+    except subprocess.CalledProcessError:
+        pass  # redis-cli may report the closed connection
+    CHILDREN[0].wait(timeout=10)
+    time.sleep(1.0)  # the worker sees the connection drop and starts retrying
+    CHILDREN.append(subprocess.Popen(
+        [server, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+         "--dir", tmp], stdout=redis_log, stderr=subprocess.STDOUT))
+    for _ in range(100):
+        try:
+            if r.text("PING") == "PONG":
+                break
+        except subprocess.CalledProcessError:
+            pass
+        time.sleep(0.05)
+    seed, steps = jobs[0]
+    again_png = os.path.join(tmp, "after_restart.png")
+    submit(seed, steps, "--wait", "--timeout", "40", "-o", again_png)
+    check(open(again_png, "rb").read() == refs[seed],
+          "after a Redis restart worker %s reconnected and ran a new job (same PNG)" % alive[0])
+    log = open(os.path.join(tmp, alive[0] + ".log"), encoding="utf-8", errors="replace").read()
+    check("lost" in log and "retrying" in log, "the worker logged the lost connection")
 
     for name, p in workers.items():
         if p.poll() is None:
