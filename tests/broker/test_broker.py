@@ -29,6 +29,28 @@ import tempfile
 import time
 
 CHILDREN = []
+TMP_PREFIX = "zimage-broker-test-"
+
+
+def die_with_parent():
+    """Children get SIGKILL when this script dies, even by SIGKILL (Linux prctl)."""
+    try:
+        import ctypes
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except Exception:
+        pass
+
+
+def remove_stale_dirs():
+    """Temp dirs of earlier runs that were killed before cleaning up (older than an hour)."""
+    root = tempfile.gettempdir()
+    for name in os.listdir(root):
+        path = os.path.join(root, name)
+        try:
+            if name.startswith(TMP_PREFIX) and time.time() - os.path.getmtime(path) > 3600:
+                shutil.rmtree(path, ignore_errors=True)
+        except OSError:
+            pass
 
 
 def kill_children():
@@ -99,7 +121,8 @@ def main():
     atexit.register(kill_children)
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    tmp = tempfile.mkdtemp(prefix="zimage-broker-test-")
+    remove_stale_dirs()
+    tmp = tempfile.mkdtemp(prefix=TMP_PREFIX)
     atexit.register(shutil.rmtree, tmp, True)
     t0 = time.time()
 
@@ -107,7 +130,8 @@ def main():
     redis_log = open(os.path.join(tmp, "redis.log"), "wb")
     CHILDREN.append(subprocess.Popen(
         [server, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-         "--dir", tmp], stdout=redis_log, stderr=subprocess.STDOUT))
+         "--dir", tmp], stdout=redis_log, stderr=subprocess.STDOUT,
+        preexec_fn=die_with_parent))
     r = Redis(cli, port)
     for _ in range(100):
         try:
@@ -145,7 +169,8 @@ def main():
         path = os.path.join(tmp, "ref_%d.png" % seed)
         gens.append((seed, path, subprocess.Popen(
             [Z, "generate", "--model", M, "--device", "cpu", "--threads", "1", "-q", "-p", prompt,
-             *common, "--steps", str(steps), "--seed", str(seed), "-o", path])))
+             *common, "--steps", str(steps), "--seed", str(seed), "-o", path],
+            preexec_fn=die_with_parent)))
         CHILDREN.append(gens[-1][2])
     for seed, path, p in gens:
         if p.wait(timeout=120) != 0:
@@ -159,7 +184,8 @@ def main():
         log = open(os.path.join(tmp, name + ".log"), "wb")
         p = subprocess.Popen([Z, "worker", "--broker", url, "--model", M, "--device", "cpu",
                               "--threads", "1", "--consumer", name, "--claim-idle-ms", "1500",
-                              "--max-deliveries", "3", "-q"], stdout=log, stderr=subprocess.STDOUT)
+                              "--max-deliveries", "3", "-q"], stdout=log, stderr=subprocess.STDOUT,
+                             preexec_fn=die_with_parent)
         CHILDREN.append(p)
         workers[name] = p
 
@@ -305,7 +331,8 @@ def main():
     time.sleep(1.0)  # the worker sees the connection drop and starts retrying
     CHILDREN.append(subprocess.Popen(
         [server, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-         "--dir", tmp], stdout=redis_log, stderr=subprocess.STDOUT))
+         "--dir", tmp], stdout=redis_log, stderr=subprocess.STDOUT,
+        preexec_fn=die_with_parent))
     for _ in range(100):
         try:
             if r.text("PING") == "PONG":
