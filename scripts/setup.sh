@@ -7,7 +7,9 @@ PKGS=(build-essential cmake ninja-build pkg-config git
       # zimage serve: HTTP (cpp-httplib, built with OpenSSL/zlib/brotli), JPEG and WebP output
       libcpp-httplib-dev libssl-dev libbrotli-dev libturbojpeg0-dev libwebp-dev
       # its web-page test: real headless Chromium driven by selenium
-      python3 chromium chromium-driver python3-selenium)
+      python3 chromium chromium-driver python3-selenium
+      # zimage worker / submit (Redis Streams broker): the hiredis client, and redis-server for tests
+      libhiredis-dev redis-server)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

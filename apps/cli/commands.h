@@ -32,4 +32,10 @@ void register_bench_command(CLI::App& app);
 // zimage convert --format FMT --out DIR (bf16 / scaled FP8 single files, GGUF DiT files).
 void register_convert_command(CLI::App& app);
 
+// zimage worker --broker redis://HOST:PORT --model DIR (GPU worker fed by a Redis stream).
+void register_worker_command(CLI::App& app);
+
+// zimage submit --broker URL --prompt TEXT [--wait --output F.png] (a job for the workers).
+void register_submit_command(CLI::App& app);
+
 }  // namespace zimage::cli

@@ -23,6 +23,8 @@ int main(int argc, char** argv) {
   zimage::cli::register_tokenize_command(app);
   zimage::cli::register_serve_command(app);
   zimage::cli::register_convert_command(app);
+  zimage::cli::register_worker_command(app);
+  zimage::cli::register_submit_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
