@@ -297,15 +297,16 @@ Result<std::vector<std::string>> parse_device_list(const std::string& list);
 // Loads one engine per entry of `devices` with `options` (its `device` replaced), engines on
 // different devices at the same time, engines sharing a device one after another (so the
 // second plans its memory with the first one's weights already resident). All or nothing: the
-// first failure in list order is returned, naming the device and the engine's position.
+// first failure in list order is returned, naming the device and the engine's position (with
+// one device: Engine::load's error as it is).
 Result<std::vector<std::unique_ptr<Engine>>> load_engines(const EngineOptions& options,
                                                           const std::vector<std::string>& devices);
 // Splits `req`'s images (prompts x images_per_prompt, in result order) into at most `parts`
 // contiguous runs, sizes differing by at most one (the larger first), one request each with
 // first_image set: run part k on engine k and concatenate the images in part order, and each
-// image is the one `req` makes at its index (same prompt, same noise; the DiT sees fewer rows,
-// so on a GPU its GEMMs may round differently). Fewer parts than asked when there are fewer
-// images; {req} itself for parts <= 1.
+// image is the one `req` makes at its index (same prompt, same noise; the DiT and the text
+// encoder see fewer rows, so their GEMMs may round a few values differently: 1/255 on the CPU).
+// Fewer parts than asked when there are fewer images; {req} itself for parts <= 1.
 std::vector<GenerateRequest> split_batch(const GenerateRequest& req, int parts);
 
 // ---- image files --------------------------------------------------------------------------------

@@ -126,8 +126,10 @@ Result<std::vector<std::unique_ptr<Engine>>> load_engines(const EngineOptions& o
   }
   std::vector<std::unique_ptr<Engine>> engines;
   for (size_t i = 0; i < n; ++i) {
-    if (!loaded[i].ok())
-      return loaded[i].status().with_context("engine " + std::to_string(i) + " on " + devices[i]);
+    if (!loaded[i].ok())  // one engine: Engine::load's own words (they name a bad device)
+      return n == 1 ? loaded[i].status()
+                    : loaded[i].status().with_context("engine " + std::to_string(i) + " on " +
+                                                      devices[i]);
     engines.push_back(std::move(loaded[i]).value());
   }
   return engines;

@@ -167,8 +167,10 @@ int max_diff(const Image& a, const Image& b) {
 }
 
 // Two CPU engines (load_engines "cpu,cpu"), the parts of a split batch at once: every image is
-// the whole batch's image at its index, to the bit (the CPU's GEMM rows do not depend on their
-// company); img2img (a posterior draw before the noise) too.
+// the whole batch's image at its index; img2img (a posterior draw before the noise) too. Not to
+// the bit: a part's DiT and text encoder run fewer rows, and OpenBLAS rounds a few values
+// differently by row count (as continuous batching does, test_serve_batching.cpp), which shows
+// as rare 1/255 steps; a wrong noise or prompt would be tens of levels away.
 TEST(FirstImage, SplitBatchOnTwoEnginesEqualsTheWholeBatch) {
   EngineOptions o;
   o.model_dir = test::tiny_model_dir();
@@ -205,10 +207,17 @@ TEST(FirstImage, SplitBatchOnTwoEnginesEqualsTheWholeBatch) {
       }
       ASSERT_EQ(joined.size(), 4u);
       int worst = 0;
-      for (size_t i = 0; i < 4; ++i) worst = std::max(worst, max_diff(joined[i], ref->images[i]));
-      std::printf("  %s, %d parts: max |diff| to the whole batch %d/255\n",
-                  img2img ? "img2img" : "text", parts, worst);
-      EXPECT_EQ(worst, 0);
+      size_t differing = 0, values = 0;
+      for (size_t i = 0; i < 4; ++i) {
+        worst = std::max(worst, max_diff(joined[i], ref->images[i]));
+        for (size_t v = 0; v < joined[i].rgb.size(); ++v)
+          differing += joined[i].rgb[v] != ref->images[i].rgb[v];
+        values += joined[i].rgb.size();
+      }
+      std::printf("  %s, %d parts: max |diff| to the whole batch %d/255 (%zu of %zu values)\n",
+                  img2img ? "img2img" : "text", parts, worst, differing, values);
+      EXPECT_LE(worst, 1);
+      EXPECT_LE(differing, values / 100);
     }
   }
   // A device that cannot load fails the set, naming the engine and device.
