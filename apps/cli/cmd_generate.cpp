@@ -4,6 +4,7 @@
 //
 //   zimage generate --model DIR --prompt TEXT [--prompt TEXT ...] [--negative-prompt TEXT]
 //                   --width W --height H --steps N --guidance G --seed S [--device cpu|cuda]
+//                   [--devices cuda:0,cuda:1,... --images-per-prompt N]  (the batch split)
 //                   [--init-image FILE [--mask FILE] [--strength S]]
 //                   [--controlnet PATH --control-image FILE [--control-scale S]] --output FILE.png
 //   zimage generate --dit FILE --text-encoder FILE --vae FILE --prompt TEXT ...  (single files)
@@ -24,9 +25,11 @@
 
 #include "builtin_model.h"
 #include "commands.h"
+#include "generate_devices.h"
 #include "lora_args.h"
 #include "model_flags.h"
 #include "progress.h"
+#include "serve/device_pool.h"
 #include "zimage/zimage.h"
 
 namespace zimage::cli {
@@ -49,6 +52,7 @@ struct GenerateArgs {
   float cfg_normalization = 0.0f;
   int max_sequence_length = 512;
   std::string device = "auto";
+  std::string devices;  // --devices: the batch split over one engine per entry
   std::string precision = "auto";
   std::string fp8_layers = "all";
   double vram_budget = 0;
@@ -228,16 +232,38 @@ void run_generate(const GenerateArgs& a, const CLI::App& cmd) {
   if (random_seed && !a.quiet)
     std::fprintf(stderr, "seed %llu\n", static_cast<unsigned long long>(req.seed));
 
-  auto engine = Engine::load(eo);
-  if (!engine.ok()) {
-    const bool usage = engine.status().code() == ErrorCode::kInvalidArgument;
-    fail(usage ? 2 : 1, usage ? engine.status().message()  // names the option at fault
-                              : "cannot load the model: " + engine.status().to_string());
+  // --devices: one engine per device, as many as there are images at most.
+  std::vector<std::string> devices = {eo.device};
+  if (!a.devices.empty()) {
+    if (!a.dump_dir.empty()) fail(2, "--dump: not with --devices (the parts' files would collide)");
+    auto list = parse_device_list(a.devices);
+    if (!list.ok())
+      fail(list.status().code() == ErrorCode::kInvalidArgument ? 2 : 1,
+           "--devices: " + list.status().message());
+    devices = std::move(list).value();
+    if (devices.size() > count) {
+      if (!a.quiet)
+        std::fprintf(stderr, "--devices: %zu images, so %zu of the %zu engines\n", count, count,
+                     devices.size());
+      devices.resize(count);
+    }
+    if (!a.quiet)
+      for (const std::string& note : serve::shared_device_notes(devices))
+        std::fprintf(stderr, "%s\n", note.c_str());
   }
+  auto loaded = load_engines(eo, devices);
+  if (!loaded.ok()) {
+    const bool usage = loaded.status().code() == ErrorCode::kInvalidArgument;
+    fail(usage ? 2 : 1, usage ? loaded.status().message()  // names the option at fault
+                              : "cannot load the model: " + loaded.status().to_string());
+  }
+  std::vector<Engine*> engines;
+  for (const auto& e : *loaded) engines.push_back(e.get());
+  Engine* engine = engines[0];
   if (req.init_image) {
     // As diffusers: without an asked-for size the output takes the image's size, each side
     // rounded down to the model's size multiple (the image is then resized to it).
-    const int m = (*engine)->info().size_multiple;
+    const int m = engine->info().size_multiple;
     if (cmd.count("--width") == 0) req.width = req.init_image->width / m * m;
     if (cmd.count("--height") == 0) req.height = req.init_image->height / m * m;
     if (req.width == 0 || req.height == 0)
@@ -246,8 +272,11 @@ void run_generate(const GenerateArgs& a, const CLI::App& cmd) {
                   " is smaller than this model's size multiple " + std::to_string(m) +
                   "; give --width and --height");
   }
-  const Status valid = (*engine)->validate(req);
-  if (!valid.ok()) fail(2, with_flags(valid.message(), a));
+  const std::vector<GenerateRequest> parts = split_batch(req, static_cast<int>(engines.size()));
+  for (size_t k = 0; k < parts.size(); ++k) {
+    const Status valid = engines[k]->validate(parts[k]);
+    if (!valid.ok()) fail(2, with_flags(valid.message(), a));
+  }
 
   ProgressBar bar(!a.quiet && (a.progress || is_terminal(stderr)), stderr);
   GenerateHooks hooks;
@@ -257,7 +286,8 @@ void run_generate(const GenerateArgs& a, const CLI::App& cmd) {
   hooks.dump_filter = a.dump_filter;
   g_cancel.store(false);
   auto previous = std::signal(SIGINT, on_sigint);
-  auto result = (*engine)->generate(req, hooks);
+  auto result = parts.size() == 1 ? engine->generate(req, hooks)
+                                  : generate_joined(engines, devices, parts, hooks);
   // A Ctrl-C after the last check inside generate() still means: write nothing.
   const bool cancelled =
       g_cancel.load() || (!result.ok() && result.status().code() == ErrorCode::kCancelled);
@@ -326,7 +356,13 @@ void register_generate_command(CLI::App& app) {
                   "Clip the guided prediction's norm to this x the positive one's (0 = off)");
   cmd->add_option("--max-sequence-length", args->max_sequence_length,
                   "Prompt tokens kept, chat template included (default 512)");
-  cmd->add_option("--device,-d", args->device, "cpu, cuda, cuda:N or auto (default auto)");
+  CLI::Option* device =
+      cmd->add_option("--device,-d", args->device, "cpu, cuda, cuda:N or auto (default auto)");
+  cmd->add_option("--devices", args->devices,
+                  "Split the batch (prompts x --images-per-prompt) over one engine per listed "
+                  "device, e.g. cuda:0,cuda:1 or all; each image as on one device (same seed "
+                  "rule); files written in order")
+      ->excludes(device);
   cmd->add_option("--vram-budget", args->vram_budget,
                   "GPU memory the process may use, in GiB, CUDA context included (default 0 = "
                   "no limit); what does not fit streams from host memory (--verbose shows the "

@@ -6,7 +6,8 @@
 //
 //   zimage serve --model DIR | --dit F --text-encoder F --vae F [--host 127.0.0.1] [--port 8188]
 //   [--api-key KEY] [--max-queue N]
-//                [--device auto] [--precision auto] [--threads N]
+//                [--device auto | --devices cuda:0,cuda:1,... | --devices all]
+//                [--precision auto] [--threads N]
 #include <fcntl.h>
 #include <poll.h>
 #include <unistd.h>
@@ -18,6 +19,7 @@
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "builtin_model.h"
 #include "commands.h"
@@ -34,6 +36,7 @@ struct ServeArgs {
   serve::ServeOptions serve;
   ModelFlags model;
   std::string device = "auto";
+  std::string devices;  // --devices: one engine per entry (data parallel)
   std::string precision = "auto";
   std::string fp8_layers = "all";
   double vram_budget = 0;
@@ -150,13 +153,34 @@ void run_serve(ServeArgs& a) {
   eo.lora_lenient = a.lora.lenient;
   eo.lora_method = a.lora_method;
   eo.lora_cache_bytes = static_cast<uint64_t>(a.lora_cache_mib) << 20;
-  st = server.load(eo);
+  std::vector<std::string> devices = {a.device};
+  if (!a.devices.empty()) {
+    auto list = parse_device_list(a.devices);
+    if (!list.ok()) {
+      server.shutdown();
+      fail(list.status().code() == ErrorCode::kInvalidArgument ? 2 : 1,
+           "--devices: " + list.status().message());
+    }
+    devices = std::move(list).value();
+    for (const std::string& note : serve::shared_device_notes(devices))
+      std::printf("zimage serve: %s\n", note.c_str());
+    std::printf("zimage serve: loading %zu engines\n", devices.size());
+    std::fflush(stdout);
+  }
+  st = server.load(eo, devices);
   if (!st.ok()) {
     server.shutdown();
     fail(st.code() == ErrorCode::kInvalidArgument ? 2 : 1, st.to_string());
   }
   if (!signals.pending()) {
-    std::printf("zimage serve: ready (%s)\n", server.context().info.device.c_str());
+    const serve::EngineSlots& engines = server.context().engines;
+    if (engines.size() > 1)
+      for (const auto& e : engines)
+        std::printf("zimage serve: engine %d on %s: %s\n", e->index(), e->device().c_str(),
+                    e->info().device.c_str());
+    std::printf("zimage serve: ready (%s%s)\n",
+                engines.size() > 1 ? (std::to_string(engines.size()) + " engines, ").c_str() : "",
+                server.context().info.device.c_str());
     std::fflush(stdout);
   }
   const int sig = signals.wait();
@@ -190,7 +214,13 @@ void register_serve_command(CLI::App& app) {
   cmd->add_option("--max-queue", a->serve.max_queue,
                   "Jobs waiting at most; more get 429 (default 16)")
       ->check(CLI::Range(1, 100000));
-  cmd->add_option("--device,-d", a->device, "cpu, cuda, cuda:N or auto (default auto)");
+  CLI::Option* device =
+      cmd->add_option("--device,-d", a->device, "cpu, cuda, cuda:N or auto (default auto)");
+  cmd->add_option("--devices", a->devices,
+                  "Data parallel: one engine per listed device behind the one queue, e.g. "
+                  "cuda:0,cuda:1 or all (every visible GPU); a device may repeat (engines "
+                  "sharing a GPU); see docs/SERVER.md")
+      ->excludes(device);
   cmd->add_option("--precision", a->precision, "auto, bf16, f32 or fp8 (default auto)");
   cmd->add_option("--fp8-layers", a->fp8_layers,
                   "With --precision fp8: the DiT linears in FP8 (default all; see generate)");

@@ -136,6 +136,12 @@ struct GenerateRequest {
   // (ZImageControlNetInpaintPipeline, 2.x ControlNets; strength does not apply).
   std::optional<Image> control_image;
   float control_scale = 0.75f;  // controlnet_conditioning_scale (diffusers' default), finite
+
+  // ---- one part of a larger batch (zimage generate --devices splits a batch over engines) ----
+  // This request's images are images first_image, first_image + 1, ... of a batch with the same
+  // seed: the generator first draws (and drops) the noise of the first_image images before
+  // them, so each image gets the noise it has in the whole batch. 0 .. 1024 (0: a whole batch).
+  int first_image = 0;
 };
 
 // The denoising steps `req` runs: steps, or with init_image steps - t_start (0 for a strength
@@ -278,6 +284,30 @@ class Engine {
   Result<GenerateResult> generate_impl(const GenerateRequest& req, const GenerateHooks& hooks);
   std::unique_ptr<Impl> impl_;
 };
+
+// ---- several engines (data parallel: one engine per device, e.g. zimage serve --devices) -------
+// CUDA devices this process can use; 0 without CUDA support, a driver or a GPU.
+int cuda_device_count();
+// A device list, one device per engine: "cuda:0,cuda:1", "all" (every device cuda_device_count()
+// reports), "cpu,cpu". Items are cpu, cuda (= cuda:0) or cuda:N, comma-separated, at most 64;
+// "cuda" comes back as "cuda:0". A device may repeat (engines sharing one GPU); cpu and cuda
+// items may not mix (an image would depend on which engine ran it). Errors (kInvalidArgument)
+// name the item at fault and its position; "all" without a GPU is kUnsupported.
+Result<std::vector<std::string>> parse_device_list(const std::string& list);
+// Loads one engine per entry of `devices` with `options` (its `device` replaced), engines on
+// different devices at the same time, engines sharing a device one after another (so the
+// second plans its memory with the first one's weights already resident). All or nothing: the
+// first failure in list order is returned, naming the device and the engine's position (with
+// one device: Engine::load's error as it is).
+Result<std::vector<std::unique_ptr<Engine>>> load_engines(const EngineOptions& options,
+                                                          const std::vector<std::string>& devices);
+// Splits `req`'s images (prompts x images_per_prompt, in result order) into at most `parts`
+// contiguous runs, sizes differing by at most one (the larger first), one request each with
+// first_image set: run part k on engine k and concatenate the images in part order, and each
+// image is the one `req` makes at its index (same prompt, same noise; the DiT and the text
+// encoder see fewer rows, so their GEMMs may round a few values differently: 1/255 on the CPU).
+// Fewer parts than asked when there are fewer images; {req} itself for parts <= 1.
+std::vector<GenerateRequest> split_batch(const GenerateRequest& req, int parts);
 
 // ---- image files --------------------------------------------------------------------------------
 // (keyword, UTF-8 value) pairs stored as PNG iTXt chunks, e.g. {"prompt", "a red fox"}.

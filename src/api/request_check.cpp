@@ -107,6 +107,9 @@ Status check_request(const GenerateRequest& req, const RequestLimits& lim) {
     return InvalidArgument("width: " + std::to_string(req.width) + "x" +
                            std::to_string(req.height) + " x " + std::to_string(batch) +
                            " images exceeds the pixel limit " + std::to_string(lim.max_pixels));
+  if (req.first_image < 0 || req.first_image > 1024)
+    return InvalidArgument("first_image: " + std::to_string(req.first_image) +
+                           " is outside 0..1024");
   if (!std::isfinite(req.cfg_truncation)) return InvalidArgument("cfg_truncation: must be finite");
   if (!std::isfinite(req.cfg_normalization) || req.cfg_normalization < 0.0f)
     return InvalidArgument("cfg_normalization: must be a finite number >= 0, got " +

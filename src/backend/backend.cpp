@@ -110,6 +110,9 @@ Status Backend::dit_modulation(const Tensor& mod, Tensor& scale_a, Tensor& gate_
 Result<std::unique_ptr<Backend>> make_cuda_backend(int, DType) {
   return Unsupported("this zimage was built without CUDA (configure with nvcc on PATH)");
 }
+int cuda_visible_devices() {
+  return 0;
+}
 #endif
 
 }  // namespace zimage

@@ -255,5 +255,7 @@ Status check_cpu_threads(int threads, const char* field = "threads");
 // Creates the CUDA backend on `device_index` computing in `act_dtype` (kBF16 or kF32).
 // Fails with kUnsupported when the engine was built without CUDA or no GPU is present.
 Result<std::unique_ptr<Backend>> make_cuda_backend(int device_index, DType act_dtype);
+// CUDA devices this process can use (cudaGetDeviceCount); 0 without CUDA, a driver or a GPU.
+int cuda_visible_devices();
 
 }  // namespace zimage

@@ -174,6 +174,7 @@ Result<ImageStart> prepare_image_start(const GenerateRequest& req,
     const Shape shape{s.n, s.c, s.h, s.w};
     dump_host(dbg, host, "image_latents", image_latents.data(), shape);
     // 4. Draw 2: the noise.
+    ZI_TRY(gen.skip_images(req.first_image, s.c * s.h * s.w));  // a part of a larger batch
     ZI_ASSIGN_OR_RETURN(Tensor noise, gen.randn(shape));
     dump_host(dbg, host, "init_noise", noise.data_as<float>(), shape);
     // 5. The start latents at σ of the first step run.

@@ -85,6 +85,20 @@ void TorchCpuGenerator::fill_randn(float* out, size_t n) {
   for (size_t i = 0; i < n; ++i) out[i] = static_cast<float>(next_normal_f64());
 }
 
+Status TorchCpuGenerator::skip_images(int64_t images, int64_t per_image) {
+  if (images == 0) return Status::Ok();
+  if (images < 0 || per_image <= 0 || per_image % 16 != 0)
+    return InvalidArgument("first_image: skipping " + std::to_string(images) + " images of " +
+                           std::to_string(per_image) +
+                           " noise values each needs a count >= 0 and a multiple of 16 values");
+  if (images > (int64_t{1} << 40) / per_image)
+    return InvalidArgument("first_image: " + std::to_string(images) + " images of noise to skip");
+  // The vectorised path (n >= 16) takes one engine output per value; a whole number of 16-blocks
+  // leaves no tail to redraw and no cached normal.
+  engine_.discard(static_cast<unsigned long long>(images * per_image));
+  return Status::Ok();
+}
+
 Result<Tensor> TorchCpuGenerator::randn(const Shape& shape) {
   const int64_t n = shape_numel(shape);
   if (n < 0) {

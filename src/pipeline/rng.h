@@ -36,6 +36,13 @@ class TorchCpuGenerator {
   // Fills out[0..n) as torch.randn of a contiguous tensor of n elements would.
   void fill_randn(float* out, size_t n);
 
+  // Skips what one randn of a whole batch draws for its first `images` images (`per_image`
+  // values each) before the rows a part of the batch needs (GenerateRequest::first_image): a
+  // randn after it gives exactly that batch draw's later rows. That holds when per_image is a
+  // multiple of 16 (the vectorised path's Box-Muller block: each value then depends on its own
+  // block's uniforms only); other sizes, or a skip beyond 2^40 values, are refused.
+  Status skip_images(int64_t images, int64_t per_image);
+
   uint64_t seed() const { return seed_; }
   // Next raw 32-bit output of the engine (torch's generator->random()).
   uint32_t next_u32() { return engine_(); }

@@ -213,6 +213,7 @@ Result<std::unique_ptr<DenoiseState>> TextToImage::begin(const GenerateRequest& 
                                         {st->n, st->channels, st->h, st->w}, hooks.debug, *host_));
     ZI_ASSIGN_OR_RETURN(st->control, be_.upload(ctx, DType::kF32));
     st->timings.vae_encode_s = now_s() - t0;
+    ZI_TRY(gen.skip_images(req.first_image, st->channels * st->h * st->w));
     ZI_ASSIGN_OR_RETURN(Tensor noise, gen.randn({st->n, st->channels, st->h, st->w}));
     dump_host(hooks.debug, *host_, "init_noise", noise.data_as<float>(), noise.shape());
     ZI_ASSIGN_OR_RETURN(st->latents, be_.upload(noise, DType::kF32));
@@ -232,6 +233,7 @@ Result<std::unique_ptr<DenoiseState>> TextToImage::begin(const GenerateRequest& 
     st->inpaint = std::move(start.inpaint);
     ZI_ASSIGN_OR_RETURN(st->latents, be_.upload(start.latents, DType::kF32));
   } else {
+    ZI_TRY(gen.skip_images(req.first_image, st->channels * st->h * st->w));
     ZI_ASSIGN_OR_RETURN(Tensor noise, gen.randn({st->n, st->channels, st->h, st->w}));
     dump_host(hooks.debug, *host_, "init_noise", noise.data_as<float>(), noise.shape());
     ZI_ASSIGN_OR_RETURN(st->latents, be_.upload(noise, DType::kF32));

@@ -1,4 +1,4 @@
-// What the HTTP routes share: the options, the loaded engine (once ready), the job table, the
+// What the HTTP routes share: the options, the loaded engines (once ready), the job table, the
 // scheduler and the metrics. Why one struct: routes are free functions in routes_*.cpp; they get
 // everything through this, so adding an endpoint touches one file.
 #pragma once
@@ -8,6 +8,7 @@
 #include <memory>
 #include <string>
 
+#include "serve/device_pool.h"
 #include "serve/job_table.h"
 #include "serve/metrics.h"
 #include "serve/request_parse.h"
@@ -54,9 +55,10 @@ struct ServeContext {
   Scheduler scheduler;
   std::atomic<bool> ready{false};     // the engine is loaded and warmed up
   std::atomic<bool> stopping{false};  // shutting down: no new jobs
-  Engine* engine = nullptr;           // set before `ready` turns true
+  Engine* engine = nullptr;           // set before `ready` turns true (the first engine)
   EngineInfo info;                    // ditto
   ParseLimits limits;                 // ditto
+  EngineSlots engines;                // ditto: every engine and what it did (device_pool.h)
   // Responses still waiting on a job (sync generations, SSE streams): shutdown lets them send
   // their final word before the HTTP server stops.
   std::atomic<int> waiting_responses{0};

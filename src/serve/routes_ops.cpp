@@ -1,7 +1,8 @@
 // Operations: GET /healthz (the process answers), GET /readyz (200 once the model is loaded and
-// warmed up, 503 before), GET /metrics (Prometheus text), GET /v1/models (OpenAI's model list,
-// plus this server's limits for the web page), GET /v1/loras and A1111's GET /sdapi/v1/loras (the
-// LoRA files requests may name, serve --lora-dir), and GET / (the embedded web page).
+// warmed up, with every engine's device and counters; 503 before), GET /metrics (Prometheus
+// text), GET /v1/models (OpenAI's model list, plus this server's limits for the web page), GET
+// /v1/loras and A1111's GET /sdapi/v1/loras (the LoRA files requests may name, serve --lora-dir),
+// and GET / (the embedded web page).
 #include "serve/http_util.h"
 #include "serve/lora_request.h"
 #include "serve/routes.h"
@@ -23,15 +24,21 @@ void add_ops_routes(httplib::Server& svr, ServeContext& ctx) {
               res.set_header("Retry-After", "2");
               send_error(res, ApiError{503, "server_error", "the model is loading", ""});
             } else {
-              send_json(res, 200, {{"status", "ready"}, {"device", ctx.info.device}});
+              send_json(res, 200,
+                        {{"status", "ready"},
+                         {"device", ctx.info.device},
+                         {"devices", engines_json(ctx.engines)}});
             }
           }));
 
   svr.Get("/metrics", guard([&ctx](const httplib::Request&, httplib::Response& res) {
             std::string text = ctx.metrics.render();
             if (ctx.ready.load() && ctx.engine != nullptr) {
-              const Engine::Memory m = ctx.engine->memory();
-              if (m.reserved_bytes > 0) text += device_memory_metrics(m);
+              if (ctx.engines.size() <= 1) {  // several: per engine, in engines_metrics
+                const Engine::Memory m = ctx.engine->memory();
+                if (m.reserved_bytes > 0) text += device_memory_metrics(m);
+              }
+              text += engines_metrics(ctx.engines);
             }
             res.set_content(text, "text/plain; version=0.0.4; charset=utf-8");
           }));
@@ -48,7 +55,8 @@ void add_ops_routes(httplib::Server& svr, ServeContext& ctx) {
                   {"default_steps", l.default_steps}, {"size_multiple", l.request.size_multiple},
                   {"max_side", l.request.max_side},   {"max_batch", l.request.max_batch},
                   {"max_steps", l.request.max_steps}, {"device", ctx.info.device},
-                  {"precision", ctx.info.precision},  {"version", kVersion}};
+                  {"precision", ctx.info.precision},  {"version", kVersion},
+                  {"engines", ctx.engines.size()}};
             }
             send_json(res, 200, {{"object", "list"}, {"data", json::array({model})}});
           }));

@@ -10,14 +10,16 @@ Scheduler::~Scheduler() {
   shutdown("server shutting down");
 }
 
-void Scheduler::start(std::unique_ptr<Executor> executor) {
-  executor_ = std::move(executor);
-  worker_ = std::thread([this] {
+void Scheduler::start(std::unique_ptr<Executor> executor, JobSource* source) {
+  Executor* ex = executor.get();
+  JobSource* from = source != nullptr ? source : this;
+  executors_.push_back(std::move(executor));
+  workers_.emplace_back([ex, from] {
     try {
-      executor_->run(*this);
+      ex->run(*from);
     } catch (...) {
-      // Executors must not throw; if one does, the server cannot generate any more.
-      std::fprintf(stderr, "zimage serve: the worker stopped on an unexpected exception\n");
+      // Executors must not throw; if one does, its engine cannot generate any more.
+      std::fprintf(stderr, "zimage serve: a worker stopped on an unexpected exception\n");
     }
   });
 }
@@ -124,8 +126,10 @@ void Scheduler::shutdown(const std::string& reason) {
     if (metrics_ != nullptr) ++metrics_->jobs_cancelled;
     job->finish_cancelled(reason);
   }
-  if (worker_.joinable()) worker_.join();
-  executor_.reset();
+  for (std::thread& w : workers_)
+    if (w.joinable()) w.join();
+  workers_.clear();
+  executors_.clear();
 }
 
 }  // namespace zimage::serve

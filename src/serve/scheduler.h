@@ -5,6 +5,7 @@
 // replace it without touching any HTTP code: at each denoising-step boundary it would call
 // try_pop_if() for queued jobs with the same size/steps/guidance and join them to the running
 // DiT batch. What it needs from the engine (a step-wise pipeline API) is written in executor.h.
+// Data parallel (serve --devices): one executor and worker thread per engine, all on this queue.
 #pragma once
 
 #include <deque>
@@ -12,6 +13,7 @@
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "serve/job.h"
 #include "serve/metrics.h"
@@ -46,8 +48,10 @@ class Scheduler : public JobSource {
   Scheduler(size_t max_queue, Metrics* metrics) : max_queue_(max_queue), metrics_(metrics) {}
   ~Scheduler() override;
 
-  // Starts the worker thread running `executor` (the scheduler keeps it alive).
-  void start(std::unique_ptr<Executor> executor);
+  // Starts a worker thread running `executor` (the scheduler keeps it alive) on `source` (a view
+  // of this queue, e.g. one that counts an engine's work; null: the queue itself). Called once
+  // per engine: every worker pulls from the one queue (data parallel, serve --devices).
+  void start(std::unique_ptr<Executor> executor, JobSource* source = nullptr);
   Admission submit(const std::shared_ptr<Job>& job);
   // Cancels a queued job at once, or a running one at its next step. Idempotent: true when the
   // job is (or will be) cancelled or had already finished.
@@ -55,9 +59,9 @@ class Scheduler : public JobSource {
   // 0-based position among queued jobs; -1 when not queued.
   int position(const Job& job) const;
   size_t depth() const;
-  // The running job that has not finished yet, if any.
+  // A running job that has not finished yet (the oldest taken), if any.
   std::shared_ptr<Job> running() const;
-  // Stops accepting, cancels every queued and running job with `reason`, joins the worker.
+  // Stops accepting, cancels every queued and running job with `reason`, joins the workers.
   void shutdown(const std::string& reason);
 
   // JobSource
@@ -75,8 +79,8 @@ class Scheduler : public JobSource {
   std::deque<std::shared_ptr<Job>> queue_;
   std::vector<std::shared_ptr<Job>> running_;
   bool stopping_ = false;
-  std::unique_ptr<Executor> executor_;
-  std::thread worker_;
+  std::vector<std::unique_ptr<Executor>> executors_;
+  std::vector<std::thread> workers_;
 };
 
 }  // namespace zimage::serve

@@ -79,23 +79,68 @@ Status Server::start() {
 }
 
 Status Server::load(const EngineOptions& options) {
-  auto engine = Engine::load(options);
-  if (!engine.ok()) return engine.status().with_context("loading the model");
-  owned_engine_ = std::move(engine).value();
-  return attach(owned_engine_.get());
+  return load(options, {options.device});
+}
+
+Status Server::load(const EngineOptions& options, const std::vector<std::string>& devices) {
+  auto engines = load_engines(options, devices);
+  if (!engines.ok()) return engines.status().with_context("loading the model");
+  owned_engines_ = std::move(engines).value();
+  std::vector<Engine*> raw;
+  for (const auto& e : owned_engines_) raw.push_back(e.get());
+  return attach(raw, devices);
 }
 
 Status Server::attach(Engine* engine, EngineRunner* runner, bool warm_up) {
-  const EngineInfo info = engine->info();
-  if (warm_up) {
-    GenerateRequest req;
-    req.prompts = {"warm-up"};
-    const int m = std::max(1, info.size_multiple);
-    req.width = req.height = std::min(info.max_side, (64 + m - 1) / m * m);
-    req.steps = 1;
-    auto r = engine->generate(req);
-    if (!r.ok()) return r.status().with_context("warm-up generation");
+  if (runner == nullptr) return attach(std::vector<Engine*>{engine}, {""}, warm_up);
+  // A test's runner in front of the engine: one serial worker.
+  if (warm_up) ZI_TRY(serve::warm_up(*engine));
+  ctx_.engines.push_back(std::make_unique<EngineSlot>(ctx_.scheduler, 0, "", engine));
+  set_limits(engine);
+  ctx_.scheduler.start(std::make_unique<SerialExecutor>(runner, &ctx_.metrics),
+                       ctx_.engines.back().get());
+  ctx_.metrics.ready = 1;
+  ctx_.ready.store(true);
+  return Status::Ok();
+}
+
+Status Server::attach(const std::vector<Engine*>& engines, const std::vector<std::string>& devices,
+                      bool warm_up) {
+  if (engines.empty() || engines.size() != devices.size())
+    return InvalidArgument("serve: one device name per engine is needed");
+  if (warm_up) {  // every engine at once; the first failure in list order is reported
+    std::vector<Status> st(engines.size(), Status::Ok());
+    run_each(engines.size(), [&](size_t i) { st[i] = serve::warm_up(*engines[i]); });
+    for (size_t i = 0; i < engines.size(); ++i)
+      if (!st[i].ok())
+        return st[i].with_context("engine " + std::to_string(i) + " on " + devices[i]);
   }
+  for (size_t i = 0; i < engines.size(); ++i) {
+    auto slot =
+        std::make_unique<EngineSlot>(ctx_.scheduler, static_cast<int>(i), devices[i], engines[i]);
+    EngineSlot* source = slot.get();
+    ctx_.engines.push_back(std::move(slot));
+    if (ctx_.options.batching) {
+      batch_runners_.push_back(std::make_unique<EngineBatchRunner>(engines[i]));
+      ctx_.scheduler.start(
+          std::make_unique<BatchingExecutor>(batch_runners_.back().get(), &ctx_.metrics,
+                                             ctx_.options.max_batch_images),
+          source);
+    } else {
+      adapters_.push_back(std::make_unique<EngineAdapter>(engines[i]));
+      ctx_.scheduler.start(std::make_unique<SerialExecutor>(adapters_.back().get(), &ctx_.metrics),
+                           source);
+    }
+  }
+  set_limits(engines[0]);
+  ctx_.metrics.ready = 1;
+  ctx_.ready.store(true);
+  return Status::Ok();
+}
+
+void Server::set_limits(Engine* engine) {
+  // Every engine loads the same model with the same options: the first one speaks for all.
+  const EngineInfo info = engine->info();
   ctx_.engine = engine;
   ctx_.info = info;
   ParseLimits& l = ctx_.limits;
@@ -105,20 +150,6 @@ Status Server::attach(Engine* engine, EngineRunner* runner, bool warm_up) {
   l.default_width = ctx_.options.default_width;
   l.default_height = ctx_.options.default_height;
   l.default_steps = ctx_.options.default_steps;
-  if (runner == nullptr && ctx_.options.batching) {
-    batch_runner_ = std::make_unique<EngineBatchRunner>(engine);
-    ctx_.scheduler.start(std::make_unique<BatchingExecutor>(batch_runner_.get(), &ctx_.metrics,
-                                                            ctx_.options.max_batch_images));
-  } else {
-    if (runner == nullptr) {
-      adapter_ = std::make_unique<EngineAdapter>(engine);
-      runner = adapter_.get();
-    }
-    ctx_.scheduler.start(std::make_unique<SerialExecutor>(runner, &ctx_.metrics));
-  }
-  ctx_.metrics.ready = 1;
-  ctx_.ready.store(true);
-  return Status::Ok();
 }
 
 void Server::shutdown() {
