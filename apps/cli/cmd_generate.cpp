@@ -28,6 +28,7 @@
 #include "generate_devices.h"
 #include "lora_args.h"
 #include "model_flags.h"
+#include "output_paths.h"
 #include "progress.h"
 #include "serve/device_pool.h"
 #include "zimage/zimage.h"
@@ -104,17 +105,6 @@ bool parse_seed(const std::string& text, uint64_t* seed, bool* random) {
   }
   *seed = v;
   return true;
-}
-
-// FILE.png for one image; FILE_0.png, FILE_1.png, ... for several.
-std::vector<std::string> output_paths(const std::string& output, size_t count) {
-  if (count == 1) return {output};
-  const std::filesystem::path p(output);
-  const std::string stem = (p.parent_path() / p.stem()).string();
-  const std::string ext = p.has_extension() ? p.extension().string() : ".png";
-  std::vector<std::string> paths;
-  for (size_t i = 0; i < count; ++i) paths.push_back(stem + "_" + std::to_string(i) + ext);
-  return paths;
 }
 
 void print_timings(const GenerateResult& r) {

@@ -18,6 +18,7 @@
 #include "broker/job_codec.h"
 #include "broker/redis_client.h"
 #include "commands.h"
+#include "output_paths.h"
 #include "progress.h"
 #include "zimage/zimage.h"
 
@@ -54,17 +55,6 @@ template <typename T>
 T must(Result<T> r, const std::string& what) {
   if (!r.ok()) fail(1, what + ": " + r.status().message());
   return std::move(r).value();
-}
-
-// FILE.png for one image; FILE_0.png, FILE_1.png, ... for several (as `zimage generate`).
-std::vector<std::string> output_paths(const std::string& output, size_t count) {
-  if (count == 1) return {output};
-  const std::filesystem::path p(output);
-  const std::string stem = (p.parent_path() / p.stem()).string();
-  const std::string ext = p.has_extension() ? p.extension().string() : ".png";
-  std::vector<std::string> paths;
-  for (size_t i = 0; i < count; ++i) paths.push_back(stem + "_" + std::to_string(i) + ext);
-  return paths;
 }
 
 // The newest entry id of the notification stream ("0-0" when empty), read before the job is

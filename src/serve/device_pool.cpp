@@ -6,13 +6,13 @@
 #include <map>
 #include <thread>
 
+#include "serve/metrics.h"
+
 namespace zimage::serve {
 
 namespace {
 std::string num(double v) {
-  char buf[64];
-  std::snprintf(buf, sizeof(buf), "%.17g", v);
-  return buf;
+  return prom_number(v);
 }
 // Label values are device names ("cuda:1", "cpu"): nothing to escape, but stay safe.
 std::string label(const std::string& s) {

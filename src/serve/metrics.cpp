@@ -5,11 +5,15 @@
 
 namespace zimage::serve {
 
-namespace {
-std::string num(double v) {
+std::string prom_number(double v) {
   char buf[64];
   std::snprintf(buf, sizeof(buf), "%.17g", v);
   return buf;
+}
+
+namespace {
+std::string num(double v) {
+  return prom_number(v);
 }
 std::string bound(double v) {  // bucket bounds as written: 0.025, not 0.025000000000000001
   char buf[64];

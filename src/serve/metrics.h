@@ -30,6 +30,9 @@ class Histogram {
   double sum_ = 0;
 };
 
+// A sample value as Prometheus writes it (shortest round-trip form, "%.17g").
+std::string prom_number(double v);
+
 // The engine's device memory as Prometheus gauges (zimage_gpu_memory_bytes{kind=...}).
 std::string device_memory_metrics(const Engine::Memory& m);
 

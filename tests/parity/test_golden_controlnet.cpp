@@ -25,6 +25,7 @@
 
 #include "backend/backend.h"
 #include "common/cli_run.h"
+#include "common/controlnet_model.h"
 #include "common/npy.h"
 #include "io/png.h"
 #include "io/weights.h"
@@ -48,7 +49,7 @@ constexpr double kTolDit = 5e-5;
 constexpr double kTolImage = 3e-5;
 
 std::string root() {
-  return std::string(ZIMAGE_GOLDEN_DIR) + "/controlnet";
+  return test::controlnet_golden_root();
 }
 
 std::vector<std::string> cases() {
@@ -61,32 +62,8 @@ std::vector<std::string> cases() {
   return names;
 }
 
-// v_turbo's folder with the tiny 30-layer transformer, as symlinks in a per-process folder. A
-// folder left by an earlier process with the same pid (pids are reused) is replaced; this
-// process's folder is removed at exit.
-struct CnModelFolder {
-  fs::path path;
-  CnModelFolder() {
-    path = fs::temp_directory_path() / ("zimage_cn_model_" + std::to_string(getpid()));
-    const fs::path v = fs::path(ZIMAGE_GOLDEN_DIR) / "v_turbo" / "model";
-    std::error_code ec;
-    fs::remove_all(path, ec);
-    fs::create_directories(path, ec);
-    for (const char* part : {"text_encoder", "tokenizer", "vae", "scheduler"})
-      fs::create_directory_symlink(v / part, path / part, ec);
-    fs::create_symlink(v / "model_index.json", path / "model_index.json", ec);
-    fs::create_directory_symlink(fs::path(root()) / "cn_model" / "transformer",
-                                 path / "transformer", ec);
-  }
-  ~CnModelFolder() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
-
 std::string model_dir() {
-  static const CnModelFolder folder;
-  return folder.path.string();
+  return test::controlnet_model_dir();
 }
 
 struct Case {

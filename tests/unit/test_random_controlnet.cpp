@@ -15,6 +15,7 @@
 
 #include "backend/backend.h"
 #include "common/cli_run.h"
+#include "common/controlnet_model.h"
 #include "common/npy.h"
 #include "io/random_controlnet.h"
 #include "io/safetensors.h"
@@ -29,7 +30,7 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 std::string cn_root() {
-  return std::string(ZIMAGE_GOLDEN_DIR) + "/controlnet";
+  return test::controlnet_golden_root();
 }
 
 json read_json(const fs::path& p) {
@@ -62,34 +63,6 @@ std::map<std::string, Shape> folder_tensors(const fs::path& dir) {
     for (const auto& t : (*f)->tensors()) out[t.name] = t.shape;
   }
   return out;
-}
-
-// v_turbo's text encoder, tokenizer, VAE and scheduler with the tiny 30-layer transformer, as
-// symlinks in a per-process folder (removed at exit).
-struct CnModel {
-  fs::path path;
-  CnModel() {
-    path = fs::temp_directory_path() / ("zimage_rcn_model_" + std::to_string(getpid()));
-    const fs::path v = fs::path(ZIMAGE_GOLDEN_DIR) / "v_turbo" / "model";
-    std::error_code ec;
-    fs::remove_all(path, ec);
-    fs::create_directories(path, ec);
-    for (const char* part : {"text_encoder", "tokenizer", "vae", "scheduler"})
-      fs::create_directory_symlink(v / part, path / part, ec);
-    fs::create_symlink(v / "model_index.json", path / "model_index.json", ec);
-    fs::create_directory_symlink(fs::path(cn_root()) / "cn_model" / "transformer",
-                                 path / "transformer", ec);
-  }
-  ~CnModel() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
-
-const std::string& cn_model_dir() {
-  static const CnModel m;
-  static const std::string s = m.path.string();
-  return s;
 }
 
 // A scratch folder of this process, removed at exit.
@@ -150,7 +123,7 @@ TEST(RandomControlNet, RefusesUnknownVersionAndUnevenDepth) {
 TEST(RandomControlNet, WrittenFoldersLoad) {
   auto be = create_cpu_backend(2);
   ASSERT_TRUE(be.ok()) << be.status().to_string();
-  auto pipe = TextToImage::load(cn_model_dir(), **be);
+  auto pipe = TextToImage::load(test::controlnet_model_dir(), **be);
   ASSERT_TRUE(pipe.ok()) << pipe.status().to_string();
   for (const std::string version : {"1.0", "2.0", "2.1", "2.1-lite"}) {
     SCOPED_TRACE(version);
@@ -189,8 +162,8 @@ TEST(BenchPipelinesCli, CpuRowsRun) {
   Scratch s("bench");
   const std::string cn = (s.path / "controlnet").string();
   auto made = test::run_program({ZIMAGE_CLI_PATH,
-                                 {"make-random-model", "--like", cn_model_dir(), "--controlnet", cn,
-                                  "--controlnet-version", "2.1"}});
+                                 {"make-random-model", "--like", test::controlnet_model_dir(),
+                                  "--controlnet", cn, "--controlnet-version", "2.1"}});
   ASSERT_EQ(made.exit_code, 0) << made.err;
   EXPECT_TRUE(fs::exists(fs::path(cn) / "config.json"));
   const std::string js = (s.path / "rows.json").string(), inputs = (s.path / "inputs").string();
@@ -201,7 +174,7 @@ TEST(BenchPipelinesCli, CpuRowsRun) {
                                  "--threads",
                                  "2",
                                  "--model",
-                                 cn_model_dir(),
+                                 test::controlnet_model_dir(),
                                  "--controlnet",
                                  cn,
                                  "--pipeline",
@@ -239,9 +212,10 @@ TEST(BenchPipelinesCli, CpuRowsRun) {
     EXPECT_EQ(img->width, 32);
     EXPECT_EQ(img->height, 32);
   }
-  auto refused = test::run_program({ZIMAGE_CLI_PATH,
-                                    {"bench", "--device", "cpu", "--model", cn_model_dir(),
-                                     "--pipeline", "controlnet", "--sizes", "32"}});
+  auto refused =
+      test::run_program({ZIMAGE_CLI_PATH,
+                         {"bench", "--device", "cpu", "--model", test::controlnet_model_dir(),
+                          "--pipeline", "controlnet", "--sizes", "32"}});
   EXPECT_NE(refused.exit_code, 0);
   EXPECT_NE(refused.err.find("--controlnet"), std::string::npos) << refused.err;
 }
