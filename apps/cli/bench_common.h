@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "parallel_args.h"
 #include "model/linear.h"
 #include "model/qwen3_encoder.h"
 #include "model/vae.h"
@@ -46,6 +47,7 @@ struct Options {
   std::vector<std::string> fp8_groups;
   std::string lora;  // --lora FILE: the per-request LoRA rows (bench_lora.cpp) instead
   float lora_scale = 1.0f;
+  ParallelArgs parallel;  // --devices LIST --parallel sequence: the scaling rows (bench_seqpar.cpp)
 };
 
 // The prompt diffusers_baseline.py and diffusers_compare.py use (35 tokens after the template).

@@ -24,6 +24,7 @@
 #include "backend/backend.h"
 #include "bench_common.h"
 #include "bench_lora.h"
+#include "bench_seqpar.h"
 #include "builtin_model.h"
 #include "commands.h"
 #include "io/file_io.h"
@@ -210,6 +211,14 @@ void run_bench(const Options& o) {
   }
   if (dir.empty()) fail(InvalidArgument("give --model DIR or --random-weights"));
   R["model"] = o.random_weights ? "random weights, full Z-Image-Turbo architecture" : dir;
+  if (!o.parallel.parallel.empty() || !o.parallel.devices.empty()) {
+    std::vector<std::string> devices;
+    std::string error;
+    if (!sequence_parallel_devices(o.parallel, &devices, &error)) fail(InvalidArgument(error));
+    run_seqpar_bench(o, dir, devices, o.parallel.comm, R);
+    if (!o.json_path.empty()) check(write_output_file(o.json_path, R.dump(1) + "\n"));
+    return;
+  }
   if (!o.budgets.empty()) {
     run_budget_rows(o, dir, R);
     return;
@@ -599,6 +608,7 @@ void register_bench_command(CLI::App& app) {
   cmd->add_flag(
       "--widen-quantized", [o](int64_t) { o->keep_quantized = false; },
       "Widen FP8 / GGUF weights to bf16 at load instead of keeping them quantised");
+  add_parallel_options(cmd, o->parallel);
   cmd->callback([o] { run_bench(*o); });
 }
 

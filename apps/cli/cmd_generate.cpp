@@ -26,6 +26,7 @@
 #include "commands.h"
 #include "lora_args.h"
 #include "model_flags.h"
+#include "parallel_args.h"
 #include "progress.h"
 #include "zimage/zimage.h"
 
@@ -68,6 +69,7 @@ struct GenerateArgs {
   bool quiet = false;
   bool progress = false;
   LoraArgs lora;
+  ParallelArgs parallel;  // --devices / --parallel sequence (parallel_args.h)
 };
 
 std::atomic<bool> g_cancel{false};
@@ -176,6 +178,14 @@ void run_generate(const GenerateArgs& a, const CLI::App& cmd) {
     fail(2, "--seed: '" + a.seed + "' is not a whole number in 0..18446744073709551615 (or -1 " +
                 "for a random seed)");
   eo.device = a.device;
+  {
+    std::string error;
+    if (!sequence_parallel_devices(a.parallel, &eo.sequence_parallel_devices, &error))
+      fail(2, error);
+    if (!eo.sequence_parallel_devices.empty() && cmd.count("--device") > 0)
+      fail(2, "--device: not with --devices (the first of --devices is rank 0's device)");
+    eo.sequence_parallel_comm = a.parallel.comm;
+  }
   eo.precision = a.precision;
   eo.fp8_layers = a.fp8_layers;
   eo.vram_budget_gib = a.vram_budget;
@@ -374,6 +384,7 @@ void register_generate_command(CLI::App& app) {
   cmd->add_option("--dump-filter", args->dump_filter,
                   "Only dump tensors whose name contains this text");
   add_lora_options(cmd, args->lora);
+  add_parallel_options(cmd, args->parallel);
   cmd->add_flag("--verbose,-v", args->verbose,
                 "Print load information (each LoRA's format and targets) and per-phase times");
   cmd->add_flag("--quiet,-q", args->quiet, "Print nothing but errors");

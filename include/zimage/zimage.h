@@ -91,6 +91,13 @@ struct EngineOptions {
   // versions 1.0, 2.0, 2.1, 2.1-lite; docs/FORMATS.md), loaded once with the engine; requests with
   // a control_image use it.
   std::string controlnet;
+  // Sequence parallelism (docs/PARALLEL.md): one image's DiT forward split over these devices
+  // ("cuda:0", "cuda:1", ...; "cpu" several times for tests), the first one replacing `device`;
+  // the transformer is loaded once per device. Empty or one device: the ordinary path. The
+  // communicator: "auto" (NCCL when every device is its own GPU and zimage has NCCL, else
+  // "local"), "nccl", or "local" (in-process copies; several ranks may share one GPU).
+  std::vector<std::string> sequence_parallel_devices;
+  std::string sequence_parallel_comm = "auto";
 };
 
 // An 8-bit RGB image, rows top to bottom, no padding: rgb.size() == width * height * 3.
