@@ -1,5 +1,7 @@
 // Sequence-parallel DiT forward (docs/PARALLEL.md). Every rank gets the same inputs and runs:
-//   c, image tokens + noise refiner, caption tokens + context refiner    replicated (whole)
+//   c, image tokens                                                      replicated (whole)
+//   noise refiner on this rank's share of the image tokens (Ulysses as below), then gathered
+//   caption tokens + context refiner                                     replicated (whole)
 //   u = [image ; caption] per item                                       [B, S, D], whole
 //   u_r = tokens [t0_r, t0_r + S_r) of every item                        [B, S_r, D], this rank
 //   main layers on u_r; in each, after the token-local q/k norms and RoPE:
@@ -39,6 +41,39 @@ Status copy_block(Backend& be, const Tensor& src, int64_t so, int64_t ss, Tensor
                   int64_t ds, int64_t rows, int64_t cols) {
   if (rows == 0 || cols == 0) return Status::Ok();
   return be.copy_2d(src, so, ss, dst, d_o, ds, rows, cols);
+}
+
+// Rows [t0, t0 + n) of every item of src [B, S, ...] as a new tensor [B, n, ...].
+Result<Tensor> take_rows(Backend& be, const Tensor& src, int64_t t0, int64_t n) {
+  const int64_t b = src.dim(0), s = src.dim(1), w = src.numel() / (b * s);
+  Shape shape = src.shape();
+  shape[1] = n;
+  ZI_ASSIGN_OR_RETURN(Tensor dst, load::alloc(be, src.dtype(), shape, "dit.shard"));
+  for (int64_t i = 0; i < b; ++i)
+    ZI_TRY(copy_block(be, src, (i * s + t0) * w, w, dst, i * n * w, w, n, w));
+  return dst;
+}
+
+// Every rank's rows (mine: [B, S_r, W], the rank's share of `split`) gathered into whole
+// [B, S, W] on every rank.
+Status gather_rows(Backend& be, Communicator& comm, const Split& split, const Tensor& mine,
+                   Tensor& whole) {
+  const int p = comm.size();
+  const int64_t b = whole.dim(0), s = whole.dim(1), w = whole.numel() / (b * s);
+  std::vector<int64_t> counts(p);
+  for (int i = 0; i < p; ++i) counts[i] = b * split.count[i] * w;
+  if (b == 1) return comm.all_gather_v(mine, whole, counts);  // rank order is token order
+  ZI_ASSIGN_OR_RETURN(Tensor buf, load::alloc(be, whole.dtype(), {b * s * w}, "dit.gathered"));
+  ZI_TRY(comm.all_gather_v(mine, buf, counts));
+  int64_t at = 0;  // [rank][B][S_i][W] -> [B][S][W]
+  for (int i = 0; i < p; ++i) {
+    const int64_t si = split.count[i];
+    for (int64_t bi = 0; bi < b; ++bi)
+      ZI_TRY(
+          copy_block(be, buf, at + bi * si * w, w, whole, (bi * s + split.first[i]) * w, w, si, w));
+    at += counts[i];
+  }
+  return Status::Ok();
 }
 
 // Ulysses attention of one rank: the exchange buffers (sized once per forward) and the steps.
@@ -174,9 +209,10 @@ Status ZImageDiT::forward_parallel(Communicator& comm, const Tensor& latents,
     Tensor sin_host = timestep_sinusoid(t_model);  // [B, 256] f32
     if (!sin_host.defined()) return OutOfMemory("timestep sinusoid");
     ZI_ASSIGN_OR_RETURN(Layout lay, make_layout(b, lh, lw, cap_len));
-    if (lay.s_max < comm.size())
-      return InvalidArgument("transformer: a sequence of " + std::to_string(lay.s_max) +
-                             " tokens cannot split over " + std::to_string(comm.size()) + " ranks");
+    if (lay.np < comm.size())
+      return InvalidArgument("transformer: " + std::to_string(lay.np) +
+                             " image tokens cannot split over " + std::to_string(comm.size()) +
+                             " ranks");
     ZI_ASSIGN_OR_RETURN(Tensor sinusoid, load::upload_host(be_, sin_host, be_.act_dtype()));
     // Every rank takes the same branch: the same communicator kind, backend kind and settings.
     if (!comm.recordable() || !use_graphs_ || no_graphs_ || streamer_)
@@ -244,15 +280,31 @@ Status ZImageDiT::compute_parallel(Communicator& comm, const Layout& L, const Te
       ZI_TRY(be_.copy_2d(x_pad_, 0, d, x, (i * np + n_img) * d, d, np - n_img, d));  // pads
   }
   xe = Tensor();
-  {
-    ZI_ASSIGN_OR_RETURN(std::shared_ptr<Scratch> s, make_scratch(b, np));
-    const AttentionParams ap{attn_scale, false, {}};
-    for (size_t l = 0; l < noise_refiner_.size(); ++l) {
-      const int bi = static_cast<int>(l);
+  const int r = comm.rank();
+  // Blocks [first, last) (execution order) on this rank's tokens xr [B, S_r, D], Ulysses
+  // attention through `uly` (attention over the whole sequence of S tokens).
+  auto run_split = [&](int first, int last, Tensor& xr, const Tensor& freqs_r, const Tensor& cmod,
+                       const AttentionParams& ap, Ulysses& uly) -> Status {
+    ZI_ASSIGN_OR_RETURN(std::shared_ptr<Scratch> s, make_scratch(b, xr.dim(1)));
+    const AttentionFn attn = [&uly](const Tensor& q, const Tensor& k, const Tensor& v,
+                                    const AttentionParams& a,
+                                    Tensor& o) { return uly.attention(q, k, v, a, o); };
+    for (int bi = first; bi < last; ++bi) {
       ZI_ASSIGN_OR_RETURN(Block blk, use_block(bi));
-      ZI_TRY(run_block(blk, x, L.img_freqs, c, ap, *s));  // [B, Np, D]
+      ZI_TRY(run_block(blk, xr, freqs_r, cmod, ap, *s, &attn));  // [B, S_r, D]
       ZI_TRY(done_block(bi));
     }
+    return Status::Ok();
+  };
+  {  // noise refiner: split over the image tokens as well, then gathered whole
+    Ulysses uly(be_, comm, b, np, cfg_.n_heads, cfg_.head_dim());
+    ZI_TRY(uly.alloc());
+    const int64_t t0 = uly.tokens().first[r], sr = uly.tokens().count[r];
+    ZI_ASSIGN_OR_RETURN(Tensor xr, take_rows(be_, x, t0, sr));            // [B, S_r, D]
+    ZI_ASSIGN_OR_RETURN(Tensor fr, take_rows(be_, L.img_freqs, t0, sr));  // [B, S_r, Dh/2, 2]
+    const AttentionParams ap{attn_scale, false, {}};
+    ZI_TRY(run_split(0, static_cast<int>(noise_refiner_.size()), xr, fr, c, ap, uly));
+    ZI_TRY(gather_rows(be_, comm, uly.tokens(), xr, x));  // [B, Np, D] on every rank
   }
   ZI_ASSIGN_OR_RETURN(Tensor cap, load::alloc(be_, act, {b, lp_max, d}, "dit.caption_tokens"));
   if (L.ragged) ZI_TRY(be_.fill(cap, 0.0f));
@@ -290,30 +342,16 @@ Status ZImageDiT::compute_parallel(Communicator& comm, const Layout& L, const Te
   // ---- this rank's tokens through the main layers ----
   Ulysses uly(be_, comm, b, s_max, cfg_.n_heads, cfg_.head_dim());
   ZI_TRY(uly.alloc());
-  const int r = comm.rank();
   const int64_t t0 = uly.tokens().first[r], sr = uly.tokens().count[r];
-  ZI_ASSIGN_OR_RETURN(Tensor ur, load::alloc(be_, act, {b, sr, d}, "dit.unified_shard"));
-  ZI_ASSIGN_OR_RETURN(Tensor fr, load::alloc(be_, DType::kF32, {b, sr, half, 2}, "dit.rope_shard"));
-  for (int64_t i = 0; i < b; ++i) {
-    ZI_TRY(be_.copy_2d(u, (i * s_max + t0) * d, d, ur, i * sr * d, d, sr, d));
-    ZI_TRY(be_.copy_2d(L.uni_freqs, (i * s_max + t0) * half * 2, half * 2, fr, i * sr * half * 2,
-                       half * 2, sr, half * 2));
-  }
+  ZI_ASSIGN_OR_RETURN(Tensor ur, take_rows(be_, u, t0, sr));            // [B, S_r, D]
+  ZI_ASSIGN_OR_RETURN(Tensor fr, take_rows(be_, L.uni_freqs, t0, sr));  // [B, S_r, Dh/2, 2]
   u = Tensor();
   {
-    ZI_ASSIGN_OR_RETURN(std::shared_ptr<Scratch> s, make_scratch(b, sr));
     AttentionParams ap{attn_scale, false, {}};
     if (L.ragged)
       for (int64_t i = 0; i < b; ++i) ap.key_len.push_back(static_cast<int32_t>(L.seq[i]));
-    const AttentionFn attn = [&uly](const Tensor& q, const Tensor& k, const Tensor& v,
-                                    const AttentionParams& a,
-                                    Tensor& o) { return uly.attention(q, k, v, a, o); };
-    for (size_t l = 0; l < layers_.size(); ++l) {
-      const int bi = static_cast<int>(noise_refiner_.size() + context_refiner_.size() + l);
-      ZI_ASSIGN_OR_RETURN(Block blk, use_block(bi));
-      ZI_TRY(run_block(blk, ur, fr, c, ap, *s, &attn));  // [B, S_r, D]
-      ZI_TRY(done_block(bi));
-    }
+    const int first = static_cast<int>(noise_refiner_.size() + context_refiner_.size());
+    ZI_TRY(run_split(first, first + static_cast<int>(layers_.size()), ur, fr, c, ap, uly));
   }
 
   // ---- final layer on this rank's tokens, gathered: LayerNorm ⊙ (1 + scale), Linear ----
@@ -326,25 +364,9 @@ Status ZImageDiT::compute_parallel(Communicator& comm, const Layout& L, const Te
   ZI_TRY(be_.layer_norm(ur.view({b * sr, d}), none, none, kFinalNormEps, scale, y));  // [B*S_r, D]
   ZI_ASSIGN_OR_RETURN(Tensor o, load::alloc(be_, act, {b * sr, tf}, "dit.final"));
   ZI_TRY(be_.matmul(y, final_w_, final_b_, o));  // [B*S_r, p*p*C]
-  // every rank's [B][S_i][tf], in rank order -> [B, S, tf]
-  const int pn = comm.size();
-  std::vector<int64_t> counts(pn);
-  for (int i = 0; i < pn; ++i) counts[i] = b * uly.tokens().count[i] * tf;
-  ZI_ASSIGN_OR_RETURN(Tensor gathered, load::alloc(be_, act, {b * s_max * tf}, "dit.gathered"));
-  ZI_TRY(comm.all_gather_v(o, gathered, counts));
-  Tensor whole = gathered.view({b, s_max, tf});
-  if (b > 1) {
-    ZI_ASSIGN_OR_RETURN(whole, load::alloc(be_, act, {b, s_max, tf}, "dit.final_whole"));
-    int64_t at = 0;
-    for (int i = 0; i < pn; ++i) {
-      const int64_t si = uly.tokens().count[i], ti = uly.tokens().first[i];
-      for (int64_t bi = 0; bi < b; ++bi)
-        ZI_TRY(copy_block(be_, gathered, at + bi * si * tf, tf, whole, (bi * s_max + ti) * tf, tf,
-                          si, tf));
-      at += counts[i];
-    }
-  }
-  return be_.unpatchify(whole, static_cast<int>(p), 1.0f, out);  // [B, C, h, w] f32
+  ZI_ASSIGN_OR_RETURN(Tensor whole, load::alloc(be_, act, {b, s_max, tf}, "dit.final_whole"));
+  ZI_TRY(gather_rows(be_, comm, uly.tokens(), o.view({b, sr, tf}), whole));  // [B, S, p*p*C]
+  return be_.unpatchify(whole, static_cast<int>(p), 1.0f, out);              // [B, C, h, w] f32
 }
 
 }  // namespace zimage
