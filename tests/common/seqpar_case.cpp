@@ -155,7 +155,7 @@ Result<std::string> heads30_model_dir(const std::string& like_dir) {
   return made;
 }
 
-double max_abs_diff(const Tensor& a, const Tensor& b) {
+double max_abs_error(const Tensor& a, const Tensor& b) {
   double m = 0;
   const int64_t n = std::min(a.numel(), b.numel());
   for (int64_t i = 0; i < n; ++i) {

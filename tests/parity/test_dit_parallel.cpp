@@ -41,7 +41,7 @@ double parallel_error(const TransformerConfig& cfg, const std::string& dir, int 
   EXPECT_TRUE(outs.ok()) << outs.status().to_string();
   if (!outs.ok()) return INFINITY;
   double err = 0;
-  for (const Tensor& o : *outs) err = std::max(err, max_abs_diff(o, ref));
+  for (const Tensor& o : *outs) err = std::max(err, max_abs_error(o, ref));
   return err;
 }
 

@@ -25,9 +25,24 @@ test::ProgramRun run_cli(std::vector<std::string> args) {
 }
 
 std::vector<std::string> base_args(const std::string& out) {
-  return {"generate", "--model", test::tiny_model_dir(), "--prompt", "a lighthouse at dusk",
-          "--width", "64", "--height", "48", "--steps", "2", "--seed", "5", "--threads", "1",
-          "--quiet", "--output", out};
+  return {"generate",
+          "--model",
+          test::tiny_model_dir(),
+          "--prompt",
+          "a lighthouse at dusk",
+          "--width",
+          "64",
+          "--height",
+          "48",
+          "--steps",
+          "2",
+          "--seed",
+          "5",
+          "--threads",
+          "1",
+          "--quiet",
+          "--output",
+          out};
 }
 
 }  // namespace
