@@ -94,8 +94,8 @@ class LocalCommGroup {
 Status copy_between_backends(Backend& from, const void* src, Backend& to, void* dst, size_t bytes);
 
 // NCCL: one rank per backend (each a CUDA backend on its own GPU), in one process; ranks are the
-// backends' order. Sets NCCL_NVLS_ENABLE=0 (NVLink multicast off) unless the environment already
-// sets it. kUnsupported when zimage was built without NCCL or without CUDA.
+// backends' order. Sets NCCL_NVLS_ENABLE=0 (NVLink multicast off, whatever the environment
+// said). kUnsupported when zimage was built without NCCL or without CUDA.
 Result<std::vector<std::unique_ptr<Communicator>>> make_nccl_group(
     const std::vector<Backend*>& backends);
 // Whether this build has NCCL (make_nccl_group can succeed).

@@ -180,7 +180,7 @@ Result<std::vector<std::unique_ptr<Communicator>>> make_nccl_group(
     cb.push_back(c);
     devs.push_back(c->device_index());
   }
-  setenv("NCCL_NVLS_ENABLE", "0", /*overwrite=*/0);  // NVLink multicast stays off
+  setenv("NCCL_NVLS_ENABLE", "0", /*overwrite=*/1);  // NVLink multicast stays off, always
   auto shared = std::make_shared<NcclShared>();
   shared->comms.assign(devs.size(), nullptr);
   int current = 0;
