@@ -9,11 +9,11 @@
 #include <vector>
 
 #include "backend/backend.h"
-#include "parallel_args.h"
 #include "model/linear.h"
 #include "model/qwen3_encoder.h"
 #include "model/vae.h"
 #include "model/zimage_dit.h"
+#include "parallel_args.h"
 #include "pipeline/text_to_image.h"
 #include "pipeline/tokenizer.h"
 

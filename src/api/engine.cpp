@@ -163,17 +163,16 @@ Result<std::unique_ptr<Engine>> Engine::load_impl(const EngineOptions& options) 
     if (!be.ok())
       return be.status().with_context("sequence_parallel_devices[" + std::to_string(r) + "]");
     if ((*be)->device() != impl->backend->device() || precision != impl->precision)
-      return InvalidArgument("sequence_parallel_devices: " + sp_devices[r] + " (" +
-                             (*be)->name() + ", " + precision + ") differs in kind from " +
-                             sp_devices[0] + " (" + impl->backend->name() + ", " +
-                             impl->precision + ")");
+      return InvalidArgument("sequence_parallel_devices: " + sp_devices[r] + " (" + (*be)->name() +
+                             ", " + precision + ") differs in kind from " + sp_devices[0] + " (" +
+                             impl->backend->name() + ", " + impl->precision + ")");
     impl->rank_backends.push_back(std::move(be).value());
   }
   if (!impl->rank_backends.empty()) {
     std::vector<Backend*> ranks;
     for (auto& b : impl->rank_backends) ranks.push_back(b.get());
     ZI_TRY(impl->pipeline->enable_sequence_parallel(ranks, options.sequence_parallel_comm,
-                                                   load_options));
+                                                    load_options));
     ZI_TRY(impl->backend->bind_thread());
   }
   impl->pipeline->set_vae_tiling({.mode = vae_tiling, .budget_bytes = 0});

@@ -89,7 +89,6 @@ class ZImageDiT {
                           const std::vector<float>& t_model, const std::vector<Tensor>& caps,
                           Tensor& out);
 
-
   // Record each input shape's forward once and replay it (CUDA graphs on the CUDA backend; a
   // backend that cannot record runs eagerly). On by default; benchmarks switch it off.
   void set_use_graphs(bool on) {
