@@ -16,6 +16,7 @@
 #include "model/qwen3_encoder.h"
 #include "model/vae.h"
 #include "model/zimage_dit.h"
+#include "parallel_args.h"
 #include "pipeline/text_to_image.h"
 #include "pipeline/tokenizer.h"
 
@@ -56,6 +57,7 @@ struct Options {
   std::string inputs_dir;                       // where generated inputs are written
   double strength = 0.6;                        // img2img / inpaint
   float control_scale = 0.75f;
+  ParallelArgs parallel;  // --devices LIST --parallel sequence: the scaling rows (bench_seqpar.cpp)
 };
 
 // The prompt diffusers_baseline.py and diffusers_compare.py use (35 tokens after the template).

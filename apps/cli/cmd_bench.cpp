@@ -24,6 +24,7 @@
 #include "backend/backend.h"
 #include "bench_common.h"
 #include "bench_lora.h"
+#include "bench_seqpar.h"
 #include "builtin_model.h"
 #include "commands.h"
 #include "io/file_io.h"
@@ -209,6 +210,18 @@ void run_bench(const Options& o) {
   }
   if (dir.empty()) fail(InvalidArgument("give --model DIR or --random-weights"));
   R["model"] = o.random_weights ? "random weights, full Z-Image-Turbo architecture" : dir;
+  if (!o.parallel.parallel.empty() || !o.parallel.devices.empty()) {
+    std::vector<std::string> devices;
+    std::string error;
+    if (o.parallel.parallel != "sequence")
+      fail(InvalidArgument(
+          "bench --devices: needs --parallel sequence (the data-parallel throughput is "
+          "measured through the server: tools/dp_scaling.py)"));
+    if (!sequence_parallel_devices(o.parallel, &devices, &error)) fail(InvalidArgument(error));
+    run_seqpar_bench(o, dir, devices, o.parallel.comm, R);
+    if (!o.json_path.empty()) check(write_output_file(o.json_path, R.dump(1) + "\n"));
+    return;
+  }
   if (!o.budgets.empty()) {
     run_budget_rows(o, dir, R);
     return;
@@ -640,6 +653,7 @@ void register_bench_command(CLI::App& app) {
       ->check(CLI::Range(1e-6, 1.0));
   cmd->add_option("--control-scale", o->control_scale, "ControlNet scale (default 0.75)")
       ->check(CLI::Range(-100.0, 100.0));
+  add_parallel_options(cmd, o->parallel);
   cmd->callback([o] { run_bench(*o); });
 }
 

@@ -5,6 +5,7 @@
 //   zimage generate --model DIR --prompt TEXT [--prompt TEXT ...] [--negative-prompt TEXT]
 //                   --width W --height H --steps N --guidance G --seed S [--device cpu|cuda]
 //                   [--devices cuda:0,cuda:1,... --images-per-prompt N]  (the batch split)
+//                   [--devices cuda:0,cuda:1,... --parallel sequence]  (one image split)
 //                   [--init-image FILE [--mask FILE] [--strength S]]
 //                   [--controlnet PATH --control-image FILE [--control-scale S]] --output FILE.png
 //   zimage generate --dit FILE --text-encoder FILE --vae FILE --prompt TEXT ...  (single files)
@@ -29,6 +30,7 @@
 #include "lora_args.h"
 #include "model_flags.h"
 #include "output_paths.h"
+#include "parallel_args.h"
 #include "progress.h"
 #include "serve/device_pool.h"
 #include "zimage/zimage.h"
@@ -53,7 +55,6 @@ struct GenerateArgs {
   float cfg_normalization = 0.0f;
   int max_sequence_length = 512;
   std::string device = "auto";
-  std::string devices;  // --devices: the batch split over one engine per entry
   std::string precision = "auto";
   std::string fp8_layers = "all";
   double vram_budget = 0;
@@ -73,6 +74,7 @@ struct GenerateArgs {
   bool quiet = false;
   bool progress = false;
   LoraArgs lora;
+  ParallelArgs parallel;  // --devices / --parallel sequence (parallel_args.h)
 };
 
 std::atomic<bool> g_cancel{false};
@@ -170,6 +172,14 @@ void run_generate(const GenerateArgs& a, const CLI::App& cmd) {
     fail(2, "--seed: '" + a.seed + "' is not a whole number in 0..18446744073709551615 (or -1 " +
                 "for a random seed)");
   eo.device = a.device;
+  {
+    std::string error;
+    if (!sequence_parallel_devices(a.parallel, &eo.sequence_parallel_devices, &error))
+      fail(2, error);
+    if (!eo.sequence_parallel_devices.empty() && cmd.count("--device") > 0)
+      fail(2, "--device: not with --devices (the first of --devices is rank 0's device)");
+    eo.sequence_parallel_comm = a.parallel.comm;
+  }
   eo.precision = a.precision;
   eo.fp8_layers = a.fp8_layers;
   eo.vram_budget_gib = a.vram_budget;
@@ -222,11 +232,13 @@ void run_generate(const GenerateArgs& a, const CLI::App& cmd) {
   if (random_seed && !a.quiet)
     std::fprintf(stderr, "seed %llu\n", static_cast<unsigned long long>(req.seed));
 
-  // --devices: one engine per device, as many as there are images at most.
+  // --devices (data parallel, without --parallel sequence): one engine per device, as many as
+  // there are images at most.
   std::vector<std::string> devices = {eo.device};
-  if (!a.devices.empty()) {
+  if (!a.parallel.devices.empty() && eo.sequence_parallel_devices.empty()) {
+    if (cmd.count("--device") > 0) fail(2, "--device: not with --devices");
     if (!a.dump_dir.empty()) fail(2, "--dump: not with --devices (the parts' files would collide)");
-    auto list = parse_device_list(a.devices);
+    auto list = zimage::parse_device_list(a.parallel.devices);
     if (!list.ok())
       fail(list.status().code() == ErrorCode::kInvalidArgument ? 2 : 1,
            "--devices: " + list.status().message());
@@ -346,13 +358,7 @@ void register_generate_command(CLI::App& app) {
                   "Clip the guided prediction's norm to this x the positive one's (0 = off)");
   cmd->add_option("--max-sequence-length", args->max_sequence_length,
                   "Prompt tokens kept, chat template included (default 512)");
-  CLI::Option* device =
-      cmd->add_option("--device,-d", args->device, "cpu, cuda, cuda:N or auto (default auto)");
-  cmd->add_option("--devices", args->devices,
-                  "Split the batch (prompts x --images-per-prompt) over one engine per listed "
-                  "device, e.g. cuda:0,cuda:1 or all; each image as on one device (same seed "
-                  "rule); files written in order")
-      ->excludes(device);
+  cmd->add_option("--device,-d", args->device, "cpu, cuda, cuda:N or auto (default auto)");
   cmd->add_option("--vram-budget", args->vram_budget,
                   "GPU memory the process may use, in GiB, CUDA context included (default 0 = "
                   "no limit); what does not fit streams from host memory (--verbose shows the "
@@ -400,6 +406,7 @@ void register_generate_command(CLI::App& app) {
   cmd->add_option("--dump-filter", args->dump_filter,
                   "Only dump tensors whose name contains this text");
   add_lora_options(cmd, args->lora);
+  add_parallel_options(cmd, args->parallel);
   cmd->add_flag("--verbose,-v", args->verbose,
                 "Print load information (each LoRA's format and targets) and per-phase times");
   cmd->add_flag("--quiet,-q", args->quiet, "Print nothing but errors");

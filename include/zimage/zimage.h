@@ -91,6 +91,13 @@ struct EngineOptions {
   // versions 1.0, 2.0, 2.1, 2.1-lite; docs/FORMATS.md), loaded once with the engine; requests with
   // a control_image use it.
   std::string controlnet;
+  // Sequence parallelism (docs/PARALLEL.md): one image's DiT forward split over these devices
+  // ("cuda:0", "cuda:1", ...; "cpu" several times for tests), the first one replacing `device`;
+  // the transformer is loaded once per device. Empty or one device: the ordinary path. The
+  // communicator: "auto" (NCCL when every device is its own GPU and zimage has NCCL, else
+  // "local"), "nccl", or "local" (in-process copies; several ranks may share one GPU).
+  std::vector<std::string> sequence_parallel_devices;
+  std::string sequence_parallel_comm = "auto";
 };
 
 // An 8-bit RGB image, rows top to bottom, no padding: rgb.size() == width * height * 3.
@@ -289,7 +296,8 @@ class Engine {
 // CUDA devices this process can use; 0 without CUDA support, a driver or a GPU.
 int cuda_device_count();
 // A device list, one device per engine: "cuda:0,cuda:1", "all" (every device cuda_device_count()
-// reports), "cpu,cpu". Items are cpu, cuda (= cuda:0) or cuda:N, comma-separated, at most 64;
+// reports), "cpu,cpu", "cuda:0-3". Items are cpu, cuda (= cuda:0), cuda:N or a range cuda:A-B
+// (A <= B), comma-separated, at most 64 devices;
 // "cuda" comes back as "cuda:0". A device may repeat (engines sharing one GPU); cpu and cuda
 // items may not mix (an image would depend on which engine ran it). Errors (kInvalidArgument)
 // name the item at fault and its position; "all" without a GPU is kUnsupported.

@@ -109,7 +109,15 @@ Result<std::unique_ptr<Engine>> Engine::load_impl(const EngineOptions& options) 
   ZI_ASSIGN_OR_RETURN(const VaeTiling vae_tiling, parse_vae_tiling(options.vae_tiling));
   auto impl = std::make_unique<Impl>();
   impl->options = options;
-  ZI_ASSIGN_OR_RETURN(impl->backend, make_backend(options, impl->precision));
+  const std::vector<std::string>& sp_devices = options.sequence_parallel_devices;
+  {
+    EngineOptions first = options;  // sequence parallel: rank 0 is the first device
+    if (!sp_devices.empty()) first.device = sp_devices[0];
+    ZI_ASSIGN_OR_RETURN(impl->backend, make_backend(first, impl->precision));
+  }
+  if (sp_devices.size() > 1 && options.vram_budget_gib > 0)
+    return InvalidArgument(
+        "vram_budget_gib: not with sequence parallelism (every rank holds the whole DiT)");
   PipelineLoadOptions load_options;
   if (options.weights != "bf16" && options.weights != "fp8")
     return InvalidArgument("weights: '" + options.weights + "' is not one of bf16, fp8");
@@ -147,6 +155,26 @@ Result<std::unique_ptr<Engine>> Engine::load_impl(const EngineOptions& options) 
   paths.tokenizer_dir = options.tokenizer_dir;
   ZI_ASSIGN_OR_RETURN(impl->pipeline, TextToImage::load(paths, *impl->backend, load_options));
   if (!options.controlnet.empty()) ZI_TRY(impl->pipeline->load_controlnet(options.controlnet));
+  for (size_t r = 1; r < sp_devices.size(); ++r) {  // ranks 1..P-1 (docs/PARALLEL.md)
+    EngineOptions o = options;
+    o.device = sp_devices[r];
+    std::string precision;
+    auto be = make_backend(o, precision);
+    if (!be.ok())
+      return be.status().with_context("sequence_parallel_devices[" + std::to_string(r) + "]");
+    if ((*be)->device() != impl->backend->device() || precision != impl->precision)
+      return InvalidArgument("sequence_parallel_devices: " + sp_devices[r] + " (" + (*be)->name() +
+                             ", " + precision + ") differs in kind from " + sp_devices[0] + " (" +
+                             impl->backend->name() + ", " + impl->precision + ")");
+    impl->rank_backends.push_back(std::move(be).value());
+  }
+  if (!impl->rank_backends.empty()) {
+    std::vector<Backend*> ranks;
+    for (auto& b : impl->rank_backends) ranks.push_back(b.get());
+    ZI_TRY(impl->pipeline->enable_sequence_parallel(ranks, options.sequence_parallel_comm,
+                                                    load_options));
+    ZI_TRY(impl->backend->bind_thread());
+  }
   impl->pipeline->set_vae_tiling({.mode = vae_tiling, .budget_bytes = 0});
   ZI_ASSIGN_OR_RETURN(impl->lora_method, parse_lora_method(options.lora_method, "lora_method"));
   impl->lora_cache = std::make_unique<LoraCache>(options.lora_cache_bytes);

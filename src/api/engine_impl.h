@@ -34,6 +34,9 @@ struct Engine::Impl {
   EngineOptions options;
   std::string precision;
   std::unique_ptr<Backend> backend;
+  // Ranks 1..P-1 of a sequence-parallel DiT (EngineOptions::sequence_parallel_devices); declared
+  // before the pipeline, which holds transformers on them, so they outlive it.
+  std::vector<std::unique_ptr<Backend>> rank_backends;
   std::unique_ptr<TextToImage> pipeline;
   RequestLimits limits;
   std::mutex mu;  // one call at a time: the backend's buffers are shared

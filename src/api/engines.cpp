@@ -5,6 +5,7 @@
 // grammar and loading them at once.
 #include <algorithm>
 #include <cstddef>
+#include <cstdlib>
 #include <exception>
 #include <map>
 #include <new>
@@ -63,16 +64,32 @@ Result<std::vector<std::string>> parse_device_list(const std::string& list) {
     if (item == "all") return InvalidArgument(where + ": 'all' must stand alone");
     if (item == "auto")
       return InvalidArgument(where + ": 'auto' is not a device here; name cpu or cuda:N");
-    const std::optional<std::string> dev = canonical_device(item);
-    if (!dev) return InvalidArgument(where + ": '" + item + "' is not one of cpu, cuda, cuda:N");
-    (*dev == "cpu" ? any_cpu : any_cuda) = true;
-    if (any_cpu && any_cuda)
-      return InvalidArgument(
-          "'" + list + "' mixes cpu and cuda engines (their images differ: f32 against bf16)");
-    out.push_back(*dev);
-    if (out.size() > kMaxEngines)
-      return InvalidArgument("'" + list + "' names more than " + std::to_string(kMaxEngines) +
-                             " engines");
+    // cuda:A-B: the devices A to B.
+    std::vector<std::string> items;
+    if (const size_t dash = item.find('-'); item.rfind("cuda:", 0) == 0 && dash != std::string::npos) {
+      const std::optional<std::string> lo = canonical_device(item.substr(0, dash));
+      const std::optional<std::string> hi = canonical_device("cuda:" + item.substr(dash + 1));
+      const int a = lo ? std::atoi(lo->c_str() + 5) : 0, b = hi ? std::atoi(hi->c_str() + 5) : -1;
+      if (!lo || !hi || a > b)
+        return InvalidArgument(where + ": '" + item + "' is not a range cuda:A-B with A <= B");
+      for (int i = a; i <= b && items.size() <= kMaxEngines; ++i)
+        items.push_back("cuda:" + std::to_string(i));
+    } else {
+      const std::optional<std::string> dev = canonical_device(item);
+      if (!dev)
+        return InvalidArgument(where + ": '" + item + "' is not one of cpu, cuda, cuda:N, cuda:A-B");
+      items.push_back(*dev);
+    }
+    for (const std::string& dev : items) {
+      (dev == "cpu" ? any_cpu : any_cuda) = true;
+      if (any_cpu && any_cuda)
+        return InvalidArgument(
+            "'" + list + "' mixes cpu and cuda engines (their images differ: f32 against bf16)");
+      out.push_back(dev);
+      if (out.size() > kMaxEngines)
+        return InvalidArgument("'" + list + "' names more than " + std::to_string(kMaxEngines) +
+                               " engines");
+    }
     if (comma == std::string::npos) break;
     start = comma + 1;
   }

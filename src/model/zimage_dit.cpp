@@ -123,7 +123,7 @@ Status ZImageDiT::timestep_embedding(const Tensor& sinusoid, Tensor& c) {
 }
 
 Status ZImageDiT::run_block(const Block& blk, Tensor& x, const Tensor& freqs, const Tensor& c,
-                            const AttentionParams& ap, Scratch& s) {
+                            const AttentionParams& ap, Scratch& s, const AttentionFn* attn) {
   const int64_t b = x.dim(0), sq = x.dim(1), d = cfg_.dim;
   const int64_t rows = b * sq;
   const float eps = cfg_.norm_eps;
@@ -141,7 +141,11 @@ Status ZImageDiT::run_block(const Block& blk, Tensor& x, const Tensor& freqs, co
   ZI_TRY(linear(be_, s.norm, blk.wqkv, none, wide_scratch_, s.qkv));  // [B*S, 3D]
   // q, k, v [B, S, H, Dh]: per-head RMS norm of q and k (when qk_norm), then RoPE
   ZI_TRY(be_.qkv_split_norm_rope(s.qkv, blk.norm_q, blk.norm_k, kQkNormEps, freqs, s.q, s.k, s.v));
-  ZI_TRY(be_.attention(s.q, s.k, s.v, ap, s.o));                                  // [B, S, H, Dh]
+  if (attn != nullptr) {
+    ZI_TRY((*attn)(s.q, s.k, s.v, ap, s.o));  // sequence parallel: Ulysses
+  } else {
+    ZI_TRY(be_.attention(s.q, s.k, s.v, ap, s.o));  // [B, S, H, Dh]
+  }
   ZI_TRY(linear(be_, s.o.view({rows, d}), blk.wo, none, wide_scratch_, s.proj));  // [B*S, D]
   ZI_TRY(be_.residual_rms_norm_gate(x, s.proj.view({b, sq, d}), blk.attn_norm2, eps, gate_a));
   // --- SwiGLU feed-forward ---

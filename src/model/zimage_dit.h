@@ -3,12 +3,14 @@
 // padded to a multiple of 32 with learned pad tokens, items batch-padded with key-length masks.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/comm.h"
 #include "core/status.h"
 #include "io/model_config.h"
 #include "io/weights.h"
@@ -76,11 +78,22 @@ class ZImageDiT {
 
   const TransformerConfig& config() const { return cfg_; }
 
+  // Sequence parallelism (zimage_dit_parallel.cpp, docs/PARALLEL.md): called on every rank of
+  // `comm` at once with the same inputs (each rank holds this model on its own backend); the
+  // main layers run on the rank's contiguous chunk of the unified sequence, attention by Ulysses
+  // all-to-all over a share of the heads; `out` equals forward's, on every rank. Recorded per
+  // input shape and replayed as forward is when `comm` is recordable() (NCCL) and the backend
+  // can record, else eager. No debug dumps or ControlNet residuals. One rank: forward itself. On
+  // an error the rank aborts `comm`, so the other ranks fail too instead of waiting.
+  Status forward_parallel(Communicator& comm, const Tensor& latents,
+                          const std::vector<float>& t_model, const std::vector<Tensor>& caps,
+                          Tensor& out);
+
   // Record each input shape's forward once and replay it (CUDA graphs on the CUDA backend; a
   // backend that cannot record runs eagerly). On by default; benchmarks switch it off.
   void set_use_graphs(bool on) {
     use_graphs_ = on;
-    if (!on) graphs_.clear();
+    if (!on) graphs_.clear(), par_graphs_.clear();
   }
   // At most `n` recorded forwards (input shapes) kept at once (default 4); the memory planner
   // keeps one under a budget, each holds a forward's activations.
@@ -89,7 +102,7 @@ class ZImageDiT {
     if (graphs_.size() > max_graphs_) graphs_.clear();
   }
   // Drops the recorded forwards and the device memory they hold.
-  void release_graphs() { graphs_.clear(); }
+  void release_graphs() { graphs_.clear(), par_graphs_.clear(); }
 
   // The linears that run as W8A8 FP8 GEMMs (WeightPlacement::fp8_compute; 0 = none).
   unsigned fp8_compute() const { return placement_.fp8_compute; }
@@ -172,8 +185,15 @@ class ZImageDiT {
   Result<std::shared_ptr<Scratch>> make_scratch(int64_t b, int64_t s);
   Status check_control(const ControlResiduals& control, int64_t b, int64_t lh, int64_t lw,
                        const std::vector<int64_t>& cap_len) const;
+  // run_block's attention step, q/k/v/out [B, S, H, Dh]: be_.attention unless `attn` is given
+  // (sequence parallelism's Ulysses exchange, zimage_dit_parallel.cpp).
+  using AttentionFn = std::function<Status(const Tensor& q, const Tensor& k, const Tensor& v,
+                                           const AttentionParams& ap, Tensor& out)>;
   Status run_block(const Block& blk, Tensor& x, const Tensor& freqs, const Tensor& c,
-                   const AttentionParams& ap, Scratch& s);
+                   const AttentionParams& ap, Scratch& s, const AttentionFn* attn = nullptr);
+  // zimage_dit_parallel.cpp: compute()'s sequence-parallel sibling.
+  Status compute_parallel(Communicator& comm, const Layout& L, const Tensor& latents,
+                          const Tensor& sinusoid, const std::vector<Tensor>& caps, Tensor& out);
   // Block `index` (execution order) ready on the device: the resident one, or a streamed one's
   // slot views (wait for its copy); done_block releases a streamed block's slot.
   Result<Block> use_block(int index);
@@ -205,6 +225,8 @@ class ZImageDiT {
   bool use_graphs_ = true;
   bool no_graphs_ = false;  // the backend answered that it cannot record
   std::map<std::vector<int64_t>, Graphed> graphs_;
+  // Recorded sequence-parallel forwards (communicators that can be recorded: NCCL), per shape.
+  std::map<std::vector<int64_t>, Graphed> par_graphs_;
   AppliedLoras lora_applied_;  // the runtime LoRA set now applied
 };
 

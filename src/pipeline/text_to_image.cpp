@@ -321,10 +321,13 @@ Status TextToImage::step(const std::vector<DenoiseState*>& states) {
       if (pt.st->control.defined())
         return InvalidArgument("denoising step: ControlNet requests batch only with each other");
   }
-  ZI_TRY(
-      c_.transformer
-          ->forward(in, t_model, caps, out, dbg, "dit." + step_name, control ? &residuals : nullptr)
-          .with_context("denoising step " + std::to_string(first.steps_done())));
+  // Sequence parallel (pipeline/seqpar.h): without ControlNet residuals or runtime LoRAs, which
+  // only rank 0 holds.
+  const bool split = seqpar_ && !control && c_.transformer->applied_loras().empty();
+  ZI_TRY((split ? seqpar_->forward(*c_.transformer, in, t_model, caps, out)
+                : c_.transformer->forward(in, t_model, caps, out, dbg, "dit." + step_name,
+                                          control ? &residuals : nullptr))
+             .with_context("denoising step " + std::to_string(first.steps_done())));
   residuals = ControlResiduals();
   in = Tensor();
 

@@ -36,6 +36,7 @@
 #include "pipeline/image_to_image.h"
 #include "pipeline/memory_plan.h"
 #include "pipeline/scheduler.h"
+#include "pipeline/seqpar.h"
 #include "pipeline/tokenizer.h"
 #include "zimage/zimage.h"
 
@@ -191,6 +192,15 @@ class TextToImage {
   unsigned fp8_layers() const { return c_.transformer->fp8_compute(); }
   const MemoryPlan& memory_plan() const { return plan_; }
 
+  // Sequence parallelism (docs/PARALLEL.md, text_to_image_seqpar.cpp): the transformer loaded
+  // again on each of `rank_backends` (ranks 1..P-1, outliving the pipeline; this pipeline's
+  // backend is rank 0) with `options`' weights and LoRAs, resident, and from then on every DiT
+  // forward split over the P ranks through `comm` ("auto", "local" or "nccl", see
+  // pipeline/seqpar.h). Steps with ControlNet residuals or per-request LoRAs run on rank 0 alone.
+  Status enable_sequence_parallel(const std::vector<Backend*>& rank_backends,
+                                  const std::string& comm, const PipelineLoadOptions& options);
+  const SequenceParallelDiT* sequence_parallel() const { return seqpar_.get(); }
+
  private:
   TextToImage(TextToImageComponents parts, Backend& be);
   Result<std::vector<Tensor>> encode_prompts(const GenerateRequest& req, bool cfg,
@@ -213,6 +223,7 @@ class TextToImage {
   bool device_step_ = true;
   std::unique_ptr<Backend> host_;  // a 1-thread CPU backend: dumps of host tensors
   std::unique_ptr<ZImageControlNet> controlnet_;
+  std::unique_ptr<SequenceParallelDiT> seqpar_;  // ranks 1..P-1 of a sequence-parallel DiT
 };
 
 // Loads the VAE encoder of the diffusers folder `model_dir` onto `be` (text_to_image_load.cpp).

@@ -29,6 +29,8 @@ TEST(DeviceList, ParsesCpuAndCudaItemsAndKeepsRepeats) {
   EXPECT_EQ(ok_list("cuda,cuda:1,cuda:01,cuda:0"),
             (std::vector<std::string>{"cuda:0", "cuda:1", "cuda:1", "cuda:0"}));
   EXPECT_EQ(ok_list("cuda:7"), (std::vector<std::string>{"cuda:7"}));
+  EXPECT_EQ(ok_list("cuda:0-2,cuda:1"),
+            (std::vector<std::string>{"cuda:0", "cuda:1", "cuda:2", "cuda:1"}));
   std::string many = "cpu";
   for (int i = 1; i < 64; ++i) many += ",cpu";
   EXPECT_EQ(ok_list(many).size(), 64u);
@@ -40,14 +42,17 @@ TEST(DeviceList, RefusesBadItemsNamingThem) {
     const char* says;  // a piece of the message
   };
   const Case cases[] = {
-      {"cuda:x", "item 1 of 'cuda:x': 'cuda:x' is not one of cpu, cuda, cuda:N"},
+      {"cuda:x", "item 1 of 'cuda:x': 'cuda:x' is not one of cpu, cuda, cuda:N, cuda:A-B"},
       {"", "item 1 of '' is empty"},
       {"cpu,,cpu", "item 2 of 'cpu,,cpu' is empty"},
       {",cpu", "item 1 of ',cpu' is empty"},
       {"cpu,", "item 2 of 'cpu,' is empty"},
       {"cuda:0, cuda:1", "' cuda:1' is not one of"},
       {"cuda:", "'cuda:' is not one of"},
-      {"cuda:-1", "'cuda:-1' is not one of"},
+      {"cuda:-1", "'cuda:-1' is not a range cuda:A-B with A <= B"},
+      {"cuda:3-1", "'cuda:3-1' is not a range cuda:A-B with A <= B"},
+      {"cuda:0-x", "'cuda:0-x' is not a range"},
+      {"cuda:0-99", "more than 64 engines"},
       {"cuda:1234", "'cuda:1234' is not one of"},
       {"gpu", "'gpu' is not one of"},
       {"auto,cpu", "'auto' is not a device here"},
