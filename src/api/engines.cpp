@@ -66,7 +66,8 @@ Result<std::vector<std::string>> parse_device_list(const std::string& list) {
       return InvalidArgument(where + ": 'auto' is not a device here; name cpu or cuda:N");
     // cuda:A-B: the devices A to B.
     std::vector<std::string> items;
-    if (const size_t dash = item.find('-'); item.rfind("cuda:", 0) == 0 && dash != std::string::npos) {
+    if (const size_t dash = item.find('-');
+        item.rfind("cuda:", 0) == 0 && dash != std::string::npos) {
       const std::optional<std::string> lo = canonical_device(item.substr(0, dash));
       const std::optional<std::string> hi = canonical_device("cuda:" + item.substr(dash + 1));
       const int a = lo ? std::atoi(lo->c_str() + 5) : 0, b = hi ? std::atoi(hi->c_str() + 5) : -1;
@@ -77,7 +78,8 @@ Result<std::vector<std::string>> parse_device_list(const std::string& list) {
     } else {
       const std::optional<std::string> dev = canonical_device(item);
       if (!dev)
-        return InvalidArgument(where + ": '" + item + "' is not one of cpu, cuda, cuda:N, cuda:A-B");
+        return InvalidArgument(where + ": '" + item +
+                               "' is not one of cpu, cuda, cuda:N, cuda:A-B");
       items.push_back(*dev);
     }
     for (const std::string& dev : items) {

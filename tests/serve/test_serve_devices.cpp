@@ -276,7 +276,8 @@ TEST(ServeDevicesCli, BadDeviceListsAreRefusedNamingTheItem) {
     std::string says;
   };
   const std::vector<Case> cases = {
-      {"cuda:x", 2, "--devices: item 1 of 'cuda:x': 'cuda:x' is not one of cpu, cuda, cuda:N, cuda:A-B"},
+      {"cuda:x", 2,
+       "--devices: item 1 of 'cuda:x': 'cuda:x' is not one of cpu, cuda, cuda:N, cuda:A-B"},
       {"cpu,,cpu", 2, "--devices: item 2 of 'cpu,,cpu' is empty"},
       {"cpu,cuda:0", 2, "mixes cpu and cuda engines"},
       {"all,cpu", 2, "'all' must stand alone"},

@@ -83,7 +83,8 @@ TEST(CliParallel, FlagsThatDoNotFitAreUsageErrors) {
   const std::vector<Case> cases{
       {{"--devices", "cpu,cpu", "--dump", "d"}, "--dump: not with --devices"},
       {{"--parallel", "sequence"}, "--parallel sequence: needs --devices"},
-      {{"--parallel", "tensor", "--devices", "cpu,cpu"}, "--parallel: 'tensor' is not one of: data, sequence"},
+      {{"--parallel", "tensor", "--devices", "cpu,cpu"},
+       "--parallel: 'tensor' is not one of: data, sequence"},
       {{"--parallel", "sequence", "--devices", "cpu,,cpu"}, "has an empty item"},
       {{"--parallel", "sequence", "--devices", "cuda:3-1"}, "is not a range cuda:A-B with A <= B"},
       {{"--parallel", "sequence", "--devices", "cpu,cpu", "--parallel-comm", "mpi"},
