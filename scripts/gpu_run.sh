@@ -44,7 +44,7 @@ BIN=$BUILD_DIR/zimage
 TESTS=$BUILD_DIR/tests/zimage_gpu_tests
 # CUDA libraries: the toolkit's, or the ones PyTorch's wheels bring.
 LIBS=/usr/local/cuda/lib64
-for m in cudnn cublas cuda_runtime; do
+for m in cudnn cublas cuda_runtime nccl; do
   d=$(python3 -c "import nvidia.$m as x; print(list(x.__path__)[0])" 2>/dev/null) && LIBS=$LIBS:$d/lib
 done
 export LD_LIBRARY_PATH=$PWD/build/carry/lib:$LIBS:${LD_LIBRARY_PATH:-}
