@@ -473,38 +473,35 @@ void run_bench(const Options& o) {
                                2));
         rows.back()["gpu_gib_held"] = gpu_used_gib() - before;
         fb->set_cutlass(true);
+        fb->set_fp8_fast_accum(false);
         f8->dit->release_graphs();
         rows.push_back(measure(*f8,
-                               {"+ W8A8 FP8, scales in a CUTLASS epilogue (--precision fp8)",
+                               {"+ scales in a CUTLASS epilogue, sums promoted to fp32 "
+                                "(ZIMAGE_FP8_ACCUM=fp32)",
                                 cuda::AttentionPath::kAuto, true, true},
                                2));
-        // CUTLASS's FP8FastAccum (sums left in the tensor cores' FP8 accumulator).
-        if (o.profile) {
-          // The shipped FP8 forward op by op (beside the bf16 profile above).
-          f8->dit->set_use_graphs(false);
-          profile_phase(
-              *fb, "DiT forward " + std::to_string(res0) + " bs1, W8A8 FP8 (CUTLASS)",
-              [&] {
-                TorchCpuGenerator g3(3);
-                auto h = g3.randn({1, 16, res0 / fac, res0 / fac});
-                if (!h.ok()) return h.status();
-                auto l = f8->be->upload(*h, DType::kF32);
-                if (!l.ok()) return l.status();
-                auto c = f8->te->encode({*ids});
-                if (!c.ok()) return c.status();
-                Tensor o8;
-                return f8->dit->forward(*l, {0.5f}, *c, o8);
-              },
-              R["profile"]);
-          f8->dit->set_use_graphs(true);
-        }
         fb->set_fp8_fast_accum(true);
         f8->dit->release_graphs();
         rows.push_back(measure(*f8,
-                               {"  (the same with FP8 fast accumulation, ZIMAGE_FP8_ACCUM=fast)",
+                               {"+ CUTLASS FP8 fast accumulation (--precision fp8)",
                                 cuda::AttentionPath::kAuto, true, true},
                                2));
-        fb->set_fp8_fast_accum(false);
+        if (o.profile) {
+          // The shipped FP8 forward op by op (beside the bf16 profile above).
+          f8->dit->set_use_graphs(false);
+          TorchCpuGenerator g3(3);
+          auto h = g3.randn({1, 16, res0 / fac, res0 / fac});
+          if (!h.ok()) fail(h.status());
+          auto l = f8->be->upload(*h, DType::kF32);
+          if (!l.ok()) fail(l.status());
+          auto c = f8->te->encode({*ids});
+          if (!c.ok()) fail(c.status());
+          Tensor o8;
+          profile_phase(
+              *fb, "DiT forward " + std::to_string(res0) + " bs1, W8A8 FP8 (--precision fp8)",
+              [&] { return f8->dit->forward(*l, {0.5f}, *c, o8); }, R["profile"]);
+          f8->dit->set_use_graphs(true);
+        }
       } else {
         rows.push_back(json{{"row", "FP8"}, {"error", f8.status().to_string()}});
       }

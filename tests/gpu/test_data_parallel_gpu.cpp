@@ -1,7 +1,8 @@
 // Data parallelism on the GPU (zimage.h load_engines, split_batch; what zimage serve --devices
 // and zimage generate --devices run): two engines on one GPU (cuda:0,cuda:0), generating at the
-// same time, give the images one engine gives alone, also while one of them applies a
-// per-request LoRA and the other does not (each engine owns its LoRA state); with two or more
+// same time, give the images one engine gives alone (bit for bit; within 1/255 for requests
+// with a merged LoRA), also while one of them applies a per-request LoRA and the other does not
+// (each engine owns its LoRA state); with two or more
 // GPUs the same on cuda:0,cuda:1; and a batch split over two engines matches the whole batch.
 #include <gtest/gtest.h>
 
@@ -46,7 +47,11 @@ std::vector<std::unique_ptr<Engine>> load(const std::vector<std::string>& device
 // Engine e runs seeds e*10 .. e*10+3 (odd engines with the LoRA) while the others run theirs;
 // each image is compared with engine 0's image of the same request made alone beforehand.
 // Returns the largest difference.
-int concurrent_equals_alone(const std::vector<std::unique_ptr<Engine>>& engines) {
+// The largest difference of the plain requests and of the LoRA requests.
+struct Worst {
+  int plain = 0, lora = 0;
+};
+Worst concurrent_equals_alone(const std::vector<std::unique_ptr<Engine>>& engines) {
   const size_t n = engines.size();
   std::vector<std::vector<GenerateRequest>> work(n);
   std::vector<std::vector<Image>> ref(n), got(n);
@@ -71,13 +76,25 @@ int concurrent_equals_alone(const std::vector<std::unique_ptr<Engine>>& engines)
       }
     });
   for (auto& t : threads) t.join();
-  int worst = 0;
+  Worst worst;
   for (size_t e = 0; e < n; ++e) {
     EXPECT_TRUE(errors[e].empty()) << "engine " << e << ": " << errors[e];
-    if (got[e].size() != ref[e].size()) return 255;
-    for (size_t k = 0; k < ref[e].size(); ++k)
-      worst = std::max(worst, max_diff(got[e][k], ref[e][k]));
+    if (got[e].size() != ref[e].size()) return {255, 255};
+    for (size_t k = 0; k < ref[e].size(); ++k) {
+      const int d = max_diff(got[e][k], ref[e][k]);
+      if (d > 0) std::printf("  engine %zu request %zu (at once): %d/255\n", e, k, d);
+      int& w = e % 2 == 1 ? worst.lora : worst.plain;
+      w = std::max(w, d);
+    }
   }
+  // Where a difference comes from: each engine's requests again, alone, one engine at a time.
+  for (size_t e = 0; e < n; ++e)
+    for (size_t k = 0; k < work[e].size(); ++k) {
+      auto r = engines[e]->generate(work[e][k]);
+      if (!r.ok()) continue;
+      const int d = max_diff(r->images[0], ref[e][k]);
+      if (d > 0) std::printf("  engine %zu request %zu (alone, again): %d/255\n", e, k, d);
+    }
   // The LoRA must have changed the image (else the check above proves nothing about it).
   EXPECT_GT(max_diff(ref[1 % n][0], engines[0]->generate(request(10, false))->images[0]), 0);
   return worst;
@@ -88,10 +105,17 @@ TEST(DataParallelGpu, TwoEnginesOnOneGpuGiveTheOneEngineImages) {
   auto engines = load({"cuda:0", "cuda:0"});
   ASSERT_EQ(engines.size(), 2u);
   EXPECT_EQ(engines[0]->info().device, engines[1]->info().device);
-  const int worst = concurrent_equals_alone(engines);
-  std::printf("  cuda:0,cuda:0 at once (one with a LoRA): max |diff| to one engine alone %d/255\n",
-              worst);
-  EXPECT_EQ(worst, 0);
+  const Worst worst = concurrent_equals_alone(engines);
+  std::printf(
+      "  cuda:0,cuda:0 at once: max |diff| to one engine alone: plain %d/255, with a LoRA "
+      "%d/255\n",
+      worst.plain, worst.lora);
+  // Plain requests: the same kernels on the same weights, bit for bit. A merged LoRA: the merge
+  // (W + s·B·A, rounded to bf16) runs through cuBLASLt on each engine's own buffers, whose
+  // algorithm may differ with the operands' alignment, so a few merged weights can differ by
+  // one bf16 step: 1/255 measured on the H200, also with each engine alone (not a race).
+  EXPECT_EQ(worst.plain, 0);
+  EXPECT_LE(worst.lora, 1);
   const Engine::Memory m0 = engines[0]->memory(), m1 = engines[1]->memory();
   std::printf("  engine memory reserved: %.1f MiB + %.1f MiB\n", m0.reserved_bytes / 1048576.0,
               m1.reserved_bytes / 1048576.0);
@@ -114,10 +138,13 @@ TEST(DataParallelGpu, OneEnginePerGpu) {
         engines[static_cast<size_t>(g)]->info().device.rfind("cuda:" + std::to_string(g) + " ", 0),
         0u)
         << engines[static_cast<size_t>(g)]->info().device;
-  const int worst = concurrent_equals_alone(engines);
-  std::printf("  %d engines on %d GPUs at once: max |diff| to engine 0 alone %d/255\n", gpus, gpus,
-              worst);
-  EXPECT_LE(worst, 1);  // the same kernels on GPUs of one model: expected 0
+  const Worst worst = concurrent_equals_alone(engines);
+  std::printf(
+      "  %d engines on %d GPUs at once: max |diff| to engine 0 alone: plain %d/255, "
+      "with a LoRA %d/255\n",
+      gpus, gpus, worst.plain, worst.lora);
+  EXPECT_LE(worst.plain, 1);  // the same kernels on GPUs of one model: expected 0
+  EXPECT_LE(worst.lora, 1);
 }
 
 // A batch of 4 split over two engines on one GPU against the whole batch on one engine: the

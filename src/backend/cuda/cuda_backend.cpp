@@ -63,8 +63,8 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(int device_index, DType
                        "; sm_80 or newer is required");
   std::unique_ptr<CudaBackend> b(new CudaBackend(device_index, act_dtype));
   b->sm_ = prop.major * 10 + prop.minor;
-  if (const char* acc = std::getenv("ZIMAGE_FP8_ACCUM"); acc && std::string(acc) == "fast")
-    b->fp8_fast_accum_ = true;
+  if (const char* acc = std::getenv("ZIMAGE_FP8_ACCUM"); acc && std::string(acc) == "fp32")
+    b->fp8_fast_accum_ = false;
   b->name_ =
       "cuda:" + std::to_string(device_index) + " " + prop.name + " (" + dtype_name(act_dtype) + ")";
   ZI_CUDA_TRY(cudaStreamCreateWithFlags(&b->stream_, cudaStreamNonBlocking));

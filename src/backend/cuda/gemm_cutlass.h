@@ -19,14 +19,14 @@ bool cutlass_available();
 
 // W8A8 FP8 linear with its scales in the epilogue: row-major bf16
 //   y[m, n] = bf16( sx[m] · (sw[n] · Σ_k x8[m, k] · w8[n, k]) + bias[n] )
-// e4m3 operands (x8 row-major [m, k], w8 row-major [n, k]), fp32 accumulation with the FP8
-// mainloop's periodic promotion to fp32 (not "fast accumulation"), the scales and bias applied to
-// the fp32 sums and rounded once. sx [m], sw [n] f32 and bias [n] bf16 (may be null) in device
+// e4m3 operands (x8 row-major [m, k], w8 row-major [n, k]), the scales and bias applied to the
+// float sums and rounded once. sx [m], sw [n] f32 and bias [n] bf16 (may be null) in device
 // memory. kUnsupported when the build has no CUTLASS, the device is not sm_90, or the shape or
 // alignment does not suit the kernel (k % 16, n % 8, 16-byte aligned operands).
 // `workspace` of `workspace_bytes` (cutlass_fp8_rows_workspace(m, n, k) at least).
 // `fast_accum`: leave the sums in the tensor cores' reduced-precision FP8 accumulator
-// (CUTLASS's FP8FastAccum; faster, less exact for long K) instead of promoting them to fp32.
+// (CUTLASS's FP8FastAccum; faster, less exact for long K) instead of promoting them to fp32
+// (CudaBackend passes true unless ZIMAGE_FP8_ACCUM=fp32).
 Status cutlass_fp8_rows(const void* x8, const void* w8, const float* sx, const float* sw,
                         const void* bias, void* y, int64_t m, int64_t n, int64_t k, void* workspace,
                         size_t workspace_bytes, cudaStream_t stream, bool fast_accum = false);
