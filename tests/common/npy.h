@@ -14,7 +14,8 @@ Result<Tensor> load_npy(const std::string& path);
 // Writes a float32 host tensor as .npy (for debugging dumps).
 Status save_npy(const std::string& path, const Tensor& t);
 
-// Max |a - b| over all elements; both converted to f32. -1 if shapes differ.
+// Max |a - b| over all elements; both converted to f32. Infinite for a NaN or unequal sizes
+// (never a passing value).
 double max_abs_diff(const Tensor& a, const Tensor& b);
 
 // Directory of an unpacked golden case ("v_turbo" -> <build>/golden/v_turbo).

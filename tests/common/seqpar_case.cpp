@@ -155,16 +155,6 @@ Result<std::string> heads30_model_dir(const std::string& like_dir) {
   return made;
 }
 
-double max_abs_error(const Tensor& a, const Tensor& b) {
-  double m = 0;
-  const int64_t n = std::min(a.numel(), b.numel());
-  for (int64_t i = 0; i < n; ++i) {
-    const double d = std::fabs(static_cast<double>(a.data_as<float>()[i]) - b.data_as<float>()[i]);
-    m = std::isnan(d) ? INFINITY : std::max(m, d);
-  }
-  return a.numel() == b.numel() ? m : INFINITY;
-}
-
 double max_abs(const Tensor& a) {
   double m = 0;
   for (int64_t i = 0; i < a.numel(); ++i)

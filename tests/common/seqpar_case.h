@@ -41,8 +41,6 @@ Result<TransformerConfig> transformer_config(const std::string& model_dir);
 // per process into a temporary folder (removed at exit); its path.
 Result<std::string> heads30_model_dir(const std::string& like_dir);
 
-// Max |a - b| of host f32 tensors; infinite for NaN or unequal sizes (never a passing value).
-double max_abs_error(const Tensor& a, const Tensor& b);
 double max_abs(const Tensor& a);
 
 }  // namespace zimage::test

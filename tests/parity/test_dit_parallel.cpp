@@ -9,6 +9,7 @@
 #include <memory>
 #include <thread>
 
+#include "common/npy.h"
 #include "common/seqpar_case.h"
 #include "common/tiny_engine.h"
 #include "parity/golden_models_util.h"
@@ -41,7 +42,7 @@ double parallel_error(const TransformerConfig& cfg, const std::string& dir, int 
   EXPECT_TRUE(outs.ok()) << outs.status().to_string();
   if (!outs.ok()) return INFINITY;
   double err = 0;
-  for (const Tensor& o : *outs) err = std::max(err, max_abs_error(o, ref));
+  for (const Tensor& o : *outs) err = std::max(err, max_abs_diff(o, ref));
   return err;
 }
 

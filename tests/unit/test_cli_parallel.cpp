@@ -85,7 +85,7 @@ TEST(CliParallel, FlagsThatDoNotFitAreUsageErrors) {
       {{"--parallel", "sequence"}, "--parallel sequence: needs --devices"},
       {{"--parallel", "tensor", "--devices", "cpu,cpu"},
        "--parallel: 'tensor' is not one of: data, sequence"},
-      {{"--parallel", "sequence", "--devices", "cpu,,cpu"}, "has an empty item"},
+      {{"--parallel", "sequence", "--devices", "cpu,,cpu"}, "item 2 of 'cpu,,cpu' is empty"},
       {{"--parallel", "sequence", "--devices", "cuda:3-1"}, "is not a range cuda:A-B with A <= B"},
       {{"--parallel", "sequence", "--devices", "cpu,cpu", "--parallel-comm", "mpi"},
        "--parallel-comm: 'mpi'"},
