@@ -335,10 +335,9 @@ Status ZImageDiT::compute(const Layout& L, const Tensor& latents, const Tensor& 
   return Status::Ok();
 }
 
-Status ZImageDiT::forward(const Tensor& latents, const std::vector<float>& t_model,
-                          const std::vector<Tensor>& caps, Tensor& out, DebugSink* dbg,
-                          const std::string& pfx, const ControlResiduals* control) {
-  // ---- validate inputs ----
+Result<std::vector<int64_t>> ZImageDiT::check_inputs(const Tensor& latents,
+                                                     const std::vector<float>& t_model,
+                                                     const std::vector<Tensor>& caps, Tensor& out) {
   const int64_t p = cfg_.patch_size, ch = cfg_.in_channels;
   if (!latents.defined() || latents.rank() != 4 || latents.dtype() != DType::kF32 ||
       latents.dim(1) != ch || latents.dim(2) % p != 0 || latents.dim(3) % p != 0 ||
@@ -370,6 +369,15 @@ Status ZImageDiT::forward(const Tensor& latents, const std::vector<float>& t_mod
     return InvalidArgument("transformer: out must be f32 " + shape_string(out_shape) + ", got " +
                            out.describe());
   }
+  return cap_len;
+}
+
+Status ZImageDiT::forward(const Tensor& latents, const std::vector<float>& t_model,
+                          const std::vector<Tensor>& caps, Tensor& out, DebugSink* dbg,
+                          const std::string& pfx, const ControlResiduals* control) {
+  ZI_ASSIGN_OR_RETURN(const std::vector<int64_t> cap_len,
+                      check_inputs(latents, t_model, caps, out));
+  const int64_t b = latents.dim(0), lh = latents.dim(2), lw = latents.dim(3);
   if (control != nullptr) ZI_TRY(check_control(*control, b, lh, lw, cap_len));
   Tensor sin_host = timestep_sinusoid(t_model);  // [B, 256] f32
   if (!sin_host.defined()) return OutOfMemory("timestep sinusoid");
@@ -405,7 +413,7 @@ Status ZImageDiT::forward(const Tensor& latents, const std::vector<float>& t_mod
       ZI_ASSIGN_OR_RETURN(Tensor cc, load::alloc(be_, c.dtype(), c.shape(), "dit.graph_caption"));
       g.caps.push_back(cc);
     }
-    ZI_ASSIGN_OR_RETURN(g.out, load::alloc(be_, DType::kF32, out_shape, "dit.graph_out"));
+    ZI_ASSIGN_OR_RETURN(g.out, load::alloc(be_, DType::kF32, out.shape(), "dit.graph_out"));
     if (control != nullptr) {
       g.control.layers = control->layers;
       for (const Tensor& h : control->hints) {

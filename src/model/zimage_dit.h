@@ -173,6 +173,11 @@ class ZImageDiT {
   // zimage_dit.cpp
   Tensor timestep_sinusoid(const std::vector<float>& t_model) const;  // host [B, 256] f32
   Status timestep_embedding(const Tensor& sinusoid, Tensor& c);
+  // forward's and forward_parallel's input checks; the caption lengths. Allocates `out` when
+  // undefined, else checks its shape.
+  Result<std::vector<int64_t>> check_inputs(const Tensor& latents,
+                                            const std::vector<float>& t_model,
+                                            const std::vector<Tensor>& caps, Tensor& out);
   Result<Layout> make_layout(int64_t b, int64_t lh, int64_t lw,
                              const std::vector<int64_t>& cap_len);
   // The whole forward on device inputs: only backend ops, so it can be recorded.

@@ -178,34 +178,9 @@ Status ZImageDiT::forward_parallel(Communicator& comm, const Tensor& latents,
                                    const std::vector<Tensor>& caps, Tensor& out) {
   if (comm.size() == 1) return forward(latents, t_model, caps, out);  // the ordinary path
   auto run = [&]() -> Status {
-    const int64_t p = cfg_.patch_size, ch = cfg_.in_channels;
-    if (!latents.defined() || latents.rank() != 4 || latents.dtype() != DType::kF32 ||
-        latents.dim(1) != ch || latents.dim(2) % p != 0 || latents.dim(3) % p != 0 ||
-        latents.dim(0) < 1 || latents.dim(2) < p || latents.dim(3) < p)
-      return InvalidArgument("transformer: latents must be f32 [B, " + std::to_string(ch) +
-                             ", h, w] with h, w multiples of " + std::to_string(p) + ", got " +
-                             (latents.defined() ? latents.describe() : std::string("undefined")));
+    ZI_ASSIGN_OR_RETURN(const std::vector<int64_t> cap_len,
+                        check_inputs(latents, t_model, caps, out));
     const int64_t b = latents.dim(0), lh = latents.dim(2), lw = latents.dim(3);
-    if (static_cast<int64_t>(t_model.size()) != b || static_cast<int64_t>(caps.size()) != b)
-      return InvalidArgument("transformer: batch " + std::to_string(b) + " but " +
-                             std::to_string(t_model.size()) + " timesteps and " +
-                             std::to_string(caps.size()) + " caption tensors");
-    std::vector<int64_t> cap_len(b);
-    for (int64_t i = 0; i < b; ++i) {
-      const Tensor& c = caps[i];
-      if (!c.defined() || c.rank() != 2 || c.dim(1) != cfg_.cap_feat_dim || c.dim(0) < 1)
-        return InvalidArgument("transformer: caption " + std::to_string(i) + " must be [L, " +
-                               std::to_string(cfg_.cap_feat_dim) + "] with L >= 1, got " +
-                               (c.defined() ? c.describe() : std::string("undefined")));
-      cap_len[i] = c.dim(0);
-    }
-    const Shape out_shape{b, ch, lh, lw};
-    if (!out.defined()) {
-      ZI_ASSIGN_OR_RETURN(out, load::alloc(be_, DType::kF32, out_shape, "dit.out"));
-    } else if (out.shape() != out_shape || out.dtype() != DType::kF32) {
-      return InvalidArgument("transformer: out must be f32 " + shape_string(out_shape) + ", got " +
-                             out.describe());
-    }
     Tensor sin_host = timestep_sinusoid(t_model);  // [B, 256] f32
     if (!sin_host.defined()) return OutOfMemory("timestep sinusoid");
     ZI_ASSIGN_OR_RETURN(Layout lay, make_layout(b, lh, lw, cap_len));
@@ -235,7 +210,7 @@ Status ZImageDiT::forward_parallel(Communicator& comm, const Tensor& latents,
         ZI_ASSIGN_OR_RETURN(Tensor cc, load::alloc(be_, c.dtype(), c.shape(), "dit.graph_caption"));
         g.caps.push_back(cc);
       }
-      ZI_ASSIGN_OR_RETURN(g.out, load::alloc(be_, DType::kF32, out_shape, "dit.graph_out"));
+      ZI_ASSIGN_OR_RETURN(g.out, load::alloc(be_, DType::kF32, out.shape(), "dit.graph_out"));
       it = par_graphs_.emplace(key, std::move(g)).first;
     }
     Graphed& g = it->second;

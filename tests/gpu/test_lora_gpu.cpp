@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "common/lora_case.h"
 #include "common/npy.h"
 #include "common/tiny_engine.h"
 #include "pipeline/text_to_image.h"
@@ -23,18 +24,7 @@ std::string lora_file(const std::string& name) {
   return std::string(ZIMAGE_LORA_DIR) + "/" + name;
 }
 
-GenerateRequest turbo_request() {
-  std::ifstream f(test::golden_dir("v_turbo") + "/case.json");
-  const nlohmann::json s = nlohmann::json::parse(f);
-  GenerateRequest req;
-  for (const auto& p : s.at("prompts")) req.prompts.push_back(p.get<std::string>());
-  req.width = s.at("W").get<int>();
-  req.height = s.at("H").get<int>();
-  req.steps = s.at("steps").get<int>();
-  req.guidance = s.at("guidance").get<float>();
-  req.seed = s.at("seed").get<uint64_t>();
-  return req;
-}
+using test::turbo_request;  // common/lora_case.h
 
 TEST(LoraGpu, CasesMatchDiffusersInFp32AndBf16) {
   {
