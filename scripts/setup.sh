@@ -4,8 +4,9 @@ set -euo pipefail
 PKGS=(build-essential cmake ninja-build pkg-config git
       nlohmann-json3-dev libpng-dev zlib1g-dev libpcre2-dev libutf8proc-dev libopenblas-dev
       libcli11-dev libgtest-dev libgmock-dev libbenchmark-dev
-      # zimage serve: HTTP (cpp-httplib, built with OpenSSL/zlib/brotli), JPEG and WebP output
-      libcpp-httplib-dev libssl-dev libbrotli-dev libturbojpeg0-dev libwebp-dev
+      # zimage serve: the HTTP transport (Boost.Beast/Asio, header-only), JPEG and WebP output;
+      # cpp-httplib (built with OpenSSL/zlib/brotli) is the tests' HTTP client
+      libboost-dev libcpp-httplib-dev libssl-dev libbrotli-dev libturbojpeg0-dev libwebp-dev
       # its web-page test: real headless Chromium driven by selenium
       python3 chromium chromium-driver python3-selenium
       # zimage worker / submit (Redis Streams broker): the hiredis client, and redis-server for tests

@@ -242,8 +242,27 @@ void register_serve_command(CLI::App& app) {
                   "in bytes (default 32 MiB)")
       ->check(CLI::Range(1024, 1 << 30));
   cmd->add_option("--http-threads", a->serve.http_threads,
-                  "Connections served at once (default 64)")
+                  "Requests handled at once (default 64; an open event stream or waiting "
+                  "generation holds one)")
       ->check(CLI::Range(4, 4096));
+  cmd->add_option("--max-connections", a->serve.max_connections,
+                  "Open connections (default 1024); past it the oldest one still sending its "
+                  "request head is closed")
+      ->check(CLI::Range(8, 1 << 20));
+  cmd->add_option("--header-timeout", a->serve.header_timeout_s,
+                  "Seconds for a whole request head to arrive (default 10)")
+      ->check(CLI::Range(1, 3600));
+  cmd->add_option("--idle-timeout", a->serve.io_timeout_s,
+                  "Longest silence in seconds while a body is read or a response written "
+                  "(default 10)")
+      ->check(CLI::Range(1, 3600));
+  cmd->add_option("--body-timeout", a->serve.body_timeout_s,
+                  "Seconds for a whole request body, and for one response write (default 120)")
+      ->check(CLI::Range(1, 3600));
+  cmd->add_option("--shutdown-grace", a->serve.shutdown_grace_s,
+                  "Seconds waiting responses get to finish at SIGTERM before every connection "
+                  "closes (default 5)")
+      ->check(CLI::Range(0.0, 600.0));
   cmd->add_option("--model-name", a->serve.model_name,
                   "Model id in /v1/models (default z-image-turbo)");
   cmd->add_option("--batching", a->batching,

@@ -27,7 +27,14 @@ struct ServeOptions {
   // Bodies of the image routes (/v1/images/edits, /sdapi/v1/img2img): an image, and a mask.
   size_t max_image_body_bytes = size_t{32} << 20;
   int http_threads = 64;  // connections served at once (SSE streams hold one each)
-  int io_timeout_s = 10;  // read / write timeout of one socket operation
+  // The transport's bounds (http/server.h, docs/SERVER.md "Limits").
+  int io_timeout_s = 10;          // --idle-timeout: longest silence while a body is read or written
+  int header_timeout_s = 10;      // --header-timeout: the whole request head
+  int body_timeout_s = 120;       // --body-timeout: the whole body, and one response write
+  size_t max_connections = 1024;  // --max-connections: open connections
+  size_t max_headers = 100;       // header fields of one request (431 past it)
+  size_t max_header_bytes = size_t{32} << 10;  // request line and headers (431 past it)
+  double shutdown_grace_s = 5;  // --shutdown-grace: waiting responses' time to finish at shutdown
   std::string model_name = "z-image-turbo";
   int default_width = 1024;
   int default_height = 1024;

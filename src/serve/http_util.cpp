@@ -16,16 +16,6 @@ namespace zimage::serve {
 namespace {
 
 using nlohmann::json;
-using Clock = std::chrono::steady_clock;
-
-// Each connection is served by one thread, request after request; the pre-routing hook stamps
-// the start so the logger can print the duration.
-thread_local Clock::time_point t_request_start{};
-
-bool is_loopback_host(const std::string& h) {
-  return h == "localhost" || h == "::1" || h == "[::1]" || h.rfind("127.", 0) == 0;
-}
-
 // The host part of a Host header ("127.0.0.1:8188" -> "127.0.0.1", "[::1]:80" -> "[::1]").
 std::string host_part(const std::string& host) {
   if (!host.empty() && host[0] == '[') {
@@ -62,37 +52,36 @@ std::string utc_now() {
 
 }  // namespace
 
-void send_json(httplib::Response& res, int status, const json& body) {
+void send_json(http::Response& res, int status, const json& body) {
   res.status = status;
   res.set_content(body.dump(-1, ' ', false, json::error_handler_t::replace),
                   "application/json; charset=utf-8");
 }
 
-void send_error(httplib::Response& res, const ApiError& e) {
+void send_error(http::Response& res, const ApiError& e) {
   res.status = e.status;
   res.set_content(error_body(e), "application/json; charset=utf-8");
 }
 
-httplib::Server::Handler guard(std::function<void(const httplib::Request&, httplib::Response&)> f) {
-  return [f = std::move(f)](const httplib::Request& req, httplib::Response& res) {
+http::Handler guard(std::function<void(const http::Request&, http::Response&)> f) {
+  return [f = std::move(f)](const http::Request& req, http::Response& res) {
     try {
       f(req, res);
     } catch (const std::bad_alloc&) {
-      res = httplib::Response();
+      res = http::Response();
       send_error(res, ApiError{503, "server_error", "out of memory", ""});
     } catch (const std::exception& e) {
-      res = httplib::Response();
+      res = http::Response();
       send_error(res,
                  ApiError{500, "server_error", std::string("internal error: ") + e.what(), ""});
     } catch (...) {
-      res = httplib::Response();
+      res = http::Response();
       send_error(res, ApiError{500, "server_error", "internal error", ""});
     }
   };
 }
 
-std::shared_ptr<Job> admit(ServeContext& ctx, JobSpec spec, httplib::Response& res,
-                           ApiError* error) {
+std::shared_ptr<Job> admit(ServeContext& ctx, JobSpec spec, http::Response& res, ApiError* error) {
   if (ctx.stopping.load()) {
     *error = ApiError{503, "server_error", "the server is shutting down", ""};
     return nullptr;
@@ -144,8 +133,8 @@ bool takes_image_body(const std::string& path) {
 namespace {
 
 // The server reads bodies up to the image routes' limit; JSON bodies stay under --max-body
-// (413 otherwise, as cpp-httplib answers past its own limit).
-bool json_body_fits(ServeContext& ctx, const httplib::Request& req, httplib::Response& res) {
+// (413 otherwise, as the transport answers past a route's limit).
+bool json_body_fits(ServeContext& ctx, const http::Request& req, http::Response& res) {
   if (takes_image_body(req.path) || req.body.size() <= ctx.options.max_body_bytes) return true;
   send_error(res, ApiError{413, "invalid_request_error",
                            "body: larger than the " + std::to_string(ctx.options.max_body_bytes) +
@@ -156,8 +145,8 @@ bool json_body_fits(ServeContext& ctx, const httplib::Request& req, httplib::Res
 
 }  // namespace
 
-std::shared_ptr<Job> parse_and_admit(ServeContext& ctx, ParseFn parse, const httplib::Request& req,
-                                     httplib::Response& res) {
+std::shared_ptr<Job> parse_and_admit(ServeContext& ctx, ParseFn parse, const http::Request& req,
+                                     http::Response& res) {
   if (!json_body_fits(ctx, req, res)) return nullptr;
   return make_and_admit(
       ctx,
@@ -167,7 +156,7 @@ std::shared_ptr<Job> parse_and_admit(ServeContext& ctx, ParseFn parse, const htt
       res);
 }
 
-std::shared_ptr<Job> make_and_admit(ServeContext& ctx, const SpecFn& make, httplib::Response& res) {
+std::shared_ptr<Job> make_and_admit(ServeContext& ctx, const SpecFn& make, http::Response& res) {
   if (!ctx.ready.load() || ctx.stopping.load()) {
     ApiError e;
     admit(ctx, JobSpec{}, res, &e);
@@ -186,7 +175,7 @@ std::shared_ptr<Job> make_and_admit(ServeContext& ctx, const SpecFn& make, httpl
   return job;
 }
 
-bool reserve_waiting_slot(ServeContext& ctx, httplib::Response& res) {
+bool reserve_waiting_slot(ServeContext& ctx, http::Response& res) {
   const int limit = std::max(2, ctx.options.http_threads - 8);
   if (ctx.waiting_responses.load() < limit) return true;
   res.set_header("Retry-After", "1");
@@ -197,8 +186,8 @@ bool reserve_waiting_slot(ServeContext& ctx, httplib::Response& res) {
   return false;
 }
 
-std::shared_ptr<Job> generate_and_wait(ServeContext& ctx, ParseFn parse,
-                                       const httplib::Request& req, httplib::Response& res) {
+std::shared_ptr<Job> generate_and_wait(ServeContext& ctx, ParseFn parse, const http::Request& req,
+                                       http::Response& res) {
   if (!json_body_fits(ctx, req, res)) return nullptr;
   return generate_and_wait(
       ctx,
@@ -208,8 +197,7 @@ std::shared_ptr<Job> generate_and_wait(ServeContext& ctx, ParseFn parse,
       res);
 }
 
-std::shared_ptr<Job> generate_and_wait(ServeContext& ctx, const SpecFn& make,
-                                       httplib::Response& res) {
+std::shared_ptr<Job> generate_and_wait(ServeContext& ctx, const SpecFn& make, http::Response& res) {
   if (!reserve_waiting_slot(ctx, res)) return nullptr;
   std::shared_ptr<Job> job = make_and_admit(ctx, make, res);
   if (job == nullptr) return nullptr;
@@ -224,7 +212,7 @@ std::shared_ptr<Job> generate_and_wait(ServeContext& ctx, const SpecFn& make,
   return nullptr;
 }
 
-std::string base_url(const httplib::Request& req) {
+std::string base_url(const http::Request& req) {
   const std::string host = req.get_header_value("Host");
   if (!well_formed_host(host)) return "";
   return "http://" + host;
@@ -239,90 +227,117 @@ bool constant_time_equal(const std::string& a, const std::string& b) {
   return diff == 0;
 }
 
-void install_hooks(httplib::Server& svr, ServeContext& ctx) {
-  const bool loopback = is_loopback_host(ctx.options.host);
-  svr.set_pre_routing_handler([&ctx, loopback](const httplib::Request& req,
-                                               httplib::Response& res) {
-    t_request_start = Clock::now();
+bool is_loopback_name(const std::string& h) {
+  if (h == "localhost" || h == "::1" || h == "[::1]") return true;
+  // An IPv4 literal: four decimal octets, the first 127.
+  int octets = 0;
+  size_t i = 0;
+  while (i <= h.size()) {
+    size_t j = i;
+    int value = 0;
+    while (j < h.size() && h[j] >= '0' && h[j] <= '9' && j - i < 3)
+      value = value * 10 + (h[j++] - '0');
+    if (j == i || value > 255) return false;
+    if (octets == 0 && value != 127) return false;
+    ++octets;
+    if (j == h.size()) return octets == 4;
+    if (h[j] != '.' || octets == 4) return false;
+    i = j + 1;
+  }
+  return false;
+}
+
+std::optional<std::string> bearer_token(const std::string& authorization) {
+  // RFC 9110 §11.1: the scheme is case-insensitive; one or more spaces before the credentials.
+  constexpr std::string_view kScheme = "bearer";
+  if (authorization.size() <= kScheme.size() ||
+      !http::iequals(std::string_view(authorization).substr(0, kScheme.size()), kScheme) ||
+      authorization[kScheme.size()] != ' ')
+    return std::nullopt;
+  size_t start = kScheme.size();
+  while (start < authorization.size() && authorization[start] == ' ') ++start;
+  return authorization.substr(start);
+}
+
+size_t RouteTable::body_limit(const std::string& pattern) const {
+  return takes_image_body(pattern)
+             ? std::max(options_.max_body_bytes, options_.max_image_body_bytes)
+             : options_.max_body_bytes;
+}
+
+void RouteTable::get(const std::string& pattern, http::Handler h, bool run_inline) {
+  svr_.add("GET", pattern, body_limit(pattern), std::move(h), run_inline);
+}
+
+void RouteTable::post(const std::string& pattern, http::Handler h) {
+  svr_.add("POST", pattern, body_limit(pattern), std::move(h));
+}
+
+void RouteTable::del(const std::string& pattern, http::Handler h) {
+  svr_.add("DELETE", pattern, body_limit(pattern), std::move(h));
+}
+
+void install_hooks(http::Server& svr, ServeContext& ctx) {
+  const bool loopback = is_loopback_name(ctx.options.host);
+  svr.set_pre_routing([&ctx, loopback](const http::Request& req, http::Response& res) {
     try {
-      const std::string host = req.get_header_value("Host");
+      const std::string& host = req.get_header_value("Host");
       // DNS rebinding: a page on evil.example resolving to 127.0.0.1 still sends its own Host.
-      if (loopback && !host.empty() && !is_loopback_host(host_part(host))) {
+      // Only loopback literals, localhost and the --host the server was given pass.
+      const std::string name = host_part(host);
+      if (loopback && !host.empty() && !is_loopback_name(name) && name != ctx.options.host) {
         send_error(res, ApiError{403, "permission_error",
                                  "Host: this server only answers to loopback names", "Host"});
-        return httplib::Server::HandlerResponse::Handled;
+        return true;
       }
       // CORS is off: a browser request from another origin is refused outright (this also stops
       // cross-site form POSTs, which browsers send without a preflight). https:// is the same
       // page behind a TLS-terminating proxy.
-      const std::string origin = req.get_header_value("Origin");
+      const std::string& origin = req.get_header_value("Origin");
       if (!origin.empty() && origin != "http://" + host && origin != "https://" + host) {
         send_error(res, ApiError{403, "permission_error",
                                  "Origin: cross-origin requests are not allowed", "Origin"});
-        return httplib::Server::HandlerResponse::Handled;
+        return true;
       }
       if (!ctx.options.api_key.empty() && req.path != "/healthz" && req.path != "/") {
-        const std::string auth = req.get_header_value("Authorization");
-        const std::string expected = "Bearer " + ctx.options.api_key;
-        if (!constant_time_equal(auth, expected)) {
+        const std::optional<std::string> key = bearer_token(req.get_header_value("Authorization"));
+        if (!key || !constant_time_equal(*key, ctx.options.api_key)) {
           res.set_header("WWW-Authenticate", "Bearer");
           send_error(res, ApiError{401, "authentication_error",
                                    "Authorization: a valid \"Bearer <api key>\" header is required",
                                    "Authorization"});
-          return httplib::Server::HandlerResponse::Handled;
+          return true;
         }
       }
     } catch (...) {
-      res = httplib::Response();
+      res = http::Response();
       send_error(res, ApiError{500, "server_error", "internal error", ""});
-      return httplib::Server::HandlerResponse::Handled;
+      return true;
     }
-    return httplib::Server::HandlerResponse::Unhandled;
+    return false;
   });
 
-  const size_t max_body = ctx.options.max_body_bytes;
-  const size_t max_image_body =
-      std::max(ctx.options.max_body_bytes, ctx.options.max_image_body_bytes);
-  svr.set_error_handler(
-      [max_body, max_image_body](const httplib::Request& req, httplib::Response& res) {
-        if (!res.body.empty() || res.is_chunked_content_provider_) return;
-        try {
-          ApiError e{res.status, "invalid_request_error", "", ""};
-          if (res.status == 404) {
-            e.type = "not_found_error";
-            e.message = "no route for " + req.method + " " + req.path.substr(0, 200);
-          } else if (res.status == 413) {
-            e.message = "body: larger than the " +
-                        std::to_string(takes_image_body(req.path) ? max_image_body : max_body) +
-                        "-byte limit";
-            e.param = "body";
-          } else if (res.status >= 500) {
-            e.type = "server_error";
-            e.message = "internal error";
-          } else {
-            e.message = "bad request";
-          }
-          send_error(res, e);
-        } catch (...) {
-          // Leave the status as it is; the body stays empty.
-        }
-      });
+  svr.set_error_handler([](const http::Request& req, http::Response& res) {
+    ApiError e{res.status, "invalid_request_error", "", ""};
+    if (!res.error_message.empty()) {  // the transport's own refusals (413, 431, 408, ...)
+      e.message = res.error_message;
+      e.param = res.error_param;
+    } else if (res.status == 404) {
+      e.type = "not_found_error";
+      e.message = "no route for " + req.method + " " + req.path.substr(0, 200);
+    } else if (res.status >= 500) {
+      e.type = "server_error";
+      e.message = "internal error";
+    } else {
+      e.message = "bad request";
+    }
+    send_error(res, e);
+  });
 
-  svr.set_exception_handler(
-      [](const httplib::Request&, httplib::Response& res, std::exception_ptr) {
-        res = httplib::Response();
-        send_error(res, ApiError{500, "server_error", "internal error", ""});
-      });
-
-  svr.set_logger([&ctx](const httplib::Request& req, const httplib::Response& res) {
+  svr.set_logger([&ctx](const http::Request& req, const http::Response& res, double ms) {
     try {
       ctx.metrics.count_http(res.status);
       if (!ctx.options.access_log) return;
-      const double ms =
-          t_request_start == Clock::time_point{}
-              ? 0.0
-              : std::chrono::duration<double, std::milli>(Clock::now() - t_request_start).count();
-      t_request_start = Clock::time_point{};
       // Never the API key, the headers, the query or the body (prompts stay private).
       nlohmann::ordered_json line = {
           {"ts", utc_now()},      {"remote", req.remote_addr},

@@ -3,20 +3,21 @@
 // readiness, metrics, models, the web page). Each add_* registers its routes on `svr`.
 #pragma once
 
-#include <httplib.h>
-
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 
 #include "serve/context.h"
+#include "serve/http/message.h"
 
 namespace zimage::serve {
 
-void add_openai_routes(httplib::Server& svr, ServeContext& ctx);
-void add_job_routes(httplib::Server& svr, ServeContext& ctx);
-void add_a1111_routes(httplib::Server& svr, ServeContext& ctx);
-void add_ops_routes(httplib::Server& svr, ServeContext& ctx);
+class RouteTable;  // http_util.h
+
+void add_openai_routes(RouteTable& svr, ServeContext& ctx);
+void add_job_routes(RouteTable& svr, ServeContext& ctx);
+void add_a1111_routes(RouteTable& svr, ServeContext& ctx);
+void add_ops_routes(RouteTable& svr, ServeContext& ctx);
 
 // The job's public state (GET /v1/jobs/{id}); image URLs start with `base` ("" = relative).
 nlohmann::json job_json(ServeContext& ctx, const Job& job, const std::string& base);

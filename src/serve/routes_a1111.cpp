@@ -15,7 +15,7 @@ using nlohmann::json;
 namespace {
 
 // The response of txt2img and img2img: base64 images, the parameters, an "info" JSON string.
-void send_a1111_images(ServeContext& ctx, const std::shared_ptr<Job>& job, httplib::Response& res) {
+void send_a1111_images(ServeContext& ctx, const std::shared_ptr<Job>& job, http::Response& res) {
   const JobSnapshot s = job->snapshot();
   const JobSpec& spec = job->spec();
   const GenerateRequest& r = spec.runs.front();
@@ -58,17 +58,17 @@ void send_a1111_images(ServeContext& ctx, const std::shared_ptr<Job>& job, httpl
 
 }  // namespace
 
-void add_a1111_routes(httplib::Server& svr, ServeContext& ctx) {
-  svr.Post("/sdapi/v1/txt2img", guard([&ctx](const httplib::Request& req, httplib::Response& res) {
+void add_a1111_routes(RouteTable& svr, ServeContext& ctx) {
+  svr.post("/sdapi/v1/txt2img", guard([&ctx](const http::Request& req, http::Response& res) {
              std::shared_ptr<Job> job = generate_and_wait(ctx, parse_a1111, req, res);
              if (job != nullptr) send_a1111_images(ctx, job, res);
            }));
-  svr.Post("/sdapi/v1/img2img", guard([&ctx](const httplib::Request& req, httplib::Response& res) {
+  svr.post("/sdapi/v1/img2img", guard([&ctx](const http::Request& req, http::Response& res) {
              std::shared_ptr<Job> job = generate_and_wait(ctx, parse_a1111_img2img, req, res);
              if (job != nullptr) send_a1111_images(ctx, job, res);
            }));
 
-  svr.Get("/sdapi/v1/progress", guard([&ctx](const httplib::Request&, httplib::Response& res) {
+  svr.get("/sdapi/v1/progress", guard([&ctx](const http::Request&, http::Response& res) {
             std::shared_ptr<Job> job = ctx.scheduler.running();
             json state = {
                 {"skipped", false},   {"interrupted", false},

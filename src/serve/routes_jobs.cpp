@@ -16,8 +16,7 @@ namespace {
 using nlohmann::json;
 
 // The job named by the first path capture; on failure an error is sent and nullptr returned.
-std::shared_ptr<Job> find_job(ServeContext& ctx, const httplib::Request& req,
-                              httplib::Response& res) {
+std::shared_ptr<Job> find_job(ServeContext& ctx, const http::Request& req, http::Response& res) {
   const std::string id = req.matches.size() > 1 ? req.matches[1].str() : "";
   if (!well_formed_job_id(id)) {
     send_error(res, bad_request("id", "id: not a job id (32 lowercase hex digits)"));
@@ -95,8 +94,8 @@ json job_json(ServeContext& ctx, const Job& job, const std::string& base) {
   return j;
 }
 
-void add_job_routes(httplib::Server& svr, ServeContext& ctx) {
-  svr.Post("/v1/jobs", guard([&ctx](const httplib::Request& req, httplib::Response& res) {
+void add_job_routes(RouteTable& svr, ServeContext& ctx) {
+  svr.post("/v1/jobs", guard([&ctx](const http::Request& req, http::Response& res) {
              std::shared_ptr<Job> job = parse_and_admit(ctx, parse_openai, req, res);
              if (job == nullptr) return;
              res.set_header("Location", "/v1/jobs/" + job->id());
@@ -111,22 +110,21 @@ void add_job_routes(httplib::Server& svr, ServeContext& ctx) {
              send_json(res, 202, body);
            }));
 
-  svr.Get(R"(/v1/jobs/([^/]+))", guard([&ctx](const httplib::Request& req, httplib::Response& res) {
+  svr.get(R"(/v1/jobs/([^/]+))", guard([&ctx](const http::Request& req, http::Response& res) {
             std::shared_ptr<Job> job = find_job(ctx, req, res);
             if (job != nullptr) send_json(res, 200, job_json(ctx, *job, base_url(req)));
           }));
 
-  svr.Delete(R"(/v1/jobs/([^/]+))",
-             guard([&ctx](const httplib::Request& req, httplib::Response& res) {
-               std::shared_ptr<Job> job = find_job(ctx, req, res);
-               if (job == nullptr) return;
-               ctx.scheduler.cancel(job, "cancelled by request");
-               send_json(res, 200, job_json(ctx, *job, base_url(req)));
-             }));
+  svr.del(R"(/v1/jobs/([^/]+))", guard([&ctx](const http::Request& req, http::Response& res) {
+            std::shared_ptr<Job> job = find_job(ctx, req, res);
+            if (job == nullptr) return;
+            ctx.scheduler.cancel(job, "cancelled by request");
+            send_json(res, 200, job_json(ctx, *job, base_url(req)));
+          }));
 
-  svr.Get(
+  svr.get(
       R"(/v1/jobs/([^/]+)/images/([^/]+))",
-      guard([&ctx](const httplib::Request& req, httplib::Response& res) {
+      guard([&ctx](const http::Request& req, http::Response& res) {
         std::shared_ptr<Job> job = find_job(ctx, req, res);
         if (job == nullptr) return;
         const std::string k = req.matches[2].str();
@@ -155,8 +153,8 @@ void add_job_routes(httplib::Server& svr, ServeContext& ctx) {
         res.set_content(reinterpret_cast<const char*>(bytes.data()), bytes.size(), mime_type(f));
       }));
 
-  svr.Get(R"(/v1/jobs/([^/]+)/events)",
-          guard([&ctx](const httplib::Request& req, httplib::Response& res) {
+  svr.get(R"(/v1/jobs/([^/]+)/events)",
+          guard([&ctx](const http::Request& req, http::Response& res) {
             std::shared_ptr<Job> job = find_job(ctx, req, res);
             if (job == nullptr || !reserve_waiting_slot(ctx, res)) return;
             auto stream = std::make_shared<SseStream>(job, base_url(req));
@@ -164,7 +162,7 @@ void add_job_routes(httplib::Server& svr, ServeContext& ctx) {
             res.set_header("Cache-Control", "no-store");
             res.set_header("X-Accel-Buffering", "no");
             res.set_chunked_content_provider(
-                "text/event-stream", [&ctx, job, stream, waiting](size_t, httplib::DataSink& sink) {
+                "text/event-stream", [&ctx, job, stream, waiting](size_t, http::DataSink& sink) {
                   try {
                     const bool first = stream->first();
                     const JobSnapshot s =

@@ -16,8 +16,7 @@ namespace zimage::serve {
 namespace {
 
 // The images response both endpoints send.
-void send_images(const std::shared_ptr<Job>& job, const httplib::Request& req,
-                 httplib::Response& res) {
+void send_images(const std::shared_ptr<Job>& job, const http::Request& req, http::Response& res) {
   const JobSnapshot s = job->snapshot();
   const JobSpec& spec = job->spec();
   const std::string base = base_url(req);
@@ -42,14 +41,13 @@ void send_images(const std::shared_ptr<Job>& job, const httplib::Request& req,
 
 }  // namespace
 
-void add_openai_routes(httplib::Server& svr, ServeContext& ctx) {
-  svr.Post("/v1/images/generations",
-           guard([&ctx](const httplib::Request& req, httplib::Response& res) {
+void add_openai_routes(RouteTable& svr, ServeContext& ctx) {
+  svr.post("/v1/images/generations", guard([&ctx](const http::Request& req, http::Response& res) {
              std::shared_ptr<Job> job = generate_and_wait(ctx, parse_openai, req, res);
              if (job != nullptr) send_images(job, req, res);
            }));
 
-  svr.Post("/v1/images/edits", guard([&ctx](const httplib::Request& req, httplib::Response& res) {
+  svr.post("/v1/images/edits", guard([&ctx](const http::Request& req, http::Response& res) {
              if (!req.is_multipart_form_data()) {
                ++ctx.metrics.rejected_invalid;
                send_error(res, ApiError{400, "invalid_request_error",

@@ -12,12 +12,13 @@ namespace zimage::serve {
 
 using nlohmann::json;
 
-void add_ops_routes(httplib::Server& svr, ServeContext& ctx) {
-  svr.Get("/healthz", guard([](const httplib::Request&, httplib::Response& res) {
+void add_ops_routes(RouteTable& svr, ServeContext& ctx) {
+  svr.get("/healthz", guard([](const http::Request&, http::Response& res) {
             send_json(res, 200, {{"status", "ok"}});
-          }));
+          }),
+          /*run_inline=*/true);
 
-  svr.Get("/readyz", guard([&ctx](const httplib::Request&, httplib::Response& res) {
+  svr.get("/readyz", guard([&ctx](const http::Request&, http::Response& res) {
             if (ctx.stopping.load()) {
               send_error(res, ApiError{503, "server_error", "the server is shutting down", ""});
             } else if (!ctx.ready.load()) {
@@ -29,9 +30,10 @@ void add_ops_routes(httplib::Server& svr, ServeContext& ctx) {
                          {"device", ctx.info.device},
                          {"devices", engines_json(ctx.engines)}});
             }
-          }));
+          }),
+          /*run_inline=*/true);
 
-  svr.Get("/metrics", guard([&ctx](const httplib::Request&, httplib::Response& res) {
+  svr.get("/metrics", guard([&ctx](const http::Request&, http::Response& res) {
             std::string text = ctx.metrics.render();
             if (ctx.ready.load() && ctx.engine != nullptr) {
               if (ctx.engines.size() <= 1) {  // several: per engine, in engines_metrics
@@ -43,7 +45,7 @@ void add_ops_routes(httplib::Server& svr, ServeContext& ctx) {
             res.set_content(text, "text/plain; version=0.0.4; charset=utf-8");
           }));
 
-  svr.Get("/v1/models", guard([&ctx](const httplib::Request&, httplib::Response& res) {
+  svr.get("/v1/models", guard([&ctx](const http::Request&, http::Response& res) {
             json model = {{"id", ctx.options.model_name},
                           {"object", "model"},
                           {"created", 0},
@@ -61,13 +63,13 @@ void add_ops_routes(httplib::Server& svr, ServeContext& ctx) {
             send_json(res, 200, {{"object", "list"}, {"data", json::array({model})}});
           }));
 
-  svr.Get("/v1/loras", guard([&ctx](const httplib::Request&, httplib::Response& res) {
+  svr.get("/v1/loras", guard([&ctx](const http::Request&, http::Response& res) {
             send_json(res, 200, {{"object", "list"}, {"data", list_loras(ctx.options.lora_dir)}});
           }));
 
   // A1111's shape: name without the extension (what <lora:name:0.8> takes), alias, path (here
   // relative to the LoRA folder: the server's paths are not the client's business).
-  svr.Get("/sdapi/v1/loras", guard([&ctx](const httplib::Request&, httplib::Response& res) {
+  svr.get("/sdapi/v1/loras", guard([&ctx](const http::Request&, http::Response& res) {
             json out = json::array();
             for (const json& f : list_loras(ctx.options.lora_dir)) {
               std::string name = f.at("name").get<std::string>();
@@ -79,7 +81,7 @@ void add_ops_routes(httplib::Server& svr, ServeContext& ctx) {
             send_json(res, 200, out);
           }));
 
-  svr.Get("/", guard([](const httplib::Request&, httplib::Response& res) {
+  svr.get("/", guard([](const http::Request&, http::Response& res) {
             const std::string_view page = web_page();
             res.set_header("Cache-Control", "no-cache");
             res.set_header("Content-Security-Policy",

@@ -1,33 +1,17 @@
 // Server lifecycle (see server.h).
 #include "serve/server.h"
 
-#include <httplib.h>
-#include <sys/socket.h>
-
 #include <algorithm>
 #include <chrono>
 
+#include "serve/http/server.h"
 #include "serve/http_util.h"
 #include "serve/routes.h"
 
 namespace zimage::serve {
 
-namespace {
-
-// cpp-httplib listens with a backlog of 5; a burst of clients then waits on SYN retries. The
-// listening socket is protected in httplib::Server, so a subclass widens the backlog.
-class HttpServer : public httplib::Server {
- public:
-  void widen_backlog() {
-    const socket_t fd = svr_sock_;
-    if (fd != INVALID_SOCKET) ::listen(fd, SOMAXCONN);
-  }
-};
-
-}  // namespace
-
 bool is_loopback(const std::string& host) {
-  return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
+  return is_loopback_name(host);
 }
 
 Server::Server(ServeOptions options) : ctx_(std::move(options)) {}
@@ -44,37 +28,30 @@ Status Server::start() {
                            "serve without one)");
   if (o.max_queue < 1) return InvalidArgument("--max-queue: must be at least 1");
   if (o.http_threads < 4) return InvalidArgument("--http-threads: must be at least 4");
-  auto http = std::make_unique<HttpServer>();
-  const size_t threads = static_cast<size_t>(o.http_threads);
-  http->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
-  http->set_payload_max_length(std::max(o.max_body_bytes, o.max_image_body_bytes));
-  http->set_read_timeout(o.io_timeout_s, 0);
-  http->set_write_timeout(o.io_timeout_s, 0);
-  http->set_keep_alive_timeout(std::min(5, o.io_timeout_s));
-  http->set_default_headers({{"X-Content-Type-Options", "nosniff"},
-                             {"Referrer-Policy", "no-referrer"},
-                             {"X-Frame-Options", "DENY"}});
+  http::ServerLimits limits;
+  limits.handler_threads = o.http_threads;
+  limits.header_timeout_s = o.header_timeout_s;
+  limits.idle_timeout_s = o.io_timeout_s;
+  limits.body_timeout_s = o.body_timeout_s;
+  limits.max_connections = o.max_connections;
+  limits.framing.max_headers = o.max_headers;
+  limits.framing.max_header_bytes = o.max_header_bytes;
+  auto http = std::make_unique<http::Server>(limits);
+  http::Headers defaults;
+  defaults.add("X-Content-Type-Options", "nosniff");
+  defaults.add("Referrer-Policy", "no-referrer");
+  defaults.add("X-Frame-Options", "DENY");
+  http->set_default_headers(std::move(defaults));
   install_hooks(*http, ctx_);
-  add_ops_routes(*http, ctx_);
-  add_openai_routes(*http, ctx_);
-  add_job_routes(*http, ctx_);
-  add_a1111_routes(*http, ctx_);
-  if (o.port == 0) {
-    port_ = http->bind_to_any_port(o.host);
-  } else {
-    port_ = http->bind_to_port(o.host, o.port) ? o.port : -1;
-  }
-  if (port_ <= 0)
-    return IoError("cannot listen on " + o.host + ":" + std::to_string(o.port) +
-                   " (address in use, or not an address of this machine)");
-  http->widen_backlog();
+  RouteTable routes(*http, o);
+  add_ops_routes(routes, ctx_);
+  add_openai_routes(routes, ctx_);
+  add_job_routes(routes, ctx_);
+  add_a1111_routes(routes, ctx_);
+  Result<int> port = http->start(o.host, o.port);
+  if (!port.ok()) return port.status();
+  port_ = *port;
   http_ = std::move(http);
-  http_thread_ = std::thread([this] { http_->listen_after_bind(); });
-  // httplib's stop() does nothing before the accept loop runs; wait for it so an early
-  // shutdown() cannot leave the thread listening forever.
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (!http_->is_running() && std::chrono::steady_clock::now() < deadline)
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
   return Status::Ok();
 }
 
@@ -158,13 +135,16 @@ void Server::shutdown() {
   ctx_.stopping.store(true);
   ctx_.metrics.ready = 0;
   ctx_.scheduler.shutdown("server shutting down");
-  // Sync requests and SSE streams see their job's final state within a wake-up; give them a
-  // moment to write it before the sockets close.
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+  // Sync requests and SSE streams see their job's final state within a wake-up; they get the
+  // grace time to write it, then every connection closes (a client dripping bytes included).
+  const auto grace =
+      std::chrono::milliseconds(static_cast<int64_t>(ctx_.options.shutdown_grace_s * 1000));
+  const auto deadline = std::chrono::steady_clock::now() + grace;
   while (ctx_.waiting_responses.load() > 0 && std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  if (http_) http_->stop();
-  if (http_thread_.joinable()) http_thread_.join();
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+      deadline - std::chrono::steady_clock::now());
+  if (http_) http_->stop(std::max(std::chrono::milliseconds(0), left));
 }
 
 }  // namespace zimage::serve

@@ -19,7 +19,7 @@
 #include "serve/executor.h"
 #include "zimage/zimage.h"
 
-namespace httplib {
+namespace zimage::serve::http {
 class Server;
 }
 
@@ -58,8 +58,7 @@ class Server {
   void set_limits(Engine* engine);
 
   ServeContext ctx_;
-  std::unique_ptr<httplib::Server> http_;
-  std::thread http_thread_;
+  std::unique_ptr<http::Server> http_;
   int port_ = -1;
   std::vector<std::unique_ptr<Engine>> owned_engines_;
   std::vector<std::unique_ptr<EngineRunner>> adapters_;
@@ -67,7 +66,7 @@ class Server {
   bool shut_down_ = false;
 };
 
-// True for 127.0.0.0/8, ::1 and "localhost".
+// True for an IPv4 literal in 127.0.0.0/8, ::1 and "localhost" (http_util.h is_loopback_name).
 bool is_loopback(const std::string& host);
 
 }  // namespace zimage::serve

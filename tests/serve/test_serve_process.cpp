@@ -8,12 +8,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <regex>
 #include <thread>
 
+#include "serve/raw_http.h"
 #include "serve/serve_test_util.h"
 
 namespace zimage::serve::test {
@@ -162,6 +164,30 @@ void graceful_stop(int sig) {
 
 TEST(ServeProcess, SigtermCancelsJobsAndExitsZero) {
   graceful_stop(SIGTERM);
+}
+
+TEST(ServeProcess, SigtermEndsWithinTheGraceWhileAClientDrips) {
+  Child child(serve_args({"--shutdown-grace", "1", "--header-timeout", "120"}));
+  const int port = start_and_get_port(child);
+  ASSERT_GT(port, 0);
+  RawConn slow(port);
+  ASSERT_TRUE(slow.send("POST /v1/jobs HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: "));
+  std::atomic<bool> stop{false};
+  std::thread drip([&] {
+    for (int i = 0; i < 400 && !stop.load(); ++i) {
+      slow.send("a", 100);
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const auto t0 = Clock::now();
+  ASSERT_EQ(kill(child.pid(), SIGTERM), 0);
+  const int code = child.wait_exit(15);
+  const double took = std::chrono::duration<double>(Clock::now() - t0).count();
+  stop.store(true);
+  drip.join();
+  EXPECT_EQ(code, 0);
+  EXPECT_LT(took, 5.0);
 }
 
 TEST(ServeProcess, SigintCancelsJobsAndExitsZero) {
