@@ -5,9 +5,11 @@
 #include <turbojpeg.h>
 #include <webp/decode.h>
 
+#include <algorithm>
 #include <cstring>
 #include <new>
 #include <string_view>
+#include <vector>
 
 #include "io/file_io.h"
 #include "io/png.h"
@@ -118,7 +120,11 @@ void jpeg_markers(const uint8_t* data, size_t size, Meta* meta) {
       continue;
     }
     const size_t len = be16(data + pos + 2);
-    if (len < 2 || pos + 2 + len > size) break;
+    if (len < 2) {
+      pos += 4;
+      continue;
+    }
+    if (pos + 2 + len > size) break;
     const std::string_view seg(reinterpret_cast<const char*>(data + pos + 4), len - 2);
     if (marker == 0xE1) {
       if (starts_with(seg, std::string_view("Exif\0\0", 6)) && meta->exif.empty())
@@ -128,6 +134,111 @@ void jpeg_markers(const uint8_t* data, size_t size, Meta* meta) {
     }
     pos += 2 + len;
   }
+}
+
+Status too_many_scans(const std::string& name) {
+  return FormatError(name + ": progressive JPEG with more than " + std::to_string(kMaxJpegScans) +
+                     " scans (a limit on decoding cost); save it as a baseline JPEG or with "
+                     "fewer scans");
+}
+
+// The scans of a JPEG and what decoding them costs (image_read.h kMaxJpegScanCost), from the
+// markers alone, walked as libjpeg reads them: length-prefixed segments (a length under 2 skips
+// nothing, as libjpeg's skip_variable), bytes between segments skipped, and after each SOS its
+// entropy-coded data up to the next marker libjpeg acts on: 0xFF then a byte of 0xC0 or more,
+// not 0xFF or a restart marker (0xFF 0x00 is a stuffed byte; markers below 0xC0 libjpeg skips
+// inside a scan with restarts, and stops on as unknown without). Refuses (naming `name`) a file
+// past kMaxJpegScans or kMaxJpegScanCost; anything it cannot follow (a length past the end: the
+// decoder stops there too) ends the walk, and the decoder's own limit (TJFLAG_LIMITSCANS, 500
+// scans) stays on behind it.
+Status check_jpeg_scans(const uint8_t* data, size_t size, const std::string& name) {
+  struct Component {
+    int id, h, v;
+  };
+  std::vector<Component> comps;
+  uint64_t width = 0, height = 0;
+  int hmax = 1, vmax = 1;
+  int scans = 0;
+  uint64_t cost = 0;
+  auto blocks = [](uint64_t pixels, int samp, int max_samp) {
+    const uint64_t scaled = (pixels * static_cast<uint64_t>(samp) + max_samp - 1) / max_samp;
+    return (scaled + 7) / 8;
+  };
+  size_t pos = 2;
+  while (pos + 1 < size) {
+    if (data[pos] != 0xFF) {  // bytes between segments: libjpeg skips them (with a warning)
+      ++pos;
+      continue;
+    }
+    const uint8_t m = data[pos + 1];
+    if (m == 0xFF) {  // fill byte
+      ++pos;
+      continue;
+    }
+    if (m == 0x00 || m == 0x01 || (m >= 0xD0 && m <= 0xD7)) {  // stuffing, TEM, RSTn: no length
+      pos += 2;
+      continue;
+    }
+    if (m == 0xD8 || m == 0xD9) break;  // a second SOI (an error) or EOI: the end
+    if (pos + 4 > size) break;
+    const size_t len = be16(data + pos + 2);
+    if (len < 2) {
+      pos += 4;
+      continue;
+    }
+    if (pos + 2 + len > size) break;
+    const uint8_t* seg = data + pos + 4;
+    const size_t n = len - 2;
+    const bool sof = m >= 0xC0 && m <= 0xCF && m != 0xC4 && m != 0xC8 && m != 0xCC;
+    if (sof && comps.empty() && n >= 6) {
+      height = be16(seg + 1);
+      width = be16(seg + 3);
+      const size_t count = seg[5];
+      for (size_t i = 0; i < count && 6 + 3 * i + 2 < n; ++i) {
+        const uint8_t* c = seg + 6 + 3 * i;
+        const int h = std::max(1, c[1] >> 4), v = std::max(1, c[1] & 15);
+        comps.push_back({c[0], h, v});
+        hmax = std::max(hmax, h);
+        vmax = std::max(vmax, v);
+      }
+    }
+    pos += 2 + len;
+    if (m != 0xDA) continue;
+    // SOS: Ns, Ns x (component id, tables), Ss, Se, Ah/Al.
+    ++scans;
+    if (scans > kMaxJpegScans) return too_many_scans(name);
+    const size_t ns = n >= 1 ? seg[0] : 0;
+    if (n >= 1 + 2 * ns + 3 && !comps.empty()) {
+      const int ss = seg[1 + 2 * ns], se = seg[2 + 2 * ns];
+      const uint64_t band = static_cast<uint64_t>(std::clamp(se - ss + 1, 1, 64));
+      uint64_t scan_blocks = 0;
+      if (ns == 1) {
+        for (const Component& c : comps)
+          if (c.id == seg[1]) scan_blocks = blocks(width, c.h, hmax) * blocks(height, c.v, vmax);
+      } else {
+        const uint64_t mcus =
+            ((width + 8 * hmax - 1) / (8 * hmax)) * ((height + 8 * vmax - 1) / (8 * vmax));
+        for (size_t i = 0; i < ns; ++i)
+          for (const Component& c : comps)
+            if (c.id == seg[1 + 2 * i]) scan_blocks += mcus * static_cast<uint64_t>(c.h * c.v);
+      }
+      cost += scan_blocks * (band + kJpegBlockCost);
+      if (cost > kMaxJpegScanCost)
+        return FormatError(name + ": JPEG of " +
+                           dims(static_cast<int64_t>(width), static_cast<int64_t>(height)) +
+                           " whose " + std::to_string(scans) +
+                           " scans exceed the decoding-cost limit (each progressive scan is "
+                           "decoded over the whole image); save it as a baseline JPEG or with "
+                           "fewer scans");
+    }
+    // The entropy-coded data, up to the next marker.
+    while (pos + 1 < size) {
+      const uint8_t b = data[pos + 1];
+      if (data[pos] == 0xFF && b >= 0xC0 && b != 0xFF && !(b >= 0xD0 && b <= 0xD7)) break;
+      pos += data[pos] == 0xFF && b != 0xFF ? 2 : 1;
+    }
+  }
+  return Status::Ok();
 }
 
 struct TjHandle {
@@ -156,16 +267,19 @@ Result<Image8> decode_jpeg_file(const uint8_t* data, size_t size, const std::str
                        ": CMYK JPEG is not supported (PIL converts it with its own formula); "
                        "save the image as RGB");
   ZI_TRY(check_pixels(name, w, h));
+  ZI_TRY(check_jpeg_scans(data, size, name));
   Image8 out;
   out.width = w;
   out.height = h;
   out.channels = colorspace == TJCS_GRAY ? 1 : 3;
   out.pixels.assign(static_cast<size_t>(w) * h * out.channels, 0);
-  // Flags 0: accurate integer IDCT and fancy upsampling, libjpeg's (and PIL's) defaults.
+  // Accurate integer IDCT and fancy upsampling, libjpeg's (and PIL's) defaults; the decoder's
+  // own 500-scan limit as well, should check_jpeg_scans have missed a scan.
   const int rc = tjDecompress2(tj.h, buf, len, out.pixels.data(), w, 0, h,
-                               out.channels == 1 ? TJPF_GRAY : TJPF_RGB, 0);
+                               out.channels == 1 ? TJPF_GRAY : TJPF_RGB, TJFLAG_LIMITSCANS);
   if (rc != 0) {
     const std::string msg = tjGetErrorStr2(tj.h);
+    if (msg.find("more than 500 scans") != std::string::npos) return too_many_scans(name);
     // libjpeg turns a truncated file into a warning and grey rows; PIL refuses it ("image file
     // is truncated"). Other warnings (extraneous bytes) PIL ignores, and so do we.
     if (tjGetErrorCode(tj.h) != TJERR_WARNING || msg.find("Premature end") != std::string::npos)
