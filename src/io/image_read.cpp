@@ -4,6 +4,7 @@
 
 #include <turbojpeg.h>
 #include <webp/decode.h>
+#include <zlib.h>
 
 #include <algorithm>
 #include <cstring>
@@ -49,6 +50,83 @@ struct Meta {
 
 // ---- PNG --------------------------------------------------------------------------------------
 
+// Bytes `z` inflates to, counting stops past `cap` (then cap + 1); a corrupt stream counts what
+// came out before the error (PIL drops such a text, libpng warns).
+size_t inflated_size(const uint8_t* z, size_t n, size_t cap) {
+  z_stream s{};
+  if (inflateInit(&s) != Z_OK) return cap + 1;
+  uint8_t out[16384];
+  s.next_in = const_cast<Bytef*>(z);
+  s.avail_in = static_cast<uInt>(std::min<size_t>(n, UINT32_MAX));
+  size_t total = 0;
+  for (;;) {
+    s.next_out = out;
+    s.avail_out = sizeof(out);
+    const int rc = inflate(&s, Z_NO_FLUSH);
+    total += sizeof(out) - s.avail_out;
+    if (total > cap) {
+      total = cap + 1;
+      break;
+    }
+    if (rc != Z_OK) break;  // the end, an error, or no more input
+  }
+  inflateEnd(&s);
+  return total;
+}
+
+// PIL's limits on PNG text (PngImagePlugin MAX_TEXT_CHUNK, MAX_TEXT_MEMORY), from the chunks
+// before libpng reads them: a compressed text (zTXt, compressed iTXt) inflating past
+// kMaxPngTextChunk, or texts past kMaxPngTextTotal in all, make load_image fail, and would
+// otherwise make the decoder inflate gigabytes (999 zTXt chunks of 7.7 KiB each inflate to
+// 7.9 MB: a 7.7 MB file costs 36 s of CPU). Inflating stops at the limits, so the check costs
+// at most about 65 MiB of inflate.
+Status check_png_text(const uint8_t* data, size_t size, const std::string& name) {
+  size_t total = 0;
+  for (size_t pos = 8; pos + 12 <= size;) {
+    const size_t len = static_cast<size_t>(be16(data + pos)) << 16 | be16(data + pos + 2);
+    const std::string_view type(reinterpret_cast<const char*>(data + pos + 4), 4);
+    if (len > size - pos - 12) break;  // truncated: libpng refuses it
+    const uint8_t* d = data + pos + 8;
+    pos += 12 + len;
+    if (type == "IEND") break;
+    const bool text = type == "tEXt", ztext = type == "zTXt", itext = type == "iTXt";
+    if (!text && !ztext && !itext) continue;
+    const uint8_t* nul = static_cast<const uint8_t*>(std::memchr(d, 0, len));
+    if (nul == nullptr) continue;                  // no keyword: libpng drops it
+    size_t at = static_cast<size_t>(nul - d) + 1;  // past the keyword
+    size_t bytes = len - std::min(len, at);
+    if (ztext || itext) {
+      bool compressed = ztext;
+      if (itext) {  // flag, method, language\0, translated keyword\0, text
+        compressed = at < len && d[at] != 0;
+        for (int k = 0; k < 2 && at <= len; ++k) {
+          const size_t from = k == 0 ? at + 2 : at;
+          const void* z = from < len ? std::memchr(d + from, 0, len - from) : nullptr;
+          at = z == nullptr ? len + 1 : static_cast<size_t>(static_cast<const uint8_t*>(z) - d) + 1;
+        }
+        if (at > len) continue;  // malformed: libpng drops it
+      } else {
+        at += 1;  // the compression method
+      }
+      bytes = len - std::min(len, at);
+      if (compressed) {
+        bytes = at < len ? inflated_size(d + at, len - at, kMaxPngTextChunk) : 0;
+        if (bytes > kMaxPngTextChunk)
+          return FormatError(name + ": a PNG " + std::string(type) +
+                             " text chunk inflates to more than " +
+                             std::to_string(kMaxPngTextChunk >> 20) +
+                             " MiB (PIL, and so diffusers' load_image, refuses it too)");
+      }
+    }
+    total += bytes;
+    if (total > kMaxPngTextTotal)
+      return FormatError(name + ": the PNG's text chunks hold more than " +
+                         std::to_string(kMaxPngTextTotal >> 20) +
+                         " MiB (PIL, and so diffusers' load_image, refuses it too)");
+  }
+  return Status::Ok();
+}
+
 Result<Image8> decode_png_file(const uint8_t* data, size_t size, const std::string& name,
                                Meta* meta) {
   // The size from IHDR (right after the signature) before libpng allocates anything.
@@ -58,6 +136,7 @@ Result<Image8> decode_png_file(const uint8_t* data, size_t size, const std::stri
     };
     ZI_TRY(check_pixels(name, be32(data + 16), be32(data + 20)));
   }
+  ZI_TRY(check_png_text(data, size, name));
   ZI_ASSIGN_OR_RETURN(PngPixels png, decode_png_pixels(data, size, name));
   meta->exif = std::move(png.exif);
   std::string raw_profile;

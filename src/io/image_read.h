@@ -14,8 +14,9 @@
 //                (PIL.Image.open alone applies no orientation; load_image does.)
 //   refused      16-bit grayscale PNG (PIL clips it), CMYK / YCCK JPEG, animated WebP: each with a
 //                message naming the file. Also, from the headers before any decoding: more than
-//                kMaxInputPixels pixels, and JPEGs whose scans exceed kMaxJpegScans or
-//                kMaxJpegScanCost.
+//                kMaxInputPixels pixels, JPEGs whose scans exceed kMaxJpegScans or
+//                kMaxJpegScanCost, PNGs whose text chunks exceed kMaxPngTextChunk or
+//                kMaxPngTextTotal.
 #pragma once
 
 #include <cstddef>
@@ -43,6 +44,13 @@ inline constexpr int64_t kMaxInputPixels = int64_t{1} << 26;
 inline constexpr int kMaxJpegScans = 500;
 inline constexpr uint64_t kJpegBlockCost = 20;
 inline constexpr uint64_t kMaxJpegScanCost = uint64_t{1} << 32;
+
+// PNG text (tEXt, zTXt, iTXt): PIL's limits, so the decoder never inflates more than this. A
+// compressed text may inflate to at most kMaxPngTextChunk, all texts together hold at most
+// kMaxPngTextTotal (PngImagePlugin's MAX_TEXT_CHUNK and MAX_TEXT_MEMORY: load_image refuses
+// larger ones too).
+inline constexpr size_t kMaxPngTextChunk = size_t{1} << 20;
+inline constexpr size_t kMaxPngTextTotal = size_t{64} << 20;
 
 // Decodes a PNG, JPEG or WebP held in memory, orientation applied, with the file's channels:
 // 1 gray, 2 gray + alpha, 3 RGB, 4 RGBA. `name` (a path or "image") starts every error message.

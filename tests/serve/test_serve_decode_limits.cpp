@@ -3,6 +3,7 @@
 // thousands of progressive scans in a small file, each decoded over the whole image), and over
 // HTTP every such refusal is a 400 naming the field the image came in.
 #include <gtest/gtest.h>
+#include <zlib.h>
 
 #include <chrono>
 #include <nlohmann/json.hpp>
@@ -138,6 +139,57 @@ TEST(ServeDecodeLimits, JpegScanCountIsBounded) {
   EXPECT_TRUE(mid.ok()) << mid.status().to_string();
 }
 
+// `png` with chunks inserted before its IEND (the last 12 bytes).
+std::string with_chunks(const std::string& png, const std::vector<std::string>& chunks) {
+  std::string out = png.substr(0, png.size() - 12);
+  for (const std::string& c : chunks) out += c;
+  return out + png.substr(png.size() - 12);
+}
+
+std::string png_chunk(const std::string& type, const std::string& data) {
+  std::string c;
+  for (int s = 24; s >= 0; s -= 8) c += static_cast<char>((data.size() >> s) & 0xFF);
+  c += type + data;
+  const uint32_t crc = static_cast<uint32_t>(
+      crc32(crc32(0, reinterpret_cast<const Bytef*>(type.data()), 4),
+            reinterpret_cast<const Bytef*>(data.data()), static_cast<uInt>(data.size())));
+  for (int s = 24; s >= 0; s -= 8) c += static_cast<char>((crc >> s) & 0xFF);
+  return c;
+}
+
+// A zTXt chunk whose text is `n` zero bytes (a few KiB compressed).
+std::string ztxt(size_t n) {
+  const std::string text(n, '\0');
+  uLongf size = compressBound(static_cast<uLong>(n));
+  std::string z(size, '\0');
+  EXPECT_EQ(compress2(reinterpret_cast<Bytef*>(z.data()), &size,
+                      reinterpret_cast<const Bytef*>(text.data()), static_cast<uLong>(n), 9),
+            Z_OK);
+  z.resize(size);
+  return png_chunk("zTXt", std::string("Comment\0\0", 9) + z);
+}
+
+// PNG text follows PIL's limits (1 MiB a compressed text, 64 MiB in all), checked before libpng
+// inflates anything: a small file can no longer make the decoder inflate gigabytes.
+TEST(ServeDecodeLimits, PngTextIsBounded) {
+  const std::string png = png_bytes(pattern_image(8, 8, 1));
+  const auto ok =
+      decode(with_chunks(png, {ztxt(kMaxPngTextChunk), png_chunk("tEXt", "a\0b")}), "image");
+  EXPECT_TRUE(ok.ok()) << ok.status().to_string();
+  const auto one = decode(with_chunks(png, {ztxt(kMaxPngTextChunk + 1)}), "image");
+  ASSERT_FALSE(one.ok());
+  EXPECT_EQ(
+      one.status().message().rfind("image: a PNG zTXt text chunk inflates to more than 1 MiB", 0),
+      0u)
+      << one.status().to_string();
+  const std::vector<std::string> many(65, ztxt(kMaxPngTextChunk));  // 65 MiB of text, 65 KiB
+  const auto all = decode(with_chunks(png, many), "mask");
+  ASSERT_FALSE(all.ok());
+  EXPECT_EQ(all.status().message().rfind("mask: the PNG's text chunks hold more than 64 MiB", 0),
+            0u)
+      << all.status().to_string();
+}
+
 // Over HTTP each JPEG field is a 400 naming it: edits' image and mask, A1111's init_images and
 // mask, the ControlNet unit's image.
 TEST(ServeDecodeLimits, ScanBombsAre400sNamingTheField) {
@@ -157,6 +209,11 @@ TEST(ServeDecodeLimits, ScanBombsAre400sNamingTheField) {
                                            {"mask", bomb, "mask.jpg", "image/jpeg"},
                                            {"prompt", "a cat", "", ""}}),
                  "mask");
+  const Reply text =
+      post_form(server.port(), {{"image", with_chunks(png, {ztxt(2 << 20)}), "in.png", "image/png"},
+                                {"prompt", "a cat", "", ""}});
+  EXPECT_EQ(text.status, 400) << text.body;
+  EXPECT_EQ(text.json()["error"].value("param", ""), "image") << text.body;
   const std::string b64_bomb = base64_encode(std::vector<uint8_t>(bomb.begin(), bomb.end()));
   const std::string b64_png = base64_encode(std::vector<uint8_t>(png.begin(), png.end()));
   json a = {{"prompt", "a cat"}, {"init_images", {b64_bomb}}, {"steps", 2}};
