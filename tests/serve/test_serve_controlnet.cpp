@@ -66,6 +66,8 @@ TEST(ServeA1111ControlNet, InpaintingWithoutDenoisingStrengthGivesTheImage) {
   ASSERT_EQ(r.status, 200) << r.body;
   const json j = r.json();
   ASSERT_EQ(j["images"].size(), 1u) << r.body;
+  EXPECT_EQ(j["parameters"]["inpaint"], true) << r.body;
+  EXPECT_FALSE(j["parameters"].contains("denoising_strength")) << r.body;  // none applied
   auto img = png_decode(base64_decode(j["images"][0].get<std::string>()), nullptr);
   ASSERT_TRUE(img.ok()) << img.status().to_string();
   auto ref = zimage::test::load_npy(dir + "/image.npy");
