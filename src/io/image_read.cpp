@@ -4,10 +4,13 @@
 
 #include <turbojpeg.h>
 #include <webp/decode.h>
+#include <zlib.h>
 
+#include <algorithm>
 #include <cstring>
 #include <new>
 #include <string_view>
+#include <vector>
 
 #include "io/file_io.h"
 #include "io/png.h"
@@ -47,6 +50,83 @@ struct Meta {
 
 // ---- PNG --------------------------------------------------------------------------------------
 
+// Bytes `z` inflates to, counting stops past `cap` (then cap + 1); a corrupt stream counts what
+// came out before the error (PIL drops such a text, libpng warns).
+size_t inflated_size(const uint8_t* z, size_t n, size_t cap) {
+  z_stream s{};
+  if (inflateInit(&s) != Z_OK) return cap + 1;
+  uint8_t out[16384];
+  s.next_in = const_cast<Bytef*>(z);
+  s.avail_in = static_cast<uInt>(std::min<size_t>(n, UINT32_MAX));
+  size_t total = 0;
+  for (;;) {
+    s.next_out = out;
+    s.avail_out = sizeof(out);
+    const int rc = inflate(&s, Z_NO_FLUSH);
+    total += sizeof(out) - s.avail_out;
+    if (total > cap) {
+      total = cap + 1;
+      break;
+    }
+    if (rc != Z_OK) break;  // the end, an error, or no more input
+  }
+  inflateEnd(&s);
+  return total;
+}
+
+// PIL's limits on PNG text (PngImagePlugin MAX_TEXT_CHUNK, MAX_TEXT_MEMORY), from the chunks
+// before libpng reads them: a compressed text (zTXt, compressed iTXt) inflating past
+// kMaxPngTextChunk, or texts past kMaxPngTextTotal in all, make load_image fail, and would
+// otherwise make the decoder inflate gigabytes (999 zTXt chunks of 7.7 KiB each inflate to
+// 7.9 MB: a 7.7 MB file costs 36 s of CPU). Inflating stops at the limits, so the check costs
+// at most about 65 MiB of inflate.
+Status check_png_text(const uint8_t* data, size_t size, const std::string& name) {
+  size_t total = 0;
+  for (size_t pos = 8; pos + 12 <= size;) {
+    const size_t len = static_cast<size_t>(be16(data + pos)) << 16 | be16(data + pos + 2);
+    const std::string_view type(reinterpret_cast<const char*>(data + pos + 4), 4);
+    if (len > size - pos - 12) break;  // truncated: libpng refuses it
+    const uint8_t* d = data + pos + 8;
+    pos += 12 + len;
+    if (type == "IEND") break;
+    const bool text = type == "tEXt", ztext = type == "zTXt", itext = type == "iTXt";
+    if (!text && !ztext && !itext) continue;
+    const uint8_t* nul = static_cast<const uint8_t*>(std::memchr(d, 0, len));
+    if (nul == nullptr) continue;                  // no keyword: libpng drops it
+    size_t at = static_cast<size_t>(nul - d) + 1;  // past the keyword
+    size_t bytes = len - std::min(len, at);
+    if (ztext || itext) {
+      bool compressed = ztext;
+      if (itext) {  // flag, method, language\0, translated keyword\0, text
+        compressed = at < len && d[at] != 0;
+        for (int k = 0; k < 2 && at <= len; ++k) {
+          const size_t from = k == 0 ? at + 2 : at;
+          const void* z = from < len ? std::memchr(d + from, 0, len - from) : nullptr;
+          at = z == nullptr ? len + 1 : static_cast<size_t>(static_cast<const uint8_t*>(z) - d) + 1;
+        }
+        if (at > len) continue;  // malformed: libpng drops it
+      } else {
+        at += 1;  // the compression method
+      }
+      bytes = len - std::min(len, at);
+      if (compressed) {
+        bytes = at < len ? inflated_size(d + at, len - at, kMaxPngTextChunk) : 0;
+        if (bytes > kMaxPngTextChunk)
+          return FormatError(name + ": a PNG " + std::string(type) +
+                             " text chunk inflates to more than " +
+                             std::to_string(kMaxPngTextChunk >> 20) +
+                             " MiB (PIL, and so diffusers' load_image, refuses it too)");
+      }
+    }
+    total += bytes;
+    if (total > kMaxPngTextTotal)
+      return FormatError(name + ": the PNG's text chunks hold more than " +
+                         std::to_string(kMaxPngTextTotal >> 20) +
+                         " MiB (PIL, and so diffusers' load_image, refuses it too)");
+  }
+  return Status::Ok();
+}
+
 Result<Image8> decode_png_file(const uint8_t* data, size_t size, const std::string& name,
                                Meta* meta) {
   // The size from IHDR (right after the signature) before libpng allocates anything.
@@ -56,6 +136,7 @@ Result<Image8> decode_png_file(const uint8_t* data, size_t size, const std::stri
     };
     ZI_TRY(check_pixels(name, be32(data + 16), be32(data + 20)));
   }
+  ZI_TRY(check_png_text(data, size, name));
   ZI_ASSIGN_OR_RETURN(PngPixels png, decode_png_pixels(data, size, name));
   meta->exif = std::move(png.exif);
   std::string raw_profile;
@@ -118,7 +199,11 @@ void jpeg_markers(const uint8_t* data, size_t size, Meta* meta) {
       continue;
     }
     const size_t len = be16(data + pos + 2);
-    if (len < 2 || pos + 2 + len > size) break;
+    if (len < 2) {
+      pos += 4;
+      continue;
+    }
+    if (pos + 2 + len > size) break;
     const std::string_view seg(reinterpret_cast<const char*>(data + pos + 4), len - 2);
     if (marker == 0xE1) {
       if (starts_with(seg, std::string_view("Exif\0\0", 6)) && meta->exif.empty())
@@ -128,6 +213,111 @@ void jpeg_markers(const uint8_t* data, size_t size, Meta* meta) {
     }
     pos += 2 + len;
   }
+}
+
+Status too_many_scans(const std::string& name) {
+  return FormatError(name + ": progressive JPEG with more than " + std::to_string(kMaxJpegScans) +
+                     " scans (a limit on decoding cost); save it as a baseline JPEG or with "
+                     "fewer scans");
+}
+
+// The scans of a JPEG and what decoding them costs (image_read.h kMaxJpegScanCost), from the
+// markers alone, walked as libjpeg reads them: length-prefixed segments (a length under 2 skips
+// nothing, as libjpeg's skip_variable), bytes between segments skipped, and after each SOS its
+// entropy-coded data up to the next marker libjpeg acts on: 0xFF then a byte of 0xC0 or more,
+// not 0xFF or a restart marker (0xFF 0x00 is a stuffed byte; markers below 0xC0 libjpeg skips
+// inside a scan with restarts, and stops on as unknown without). Refuses (naming `name`) a file
+// past kMaxJpegScans or kMaxJpegScanCost; anything it cannot follow (a length past the end: the
+// decoder stops there too) ends the walk, and the decoder's own limit (TJFLAG_LIMITSCANS, 500
+// scans) stays on behind it.
+Status check_jpeg_scans(const uint8_t* data, size_t size, const std::string& name) {
+  struct Component {
+    int id, h, v;
+  };
+  std::vector<Component> comps;
+  uint64_t width = 0, height = 0;
+  int hmax = 1, vmax = 1;
+  int scans = 0;
+  uint64_t cost = 0;
+  auto blocks = [](uint64_t pixels, int samp, int max_samp) {
+    const uint64_t scaled = (pixels * static_cast<uint64_t>(samp) + max_samp - 1) / max_samp;
+    return (scaled + 7) / 8;
+  };
+  size_t pos = 2;
+  while (pos + 1 < size) {
+    if (data[pos] != 0xFF) {  // bytes between segments: libjpeg skips them (with a warning)
+      ++pos;
+      continue;
+    }
+    const uint8_t m = data[pos + 1];
+    if (m == 0xFF) {  // fill byte
+      ++pos;
+      continue;
+    }
+    if (m == 0x00 || m == 0x01 || (m >= 0xD0 && m <= 0xD7)) {  // stuffing, TEM, RSTn: no length
+      pos += 2;
+      continue;
+    }
+    if (m == 0xD8 || m == 0xD9) break;  // a second SOI (an error) or EOI: the end
+    if (pos + 4 > size) break;
+    const size_t len = be16(data + pos + 2);
+    if (len < 2) {
+      pos += 4;
+      continue;
+    }
+    if (pos + 2 + len > size) break;
+    const uint8_t* seg = data + pos + 4;
+    const size_t n = len - 2;
+    const bool sof = m >= 0xC0 && m <= 0xCF && m != 0xC4 && m != 0xC8 && m != 0xCC;
+    if (sof && comps.empty() && n >= 6) {
+      height = be16(seg + 1);
+      width = be16(seg + 3);
+      const size_t count = seg[5];
+      for (size_t i = 0; i < count && 6 + 3 * i + 2 < n; ++i) {
+        const uint8_t* c = seg + 6 + 3 * i;
+        const int h = std::max(1, c[1] >> 4), v = std::max(1, c[1] & 15);
+        comps.push_back({c[0], h, v});
+        hmax = std::max(hmax, h);
+        vmax = std::max(vmax, v);
+      }
+    }
+    pos += 2 + len;
+    if (m != 0xDA) continue;
+    // SOS: Ns, Ns x (component id, tables), Ss, Se, Ah/Al.
+    ++scans;
+    if (scans > kMaxJpegScans) return too_many_scans(name);
+    const size_t ns = n >= 1 ? seg[0] : 0;
+    if (n >= 1 + 2 * ns + 3 && !comps.empty()) {
+      const int ss = seg[1 + 2 * ns], se = seg[2 + 2 * ns];
+      const uint64_t band = static_cast<uint64_t>(std::clamp(se - ss + 1, 1, 64));
+      uint64_t scan_blocks = 0;
+      if (ns == 1) {
+        for (const Component& c : comps)
+          if (c.id == seg[1]) scan_blocks = blocks(width, c.h, hmax) * blocks(height, c.v, vmax);
+      } else {
+        const uint64_t mcus =
+            ((width + 8 * hmax - 1) / (8 * hmax)) * ((height + 8 * vmax - 1) / (8 * vmax));
+        for (size_t i = 0; i < ns; ++i)
+          for (const Component& c : comps)
+            if (c.id == seg[1 + 2 * i]) scan_blocks += mcus * static_cast<uint64_t>(c.h * c.v);
+      }
+      cost += scan_blocks * (band + kJpegBlockCost);
+      if (cost > kMaxJpegScanCost)
+        return FormatError(name + ": JPEG of " +
+                           dims(static_cast<int64_t>(width), static_cast<int64_t>(height)) +
+                           " whose " + std::to_string(scans) +
+                           " scans exceed the decoding-cost limit (each progressive scan is "
+                           "decoded over the whole image); save it as a baseline JPEG or with "
+                           "fewer scans");
+    }
+    // The entropy-coded data, up to the next marker.
+    while (pos + 1 < size) {
+      const uint8_t b = data[pos + 1];
+      if (data[pos] == 0xFF && b >= 0xC0 && b != 0xFF && !(b >= 0xD0 && b <= 0xD7)) break;
+      pos += data[pos] == 0xFF && b != 0xFF ? 2 : 1;
+    }
+  }
+  return Status::Ok();
 }
 
 struct TjHandle {
@@ -156,16 +346,19 @@ Result<Image8> decode_jpeg_file(const uint8_t* data, size_t size, const std::str
                        ": CMYK JPEG is not supported (PIL converts it with its own formula); "
                        "save the image as RGB");
   ZI_TRY(check_pixels(name, w, h));
+  ZI_TRY(check_jpeg_scans(data, size, name));
   Image8 out;
   out.width = w;
   out.height = h;
   out.channels = colorspace == TJCS_GRAY ? 1 : 3;
   out.pixels.assign(static_cast<size_t>(w) * h * out.channels, 0);
-  // Flags 0: accurate integer IDCT and fancy upsampling, libjpeg's (and PIL's) defaults.
+  // Accurate integer IDCT and fancy upsampling, libjpeg's (and PIL's) defaults; the decoder's
+  // own 500-scan limit as well, should check_jpeg_scans have missed a scan.
   const int rc = tjDecompress2(tj.h, buf, len, out.pixels.data(), w, 0, h,
-                               out.channels == 1 ? TJPF_GRAY : TJPF_RGB, 0);
+                               out.channels == 1 ? TJPF_GRAY : TJPF_RGB, TJFLAG_LIMITSCANS);
   if (rc != 0) {
     const std::string msg = tjGetErrorStr2(tj.h);
+    if (msg.find("more than 500 scans") != std::string::npos) return too_many_scans(name);
     // libjpeg turns a truncated file into a warning and grey rows; PIL refuses it ("image file
     // is truncated"). Other warnings (extraneous bytes) PIL ignores, and so do we.
     if (tjGetErrorCode(tj.h) != TJERR_WARNING || msg.find("Premature end") != std::string::npos)

@@ -2,12 +2,34 @@
 #include "serve/job.h"
 
 #include <algorithm>
+#include <optional>
+#include <vector>
 
 namespace zimage::serve {
 
 namespace {
 double unix_now() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+void release_pixels(std::optional<Image>& image) {
+  if (image) std::vector<uint8_t>().swap(image->rgb);  // the width and height stay
+}
+
+size_t pixel_bytes(const std::optional<Image>& image) {
+  return image ? image->rgb.capacity() : 0;
+}
+
+// What a spec holds on the heap: prompt texts, LoRA names and input pixels.
+size_t spec_bytes(const JobSpec& spec) {
+  size_t n = spec.runs.capacity() * sizeof(GenerateRequest);
+  for (const GenerateRequest& r : spec.runs) {
+    for (const std::string& p : r.prompts) n += sizeof(std::string) + p.capacity();
+    if (r.negative_prompt) n += r.negative_prompt->capacity();
+    for (const LoraSpec& l : r.loras) n += sizeof(LoraSpec) + l.path.capacity();
+    n += pixel_bytes(r.init_image) + pixel_bytes(r.mask) + pixel_bytes(r.control_image);
+  }
+  return n;
 }
 }  // namespace
 
@@ -49,6 +71,14 @@ void Job::bump_locked() {
   cv_.notify_all();
 }
 
+void Job::release_inputs_locked() {
+  for (GenerateRequest& r : spec_.runs) {
+    release_pixels(r.init_image);
+    release_pixels(r.mask);
+    release_pixels(r.control_image);
+  }
+}
+
 void Job::mark_started() {
   std::lock_guard<std::mutex> lock(mu_);
   if (is_final(s_.state)) return;
@@ -83,6 +113,7 @@ void Job::finish_succeeded(std::vector<EncodedImage> images, const JobTimings& t
     image_bytes_ += im.bytes.size();
   }
   images_ = std::move(images);
+  release_inputs_locked();
   bump_locked();
 }
 
@@ -96,6 +127,7 @@ void Job::finish_failed(const ApiError& error, const JobTimings& timings) {
   s_.error = error;
   s_.finished = unix_now();
   finished_tp_ = Clock::now();
+  release_inputs_locked();
   bump_locked();
 }
 
@@ -106,6 +138,7 @@ void Job::finish_cancelled(const std::string& reason) {
   s_.error = ApiError{409, "cancelled", reason, ""};
   s_.finished = unix_now();
   finished_tp_ = Clock::now();
+  release_inputs_locked();
   bump_locked();
 }
 
@@ -134,6 +167,11 @@ std::vector<uint8_t> Job::image(size_t k) const {
 size_t Job::image_bytes() const {
   std::lock_guard<std::mutex> lock(mu_);
   return image_bytes_;
+}
+
+size_t Job::kept_bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return image_bytes_ + spec_bytes(spec_);
 }
 
 Job::Clock::time_point Job::finished_at() const {

@@ -3,6 +3,11 @@
 // its own: three parties touch a job at once (the HTTP handler that made it, the worker that runs
 // it, any number of SSE watchers), so every mutable field sits behind one mutex and every change
 // bumps `version` and wakes the watchers; a watcher never misses a state or a step.
+//
+// Memory: a job is kept after it ends (job_table.h), so when it turns final it lets go of its
+// request's decoded input pixels (init image, mask, control image: up to 192 MiB each at the
+// 2^26-pixel input limit, once per A1111 n_iter run) and kept_bytes() reports what it still
+// holds (encoded images, prompts), which the job table's byte budget counts.
 #pragma once
 
 #include <atomic>
@@ -60,6 +65,8 @@ class Job {
   Job(std::string id, JobSpec spec);
 
   const std::string& id() const { return id_; }
+  // The request. Once the job is final its input images keep their sizes but no pixels (see
+  // kept_bytes); every field the routes read (prompts, sizes, which inputs were given) stays.
   const JobSpec& spec() const { return spec_; }
   // The cancel flag handed to GenerateHooks::cancel.
   const std::atomic<bool>* cancel_flag() const { return &cancel_; }
@@ -84,13 +91,19 @@ class Job {
   // Image k's bytes (empty when the job has no image k).
   std::vector<uint8_t> image(size_t k) const;
   size_t image_bytes() const;  // memory held by the encoded images
+  // Memory the job holds: the encoded images plus what its spec still holds (prompt texts, LoRA
+  // names, input pixels: none once final). What the job table's byte budget counts.
+  size_t kept_bytes() const;
   Clock::time_point finished_at() const;
 
  private:
   void bump_locked();
+  // Frees the spec's input pixels (called once the job is final: the worker no longer reads
+  // them; the engine copied what a run still in flight needs).
+  void release_inputs_locked();
 
   const std::string id_;
-  const JobSpec spec_;
+  JobSpec spec_;  // written only by release_inputs_locked (pixel buffers, under mu_)
   std::atomic<bool> cancel_{false};
   mutable std::mutex mu_;
   mutable std::condition_variable cv_;

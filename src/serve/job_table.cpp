@@ -70,6 +70,14 @@ size_t JobTable::size() const {
   return jobs_.size();
 }
 
+size_t JobTable::finished_bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  size_t bytes = 0;
+  for (const auto& [id, job] : jobs_)
+    if (is_final(job->snapshot().state)) bytes += job->kept_bytes();
+  return bytes;
+}
+
 void JobTable::prune() {
   std::lock_guard<std::mutex> lock(mu_);
   prune_locked();
@@ -85,7 +93,7 @@ void JobTable::prune_locked() {
   size_t bytes = 0;
   for (const auto& [id, job] : jobs_) {
     if (!is_final(job->snapshot().state)) continue;
-    done.push_back({job->finished_at(), job->image_bytes(), id});
+    done.push_back({job->finished_at(), job->kept_bytes(), id});
     bytes += done.back().bytes;
   }
   std::sort(done.begin(), done.end(),

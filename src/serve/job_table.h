@@ -1,7 +1,8 @@
 // All jobs the server knows, by id. Why bounded: a server runs for weeks; finished jobs (and their
-// images) are kept only for the last `max_finished` jobs, `max_age` and `max_bytes` of images,
-// whichever is smallest, so memory does not grow with traffic. Ids are 128-bit random hex, made
-// here: a client can neither choose nor guess one.
+// images) are kept only for the last `max_finished` jobs, `max_age` and `max_bytes` of what they
+// hold (Job::kept_bytes: the encoded images and the request's texts; a final job has released
+// its decoded input images), whichever is smallest, so memory does not grow with traffic. Ids are
+// 128-bit random hex, made here: a client can neither choose nor guess one.
 #pragma once
 
 #include <chrono>
@@ -39,6 +40,8 @@ class JobTable {
   void remove(const std::string& id);
   std::vector<std::shared_ptr<Job>> all() const;
   size_t size() const;
+  // Job::kept_bytes summed over the finished jobs: what max_bytes bounds.
+  size_t finished_bytes() const;
   // Drops finished jobs past the retention limits (oldest first).
   void prune();
 

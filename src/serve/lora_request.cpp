@@ -172,20 +172,38 @@ json list_loras(const std::string& lora_dir, size_t max_files) {
   std::error_code ec;
   const fs::path root = fs::canonical(lora_dir, ec);
   if (ec) return out;
+  const std::string inside = root.string() + "/";
+  auto within = [&inside](const fs::path& p) {
+    return p.string().compare(0, inside.size(), inside) == 0;
+  };
   std::vector<std::pair<std::string, uintmax_t>> files;
-  for (fs::recursive_directory_iterator it(root, fs::directory_options::skip_permission_denied, ec),
-       end;
+  // Listed under the names a request gives (resolve_lora_names): the path below the folder as it
+  // is spelled, links not resolved (a link is listed under its own name), and only when the file
+  // it resolves to, links followed, is a regular file inside the folder. Links to folders are
+  // followed when they lead to a folder inside this one that is not their own ancestor (no
+  // cycles; names through a link out of the folder or up the tree still resolve when the file
+  // they reach is inside, but are not walked).
+  const auto opts = fs::directory_options::skip_permission_denied |
+                    fs::directory_options::follow_directory_symlink;
+  for (fs::recursive_directory_iterator it(root, opts, ec), end;
        !ec && it != end && files.size() < max_files; it.increment(ec)) {
     if (it.depth() > 4) {
       it.disable_recursion_pending();
       continue;
     }
     std::error_code e2;
+    if (it->is_symlink(e2) && it->is_directory(e2)) {
+      const fs::path target = fs::canonical(it->path(), e2);
+      const fs::path parent = fs::canonical(it->path().parent_path(), e2);
+      const std::string t = target.string() + "/", p = parent.string() + "/";
+      if (e2 || !within(target) || p.compare(0, t.size(), t) == 0) it.disable_recursion_pending();
+      continue;
+    }
     if (!it->is_regular_file(e2) || !ends_with(it->path().filename().string(), kExt)) continue;
-    const std::string rel = fs::relative(it->path(), root, e2).generic_string();
-    if (e2 || !check_lora_name(rel, "name").ok()) continue;
-    const std::string real = fs::canonical(it->path(), e2).string();  // symlinks out: not listed
-    if (e2 || real.compare(0, root.string().size() + 1, root.string() + "/") != 0) continue;
+    const std::string rel = it->path().lexically_relative(root).generic_string();
+    if (rel.empty() || !check_lora_name(rel, "name").ok()) continue;
+    const fs::path real = fs::canonical(it->path(), e2);  // symlinks out: not listed
+    if (e2 || !within(real)) continue;
     files.emplace_back(rel, it->file_size(e2));
   }
   std::sort(files.begin(), files.end());

@@ -514,6 +514,10 @@ Result<JobSpec> a1111_spec(const json& obj, const ParseLimits& lim, uint64_t ran
         "n_iter: batch_size x n_iter = " + std::to_string(req.images_per_prompt * n_iter) +
         " images exceeds the limit " + std::to_string(lim.request.max_batch));
   ZI_TRY(a1111_controlnet(obj, &req));
+  // img2img without denoising_strength: A1111's default, 0.75. Not with a ControlNet unit: that
+  // is ControlNet inpainting, which takes no strength (the engine refuses one, so an explicit
+  // denoising_strength is still a 400 naming it, but an absent one must not be invented).
+  if (req.init_image && !req.control_image && !req.strength) req.strength = 0.75;
   ZI_TRY(rename_fields(check_request(req, lim.request), Dialect::kA1111));
   // As A1111: iteration i uses seed + i * batch_size (wrapping past 2^64 - 1).
   for (int i = 0; i < n_iter; ++i) {
@@ -622,7 +626,8 @@ Result<JobSpec> parse_a1111_img2img(std::string_view body, const ParseLimits& li
     return InvalidArgument(
         "resize_mode: only 0 (just resize: the image stretched to width x height) is "
         "supported");
-  req.strength = 0.75;  // A1111's default denoising_strength
+  // Only a value the client sent here; A1111's default (0.75) is filled in by a1111_spec once it
+  // knows there is no ControlNet unit (ControlNet inpainting has no strength).
   ZI_TRY(get_strength(obj, "denoising_strength", &req.strength));
   return a1111_spec(obj, lim, random_seed, std::move(req));
 }

@@ -71,7 +71,8 @@ Result<JobSpec> parse_openai_edit(const std::vector<FormPart>& form, const Parse
                                   uint64_t random_seed);
 
 // Automatic1111's POST /sdapi/v1/img2img: init_images (one base64 image), mask (base64,
-// optional), denoising_strength (default 0.75, A1111's), inpainting_mask_invert (0 / 1),
+// optional), denoising_strength (default 0.75, A1111's; none with a ControlNet unit, ControlNet
+// inpainting having no strength: a value sent then is refused), inpainting_mask_invert (0 / 1),
 // resize_mode (0 only: "just resize", the image stretched to width x height with Lanczos), width
 // and height (default: the image's size rounded down to the size multiple), and txt2img's
 // fields. mask_blur, inpainting_fill, inpaint_full_res and other A1111 options are ignored.

@@ -46,8 +46,10 @@ void send_a1111_images(ServeContext& ctx, const std::shared_ptr<Job>& job, http:
                {"sd_model_name", ctx.options.model_name},
                {"job_id", job->id()}};
   if (r.init_image) {
-    parameters["denoising_strength"] = r.strength.value_or(0.75);
-    info["denoising_strength"] = r.strength.value_or(0.75);
+    if (!r.control_image) {  // ControlNet inpainting has no strength
+      parameters["denoising_strength"] = r.strength.value_or(0.75);
+      info["denoising_strength"] = r.strength.value_or(0.75);
+    }
     parameters["inpaint"] = r.mask.has_value();
   }
   send_json(res, 200,

@@ -242,6 +242,54 @@ TEST(ServeLora, ListsTheFolderAndRefusesLorasWithoutOne) {
   EXPECT_EQ(get(plain.port(), "/v1/loras").json()["data"].size(), 0u);
 }
 
+// Links inside the folder are listed under their own names, which are what a request resolves:
+// a file link (once under its name, the target under its own), a folder link to a folder inside;
+// a link out of the folder, a folder link out of it and one back up the tree (a cycle) are not
+// walked. Every name listed resolves, on /v1/loras and /sdapi/v1/loras alike.
+TEST(ServeLora, LinksAreListedUnderTheNamesRequestsGive) {
+  LoraDir d;
+  const fs::path loras = d.root / "loras";
+  fs::create_symlink("peft.safetensors", loras / "alias.safetensors");
+  fs::create_directory_symlink("sub", loras / "linked");
+  fs::create_directory_symlink(d.root / "outside", loras / "away");
+  fs::create_directory_symlink("..", loras / "sub" / "up");
+  const std::vector<std::string> want = {"alias.safetensors",        "kohya.safetensors",
+                                         "linked/peft2.safetensors", "peft.safetensors",
+                                         "sub/peft2.safetensors",    "unknown_key.safetensors"};
+  std::vector<std::string> names;
+  for (const json& f : list_loras(d.dir())) names.push_back(f["name"]);
+  EXPECT_EQ(names, want);
+  for (const std::string& name : names) {
+    std::vector<GenerateRequest> runs(1);
+    runs[0].loras = {LoraSpec{name, 1.0f}};
+    const Status st = resolve_lora_names(runs, d.dir());
+    EXPECT_TRUE(st.ok()) << name << ": " << st.to_string();
+  }
+  // The link's size is its file's.
+  const json listed = list_loras(d.dir());
+  EXPECT_EQ(listed[0]["bytes"], listed[3]["bytes"]);
+
+  TestServer server(with_loras(d.dir()));
+  Reply r = get(server.port(), "/v1/loras");
+  ASSERT_EQ(r.status, 200) << r.body;
+  names.clear();
+  const json data = r.json()["data"];  // a copy: the loop must not range over a temporary's part
+  for (const json& f : data) names.push_back(f["name"]);
+  EXPECT_EQ(names, want);
+  Reply a = get(server.port(), "/sdapi/v1/loras");
+  ASSERT_EQ(a.status, 200) << a.body;
+  names.clear();
+  const json a1111 = a.json();
+  for (const json& f : a1111) names.push_back(f["path"]);
+  EXPECT_EQ(names, want);
+  EXPECT_EQ(a1111[0]["name"], "alias");
+  // The link's own name works in a request (A1111 tag and "loras" field).
+  json body = turbo_body();
+  body["loras"] = json::array({{{"name", "alias.safetensors"}}});
+  Reply g = post(server.port(), "/v1/images/generations", body.dump());
+  EXPECT_EQ(g.status, 200) << g.body;
+}
+
 // /v1/images/edits carries "loras" as a form field holding JSON: the same LoRA twice gives the
 // same image, a different one (or none) another; a name out of the folder is refused.
 TEST(ServeLora, EditsTakeLorasAsAFormField) {
