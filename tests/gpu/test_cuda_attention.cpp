@@ -48,6 +48,7 @@ void run_case(const AttnCase& c, DType dt, cuda::AttentionPath path, uint32_t se
   }
   ZI_ASSERT_OK(st);
   const char* tag = path == cuda::AttentionPath::kCudnn                       ? " [cudnn]"
+                    : path == cuda::AttentionPath::kAuto                      ? " [auto]"
                     : path != cuda::AttentionPath::kFlash                     ? " [general]"
                     : g->flash_variant() == cuda::FlashVariant::kQInRegisters ? " [flash, Q regs]"
                                                                               : " [flash, Q smem]";
@@ -81,6 +82,7 @@ TEST(CudaOps, AttentionAgainstCpu) {
   for (DType dt : kDTypes) {
     for (const AttnCase& c : cases) {
       run_case(c, dt, cuda::AttentionPath::kGeneral, seed);
+      run_case(c, dt, cuda::AttentionPath::kAuto, seed);  // the dispatch that ships
       if (dt == DType::kBF16 && (c.d == 64 || c.d == 128)) {
         cuda::CudaBackend* g = gpu(dt);
         const cuda::FlashVariant keep = g->flash_variant();

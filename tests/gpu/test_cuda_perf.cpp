@@ -85,6 +85,10 @@ TEST(CudaOpsPerf, AttentionBf16) {
       {"flash causal 32/8 x 512 x 128 (Qwen3)", 512, 32, 8, 128, true, cuda::AttentionPath::kFlash},
       {"general 1 x 16384 x 512 (VAE 1024^2)", 16384, 1, 1, 512, false,
        cuda::AttentionPath::kGeneral},
+      {"general 1 x 65536 x 512 (VAE 2048^2)", 65536, 1, 1, 512, false,
+       cuda::AttentionPath::kGeneral},
+      {"auto 1 x 16384 x 512 (VAE 1024^2)", 16384, 1, 1, 512, false, cuda::AttentionPath::kAuto},
+      {"auto 1 x 65536 x 512 (VAE 2048^2)", 65536, 1, 1, 512, false, cuda::AttentionPath::kAuto},
   };
   uint32_t seed = 2100;
   for (const Case& c : cases) {

@@ -17,6 +17,7 @@ namespace zimage::cuda {
 namespace {
 
 constexpr int64_t kScoreBudget = int64_t{256} << 20;  // bytes of scores + probabilities
+constexpr int64_t kCudnnMaxHeadDim = 256;  // auto's cuDNN path (see CudaBackend::attention)
 
 cudaDataType_t cuda_type(DType dt) {
   return dt == DType::kBF16 ? CUDA_R_16BF : dt == DType::kF16 ? CUDA_R_16F : CUDA_R_32F;
@@ -57,7 +58,14 @@ Status CudaBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v,
   if (b > 65535 || hq > 65535 || sq > INT32_MAX || sk > INT32_MAX)
     return Unsupported("attention: shape too large");
 
-  if (attention_path_ == AttentionPath::kAuto || attention_path_ == AttentionPath::kCudnn) {
+  // cuDNN's fused attention for head_dim up to 256 (the DiT's 128, Qwen3's 128). The VAE's one
+  // 512-wide head also has a cuDNN engine, but a slow one: measured on an H200 (bf16,
+  // CudaOpsPerf.AttentionBf16) 6.76 ms at 16384 tokens and 112.6 ms at 65536 (~80 TFLOP/s),
+  // against 2.73 / 50.1 ms (~200 TFLOP/s) for the general path's two GEMMs around a softmax.
+  // So auto sends head_dim > 256 to the general path; kCudnn still forces cuDNN.
+  const bool cudnn_first = attention_path_ == AttentionPath::kCudnn ||
+                           (attention_path_ == AttentionPath::kAuto && d <= kCudnnMaxHeadDim);
+  if (cudnn_first) {
     Status s = Unsupported("cuDNN attention: f32");
     if (q.dtype() != DType::kF32) {
       const SdpaRequest r{q.data(), k.data(), v.data(), out.data(), b,        sq,        sk,
