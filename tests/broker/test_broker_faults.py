@@ -155,7 +155,7 @@ def case_restart(c):
     w = c.worker("w")
     png = os.path.join(c.tmp, "restart.png")
     sub = subprocess.Popen([c.Z, "submit", "--broker", c.url, "-p", "a fox", "--width", "64",
-                            "--height", "64", "--steps", "300", "--seed", "11", "--wait",
+                            "--height", "64", "--steps", "1000", "--seed", "11", "--wait",
                             "--timeout", "150", "-o", png], stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, preexec_fn=tb.die_with_parent)
     tb.CHILDREN.append(sub)
@@ -165,7 +165,8 @@ def case_restart(c):
         if not keys:
             return False
         p = json.loads(r.text("GET", keys[0]) or "{}")
-        return p.get("phase") == "denoise" and p.get("step", 0) >= 1
+        # early in the job, so that it is still running when Redis goes down
+        return p.get("phase") == "denoise" and 1 <= p.get("step", 0) < p.get("total", 0) // 4
     wait_until(running, 90, "the job running on the worker")
     try:
         r.text("SHUTDOWN", "SAVE")  # keeps the stream, the group and its pending entry
