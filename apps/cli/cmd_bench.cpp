@@ -33,6 +33,7 @@
 #include "model/qwen3_encoder.h"
 #include "model/vae.h"
 #include "model/zimage_dit.h"
+#include "number_flags.h"
 #include "pipeline/rng.h"
 #include "pipeline/text_to_image.h"
 #include "pipeline/tokenizer.h"
@@ -601,11 +602,13 @@ void register_bench_command(CLI::App& app) {
   cmd->add_option("--vram-budget", o->budgets,
                   "Whole-image rows under these device-memory budgets (GiB, context included; "
                   "0 = no limit), each with a fresh pipeline and its memory plan")
-      ->check(CLI::Range(0.0, 1e6));
+      ->check(CLI::Range(0.0, 1e6))
+      ->check(finite_number(false));
   cmd->add_option("--lora", o->lora,
                   "Per-request LoRA costs instead: merge vs side GEMM switch and image times with "
                   "this LoRA file (zimage make-random-lora makes one), at the first --sizes");
-  cmd->add_option("--lora-scale", o->lora_scale, "Strength of the --lora LoRA (default 1)");
+  cmd->add_option("--lora-scale", o->lora_scale, "Strength of the --lora LoRA (default 1)")
+      ->check(finite_number(true));
   cmd->add_option("--fp8-quality", o->fp8_groups,
                   "Instead of the other figures: --precision fp8's quality (DiT output, image) "
                   "and speed against bf16, one row per group of FP8 linears, e.g. qkv out w13 w2 "
@@ -647,9 +650,11 @@ void register_bench_command(CLI::App& app) {
                   "for tools/diffusers_pipelines_bench.py to read the same files (default: a "
                   "temporary folder)");
   cmd->add_option("--strength", o->strength, "img2img / inpaint strength (default 0.6)")
-      ->check(CLI::Range(1e-6, 1.0));
+      ->check(CLI::Range(1e-6, 1.0))
+      ->check(finite_number(false));
   cmd->add_option("--control-scale", o->control_scale, "ControlNet scale (default 0.75)")
-      ->check(CLI::Range(-100.0, 100.0));
+      ->check(CLI::Range(-100.0, 100.0))
+      ->check(finite_number(true));
   add_parallel_options(cmd, o->parallel);
   cmd->callback([o] { run_bench(*o); });
 }

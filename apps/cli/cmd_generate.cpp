@@ -29,6 +29,7 @@
 #include "generate_devices.h"
 #include "lora_args.h"
 #include "model_flags.h"
+#include "number_flags.h"
 #include "output_paths.h"
 #include "parallel_args.h"
 #include "progress.h"
@@ -97,6 +98,10 @@ bool parse_seed(const std::string& text, uint64_t* seed, bool* random) {
     *seed = (static_cast<uint64_t>(rd()) << 32) ^ rd();
     return true;
   }
+  if (text == "-0") {  // -0 is 0, as the server's and the worker's JSON "seed": -0
+    *seed = 0;
+    return true;
+  }
   if (text.empty() || text.size() > 20) return false;
   uint64_t v = 0;
   for (char c : text) {
@@ -131,6 +136,9 @@ std::string with_flags(const std::string& message, const GenerateArgs& a) {
       {"init_image: ", "--init-image " + a.init_image + ": "},
       {"mask: ", "--mask " + a.mask + ": "},
       {"strength: ", "--strength: "},
+      {"guidance: ", "--guidance: "},
+      {"cfg_truncation: ", "--cfg-truncation: "},
+      {"cfg_normalization: ", "--cfg-normalization: "},
       {"control_image: ", "--control-image " + a.control_image + ": "},
       {"control_scale: ", "--control-scale: "}};
   for (const auto& [field, flag] : fields)
@@ -347,15 +355,18 @@ void register_generate_command(CLI::App& app) {
                   "Image height in pixels (default 1024; 64 built-in)");
   cmd->add_option("--steps,-s", args->steps, "Denoising steps (default 8)");
   cmd->add_option("--guidance,-g", args->guidance,
-                  "Classifier-free guidance scale, diffusers form (0 = off, the Turbo default)");
+                  "Classifier-free guidance scale, diffusers form (0 = off, the Turbo default)")
+      ->check(finite_number(true));
   cmd->add_option("--seed", args->seed,
                   "Seed of the PyTorch-compatible CPU noise, 0..2^64-1, or -1 for a random seed "
                   "(printed and stored in the PNG) (default 0)");
   cmd->add_option("--images-per-prompt", args->images_per_prompt, "Images per prompt (default 1)");
   cmd->add_option("--cfg-truncation", args->cfg_truncation,
-                  "Skip CFG on steps whose normalised time exceeds this (default 1 = never)");
+                  "Skip CFG on steps whose normalised time exceeds this (default 1 = never)")
+      ->check(finite_number(true));
   cmd->add_option("--cfg-normalization", args->cfg_normalization,
-                  "Clip the guided prediction's norm to this x the positive one's (0 = off)");
+                  "Clip the guided prediction's norm to this x the positive one's (0 = off)")
+      ->check(finite_number(true));
   cmd->add_option("--max-sequence-length", args->max_sequence_length,
                   "Prompt tokens kept, chat template included (default 512)");
   cmd->add_option("--device,-d", args->device, "cpu, cuda, cuda:N or auto (default auto)");
@@ -363,7 +374,8 @@ void register_generate_command(CLI::App& app) {
                   "GPU memory the process may use, in GiB, CUDA context included (default 0 = "
                   "no limit); what does not fit streams from host memory (--verbose shows the "
                   "plan)")
-      ->check(CLI::Range(0.0, 1e6));
+      ->check(CLI::Range(0.0, 1e6))
+      ->check(finite_number(false));
   cmd->add_option("--weights", args->weights,
                   "bf16, or fp8: DiT and text-encoder linear weights stored as FP8 with "
                   "per-channel scales (half the memory; small quality cost)")
@@ -392,7 +404,8 @@ void register_generate_command(CLI::App& app) {
                   "is white (>= 128), keep the rest");
   cmd->add_option("--strength", args->strength,
                   "How far the init image is noised, in (0, 1]: steps run = steps - int(steps - "
-                  "steps x strength) (default 0.6, or 1.0 with --mask: diffusers' defaults)");
+                  "steps x strength) (default 0.6, or 1.0 with --mask: diffusers' defaults)")
+      ->check(finite_number(false));
   cmd->add_option("--controlnet", args->controlnet,
                   "ControlNet (Z-Image Fun-Controlnet-Union: diffusers folder or single "
                   ".safetensors, versions 1.0, 2.0, 2.1, 2.1-lite); needs --control-image");
@@ -400,7 +413,8 @@ void register_generate_command(CLI::App& app) {
                   "ControlNet condition image (pose, depth, edges...; PNG, JPEG, WebP), resized "
                   "to the output size; with --init-image and --mask: ControlNet inpainting (2.x)");
   cmd->add_option("--control-scale", args->control_scale,
-                  "ControlNet conditioning scale (default 0.75, diffusers' default)");
+                  "ControlNet conditioning scale (default 0.75, diffusers' default)")
+      ->check(finite_number(true));
   cmd->add_option("--dump", args->dump_dir,
                   "Write named intermediate tensors as .npy files into this folder");
   cmd->add_option("--dump-filter", args->dump_filter,

@@ -9,7 +9,11 @@
 // holds Z-Image components (ComfyUI / original names, FP8, all-in-one; docs/FORMATS.md) is
 // described per component: prefix, the config inferred from its shapes, its FP8 format, and the
 // loaders' checks (TextToImage::check_file), as `generate --dit/--text-encoder/--vae` would run
-// them.
+// them. A ControlNet (folder or file) and a LoRA file get the checks their loaders make before a
+// transformer is needed (config.json parsed, every LoRA factor well formed and finite); weights
+// holding no tensor at all are an error. Nothing from a file reaches the terminal unescaped:
+// names, prefixes and messages go through json_util::printable (control characters and invalid
+// UTF-8 as \xNN), --json is ASCII with JSON escapes.
 #include <sys/stat.h>
 
 #include <charconv>
@@ -24,10 +28,13 @@
 #include "builtin_model.h"
 #include "commands.h"
 #include "io/infer_config.h"
+#include "io/json_util.h"
+#include "io/lora.h"
 #include "io/model_folder.h"
 #include "io/single_file.h"
 #include "io/weights.h"
 #include "model/qwen3_encoder.h"
+#include "model/zimage_controlnet.h"
 #include "model/zimage_dit.h"
 #include "pipeline/text_to_image.h"
 
@@ -36,8 +43,19 @@ namespace {
 
 using nlohmann::ordered_json;
 
+// Text that may come from a file (tensor names, prefixes, messages quoting them), safe to print.
+std::string safe(const std::string& s) {
+  return json_util::printable(s);
+}
+
+// --json output: ASCII only (every other character as a JSON escape, so no terminal control
+// sequence can pass), invalid UTF-8 replaced rather than thrown on.
+void print_json(const ordered_json& j) {
+  std::printf("%s\n", j.dump(2, ' ', true, ordered_json::error_handler_t::replace).c_str());
+}
+
 [[noreturn]] void fail(const Status& s) {
-  std::fprintf(stderr, "zimage info: %s\n", s.to_string().c_str());
+  std::fprintf(stderr, "zimage info: %s\n", safe(s.to_string()).c_str());
   throw CLI::RuntimeError(1);
 }
 
@@ -49,7 +67,8 @@ ordered_json error_list(const std::vector<Status>& errors) {
 
 // Each error on stderr as `generate` words it; exit 1 when there is one.
 void report_errors(const std::vector<Status>& errors) {
-  for (const Status& e : errors) std::fprintf(stderr, "zimage info: %s\n", e.to_string().c_str());
+  for (const Status& e : errors)
+    std::fprintf(stderr, "zimage info: %s\n", safe(e.to_string()).c_str());
   if (!errors.empty()) throw CLI::RuntimeError(1);
 }
 
@@ -59,7 +78,7 @@ void report_errors(const std::vector<Status>& errors) {
   if (as_json) {
     ordered_json j = {
         {"path", path}, {"kind", kind}, {"valid", false}, {"errors", error_list(errors)}};
-    std::printf("%s\n", j.dump(2).c_str());
+    print_json(j);
   }
   report_errors(errors);
   throw CLI::RuntimeError(1);
@@ -239,6 +258,21 @@ ordered_json single_file_json(const std::string& path, const SingleFileLayout& l
   return {{"holds", layout.describe()}, {"components", comps}};
 }
 
+// Tensor names of a ControlNet (folder or single file; diffusers' and the published files' names).
+bool looks_like_controlnet(const WeightStore& w) {
+  for (const std::string& n : w.names())
+    if (n.rfind("control_all_x_embedder.", 0) == 0 || n.rfind("control_layers.", 0) == 0)
+      return true;
+  return false;
+}
+
+// A key with a LoRA suffix (lora_A, lora_down, hada_w1_a, lokr_w1, .alpha, ...).
+bool looks_like_lora(const WeightStore& w) {
+  for (const std::string& n : w.names())
+    if (split_lora_key(n)) return true;
+  return false;
+}
+
 void print_weights(const char* indent, const WeightStore& w, bool with_tensors) {
   std::string dtypes;
   for (const auto& [dt, n] : w.dtype_counts()) {
@@ -253,7 +287,7 @@ void print_weights(const char* indent, const WeightStore& w, bool with_tensors) 
   for (const std::string& name : w.names()) {
     auto info = w.info(name);
     if (!info.ok()) fail(info.status());
-    std::printf("%s  %-60s %-6s %s\n", indent, name.c_str(), dtype_name(info->dtype),
+    std::printf("%s  %-60s %-6s %s\n", indent, safe(name).c_str(), dtype_name(info->dtype),
                 shape_string(info->shape).c_str());
   }
 }
@@ -276,6 +310,13 @@ void run_info(std::string path, bool as_json, bool with_tensors) {
     if (file && layout.count() > 0) {
       errors = TextToImage::check_file(path);
       single = single_file_json(path, layout);
+    } else if (w->size() == 0) {  // nothing any loader could use (an empty GGUF, ...)
+      errors = file ? TextToImage::check_file(path)
+                    : std::vector<Status>{NotFound(path + ": holds no tensors")};
+    } else if (looks_like_controlnet(*w)) {
+      if (Status s = check_controlnet_files(path); !s.ok()) errors.push_back(std::move(s));
+    } else if (file && looks_like_lora(*w)) {
+      if (auto l = read_lora(path, 1.0f); !l.ok()) errors.push_back(l.status());
     }
     if (as_json) {
       ordered_json j = {{"path", path},
@@ -284,21 +325,22 @@ void run_info(std::string path, bool as_json, bool with_tensors) {
                         {"errors", error_list(errors)},
                         {"weights", weights_json(*w, with_tensors)}};
       if (!single.is_null()) j["single_file"] = single;
-      std::printf("%s\n", j.dump(2).c_str());
+      print_json(j);
     } else {
       std::printf("weights: %s\n", path.c_str());
       print_weights("  ", *w, with_tensors);
       if (!single.is_null()) {
-        std::printf("single file holding %s\n", single["holds"].get<std::string>().c_str());
+        std::printf("single file holding %s\n", safe(single["holds"].get<std::string>()).c_str());
         for (const auto& [name, c] : single["components"].items()) {
           std::printf("%s%s\n", name.c_str(),
                       c.contains("prefix") && !c["prefix"].get<std::string>().empty()
-                          ? (" (prefix " + c["prefix"].get<std::string>() + ")").c_str()
+                          ? (" (prefix " + safe(c["prefix"].get<std::string>()) + ")").c_str()
                           : "");
           if (c.contains("config"))
             std::printf("  config (inferred from the tensor shapes): %s\n",
                         config_line(c["config"]).c_str());
-          if (c.contains("fp8")) std::printf("  fp8: %s\n", c["fp8"].get<std::string>().c_str());
+          if (c.contains("fp8"))
+            std::printf("  fp8: %s\n", safe(c["fp8"].get<std::string>()).c_str());
           if (c.contains("kept_quantized"))
             std::printf("  %s\n", c["kept_quantized"].get<std::string>().c_str());
         }
@@ -352,7 +394,7 @@ void run_info(std::string path, bool as_json, bool with_tensors) {
     comps["tokenizer"] = {{"path", folder->tokenizer_dir()}};
     j["components"] = comps;
     j["total"] = {{"tensors", tensors}, {"parameters", params}, {"file_bytes", file_bytes}};
-    std::printf("%s\n", j.dump(2).c_str());
+    print_json(j);
     report_errors(errors);
     return;
   }

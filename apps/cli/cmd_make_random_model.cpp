@@ -10,6 +10,7 @@
 #include "io/model_folder.h"
 #include "io/random_controlnet.h"
 #include "io/random_model.h"
+#include "number_flags.h"
 
 namespace zimage::cli {
 
@@ -47,9 +48,11 @@ void register_make_random_model_command(CLI::App& app) {
   cmd->add_option("--outlier-channels", *outlier_fraction,
                   "Fraction of input channels of the DiT blocks' linear weights scaled by "
                   "--outlier-scale, as trained transformers show (e.g. 0.005; default 0)")
-      ->check(CLI::Range(0.0, 1.0));
+      ->check(CLI::Range(0.0, 1.0))
+      ->check(finite_number(false));
   cmd->add_option("--outlier-scale", *outlier_scale, "Factor of the outlier channels (default 30)")
-      ->check(CLI::Range(-1e6, 1e6));
+      ->check(CLI::Range(-1e6, 1e6))
+      ->check(finite_number(true));
   cmd->callback([=] {
     if (out->empty() && controlnet->empty()) {
       std::fprintf(stderr, "zimage make-random-model: give --out DIR and/or --controlnet DIR\n");

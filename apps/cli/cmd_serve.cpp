@@ -5,7 +5,7 @@
 // the process exits 0.
 //
 //   zimage serve --model DIR | --dit F --text-encoder F --vae F [--host 127.0.0.1] [--port 8188]
-//   [--api-key KEY] [--max-queue N]
+//   [--api-key KEY | --api-key-file FILE] [--max-queue N]
 //                [--device auto | --devices cuda:0,cuda:1,... | --devices all]
 //                [--precision auto] [--threads N]
 #include <fcntl.h>
@@ -25,6 +25,8 @@
 #include "commands.h"
 #include "lora_args.h"
 #include "model_flags.h"
+#include "number_flags.h"
+#include "secret_file.h"
 #include "serve/server.h"
 #include "zimage/zimage.h"
 
@@ -50,6 +52,7 @@ struct ServeArgs {
   std::string lora_method = "auto";
   int lora_cache_mib = 2048;
   std::string controlnet;  // loaded with the model; requests send a control image
+  std::string api_key_file;
 };
 
 [[noreturn]] void fail(int code, const std::string& message) {
@@ -106,6 +109,11 @@ class SignalWaiter {
 void run_serve(ServeArgs& a) {
   set_log_verbosity(a.verbose ? 2 : a.quiet ? 0 : 1);
   std::signal(SIGPIPE, SIG_IGN);  // a client that hangs up must not kill the server
+  if (!a.api_key_file.empty()) {  // not in `ps`, unlike --api-key (excluded by CLI11)
+    auto key = read_secret_file("--api-key-file", a.api_key_file);
+    if (!key.ok()) fail(2, key.status().message());
+    a.serve.api_key = std::move(key).value();
+  }
   if (a.serve.api_key.empty()) {
     if (const char* k = std::getenv("ZIMAGE_API_KEY"); k != nullptr) a.serve.api_key = k;
   }
@@ -207,9 +215,14 @@ void register_serve_command(CLI::App& app) {
                   "Address to listen on (default 127.0.0.1; others need --api-key or --insecure)");
   cmd->add_option("--port", a->serve.port, "TCP port (default 8188; 0 = any free port)")
       ->check(CLI::Range(0, 65535));
-  cmd->add_option("--api-key", a->serve.api_key,
-                  "Require 'Authorization: Bearer KEY' on every route but /healthz (or set "
-                  "ZIMAGE_API_KEY)");
+  CLI::Option* api_key =
+      cmd->add_option("--api-key", a->serve.api_key,
+                      "Require 'Authorization: Bearer KEY' on every route but /healthz (or set "
+                      "ZIMAGE_API_KEY; KEY shows in `ps`: prefer --api-key-file)");
+  cmd->add_option("--api-key-file", a->api_key_file,
+                  "As --api-key, the key read from this file (one line; a trailing newline is "
+                  "dropped)")
+      ->excludes(api_key);
   cmd->add_flag("--insecure", a->serve.insecure, "Allow a non-loopback --host without an API key");
   cmd->add_option("--max-queue", a->serve.max_queue,
                   "Jobs waiting at most; more get 429 (default 16)")
@@ -226,7 +239,8 @@ void register_serve_command(CLI::App& app) {
                   "With --precision fp8: the DiT linears in FP8 (default all; see generate)");
   cmd->add_option("--vram-budget", a->vram_budget,
                   "GPU memory the process may use, in GiB, CUDA context included (0 = no limit)")
-      ->check(CLI::Range(0.0, 1e6));
+      ->check(CLI::Range(0.0, 1e6))
+      ->check(finite_number(false));
   cmd->add_option("--weights", a->weights, "bf16, or fp8 (FP8 weight rows; see zimage generate)")
       ->check(CLI::IsMember({"bf16", "fp8"}));
   cmd->add_option("--threads,-t", a->threads, "CPU threads (default 0 = all)");

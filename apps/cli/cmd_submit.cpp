@@ -10,16 +10,20 @@
 #include <cstdio>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "api/request_check.h"
 #include "broker/job_codec.h"
 #include "broker/redis_client.h"
 #include "commands.h"
+#include "number_flags.h"
 #include "output_paths.h"
 #include "progress.h"
+#include "secret_file.h"
 #include "zimage/zimage.h"
 
 namespace zimage::cli {
@@ -28,6 +32,7 @@ namespace {
 
 struct SubmitArgs {
   std::string broker = "redis://127.0.0.1:6379";
+  std::string broker_password_file;
   std::string stream = "zimage:jobs";
   std::string group = "zimage";
   std::string prefix = "zimage";
@@ -57,10 +62,60 @@ T must(Result<T> r, const std::string& what) {
   return std::move(r).value();
 }
 
+// How long `--wait` without --timeout keeps reconnecting through one unbroken outage.
+constexpr double kMaxOutageS = 120;
+
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+// A Redis command for --wait that outlives a broker restart: a lost connection (kIo) is retried,
+// reconnecting with backoff, while --timeout allows (without one, for kMaxOutageS of unbroken
+// outage); the job is the worker's meanwhile. Other failures come back at once.
+Result<broker::Reply> call_retrying(broker::RedisClient& db, const SubmitArgs& a,
+                                    std::chrono::steady_clock::time_point start,
+                                    const std::vector<std::string>& cmd) {
+  double backoff = 0.1;
+  std::optional<std::chrono::steady_clock::time_point> outage;
+  for (;;) {
+    auto r = db.command(cmd);
+    if (r.ok() || r.status().code() != ErrorCode::kIo) {
+      if (outage && !a.quiet) std::fprintf(stderr, "zimage submit: reconnected to the broker\n");
+      return r;
+    }
+    if (!outage) {
+      outage = std::chrono::steady_clock::now();
+      if (!a.quiet)
+        std::fprintf(stderr, "zimage submit: %s; reconnecting (the job stays queued)\n",
+                     r.status().message().c_str());
+    }
+    const bool past_timeout = a.timeout_s > 0 && seconds_since(start) > a.timeout_s;
+    if (past_timeout || (a.timeout_s == 0 && seconds_since(*outage) > kMaxOutageS))
+      return r.status().with_context("the broker stayed unreachable for " +
+                                     std::to_string(static_cast<int>(seconds_since(*outage))) +
+                                     " s" + (past_timeout ? " (--timeout)" : ""));
+    std::this_thread::sleep_for(std::chrono::duration<double>(backoff));
+    backoff = std::min(backoff * 2, 2.0);
+  }
+}
+
+bool wrong_type(const Status& st) {
+  return st.message().find("WRONGTYPE") != std::string::npos;
+}
+
 // The newest entry id of the notification stream ("0-0" when empty), read before the job is
-// added, so no notification can be missed.
-std::string last_notification(broker::RedisClient& db, const std::string& stream) {
-  auto r = must(db.command({"XREVRANGE", stream, "+", "-", "COUNT", "1"}), "XREVRANGE");
+// added, so no notification can be missed. Empty when the key holds something else than a
+// stream: --wait then polls the result key.
+std::string last_notification(broker::RedisClient& db, const std::string& stream, bool quiet) {
+  auto got = db.command({"XREVRANGE", stream, "+", "-", "COUNT", "1"});
+  if (!got.ok() && wrong_type(got.status())) {
+    if (!quiet)
+      std::fprintf(stderr,
+                   "zimage submit: %s is not a stream (%s); waiting by polling the result\n",
+                   stream.c_str(), got.status().message().c_str());
+    return "";
+  }
+  auto r = must(std::move(got), "XREVRANGE");
   auto entries = must(broker::as_array(r, 0, "XREVRANGE"), "XREVRANGE");
   if (entries->empty()) return "0-0";
   auto entry = must(broker::as_array((*entries)[0], 1, "XREVRANGE entry"), "XREVRANGE");
@@ -68,6 +123,7 @@ std::string last_notification(broker::RedisClient& db, const std::string& stream
 }
 
 // Blocks until the job's notification arrives or its result exists; shows progress meanwhile.
+// `last` empty: no notification stream to read; the result key is polled.
 void wait_for(broker::RedisClient& db, const SubmitArgs& a, const std::string& id,
               std::string last) {
   ProgressBar bar(!a.quiet && (a.progress || is_terminal(stderr)), stderr);
@@ -75,28 +131,41 @@ void wait_for(broker::RedisClient& db, const SubmitArgs& a, const std::string& i
   const std::string rkey = broker::result_key(a.prefix, id);
   const std::string pkey = broker::progress_key(a.prefix, id);
   const std::string notify = broker::results_stream(a.prefix);
+  auto call = [&](const std::vector<std::string>& cmd) { return call_retrying(db, a, start, cmd); };
   std::string seen_progress;
   for (int round = 0;; ++round) {
     bool done = false;
-    auto r = must(db.command({"XREAD", "COUNT", "100", "BLOCK", "250", "STREAMS", notify, last}),
-                  "XREAD " + notify);
-    if (!r.is_nil()) {
-      auto streams = must(broker::as_array(r, 1, "XREAD"), "XREAD");
-      auto s = must(broker::as_array((*streams)[0], 2, "XREAD stream"), "XREAD");
-      auto entries = must(broker::as_array((*s)[1], 0, "XREAD entries"), "XREAD");
-      for (const broker::Reply& e : *entries) {
-        auto parts = must(broker::as_array(e, 2, "notification"), "XREAD");
-        last = must(broker::as_string((*parts)[0], "notification id"), "XREAD");
-        for (const auto& [k, v] : must(broker::as_pairs((*parts)[1], "notification"), "XREAD"))
-          if (k == "id" && v == id) done = true;
+    if (!last.empty()) {
+      auto got = call({"XREAD", "COUNT", "100", "BLOCK", "250", "STREAMS", notify, last});
+      if (!got.ok() && wrong_type(got.status())) {  // replaced by another type meanwhile
+        if (!a.quiet)
+          std::fprintf(stderr,
+                       "zimage submit: %s is not a stream (%s); waiting by polling the result\n",
+                       notify.c_str(), got.status().message().c_str());
+        last.clear();
+      } else {
+        auto r = must(std::move(got), "XREAD " + notify);
+        if (!r.is_nil()) {
+          auto streams = must(broker::as_array(r, 1, "XREAD"), "XREAD");
+          auto s = must(broker::as_array((*streams)[0], 2, "XREAD stream"), "XREAD");
+          auto entries = must(broker::as_array((*s)[1], 0, "XREAD entries"), "XREAD");
+          for (const broker::Reply& e : *entries) {
+            auto parts = must(broker::as_array(e, 2, "notification"), "XREAD");
+            last = must(broker::as_string((*parts)[0], "notification id"), "XREAD");
+            for (const auto& [k, v] : must(broker::as_pairs((*parts)[1], "notification"), "XREAD"))
+              if (k == "id" && v == id) done = true;
+          }
+        }
       }
     }
-    if (!done && round % 8 == 7) {  // a trimmed notification stream must not hang us
-      auto ex = must(db.command({"EXISTS", rkey}), "EXISTS");
+    const bool polling = last.empty();
+    if (polling) std::this_thread::sleep_for(std::chrono::milliseconds(250));
+    if (!done && (polling || round % 8 == 7)) {  // a trimmed notification stream must not hang us
+      auto ex = must(call({"EXISTS", rkey}), "EXISTS");
       done = must(broker::as_integer(ex, "EXISTS"), "EXISTS") > 0;
     }
     if (done) break;
-    auto p = must(db.command({"GET", pkey}), "GET " + pkey);
+    auto p = must(call({"GET", pkey}), "GET " + pkey);
     if (!p.is_nil()) {
       const std::string text = must(broker::as_string(p, "progress"), "GET");
       if (text != seen_progress) {
@@ -105,15 +174,14 @@ void wait_for(broker::RedisClient& db, const SubmitArgs& a, const std::string& i
         if (prog.ok()) bar.update(*prog);
       }
     }
-    const double waited =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double waited = seconds_since(start);
     if (a.timeout_s > 0 && waited > a.timeout_s) {
       bar.finish("timed out");
       fail(1, "job " + id + ": no result after " + std::to_string(a.timeout_s) +
                   " s (--timeout); it stays queued");
     }
   }
-  auto h = must(db.command({"HGETALL", rkey}), "HGETALL " + rkey);
+  auto h = must(call({"HGETALL", rkey}), "HGETALL " + rkey);
   auto fields = must(broker::as_pairs(h, "result " + rkey), "HGETALL");
   auto res = must(broker::decode_result(fields), "result of job " + id);
   bar.finish(res.ok ? "done" : "failed");
@@ -136,7 +204,13 @@ void run_submit(const SubmitArgs& a, const CLI::App& cmd) {
          "libhiredis-dev, e.g. with scripts/setup.sh, and configure again)");
   auto url = broker::parse_redis_url(a.broker);
   if (!url.ok()) fail(2, "--broker: " + url.status().message());
+  if (const Status pw = apply_broker_password_file(a.broker_password_file, &*url); !pw.ok())
+    fail(2, pw.message());
   if (a.seed < -1) fail(2, "--seed: must be 0 or more, or -1 for a random seed");
+  // The library's rule (api/request_check.h), on the flag's value: JSON has no NaN or infinity,
+  // so a value the worker would refuse must not be queued as something else.
+  if (const Status g = check_number("--guidance", a.guidance, kMinGuidance, kMaxGuidance); !g.ok())
+    fail(2, g.message());
   GenerateRequest req;
   req.prompts = {a.prompt};
   if (cmd.count("--negative-prompt") > 0) req.negative_prompt = a.negative_prompt;
@@ -186,7 +260,7 @@ void run_submit(const SubmitArgs& a, const CLI::App& cmd) {
   if (!g.ok() && g.status().message().find("BUSYGROUP") == std::string::npos)
     fail(1, g.status().message());
   std::string last;
-  if (a.wait) last = last_notification(*db, broker::results_stream(a.prefix));
+  if (a.wait) last = last_notification(*db, broker::results_stream(a.prefix), a.quiet);
   auto added =
       must(db->command({"XADD", a.stream, "*", broker::kRequestField, *body}), "XADD " + a.stream);
   const std::string id = must(broker::as_string(added, "XADD id"), "XADD");
@@ -205,7 +279,11 @@ void register_submit_command(CLI::App& app) {
       "image. See docs/BROKER.md.");
   cmd->add_option("--broker", args->broker,
                   "Redis URL redis://[[user]:password@]host[:port][/db] (default "
-                  "redis://127.0.0.1:6379)");
+                  "redis://127.0.0.1:6379; a password in it shows in `ps`: prefer "
+                  "--broker-password-file)");
+  cmd->add_option("--broker-password-file", args->broker_password_file,
+                  "The Redis password, read from this file (one line; a trailing newline is "
+                  "dropped) instead of the --broker URL");
   cmd->add_option("--stream", args->stream, "Jobs stream key (default zimage:jobs)");
   cmd->add_option("--group", args->group, "The workers' consumer group (default zimage)");
   cmd->add_option("--prefix", args->prefix, "Key prefix of results (default zimage)");
@@ -214,13 +292,15 @@ void register_submit_command(CLI::App& app) {
   cmd->add_option("--width,-W", args->width, "Image width (default 1024)");
   cmd->add_option("--height,-H", args->height, "Image height (default 1024)");
   cmd->add_option("--steps,-s", args->steps, "Denoising steps (default 8)");
-  cmd->add_option("--guidance,-g", args->guidance, "CFG scale (default 0 = off)");
+  cmd->add_option("--guidance,-g", args->guidance, "CFG scale (default 0 = off)")
+      ->check(finite_number(true));
   cmd->add_option("--seed", args->seed,
                   "Seed 0..2^63-1, or -1 for a random one drawn here (default -1)");
   cmd->add_option("--images-per-prompt", args->images_per_prompt, "Images (default 1)");
   cmd->add_flag("--wait", args->wait, "Wait for the result, show progress, write the image(s)");
   cmd->add_option("--timeout", args->timeout_s, "With --wait: give up after this many seconds")
-      ->check(CLI::Range(0.0, 1e9));
+      ->check(CLI::Range(0.0, 1e9))
+      ->check(finite_number(false));
   cmd->add_option("--output,-o", args->output,
                   "With --wait: output file; several images: FILE_0.png, ... (default zimage.png)");
   cmd->add_flag("--quiet,-q", args->quiet, "Print only the job id and errors");

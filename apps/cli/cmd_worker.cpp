@@ -21,6 +21,8 @@
 #include "commands.h"
 #include "lora_args.h"
 #include "model_flags.h"
+#include "number_flags.h"
+#include "secret_file.h"
 #include "zimage/zimage.h"
 
 namespace zimage::cli {
@@ -31,6 +33,7 @@ constexpr int kTinyDefaultSide = 64;  // the built-in model's default size, as `
 
 struct WorkerArgs {
   std::string broker = "redis://127.0.0.1:6379";
+  std::string broker_password_file;
   ModelFlags model;
   std::string device = "auto";
   std::string precision = "auto";
@@ -63,6 +66,8 @@ void run_worker_command(WorkerArgs& a) {
          "libhiredis-dev, e.g. with scripts/setup.sh, and configure again)");
   auto url = broker::parse_redis_url(a.broker);
   if (!url.ok()) fail(2, "--broker: " + url.status().message());
+  if (const Status pw = apply_broker_password_file(a.broker_password_file, &*url); !pw.ok())
+    fail(2, pw.message());
   broker::WorkerOptions& wo = a.worker;
   wo.url = *url;
   const Status opt = broker::finish_options(&wo);
@@ -125,7 +130,11 @@ void register_worker_command(CLI::App& app) {
       "docs/BROKER.md. Start one per GPU, on as many hosts as you like.");
   cmd->add_option("--broker", args->broker,
                   "Redis URL redis://[[user]:password@]host[:port][/db] (default "
-                  "redis://127.0.0.1:6379)");
+                  "redis://127.0.0.1:6379; a password in it shows in `ps`: prefer "
+                  "--broker-password-file)");
+  cmd->add_option("--broker-password-file", args->broker_password_file,
+                  "The Redis password, read from this file (one line; a trailing newline is "
+                  "dropped) instead of the --broker URL");
   cmd->add_option("--model,-m", args->model.model,
                   "Model folder in the diffusers layout (default: the tiny built-in model)");
   add_single_file_flags(cmd, args->model);
@@ -138,7 +147,8 @@ void register_worker_command(CLI::App& app) {
   cmd->add_option("--vae-tiling", args->vae_tiling, "auto, on or off (default auto)")
       ->check(CLI::IsMember({"auto", "on", "off"}));
   cmd->add_option("--vram-budget", args->vram_budget, "GPU memory budget in GiB (0 = no limit)")
-      ->check(CLI::Range(0.0, 1e6));
+      ->check(CLI::Range(0.0, 1e6))
+      ->check(finite_number(false));
   cmd->add_option("--threads,-t", args->threads, "CPU threads (default 0 = all)");
   add_lora_options(cmd, args->lora);
   broker::WorkerOptions& w = args->worker;

@@ -68,6 +68,19 @@ Status check_side(const char* field, int v, const RequestLimits& lim) {
 
 }  // namespace
 
+Status check_number(const std::string& field, double v, double min, double max) {
+  char buf[160];
+  if (!std::isfinite(v)) {
+    std::snprintf(buf, sizeof(buf), "%g", v);
+    return InvalidArgument(field + ": must be a finite number, got " + buf);
+  }
+  if (v < min || v > max) {
+    std::snprintf(buf, sizeof(buf), ": %g is outside %g..%g", v, min, max);
+    return InvalidArgument(field + buf);
+  }
+  return Status::Ok();
+}
+
 Status check_request(const GenerateRequest& req, const RequestLimits& lim) {
   if (req.prompts.empty()) return InvalidArgument("prompts: at least one prompt is needed");
   if (static_cast<int64_t>(req.prompts.size()) > lim.max_batch)  // before any per-prompt work
@@ -90,9 +103,7 @@ Status check_request(const GenerateRequest& req, const RequestLimits& lim) {
   if (req.steps < 1 || req.steps > lim.max_steps)
     return InvalidArgument("steps: " + std::to_string(req.steps) + " is outside 1.." +
                            std::to_string(lim.max_steps));
-  if (!std::isfinite(req.guidance) || req.guidance < 0.0f)
-    return InvalidArgument("guidance: must be a finite number >= 0, got " +
-                           std::to_string(req.guidance));
+  ZI_TRY(check_number("guidance", req.guidance, kMinGuidance, kMaxGuidance));
   if (req.images_per_prompt < 1)
     return InvalidArgument("images_per_prompt: must be at least 1, got " +
                            std::to_string(req.images_per_prompt));
@@ -123,11 +134,7 @@ Status check_request(const GenerateRequest& req, const RequestLimits& lim) {
 Status check_image_inputs(const GenerateRequest& req) {
   if (req.control_image) {
     ZI_TRY(check_input_image("control_image", *req.control_image));
-    if (!std::isfinite(req.control_scale)) {
-      char buf[64];
-      std::snprintf(buf, sizeof(buf), "%g", static_cast<double>(req.control_scale));
-      return InvalidArgument(std::string("control_scale: must be a finite number, got ") + buf);
-    }
+    ZI_TRY(check_number("control_scale", req.control_scale, -kMaxControlScale, kMaxControlScale));
   }
   if (!req.init_image) {
     if (req.mask) return InvalidArgument("mask: needs an init_image to inpaint");

@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <string_view>
 
 #include "zimage/status.h"
@@ -28,6 +29,19 @@ struct RequestLimits {
 inline constexpr int64_t kMaxInputImagePixels = int64_t{1} << 26;
 
 Status check_request(const GenerateRequest& req, const RequestLimits& limits);
+
+// The float fields' ranges: one rule for every entry point. check_request applies them; the CLI
+// flags (`zimage generate`, `zimage submit`) and the server's and the worker's JSON parsers
+// (serve/request_parse.h) check the value as given with check_number before narrowing it to a
+// float, so 1e39 is out of range rather than infinity.
+inline constexpr double kMinGuidance = 0.0;  // guidance (guidance_scale, cfg_scale, --guidance)
+inline constexpr double kMaxGuidance = 100.0;
+inline constexpr double kMaxControlScale = 100.0;  // control_scale in -100..100
+// cfg_truncation and cfg_normalization: finite; cfg_normalization >= 0. strength: (0, 1].
+
+// `v` finite and in [min, max], else kInvalidArgument naming `field`: "<field>: must be a finite
+// number, got nan" or "<field>: 150 is outside 0..100" (%g).
+Status check_number(const std::string& field, double v, double min, double max);
 
 // The image-conditioned fields alone (check_request runs it last): mask and strength need
 // init_image; the images are well formed; the mask has init_image's size; strength is in (0, 1]

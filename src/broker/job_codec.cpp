@@ -4,6 +4,8 @@
 #include <charconv>
 #include <nlohmann/json.hpp>
 
+#include "api/request_check.h"
+
 namespace zimage::broker {
 
 namespace {
@@ -38,6 +40,9 @@ Result<std::string> request_json(const GenerateRequest& req) {
   if (req.prompts.size() != 1)
     return InvalidArgument("prompt: a broker job has exactly one prompt, got " +
                            std::to_string(req.prompts.size()));
+  // JSON has no NaN or infinity (nlohmann writes null, which parses as "absent"): refused here,
+  // with the range the worker's parser applies (api/request_check.h).
+  ZI_TRY(check_number("guidance_scale", req.guidance, kMinGuidance, kMaxGuidance));
   try {
     json j = {{"prompt", req.prompts.front()},
               {"size", std::to_string(req.width) + "x" + std::to_string(req.height)},

@@ -9,6 +9,10 @@
 //   4. WATCH the result key; MULTI: HSET result, EXPIRE, DEL progress, XACK, XADD notification;
 //      EXEC. A result stored meanwhile by another worker (a slow worker whose job was claimed)
 //      trips the WATCH: then only the ack is sent.
+// Failures never stop the loop (docs/BROKER.md, "Failures"): a store that fails for a reason
+// that may pass (connection, OOM, LOADING, ...) is retried with backoff, then left pending to be
+// claimed again; a notification stream of another type is skipped (the result is stored); a
+// result key of another type gets no result, the job is acked with an error notification.
 #include "broker/worker.h"
 
 #include <unistd.h>
@@ -60,6 +64,21 @@ const char* code_slug(ErrorCode c) {
       return "internal";
   }
   return "internal";
+}
+
+// An error reply worth retrying: the server is loading, out of memory, busy with a script, a
+// read-only replica, ... ("redis HSET: OOM command not allowed ..."), or the connection.
+bool transient(const Status& st) {
+  if (st.code() == ErrorCode::kIo) return true;
+  if (st.code() != ErrorCode::kInvalidArgument) return false;
+  const std::string& m = st.message();
+  const size_t colon = m.find(": ");
+  if (m.rfind("redis ", 0) != 0 || colon == std::string::npos) return false;
+  const std::string word = m.substr(colon + 2, m.find(' ', colon + 2) - (colon + 2));
+  for (const char* w : {"OOM", "LOADING", "BUSY", "TRYAGAIN", "MASTERDOWN", "READONLY",
+                        "CLUSTERDOWN", "NOREPLICAS", "EXECABORT"})
+    if (word == w) return true;
+  return false;
 }
 
 struct Entry {
@@ -178,7 +197,10 @@ class Worker {
         log_line(o_, "group gone (" + st.message() + "); creating it again");
         st = ensure_group();
       }
-      if (!st.ok() && st.code() != ErrorCode::kIo) return st;
+      // Nothing a job or a key can do stops the worker: it logs, backs off and goes on (a key of
+      // the wrong type, a permission, a malformed reply are the operator's to fix, and a fixed
+      // one is picked up without a restart). Only the host running out of memory ends it.
+      if (!st.ok() && st.code() == ErrorCode::kOutOfMemory) return st;
       if (!st.ok()) log_line(o_, st.message() + "; retrying");
       std::this_thread::sleep_for(std::chrono::duration<double>(backoff));
       backoff = std::min(backoff * 2, 5.0);
@@ -273,9 +295,8 @@ class Worker {
   Status process(const Entry& e) {
     ZI_ASSIGN_OR_RETURN(int64_t count, deliveries(e.id));
     if (count == 0) return Status::Ok();  // someone else finished it
-    ZI_ASSIGN_OR_RETURN(Reply exists, db_->command({"EXISTS", result_key(o_.prefix, e.id)}));
-    ZI_ASSIGN_OR_RETURN(int64_t n, as_integer(exists, "EXISTS"));
-    if (n > 0) {
+    ZI_ASSIGN_OR_RETURN(std::string type, key_type(result_key(o_.prefix, e.id)));
+    if (type == "hash") {
       log_line(o_, "job " + e.id + " already has a result; acknowledging it");
       ZI_TRY(db_->command({"XACK", o_.stream, o_.group, e.id}).status());
       ++stats_->duplicates;
@@ -284,6 +305,7 @@ class Worker {
     JobResult res;
     res.worker = o_.consumer;
     res.deliveries = count;
+    if (type != "none") return report_unstorable(e.id, type);  // not run: nowhere to store it
     if (e.deleted) {
       fail(&res, "not_found", "the job's stream entry was deleted before it ran");
     } else if (count > o_.max_deliveries) {
@@ -294,7 +316,12 @@ class Worker {
     } else {
       run_job(e, &res);
     }
-    ZI_TRY(store(e.id, res));
+    reported_ = false;
+    const Status stored = store(e.id, res);
+    if (reported_) return Status::Ok();  // the result key became another type meanwhile
+    if (!stored.ok())
+      return stored.with_context("job " + e.id + ": result not stored; the job stays pending and " +
+                                 "runs again once claimed (idle >= --claim-idle-ms)");
     ++stats_->jobs;
     if (!res.ok) ++stats_->failed;
     log_line(o_, "job " + e.id + (res.ok ? " done" : " failed: " + res.error) + " (delivery " +
@@ -357,9 +384,70 @@ class Worker {
     res->timings_json = t.dump();
   }
 
+  // The TYPE of `key`: "none", "hash", "stream", "string", ...
+  Result<std::string> key_type(const std::string& key) {
+    ZI_ASSIGN_OR_RETURN(Reply t, db_->command({"TYPE", key}));
+    return as_string(t, "TYPE " + key);
+  }
+
+  // The notification stream is usable (a stream, or absent: XADD creates it); logs why not.
+  Result<bool> notify_ok(const std::string& id) {
+    const std::string notify = results_stream(o_.prefix);
+    ZI_ASSIGN_OR_RETURN(std::string t, key_type(notify));
+    if (t == "stream" || t == "none") return true;
+    log_line(o_, "job " + id + ": no notification: " + notify + " holds a " + t +
+                     ", not a stream (clients must poll " + result_key(o_.prefix, id) + ")");
+    return false;
+  }
+
+  // The result key holds something of another type (`type`): the result cannot be stored where
+  // clients look for it, and no retry can change that. The entry is acknowledged (running it
+  // again would only end as poison) with an error notification that says why, and logged.
+  Status report_unstorable(const std::string& id, const std::string& type) {
+    const std::string rkey = result_key(o_.prefix, id);
+    const std::string why = rkey + " holds a " + type + ", not a result hash: the job is not run " +
+                            "and has no result (delete the key and submit it again)";
+    ZI_ASSIGN_OR_RETURN(bool notify, notify_ok(id));
+    std::vector<std::vector<std::string>> queued = {{"XACK", o_.stream, o_.group, id}};
+    if (notify)
+      queued.push_back({"XADD", results_stream(o_.prefix), "MAXLEN", "~",
+                        std::to_string(kResultsStreamMaxLen), "*", "id", id, "status", "error",
+                        "error", why});
+    ZI_TRY(transaction(id, queued).status());  // no WATCH: never nil
+    ++stats_->jobs;
+    ++stats_->failed;
+    reported_ = true;
+    log_line(o_, "job " + id + " failed: " + why);
+    return Status::Ok();
+  }
+
+  // MULTI, `queued`, EXEC. A command refused while queueing aborts it (the error returned); one
+  // failing inside EXEC is logged: the others have run (Redis has no rollback), so the outcome
+  // is as good as it can be made and retrying would repeat them. Nil: a WATCH tripped.
+  Result<bool> transaction(const std::string& id,
+                           const std::vector<std::vector<std::string>>& queued) {
+    ZI_TRY(db_->command({"MULTI"}).status());
+    for (const auto& c : queued) {
+      auto r = db_->command(c);
+      if (!r.ok()) {
+        (void)db_->command({"DISCARD"});
+        return r.status();
+      }
+    }
+    ZI_ASSIGN_OR_RETURN(Reply exec, db_->command({"EXEC"}));
+    if (exec.is_nil()) return false;
+    ZI_ASSIGN_OR_RETURN(const std::vector<Reply>* out, as_array(exec, queued.size(), "EXEC"));
+    for (size_t i = 0; i < out->size(); ++i)
+      if ((*out)[i].type == Reply::Type::kError)
+        log_line(o_, "job " + id + ": redis " + queued[i][0] + " in EXEC failed: " + (*out)[i].str);
+    return true;
+  }
+
   // The result, its expiry, the ack and the notification in one transaction, guarded by WATCH so
   // that a second result for the same job (a slow worker racing the one that claimed its job)
-  // never replaces the first: it only acks.
+  // never replaces the first: it only acks. What may pass (the connection, OOM, LOADING, ...) is
+  // retried with backoff, about a minute in all; then the error is returned and the job stays
+  // pending.
   Status store(const std::string& id, const JobResult& res) {
     const std::string rkey = result_key(o_.prefix, id);
     const Fields fields = encode_result(res);
@@ -369,7 +457,7 @@ class Worker {
         std::this_thread::sleep_for(
             std::chrono::milliseconds(std::min(100 << std::min(attempt, 5), 3000)));
       last = store_once(id, rkey, fields, res.ok);
-      if (last.ok() || last.code() != ErrorCode::kIo) return last;
+      if (last.ok() || !transient(last)) return last;
       log_line(o_, "storing job " + id + ": " + last.message() + "; retrying");
     }
     return last;
@@ -378,38 +466,29 @@ class Worker {
   Status store_once(const std::string& id, const std::string& rkey, const Fields& fields, bool ok) {
     for (int round = 0; round < 10; ++round) {
       ZI_TRY(db_->command({"WATCH", rkey}).status());
-      ZI_ASSIGN_OR_RETURN(Reply ex, db_->command({"EXISTS", rkey}));
-      ZI_ASSIGN_OR_RETURN(int64_t n, as_integer(ex, "EXISTS"));
-      if (n > 0) {  // another worker stored it first
+      ZI_ASSIGN_OR_RETURN(std::string type, key_type(rkey));
+      if (type != "none") {
         ZI_TRY(db_->command({"UNWATCH"}).status());
+        if (type != "hash") return report_unstorable(id, type);  // set meanwhile
+        // another worker stored it first
         ZI_TRY(db_->command({"XACK", o_.stream, o_.group, id}).status());
         ++stats_->duplicates;
         return Status::Ok();
       }
+      ZI_ASSIGN_OR_RETURN(bool notify, notify_ok(id));
       std::vector<std::string> hset = {"HSET", rkey};
       for (const auto& [k, v] : fields) hset.insert(hset.end(), {k, v});
-      const std::vector<std::vector<std::string>> queued = {
+      std::vector<std::vector<std::string>> queued = {
           hset,
           {"EXPIRE", rkey, std::to_string(o_.result_ttl_s)},
           {"DEL", progress_key(o_.prefix, id)},
-          {"XACK", o_.stream, o_.group, id},
-          {"XADD", results_stream(o_.prefix), "MAXLEN", "~", std::to_string(kResultsStreamMaxLen),
-           "*", "id", id, "status", ok ? "ok" : "error"}};
-      ZI_TRY(db_->command({"MULTI"}).status());
-      for (const auto& c : queued) {
-        auto r = db_->command(c);
-        if (!r.ok()) {
-          (void)db_->command({"DISCARD"});
-          return r.status();
-        }
-      }
-      ZI_ASSIGN_OR_RETURN(Reply exec, db_->command({"EXEC"}));
-      if (exec.is_nil()) continue;  // WATCH tripped: look again
-      ZI_ASSIGN_OR_RETURN(const std::vector<Reply>* out, as_array(exec, queued.size(), "EXEC"));
-      for (size_t i = 0; i < out->size(); ++i)
-        if ((*out)[i].type == Reply::Type::kError)
-          return InvalidArgument("redis " + queued[i][0] + " in EXEC: " + (*out)[i].str);
-      return Status::Ok();
+          {"XACK", o_.stream, o_.group, id}};
+      if (notify)
+        queued.push_back({"XADD", results_stream(o_.prefix), "MAXLEN", "~",
+                          std::to_string(kResultsStreamMaxLen), "*", "id", id, "status",
+                          ok ? "ok" : "error"});
+      ZI_ASSIGN_OR_RETURN(bool done, transaction(id, queued));
+      if (done) return Status::Ok();  // else WATCH tripped: look again
     }
     return InternalError("storing job " + id + ": the result key kept changing under WATCH");
   }
@@ -420,6 +499,7 @@ class Worker {
   WorkerStats* stats_;
   std::unique_ptr<RedisClient> db_;
   Heartbeat* hb_ = nullptr;
+  bool reported_ = false;  // report_unstorable ran for the job being stored
   std::string cursor_ = "0-0";
   std::chrono::steady_clock::time_point next_autoclaim_{};
 };

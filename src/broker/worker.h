@@ -43,8 +43,11 @@ struct WorkerStats {
 };
 
 // Runs until `stop` is set (then the current job is finished, stored and acked first) or
-// max_jobs are done. Connection losses are retried with backoff; an error is returned only for
-// what retrying cannot fix (bad credentials, a key of the wrong type).
+// max_jobs are done. An error is returned only at start (Redis unreachable, bad credentials, the
+// jobs key of another type) or when the host runs out of memory. Later, whatever Redis answers
+// (a lost connection, a key of the wrong type, OOM, a refused command) is logged and retried with
+// backoff, and the worker goes on with further jobs; a result that cannot be stored leaves its
+// job pending, to be claimed again (docs/BROKER.md, "Failures").
 Status run_worker(Engine& engine, const WorkerOptions& options, const std::atomic<bool>& stop,
                   WorkerStats* stats);
 

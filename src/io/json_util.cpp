@@ -204,6 +204,11 @@ std::string printable(std::string_view s) {
       ++i;
       continue;
     }
+    if (cp < 0xa0) {  // a C1 control (U+0080..U+009F; U+009B is CSI on some terminals)
+      for (size_t k = 0; k < len; ++k) escape(static_cast<unsigned char>(s[i + k]));
+      i += len;
+      continue;
+    }
     out.append(s.substr(i, len));
     i += len;
   }

@@ -30,8 +30,9 @@ Result<std::string> read_text(const std::string& path, size_t max_bytes = size_t
 // one Io, a file larger than `max_bytes` a FormatError.
 Result<nlohmann::json> read_file(const std::string& path, size_t max_bytes = size_t{64} << 20);
 
-// `s` made safe to print in an error message: control bytes and bytes that are not part of valid
-// UTF-8 become \xNN, so a hostile name cannot inject terminal escapes or break a JSON log line.
+// `s` made safe to print in an error message: control bytes (C0, DEL and the UTF-8 encoded C1
+// controls U+0080..U+009F) and bytes that are not part of valid UTF-8 become \xNN, so a hostile
+// name cannot inject terminal escapes or break a JSON log line.
 std::string printable(std::string_view s);
 
 // "object", "array", "string", "integer", "number", "boolean", "null".

@@ -1,5 +1,6 @@
 #include "io/random_controlnet.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -31,8 +32,16 @@ Result<RandomControlNetLayout> controlnet_layout(const std::string& version,
     return InvalidArgument("--controlnet-version " + version + ": its " + std::to_string(count) +
                            " control layers cannot be spread evenly over the transformer's " +
                            std::to_string(dit.n_layers) + " layers");
+  // The ControlNet config's n_refiner_layers must be positive (its own refiner blocks, or the
+  // 2.1 control refiner's), and the refiner places must name the transformer's refiner layers.
+  if (dit.n_refiner_layers < 1)
+    return InvalidArgument("--controlnet-version " + version +
+                           ": the transformer has no noise refiner layer; a ControlNet needs one");
   for (int k = 0; k < count; ++k) l.control_layers_places.push_back(k * (dit.n_layers / count));
-  if (!l.add_control_noise_refiner.empty()) l.control_refiner_layers_places = {0, 1};
+  // The published [0, 1], cut to the transformer's refiner layers (one: [0]).
+  if (!l.add_control_noise_refiner.empty())
+    for (int r = 0; r < std::min(2, dit.n_refiner_layers); ++r)
+      l.control_refiner_layers_places.push_back(r);
   l.n_refiner_layers = dit.n_refiner_layers;
   return l;
 }

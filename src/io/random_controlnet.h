@@ -36,8 +36,9 @@ struct RandomControlNetLayout {
 };
 
 // The layout of published `version` ("1.0", "2.0", "2.1", "2.1-lite") for `dit`; an unknown
-// version, or a DiT whose depth the version's control layers cannot be spread evenly over, is an
-// InvalidArgument naming it.
+// version, a DiT whose depth the version's control layers cannot be spread evenly over, or one
+// without a noise refiner layer, is an InvalidArgument naming it. 2.x refiner places are the
+// published [0, 1], cut to the DiT's refiner layers ([0] for one).
 Result<RandomControlNetLayout> controlnet_layout(const std::string& version,
                                                  const TransformerConfig& dit);
 

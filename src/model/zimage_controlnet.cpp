@@ -144,8 +144,13 @@ Result<ControlNetConfig> infer_controlnet_config(const WeightStore& ws, int dit_
     c.version = "1.0";
     c.refiner = ControlNetConfig::Refiner::kNone;
   }
-  c.n_refiner_layers = std::max(n_refiner, 2);
-  if (c.refiner != ControlNetConfig::Refiner::kNone) c.control_refiner_layers_places = {0, 1};
+  c.n_refiner_layers = n_refiner > 0 ? n_refiner : 2;
+  if (c.refiner != ControlNetConfig::Refiner::kNone) {  // [0, 1], or [0] for one refiner block
+    const int places = c.refiner == ControlNetConfig::Refiner::kControlNoiseRefiner
+                           ? std::min(2, c.n_refiner_layers)
+                           : 2;
+    for (int r = 0; r < places; ++r) c.control_refiner_layers_places.push_back(r);
+  }
   // Places: evenly over the DiT's layers (6 of 30 -> every 5th, 15 -> every 2nd, 3 -> every
   // 10th); a count that does not divide the DiT's depth takes the published 30-layer spacing
   // (the load then names the places the transformer lacks).
@@ -166,6 +171,36 @@ Result<ControlNetConfig> infer_controlnet_config(const WeightStore& ws, int dit_
   return c;
 }
 
+namespace {
+
+// A ControlNet folder's config.json, read and parsed as load() reads it.
+Result<ControlNetConfig> read_folder_config(const std::string& path) {
+  const std::string cj = (std::filesystem::path(path) / "config.json").string();
+  auto text = json_util::read_file(cj);
+  if (!text.ok()) return text.status().with_context("--controlnet " + path);
+  return parse_controlnet_config(text->dump(), cj);
+}
+
+}  // namespace
+
+Status check_controlnet_files(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::exists(path, ec)) return NotFound("--controlnet " + path + ": no such file or folder");
+  try {
+    if (fs::is_directory(path, ec)) {
+      ZI_TRY(read_folder_config(path).status());
+      return WeightStore::open(path).status();
+    }
+    ZI_ASSIGN_OR_RETURN(WeightStore ws, WeightStore::open(path));
+    auto cfg = infer_controlnet_config(ws, 30, nullptr);
+    if (!cfg.ok()) return cfg.status().with_context("--controlnet " + path);
+    return Status::Ok();
+  } catch (const std::bad_alloc&) {
+    return OutOfMemory("--controlnet " + path);
+  }
+}
+
 Result<std::unique_ptr<ZImageControlNet>> ZImageControlNet::load(const std::string& path,
                                                                  ZImageDiT& dit, Backend& be) {
   namespace fs = std::filesystem;
@@ -173,11 +208,8 @@ Result<std::unique_ptr<ZImageControlNet>> ZImageControlNet::load(const std::stri
   if (!fs::exists(path, ec)) return NotFound("--controlnet " + path + ": no such file or folder");
   try {
     if (fs::is_directory(path, ec)) {
-      const std::string cj = (fs::path(path) / "config.json").string();
-      auto text = json_util::read_file(cj);
-      if (!text.ok()) return text.status().with_context("--controlnet " + path);
       ControlNetConfig cfg;
-      { ZI_ASSIGN_OR_RETURN(cfg, parse_controlnet_config(text->dump(), cj)); }
+      { ZI_ASSIGN_OR_RETURN(cfg, read_folder_config(path)); }
       ZI_ASSIGN_OR_RETURN(WeightStore ws, WeightStore::open(path));
       return load(cfg, ws, dit, be, path);
     }

@@ -68,6 +68,12 @@ Result<ControlNetConfig> parse_controlnet_config(const std::string& text, const 
 Result<ControlNetConfig> infer_controlnet_config(const WeightStore& ws, int dit_layers,
                                                  std::vector<std::string>* unused);
 
+// What ZImageControlNet::load checks of `path` before it needs the transformer, worded as load
+// words it (`zimage info` runs it on a ControlNet folder or file): the path exists, a folder's
+// config.json is read and parsed, the weights open; a single file's config is inferred from its
+// tensors against the published 30-layer transformer.
+Status check_controlnet_files(const std::string& path);
+
 class ZImageControlNet {
  public:
   // Loads a ControlNet from `path`: a diffusers folder (config.json + weights) or a single

@@ -73,7 +73,8 @@ Status get_int(const json& obj, const char* key, int64_t min, int64_t max, int* 
   return Status::Ok();
 }
 
-// A finite number in [min, max].
+// A finite number in [min, max] (the library's rule, api/request_check.h), checked as the double
+// given, before it is narrowed to a float.
 Status get_number(const json& obj, const char* key, double min, double max, float* out) {
   const json* v = field(obj, key);
   if (v == nullptr) return Status::Ok();
@@ -81,11 +82,7 @@ Status get_number(const json& obj, const char* key, double min, double max, floa
   if (!v->is_number()) return InvalidArgument(k + ": must be a number, got " + type_of(*v));
   const double d = v->get<double>();
   if (!std::isfinite(d)) return InvalidArgument(k + ": must be a finite number");
-  if (d < min || d > max) {
-    char buf[160];
-    std::snprintf(buf, sizeof(buf), ": %g is outside %g..%g", d, min, max);
-    return InvalidArgument(k + buf);
-  }
+  ZI_TRY(check_number(k, d, min, max));
   *out = static_cast<float>(d);
   return Status::Ok();
 }
@@ -136,9 +133,15 @@ Status get_seed(const json& obj, uint64_t random_seed, uint64_t* seed, bool* ran
     *random = false;
     return Status::Ok();
   }
-  if (v->is_number_integer()) {
-    if (v->get<int64_t>() == -1) return Status::Ok();
-    return InvalidArgument("seed: " + std::to_string(v->get<int64_t>()) +
+  if (v->is_number_integer()) {  // a signed JSON integer: written with a minus sign
+    const int64_t x = v->get<int64_t>();
+    if (x == -1) return Status::Ok();
+    if (x == 0) {  // "-0" is 0 (as -0.0 below)
+      *seed = 0;
+      *random = false;
+      return Status::Ok();
+    }
+    return InvalidArgument("seed: " + std::to_string(x) +
                            " is outside 0..18446744073709551615 (-1 = random)");
   }
   if (v->is_number_float()) {
@@ -406,10 +409,10 @@ Result<JobSpec> openai_spec(const json& obj, const ParseLimits& lim, uint64_t ra
         default_size(*req.init_image, lim.request.size_multiple, "image", &req.width, &req.height));
   ZI_TRY(parse_size(obj, &req.width, &req.height));
   if (req.init_image && !req.control_image) ZI_TRY(get_strength(obj, "strength", &req.strength));
-  ZI_TRY(get_number(obj, "control_scale", -100.0, 100.0, &req.control_scale));
+  ZI_TRY(get_number(obj, "control_scale", -kMaxControlScale, kMaxControlScale, &req.control_scale));
   req.steps = lim.default_steps;
   ZI_TRY(get_int(obj, "num_inference_steps", 1, lim.request.max_steps, &req.steps));
-  ZI_TRY(get_number(obj, "guidance_scale", 0.0, 100.0, &req.guidance));
+  ZI_TRY(get_number(obj, "guidance_scale", kMinGuidance, kMaxGuidance, &req.guidance));
   ZI_TRY(get_seed(obj, random_seed, &req.seed, &spec.random_seed));
   for (const char* k :
        {"model", "quality", "style", "user", "background", "moderation", "input_fidelity"}) {

@@ -9,15 +9,22 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "common/cli_run.h"
+#include "common/controlnet_model.h"
+#include "common/gguf_builder.h"
 #include "common/npy.h"
+#include "io/model_folder.h"
+#include "io/random_controlnet.h"
 #include "io/random_model.h"
 #include "io/safetensors.h"
 #include "io/weights.h"
+#include "pipeline/text_to_image.h"
+#include "zimage/zimage.h"
 
 namespace zimage {
 namespace {
@@ -213,6 +220,133 @@ TEST_F(InfoChecks, EveryProblemIsListedTheFirstAsGenerateReportsIt) {
   ASSERT_EQ(j["errors"].size(), 2u) << j["errors"];
   EXPECT_EQ(j["errors"][0], first);
   EXPECT_NE(j["errors"][1].get<std::string>().find("decoder.conv_out.bias"), std::string::npos);
+}
+
+// Issue "security hardening", item 16: `info` on what is not a model folder runs the checks the
+// loaders of `generate` make. Item 17: nothing from a file reaches the terminal unescaped.
+class InfoOtherKinds : public InfoChecks {
+ protected:
+  static void write_bytes(const fs::path& p, const std::vector<uint8_t>& b) {
+    std::ofstream(p, std::ios::binary)
+        .write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));
+  }
+  // info's first message on stderr (exit 1 expected), with --json agreeing.
+  std::string refused(const fs::path& path) {
+    const ProgramRun r = zimage({"info", path.string()});
+    EXPECT_EQ(r.exit_code, 1) << "info accepted " << path << ":\n" << r.out << r.err;
+    const ProgramRun j = zimage({"info", "--json", path.string()});
+    EXPECT_EQ(j.exit_code, 1) << j.out << j.err;
+    const auto json = nlohmann::json::parse(j.out, nullptr, false);
+    EXPECT_TRUE(!json.is_discarded() && json["valid"] == false) << j.out;
+    const size_t at = r.err.find("zimage info: ");
+    if (at == std::string::npos) return "";
+    const size_t b = at + 13;
+    return r.err.substr(b, r.err.find('\n', b) - b);
+  }
+  std::string png_file(const std::string& name) {
+    Image img;
+    img.width = img.height = 64;
+    img.rgb.assign(64 * 64 * 3, 128);
+    const std::string p = (root_ / name).string();
+    auto bytes = png_encode(img);
+    EXPECT_TRUE(bytes.ok());
+    write_bytes(p, *bytes);
+    return p;
+  }
+};
+
+TEST_F(InfoOtherKinds, EmptyGgufIsRefused) {
+  test::GgufBuilder g;
+  g.header(0, 0);
+  write_bytes(root_ / "empty.gguf", g.bytes);
+  const std::string m = refused(root_ / "empty.gguf");
+  EXPECT_NE(m.find("holds no"), std::string::npos) << m;
+  // As `generate --dit` words it (TextToImage::check_file: the single-file loaders' check).
+  EXPECT_EQ(TextToImage::check_file((root_ / "empty.gguf").string()).front().to_string(), m);
+  fs::create_directories(root_ / "component");
+  write_bytes(root_ / "component" / "model.gguf", g.bytes);
+  EXPECT_NE(refused(root_ / "component").find("holds no tensors"), std::string::npos);
+}
+
+TEST_F(InfoOtherKinds, ControlNetWithBrokenConfigIsRefusedAsGenerateRefusesIt) {
+  const TransformerConfig dit = ModelFolder::open(test::controlnet_model_dir())->transformer();
+  RandomModelOptions o;
+  o.dit = dit;
+  const fs::path cn = root_ / "cn";
+  ASSERT_TRUE(write_random_controlnet(cn.string(), "2.1", o).ok());
+  const ProgramRun ok = zimage({"info", cn.string()});
+  EXPECT_EQ(ok.exit_code, 0) << ok.err;
+  std::ofstream(cn / "config.json") << "{\"control_in_dim\": 33, ";
+  const std::string m = refused(cn);
+  EXPECT_NE(m.find("config.json"), std::string::npos) << m;
+  const std::string out = (root_ / "out.png").string();
+  const ProgramRun gen =
+      zimage({"generate", "--model", test::controlnet_model_dir(), "--prompt", "a", "--width", "64",
+              "--height", "64", "--steps", "1", "--device", "cpu", "--controlnet", cn.string(),
+              "--control-image", png_file("control.png"), "--output", out});
+  EXPECT_NE(gen.exit_code, 0);
+  EXPECT_NE(gen.err.find(m), std::string::npos) << "info: " << m << "\ngenerate: " << gen.err;
+  EXPECT_FALSE(fs::exists(out));
+}
+
+TEST_F(InfoOtherKinds, LoraHoldingNaNIsRefusedAsGenerateRefusesIt) {
+  const fs::path lora = root_ / "nan_lora.safetensors";
+  Tensor down = Tensor::host(DType::kF32, {2, 64});
+  Tensor up = Tensor::host(DType::kF32, {64, 2});
+  for (int64_t i = 0; i < 128; ++i) {
+    down.data_as<float>()[i] = 0.01f;
+    up.data_as<float>()[i] = 0.01f;
+  }
+  up.data_as<float>()[5] = std::numeric_limits<float>::quiet_NaN();
+  ASSERT_TRUE(write_safetensors(lora.string(), {{"layers.0.attention.to_q.lora_A.weight", down},
+                                                {"layers.0.attention.to_q.lora_B.weight", up}})
+                  .ok());
+  const std::string m = refused(lora);
+  EXPECT_NE(m.find("holds NaN or Inf"), std::string::npos) << m;
+  const std::string out = (root_ / "out.png").string();
+  const ProgramRun gen = zimage({"generate", "--prompt", "a", "--steps", "1", "--device", "cpu",
+                                 "--lora", lora.string(), "--output", out});
+  EXPECT_NE(gen.exit_code, 0);
+  EXPECT_NE(gen.err.find("holds NaN or Inf"), std::string::npos) << gen.err;
+  EXPECT_FALSE(fs::exists(out));
+}
+
+// Tensor names with a terminal escape (ESC [ 3 1 m), a C1 CSI (U+009B) and a BEL: printed as \xNN
+// by `info --tensors`, and --json is pure ASCII.
+TEST_F(InfoOtherKinds, TensorNamesAreEscaped) {
+  const std::string evil =
+      "evil\x1b[31mred\xc2\x9b"
+      "2J\x07";
+  const fs::path st = root_ / "evil.safetensors";
+  ASSERT_TRUE(write_safetensors(st.string(), {{evil, Tensor::host(DType::kF32, {2})}}).ok());
+  test::GgufBuilder g;
+  g.header(1, 2).kv_str("general.architecture", "zimage-test").kv_u32("general.alignment", 32);
+  g.tensor_info(evil, {4}, 0, 0).pad_to(32).f32s({1, 2, 3, 4});
+  write_bytes(root_ / "evil.gguf", g.bytes);
+  for (const fs::path& f : {st, root_ / "evil.gguf"}) {
+    SCOPED_TRACE(f.string());
+    for (bool as_json : {false, true}) {
+      std::vector<std::string> args = {"info", "--tensors", f.string()};
+      if (as_json) args.insert(args.begin() + 1, "--json");
+      const ProgramRun r = zimage(args);
+      EXPECT_EQ(r.exit_code, 0) << r.err;
+      for (const std::string* text : {&r.out, &r.err})
+        for (unsigned char c : *text) {
+          EXPECT_FALSE(c == 0x1b || c == 0x07 || (as_json && c >= 0x80))
+              << "unescaped byte " << int(c) << " in:\n"
+              << *text;
+          if (c == 0x1b || c == 0x07) break;
+        }
+      EXPECT_EQ(r.out.find("\xc2\x9b"), std::string::npos) << r.out;
+      if (!as_json) {
+        EXPECT_NE(r.out.find("evil\\x1b[31mred\\xc2\\x9b2J\\x07"), std::string::npos) << r.out;
+      } else {
+        const auto j = nlohmann::json::parse(r.out, nullptr, false);
+        ASSERT_FALSE(j.is_discarded()) << r.out;
+        EXPECT_EQ(j["weights"]["tensor_list"][0]["name"], evil);  // the exact name, JSON-escaped
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -17,6 +17,7 @@
 #include "common/cli_run.h"
 #include "common/controlnet_model.h"
 #include "common/npy.h"
+#include "io/model_folder.h"
 #include "io/random_controlnet.h"
 #include "io/safetensors.h"
 #include "io/weights.h"
@@ -153,6 +154,50 @@ TEST(RandomControlNet, WrittenFoldersLoad) {
     EXPECT_EQ(inferred->version, version);
     EXPECT_EQ(inferred->control_layers_places, layout->control_layers_places);
   }
+}
+
+// Issue "security hardening", item 19: a transformer with one noise refiner layer. The published
+// refiner places [0, 1] name a layer it lacks; every version's writer must produce what the
+// loader accepts ([0]), through `make-random-model --like DIR --controlnet`, and a transformer
+// without refiner layers is refused up front.
+TEST(RandomControlNet, OneRefinerLayerWritesWhatLoads) {
+  Scratch s("one_refiner");
+  auto folder = ModelFolder::open(test::controlnet_model_dir());
+  ASSERT_TRUE(folder.ok()) << folder.status().to_string();
+  RandomModelOptions o;
+  o.dit = folder->transformer();
+  o.dit.n_refiner_layers = 1;
+  o.text_encoder = folder->text_encoder();
+  o.vae = folder->vae();
+  o.dtype = DType::kF32;
+  o.tokenizer_dir = test::controlnet_model_dir() + "/tokenizer";
+  const std::string model = (s.path / "model").string();
+  ASSERT_TRUE(write_random_model(model, o).ok());
+  auto be = create_cpu_backend(2);
+  ASSERT_TRUE(be.ok()) << be.status().to_string();
+  auto pipe = TextToImage::load(model, **be);
+  ASSERT_TRUE(pipe.ok()) << pipe.status().to_string();
+  for (const std::string version : {"1.0", "2.0", "2.1", "2.1-lite"}) {
+    SCOPED_TRACE(version);
+    const std::string cn = (s.path / ("cn" + version)).string();
+    auto made = test::run_program({ZIMAGE_CLI_PATH,
+                                   {"make-random-model", "--like", model, "--controlnet", cn,
+                                    "--controlnet-version", version, "--dtype", "f32"}});
+    ASSERT_EQ(made.exit_code, 0) << made.err;
+    const Status st = (*pipe)->load_controlnet(cn);
+    ASSERT_TRUE(st.ok()) << st.to_string();
+    const ControlNetConfig& c = (*pipe)->controlnet()->config();
+    if (version != "1.0") {
+      EXPECT_EQ(c.control_refiner_layers_places, std::vector<int>{0});
+    }
+    EXPECT_EQ(c.n_refiner_layers, 1);
+  }
+  TransformerConfig none = o.dit;
+  none.n_refiner_layers = 0;
+  auto l = controlnet_layout("2.1-lite", none);
+  ASSERT_FALSE(l.ok());
+  EXPECT_NE(l.status().message().find("no noise refiner layer"), std::string::npos)
+      << l.status().message();
 }
 
 // `zimage make-random-model --controlnet` then `zimage bench --pipeline ...` on the CPU: every
