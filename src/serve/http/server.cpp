@@ -141,7 +141,7 @@ class Session : public std::enable_shared_from_this<Session> {
     state_ = State::kHead;
     req_ = Request();
     req_.remote_addr = remote_;
-    start_ = Clock::now();
+    start_ = Clock::now();  // again once the head is in: a keep-alive wait is not the request's
     head_.emplace();
     head_->header_limit(static_cast<std::uint32_t>(limits().framing.max_header_bytes));
     head_->body_limit(std::numeric_limits<std::uint64_t>::max());  // the route's, checked below
@@ -163,6 +163,7 @@ class Session : public std::enable_shared_from_this<Session> {
                       false);
       return refuse(detail::parse_error(ec, limits().framing, 0), false);
     }
+    start_ = Clock::now();
     detail::copy_head(head_->get(), &req_);
     keep_alive_ = head_->get().keep_alive();
     const bool has_body = head_->chunked() || head_->content_length().value_or(0) > 0;
