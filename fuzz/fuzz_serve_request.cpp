@@ -77,7 +77,7 @@ void check_http(std::string_view bytes) {
   const ParsedRequest p = parse_request(bytes, kBodyLimit, framing);
   if (p.error) {
     const int s = p.error->status;
-    if (s != 400 && s != 413 && s != 415 && s != 417 && s != 431) std::abort();
+    if (s != 400 && s != 413 && s != 414 && s != 415 && s != 417 && s != 431) std::abort();
     if (p.error->param.empty() || p.error->message.rfind(p.error->param, 0) != 0) std::abort();
     return;
   }

@@ -205,6 +205,8 @@ TEST(ServeHostile, FramingAProxyCouldReadOtherwiseIs400) {
            cl + "\r\nTransfer-Encoding: chunked\r\n\r\n" + chunk(json) + "0\r\n\r\n"},
       {"a coding other than chunked",
        "POST /v1/jobs HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: gzip, chunked, br\r\n\r\n"},
+      {"a 30000-byte path (std::regex recurses per character)",
+       "GET /v1/jobs/" + std::string(30000, 'a') + " HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"},
       {"an absolute-form target",
        "GET http://evil.example/v1/models HTTP/1.1\r\nHost: "
        "127.0.0.1\r\n\r\n"},
@@ -213,7 +215,8 @@ TEST(ServeHostile, FramingAProxyCouldReadOtherwiseIs400) {
     RawConn c(server.port());
     c.send(bytes);
     const std::string r = c.read_response(5);
-    EXPECT_EQ(RawConn::status(r), 400) << what << ": " << r.substr(0, 300);
+    const int want = what.rfind("a 30000", 0) == 0 ? 414 : 400;
+    EXPECT_EQ(RawConn::status(r), want) << what << ": " << r.substr(0, 300);
   }
   EXPECT_EQ(get(server.port(), "/healthz").status, 200);
 }

@@ -14,6 +14,13 @@ std::optional<TransportError> check_head(const Request& head, const FramingLimit
     return TransportError{
         431, "headers: more than " + std::to_string(limits.max_headers) + " header fields",
         "headers"};
+  // std::regex (the routes) recurses per character: paths stay short.
+  if (head.target.size() > limits.max_target_bytes || head.path.size() > limits.max_path_bytes)
+    return TransportError{414,
+                          "target: longer than " + std::to_string(limits.max_path_bytes) +
+                              " bytes of path or " + std::to_string(limits.max_target_bytes) +
+                              " in all",
+                          "target"};
   if (head.target.empty() || head.target[0] != '/')
     return TransportError{400, "target: only origin-form request targets (\"/path?query\")",
                           "target"};

@@ -21,6 +21,8 @@ namespace zimage::serve::http {
 struct FramingLimits {
   size_t max_header_bytes = 32 * 1024;  // request line and header fields together
   size_t max_headers = 100;             // header fields
+  size_t max_path_bytes = 2048;         // the decoded path (414 past it)
+  size_t max_target_bytes = 8192;       // path and query as sent (414 past it)
 };
 
 // An error the transport answers itself: status, message (starting with the field it is

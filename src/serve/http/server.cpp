@@ -19,6 +19,7 @@
 #include <limits>
 #include <list>
 #include <mutex>
+#include <new>
 #include <optional>
 #include <regex>
 #include <thread>
@@ -75,6 +76,10 @@ struct Server::Impl {
 
   // Declared first, destroyed last: pending handlers (and the sessions they hold) go first.
   net::io_context ioc{1};
+  // Keeps the I/O threads running while no operation is pending (a handler on the pool, an
+  // event stream between chunks), so what they post back still runs during stop()'s grace.
+  std::optional<net::executor_work_guard<net::io_context::executor_type>> work;
+  net::steady_timer accept_retry{ioc};
   ServerLimits limits;
   tcp::acceptor acceptor{ioc};
   std::optional<net::thread_pool> pool;
@@ -150,7 +155,17 @@ class Session : public std::enable_shared_from_this<Session> {
                              beast::bind_front_handler(&Session::on_head, shared_from_this()));
   }
 
-  void on_head(beast::error_code ec, size_t) {
+  // Beast and the standard library may throw (bad_alloc; a header value Beast refuses): such a
+  // connection is closed, nothing escapes an I/O thread.
+  void on_head(beast::error_code ec, size_t n) {
+    try {
+      read_head_done(ec, n);
+    } catch (...) {
+      close_now();
+    }
+  }
+
+  void read_head_done(beast::error_code ec, size_t) {
     if (ec) {
       const bool quiet = ec == bhttp::error::end_of_stream || ec == net::error::eof ||
                          ec == net::error::operation_aborted || ec == net::error::connection_reset;
@@ -196,7 +211,7 @@ class Session : public std::enable_shared_from_this<Session> {
     head_.reset();
     body_->body_limit(route_->body_limit);
     body_deadline_ = Clock::now() + std::chrono::seconds(limits().body_timeout_s);
-    if (iequals(req_.get_header_value("Expect"), "100-continue")) {
+    if (req_.version >= 11 && iequals(req_.get_header_value("Expect"), "100-continue")) {
       auto line = std::make_shared<std::string>("HTTP/1.1 100 Continue\r\n\r\n");
       stream_.expires_after(std::chrono::seconds(limits().idle_timeout_s));
       net::async_write(stream_, net::buffer(*line),
@@ -247,19 +262,24 @@ class Session : public std::enable_shared_from_this<Session> {
   // On a handler thread (or inline on the strand).
   void run_handler() {
     Response res;
-    if (auto e = parse_form(&req_)) {
-      res.status = e->status;
-      res.error_message = e->message;
-      res.error_param = e->param;
-    } else {
-      try {
+    try {
+      if (auto e = parse_form(&req_)) {
+        res.status = e->status;
+        res.error_message = e->message;
+        res.error_param = e->param;
+      } else {
         route_->handler(req_, res);
-      } catch (...) {
-        res = Response();
-        res.status = 500;
       }
+    } catch (const std::bad_alloc&) {
+      res = Response();
+      res.status = 503;
+      res.error_message = "body: out of memory while reading the request";
+    } catch (...) {
+      res = Response();
+      res.status = 500;
     }
     if (res.status == -1) res.status = 200;
+    if (req_.method == "HEAD") res.provider = nullptr;  // a head only, never a stream
     if (res.streams()) {
       stream_response(std::move(res));
       --srv_.running_handlers;
@@ -293,6 +313,14 @@ class Session : public std::enable_shared_from_this<Session> {
   // On the strand: writes a whole response. `unread_body`: close after it, reading and dropping
   // what the client still sends for a moment (so it sees the answer rather than a reset).
   void respond(Response res, bool unread_body) {
+    try {
+      write_response(std::move(res), unread_body);
+    } catch (...) {
+      close_now();
+    }
+  }
+
+  void write_response(Response res, bool unread_body) {
     if (state_ == State::kClosed) return;
     srv_.fill_error(req_, res);
     state_ = State::kWrite;
@@ -346,12 +374,17 @@ class Session : public std::enable_shared_from_this<Session> {
       std::optional<bhttp::response_serializer<bhttp::empty_body>> sr;
     };
     auto h = std::make_shared<Head>();
-    h->msg.result(static_cast<unsigned>(res.status));
-    h->msg.version(11);
-    add_headers(h->msg, res);
-    h->msg.keep_alive(false);
-    h->msg.chunked(true);
-    h->sr.emplace(h->msg);
+    try {
+      h->msg.result(static_cast<unsigned>(res.status));
+      h->msg.version(11);
+      add_headers(h->msg, res);
+      h->msg.keep_alive(false);
+      h->msg.chunked(true);
+      h->sr.emplace(h->msg);
+    } catch (...) {
+      close();
+      return;
+    }
     log(res);
     if (!wait_for([this, h](auto done) {
           state_ = State::kWrite;
@@ -474,7 +507,17 @@ const Route* Server::Impl::find_route(Request* req) const {
 void Server::Impl::accept() {
   acceptor.async_accept(net::make_strand(ioc), [this](beast::error_code ec, tcp::socket socket) {
     if (ec == net::error::operation_aborted || stopping.load() || !acceptor.is_open()) return;
-    if (!ec) admit(std::move(socket));
+    if (ec) {  // out of descriptors, say: retry in a moment rather than spin
+      accept_retry.expires_after(std::chrono::milliseconds(100));
+      accept_retry.async_wait([this](beast::error_code) {
+        if (!stopping.load()) accept();
+      });
+      return;
+    }
+    try {
+      admit(std::move(socket));
+    } catch (...) {  // bad_alloc: this connection is dropped, the server goes on
+    }
     accept();
   });
 }
@@ -562,6 +605,7 @@ Result<int> Server::start(const std::string& host, int port) {
   }
   const int bound = m.acceptor.local_endpoint().port();
   m.pool.emplace(static_cast<size_t>(std::max(1, m.limits.handler_threads)));
+  m.work.emplace(net::make_work_guard(m.ioc));
   m.accept();
   for (int i = 0; i < std::max(1, m.limits.io_threads); ++i)
     m.io_threads.emplace_back([&m] { m.ioc.run(); });
@@ -577,6 +621,7 @@ void Server::stop(std::chrono::milliseconds grace) {
   net::post(m.ioc, [&m] {
     beast::error_code ec;
     m.acceptor.close(ec);
+    m.accept_retry.cancel();
   });
   const auto deadline = Clock::now() + grace;
   while (m.running_handlers.load() > 0 && Clock::now() < deadline)
@@ -592,6 +637,7 @@ void Server::stop(std::chrono::milliseconds grace) {
   open.clear();
   // Handlers still running see their connection closed (writes fail) and end.
   m.pool->join();
+  m.work.reset();
   m.ioc.stop();
   for (std::thread& t : m.io_threads) t.join();
   m.io_threads.clear();

@@ -10,7 +10,8 @@
 // bodies) reaches a handler thread; routes marked `inline` (health probes) answer on the I/O
 // thread and so cannot be starved by busy handlers. Past max_connections, the oldest connection
 // still sending its head is dropped for the new one. Errors the transport answers itself (400,
-// 404, 408, 413, 415, 417, 431) get their body from the error handler. stop() is bounded: it
+// 404, 413, 414, 415, 417, 431) get their body from the error handler; a deadline closes the
+// connection. stop() is bounded: it
 // waits up to its grace time for running handlers, then closes every connection.
 #pragma once
 
