@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "common/npy.h"
+#include "serve/image_encode.h"
 
 namespace zimage::serve::test {
 
@@ -175,6 +176,34 @@ std::vector<uint8_t> base64_decode(const std::string& s) {
     }
   }
   return out;
+}
+
+Reply post_form(int port, const std::string& path, const httplib::MultipartFormDataItems& items) {
+  httplib::Client c("127.0.0.1", port);
+  c.set_read_timeout(120, 0);
+  Reply r;
+  auto res = c.Post(path.c_str(), items);
+  if (!res) return r;
+  r.status = res->status;
+  r.body = res->body;
+  r.headers = res->headers;
+  return r;
+}
+
+Image pattern_image(int w, int h, int salt) {
+  Image im;
+  im.width = w;
+  im.height = h;
+  im.rgb.resize(static_cast<size_t>(w) * h * 3);
+  for (size_t i = 0; i < im.rgb.size(); ++i)
+    im.rgb[i] = static_cast<uint8_t>((i / 3 % w + i / 3 / w * 2 + i % 3 * 40 + salt) & 0xFF);
+  return im;
+}
+
+std::string png_bytes(const Image& im) {
+  auto png = png_encode(im);
+  EXPECT_TRUE(png.ok());
+  return png.ok() ? std::string(png->begin(), png->end()) : std::string();
 }
 
 Result<Image> png_decode(const std::vector<uint8_t>& bytes, PngTextChunks* text) {

@@ -46,6 +46,12 @@ Reply post(int port, const std::string& path, const std::string& body,
 Reply get(int port, const std::string& path, const httplib::Headers& headers = {});
 Reply del(int port, const std::string& path, const httplib::Headers& headers = {});
 
+// POSTs a multipart/form-data body (the edits route); status -1 when the connection failed.
+Reply post_form(int port, const std::string& path, const httplib::MultipartFormDataItems& items);
+// A w x h image with a deterministic pattern (`salt` shifts it), and it as PNG bytes.
+Image pattern_image(int w, int h, int salt);
+std::string png_bytes(const Image& im);
+
 // Decodes base64 (for b64_json responses).
 std::vector<uint8_t> base64_decode(const std::string& s);
 // Reads a PNG from memory (pixels and text chunks) by writing it to a temporary file.

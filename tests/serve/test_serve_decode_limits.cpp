@@ -19,33 +19,6 @@ namespace {
 
 using nlohmann::json;
 
-Image pattern_image(int w, int h, int salt) {
-  Image im;
-  im.width = w;
-  im.height = h;
-  im.rgb.resize(static_cast<size_t>(w) * h * 3);
-  for (size_t i = 0; i < im.rgb.size(); ++i)
-    im.rgb[i] = static_cast<uint8_t>((i / 3 % w + i / 3 / w * 2 + i % 3 * 40 + salt) & 0xFF);
-  return im;
-}
-
-std::string png_bytes(const Image& im) {
-  auto png = png_encode(im);
-  EXPECT_TRUE(png.ok());
-  return png.ok() ? std::string(png->begin(), png->end()) : std::string();
-}
-
-Reply post_form(int port, const httplib::MultipartFormDataItems& items) {
-  httplib::Client c("127.0.0.1", port);
-  c.set_read_timeout(120, 0);
-  Reply r;
-  auto res = c.Post("/v1/images/edits", items);
-  if (!res) return r;
-  r.status = res->status;
-  r.body = res->body;
-  return r;
-}
-
 // A valid progressive grayscale JPEG of w x h (flat gray) with `scans` scans: the DC scan, then
 // each AC coefficient on its own with successive approximation (Al 10, then refinements down to
 // 0), at most 1 + 63 x 11 = 694 scans as libjpeg's encoder could write them. Every scan codes
@@ -202,15 +175,16 @@ TEST(ServeDecodeLimits, ScanBombsAre400sNamingTheField) {
     EXPECT_EQ(e.value("param", ""), param) << r.body;
     EXPECT_NE(e.value("message", "").find("more than 500 scans"), std::string::npos) << r.body;
   };
-  expect_refused(post_form(server.port(),
+  expect_refused(post_form(server.port(), "/v1/images/edits",
                            {{"image", bomb, "in.jpg", "image/jpeg"}, {"prompt", "a cat", "", ""}}),
                  "image");
-  expect_refused(post_form(server.port(), {{"image", png, "in.png", "image/png"},
-                                           {"mask", bomb, "mask.jpg", "image/jpeg"},
-                                           {"prompt", "a cat", "", ""}}),
+  expect_refused(post_form(server.port(), "/v1/images/edits",
+                           {{"image", png, "in.png", "image/png"},
+                            {"mask", bomb, "mask.jpg", "image/jpeg"},
+                            {"prompt", "a cat", "", ""}}),
                  "mask");
-  const Reply text =
-      post_form(server.port(), {{"image", with_chunks(png, {ztxt(2 << 20)}), "in.png", "image/png"},
+  const Reply text = post_form(server.port(), "/v1/images/edits",
+                               {{"image", with_chunks(png, {ztxt(2 << 20)}), "in.png", "image/png"},
                                 {"prompt", "a cat", "", ""}});
   EXPECT_EQ(text.status, 400) << text.body;
   EXPECT_EQ(text.json()["error"].value("param", ""), "image") << text.body;

@@ -39,18 +39,6 @@ std::string b64(const std::string& bytes) {
   return base64_encode(std::vector<uint8_t>(bytes.begin(), bytes.end()));
 }
 
-Reply post_form(int port, const std::string& path, const httplib::MultipartFormDataItems& items) {
-  httplib::Client c("127.0.0.1", port);
-  c.set_read_timeout(120, 0);
-  Reply r;
-  auto res = c.Post(path.c_str(), items);
-  if (!res) return r;
-  r.status = res->status;
-  r.body = res->body;
-  r.headers = res->headers;
-  return r;
-}
-
 httplib::MultipartFormData text(const std::string& name, const std::string& value) {
   return {name, value, "", ""};
 }

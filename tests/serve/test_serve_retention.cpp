@@ -21,33 +21,6 @@ namespace {
 
 using nlohmann::json;
 
-Image pattern_image(int w, int h, int salt) {
-  Image im;
-  im.width = w;
-  im.height = h;
-  im.rgb.resize(static_cast<size_t>(w) * h * 3);
-  for (size_t i = 0; i < im.rgb.size(); ++i)
-    im.rgb[i] = static_cast<uint8_t>((i / 3 % w + i / 3 / w * 2 + i % 3 * 40 + salt) & 0xFF);
-  return im;
-}
-
-std::string png_bytes(const Image& im) {
-  auto png = png_encode(im);
-  EXPECT_TRUE(png.ok());
-  return png.ok() ? std::string(png->begin(), png->end()) : std::string();
-}
-
-Reply post_form(int port, const httplib::MultipartFormDataItems& items) {
-  httplib::Client c("127.0.0.1", port);
-  c.set_read_timeout(120, 0);
-  Reply r;
-  auto res = c.Post("/v1/images/edits", items);
-  if (!res) return r;
-  r.status = res->status;
-  r.body = res->body;
-  return r;
-}
-
 // A spec as /v1/images/edits makes it: an init image, a mask and a control image of w x h.
 JobSpec image_spec(int w, int h) {
   JobSpec spec;
@@ -129,12 +102,13 @@ TEST(ServeRetention, EditsJobKeepsNoDecodedPixels) {
   TestServer server;
   const std::string image = png_bytes(pattern_image(512, 512, 5));
   const std::string mask = png_bytes(pattern_image(512, 512, 9));
-  const Reply r = post_form(server.port(), {{"image", image, "in.png", "image/png"},
-                                            {"mask", mask, "mask.png", "image/png"},
-                                            {"prompt", "a cat", "", ""},
-                                            {"size", "32x32", "", ""},
-                                            {"num_inference_steps", "2", "", ""},
-                                            {"seed", "3", "", ""}});
+  const Reply r = post_form(server.port(), "/v1/images/edits",
+                            {{"image", image, "in.png", "image/png"},
+                             {"mask", mask, "mask.png", "image/png"},
+                             {"prompt", "a cat", "", ""},
+                             {"size", "32x32", "", ""},
+                             {"num_inference_steps", "2", "", ""},
+                             {"seed", "3", "", ""}});
   ASSERT_EQ(r.status, 200) << r.body;
   const std::string id = r.json().value("id", "");
   std::shared_ptr<Job> job = server.server().context().jobs.find(id);
