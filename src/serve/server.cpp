@@ -22,7 +22,7 @@ Server::~Server() {
 
 Status Server::start() {
   const ServeOptions& o = ctx_.options;
-  if (!is_loopback(o.host) && o.api_key.empty() && !o.insecure)
+  if (!is_loopback_name(o.host) && o.api_key.empty() && !o.insecure)
     return InvalidArgument("--host: " + o.host +
                            " is reachable from other machines; set --api-key (or --insecure to "
                            "serve without one)");

@@ -66,7 +66,4 @@ class Server {
   bool shut_down_ = false;
 };
 
-// True for an IPv4 literal in 127.0.0.0/8, ::1 and "localhost" (http_util.h is_loopback_name).
-bool is_loopback(const std::string& host);
-
 }  // namespace zimage::serve
