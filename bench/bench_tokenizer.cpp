@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "pipeline/tokenizer.h"
+#include "pipeline/tokenizer/tokenizer.h"
 
 namespace {
 

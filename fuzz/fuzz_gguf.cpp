@@ -18,9 +18,9 @@
 #include <string>
 #include <vector>
 
-#include "io/gguf.h"
-#include "io/gguf_weights.h"
-#include "io/json_util.h"
+#include "io/gguf/gguf.h"
+#include "io/gguf/gguf_weights.h"
+#include "io/fs/json_util.h"
 
 namespace {
 

@@ -13,9 +13,9 @@
 #include <string>
 #include <string_view>
 
-#include "io/json_util.h"
-#include "io/model_folder.h"
-#include "io/weights.h"
+#include "io/fs/json_util.h"
+#include "io/model/model_folder.h"
+#include "io/weights/weights.h"
 
 namespace {
 

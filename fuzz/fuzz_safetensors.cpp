@@ -12,8 +12,8 @@
 #include <cstdlib>
 #include <string>
 
-#include "io/json_util.h"
-#include "io/safetensors.h"
+#include "io/fs/json_util.h"
+#include "io/weights/safetensors.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   auto r = zimage::parse_safetensors_header(data, size, "fuzz.safetensors");

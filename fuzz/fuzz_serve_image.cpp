@@ -1,5 +1,5 @@
 // libFuzzer target for the image inputs the server takes from clients: the PNG / JPEG / WebP
-// decoders with their EXIF / XMP orientation lookup (src/io/image_read.cpp), the two mask
+// decoders with their EXIF / XMP orientation lookup (src/io/image/image_read.cpp), the two mask
 // conventions and base64 (src/serve/request_images.cpp), and the Lanczos resize of whatever
 // decodes. The first input byte picks the path, the rest is the file (or the base64 text). Every
 // input must give an image or an error naming the field, never a crash; every image must be
@@ -17,8 +17,8 @@
 #include <string>
 #include <vector>
 
-#include "io/image_read.h"
-#include "io/image_resize.h"
+#include "io/image/image_read.h"
+#include "io/image/image_resize.h"
 #include "serve/api_error.h"
 #include "serve/request_images.h"
 

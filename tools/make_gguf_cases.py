@@ -1,7 +1,7 @@
 """GGUF test files, written with the `gguf` Python package (llama.cpp's own gguf-py, from PyPI).
 
 Why: zimage reads GGUF DiT and text-encoder files and dequantises their blocks itself (src/io/gguf*.cpp,
-src/backend/cuda/gguf_dequant.cu). The reference for every block type is the gguf package's numpy
+src/backend/cuda/kernels/gguf_dequant.cu). The reference for every block type is the gguf package's numpy
 dequantisation of the same bytes; the reference for the model loaders is the golden v_turbo model
 (tests/data/golden/v_turbo.tar.gz) written as GGUF the way city96's ComfyUI-GGUF (DiT, arch lumina2)
 and llama.cpp's convert_hf_to_gguf.py (Qwen3 text encoder, arch qwen3) write them.

@@ -1,4 +1,4 @@
-"""Reference bytes for zimage's GGUF quantisers (src/io/gguf_quantize.cpp), from the `gguf` Python
+"""Reference bytes for zimage's GGUF quantisers (src/io/gguf/gguf_quantize.cpp), from the `gguf` Python
 package (llama.cpp's gguf-py, PyPI), whose numpy Q8_0 and Q4_0 quantisers are bit-exact with
 ggml's reference C code.
 

@@ -9,7 +9,7 @@ Modes:
   corpus (default)   writes tests/data/tokenizer/corpus.jsonl.gz: one JSON object a line,
                      {"text", "ids", "chat_ids"} for encode cases and {"decode_ids", "decoded"}
                      for decode cases. Needs `pip install tokenizers transformers jinja2`.
-  --unicode-tables   writes src/pipeline/tokenizer_unicode.cpp: the \\p{L} and \\p{N} code point
+  --unicode-tables   writes src/pipeline/tokenizer/tokenizer_unicode.cpp: the \\p{L} and \\p{N} code point
                      ranges of the Unicode version the `tokenizers` regex engine (Oniguruma) uses.
                      Needs `pip install unicodedata2==<that version>`.
 
@@ -94,7 +94,7 @@ def write_unicode_tables(out_path):
 // Why: Hugging Face `tokenizers` runs its split regex with Oniguruma, whose \\p{{L}} / \\p{{N}} follow
 // Unicode {ONIG_UNICODE_VERSION}. The system PCRE2 may carry an older Unicode, so the tokenizer spells these
 // classes out as explicit code point ranges from this table and matches HF on new scripts too.
-#include "pipeline/tokenizer_internal.h"
+#include "pipeline/tokenizer/tokenizer_internal.h"
 
 namespace zimage::tok {{
 namespace {{
@@ -499,7 +499,7 @@ def main():
     ap.add_argument("--seed", type=int, default=20240611)
     a = ap.parse_args()
     if a.unicode_tables:
-        write_unicode_tables(a.out or os.path.join(ROOT, "src/pipeline/tokenizer_unicode.cpp"))
+        write_unicode_tables(a.out or os.path.join(ROOT, "src/pipeline/tokenizer/tokenizer_unicode.cpp"))
         return
     tok_dir = a.tokenizer
     if tok_dir is None:  # unpack the repository's copy of the Qwen3 tokenizer

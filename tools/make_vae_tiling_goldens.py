@@ -1,6 +1,6 @@
 """Golden cases for the tiled VAE decode, made with upstream diffusers (fp32, CPU).
 
-Why: zimage's tiled decode (src/model/vae_tiling.cpp) claims to be diffusers' AutoencoderKL tiled
+Why: zimage's tiled decode (src/model/vae/vae_tiling.cpp) claims to be diffusers' AutoencoderKL tiled
 decode (`pipe.vae.enable_tiling()`): same tiles, overlap, blending and crop. Each case is a tiny
 random AutoencoderKL whose config makes tiling happen at a small size (sample_size decides the
 tile: tile_sample_min_size = sample_size, tile_latent_min_size = sample_size / 2^(levels-1)),

@@ -1,4 +1,4 @@
-// Build-time tool: packs a folder into a bundle (src/io/bundle.h) for the zimage program to
+// Build-time tool: packs a folder into a bundle (src/io/fs/bundle.h) for the zimage program to
 // embed, and writes a header naming the bundle's CRC-32. Why the header: the assembly file that
 // embeds the bundle with .incbin includes it, so the object's preprocessed text (what a compiler
 // cache keys on) changes whenever the bundle's bytes do.
@@ -7,7 +7,7 @@
 #include <cstdio>
 #include <string>
 
-#include "io/bundle.h"
+#include "io/fs/bundle.h"
 
 namespace {
 

@@ -7,7 +7,7 @@
 #include <utility>
 
 #include "commands.h"
-#include "io/model_folder.h"
+#include "io/model/model_folder.h"
 
 #ifdef ZIMAGE_WITH_CUDA
 #include <cuda_runtime_api.h>

@@ -12,13 +12,13 @@
 #include <vector>
 
 #include "backend/backend.h"
-#include "model/linear.h"
-#include "model/qwen3_encoder.h"
-#include "model/vae.h"
-#include "model/zimage_dit.h"
+#include "model/common/linear.h"
+#include "model/text_encoder/qwen3_encoder.h"
+#include "model/vae/vae.h"
+#include "model/dit/zimage_dit.h"
 #include "parallel_args.h"
 #include "pipeline/text_to_image.h"
-#include "pipeline/tokenizer.h"
+#include "pipeline/tokenizer/tokenizer.h"
 
 #ifdef ZIMAGE_WITH_CUDA
 #include "backend/cuda/cuda_backend.h"

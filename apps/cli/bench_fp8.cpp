@@ -1,5 +1,5 @@
 // `zimage bench --fp8-quality GROUPS...`: what --precision fp8 costs in quality and buys in speed,
-// per group of DiT linears (model/linear.h Fp8Layers), each row a fresh load of the same folder:
+// per group of DiT linears (model/common/linear.h Fp8Layers), each row a fresh load of the same folder:
 //   * DiT output against the bf16 model at three timesteps (t = 0.9, 0.5, 0.1, the same latents
 //     and caption features): the smallest cosine and the largest relative L2 error;
 //   * the whole image (seed 42, --steps) against the bf16 image: PSNR and max |diff| in 1/255;

@@ -18,9 +18,9 @@
 #include <vector>
 
 #include "backend/backend.h"
-#include "io/file_io.h"
-#include "io/lora.h"
-#include "model/lora_runtime.h"
+#include "io/fs/file_io.h"
+#include "io/lora/lora.h"
+#include "model/adapters/lora_runtime.h"
 #include "pipeline/text_to_image.h"
 
 namespace zimage::cli {

@@ -30,8 +30,8 @@
 #include <vector>
 
 #include "bench_common.h"
-#include "io/file_io.h"
-#include "io/png.h"
+#include "io/fs/file_io.h"
+#include "io/image/png.h"
 #include "pipeline/text_to_image.h"
 
 namespace zimage::cli::bench {

@@ -12,8 +12,8 @@
 #include <thread>
 
 #include "backend/comm.h"
-#include "io/model_source.h"
-#include "model/load_util.h"
+#include "io/model/model_source.h"
+#include "model/common/load_util.h"
 #include "pipeline/rng.h"
 
 namespace zimage::cli::bench {

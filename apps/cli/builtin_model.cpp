@@ -9,8 +9,8 @@
 #include <string_view>
 
 #include "core/log.h"
-#include "io/bundle.h"
-#include "io/bundle_cache.h"
+#include "io/fs/bundle.h"
+#include "io/fs/bundle_cache.h"
 #include "zimage/zimage.h"
 
 // builtin_model_data.S (generated from builtin_model_data.S.in).

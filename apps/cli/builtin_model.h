@@ -3,7 +3,7 @@
 // working once copied or installed. The folder is packed into the binary at build time
 // (tools/pack_bundle.cpp, builtin_model_data.S.in) and unpacked on first use into
 // $XDG_CACHE_HOME/zimage/builtin-<version>-<crc32>/ (else ~/.cache/...), checked on every use,
-// or into a temporary folder removed at exit when the cache cannot be written (io/bundle_cache.h).
+// or into a temporary folder removed at exit when the cache cannot be written (io/fs/bundle_cache.h).
 #pragma once
 
 #include <string>

@@ -27,16 +27,16 @@
 #include "bench_seqpar.h"
 #include "builtin_model.h"
 #include "commands.h"
-#include "io/file_io.h"
-#include "io/model_folder.h"
-#include "io/random_model.h"
-#include "model/qwen3_encoder.h"
-#include "model/vae.h"
-#include "model/zimage_dit.h"
+#include "io/fs/file_io.h"
+#include "io/model/model_folder.h"
+#include "io/writers/random_model.h"
+#include "model/text_encoder/qwen3_encoder.h"
+#include "model/vae/vae.h"
+#include "model/dit/zimage_dit.h"
 #include "number_flags.h"
 #include "pipeline/rng.h"
 #include "pipeline/text_to_image.h"
-#include "pipeline/tokenizer.h"
+#include "pipeline/tokenizer/tokenizer.h"
 
 #ifdef ZIMAGE_WITH_CUDA
 #include <cuda_runtime_api.h>

@@ -27,15 +27,15 @@
 
 #include "builtin_model.h"
 #include "commands.h"
-#include "io/infer_config.h"
-#include "io/json_util.h"
-#include "io/lora.h"
-#include "io/model_folder.h"
-#include "io/single_file.h"
-#include "io/weights.h"
-#include "model/qwen3_encoder.h"
-#include "model/zimage_controlnet.h"
-#include "model/zimage_dit.h"
+#include "io/model/infer_config.h"
+#include "io/fs/json_util.h"
+#include "io/lora/lora.h"
+#include "io/model/model_folder.h"
+#include "io/weights/single_file.h"
+#include "io/weights/weights.h"
+#include "model/text_encoder/qwen3_encoder.h"
+#include "model/adapters/zimage_controlnet.h"
+#include "model/dit/zimage_dit.h"
 #include "pipeline/text_to_image.h"
 
 namespace zimage::cli {
@@ -206,7 +206,7 @@ std::string config_line(const ordered_json& cfg) {
 }
 
 // What the blocks' linear weights take on a bf16 GPU when kept as the file stores them
-// (model/quantized_linear.h) against widened to bf16; "" when nothing is kept.
+// (model/common/quantized_linear.h) against widened to bf16; "" when nothing is kept.
 std::string kept_line(int64_t stored_per_unit, int64_t wide_per_unit, int units) {
   if (stored_per_unit >= wide_per_unit) return "";
   auto size = [](double b) {

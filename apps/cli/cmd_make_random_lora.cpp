@@ -1,13 +1,13 @@
 // zimage make-random-lora: a random LoRA in diffusers/PEFT keys for the full-size Z-Image
-// transformer (or the one of a model folder, --like), for `zimage bench --lora` (io/random_lora.h).
+// transformer (or the one of a model folder, --like), for `zimage bench --lora` (io/writers/random_lora.h).
 #include <cstdio>
 #include <memory>
 #include <string>
 
 #include "commands.h"
-#include "io/model_folder.h"
-#include "io/random_lora.h"
-#include "io/random_model.h"
+#include "io/model/model_folder.h"
+#include "io/writers/random_lora.h"
+#include "io/writers/random_model.h"
 
 namespace zimage::cli {
 

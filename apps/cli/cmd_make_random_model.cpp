@@ -1,5 +1,5 @@
 // zimage make-random-model: writes a complete model folder in the published diffusers layout
-// with random weights of realistic scale (io/random_model.h). The real checkpoint cannot be
+// with random weights of realistic scale (io/writers/random_model.h). The real checkpoint cannot be
 // downloaded everywhere zimage is developed; this folder stands in for it in speed runs and in
 // the full-size comparison with diffusers (both load the same files).
 #include <cstdio>
@@ -7,9 +7,9 @@
 
 #include "builtin_model.h"
 #include "commands.h"
-#include "io/model_folder.h"
-#include "io/random_controlnet.h"
-#include "io/random_model.h"
+#include "io/model/model_folder.h"
+#include "io/writers/random_controlnet.h"
+#include "io/writers/random_model.h"
 #include "number_flags.h"
 
 namespace zimage::cli {

@@ -12,7 +12,7 @@
 
 #include "builtin_model.h"
 #include "commands.h"
-#include "pipeline/tokenizer.h"
+#include "pipeline/tokenizer/tokenizer.h"
 
 namespace zimage::cli {
 namespace {

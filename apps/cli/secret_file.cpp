@@ -1,7 +1,7 @@
 // See secret_file.h.
 #include "secret_file.h"
 
-#include "io/file_io.h"
+#include "io/fs/file_io.h"
 
 namespace zimage::cli {
 

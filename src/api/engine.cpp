@@ -13,8 +13,8 @@
 #include "api/request_check.h"
 #include "backend/backend.h"
 #include "core/log.h"
-#include "model/debug.h"
-#include "model/vae_tiling.h"
+#include "model/common/debug.h"
+#include "model/vae/vae_tiling.h"
 #include "pipeline/text_to_image.h"
 #include "zimage/zimage.h"
 

@@ -14,9 +14,9 @@
 #include "api/guarded.h"
 #include "api/request_check.h"
 #include "backend/backend.h"
-#include "io/lora_cache.h"
-#include "model/debug.h"
-#include "model/lora_runtime.h"
+#include "io/lora/lora_cache.h"
+#include "model/common/debug.h"
+#include "model/adapters/lora_runtime.h"
 #include "pipeline/text_to_image.h"
 #include "zimage/zimage.h"
 

@@ -1,5 +1,5 @@
 // Per-request LoRAs on the Engine (GenerateRequest::loras): files parsed through the engine's
-// LoraCache, then made the transformer's runtime set (model/lora_runtime.h) before the request's
+// LoraCache, then made the transformer's runtime set (model/adapters/lora_runtime.h) before the request's
 // DiT forwards.
 #include "api/engine_impl.h"
 #include "api/guarded.h"

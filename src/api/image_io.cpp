@@ -1,5 +1,5 @@
 // Public PNG helpers and log verbosity (include/zimage/zimage.h): thin wrappers that keep the
-// CLI and the server on the public header while io/png.h does the work.
+// CLI and the server on the public header while io/image/png.h does the work.
 #include <algorithm>
 #include <charconv>
 #include <cstdio>
@@ -7,9 +7,9 @@
 
 #include "api/guarded.h"
 #include "core/log.h"
-#include "io/file_io.h"
-#include "io/image_read.h"
-#include "io/png.h"
+#include "io/fs/file_io.h"
+#include "io/image/image_read.h"
+#include "io/image/png.h"
 #include "pipeline/image_to_image.h"
 #include "zimage/zimage.h"
 

@@ -25,7 +25,7 @@ struct RequestLimits {
 };
 
 // Image inputs (init_image, mask): each side >= 1, at most this many pixels (as the file reader,
-// io/image_read.h kMaxInputPixels), the RGB buffer of the right length.
+// io/image/image_read.h kMaxInputPixels), the RGB buffer of the right length.
 inline constexpr int64_t kMaxInputImagePixels = int64_t{1} << 26;
 
 Status check_request(const GenerateRequest& req, const RequestLimits& limits);

@@ -145,7 +145,7 @@ class Backend {
   // w8 is kF8E4M3 or kF8E5M2 (an FP8 checkpoint's weights, kept as the file stores them).
   virtual Status dequantize_fp8_rows(const Tensor& w8, const Tensor& scale, Tensor& y);
   // GGUF blocks kept packed on the device: blocks kU8 [N, row bytes] holding N rows of ggml type
-  // `ggml_type` (io/gguf_quants.h), y[N, K] (act dtype) = their dequantisation, each value the
+  // `ggml_type` (io/gguf/gguf_quants.h), y[N, K] (act dtype) = their dequantisation, each value the
   // CPU oracle's float32 (dequantize_rows) rounded once to y's dtype. The default answers
   // kUnsupported.
   virtual Status dequantize_packed(uint32_t ggml_type, const Tensor& blocks, Tensor& y);

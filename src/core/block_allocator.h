@@ -1,5 +1,5 @@
 // A caching allocator for device memory, written without any device API so that it is built
-// and unit tested everywhere (the CUDA backend wraps it, src/backend/cuda/allocator.h).
+// and unit tested everywhere (the CUDA backend wraps it, src/backend/cuda/runtime/allocator.h).
 //
 // Memory comes from the backend in segments (cudaMalloc in the CUDA build), through the
 // injected `segment_alloc` / `segment_free` callbacks, and is handed out as blocks carved from

@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "io/image_resize.h"
-#include "model/load_util.h"
+#include "io/image/image_resize.h"
+#include "model/common/load_util.h"
 
 namespace zimage {
 namespace {

@@ -1,11 +1,11 @@
 // ControlNet requests (diffusers' ZImageControlNetPipeline and ZImageControlNetInpaintPipeline,
-// model/zimage_controlnet.h): what they add to the text-to-image loop is the control context, made
+// model/adapters/zimage_controlnet.h): what they add to the text-to-image loop is the control context, made
 // once per request here; every denoising step then runs the ControlNet on the step's DiT input
 // and hands its residuals to the DiT (TextToImage::step).
 //
 // The control context, float32 on the host, as the pipelines build it:
 //   control = VaeImageProcessor.preprocess(control_image, height, width): PIL Lanczos resize to
-//             W x H when the size differs (io/image_resize.h), /255, 2x - 1   (dump
+//             W x H when the size differs (io/image/image_resize.h), /255, 2x - 1   (dump
 //             "control_image")
 //   z_c     = (vae.encode(control).mode() - shift)·scale: the posterior MEAN ("argmax": no
 //             generator draw, so the noise is the text-to-image noise of the seed)
@@ -23,8 +23,8 @@
 #include "backend/backend.h"
 #include "core/status.h"
 #include "core/tensor.h"
-#include "model/debug.h"
-#include "model/vae.h"
+#include "model/common/debug.h"
+#include "model/vae/vae.h"
 #include "pipeline/image_to_image.h"
 #include "zimage/zimage.h"
 

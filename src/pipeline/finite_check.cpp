@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "core/dtype.h"
-#include "io/model_folder.h"
-#include "io/weights.h"
+#include "io/model/model_folder.h"
+#include "io/weights/weights.h"
 
 namespace zimage {
 

@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <string>
 
-#include "io/model_source.h"
+#include "io/model/model_source.h"
 
 namespace zimage {
 

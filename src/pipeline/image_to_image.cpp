@@ -7,9 +7,9 @@
 #include <new>
 #include <string>
 
-#include "io/image_read.h"
-#include "io/image_resize.h"
-#include "model/load_util.h"
+#include "io/image/image_read.h"
+#include "io/image/image_resize.h"
+#include "model/common/load_util.h"
 
 namespace zimage {
 namespace {

@@ -7,7 +7,7 @@
 //
 // Order of work and of the random draws, with ONE generator seeded with the request's seed:
 //   1. image  = VaeImageProcessor.preprocess: PIL Lanczos resize to W x H when the size differs
-//               (io/image_resize.h), /255, 2x - 1                        (dump "init_image")
+//               (io/image/image_resize.h), /255, 2x - 1                        (dump "init_image")
 //   2. schedule of N steps as text-to-image; t_start = int(max(N - min(N·strength, N), 0)) in
 //      double; the loop runs steps t_start .. N-1
 //   3. z = vae.encode(image): mean + exp(0.5·logvar)·randn([1, C, h, w])  draw 1
@@ -33,8 +33,8 @@
 #include "backend/backend.h"
 #include "core/status.h"
 #include "core/tensor.h"
-#include "model/debug.h"
-#include "model/vae.h"
+#include "model/common/debug.h"
+#include "model/vae/vae.h"
 #include "pipeline/rng.h"
 #include "pipeline/scheduler.h"
 #include "zimage/zimage.h"

@@ -1,5 +1,5 @@
 // The memory planner: given a device-memory budget, decides what of the model lives on the GPU and
-// what stays in host memory and streams in (model/weight_streamer.h), and whether the VAE decodes
+// what stays in host memory and streams in (model/common/weight_streamer.h), and whether the VAE decodes
 // in tiles. Pure arithmetic on sizes (no device calls), so its decisions are unit tested as a
 // table of budgets and shapes.
 //

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "core/status.h"
-#include "io/model_config.h"
+#include "io/model/model_config.h"
 
 namespace zimage {
 

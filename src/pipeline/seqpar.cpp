@@ -4,7 +4,7 @@
 #include <thread>
 
 #include "core/log.h"
-#include "model/load_util.h"
+#include "model/common/load_util.h"
 
 namespace zimage {
 

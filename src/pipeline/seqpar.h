@@ -10,7 +10,7 @@
 #include "backend/backend.h"
 #include "backend/comm.h"
 #include "core/status.h"
-#include "model/zimage_dit.h"
+#include "model/dit/zimage_dit.h"
 
 namespace zimage {
 

@@ -24,20 +24,20 @@
 #include "backend/backend.h"
 #include "core/status.h"
 #include "core/tensor.h"
-#include "io/model_config.h"
-#include "io/model_folder.h"
-#include "io/model_source.h"
-#include "model/debug.h"
-#include "model/qwen3_encoder.h"
-#include "model/vae.h"
-#include "model/vae_tiling.h"
-#include "model/zimage_controlnet.h"
-#include "model/zimage_dit.h"
+#include "io/model/model_config.h"
+#include "io/model/model_folder.h"
+#include "io/model/model_source.h"
+#include "model/common/debug.h"
+#include "model/text_encoder/qwen3_encoder.h"
+#include "model/vae/vae.h"
+#include "model/vae/vae_tiling.h"
+#include "model/adapters/zimage_controlnet.h"
+#include "model/dit/zimage_dit.h"
 #include "pipeline/image_to_image.h"
 #include "pipeline/memory_plan.h"
 #include "pipeline/scheduler.h"
 #include "pipeline/seqpar.h"
-#include "pipeline/tokenizer.h"
+#include "pipeline/tokenizer/tokenizer.h"
 #include "zimage/zimage.h"
 
 namespace zimage {
@@ -98,14 +98,14 @@ struct PipelineLoadOptions {
   // else the planner streams what does not fit, and the allocator is capped to it.
   uint64_t vram_budget = 0;
   bool fp8_weights = false;  // big linear weights of the DiT and text encoder as FP8 rows
-  // --precision fp8: these DiT linears (Fp8Layers bits, model/linear.h) run as W8A8 FP8 GEMMs.
+  // --precision fp8: these DiT linears (Fp8Layers bits, model/common/linear.h) run as W8A8 FP8 GEMMs.
   unsigned dit_fp8_compute = 0;
   // Linear weights an FP8 or GGUF file stores quantised stay so on the device, dequantised per
-  // layer (model/quantized_linear.h); false widens them at load.
+  // layer (model/common/quantized_linear.h); false widens them at load.
   bool keep_quantized = true;
   // The largest request to plan activations for.
   int plan_width = 1024, plan_height = 1024, plan_batch = 1;
-  // LoRAs merged into the transformer's weights as they are read (model/lora_merge.h).
+  // LoRAs merged into the transformer's weights as they are read (model/adapters/lora_merge.h).
   std::vector<LoraSpec> loras;
   bool lora_lenient = false;  // LoRA keys that match no weight: warn instead of fail
   int lora_threads = 0;       // host threads for the merge (0: all)
@@ -124,12 +124,12 @@ class TextToImage {
   // Returns the errors worded as load() words them, the one load() would return first; each
   // component is checked even after another failed. Empty: load() would succeed.
   static std::vector<Status> check_folder(const std::string& model_dir);
-  // The same two for a model folder and/or single files (io/model_source.h): `--dit`,
+  // The same two for a model folder and/or single files (io/model/model_source.h): `--dit`,
   // `--text-encoder`, `--vae` replace components of the folder, or stand alone with a tokenizer.
   static Result<std::unique_ptr<TextToImage>> load(const ModelPaths& paths, Backend& be,
                                                    const PipelineLoadOptions& options = {});
   static std::vector<Status> check(const ModelPaths& paths);
-  // `zimage info FILE`: for each component a single file holds (io/single_file.h), its config
+  // `zimage info FILE`: for each component a single file holds (io/weights/single_file.h), its config
   // inferred and its loader bound on the check-only backend. Errors as load() would word them.
   static std::vector<Status> check_file(const std::string& path);
   // The memory planner's input for `configs`: weight bytes per block / layer in `act` (or FP8
@@ -167,11 +167,11 @@ class TextToImage {
   // with the DiT output downloaded every step (the same float32 result).
   void set_device_step(bool on) { device_step_ = on; }
 
-  // How finish() decodes: tiled as diffusers' enable_tiling() or not (model/vae_tiling.h).
+  // How finish() decodes: tiled as diffusers' enable_tiling() or not (model/vae/vae_tiling.h).
   // Default: auto with the backend's free memory as the budget.
   void set_vae_tiling(const VaeTilingPolicy& p) { vae_tiling_ = p; }
 
-  // Loads a ControlNet (folder or single file, model/zimage_controlnet.h) for this pipeline's
+  // Loads a ControlNet (folder or single file, model/adapters/zimage_controlnet.h) for this pipeline's
   // transformer; requests with a control_image use it from then on.
   Status load_controlnet(const std::string& path);
   Status check_control(const GenerateRequest& req) const;

@@ -1,5 +1,5 @@
 // Loading the text-to-image pipeline from a diffusers folder and/or single files
-// (io/model_source.h): configs first (parsed or inferred and validated before any weight is read),
+// (io/model/model_source.h): configs first (parsed or inferred and validated before any weight is read),
 // then each component onto the backend. Kept apart from the loop in text_to_image.cpp because it is
 // the only part that touches the file system.
 //
@@ -12,11 +12,11 @@
 
 #include "backend/check/check_backend.h"
 #include "core/log.h"
-#include "io/infer_config.h"
-#include "io/model_folder.h"
-#include "io/model_source.h"
-#include "io/single_file.h"
-#include "model/lora_merge.h"
+#include "io/model/infer_config.h"
+#include "io/model/model_folder.h"
+#include "io/model/model_source.h"
+#include "io/weights/single_file.h"
+#include "model/adapters/lora_merge.h"
 #include "pipeline/text_to_image.h"
 
 namespace zimage {
@@ -76,7 +76,7 @@ Status load_part(const ModelSource& src, const std::string& part, Backend& be,
 }
 
 // The planner counts the blocks' linear weights as the files store them where they stay
-// quantised on the device (model/quantized_linear.h); a LoRA-merged transformer keeps the widened
+// quantised on the device (model/common/quantized_linear.h); a LoRA-merged transformer keeps the widened
 // estimate (its targeted weights are widened at load).
 Status count_stored_weights(const ModelSource& src, DType act, const PipelineLoadOptions& o,
                             MemoryPlanInput& in) {
@@ -288,7 +288,7 @@ MemoryPlanInput TextToImage::plan_input(const ZImageConfigs& configs, DType act,
   in.te_activation_bytes =
       static_cast<uint64_t>(b * 512 * (4 * hd + 3 * q + 3 * kv + 3 * ff) * es * 5 / 4);
   // The VAE as VaeDecoder estimates it: the untiled decode of the planned request, and the tiled
-  // decode's one tile of one image (model/vae_tiling.h: tiles of the config's sample_size, only
+  // decode's one tile of one image (model/vae/vae_tiling.h: tiles of the config's sample_size, only
   // for a latent larger than a tile; otherwise tiling saves nothing).
   const VaeConfig& vc = configs.vae;
   const int64_t lh = o.plan_height / vc.spatial_factor(), lw = o.plan_width / vc.spatial_factor();

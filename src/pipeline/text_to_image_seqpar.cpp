@@ -3,8 +3,8 @@
 #include <chrono>
 
 #include "core/log.h"
-#include "io/model_source.h"
-#include "model/lora_merge.h"
+#include "io/model/model_source.h"
+#include "model/adapters/lora_merge.h"
 #include "pipeline/text_to_image.h"
 
 namespace zimage {

@@ -3,7 +3,7 @@
 
 #include <algorithm>
 
-#include "io/image_read.h"
+#include "io/image/image_read.h"
 
 namespace zimage::serve {
 namespace {

@@ -12,7 +12,7 @@
 #include <set>
 #include <string>
 
-#include "io/json_util.h"
+#include "io/fs/json_util.h"
 #include "serve/api_error.h"
 #include "serve/lora_request.h"
 #include "serve/request_images.h"

@@ -8,7 +8,7 @@
 
 #include "backend/backend.h"
 #include "common/npy.h"
-#include "model/debug.h"
+#include "model/common/debug.h"
 #include "zimage/zimage.h"
 
 namespace zimage::test {

@@ -11,11 +11,11 @@
 #include <random>
 #include <thread>
 
-#include "io/model_source.h"
-#include "io/random_model.h"
-#include "io/weights.h"
-#include "model/load_util.h"
-#include "model/zimage_dit.h"
+#include "io/model/model_source.h"
+#include "io/writers/random_model.h"
+#include "io/weights/weights.h"
+#include "model/common/load_util.h"
+#include "model/dit/zimage_dit.h"
 
 namespace zimage::test {
 

@@ -9,7 +9,7 @@
 
 #include "backend/backend.h"
 #include "backend/comm.h"
-#include "io/model_config.h"
+#include "io/model/model_config.h"
 
 namespace zimage::test {
 
@@ -36,7 +36,7 @@ Result<std::vector<Tensor>> dit_forward_ranks(const TransformerConfig& cfg, cons
 
 // The transformer config of a model folder (a failure names the folder).
 Result<TransformerConfig> transformer_config(const std::string& model_dir);
-// A random-weight model folder (io/random_model.h) whose DiT has Z-Image's 30 heads (8 wide, 2
+// A random-weight model folder (io/writers/random_model.h) whose DiT has Z-Image's 30 heads (8 wide, 2
 // layers, 1 refiner layer each) with the text encoder and VAE configs of `like_dir`, written once
 // per process into a temporary folder (removed at exit); its path.
 Result<std::string> heads30_model_dir(const std::string& like_dir);

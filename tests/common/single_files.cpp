@@ -11,9 +11,9 @@
 #include <tuple>
 
 #include "core/dtype.h"
-#include "io/json_util.h"
-#include "io/safetensors.h"
-#include "io/weights.h"
+#include "io/fs/json_util.h"
+#include "io/weights/safetensors.h"
+#include "io/weights/weights.h"
 
 namespace zimage::test {
 namespace {

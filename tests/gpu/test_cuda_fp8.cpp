@@ -15,13 +15,13 @@
 #include <nlohmann/json.hpp>
 #include <tuple>
 
-#include "backend/cuda/gemm_cutlass.h"
+#include "backend/cuda/libs/gemm_cutlass.h"
 #include "common/npy.h"
 #include "gpu/cuda_test_util.h"
-#include "io/model_folder.h"
-#include "io/weights.h"
-#include "model/linear.h"
-#include "model/zimage_dit.h"
+#include "io/model/model_folder.h"
+#include "io/weights/weights.h"
+#include "model/common/linear.h"
+#include "model/dit/zimage_dit.h"
 
 using namespace zimage;
 using namespace zimage::test;

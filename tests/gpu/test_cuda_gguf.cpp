@@ -1,5 +1,5 @@
-// GGUF dequantisation kernels (src/backend/cuda/gguf_dequant.cu) against the CPU oracle
-// (io/gguf_quants.cpp) and the gguf Python package's cases: f32 output must equal the oracle bit
+// GGUF dequantisation kernels (src/backend/cuda/kernels/gguf_dequant.cu) against the CPU oracle
+// (io/gguf/gguf_quants.cpp) and the gguf Python package's cases: f32 output must equal the oracle bit
 // for bit (same float32 operations in the same order, no fused multiply-add; NaN where the oracle
 // has NaN), bf16 output must equal the oracle's value rounded by core/dtype.h's f32_to_bf16. Random
 // blocks with realistic and edge scales, aligned and misaligned outputs; bad arguments are errors;
@@ -16,12 +16,12 @@
 #include <string>
 #include <vector>
 
-#include "backend/cuda/gguf_dequant.h"
+#include "backend/cuda/kernels/gguf_dequant.h"
 #include "common/npy.h"
 #include "core/dtype.h"
 #include "cuda_test_util.h"
-#include "io/gguf.h"
-#include "io/gguf_quants.h"
+#include "io/gguf/gguf.h"
+#include "io/gguf/gguf_quants.h"
 
 namespace zimage {
 namespace {

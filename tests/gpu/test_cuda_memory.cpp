@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "backend/cuda/allocator.h"
+#include "backend/cuda/runtime/allocator.h"
 #include "cuda_test_util.h"
 
 namespace zimage::test {

@@ -9,9 +9,9 @@
 #include <nlohmann/json.hpp>
 
 #include "gpu/cuda_test_util.h"
-#include "io/model_folder.h"
-#include "io/weights.h"
-#include "model/linear.h"
+#include "io/model/model_folder.h"
+#include "io/weights/weights.h"
+#include "model/common/linear.h"
 #include "pipeline/text_to_image.h"
 
 using namespace zimage;

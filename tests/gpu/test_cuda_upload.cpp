@@ -1,4 +1,4 @@
-// Uploads through the CUDA backend's pinned staging buffers (backend/cuda/uploader.h): contents
+// Uploads through the CUDA backend's pinned staging buffers (backend/cuda/runtime/uploader.h): contents
 // exact around the buffer boundaries and across many wraps of the ring, with the host source
 // overwritten as soon as upload() returns (the contract of backend.h), with on-device dtype
 // conversion, through concat_rows (uploaded parts freed while their row copy is still queued), and
@@ -17,10 +17,10 @@
 #include <thread>
 #include <vector>
 
-#include "backend/cuda/uploader.h"
+#include "backend/cuda/runtime/uploader.h"
 #include "cuda_test_util.h"
-#include "io/safetensors.h"
-#include "model/load_util.h"
+#include "io/weights/safetensors.h"
+#include "model/common/load_util.h"
 
 namespace zimage::test {
 namespace {

@@ -23,9 +23,9 @@
 
 #include "backend/backend.h"
 #include "common/npy.h"
-#include "io/model_folder.h"
-#include "model/debug.h"
-#include "model/zimage_controlnet.h"
+#include "io/model/model_folder.h"
+#include "model/common/debug.h"
+#include "model/adapters/zimage_controlnet.h"
 #include "pipeline/text_to_image.h"
 
 namespace zimage {

@@ -19,7 +19,7 @@
 
 #include "backend/backend.h"
 #include "common/npy.h"
-#include "model/debug.h"
+#include "model/common/debug.h"
 #include "pipeline/text_to_image.h"
 
 namespace zimage {

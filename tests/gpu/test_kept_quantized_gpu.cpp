@@ -1,7 +1,7 @@
-// Quantised weights kept quantised on the GPU (model/quantized_linear.h):
+// Quantised weights kept quantised on the GPU (model/common/quantized_linear.h):
 //   1. The ops that widen them before each GEMM equal the host dequantisation the loader uses
 //      when it widens at load, bit for bit: Backend::dequantize_packed per GGUF type (blocks made
-//      by io/gguf_quantize.h from seeded values) and dequantize_fp8_rows for e4m3 and e5m2, in
+//      by io/gguf/gguf_quantize.h from seeded values) and dequantize_fp8_rows for e4m3 and e5m2, in
 //      f32 and bf16 (the f32 value rounded once to bf16, as an upload of the host value).
 //   2. Whole pipelines on FP8 and GGUF files, kept vs widened at load (both on the GPU, bf16 and
 //      f32, CUDA graphs on): the weights are bitwise equal, so the images agree to the GEMMs'
@@ -19,7 +19,7 @@
 #include "common/npy.h"
 #include "common/single_files.h"
 #include "cuda_test_util.h"
-#include "io/gguf_quantize.h"
+#include "io/gguf/gguf_quantize.h"
 #include "pipeline/text_to_image.h"
 
 namespace zimage {

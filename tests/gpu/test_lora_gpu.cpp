@@ -1,6 +1,6 @@
 // LoRAs on the GPU: the LoRA parity cases (tools/make_lora_cases.py, tests/data/lora) through the
 // pipeline on the CUDA backend in fp32 and bf16 against diffusers' fp32 images. The merge itself
-// runs on the host at load (model/lora_merge.h) and is tested on the CPU (LoraParity.*); this
+// runs on the host at load (model/adapters/lora_merge.h) and is tested on the CPU (LoraParity.*); this
 // checks that the merged weights reach the device as they should. Bounds: fp32 1/255 (the CPU
 // measures <= 3.4e-4, the bf16-folded cases); bf16 as GoldenGpu.Bf16WithinStatedTolerance (6e-2).
 #include <gtest/gtest.h>

@@ -1,4 +1,4 @@
-// Runtime LoRAs on the GPU (model/lora_runtime.h, ZImageDiT::set_loras): the side GEMM and the
+// Runtime LoRAs on the GPU (model/adapters/lora_runtime.h, ZImageDiT::set_loras): the side GEMM and the
 // device merge against the load-time merge on the same device, in fp32 and bf16; CUDA-graph
 // replays never use a stale set (the DiT records its forward once per shape: side GEMMs coming
 // or going must re-record, merges change the weights in place under the recorded graph); FP8-row
@@ -18,8 +18,8 @@
 #include "common/lora_case.h"
 #include "common/npy.h"
 #include "common/tiny_engine.h"
-#include "io/lora.h"
-#include "model/lora_runtime.h"
+#include "io/lora/lora.h"
+#include "model/adapters/lora_runtime.h"
 #include "pipeline/text_to_image.h"
 
 namespace zimage {

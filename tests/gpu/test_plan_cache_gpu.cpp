@@ -12,9 +12,9 @@
 
 #include "common/npy.h"
 #include "gpu/cuda_test_util.h"
-#include "io/model_folder.h"
-#include "io/weights.h"
-#include "model/vae.h"
+#include "io/model/model_folder.h"
+#include "io/weights/weights.h"
+#include "model/vae/vae.h"
 
 using namespace zimage;
 using namespace zimage::test;

@@ -17,7 +17,7 @@
 #include "common/npy.h"
 #include "common/seqpar_case.h"
 #include "gpu/cuda_test_util.h"
-#include "model/load_util.h"
+#include "model/common/load_util.h"
 
 using namespace zimage;
 using namespace zimage::test;

@@ -10,11 +10,11 @@
 
 #include "common/npy.h"
 #include "cuda_test_util.h"
-#include "io/model_folder.h"
-#include "io/random_model.h"
-#include "io/weights.h"
-#include "model/vae.h"
-#include "model/vae_tiling.h"
+#include "io/model/model_folder.h"
+#include "io/writers/random_model.h"
+#include "io/weights/weights.h"
+#include "model/vae/vae.h"
+#include "model/vae/vae_tiling.h"
 
 namespace zimage::test {
 namespace {
@@ -72,7 +72,7 @@ TEST(VaeTilingGpu, TiledDecodeMatchesCpu) {
   }
 }
 
-// Z-Image's decoder with random weights (io/random_model.h's values), made on demand.
+// Z-Image's decoder with random weights (io/writers/random_model.h's values), made on demand.
 std::unique_ptr<VaeDecoder> full_size_decoder(Backend& be) {
   const VaeConfig cfg = zimage_turbo_reference_configs().vae;
   WeightStore ws = WeightStore::empty("random vae");

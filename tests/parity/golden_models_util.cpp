@@ -8,8 +8,8 @@
 #include <fstream>
 
 #include "common/npy.h"
-#include "io/model_folder.h"
-#include "io/weights.h"
+#include "io/model/model_folder.h"
+#include "io/weights/weights.h"
 
 namespace zimage::golden {
 

@@ -9,10 +9,10 @@
 #include <vector>
 
 #include "backend/backend.h"
-#include "io/model_config.h"
-#include "model/qwen3_encoder.h"
-#include "model/vae.h"
-#include "model/zimage_dit.h"
+#include "io/model/model_config.h"
+#include "model/text_encoder/qwen3_encoder.h"
+#include "model/vae/vae.h"
+#include "model/dit/zimage_dit.h"
 
 namespace zimage::golden {
 

@@ -1,4 +1,4 @@
-// `zimage convert` (io/convert.h) on the tiny golden model (bf16 weights):
+// `zimage convert` (io/writers/convert.h) on the tiny golden model (bf16 weights):
 //   bf16   the three ComfyUI single files load and give exactly the folder's image;
 //   fp8    the DiT file holds byte for byte what tools/make_single_file_cases.py writes for
 //          ComfyUI's current scaled format (the test helper that mirrors it), so the pipeline on
@@ -19,12 +19,12 @@
 #include "common/npy.h"
 #include "common/single_files.h"
 #include "golden_models_util.h"
-#include "io/convert.h"
-#include "io/gguf_quants.h"
-#include "io/model_source.h"
-#include "io/random_model.h"
-#include "io/safetensors.h"
-#include "io/weights.h"
+#include "io/writers/convert.h"
+#include "io/gguf/gguf_quants.h"
+#include "io/model/model_source.h"
+#include "io/writers/random_model.h"
+#include "io/weights/safetensors.h"
+#include "io/weights/weights.h"
 #include "pipeline/text_to_image.h"
 
 namespace zimage {

@@ -11,8 +11,8 @@
 #include <random>
 
 #include "core/dtype.h"
-#include "io/weights.h"
-#include "model/linear.h"
+#include "io/weights/weights.h"
+#include "model/common/linear.h"
 #include "parity/golden_models_util.h"
 
 using namespace zimage;

@@ -28,8 +28,8 @@
 #include "common/npy.h"
 #include "common/tiny_engine.h"
 #include "golden_models_util.h"
-#include "io/safetensors.h"
-#include "io/weights.h"
+#include "io/weights/safetensors.h"
+#include "io/weights/weights.h"
 #include "zimage/zimage.h"
 
 namespace zimage {

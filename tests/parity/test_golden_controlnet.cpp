@@ -27,9 +27,9 @@
 #include "common/cli_run.h"
 #include "common/controlnet_model.h"
 #include "common/npy.h"
-#include "io/png.h"
-#include "io/weights.h"
-#include "model/zimage_controlnet.h"
+#include "io/image/png.h"
+#include "io/weights/weights.h"
+#include "model/adapters/zimage_controlnet.h"
 #include "pipeline/text_to_image.h"
 
 namespace zimage {

@@ -21,8 +21,8 @@
 #include "backend/backend.h"
 #include "common/cli_run.h"
 #include "common/npy.h"
-#include "io/model_folder.h"
-#include "io/png.h"
+#include "io/model/model_folder.h"
+#include "io/image/png.h"
 #include "pipeline/image_to_image.h"
 #include "pipeline/text_to_image.h"
 

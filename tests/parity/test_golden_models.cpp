@@ -19,14 +19,14 @@
 #include "backend/backend.h"
 #include "common/npy.h"
 #include "golden_models_util.h"
-#include "io/model_config.h"
-#include "io/model_folder.h"
-#include "io/safetensors.h"
-#include "io/weights.h"
-#include "model/debug.h"
-#include "model/qwen3_encoder.h"
-#include "model/vae.h"
-#include "model/zimage_dit.h"
+#include "io/model/model_config.h"
+#include "io/model/model_folder.h"
+#include "io/weights/safetensors.h"
+#include "io/weights/weights.h"
+#include "model/common/debug.h"
+#include "model/text_encoder/qwen3_encoder.h"
+#include "model/vae/vae.h"
+#include "model/dit/zimage_dit.h"
 
 namespace zimage {
 namespace {

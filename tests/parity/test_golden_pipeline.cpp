@@ -21,7 +21,7 @@
 
 #include "backend/backend.h"
 #include "common/npy.h"
-#include "io/png.h"
+#include "io/image/png.h"
 #include "pipeline/text_to_image.h"
 
 namespace zimage {

@@ -1,4 +1,4 @@
-// Quantised weights kept quantised on the device (model/quantized_linear.h) against the same files
+// Quantised weights kept quantised on the device (model/common/quantized_linear.h) against the same files
 // widened at load (PipelineLoadOptions::keep_quantized = false), on the CPU oracle: FP8 casts
 // (e4m3, e5m2), ComfyUI's scaled FP8 (per tensor, per row), the fp8_mixed text encoder, and the
 // GGUF DiT and text encoder (tools/make_gguf_cases.py: Q8_0, Q4_K, Q6_K, Q5_0, Q5_1, Q4_0, Q4_1).
@@ -18,9 +18,9 @@
 #include "common/npy.h"
 #include "common/single_files.h"
 #include "golden_models_util.h"
-#include "io/model_source.h"
-#include "model/qwen3_encoder.h"
-#include "model/zimage_dit.h"
+#include "io/model/model_source.h"
+#include "model/text_encoder/qwen3_encoder.h"
+#include "model/dit/zimage_dit.h"
 #include "pipeline/text_to_image.h"
 
 namespace zimage {

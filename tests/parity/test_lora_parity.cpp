@@ -24,8 +24,8 @@
 #include "common/lora_case.h"
 #include "common/npy.h"
 #include "common/tiny_engine.h"
-#include "io/safetensors.h"
-#include "io/weights.h"
+#include "io/weights/safetensors.h"
+#include "io/weights/weights.h"
 #include "pipeline/text_to_image.h"
 
 namespace zimage {

@@ -1,4 +1,4 @@
-// Runtime LoRAs (model/lora_runtime.h, ZImageDiT::set_loras, GenerateRequest::loras) on the CPU
+// Runtime LoRAs (model/adapters/lora_runtime.h, ZImageDiT::set_loras, GenerateRequest::loras) on the CPU
 // backend, against two independent references: the same LoRAs merged at load (lora_merge.h, the
 // float32 host merge the CLI uses) and diffusers' images (tools/make_lora_cases.py). Both methods
 // (merge into the weights, low-rank side GEMM) for every LoRA case on one loaded model, switched
@@ -21,9 +21,9 @@
 #include "common/lora_case.h"
 #include "common/npy.h"
 #include "common/tiny_engine.h"
-#include "io/lora.h"
-#include "io/safetensors.h"
-#include "model/lora_runtime.h"
+#include "io/lora/lora.h"
+#include "io/weights/safetensors.h"
+#include "model/adapters/lora_runtime.h"
 #include "pipeline/text_to_image.h"
 
 namespace zimage {

@@ -20,11 +20,11 @@
 #include "common/cli_run.h"
 #include "common/npy.h"
 #include "common/single_files.h"
-#include "io/json_util.h"
-#include "io/png.h"
-#include "io/safetensors.h"
-#include "io/single_file.h"
-#include "model/zimage_dit.h"
+#include "io/fs/json_util.h"
+#include "io/image/png.h"
+#include "io/weights/safetensors.h"
+#include "io/weights/single_file.h"
+#include "model/dit/zimage_dit.h"
 #include "pipeline/text_to_image.h"
 
 namespace zimage {
@@ -398,7 +398,7 @@ TEST_F(SingleFiles, EngineOptionsTakeSingleFiles) {
   EXPECT_NE(bad.status().message().find("model_dir: no model folder given"), std::string::npos);
 }
 
-// `--weights fp8` (the FP8 weight rows of model/linear.h) on a scaled FP8 file with per-row
+// `--weights fp8` (the FP8 weight rows of model/common/linear.h) on a scaled FP8 file with per-row
 // scales: the rows are requantised from the dequantised weights with the same recipe, so they
 // come back to the file's FP8 codes and scales; the DiT's output then equals the dequantised
 // model's to float32 rounding. The same option on the bf16 file loses precision (the control:

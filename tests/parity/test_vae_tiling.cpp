@@ -1,4 +1,4 @@
-// The tiled VAE decode (model/vae_tiling.h) against diffusers' AutoencoderKL with
+// The tiled VAE decode (model/vae/vae_tiling.h) against diffusers' AutoencoderKL with
 // enable_tiling() (tests/data/vae_tiling, made by tools/make_vae_tiling_goldens.py: tiny random
 // VAEs whose sample_size makes 2 x 3 tiles), the policy (--vae-tiling auto|on|off) through the
 // pipeline, the engine option and the CLI flag, and the untiled decode's memory estimate.
@@ -15,11 +15,11 @@
 #include "backend/check/check_backend.h"
 #include "common/cli_run.h"
 #include "common/npy.h"
-#include "io/model_folder.h"
-#include "io/random_model.h"
-#include "io/weights.h"
-#include "model/vae.h"
-#include "model/vae_tiling.h"
+#include "io/model/model_folder.h"
+#include "io/writers/random_model.h"
+#include "io/weights/weights.h"
+#include "model/vae/vae.h"
+#include "model/vae/vae_tiling.h"
 #include "pipeline/memory_plan.h"
 #include "pipeline/text_to_image.h"
 #include "zimage/zimage.h"

@@ -10,8 +10,8 @@
 #include <cmath>
 #include <random>
 
-#include "io/weights.h"
-#include "model/linear.h"
+#include "io/weights/weights.h"
+#include "model/common/linear.h"
 #include "parity/golden_models_util.h"
 
 using namespace zimage;

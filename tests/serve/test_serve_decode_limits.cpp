@@ -1,4 +1,4 @@
-// Decoding cost of the server's image inputs (io/image_read.h): a JPEG is refused from its
+// Decoding cost of the server's image inputs (io/image/image_read.h): a JPEG is refused from its
 // markers, before anything is decoded, past 500 scans or past the scan-cost budget (a scan bomb:
 // thousands of progressive scans in a small file, each decoded over the whole image), and over
 // HTTP every such refusal is a 400 naming the field the image came in.
@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "io/image_read.h"
+#include "io/image/image_read.h"
 #include "serve/image_encode.h"
 #include "serve/serve_test_util.h"
 

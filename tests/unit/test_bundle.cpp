@@ -1,4 +1,4 @@
-// The bundle format and its per-user cache (src/io/bundle.h, bundle_cache.h), which carry the CLI's
+// The bundle format and its per-user cache (src/io/fs/bundle.h, bundle_cache.h), which carry the CLI's
 // built-in model: a folder survives packing and unpacking byte for byte; damaged bundles and
 // damaged unpacked copies are errors that name the file, never crashes; the cache is unpacked
 // once, replaced when damaged, shared by concurrent users, and falls back to a temporary folder
@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "common/cli_run.h"
-#include "io/bundle.h"
-#include "io/bundle_cache.h"
+#include "io/fs/bundle.h"
+#include "io/fs/bundle_cache.h"
 
 namespace zimage {
 namespace {

@@ -10,7 +10,7 @@
 
 #include "common/cli_run.h"
 #include "common/tiny_engine.h"
-#include "io/png.h"
+#include "io/image/png.h"
 
 namespace zimage {
 namespace {

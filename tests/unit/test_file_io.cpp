@@ -1,4 +1,4 @@
-// Files zimage reads and writes (io/file_io.h), as the hardening run found them broken:
+// Files zimage reads and writes (io/fs/file_io.h), as the hardening run found them broken:
 // - a failed write must not destroy anything: not the device node it was writing to (/dev/full
 //   reports "no space" like a full disk), not the user's existing file; the error names the real
 //   errno; a batch is written all or nothing;
@@ -17,12 +17,12 @@
 #include <string>
 #include <vector>
 
-#include "io/file_io.h"
-#include "io/json_util.h"
-#include "io/png.h"
-#include "io/safetensors.h"
-#include "io/weights.h"
-#include "pipeline/tokenizer.h"
+#include "io/fs/file_io.h"
+#include "io/fs/json_util.h"
+#include "io/image/png.h"
+#include "io/weights/safetensors.h"
+#include "io/weights/weights.h"
+#include "pipeline/tokenizer/tokenizer.h"
 #include "zimage/zimage.h"
 
 namespace zimage {

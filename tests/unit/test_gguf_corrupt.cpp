@@ -20,8 +20,8 @@
 #include <vector>
 
 #include "common/gguf_builder.h"
-#include "io/gguf.h"
-#include "io/weights.h"
+#include "io/gguf/gguf.h"
+#include "io/weights/weights.h"
 
 namespace zimage {
 namespace {

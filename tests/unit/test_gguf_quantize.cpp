@@ -1,6 +1,6 @@
-// GGUF quantisers (io/gguf_quantize.h): Q8_0 and Q4_0 byte for byte against the gguf Python
+// GGUF quantisers (io/gguf/gguf_quantize.h): Q8_0 and Q4_0 byte for byte against the gguf Python
 // package (tools/make_gguf_quant_cases.py), every type round-tripped through the dequantisation
-// oracle (io/gguf_quants.h) within a stated bound of its step size.
+// oracle (io/gguf/gguf_quants.h) within a stated bound of its step size.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "io/gguf_quantize.h"
+#include "io/gguf/gguf_quantize.h"
 
 namespace zimage {
 namespace {

@@ -15,8 +15,8 @@
 
 #include "common/npy.h"
 #include "core/thread_pool.h"
-#include "io/gguf.h"
-#include "io/gguf_quants.h"
+#include "io/gguf/gguf.h"
+#include "io/gguf/gguf_quants.h"
 
 namespace zimage {
 namespace {

@@ -14,9 +14,9 @@
 #include <vector>
 
 #include "common/gguf_builder.h"
-#include "io/gguf.h"
-#include "io/gguf_weights.h"
-#include "io/weights.h"
+#include "io/gguf/gguf.h"
+#include "io/gguf/gguf_weights.h"
+#include "io/weights/weights.h"
 
 namespace zimage {
 namespace {

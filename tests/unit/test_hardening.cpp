@@ -32,7 +32,7 @@
 #include "common/tiny_engine.h"
 #include "core/dtype.h"
 #include "core/thread_pool.h"
-#include "io/safetensors.h"
+#include "io/weights/safetensors.h"
 #include "zimage/zimage.h"
 
 namespace zimage {

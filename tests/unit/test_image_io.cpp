@@ -1,4 +1,4 @@
-// The image reader (io/image_read.h) and PIL's Lanczos resize (io/image_resize.h) against PIL
+// The image reader (io/image/image_read.h) and PIL's Lanczos resize (io/image/image_resize.h) against PIL
 // itself: the image_io golden (tools/make_image_goldens.py) holds files in many PNG / JPEG / WebP
 // variants with the arrays diffusers.utils.load_image gives for them (EXIF / XMP orientation
 // applied, converted to RGB) and their convert("L"), and PIL resizes of RGB and gray images to
@@ -17,8 +17,8 @@
 
 #include "common/cli_run.h"
 #include "common/npy.h"
-#include "io/image_read.h"
-#include "io/image_resize.h"
+#include "io/image/image_read.h"
+#include "io/image/image_resize.h"
 #include "zimage/zimage.h"
 
 namespace zimage {

@@ -16,8 +16,8 @@
 #include "api/request_check.h"
 #include "common/cli_run.h"
 #include "common/tiny_engine.h"
-#include "io/image_read.h"
-#include "io/image_resize.h"
+#include "io/image/image_read.h"
+#include "io/image/image_resize.h"
 #include "zimage/zimage.h"
 
 namespace zimage {

@@ -1,4 +1,4 @@
-// Config inference from tensor shapes (io/infer_config.h): every tiny golden model (diffusers
+// Config inference from tensor shapes (io/model/infer_config.h): every tiny golden model (diffusers
 // names, and ComfyUI / LDM names made from them) gives back its config.json's shapes, the full-size
 // published shape lists (built without data) give back the published configs field for field,
 // and incomplete or inconsistent tensor sets fail with messages naming what is wrong.
@@ -8,9 +8,9 @@
 #include <string>
 
 #include "common/npy.h"
-#include "io/infer_config.h"
-#include "io/model_folder.h"
-#include "io/random_model.h"
+#include "io/model/infer_config.h"
+#include "io/model/model_folder.h"
+#include "io/writers/random_model.h"
 
 namespace zimage {
 namespace {

@@ -1,4 +1,4 @@
-// LoRA reading and merging (io/lora.h, model/lora_merge.h) on small synthetic files: the key
+// LoRA reading and merging (io/lora/lora.h, model/adapters/lora_merge.h) on small synthetic files: the key
 // grammar of every layout (table-driven), PEFT's metadata scaling, the checks that make a bad
 // file an error naming its key, and the merge itself against a float64 reference, on a store
 // named as diffusers names the DiT and on one named as ComfyUI does (fused attention.qkv).
@@ -17,10 +17,10 @@
 #include <vector>
 
 #include "core/tensor.h"
-#include "io/lora.h"
-#include "io/safetensors.h"
-#include "io/weights.h"
-#include "model/lora_merge.h"
+#include "io/lora/lora.h"
+#include "io/weights/safetensors.h"
+#include "io/weights/weights.h"
+#include "model/adapters/lora_merge.h"
 
 using namespace zimage;
 

@@ -6,7 +6,7 @@
 
 #include <string>
 
-#include "io/model_folder.h"
+#include "io/model/model_folder.h"
 #include "pipeline/memory_plan.h"
 #include "pipeline/text_to_image.h"
 

@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "io/json_util.h"
-#include "io/model_folder.h"
+#include "io/fs/json_util.h"
+#include "io/model/model_folder.h"
 
 using namespace zimage;
 namespace fs = std::filesystem;

@@ -1,4 +1,4 @@
-// The on-disk plan cache (io/plan_cache.h): hints survive a new process (a new PlanCache on the
+// The on-disk plan cache (io/fs/plan_cache.h): hints survive a new process (a new PlanCache on the
 // same folder), a file of another GPU / library version or a corrupt one is ignored and then
 // replaced, forget() drops a wrong hint, ZIMAGE_PLAN_CACHE=off disables the cache.
 #include <gtest/gtest.h>
@@ -8,7 +8,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "io/plan_cache.h"
+#include "io/fs/plan_cache.h"
 
 namespace zimage {
 namespace {

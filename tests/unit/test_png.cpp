@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "io/png.h"
+#include "io/image/png.h"
 
 using namespace zimage;
 

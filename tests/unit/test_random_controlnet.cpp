@@ -1,4 +1,4 @@
-// The random ControlNet folder (zimage make-random-model --controlnet; io/random_controlnet.h),
+// The random ControlNet folder (zimage make-random-model --controlnet; io/writers/random_controlnet.h),
 // which stands in for the Fun-Controlnet-Union checkpoints in the full-size speed runs against
 // diffusers: its tensor names, shapes and config.json must be what diffusers' save_pretrained
 // writes for each published version (checked against the ControlNet goldens' folders, which
@@ -17,11 +17,11 @@
 #include "common/cli_run.h"
 #include "common/controlnet_model.h"
 #include "common/npy.h"
-#include "io/model_folder.h"
-#include "io/random_controlnet.h"
-#include "io/safetensors.h"
-#include "io/weights.h"
-#include "model/zimage_controlnet.h"
+#include "io/model/model_folder.h"
+#include "io/writers/random_controlnet.h"
+#include "io/weights/safetensors.h"
+#include "io/weights/weights.h"
+#include "model/adapters/zimage_controlnet.h"
 #include "pipeline/text_to_image.h"
 
 namespace zimage {

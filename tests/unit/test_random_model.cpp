@@ -11,8 +11,8 @@
 #include <set>
 
 #include "common/npy.h"
-#include "io/random_model.h"
-#include "io/safetensors.h"
+#include "io/writers/random_model.h"
+#include "io/weights/safetensors.h"
 
 namespace zimage {
 namespace {

@@ -14,7 +14,7 @@
 
 #include "core/dtype.h"
 #include "core/tensor.h"
-#include "io/safetensors.h"
+#include "io/weights/safetensors.h"
 
 using namespace zimage;
 

@@ -1,4 +1,4 @@
-// Scaled FP8 (io/scaled_fp8.h) and component selection (io/single_file.h) on small hand-made
+// Scaled FP8 (io/weights/scaled_fp8.h) and component selection (io/weights/single_file.h) on small hand-made
 // files: each ComfyUI format dequantises to float32(q) * scale exactly (checked element by element
 // against the FP8 decoding of core/dtype.h), the scales and markers count as used, the FP8 bytes
 // stay reachable, and every malformed variant fails with a message naming the file and layer.
@@ -11,9 +11,9 @@
 #include <nlohmann/json.hpp>
 
 #include "core/dtype.h"
-#include "io/safetensors.h"
-#include "io/scaled_fp8.h"
-#include "io/single_file.h"
+#include "io/weights/safetensors.h"
+#include "io/weights/scaled_fp8.h"
+#include "io/weights/single_file.h"
 
 namespace zimage {
 namespace {

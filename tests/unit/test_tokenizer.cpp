@@ -22,8 +22,8 @@
 #include <vector>
 
 #include "common/npy.h"
-#include "pipeline/tokenizer.h"
-#include "pipeline/tokenizer_internal.h"
+#include "pipeline/tokenizer/tokenizer.h"
+#include "pipeline/tokenizer/tokenizer_internal.h"
 
 using namespace zimage;
 using json = nlohmann::json;

@@ -1,4 +1,4 @@
-// The host half of the CUDA backend's staged uploads (backend/cuda/upload_plan.h): how uploads are
+// The host half of the CUDA backend's staged uploads (backend/cuda/runtime/upload_plan.h): how uploads are
 // cut into pieces over a ring of staging buffers (coverage, order, bounds, when the host must wait
 // for a buffer), and the multithreaded copy, also from a memory-mapped file. Pure host code, so it
 // runs in every build.
@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "backend/cuda/upload_plan.h"
+#include "backend/cuda/runtime/upload_plan.h"
 #include "core/thread_pool.h"
 
 using zimage::ThreadPool;

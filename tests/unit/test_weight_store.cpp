@@ -11,9 +11,9 @@
 #include <vector>
 
 #include "core/tensor.h"
-#include "io/json_util.h"
-#include "io/safetensors.h"
-#include "io/weights.h"
+#include "io/fs/json_util.h"
+#include "io/weights/safetensors.h"
+#include "io/weights/weights.h"
 
 using namespace zimage;
 

@@ -15,7 +15,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/cpu_check.h"
 #include "core/log.h"
-#include "io/gguf_quants.h"
+#include "io/gguf/gguf_quants.h"
 
 namespace zimage::cpu {
 

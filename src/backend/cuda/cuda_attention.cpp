@@ -7,10 +7,10 @@
 #include <string>
 
 #include "backend/cuda/cuda_backend.h"
-#include "backend/cuda/cuda_check.h"
-#include "backend/cuda/gemm_cublaslt.h"
-#include "backend/cuda/kernels.h"
-#include "backend/cuda/sdpa_cudnn.h"
+#include "backend/cuda/runtime/cuda_check.h"
+#include "backend/cuda/libs/gemm_cublaslt.h"
+#include "backend/cuda/kernels/kernels.h"
+#include "backend/cuda/libs/sdpa_cudnn.h"
 #include "backend/cuda/validate.h"
 
 namespace zimage::cuda {

@@ -9,12 +9,12 @@
 #include <string>
 #include <vector>
 
-#include "backend/cuda/conv_cudnn.h"
-#include "backend/cuda/conv_graph.h"
-#include "backend/cuda/cuda_check.h"
-#include "backend/cuda/gemm_cublaslt.h"
-#include "backend/cuda/kernels.h"
-#include "backend/cuda/sdpa_cudnn.h"
+#include "backend/cuda/libs/conv_cudnn.h"
+#include "backend/cuda/libs/conv_graph.h"
+#include "backend/cuda/runtime/cuda_check.h"
+#include "backend/cuda/libs/gemm_cublaslt.h"
+#include "backend/cuda/kernels/kernels.h"
+#include "backend/cuda/libs/sdpa_cudnn.h"
 #include "backend/cuda/validate.h"
 #include "core/log.h"
 
@@ -72,7 +72,7 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(int device_index, DType
   ZI_ASSIGN_OR_RETURN(b->gemm_, LtGemm::create(b->stream_, *b->allocator_));
   b->conv_ = ConvPlanner::create(b->stream_);
   b->sdpa_ = CudnnSdpa::create(b->stream_);
-  // What the cached run-time choices depend on (io/plan_cache.h): the GPU and the libraries.
+  // What the cached run-time choices depend on (io/fs/plan_cache.h): the GPU and the libraries.
   const std::string identity = std::string(prop.name) + " sm_" + std::to_string(b->sm_) +
                                " cudnn " + std::to_string(cudnnGetVersion()) + " cublasLt " +
                                std::to_string(cublasLtGetVersion()) + " conv-graphs v1";

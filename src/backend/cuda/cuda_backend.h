@@ -25,10 +25,10 @@
 #include <vector>
 
 #include "backend/backend.h"
-#include "backend/cuda/allocator.h"
-#include "backend/cuda/kernels.h"
-#include "backend/cuda/op_profiler.h"
-#include "backend/cuda/uploader.h"
+#include "backend/cuda/runtime/allocator.h"
+#include "backend/cuda/kernels/kernels.h"
+#include "backend/cuda/runtime/op_profiler.h"
+#include "backend/cuda/runtime/uploader.h"
 
 namespace zimage::cuda {
 

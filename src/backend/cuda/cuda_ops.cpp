@@ -5,9 +5,9 @@
 #include <vector>
 
 #include "backend/cuda/cuda_backend.h"
-#include "backend/cuda/cuda_check.h"
-#include "backend/cuda/gemm_cublaslt.h"
-#include "backend/cuda/kernels.h"
+#include "backend/cuda/runtime/cuda_check.h"
+#include "backend/cuda/libs/gemm_cublaslt.h"
+#include "backend/cuda/kernels/kernels.h"
 #include "backend/cuda/validate.h"
 
 namespace zimage::cuda {

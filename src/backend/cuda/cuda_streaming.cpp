@@ -9,11 +9,11 @@
 #include <string>
 
 #include "backend/cuda/cuda_backend.h"
-#include "backend/cuda/cuda_check.h"
-#include "backend/cuda/gemm_cublaslt.h"
-#include "backend/cuda/gemm_cutlass.h"
-#include "backend/cuda/gguf_dequant.h"
-#include "backend/cuda/kernels.h"
+#include "backend/cuda/runtime/cuda_check.h"
+#include "backend/cuda/libs/gemm_cublaslt.h"
+#include "backend/cuda/libs/gemm_cutlass.h"
+#include "backend/cuda/kernels/gguf_dequant.h"
+#include "backend/cuda/kernels/kernels.h"
 #include "backend/cuda/validate.h"
 #include "core/log.h"
 

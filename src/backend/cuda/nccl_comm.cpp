@@ -23,7 +23,7 @@
 
 #include "backend/comm.h"
 #include "backend/cuda/cuda_backend.h"
-#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/runtime/cuda_check.h"
 
 namespace zimage {
 

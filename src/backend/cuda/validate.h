@@ -4,7 +4,7 @@
 
 #include <string>
 
-#include "backend/cuda/kernels.h"
+#include "backend/cuda/kernels/kernels.h"
 #include "core/status.h"
 #include "core/tensor.h"
 

@@ -1,0 +1,106 @@
+// CudaBackend::conv2d: validation, asymmetric padding, cuDNN (libs/conv_cudnn.h, libs/conv_graph.h)
+// or the direct-kernel fallback, and the bias. The planners it calls know nothing of the backend.
+#include <string>
+
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/kernels/kernels.h"
+#include "backend/cuda/libs/conv_cudnn.h"
+#include "backend/cuda/libs/conv_graph.h"
+#include "backend/cuda/runtime/cuda_check.h"
+#include "backend/cuda/validate.h"
+#include "core/log.h"
+
+namespace zimage::cuda {
+
+bool CudaBackend::has_cudnn() const {
+  return conv_ && conv_->available();
+}
+
+Status CudaBackend::conv2d(const Tensor& x, const Tensor& w, const Tensor& bias,
+                           const Conv2dParams& p, Tensor& y) {
+  ZI_OP_SCOPE("conv2d", &x, &w);
+  constexpr const char* op = "conv2d";
+  ZI_TRY(check_cuda_tensor(op, "x", x));
+  ZI_TRY(check_cuda_tensor(op, "w", w));
+  ZI_TRY(check_optional(op, "bias", bias));
+  ZI_TRY(check_cuda_tensor(op, "y", y));
+  ZI_TRY(check_rank(op, "x", x, 4));
+  ZI_TRY(check_rank(op, "w", w, 4));
+  for (const Tensor* t : std::initializer_list<const Tensor*>{&x, &w, &y})
+    ZI_TRY(check_dtype(op, "x/w/y", *t, act_));
+  if (bias.defined()) ZI_TRY(check_dtype(op, "bias", bias, act_));
+  if (p.stride < 1 || p.pad_top < 0 || p.pad_bottom < 0 || p.pad_left < 0 || p.pad_right < 0)
+    return InvalidArgument("conv2d: stride must be >= 1 and padding >= 0");
+  const int64_t n = x.dim(0), h = x.dim(1), wd = x.dim(2), cin = x.dim(3);
+  const int64_t cout = w.dim(0), kh = w.dim(1), kw = w.dim(2);
+  if (w.dim(3) != cin)
+    return InvalidArgument("conv2d: w " + w.describe() + " does not match x " + x.describe());
+  const int64_t hp = h + p.pad_top + p.pad_bottom, wp = wd + p.pad_left + p.pad_right;
+  if (kh < 1 || kw < 1 || hp < kh || wp < kw)
+    return InvalidArgument("conv2d: kernel larger than the padded input");
+  const int64_t ho = (hp - kh) / p.stride + 1, wo = (wp - kw) / p.stride + 1;
+  ZI_TRY(check_shape(op, "y", y, {n, ho, wo, cout}));
+  if (bias.defined()) ZI_TRY(check_shape(op, "bias", bias, {cout}));
+  if (overlaps(x, y)) return InvalidArgument("conv2d: y must not alias x");
+  ZI_ASSIGN_OR_RETURN(KType kt, ktype_of(op, act_));
+  if (y.numel() == 0) return Status::Ok();
+
+  // cuDNN pads symmetrically: pad explicitly when the two sides differ.
+  Tensor src = x;
+  int64_t sh = h, sw = wd;
+  int pad_h = p.pad_top, pad_w = p.pad_left;
+  if (p.pad_top != p.pad_bottom || p.pad_left != p.pad_right) {
+    ZI_ASSIGN_OR_RETURN(src, alloc(act_, {n, hp, wp, cin}));
+    ZI_LAUNCH_TRY("conv2d pad", launch_pad_nhwc(kt, x.data(), src.data(), n, h, wd, cin, p.pad_top,
+                                                p.pad_bottom, p.pad_left, p.pad_right, stream_));
+    sh = hp;
+    sw = wp;
+    pad_h = pad_w = 0;
+  }
+  const ConvRequest req{src.data(), w.data(), y.data(), n,  sh,       sw,    cin,   cout,
+                        kh,         kw,       ho,       wo, p.stride, pad_h, pad_w, act_};
+  if (fused_ && use_conv_graphs_ && conv_graphs_->available()) {
+    const Status gs = conv_graphs_->run(req, ptr_or_null(bias), *allocator_);
+    if (gs.ok()) return Status::Ok();
+    if (gs.code() != ErrorCode::kUnsupported) return gs.with_context("conv2d");
+    // cuDNN's tensor-core engines want channel counts in multiples of 8: the VAE's conv_out has 3
+    // output channels. Run it with the filter and bias zero-padded to 8 outputs into a scratch
+    // tensor and keep the first 3 channels (the legacy call that would run instead costs ~10 ms
+    // of host time per call).
+    constexpr int64_t kAlign = 8;
+    if (cout % kAlign != 0 && cin % kAlign == 0 && act_ != DType::kF32) {
+      const int64_t cp = (cout + kAlign - 1) / kAlign * kAlign, per = kh * kw * cin;
+      ZI_ASSIGN_OR_RETURN(Tensor w8, alloc(act_, {cp, kh, kw, cin}));
+      ZI_TRY(fill(w8, 0.f));
+      ZI_TRY(copy_2d(w, 0, per, w8, 0, per, cout, per));
+      Tensor bp;
+      if (bias.defined()) {
+        ZI_ASSIGN_OR_RETURN(bp, alloc(act_, {cp}));
+        ZI_TRY(fill(bp, 0.f));
+        ZI_TRY(copy_2d(bias, 0, cout, bp, 0, cout, 1, cout));
+      }
+      ZI_ASSIGN_OR_RETURN(Tensor yp, alloc(act_, {n, ho, wo, cp}));
+      ConvRequest rp = req;
+      rp.w = w8.data();
+      rp.y = yp.data();
+      rp.cout = cp;
+      const Status ps = conv_graphs_->run(rp, ptr_or_null(bp), *allocator_);
+      if (ps.ok()) return copy_2d(yp, 0, cp, y, 0, cout, n * ho * wo, cout);
+      if (ps.code() != ErrorCode::kUnsupported) return ps.with_context("conv2d");
+    }
+  }
+  Status st = conv_->run(req, *allocator_);
+  if (st.ok()) {
+    if (bias.defined())
+      ZI_LAUNCH_TRY("conv2d bias",
+                    launch_add(kt, y.data(), bias.data(), y.data(), y.numel(), cout, stream_));
+    return Status::Ok();
+  }
+  if (st.code() != ErrorCode::kUnsupported) return st.with_context("conv2d");
+  const ConvShape shape{n, sh, sw, cin, cout, kh, kw, ho, wo, p.stride, pad_h, pad_w};
+  ZI_LAUNCH_TRY("conv2d (direct)", launch_conv2d_direct(kt, src.data(), w.data(), ptr_or_null(bias),
+                                                        y.data(), shape, stream_));
+  return Status::Ok();
+}
+
+}  // namespace zimage::cuda

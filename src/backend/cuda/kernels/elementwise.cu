@@ -1,0 +1,375 @@
+// Elementwise kernels: fill, convert, SiLU/tanh, SwiGLU, axpby, broadcast add, sum of squares.
+// Memory-bound, so each thread moves one 16-byte pack when every pointer is 16-byte aligned (and
+// the broadcast period is a whole number of packs); otherwise the same kernel runs with packs of
+// one element. A pack that straddles the end is finished element by element (tails).
+#include "backend/cuda/kernels/device_utils.cuh"
+
+namespace zimage::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+__device__ __forceinline__ float silu_f(float v) {
+  return v / (1.0f + expf(-v));
+}
+
+// Applies f(i, v) -> out element by element for pack index `p` over [0, n), vector or tail.
+template <typename T, int VEC, typename F>
+__global__ void unary_kernel(const T* x, T* y, int64_t n, F f) {
+  const int64_t npack = (n + VEC - 1) / VEC;
+  for (int64_t p = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; p < npack;
+       p += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t i0 = p * VEC;
+    if (i0 + VEC <= n) {
+      float v[VEC];
+      load_f32<T, VEC>(x + i0, v);
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) v[k] = f(v[k]);
+      store_f32<T, VEC>(y + i0, v);
+    } else {
+      for (int64_t i = i0; i < n; ++i) y[i] = from_f32<T>(f(to_f32<T>(x[i])));
+    }
+  }
+}
+
+template <typename T, typename F>
+cudaError_t run_unary(const void* x, void* y, int64_t n, F f, cudaStream_t s) {
+  if (n <= 0) return cudaSuccess;
+  const T* xp = static_cast<const T*>(x);
+  T* yp = static_cast<T*>(y);
+  if (aligned16(x) && aligned16(y)) {
+    constexpr int V = kVec16<T>;
+    unary_kernel<T, V><<<grid_for((n + V - 1) / V, kThreads), kThreads, 0, s>>>(xp, yp, n, f);
+  } else {
+    unary_kernel<T, 1><<<grid_for(n, kThreads), kThreads, 0, s>>>(xp, yp, n, f);
+  }
+  return cudaGetLastError();
+}
+
+struct SiluOp {
+  __device__ float operator()(float v) const { return silu_f(v); }
+};
+struct TanhOp {
+  __device__ float operator()(float v) const { return tanhf(v); }
+};
+// NaN stays NaN, as in torch.clamp and the CPU oracle: fminf/fmaxf alone would turn a NaN image
+// into a black one and hide the failure from the pipeline's finite check.
+struct ClampOp {
+  float lo, hi;
+  __device__ float operator()(float v) const { return v != v ? v : fminf(fmaxf(v, lo), hi); }
+};
+
+template <typename T, int VEC>
+__global__ void fill_kernel(T* dst, int64_t n, float value) {
+  const T v = from_f32<T>(value);
+  const int64_t npack = (n + VEC - 1) / VEC;
+  for (int64_t p = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; p < npack;
+       p += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t i0 = p * VEC;
+    if (i0 + VEC <= n) {
+      Pack<T, VEC> pk;
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) pk.v[k] = v;
+      *reinterpret_cast<Pack<T, VEC>*>(dst + i0) = pk;
+    } else {
+      for (int64_t i = i0; i < n; ++i) dst[i] = v;
+    }
+  }
+}
+
+template <typename S, typename D>
+__global__ void convert_kernel(const S* src, D* dst, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x)
+    dst[i] = from_f32<D>(to_f32<S>(src[i]));
+}
+
+template <typename S, typename D, int VEC>
+__global__ void convert_vec_kernel(const S* src, D* dst, int64_t n) {
+  const int64_t npack = (n + VEC - 1) / VEC;
+  for (int64_t p = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; p < npack;
+       p += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t i0 = p * VEC;
+    if (i0 + VEC <= n) {
+      float v[VEC];
+      load_f32<S, VEC>(src + i0, v);
+      store_f32<D, VEC>(dst + i0, v);
+    } else {
+      for (int64_t i = i0; i < n; ++i) dst[i] = from_f32<D>(to_f32<S>(src[i]));
+    }
+  }
+}
+
+// y[m, f] = silu(x[m, f]) * x[m, F + f]; the silu result is rounded to T first, as a framework
+// computing silu and the product as two ops in T would.
+template <typename T, int VEC>
+__global__ void swiglu_kernel(const T* x, T* y, int64_t m, int64_t f) {
+  const int64_t ppr = (f + VEC - 1) / VEC;  // packs per row
+  const int64_t total = m * ppr;
+  for (int64_t p = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; p < total;
+       p += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t row = p / ppr, c0 = (p % ppr) * VEC;
+    const T* g = x + row * 2 * f;
+    const T* u = g + f;
+    T* o = y + row * f;
+    if (c0 + VEC <= f) {
+      float gv[VEC], uv[VEC];
+      load_f32<T, VEC>(g + c0, gv);
+      load_f32<T, VEC>(u + c0, uv);
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) gv[k] = round_to<T>(silu_f(gv[k])) * uv[k];
+      store_f32<T, VEC>(o + c0, gv);
+    } else {
+      for (int64_t c = c0; c < f; ++c)
+        o[c] = from_f32<T>(round_to<T>(silu_f(to_f32<T>(g[c]))) * to_f32<T>(u[c]));
+    }
+  }
+}
+
+template <typename T, int VEC>
+__global__ void axpby_kernel(float a, const T* x, float b, const T* y, T* out, int64_t n) {
+  const int64_t npack = (n + VEC - 1) / VEC;
+  for (int64_t p = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; p < npack;
+       p += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t i0 = p * VEC;
+    if (i0 + VEC <= n) {
+      float xv[VEC], yv[VEC];
+      load_f32<T, VEC>(x + i0, xv);
+      load_f32<T, VEC>(y + i0, yv);
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) xv[k] = a * xv[k] + b * yv[k];
+      store_f32<T, VEC>(out + i0, xv);
+    } else {
+      for (int64_t i = i0; i < n; ++i)
+        out[i] = from_f32<T>(a * to_f32<T>(x[i]) + b * to_f32<T>(y[i]));
+    }
+  }
+}
+
+// out[i] = x[i] + y[i % ny]. With VEC > 1, ny is a multiple of VEC so a pack never wraps.
+template <typename T, int VEC>
+__global__ void add_kernel(const T* x, const T* y, T* out, int64_t n, int64_t ny) {
+  const int64_t npack = (n + VEC - 1) / VEC;
+  for (int64_t p = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; p < npack;
+       p += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t i0 = p * VEC;
+    if (i0 + VEC <= n) {
+      float xv[VEC], yv[VEC];
+      load_f32<T, VEC>(x + i0, xv);
+      load_f32<T, VEC>(y + i0 % ny, yv);
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) xv[k] += yv[k];
+      store_f32<T, VEC>(out + i0, xv);
+    } else {
+      for (int64_t i = i0; i < n; ++i) out[i] = from_f32<T>(to_f32<T>(x[i]) + to_f32<T>(y[i % ny]));
+    }
+  }
+}
+
+// Grid (blocks_per_row, rows); each block adds its partial sum (fp64) into out[row].
+template <typename T>
+__global__ void sum_squares_kernel(const T* x, int64_t cols, double* out) {
+  __shared__ double scratch[32];
+  const T* row = x + blockIdx.y * cols;
+  double acc = 0.0;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < cols;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const double v = to_f32<T>(row[i]);
+    acc += v * v;
+  }
+  acc = block_sum(acc, scratch);
+  if (threadIdx.x == 0) atomicAdd(out + blockIdx.y, acc);
+}
+
+// The reference pipeline's host arithmetic, one IEEE rounding per operation: the explicit _rn
+// intrinsics keep nvcc from contracting a*b + c into a fused multiply-add, so the result is
+// bit-identical to the CPU's.
+__global__ void guided_euler_kernel(const float* pos, const float* neg, float g, float dt, float* x,
+                                    int64_t n) {
+  for (int64_t k = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; k < n;
+       k += int64_t{gridDim.x} * blockDim.x) {
+    float pred = pos[k];
+    if (neg != nullptr) {
+      const float d = __fsub_rn(pred, neg[k]);
+      const float gd = __fmul_rn(g, d);
+      pred = __fadd_rn(pred, gd);
+    }
+    const float dv = __fmul_rn(dt, -pred);
+    x[k] = __fadd_rn(x[k], dv);
+  }
+}
+
+template <typename T>
+__global__ void count_nonfinite_kernel(const T* x, int64_t n, unsigned long long* out) {
+  unsigned long long bad = 0;
+  for (int64_t k = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; k < n;
+       k += int64_t{gridDim.x} * blockDim.x) {
+    bad += isfinite(to_f32<T>(x[k])) ? 0 : 1;
+  }
+  if (bad != 0) atomicAdd(out, bad);  // rare: only a broken run pays for atomics
+}
+
+__global__ void write_i32_kernel(int32_t* dst, I32Values values) {
+  const int i = static_cast<int>(threadIdx.x);
+  if (i < values.n) dst[i] = values.v[i];
+}
+
+}  // namespace
+
+cudaError_t launch_write_i32(int32_t* dst, const I32Values& values, cudaStream_t s) {
+  if (values.n <= 0) return cudaSuccess;
+  if (values.n > I32Values::kMax) return cudaErrorInvalidValue;
+  write_i32_kernel<<<1, I32Values::kMax, 0, s>>>(dst, values);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_guided_euler(const float* pos, const float* neg, float g, float dt, float* x,
+                                int64_t n, cudaStream_t s) {
+  if (n <= 0) return cudaSuccess;
+  guided_euler_kernel<<<grid_for(n, kThreads), kThreads, 0, s>>>(pos, neg, g, dt, x, n);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_count_nonfinite(KType t, const void* x, int64_t n, unsigned long long* out,
+                                   cudaStream_t s) {
+  cudaError_t e = cudaMemsetAsync(out, 0, sizeof(unsigned long long), s);
+  if (e != cudaSuccess || n <= 0) return e;
+  return dispatch_ktype(t, [&](auto tag) {
+    using T = decltype(tag);
+    int64_t blocks = (n + kThreads * 8 - 1) / (kThreads * 8);
+    if (blocks > 4096) blocks = 4096;
+    count_nonfinite_kernel<T>
+        <<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(static_cast<const T*>(x), n, out);
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t launch_fill(KType t, void* dst, int64_t n, float value, cudaStream_t s) {
+  if (n <= 0) return cudaSuccess;
+  return dispatch_ktype(t, [&](auto tag) {
+    using T = decltype(tag);
+    T* p = static_cast<T*>(dst);
+    if (aligned16(dst)) {
+      constexpr int V = kVec16<T>;
+      fill_kernel<T, V><<<grid_for((n + V - 1) / V, kThreads), kThreads, 0, s>>>(p, n, value);
+    } else {
+      fill_kernel<T, 1><<<grid_for(n, kThreads), kThreads, 0, s>>>(p, n, value);
+    }
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t launch_convert(KType from, const void* src, KType to, void* dst, int64_t n,
+                           cudaStream_t s) {
+  if (n <= 0) return cudaSuccess;
+  return dispatch_ktype(from, [&](auto stag) {
+    using S = decltype(stag);
+    return dispatch_ktype(to, [&](auto dtag) {
+      using D = decltype(dtag);
+      const S* sp = static_cast<const S*>(src);
+      D* dp = static_cast<D*>(dst);
+      constexpr int V = 8;  // 8 elements: 16 or 32 bytes of f32, 16 of bf16/f16
+      if ((reinterpret_cast<uintptr_t>(src) % (sizeof(S) * V)) == 0 &&
+          (reinterpret_cast<uintptr_t>(dst) % (sizeof(D) * V)) == 0) {
+        convert_vec_kernel<S, D, V>
+            <<<grid_for((n + V - 1) / V, kThreads), kThreads, 0, s>>>(sp, dp, n);
+      } else {
+        convert_kernel<S, D><<<grid_for(n, kThreads), kThreads, 0, s>>>(sp, dp, n);
+      }
+      return cudaGetLastError();
+    });
+  });
+}
+
+cudaError_t launch_unary(UnaryOp op, KType t, const void* x, void* y, int64_t n, cudaStream_t s) {
+  return dispatch_ktype(t, [&](auto tag) {
+    using T = decltype(tag);
+    return op == UnaryOp::kSilu ? run_unary<T>(x, y, n, SiluOp{}, s)
+                                : run_unary<T>(x, y, n, TanhOp{}, s);
+  });
+}
+
+cudaError_t launch_clamp(KType t, const void* x, void* y, int64_t n, float lo, float hi,
+                         cudaStream_t s) {
+  return dispatch_ktype(t, [&](auto tag) {
+    using T = decltype(tag);
+    return run_unary<T>(x, y, n, ClampOp{lo, hi}, s);
+  });
+}
+
+cudaError_t launch_swiglu(KType t, const void* x, void* y, int64_t m, int64_t f, cudaStream_t s) {
+  if (m <= 0 || f <= 0) return cudaSuccess;
+  return dispatch_ktype(t, [&](auto tag) {
+    using T = decltype(tag);
+    constexpr int V = kVec16<T>;
+    const T* xp = static_cast<const T*>(x);
+    T* yp = static_cast<T*>(y);
+    if (aligned16(x) && aligned16(y) && f % V == 0) {
+      swiglu_kernel<T, V><<<grid_for(m * (f / V), kThreads), kThreads, 0, s>>>(xp, yp, m, f);
+    } else {
+      swiglu_kernel<T, 1><<<grid_for(m * f, kThreads), kThreads, 0, s>>>(xp, yp, m, f);
+    }
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t launch_axpby(KType t, float a, const void* x, float b, const void* y, void* out,
+                         int64_t n, cudaStream_t s) {
+  if (n <= 0) return cudaSuccess;
+  return dispatch_ktype(t, [&](auto tag) {
+    using T = decltype(tag);
+    constexpr int V = kVec16<T>;
+    const T* xp = static_cast<const T*>(x);
+    const T* yp = static_cast<const T*>(y);
+    T* op = static_cast<T*>(out);
+    if (aligned16(x) && aligned16(y) && aligned16(out)) {
+      axpby_kernel<T, V>
+          <<<grid_for((n + V - 1) / V, kThreads), kThreads, 0, s>>>(a, xp, b, yp, op, n);
+    } else {
+      axpby_kernel<T, 1><<<grid_for(n, kThreads), kThreads, 0, s>>>(a, xp, b, yp, op, n);
+    }
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t launch_add(KType t, const void* x, const void* y, void* out, int64_t n, int64_t ny,
+                       cudaStream_t s) {
+  if (n <= 0) return cudaSuccess;
+  if (ny <= 0 || n % ny != 0) return cudaErrorInvalidValue;
+  return dispatch_ktype(t, [&](auto tag) {
+    using T = decltype(tag);
+    constexpr int V = kVec16<T>;
+    const T* xp = static_cast<const T*>(x);
+    const T* yp = static_cast<const T*>(y);
+    T* op = static_cast<T*>(out);
+    if (aligned16(x) && aligned16(y) && aligned16(out) && ny % V == 0) {
+      add_kernel<T, V><<<grid_for((n + V - 1) / V, kThreads), kThreads, 0, s>>>(xp, yp, op, n, ny);
+    } else {
+      add_kernel<T, 1><<<grid_for(n, kThreads), kThreads, 0, s>>>(xp, yp, op, n, ny);
+    }
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t launch_sum_squares(KType t, const void* x, int64_t rows, int64_t cols, double* out,
+                               cudaStream_t s) {
+  if (rows <= 0) return cudaSuccess;
+  cudaError_t e = cudaMemsetAsync(out, 0, sizeof(double) * rows, s);
+  if (e != cudaSuccess || cols <= 0) return e;
+  return dispatch_ktype(t, [&](auto tag) {
+    using T = decltype(tag);
+    int64_t bx = (cols + kThreads * 8 - 1) / (kThreads * 8);
+    if (bx > 1024) bx = 1024;
+    for (int64_t r0 = 0; r0 < rows; r0 += 65535) {  // grid.y is limited to 65535
+      const int64_t nr = rows - r0 < 65535 ? rows - r0 : 65535;
+      dim3 grid(static_cast<unsigned>(bx), static_cast<unsigned>(nr));
+      sum_squares_kernel<T>
+          <<<grid, kThreads, 0, s>>>(static_cast<const T*>(x) + r0 * cols, cols, out + r0);
+      cudaError_t err = cudaGetLastError();
+      if (err != cudaSuccess) return err;
+    }
+    return cudaSuccess;
+  });
+}
+
+}  // namespace zimage::cuda

@@ -1,0 +1,169 @@
+// FP8 (e4m3) quantisation with one scale per tensor, computed on the device without a host round
+// trip, so it can sit inside a CUDA graph: amax = max |x| (atomicMax on the float's bits, which
+// order like the values for non-negative floats), then q = saturate(x / s) with s = amax / 448
+// written next to the data. cuBLASLt reads s through a device pointer.
+#include <cuda_fp8.h>
+
+#include "backend/cuda/kernels/device_utils.cuh"
+#include "backend/cuda/kernels/kernels.h"
+
+namespace zimage::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr float kE4M3Max = 448.f;
+
+template <typename T>
+__global__ void amax_kernel(const T* __restrict__ x, int64_t n, unsigned int* __restrict__ amax) {
+  float m = 0.f;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x)
+    m = fmaxf(m, fabsf(to_f32<T>(x[i])));
+  for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+  __shared__ float warp_max[kThreads / 32];
+  if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x >> 5] = m;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < kThreads / 32; ++w) m = fmaxf(m, warp_max[w]);
+    atomicMax(amax, __float_as_uint(m));  // m >= 0: bit order = value order (NaN: largest)
+  }
+}
+
+__device__ __forceinline__ float scale_of(unsigned int amax_bits) {
+  const float a = __uint_as_float(amax_bits);
+  return a > 0.f && a < 3.0e38f ? a / kE4M3Max : 1.f;  // all-zero (or non-finite) input: 1
+}
+
+template <typename T>
+__global__ void quantize_kernel(const T* __restrict__ x, int64_t n,
+                                const unsigned int* __restrict__ amax, float* __restrict__ scale,
+                                __nv_fp8_storage_t* __restrict__ q) {
+  const float s = scale_of(*amax);
+  const float inv = 1.f / s;
+  if (blockIdx.x == 0 && threadIdx.x == 0) *scale = s;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const float v = fminf(fmaxf(to_f32<T>(x[i]) * inv, -kE4M3Max), kE4M3Max);
+    q[i] = __nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3);
+  }
+}
+
+template <typename T>
+__global__ void quantize_rows_kernel(const T* __restrict__ w, int64_t cols,
+                                     __nv_fp8_storage_t* __restrict__ q,
+                                     float* __restrict__ scale) {
+  const int64_t row = blockIdx.x;
+  const T* wr = w + row * cols;
+  float m = 0.f;
+  for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) m = fmaxf(m, fabsf(to_f32<T>(wr[i])));
+  for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+  __shared__ float warp_max[kThreads / 32];
+  __shared__ float row_scale;
+  if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x >> 5] = m;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int k = 1; k < kThreads / 32; ++k) m = fmaxf(m, warp_max[k]);
+    row_scale = m > 0.f && m < 3.0e38f ? __fdiv_rn(m, kE4M3Max) : 1.f;
+    scale[row] = row_scale;
+  }
+  __syncthreads();
+  const float inv = __frcp_rn(row_scale);
+  for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) {
+    const float v = fminf(fmaxf(__fmul_rn(to_f32<T>(wr[i]), inv), -kE4M3Max), kE4M3Max);
+    q[row * cols + i] = __nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3);
+  }
+}
+
+template <typename T, __nv_fp8_interpretation_t kFormat>
+__global__ void dequantize_rows_kernel(const __nv_fp8_storage_t* __restrict__ q,
+                                       const float* __restrict__ scale, int64_t rows, int64_t cols,
+                                       T* __restrict__ out) {
+  const int64_t n = rows * cols;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const __half_raw h = __nv_cvt_fp8_to_halfraw(q[i], kFormat);
+    out[i] = from_f32<T>(__fmul_rn(__half2float(__half(h)), scale[i / cols]));
+  }
+}
+
+template <typename T>
+__global__ void scale_rows_cols_kernel(T* __restrict__ y, const float* __restrict__ sx,
+                                       const float* __restrict__ sw, const T* __restrict__ bias,
+                                       int64_t m, int64_t n) {
+  const int64_t total = m * n;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t r = i / n, c = i - r * n;
+    float v = __fmul_rn(__fmul_rn(to_f32<T>(y[i]), sx[r]), sw[c]);
+    if (bias) v = __fadd_rn(v, to_f32<T>(bias[c]));
+    y[i] = from_f32<T>(v);
+  }
+}
+
+}  // namespace
+
+cudaError_t launch_scale_rows_cols(KType t, void* y, const float* sx, const float* sw,
+                                   const void* bias, int64_t m, int64_t n, cudaStream_t s) {
+  const int64_t total = m * n;
+  if (total <= 0) return cudaSuccess;
+  return dispatch_ktype(t, [&](auto tag) {
+    using T = decltype(tag);
+    const unsigned grid =
+        grid_for(total, kThreads) < 65535u * 8 ? grid_for(total, kThreads) : 65535u * 8;
+    scale_rows_cols_kernel<T>
+        <<<grid, kThreads, 0, s>>>(static_cast<T*>(y), sx, sw, static_cast<const T*>(bias), m, n);
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t launch_quantize_fp8_rows(KType t, const void* w, int64_t rows, int64_t cols, void* q,
+                                     float* scale, cudaStream_t s) {
+  if (rows <= 0 || cols <= 0) return cudaSuccess;
+  if (rows > 0x7fffffff) return cudaErrorInvalidValue;
+  return dispatch_ktype(t, [&](auto tag) {
+    using T = decltype(tag);
+    quantize_rows_kernel<T><<<static_cast<unsigned>(rows), kThreads, 0, s>>>(
+        static_cast<const T*>(w), cols, static_cast<__nv_fp8_storage_t*>(q), scale);
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t launch_dequantize_fp8_rows(KType t, const void* q, const float* scale, int64_t rows,
+                                       int64_t cols, void* out, cudaStream_t s, bool e5m2) {
+  const int64_t n = rows * cols;
+  if (n <= 0) return cudaSuccess;
+  return dispatch_ktype(t, [&](auto tag) {
+    using T = decltype(tag);
+    const unsigned grid = grid_for(n, kThreads) < 65535u * 8 ? grid_for(n, kThreads) : 65535u * 8;
+    const auto* qp = static_cast<const __nv_fp8_storage_t*>(q);
+    if (e5m2)
+      dequantize_rows_kernel<T, __NV_E5M2>
+          <<<grid, kThreads, 0, s>>>(qp, scale, rows, cols, static_cast<T*>(out));
+    else
+      dequantize_rows_kernel<T, __NV_E4M3>
+          <<<grid, kThreads, 0, s>>>(qp, scale, rows, cols, static_cast<T*>(out));
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t launch_quantize_fp8(KType t, const void* x, int64_t n, void* amax_scratch, float* scale,
+                                void* q, cudaStream_t s) {
+  auto* amax = static_cast<unsigned int*>(amax_scratch);
+  const cudaError_t e = cudaMemsetAsync(amax, 0, sizeof(unsigned int), s);
+  if (e != cudaSuccess) return e;
+  if (n <= 0) {  // nothing to scan: the scale is 1
+    quantize_kernel<float><<<1, 1, 0, s>>>(nullptr, 0, amax, scale, nullptr);
+    return cudaGetLastError();
+  }
+  return dispatch_ktype(t, [&](auto tag) {
+    using T = decltype(tag);
+    // The max: a capped grid (one atomic per block); the quantisation: one thread per element.
+    const unsigned scan = grid_for(n, kThreads) < 2048u ? grid_for(n, kThreads) : 2048u;
+    amax_kernel<T><<<scan, kThreads, 0, s>>>(static_cast<const T*>(x), n, amax);
+    quantize_kernel<T><<<grid_for(n, kThreads), kThreads, 0, s>>>(
+        static_cast<const T*>(x), n, amax, scale, static_cast<__nv_fp8_storage_t*>(q));
+    return cudaGetLastError();
+  });
+}
+
+}  // namespace zimage::cuda

@@ -1,0 +1,188 @@
+// NHWC group norm (+ SiLU) for the VAE: statistics per (batch, group) over H*W*(C/G) elements,
+// which at 1024^2 is millions of values, so they are gathered in three steps: per-chunk,
+// per-channel partial sums in fp64 (registers, then shared-memory atomics), a per-(b, g) finalize,
+// and an elementwise apply pass (16-byte packs along channels). The normalised value is rounded
+// to the storage type before SiLU, as a framework running GroupNorm then SiLU would.
+#include "backend/cuda/kernels/device_utils.cuh"
+
+namespace zimage::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+// Chunks of spatial rows per batch item for the statistics pass: ~1024 blocks in all.
+int64_t gn_chunks(int64_t batch, int64_t hw) {
+  int64_t want = (1024 + batch - 1) / batch;
+  if (want > hw) want = hw;
+  if (want < 1) want = 1;
+  const int64_t rows_per_chunk = (hw + want - 1) / want;
+  return (hw + rows_per_chunk - 1) / rows_per_chunk;
+}
+
+// Grid (chunks, batch). Per-channel sum and sum of squares of one chunk of rows, in fp64,
+// written to partial[b][chunk][c][2]. Dynamic shared memory: 2 * c doubles.
+template <typename T, int VEC>
+__global__ void gn_partial_kernel(const T* x, int64_t hw, int64_t c, int64_t rows_per_chunk,
+                                  double* partial) {
+  extern __shared__ double gn_smem[];
+  double* ssum = gn_smem;
+  double* ssq = gn_smem + c;
+  for (int64_t i = threadIdx.x; i < 2 * c; i += blockDim.x) gn_smem[i] = 0.0;
+  __syncthreads();
+  const int64_t b = blockIdx.y, chunk = blockIdx.x;
+  const int64_t r0 = chunk * rows_per_chunk;
+  const int64_t r1 = r0 + rows_per_chunk < hw ? r0 + rows_per_chunk : hw;
+  const int64_t ppr = c / VEC;
+  const T* xb = x + (b * hw + r0) * c;
+  const int64_t total = (r1 - r0) * ppr;
+  double s[VEC], q[VEC];
+#pragma unroll
+  for (int k = 0; k < VEC; ++k) s[k] = q[k] = 0.0;
+  int64_t cur = -1;
+  for (int64_t p = threadIdx.x; p < total; p += blockDim.x) {
+    const int64_t pk = p % ppr;
+    if (pk != cur) {  // flush: happens once per thread when blockDim is a multiple of ppr
+      if (cur >= 0) {
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) {
+          atomicAdd(ssum + cur * VEC + k, s[k]);
+          atomicAdd(ssq + cur * VEC + k, q[k]);
+          s[k] = q[k] = 0.0;
+        }
+      }
+      cur = pk;
+    }
+    float v[VEC];
+    load_f32<T, VEC>(xb + p * VEC, v);
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) {
+      s[k] += v[k];
+      q[k] += static_cast<double>(v[k]) * v[k];
+    }
+  }
+  if (cur >= 0) {
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) {
+      atomicAdd(ssum + cur * VEC + k, s[k]);
+      atomicAdd(ssq + cur * VEC + k, q[k]);
+    }
+  }
+  __syncthreads();
+  double* out = partial + (b * gridDim.x + chunk) * c * 2;
+  for (int64_t i = threadIdx.x; i < c; i += blockDim.x) {
+    out[2 * i] = ssum[i];
+    out[2 * i + 1] = ssq[i];
+  }
+}
+
+// Grid (groups, batch): combines the partials into mean and rstd per (b, g).
+__global__ void gn_finalize_kernel(const double* partial, int64_t chunks, int64_t hw, int64_t c,
+                                   int groups, float eps, float* stats) {
+  __shared__ double scratch[32];
+  const int64_t b = blockIdx.y, g = blockIdx.x, cpg = c / groups;
+  double s = 0.0, q = 0.0;
+  for (int64_t i = threadIdx.x; i < chunks * cpg; i += blockDim.x) {
+    const int64_t chunk = i / cpg, ch = g * cpg + i % cpg;
+    const double* p = partial + ((b * chunks + chunk) * c + ch) * 2;
+    s += p[0];
+    q += p[1];
+  }
+  s = block_sum(s, scratch);
+  q = block_sum(q, scratch);
+  if (threadIdx.x == 0) {
+    const double n = static_cast<double>(hw) * static_cast<double>(cpg);
+    const double mean = s / n;
+    double var = q / n - mean * mean;
+    if (var < 0.0) var = 0.0;
+    stats[(b * groups + g) * 2] = static_cast<float>(mean);
+    stats[(b * groups + g) * 2 + 1] =
+        static_cast<float>(1.0 / sqrt(var + static_cast<double>(eps)));
+  }
+}
+
+template <typename T, int VEC>
+__global__ void gn_apply_kernel(const T* x, const T* gamma, const T* beta, const float* stats, T* y,
+                                int64_t total, int64_t hwc, int64_t c, int64_t cpg, int groups,
+                                bool silu) {
+  const int64_t npack = (total + VEC - 1) / VEC;
+  for (int64_t p = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; p < npack;
+       p += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t i0 = p * VEC;
+    const int64_t b = i0 / hwc, c0 = i0 % c;
+    const float* st = stats + b * groups * 2;
+    float v[VEC];
+    load_f32<T, VEC>(x + i0, v);
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) {
+      const int64_t ch = c0 + k;
+      const int64_t g = ch / cpg;
+      float o = (v[k] - st[2 * g]) * st[2 * g + 1];
+      if (gamma) o *= to_f32<T>(gamma[ch]);
+      if (beta) o += to_f32<T>(beta[ch]);
+      if (silu) {
+        o = round_to<T>(o);
+        o = o / (1.0f + expf(-o));
+      }
+      v[k] = o;
+    }
+    store_f32<T, VEC>(y + i0, v);
+  }
+}
+
+bool all_aligned(std::initializer_list<const void*> ps) {
+  for (const void* p : ps)
+    if (p && !aligned16(p)) return false;
+  return true;
+}
+
+}  // namespace
+
+size_t group_norm_workspace_bytes(int64_t batch, int64_t hw, int64_t c, int groups) {
+  if (batch <= 0 || hw <= 0 || c <= 0 || groups <= 0) return 0;
+  const int64_t chunks = gn_chunks(batch, hw);
+  return static_cast<size_t>(batch * chunks * c * 2) * sizeof(double) +
+         static_cast<size_t>(batch * groups * 2) * sizeof(float);
+}
+
+cudaError_t launch_group_norm(KType t, const void* x, const void* gamma, const void* beta, void* y,
+                              int64_t batch, int64_t hw, int64_t c, int groups, float eps,
+                              bool silu, void* workspace, cudaStream_t s) {
+  if (batch <= 0 || hw <= 0 || c <= 0) return cudaSuccess;
+  if (groups <= 0 || c % groups != 0 || batch > 65535) return cudaErrorInvalidValue;
+  if (2 * c * static_cast<int64_t>(sizeof(double)) > 48 * 1024) return cudaErrorInvalidValue;
+  const int64_t chunks = gn_chunks(batch, hw);
+  const int64_t rows_per_chunk = (hw + chunks - 1) / chunks;
+  double* partial = static_cast<double*>(workspace);
+  float* stats = reinterpret_cast<float*>(partial + batch * chunks * c * 2);
+  return dispatch_ktype(t, [&](auto tag) {
+    using T = decltype(tag);
+    constexpr int V = kVec16<T>;
+    auto xp = static_cast<const T*>(x);
+    auto yp = static_cast<T*>(y);
+    auto gp = static_cast<const T*>(gamma);
+    auto bp = static_cast<const T*>(beta);
+    const bool vec = c % V == 0 && all_aligned({x, y});
+    const dim3 pgrid(static_cast<unsigned>(chunks), static_cast<unsigned>(batch));
+    const size_t smem = 2 * static_cast<size_t>(c) * sizeof(double);
+    if (vec)
+      gn_partial_kernel<T, V><<<pgrid, kThreads, smem, s>>>(xp, hw, c, rows_per_chunk, partial);
+    else
+      gn_partial_kernel<T, 1><<<pgrid, kThreads, smem, s>>>(xp, hw, c, rows_per_chunk, partial);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+    gn_finalize_kernel<<<dim3(groups, static_cast<unsigned>(batch)), kThreads, 0, s>>>(
+        partial, chunks, hw, c, groups, eps, stats);
+    e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+    const int64_t total = batch * hw * c;
+    if (vec)
+      gn_apply_kernel<T, V><<<grid_for(total / V, kThreads), kThreads, 0, s>>>(
+          xp, gp, bp, stats, yp, total, hw * c, c, c / groups, groups, silu);
+    else
+      gn_apply_kernel<T, 1><<<grid_for(total, kThreads), kThreads, 0, s>>>(
+          xp, gp, bp, stats, yp, total, hw * c, c, c / groups, groups, silu);
+    return cudaGetLastError();
+  });
+}
+
+}  // namespace zimage::cuda

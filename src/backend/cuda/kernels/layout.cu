@@ -1,0 +1,208 @@
+// Data-movement kernels: DiT patchify/unpatchify (f32 latents <-> act-dtype tokens), embedding
+// gather, NHWC nearest upsampling and zero padding, and the direct convolution used where cuDNN
+// offers no algorithm. Writes are coalesced and 16-byte wide along channels where shapes allow.
+#include "backend/cuda/kernels/device_utils.cuh"
+
+namespace zimage::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+#define ZI_GRID_LOOP(i, n)                                                  \
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < (n); \
+       i += int64_t{gridDim.x} * blockDim.x)
+
+// tokens[b, n, f], n = r*(W/p) + s, f = (ph*p + pw)*C + c  <-  latents[b, c, r*p+ph, s*p+pw].
+template <typename T>
+__global__ void patchify_kernel(const float* lat, T* tokens, int64_t batch, int64_t c, int64_t h,
+                                int64_t w, int p) {
+  const int64_t wt = w / p, n_tok = (h / p) * wt, f_dim = int64_t{p} * p * c;
+  const int64_t total = batch * n_tok * f_dim;
+  ZI_GRID_LOOP(i, total) {
+    const int64_t f = i % f_dim, n = (i / f_dim) % n_tok, b = i / (f_dim * n_tok);
+    const int64_t ph = f / (p * c), pw = (f / c) % p, ch = f % c;
+    const int64_t r = n / wt, s = n % wt;
+    tokens[i] = from_f32<T>(lat[((b * c + ch) * h + r * p + ph) * w + s * p + pw]);
+  }
+}
+
+template <typename T>
+__global__ void unpatchify_kernel(const T* tokens, int64_t tokens_per_item, float* out,
+                                  int64_t batch, int64_t c, int64_t h, int64_t w, int p,
+                                  float alpha) {
+  const int64_t wt = w / p, f_dim = int64_t{p} * p * c;
+  const int64_t total = batch * c * h * w;
+  ZI_GRID_LOOP(i, total) {
+    const int64_t x = i % w, y = (i / w) % h, ch = (i / (w * h)) % c, b = i / (w * h * c);
+    const int64_t n = (y / p) * wt + x / p;
+    const int64_t f = ((y % p) * p + x % p) * c + ch;
+    out[i] = alpha * to_f32<T>(tokens[(b * tokens_per_item + n) * f_dim + f]);
+  }
+}
+
+template <typename T, int VEC>
+__global__ void embedding_kernel(const T* table, const int32_t* ids, T* out, int64_t n, int64_t d) {
+  const int64_t ppr = d / VEC;
+  ZI_GRID_LOOP(p, n * ppr) {
+    const int64_t row = p / ppr, c = (p % ppr) * VEC;
+    const T* src = table + static_cast<int64_t>(ids[row]) * d + c;
+    *reinterpret_cast<Pack<T, VEC>*>(out + row * d + c) =
+        *reinterpret_cast<const Pack<T, VEC>*>(src);
+  }
+}
+
+template <typename T, int VEC>
+__global__ void upsample2x_kernel(const T* x, T* y, int64_t batch, int64_t h, int64_t w,
+                                  int64_t c) {
+  const int64_t ppr = c / VEC, ho = 2 * h, wo = 2 * w;
+  ZI_GRID_LOOP(p, batch * ho * wo * ppr) {
+    const int64_t cc = (p % ppr) * VEC;
+    const int64_t pix = p / ppr;
+    const int64_t ox = pix % wo, oy = (pix / wo) % ho, b = pix / (wo * ho);
+    const T* src = x + ((b * h + oy / 2) * w + ox / 2) * c + cc;
+    *reinterpret_cast<Pack<T, VEC>*>(y + pix * c + cc) =
+        *reinterpret_cast<const Pack<T, VEC>*>(src);
+  }
+}
+
+template <typename T, int VEC>
+__global__ void pad_kernel(const T* x, T* y, int64_t batch, int64_t h, int64_t w, int64_t c,
+                           int top, int left, int64_t hp, int64_t wp) {
+  const int64_t ppr = c / VEC;
+  ZI_GRID_LOOP(p, batch * hp * wp * ppr) {
+    const int64_t cc = (p % ppr) * VEC;
+    const int64_t pix = p / ppr;
+    const int64_t ox = pix % wp, oy = (pix / wp) % hp, b = pix / (wp * hp);
+    const int64_t ix = ox - left, iy = oy - top;
+    Pack<T, VEC> v;
+    if (ix >= 0 && ix < w && iy >= 0 && iy < h) {
+      v = *reinterpret_cast<const Pack<T, VEC>*>(x + ((b * h + iy) * w + ix) * c + cc);
+    } else {
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) v.v[k] = from_f32<T>(0.f);
+    }
+    *reinterpret_cast<Pack<T, VEC>*>(y + pix * c + cc) = v;
+  }
+}
+
+// One thread per output element (co fastest), fp32 accumulation.
+template <typename T>
+__global__ void conv_direct_kernel(const T* x, const T* wt, const T* bias, T* y, ConvShape sh) {
+  const int64_t total = sh.batch * sh.ho * sh.wo * sh.cout;
+  ZI_GRID_LOOP(i, total) {
+    const int64_t co = i % sh.cout, ox = (i / sh.cout) % sh.wo;
+    const int64_t oy = (i / (sh.cout * sh.wo)) % sh.ho, b = i / (sh.cout * sh.wo * sh.ho);
+    float acc = bias ? to_f32<T>(bias[co]) : 0.f;
+    for (int64_t ky = 0; ky < sh.kh; ++ky) {
+      const int64_t iy = oy * sh.stride - sh.pad_top + ky;
+      if (iy < 0 || iy >= sh.h) continue;
+      for (int64_t kx = 0; kx < sh.kw; ++kx) {
+        const int64_t ix = ox * sh.stride - sh.pad_left + kx;
+        if (ix < 0 || ix >= sh.w) continue;
+        const T* xp = x + ((b * sh.h + iy) * sh.w + ix) * sh.cin;
+        const T* wp = wt + ((co * sh.kh + ky) * sh.kw + kx) * sh.cin;
+        for (int64_t ci = 0; ci < sh.cin; ++ci) acc += to_f32<T>(xp[ci]) * to_f32<T>(wp[ci]);
+      }
+    }
+    y[i] = from_f32<T>(acc);
+  }
+}
+
+}  // namespace
+
+cudaError_t launch_patchify(KType out_t, const float* latents, void* tokens, int64_t batch,
+                            int64_t c, int64_t h, int64_t w, int p, cudaStream_t s) {
+  const int64_t total = batch * c * h * w;
+  if (total <= 0) return cudaSuccess;
+  if (p <= 0 || h % p || w % p) return cudaErrorInvalidValue;
+  return dispatch_ktype(out_t, [&](auto tag) {
+    using T = decltype(tag);
+    patchify_kernel<T><<<grid_for(total, kThreads), kThreads, 0, s>>>(
+        latents, static_cast<T*>(tokens), batch, c, h, w, p);
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t launch_unpatchify(KType in_t, const void* tokens, int64_t tokens_per_item, float* out,
+                              int64_t batch, int64_t c, int64_t h, int64_t w, int p, float alpha,
+                              cudaStream_t s) {
+  const int64_t total = batch * c * h * w;
+  if (total <= 0) return cudaSuccess;
+  if (p <= 0 || h % p || w % p) return cudaErrorInvalidValue;
+  return dispatch_ktype(in_t, [&](auto tag) {
+    using T = decltype(tag);
+    unpatchify_kernel<T><<<grid_for(total, kThreads), kThreads, 0, s>>>(
+        static_cast<const T*>(tokens), tokens_per_item, out, batch, c, h, w, p, alpha);
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t launch_embedding(KType t, const void* table, const int32_t* ids, void* out, int64_t n,
+                             int64_t d, cudaStream_t s) {
+  if (n <= 0 || d <= 0) return cudaSuccess;
+  return dispatch_ktype(t, [&](auto tag) {
+    using T = decltype(tag);
+    constexpr int V = kVec16<T>;
+    auto tp = static_cast<const T*>(table);
+    auto op = static_cast<T*>(out);
+    if (d % V == 0 && aligned16(table) && aligned16(out))
+      embedding_kernel<T, V><<<grid_for(n * d / V, kThreads), kThreads, 0, s>>>(tp, ids, op, n, d);
+    else
+      embedding_kernel<T, 1><<<grid_for(n * d, kThreads), kThreads, 0, s>>>(tp, ids, op, n, d);
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t launch_upsample_nearest2x(KType t, const void* x, void* y, int64_t batch, int64_t h,
+                                      int64_t w, int64_t c, cudaStream_t s) {
+  const int64_t total = batch * 4 * h * w * c;
+  if (total <= 0) return cudaSuccess;
+  return dispatch_ktype(t, [&](auto tag) {
+    using T = decltype(tag);
+    constexpr int V = kVec16<T>;
+    auto xp = static_cast<const T*>(x);
+    auto yp = static_cast<T*>(y);
+    if (c % V == 0 && aligned16(x) && aligned16(y))
+      upsample2x_kernel<T, V>
+          <<<grid_for(total / V, kThreads), kThreads, 0, s>>>(xp, yp, batch, h, w, c);
+    else
+      upsample2x_kernel<T, 1>
+          <<<grid_for(total, kThreads), kThreads, 0, s>>>(xp, yp, batch, h, w, c);
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t launch_pad_nhwc(KType t, const void* x, void* y, int64_t batch, int64_t h, int64_t w,
+                            int64_t c, int top, int bottom, int left, int right, cudaStream_t s) {
+  const int64_t hp = h + top + bottom, wp = w + left + right;
+  const int64_t total = batch * hp * wp * c;
+  if (total <= 0) return cudaSuccess;
+  return dispatch_ktype(t, [&](auto tag) {
+    using T = decltype(tag);
+    constexpr int V = kVec16<T>;
+    auto xp = static_cast<const T*>(x);
+    auto yp = static_cast<T*>(y);
+    if (c % V == 0 && aligned16(x) && aligned16(y))
+      pad_kernel<T, V><<<grid_for(total / V, kThreads), kThreads, 0, s>>>(xp, yp, batch, h, w, c,
+                                                                          top, left, hp, wp);
+    else
+      pad_kernel<T, 1><<<grid_for(total, kThreads), kThreads, 0, s>>>(xp, yp, batch, h, w, c, top,
+                                                                      left, hp, wp);
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t launch_conv2d_direct(KType t, const void* x, const void* w, const void* bias, void* y,
+                                 const ConvShape& shape, cudaStream_t s) {
+  const int64_t total = shape.batch * shape.ho * shape.wo * shape.cout;
+  if (total <= 0) return cudaSuccess;
+  return dispatch_ktype(t, [&](auto tag) {
+    using T = decltype(tag);
+    conv_direct_kernel<T><<<grid_for(total, kThreads), kThreads, 0, s>>>(
+        static_cast<const T*>(x), static_cast<const T*>(w), static_cast<const T*>(bias),
+        static_cast<T*>(y), shape);
+    return cudaGetLastError();
+  });
+}
+
+}  // namespace zimage::cuda

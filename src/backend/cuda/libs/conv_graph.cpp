@@ -1,0 +1,270 @@
+// Convolutions as cuDNN graphs: see conv_graph.h.
+#include "backend/cuda/libs/conv_graph.h"
+
+#include <map>
+#include <optional>
+#include <string>
+#include <tuple>
+
+#include "backend/cuda/runtime/cuda_check.h"
+#include "backend/cuda/libs/cudnn_fe.h"
+#include "core/log.h"
+
+#if ZIMAGE_WITH_CUDNN_FRONTEND
+#include <cudnn_frontend.h>
+#endif
+
+namespace zimage::cuda {
+
+#if ZIMAGE_WITH_CUDNN_FRONTEND
+namespace fe = cudnn_frontend;
+
+namespace {
+
+enum Uid : int64_t { kX = 1, kW, kBias, kY };
+constexpr int kMaxTimedPlans = 4;  // candidates timed per shape (heuristics order)
+constexpr int kTimedRuns = 2;      // after one warm-up run
+
+Status fe_status(fe::error_t e, const char* step) {
+  if (e.is_good()) return Status::Ok();
+  return Unsupported(std::string("cuDNN conv graph: ") + step + ": " + e.get_message());
+}
+
+// NHWC activations as cuDNN's [N, C, H, W] dims with strides.
+std::vector<int64_t> nhwc_strides(int64_t c, int64_t h, int64_t w) {
+  return {h * w * c, 1, w * c, c};
+}
+
+}  // namespace
+
+struct ConvGraphs::Impl {
+  struct Plan {
+    bool supported = false;
+    std::shared_ptr<fe::graph::Graph> graph;
+    int64_t index = 0;      // the fastest plan
+    int64_t workspace = 0;  // its workspace
+    float ms = 0;           // its measured time
+  };
+  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, int,
+                         int, int, bool>;
+
+  cudaStream_t stream = nullptr;
+  cudnnHandle_t handle = nullptr;
+  std::map<Key, Plan> plans;
+  std::shared_ptr<PlanCache> cache;
+
+  static std::string cache_key(const ConvRequest& r, bool bias) {
+    std::string k = "conv";
+    for (int64_t v : {r.n, r.h, r.w_, r.cin, r.cout, r.kh, r.kw, static_cast<int64_t>(r.stride),
+                      static_cast<int64_t>(r.pad_h), static_cast<int64_t>(r.pad_w),
+                      static_cast<int64_t>(r.dt), static_cast<int64_t>(bias)})
+      k += "," + std::to_string(v);
+    return k;
+  }
+
+  // The plan the cache names, built alone; false (and the hint forgotten) when it does not build.
+  bool build_cached(fe::graph::Graph& g, const std::string& key, Plan& p) {
+    if (!cache) return false;
+    const std::optional<int64_t> idx = cache->get(key);
+    if (!idx) return false;
+    int64_t ws = 0;
+    if (*idx >= 0 && *idx < g.get_execution_plan_count() && g.build_plan_at_index(*idx).is_good() &&
+        g.get_workspace_size_plan_at_index(*idx, ws).is_good()) {
+      p.index = *idx;
+      p.workspace = ws;
+      return true;
+    }
+    ZI_INFO("plan cache: the cached plan %lld of %s no longer builds; searching again",
+            static_cast<long long>(*idx), key.c_str());
+    cache->forget(key);
+    return false;
+  }
+
+  Status build(const ConvRequest& r, const void* bias, CachingAllocator& alloc, Plan& p) {
+    const fe::DataType_t io =
+        r.dt == DType::kBF16 ? fe::DataType_t::BFLOAT16
+                             : (r.dt == DType::kF16 ? fe::DataType_t::HALF : fe::DataType_t::FLOAT);
+    auto g = std::make_shared<fe::graph::Graph>();
+    g->set_io_data_type(io)
+        .set_intermediate_data_type(fe::DataType_t::FLOAT)
+        .set_compute_data_type(fe::DataType_t::FLOAT);
+    auto x = g->tensor(fe::graph::Tensor_attributes()
+                           .set_name("x")
+                           .set_uid(kX)
+                           .set_dim({r.n, r.cin, r.h, r.w_})
+                           .set_stride(nhwc_strides(r.cin, r.h, r.w_)));
+    auto w = g->tensor(fe::graph::Tensor_attributes()
+                           .set_name("w")
+                           .set_uid(kW)
+                           .set_dim({r.cout, r.cin, r.kh, r.kw})
+                           .set_stride(nhwc_strides(r.cin, r.kh, r.kw)));
+    auto conv = g->conv_fprop(x, w,
+                              fe::graph::Conv_fprop_attributes()
+                                  .set_name("conv")
+                                  .set_padding({r.pad_h, r.pad_w})
+                                  .set_stride({r.stride, r.stride})
+                                  .set_dilation({1, 1}));
+    auto y = conv;
+    if (bias) {
+      auto b = g->tensor(fe::graph::Tensor_attributes()
+                             .set_name("bias")
+                             .set_uid(kBias)
+                             .set_dim({1, r.cout, 1, 1})
+                             .set_stride({r.cout, 1, r.cout, r.cout}));
+      y = g->pointwise(
+          conv, b,
+          fe::graph::Pointwise_attributes().set_name("bias").set_mode(fe::PointwiseMode_t::ADD));
+    }
+    y->set_output(true)
+        .set_uid(kY)
+        .set_data_type(io)
+        .set_dim({r.n, r.cout, r.ho, r.wo})
+        .set_stride(nhwc_strides(r.cout, r.ho, r.wo));
+    ZI_TRY(fe_status(g->validate(), "validate"));
+    ZI_TRY(fe_status(g->build_operation_graph(handle), "build_operation_graph"));
+    ZI_TRY(fe_status(g->create_execution_plans({fe::HeurMode_t::A}), "create_execution_plans"));
+    ZI_TRY(fe_status(g->check_support(handle), "check_support"));
+    const std::string key = cache_key(r, bias != nullptr);
+    if (build_cached(*g, key, p)) {
+      p.graph = std::move(g);
+      p.supported = true;
+      return Status::Ok();
+    }
+    ZI_TRY(fe_status(g->build_plans(handle, fe::BuildPlanPolicy_t::ALL), "build_plans"));
+
+    // Time the candidates on the real buffers and keep the fastest.
+    const int64_t count = std::min<int64_t>(g->get_execution_plan_count(), kMaxTimedPlans);
+    if (count < 1) return Unsupported("cuDNN conv graph: no plan");
+    std::unordered_map<int64_t, void*> pack{
+        {kX, const_cast<void*>(r.x)}, {kW, const_cast<void*>(r.w)}, {kY, r.y}};
+    if (bias) pack.emplace(kBias, const_cast<void*>(bias));
+    cudaEvent_t start = nullptr, stop = nullptr;
+    ZI_CUDA_TRY(cudaEventCreate(&start));
+    if (cudaEventCreate(&stop) != cudaSuccess) {
+      cudaEventDestroy(start);
+      return DeviceError("cudaEventCreate failed");
+    }
+    p.index = -1;
+    for (int64_t i = 0; i < count; ++i) {
+      int64_t ws_bytes = 0;
+      if (!g->get_workspace_size_plan_at_index(i, ws_bytes).is_good()) continue;
+      std::shared_ptr<Storage> ws;
+      if (ws_bytes > 0) {
+        auto a = alloc.allocate(static_cast<size_t>(ws_bytes));
+        if (!a.ok()) continue;  // too big now: skip this candidate
+        ws = *a;
+      }
+      void* wp = ws ? ws->data() : nullptr;
+      if (!g->execute_plan_at_index(handle, pack, wp, i).is_good()) continue;  // warm-up
+      cudaEventRecord(start, stream);
+      bool ok = true;
+      for (int k = 0; k < kTimedRuns && ok; ++k)
+        ok = g->execute_plan_at_index(handle, pack, wp, i).is_good();
+      cudaEventRecord(stop, stream);
+      if (!ok || cudaEventSynchronize(stop) != cudaSuccess) {
+        cudaGetLastError();
+        continue;
+      }
+      float ms = 0;
+      cudaEventElapsedTime(&ms, start, stop);
+      if (p.index < 0 || ms < p.ms) {
+        p.index = i;
+        p.ms = ms;
+        p.workspace = ws_bytes;
+      }
+    }
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+    if (p.index < 0) return Unsupported("cuDNN conv graph: no plan ran");
+    p.ms /= kTimedRuns;
+    p.graph = std::move(g);
+    p.supported = true;
+    if (cache) cache->put(key, p.index);
+    return Status::Ok();
+  }
+};
+
+ConvGraphs::ConvGraphs() : impl_(std::make_unique<Impl>()) {}
+
+ConvGraphs::~ConvGraphs() {
+  if (impl_ && impl_->handle) {
+    impl_->plans.clear();
+    cudnnDestroy(impl_->handle);
+  }
+}
+
+std::unique_ptr<ConvGraphs> ConvGraphs::create(cudaStream_t stream,
+                                               std::shared_ptr<PlanCache> cache) {
+  std::unique_ptr<ConvGraphs> c(new ConvGraphs());
+  c->impl_->stream = stream;
+  c->impl_->cache = std::move(cache);
+  c->impl_->handle = cudnn_graph_handle(stream);
+  return c;
+}
+
+bool ConvGraphs::available() const {
+  return impl_->handle != nullptr;
+}
+
+Status ConvGraphs::run(const ConvRequest& r, const void* bias, CachingAllocator& alloc) {
+  if (!available()) return Unsupported("cuDNN conv graphs unavailable");
+  // f32 stays on the legacy path, which pins FMA math (no TF32) to match the CPU oracle.
+  if (r.dt == DType::kF32) return Unsupported("cuDNN conv graph: bf16/f16 only");
+  const Impl::Key key{r.n,
+                      r.h,
+                      r.w_,
+                      r.cin,
+                      r.cout,
+                      r.kh,
+                      r.kw,
+                      r.stride,
+                      r.pad_h,
+                      r.pad_w,
+                      static_cast<int>(r.dt),
+                      bias != nullptr};
+  auto it = impl_->plans.find(key);
+  if (it == impl_->plans.end()) {
+    Impl::Plan p;
+    const Status s = impl_->build(r, bias, alloc, p);
+    if (!s.ok()) {
+      ZI_DEBUG("%s; conv %lldx%lldx%lldx%lld -> %lld uses the legacy cuDNN call",
+               s.message().c_str(), static_cast<long long>(r.n), static_cast<long long>(r.h),
+               static_cast<long long>(r.w_), static_cast<long long>(r.cin),
+               static_cast<long long>(r.cout));
+      p = Impl::Plan{};
+    }
+    it = impl_->plans.emplace(key, std::move(p)).first;
+  }
+  Impl::Plan& p = it->second;
+  if (!p.supported) return Unsupported("cuDNN conv graph: not supported for this shape");
+  std::unordered_map<int64_t, void*> pack{
+      {kX, const_cast<void*>(r.x)}, {kW, const_cast<void*>(r.w)}, {kY, r.y}};
+  if (bias) pack.emplace(kBias, const_cast<void*>(bias));
+  std::shared_ptr<Storage> ws;
+  if (p.workspace > 0) {
+    ZI_ASSIGN_OR_RETURN(ws, alloc.allocate(static_cast<size_t>(p.workspace)));
+  }
+  fe::error_t e =
+      p.graph->execute_plan_at_index(impl_->handle, pack, ws ? ws->data() : nullptr, p.index);
+  if (!e.is_good()) return DeviceError("cuDNN conv graph: execute: " + e.get_message());
+  return Status::Ok();
+}
+
+#else  // built without the cudnn-frontend headers
+
+struct ConvGraphs::Impl {};
+ConvGraphs::ConvGraphs() : impl_(std::make_unique<Impl>()) {}
+ConvGraphs::~ConvGraphs() = default;
+std::unique_ptr<ConvGraphs> ConvGraphs::create(cudaStream_t, std::shared_ptr<PlanCache>) {
+  return std::unique_ptr<ConvGraphs>(new ConvGraphs());
+}
+bool ConvGraphs::available() const {
+  return false;
+}
+Status ConvGraphs::run(const ConvRequest&, const void*, CachingAllocator&) {
+  return Unsupported("built without cuDNN conv graphs (no cudnn-frontend headers)");
+}
+
+#endif
+
+}  // namespace zimage::cuda

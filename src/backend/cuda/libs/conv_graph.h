@@ -1,0 +1,44 @@
+// 2-D convolutions through cuDNN's graph API (cudnn-frontend), with the bias fused into the
+// convolution's epilogue. Why not the legacy cudnnConvolutionForward: in cuDNN 9 that call plans
+// anew on the host every time (it is a wrapper over the graph API), which costs milliseconds per
+// call; the VAE decoder's ~40 convolutions then leave the GPU idle for longer than they run. A
+// graph here is built once per shape, its candidate plans are timed on the real buffers (the
+// engine's own "cudnn.benchmark"), and the fastest is kept; running it afterwards is cheap. The
+// winner's index is remembered on disk (io/fs/plan_cache.h), so a new process builds only that plan
+// instead of building and timing every candidate.
+//
+// Unavailable without the frontend headers; shapes cuDNN cannot fuse are remembered and answered
+// with kUnsupported so conv2d falls back to the legacy path (conv_cudnn.h).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <memory>
+
+#include "backend/cuda/runtime/allocator.h"
+#include "backend/cuda/libs/conv_cudnn.h"
+#include "core/status.h"
+#include "io/fs/plan_cache.h"
+
+namespace zimage::cuda {
+
+class ConvGraphs {
+ public:
+  // `cache` (optional): the plan cache of this GPU and library version.
+  static std::unique_ptr<ConvGraphs> create(cudaStream_t stream,
+                                            std::shared_ptr<PlanCache> cache = nullptr);
+  ~ConvGraphs();
+  ConvGraphs(const ConvGraphs&) = delete;
+  ConvGraphs& operator=(const ConvGraphs&) = delete;
+
+  bool available() const;
+  // y = conv(x, w) (+ bias[cout] broadcast, when bias is not null).
+  Status run(const ConvRequest& r, const void* bias, CachingAllocator& alloc);
+
+ private:
+  struct Impl;
+  ConvGraphs();
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace zimage::cuda

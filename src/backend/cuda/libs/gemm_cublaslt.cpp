@@ -1,0 +1,225 @@
+// cuBLASLt linear layers: see gemm_cublaslt.h. Row-major y = x·Wᵀ is, read column-major,
+// yᵀ[n, m] = W[n, k] (stored k-major, i.e. a column-major k×n matrix, transposed) · xᵀ (a
+// column-major k×m matrix): A = w with op T, B = x with op N, C = D = y with leading dim n.
+#include "backend/cuda/libs/gemm_cublaslt.h"
+
+#include <string>
+
+#include "backend/cuda/runtime/cuda_check.h"
+#include "backend/cuda/kernels/kernels.h"
+
+namespace zimage::cuda {
+namespace {
+
+cudaDataType_t cuda_type(DType dt) {
+  switch (dt) {
+    case DType::kBF16:
+      return CUDA_R_16BF;
+    case DType::kF16:
+      return CUDA_R_16F;
+    default:
+      return CUDA_R_32F;
+  }
+}
+
+KType ktype(DType dt) {
+  return dt == DType::kBF16 ? KType::kBF16 : dt == DType::kF16 ? KType::kF16 : KType::kF32;
+}
+
+// Largest power of two <= 16 dividing the address (null counts as fully aligned).
+int alignment(const void* p) {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  if (a == 0) return 16;
+  int r = 1;
+  while (r < 16 && (a % (2 * r)) == 0) r *= 2;
+  return r;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<LtGemm>> LtGemm::create(cudaStream_t stream, CachingAllocator& alloc) {
+  std::unique_ptr<LtGemm> g(new LtGemm(stream));
+  ZI_CUBLAS_TRY(cublasLtCreate(&g->lt_));
+  ZI_CUBLAS_TRY(cublasCreate(&g->blas_));
+  ZI_CUBLAS_TRY(cublasSetStream(g->blas_, stream));
+  ZI_ASSIGN_OR_RETURN(g->workspace_, alloc.allocate(kWorkspaceBytes));
+  // cuBLAS would otherwise allocate its own workspace lazily, which graph capture forbids.
+  ZI_CUBLAS_TRY(cublasSetWorkspace(g->blas_, g->workspace_->data(), kWorkspaceBytes));
+  return g;
+}
+
+void LtGemm::destroy(Plan& p) {
+  if (p.op) cublasLtMatmulDescDestroy(p.op);
+  if (p.a) cublasLtMatrixLayoutDestroy(p.a);
+  if (p.b) cublasLtMatrixLayoutDestroy(p.b);
+  if (p.c) cublasLtMatrixLayoutDestroy(p.c);
+  p = Plan{};
+}
+
+LtGemm::~LtGemm() {
+  for (auto& [key, p] : plans_) destroy(p);
+  if (blas_) cublasDestroy(blas_);
+  if (lt_) cublasLtDestroy(lt_);
+}
+
+Result<LtGemm::Plan*> LtGemm::plan(const Key& key) {
+  auto it = plans_.find(key);
+  if (it != plans_.end()) return &it->second;
+  const auto [m, n, k, dti, has_bias, al_x, al_w, al_y, fp8] = key;
+  const DType dt = static_cast<DType>(dti);
+  const cudaDataType_t ct = cuda_type(dt);                               // output (and bias)
+  const cudaDataType_t operand_t = fp8 != kNoFp8 ? CUDA_R_8F_E4M3 : ct;  // x and w
+  Plan p;
+  // Builds the plan; on failure the descriptors made so far are destroyed.
+  auto build = [&]() -> Status {
+    ZI_CUBLAS_TRY(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    ZI_CUBLAS_TRY(
+        cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+    ZI_CUBLAS_TRY(
+        cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+    if (fp8 == kFp8Rows) {  // A = w: a scale per row of op(A) (n); B = x: per column (m)
+      const int32_t mode = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+      ZI_CUBLAS_TRY(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode,
+                                                   sizeof(mode)));
+      ZI_CUBLAS_TRY(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode,
+                                                   sizeof(mode)));
+    }
+    if (has_bias) {
+      const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+      ZI_CUBLAS_TRY(
+          cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
+      ZI_CUBLAS_TRY(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &ct,
+                                                   sizeof(ct)));
+    }
+    ZI_CUBLAS_TRY(cublasLtMatrixLayoutCreate(&p.a, operand_t, static_cast<uint64_t>(k),
+                                             static_cast<uint64_t>(n), k));
+    ZI_CUBLAS_TRY(cublasLtMatrixLayoutCreate(&p.b, operand_t, static_cast<uint64_t>(k),
+                                             static_cast<uint64_t>(m), k));
+    ZI_CUBLAS_TRY(cublasLtMatrixLayoutCreate(&p.c, ct, static_cast<uint64_t>(n),
+                                             static_cast<uint64_t>(m), n));
+    struct PrefGuard {
+      cublasLtMatmulPreference_t p = nullptr;
+      ~PrefGuard() {
+        if (p) cublasLtMatmulPreferenceDestroy(p);
+      }
+    } pref;
+    ZI_CUBLAS_TRY(cublasLtMatmulPreferenceCreate(&pref.p));
+    const uint64_t ws = kWorkspaceBytes;
+    const uint32_t aw = static_cast<uint32_t>(al_w), ax = static_cast<uint32_t>(al_x),
+                   ay = static_cast<uint32_t>(al_y);
+    ZI_CUBLAS_TRY(cublasLtMatmulPreferenceSetAttribute(
+        pref.p, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+    ZI_CUBLAS_TRY(cublasLtMatmulPreferenceSetAttribute(
+        pref.p, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &aw, sizeof(aw)));
+    ZI_CUBLAS_TRY(cublasLtMatmulPreferenceSetAttribute(
+        pref.p, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &ax, sizeof(ax)));
+    ZI_CUBLAS_TRY(cublasLtMatmulPreferenceSetAttribute(
+        pref.p, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &ay, sizeof(ay)));
+    ZI_CUBLAS_TRY(cublasLtMatmulPreferenceSetAttribute(
+        pref.p, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ay, sizeof(ay)));
+    cublasLtMatmulHeuristicResult_t results[4];
+    int returned = 0;
+    const cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(lt_, p.op, p.a, p.b, p.c, p.c, pref.p,
+                                                             4, results, &returned);
+    for (int i = 0; hs == CUBLAS_STATUS_SUCCESS && i < returned; ++i) {
+      if (results[i].state == CUBLAS_STATUS_SUCCESS) {
+        p.algo = results[i].algo;
+        p.has_algo = true;
+        break;
+      }
+    }
+    return Status::Ok();
+  };
+  Status st = build();
+  if (!st.ok()) {
+    destroy(p);
+    return st;
+  }
+  auto [pos, inserted] = plans_.emplace(key, p);
+  (void)inserted;
+  return &pos->second;
+}
+
+Status LtGemm::linear(const void* x, const void* w, const void* bias, void* y, int64_t m, int64_t n,
+                      int64_t k, DType dt) {
+  if (m == 0 || n == 0) return Status::Ok();
+  if (k == 0) {  // empty sum: y = bias or 0
+    ZI_LAUNCH_TRY("linear (k = 0)", launch_fill(ktype(dt), y, m * n, 0.f, stream_));
+    if (bias) ZI_LAUNCH_TRY("linear bias", launch_add(ktype(dt), y, bias, y, m * n, n, stream_));
+    return Status::Ok();
+  }
+  // The BIAS epilogue wants an aligned bias vector; otherwise the bias is a separate add.
+  const bool fuse_bias = bias != nullptr && alignment(bias) == 16;
+  const Key key{
+      m, n, k, static_cast<int>(dt), fuse_bias, alignment(x), alignment(w), alignment(y), kNoFp8};
+  ZI_ASSIGN_OR_RETURN(Plan * p, plan(key));
+  const float alpha = 1.f, beta = 0.f;
+  if (p->has_algo) {
+    if (fuse_bias)
+      ZI_CUBLAS_TRY(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                                   sizeof(bias)));
+    ZI_CUBLAS_TRY(cublasLtMatmul(lt_, p->op, &alpha, w, p->a, x, p->b, &beta, y, p->c, y, p->c,
+                                 &p->algo, workspace_->data(), kWorkspaceBytes, stream_));
+    if (bias && !fuse_bias)
+      ZI_LAUNCH_TRY("linear bias", launch_add(ktype(dt), y, bias, y, m * n, n, stream_));
+    return Status::Ok();
+  }
+  // No cuBLASLt algorithm for this shape/alignment: plain cuBLAS (int dimensions).
+  if (m > INT32_MAX || n > INT32_MAX || k > INT32_MAX)
+    return Unsupported("matmul: no cuBLASLt algorithm for a GEMM this large");
+  const cudaDataType_t ct = cuda_type(dt);
+  ZI_CUBLAS_TRY(cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n),
+                             static_cast<int>(m), static_cast<int>(k), &alpha, w, ct,
+                             static_cast<int>(k), x, ct, static_cast<int>(k), &beta, y, ct,
+                             static_cast<int>(n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  if (bias) ZI_LAUNCH_TRY("linear bias", launch_add(ktype(dt), y, bias, y, m * n, n, stream_));
+  return Status::Ok();
+}
+
+Status LtGemm::linear_fp8(const void* x8, const void* w8, const float* sx, const float* sw, void* y,
+                          int64_t m, int64_t n, int64_t k, DType out_dt) {
+  if (m == 0 || n == 0) return Status::Ok();
+  if (k % 16 != 0 || alignment(x8) < 16 || alignment(w8) < 16 || alignment(y) < 16)
+    return Unsupported("matmul_fp8: k must be a multiple of 16 and the operands 16-byte aligned");
+  const Key key{
+      m,         n, k, static_cast<int>(out_dt), false, alignment(x8), alignment(w8), alignment(y),
+      kFp8Tensor};
+  ZI_ASSIGN_OR_RETURN(Plan * p, plan(key));
+  if (!p->has_algo) return Unsupported("matmul_fp8: no cuBLASLt FP8 algorithm for this shape");
+  // A is the weight (scale sw), B the activations (scale sx): see linear().
+  ZI_CUBLAS_TRY(
+      cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sw, sizeof(sw)));
+  ZI_CUBLAS_TRY(
+      cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sx, sizeof(sx)));
+  const float alpha = 1.f, beta = 0.f;
+  ZI_CUBLAS_TRY(cublasLtMatmul(lt_, p->op, &alpha, w8, p->a, x8, p->b, &beta, y, p->c, y, p->c,
+                               &p->algo, workspace_->data(), kWorkspaceBytes, stream_));
+  return Status::Ok();
+}
+
+Status LtGemm::linear_fp8_rows(const void* x8, const void* w8, const float* sx, const float* sw,
+                               void* y, int64_t m, int64_t n, int64_t k, DType out_dt) {
+  if (m == 0 || n == 0) return Status::Ok();
+  if (k % 16 != 0 || alignment(x8) < 16 || alignment(w8) < 16 || alignment(y) < 16)
+    return Unsupported(
+        "matmul_fp8_rows: k must be a multiple of 16 and the operands 16-byte aligned");
+  const Key key{
+      m,       n, k, static_cast<int>(out_dt), false, alignment(x8), alignment(w8), alignment(y),
+      kFp8Rows};
+  ZI_ASSIGN_OR_RETURN(Plan * p, plan(key));
+  if (!p->has_algo)
+    return Unsupported("matmul_fp8_rows: no cuBLASLt algorithm with per-row FP8 scales for [" +
+                       std::to_string(m) + ", " + std::to_string(k) + "] x [" + std::to_string(n) +
+                       ", " + std::to_string(k) + "]");
+  ZI_CUBLAS_TRY(
+      cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sw, sizeof(sw)));
+  ZI_CUBLAS_TRY(
+      cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sx, sizeof(sx)));
+  const float alpha = 1.f, beta = 0.f;
+  ZI_CUBLAS_TRY(cublasLtMatmul(lt_, p->op, &alpha, w8, p->a, x8, p->b, &beta, y, p->c, y, p->c,
+                               &p->algo, workspace_->data(), kWorkspaceBytes, stream_));
+  return Status::Ok();
+}
+
+}  // namespace zimage::cuda

@@ -1,0 +1,73 @@
+// GEMMs through cuBLASLt (the linear layers) and cuBLAS (the general attention path's batched
+// products). A cuBLASLt plan (operation descriptor, three layouts, heuristic algorithm) is built
+// once per (M, N, K, dtype, bias, pointer alignments) and cached; the bias rides on the BIAS
+// epilogue. bf16 in/out accumulates in fp32 (CUBLAS_COMPUTE_32F); f32 uses CUBLAS_COMPUTE_32F
+// too, which never rounds operands to TF32. One 32 MiB workspace serves every call on the stream.
+#pragma once
+
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <map>
+#include <memory>
+#include <tuple>
+
+#include "backend/cuda/runtime/allocator.h"
+#include "core/status.h"
+#include "core/tensor.h"
+
+namespace zimage::cuda {
+
+class LtGemm {
+ public:
+  static constexpr size_t kWorkspaceBytes = size_t{32} << 20;
+
+  static Result<std::unique_ptr<LtGemm>> create(cudaStream_t stream, CachingAllocator& alloc);
+  ~LtGemm();
+  LtGemm(const LtGemm&) = delete;
+  LtGemm& operator=(const LtGemm&) = delete;
+
+  // Row-major y[m, n] = x[m, k] · w[n, k]ᵀ (+ bias[n]); all of `dt` (kF32 or kBF16 or kF16).
+  Status linear(const void* x, const void* w, const void* bias, void* y, int64_t m, int64_t n,
+                int64_t k, DType dt);
+
+  // FP8: row-major y[m, n] = (sx * x8[m, k]) · (sw * w8[n, k])ᵀ with e4m3 operands, per-tensor
+  // scales read from device memory (sx, sw: one float each), fp32 accumulation, y in `out_dt`
+  // (bf16). Hopper FP8 tensor cores; k a multiple of 16, 16-byte aligned operands.
+  Status linear_fp8(const void* x8, const void* w8, const float* sx, const float* sw, void* y,
+                    int64_t m, int64_t n, int64_t k, DType out_dt);
+
+  // W8A8 with per-row scales (cuBLASLt's outer-vector scaling): row-major y[m, n] = sx[m] ·
+  // sw[n] · Σ_k x8[m, k] · w8[n, k], e4m3 operands, fp32 accumulation, y in `out_dt`. sx [m] and
+  // sw [n] f32 in device memory. kUnsupported when cuBLASLt offers no algorithm (the caller
+  // falls back).
+  Status linear_fp8_rows(const void* x8, const void* w8, const float* sx, const float* sw, void* y,
+                         int64_t m, int64_t n, int64_t k, DType out_dt);
+
+  cublasHandle_t blas() const { return blas_; }
+
+ private:
+  struct Plan {
+    cublasLtMatmulDesc_t op = nullptr;
+    cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+    cublasLtMatmulAlgo_t algo{};
+    bool has_algo = false;  // false: no cuBLASLt algorithm, use cublasGemmEx
+  };
+  // FP8 operand scaling: none (bf16/f32 operands), one scale per tensor, one per row.
+  enum Fp8Mode : int { kNoFp8 = 0, kFp8Tensor = 1, kFp8Rows = 2 };
+  // (m, n, k, dtype, fused bias, alignment in bytes of x, w, y, Fp8Mode)
+  using Key = std::tuple<int64_t, int64_t, int64_t, int, bool, int, int, int, int>;
+
+  LtGemm(cudaStream_t stream) : stream_(stream) {}
+  Result<Plan*> plan(const Key& key);
+  static void destroy(Plan& p);
+
+  cudaStream_t stream_;
+  cublasLtHandle_t lt_ = nullptr;
+  cublasHandle_t blas_ = nullptr;
+  std::shared_ptr<Storage> workspace_;
+  std::map<Key, Plan> plans_;
+};
+
+}  // namespace zimage::cuda

@@ -1,0 +1,173 @@
+// See uploader.h for the pipeline, the choice of stream and the buffer sizes.
+#include "backend/cuda/runtime/uploader.h"
+
+#include <algorithm>
+#include <string>
+#include <thread>
+
+#include "backend/cuda/runtime/cuda_check.h"
+#include "core/log.h"
+
+namespace zimage::cuda {
+namespace {
+
+int default_threads() {
+  const int hw = static_cast<int>(std::thread::hardware_concurrency());
+  return std::clamp(hw, 1, 16);
+}
+
+// Makes `device` current for the calling scope (the uploader may be driven from a thread other
+// than the one that created the backend) and restores the previous device.
+class DeviceScope {
+ public:
+  explicit DeviceScope(int device) {
+    if (cudaGetDevice(&prev_) != cudaSuccess) prev_ = -1;
+    if (prev_ != device) cudaSetDevice(device);
+  }
+  ~DeviceScope() {
+    if (prev_ >= 0) cudaSetDevice(prev_);
+  }
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+
+ private:
+  int prev_ = -1;
+};
+
+std::string mib(size_t bytes) {
+  return std::to_string(bytes >> 20) + " MiB";
+}
+
+}  // namespace
+
+PinnedUploader::PinnedUploader(int device, cudaStream_t stream, Options options)
+    : device_(device),
+      stream_(stream),
+      opt_(options),
+      ring_(options.buffer_bytes, options.buffers) {
+  if (opt_.threads <= 0) opt_.threads = default_threads();
+  // The ring rounds the buffer size to its alignment; keep the options in step with it.
+  opt_.buffer_bytes = ring_.buffer_bytes();
+  opt_.buffers = ring_.buffers();
+}
+
+PinnedUploader::~PinnedUploader() {
+  // Errors cannot be reported from here; release() still waits before freeing anything.
+  (void)release();
+}
+
+Status PinnedUploader::copy(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0) return Status::Ok();
+  if (dst == nullptr || src == nullptr)
+    return InvalidArgument("upload: null pointer for a copy of " + std::to_string(bytes) +
+                           " bytes");
+  if (bytes < opt_.min_bytes) return plain_copy(dst, src, bytes);
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  ZI_CUDA_TRY(cudaStreamIsCapturing(stream_, &capture));
+  // A DMA from a staging buffer would be recorded into the graph and replayed later from a buffer
+  // that holds other bytes by then. The plain path keeps what uploads always did under capture:
+  // the runtime refuses them.
+  if (capture != cudaStreamCaptureStatusNone) return plain_copy(dst, src, bytes);
+  const bool staged = staging_ != nullptr || (bytes >= opt_.start_bytes && ensure_staging());
+  if (!staged) return plain_copy(dst, src, bytes);
+  const Status s = staged_copy(dst, src, bytes);
+  if (!s.ok()) {
+    // Leave no DMA reading a buffer the ring no longer tracks: drain the stream (its own error,
+    // if any, is the one already being returned) and start the ring over.
+    cudaStreamSynchronize(stream_);
+    cudaGetLastError();
+    ring_.reset();
+  }
+  return s;
+}
+
+Status PinnedUploader::plain_copy(void* dst, const void* src, size_t bytes) {
+  // From pageable memory the runtime stages through its own pinned buffer and returns once the
+  // source has been read, which is what copy() promises.
+  ZI_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_));
+  ++stats_.plain_copies;
+  stats_.plain_bytes += bytes;
+  return Status::Ok();
+}
+
+Status PinnedUploader::staged_copy(void* dst, const void* src, size_t bytes) {
+  pieces_.clear();
+  ring_.plan(bytes, &pieces_);
+  auto* d = static_cast<uint8_t*>(dst);
+  const auto* s = static_cast<const uint8_t*>(src);
+  for (const StagePiece& p : pieces_) {
+    if (p.wait) ZI_CUDA_TRY(cudaEventSynchronize(events_[static_cast<size_t>(p.buffer)]));
+    uint8_t* buf = staging_ + static_cast<size_t>(p.buffer) * opt_.buffer_bytes + p.buffer_offset;
+    parallel_copy(*pool_, buf, s + p.src_offset, p.bytes, opt_.grain);
+    ZI_CUDA_TRY(cudaMemcpyAsync(d + p.src_offset, buf, p.bytes, cudaMemcpyHostToDevice, stream_));
+    ZI_CUDA_TRY(cudaEventRecord(events_[static_cast<size_t>(p.buffer)], stream_));
+  }
+  ++stats_.staged_copies;
+  stats_.staged_bytes += bytes;
+  return Status::Ok();
+}
+
+bool PinnedUploader::ensure_staging() {
+  if (staging_ != nullptr) return true;
+  if (unavailable_) return false;
+  const size_t total = opt_.buffer_bytes * static_cast<size_t>(opt_.buffers);
+  Status s = Status::Ok();
+  {
+    DeviceScope scope(device_);
+    void* p = nullptr;
+    s = cuda_status(cudaHostAlloc(&p, total, cudaHostAllocDefault), "cudaHostAlloc");
+    if (s.ok()) staging_ = static_cast<uint8_t*>(p);
+    for (int i = 0; s.ok() && i < opt_.buffers; ++i) {
+      cudaEvent_t e = nullptr;
+      s = cuda_status(cudaEventCreateWithFlags(&e, cudaEventDisableTiming),
+                      "cudaEventCreateWithFlags");
+      if (s.ok()) events_.push_back(e);
+    }
+  }
+  if (!s.ok()) {
+    free_staging();
+    cudaGetLastError();  // a failed allocation must not poison the next call
+    unavailable_ = true;
+    ZI_WARN(
+        "cuda upload: cannot allocate %s of pinned staging memory (%s); uploading from "
+        "pageable memory instead (slower)",
+        mib(total).c_str(), s.message().c_str());
+    return false;
+  }
+  pool_ = std::make_unique<ThreadPool>(opt_.threads);
+  if (!pool_->start_status().ok()) {  // fewer copy threads only slow the upload down
+    ZI_WARN("cuda upload: %s; copying with %d threads", pool_->start_status().message().c_str(),
+            pool_->size());
+  }
+  ring_.reset();
+  ++stats_.allocations;
+  return true;
+}
+
+Status PinnedUploader::release() {
+  Status s = Status::Ok();
+  if (staging_ != nullptr) {
+    // Every DMA out of a buffer was followed by a record of that buffer's event.
+    for (cudaEvent_t e : events_) {
+      const Status w = cuda_status(cudaEventSynchronize(e), "cudaEventSynchronize");
+      if (s.ok() && !w.ok()) s = w;
+    }
+    if (!s.ok()) cudaStreamSynchronize(stream_);  // freeing memory a DMA reads is worse
+  }
+  free_staging();
+  unavailable_ = false;
+  return s;
+}
+
+void PinnedUploader::free_staging() {
+  if (staging_ == nullptr && events_.empty() && !pool_) return;  // no CUDA call at exit
+  DeviceScope scope(device_);
+  pool_.reset();
+  for (cudaEvent_t e : events_) cudaEventDestroy(e);
+  events_.clear();
+  if (staging_ != nullptr) cudaFreeHost(staging_);
+  staging_ = nullptr;
+  ring_.reset();
+}
+
+}  // namespace zimage::cuda

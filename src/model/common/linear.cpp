@@ -1,0 +1,143 @@
+#include "model/common/linear.h"
+
+#include <algorithm>
+#include <string>
+#include <utility>
+
+namespace zimage {
+
+namespace {
+
+Status linear_base(Backend& be, const Tensor& x, const LinearWeight& w, const Tensor& bias,
+                   const Tensor& scratch, Tensor& y) {
+  if (!w.quantized()) return be.matmul(x, w.w, bias, y);
+  if (w.fp8_compute) return be.matmul_fp8_rows(x, w.w, w.scale, bias, y);
+  const int64_t n = w.rows(), k = w.cols();
+  if (!scratch.defined() || scratch.numel() < n * k || scratch.dtype() != be.act_dtype())
+    return InternalError("linear: quantised weight " + w.w.describe() + " needs a scratch of " +
+                         std::to_string(n * k) + " elements, got " + scratch.describe());
+  Tensor wide(scratch.storage(), scratch.byte_offset(), scratch.dtype(), {n, k});
+  if (w.packed())
+    ZI_TRY(be.dequantize_packed(w.ggml_type, w.w, wide));
+  else
+    ZI_TRY(be.dequantize_fp8_rows(w.w, w.scale, wide));
+  return be.matmul(x, wide, bias, y);
+}
+
+}  // namespace
+
+Status linear(Backend& be, const Tensor& x, const LinearWeight& w, const Tensor& bias,
+              const Tensor& scratch, Tensor& y) {
+  ZI_TRY(linear_base(be, x, w, bias, scratch, y));
+  if (w.lora) return apply_lora_side(be, x, *w.lora, y);  // runtime LoRA (lora_runtime.h)
+  return Status::Ok();
+}
+
+Status apply_lora_side(Backend& be, const Tensor& x, const LoraSide& side, Tensor& y) {
+  const int64_t r = side.a.dim(0), k = side.a.dim(1), n = side.b.dim(0);
+  if (side.b.dim(1) != r || x.dim(-1) != k || y.dim(-1) != n)
+    return InternalError("LoRA side GEMM: a " + side.a.describe() + ", b " + side.b.describe() +
+                         " do not fit x " + x.describe() + " -> y " + y.describe());
+  const int64_t m = x.numel() / k;
+  const DType act = be.act_dtype();
+  auto t = be.alloc(act, {m, r});
+  if (!t.ok()) return t.status().with_context("LoRA side GEMM [" + std::to_string(m) + ", r]");
+  auto prod = be.alloc(act, {m, n});
+  if (!prod.ok()) return prod.status().with_context("LoRA side GEMM output");
+  ZI_TRY(be.matmul(x.view({m, k}), side.a, Tensor(), *t));  // [M, R]
+  ZI_TRY(be.matmul(*t, side.b, Tensor(), *prod));           // [M, N]
+  Tensor yv = y.view({m, n});
+  return be.axpby(1.0f, yv, 1.0f, *prod, yv);
+}
+
+Result<unsigned> parse_fp8_layers(const std::string& list) {
+  if (list == "all") return static_cast<unsigned>(kFp8Default);
+  if (list == "none") return 0u;
+  unsigned bits = 0;
+  size_t pos = 0;
+  while (pos <= list.size()) {
+    const size_t comma = std::min(list.find(',', pos), list.size());
+    const std::string name = list.substr(pos, comma - pos);
+    if (name == "qkv")
+      bits |= kFp8Qkv;
+    else if (name == "out")
+      bits |= kFp8Out;
+    else if (name == "w13")
+      bits |= kFp8W13;
+    else if (name == "w2")
+      bits |= kFp8W2;
+    else if (name == "ffn")
+      bits |= kFp8W13 | kFp8W2;
+    else if (name == "attn")
+      bits |= kFp8Qkv | kFp8Out;
+    else if (name == "refiners")
+      bits |= kFp8Refiners;
+    else
+      return InvalidArgument("fp8 layers: '" + name + "' in '" + list +
+                             "' is not one of qkv, out, w13, w2, ffn, attn, refiners (or all, "
+                             "none)");
+    pos = comma + 1;
+  }
+  return bits;
+}
+
+std::string fp8_layers_string(unsigned layers) {
+  std::string s;
+  const std::pair<unsigned, const char*> names[] = {{kFp8Qkv, "qkv"},
+                                                    {kFp8Out, "out"},
+                                                    {kFp8W13, "w13"},
+                                                    {kFp8W2, "w2"},
+                                                    {kFp8Refiners, "refiners"}};
+  for (const auto& [bit, name] : names) {
+    if (!(layers & bit)) continue;
+    if (!s.empty()) s += ",";
+    s += name;
+  }
+  return s.empty() ? "none" : s;
+}
+
+Status to_fp8_rows(Backend& be, LinearWeight& w, const std::string& what) {
+  if (w.quantized() || !w.defined()) return Status::Ok();
+  auto w8 = be.alloc(DType::kF8E4M3, w.w.shape());
+  if (!w8.ok()) return w8.status().with_context("allocating FP8 " + what);
+  auto sc = be.alloc(DType::kF32, {w.rows()});
+  if (!sc.ok()) return sc.status().with_context("allocating FP8 scales of " + what);
+  Status st = be.quantize_fp8_rows(w.w, *w8, *sc);
+  if (!st.ok()) return st.with_context("quantising " + what + " to FP8");
+  w.w = std::move(w8).value();
+  w.scale = std::move(sc).value();
+  return Status::Ok();
+}
+
+Status to_fp8_compute(Backend& be, LinearWeight& w, const std::string& what) {
+  if (!w.defined()) return Status::Ok();
+  if (w.fp8() && !w.packed() && w.w.dtype() == DType::kF8E4M3) {
+    w.fp8_compute = true;
+    return Status::Ok();
+  }
+  if (w.quantized()) {  // widen what the file stored, then quantise it per row below
+    auto wide = be.alloc(be.act_dtype(), {w.rows(), w.cols()});
+    if (!wide.ok()) return wide.status().with_context("widening " + what);
+    Status st = w.packed() ? be.dequantize_packed(w.ggml_type, w.w, *wide)
+                           : be.dequantize_fp8_rows(w.w, w.scale, *wide);
+    if (!st.ok()) return st.with_context("widening " + what);
+    w = LinearWeight();
+    w.w = std::move(wide).value();
+  }
+  ZI_TRY(to_fp8_rows(be, w, what));
+  w.fp8_compute = true;
+  return Status::Ok();
+}
+
+Status move_to_host(Backend& be, const std::vector<Tensor*>& tensors) {
+  for (Tensor* t : tensors) {
+    if (t == nullptr || !t->defined() || t->device() == Device::kCPU) continue;
+    auto host = be.alloc_pinned(t->dtype(), t->shape());
+    if (!host.ok()) return host.status().with_context("host copy of " + t->describe());
+    ZI_TRY(be.download(*t, *host));
+    *t = std::move(host).value();
+  }
+  return Status::Ok();
+}
+
+}  // namespace zimage

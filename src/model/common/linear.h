@@ -1,0 +1,113 @@
+// How a model holds its big weights, as the memory planner decides (pipeline/memory_plan.h):
+//  * LinearWeight: a linear layer's weight in the compute dtype, or (--weights fp8) as FP8 e4m3
+//    with one scale per output channel, widened into a scratch buffer just before its GEMM, so
+//    the GEMM itself is the same bf16 GEMM (half the bytes resident and streamed, one extra pass
+//    over the weight per use).
+//  * WeightPlacement: which of a model's blocks live on the device and which in (pinned) host
+//    memory, streamed in before use (model/common/weight_streamer.h).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "core/status.h"
+#include "core/tensor.h"
+
+namespace zimage {
+
+// Runtime LoRAs on one linear weight (model/adapters/lora_runtime.h), applied after its GEMM as a low-rank
+// side GEMM: y += (x · aᵀ) · bᵀ. The LoRAs of a request are stacked along the rank: a [R, K] holds
+// every down, b [N, R] every up times its whole scale, zero on rows a LoRA does not touch (a LoRA
+// on to_k lands on the middle third of the rows of the fused q|k|v weight). Act dtype, on the
+// device; immutable once made, so a recorded forward may hold their addresses.
+struct LoraSide {
+  Tensor a;  // [R, K]
+  Tensor b;  // [N, R]
+};
+
+struct LinearWeight {
+  Tensor w;      // [N, K]: the backend's act dtype, or kF8E4M3 / kF8E5M2 when `scale` is defined,
+                 // or kU8 [N, row bytes] holding GGUF blocks when `packed_cols` > 0
+  Tensor scale;  // [N] f32: per-output-channel dequantisation scale (FP8 only)
+  std::shared_ptr<const LoraSide> lora;  // runtime LoRA side GEMM; null: none
+  // W8A8 (--precision fp8): the FP8 weight meets activations quantised per token in an FP8 GEMM
+  // (Backend::matmul_fp8_rows) instead of being widened for a bf16 GEMM.
+  bool fp8_compute = false;
+  // Packed GGUF rows (model/common/quantized_linear.h): the ggml type id of the blocks and K, the
+  // elements per row; dequantised into the scratch before the GEMM (Backend::dequantize_packed).
+  uint32_t ggml_type = 0;
+  int64_t packed_cols = 0;
+  bool fp8() const { return scale.defined(); }
+  bool packed() const { return packed_cols > 0; }
+  bool quantized() const { return fp8() || packed(); }
+  bool defined() const { return w.defined(); }
+  int64_t rows() const { return w.defined() ? w.dim(0) : 0; }
+  int64_t cols() const { return packed() ? packed_cols : (w.defined() ? w.dim(1) : 0); }
+};
+
+// The DiT linears that run as W8A8 FP8 GEMMs under --precision fp8 (bits of
+// WeightPlacement::fp8_compute): attention q|k|v and out, feed-forward w1|w3 and w2, in the main
+// layers, and in the noise and context refiners too with kFp8Refiners. Embedders, adaLN and the
+// final layer stay in the compute dtype (small GEMMs, and where FP8 hurts most).
+enum Fp8Layers : unsigned {
+  kFp8Qkv = 1u,
+  kFp8Out = 2u,
+  kFp8W13 = 4u,
+  kFp8W2 = 8u,
+  kFp8Refiners = 16u,
+  kFp8AllLinears = kFp8Qkv | kFp8Out | kFp8W13 | kFp8W2,
+  kFp8Default = kFp8AllLinears | kFp8Refiners,
+};
+// "qkv,out,w13,w2,refiners" (any subset, comma-separated), "all" (= the default set), "ffn"
+// (= w13,w2), "attn" (= qkv,out) or "none"; an unknown name is an error naming it.
+Result<unsigned> parse_fp8_layers(const std::string& list);
+std::string fp8_layers_string(unsigned layers);  // "qkv,out,w13,w2,refiners"
+
+struct WeightPlacement {
+  // Store the blocks' big linear weights (attention q|k|v and out, feed-forward) as FP8 rows.
+  bool fp8_weights = false;
+  // Fp8Layers bits: these linears become FP8 rows with fp8_compute set (the DiT only).
+  unsigned fp8_compute = 0;
+  // Keep weights the file stores quantised (FP8 with scales, GGUF blocks) in that form on the
+  // device, dequantised per layer before each GEMM (model/common/quantized_linear.h). False: widened to
+  // the act dtype at load (the reference the kept path is tested against).
+  bool keep_quantized = true;
+  // Per block in execution order: true = kept in host memory and streamed in before use.
+  // Empty = every block on the device.
+  std::vector<bool> streamed;
+  // The backend stream slots the model may use: [first_slot, first_slot + slots).
+  int first_slot = 0;
+  int slots = 2;
+  bool any_streamed() const {
+    for (bool s : streamed)
+      if (s) return true;
+    return false;
+  }
+};
+
+// y[M, N] = x[M, K] · wᵀ (+ bias). An FP8 or packed weight is first dequantised into `scratch`
+// (act dtype, at least N*K elements; its leading N*K elements are overwritten).
+Status linear(Backend& be, const Tensor& x, const LinearWeight& w, const Tensor& bias,
+              const Tensor& scratch, Tensor& y);
+
+// y[M, N] += (x[M, K] · side.aᵀ) · side.bᵀ through two act-dtype buffers ([M, R] and [M, N]) taken
+// from the backend's allocator (a recorded forward keeps them in its private pool).
+Status apply_lora_side(Backend& be, const Tensor& x, const LoraSide& side, Tensor& y);
+
+// Replaces a weight loaded in the act dtype by its FP8 rows (Backend::quantize_fp8_rows); the
+// wide copy is released.
+Status to_fp8_rows(Backend& be, LinearWeight& w, const std::string& what);
+
+// Makes `w` an FP8 e4m3 row weight with fp8_compute set (--precision fp8): a compute-dtype weight
+// is quantised per row; a weight kept as its file stores it (GGUF blocks, e5m2) is widened first
+// and then quantised; an e4m3 row weight is used as it is.
+Status to_fp8_compute(Backend& be, LinearWeight& w, const std::string& what);
+
+// Moves device tensors into pinned host memory (Backend::alloc_pinned), in place: each defined
+// tensor is downloaded and replaced by its host copy. The bytes are exactly those on the device.
+Status move_to_host(Backend& be, const std::vector<Tensor*>& tensors);
+
+}  // namespace zimage

@@ -1,0 +1,112 @@
+// See load_util.h. Host-side conversions go through float32, which is exact for every stored
+// weight dtype (bf16, f16, fp8, f32), so fusing or transposing never changes a weight value;
+// the only rounding is the final upload to the compute dtype.
+#include "model/common/load_util.h"
+
+#include <cstring>
+
+namespace zimage::load {
+
+Result<Tensor> host_f32(const WeightStore& ws, const std::string& name, const Shape& shape) {
+  ZI_ASSIGN_OR_RETURN(Tensor src, ws.get(name, shape));  // file dtype, shape checked
+  Tensor out = Tensor::host(DType::kF32, shape);         // same shape, f32
+  if (!out.defined()) return OutOfMemory("host copy of " + name + " " + shape_string(shape));
+  if (!convert_to_f32(src.dtype(), src.data(), out.data_as<float>(),
+                      static_cast<size_t>(src.numel()))) {
+    return Unsupported("tensor " + name + " has non-float dtype " + dtype_name(src.dtype()));
+  }
+  return out;
+}
+
+Result<Tensor> upload_host(Backend& be, const Tensor& host, DType dtype) {
+  auto r = be.upload(host, dtype);
+  if (!r.ok()) return r.status().with_context("uploading " + host.describe());
+  return r;
+}
+
+Result<Tensor> weight(const WeightStore& ws, Backend& be, const std::string& name,
+                      const Shape& shape) {
+  ZI_ASSIGN_OR_RETURN(Tensor src, ws.get(name, shape));  // file dtype, shape checked
+  if (!dtype_is_float(src.dtype())) {
+    return Unsupported("tensor " + name + " has non-float dtype " + dtype_name(src.dtype()));
+  }
+  auto r = be.upload(src, be.act_dtype());
+  if (!r.ok()) return r.status().with_context("uploading " + name);
+  return r;
+}
+
+Result<Tensor> host_view(const WeightStore& ws, const std::string& name, const Shape& shape) {
+  ZI_ASSIGN_OR_RETURN(Tensor src, ws.get(name, shape));  // file dtype, shape checked
+  if (!dtype_is_float(src.dtype()))
+    return Unsupported("tensor " + name + " has non-float dtype " + dtype_name(src.dtype()));
+  return src;
+}
+
+Result<Tensor> concat_rows(Backend& be, const std::vector<Tensor>& parts, const std::string& what) {
+  if (parts.empty()) return InternalError("concat_rows(" + what + "): no parts");
+  const int64_t k = parts[0].dim(1);
+  int64_t rows = 0;
+  for (const Tensor& p : parts) {
+    if (p.rank() != 2 || p.dim(1) != k || !dtype_is_float(p.dtype())) {
+      return InternalError("concat_rows(" + what + "): part " + p.describe() +
+                           " does not fit [*, " + std::to_string(k) + "] float");
+    }
+    rows += p.dim(0);
+  }
+  auto fused = be.alloc(be.act_dtype(), {rows, k});  // [sum n_i, K]
+  if (!fused.ok()) return fused.status().with_context("allocating fused " + what);
+  int64_t row0 = 0;
+  for (const Tensor& p : parts) {
+    auto dev = be.upload(p, be.act_dtype());  // [n_i, K] act dtype
+    if (!dev.ok()) return dev.status().with_context("uploading part of fused " + what);
+    ZI_TRY(be.copy_2d(*dev, 0, k, *fused, row0 * k, k, p.dim(0), k));
+    row0 += p.dim(0);
+  }
+  return fused;
+}
+
+Result<Tensor> conv_weight(const WeightStore& ws, Backend& be, const std::string& name,
+                           int64_t cout, int64_t cin, int64_t k) {
+  Shape oihw{cout, cin, k, k};
+  if (k == 1) {  // 1x1 convs may be stored as linears [cout, cin]
+    ZI_ASSIGN_OR_RETURN(WeightInfo probe, ws.info(name));
+    if (probe.shape.size() == 2) oihw = {cout, cin};
+  }
+  ZI_ASSIGN_OR_RETURN(Tensor w, host_f32(ws, name, oihw));     // [cout, cin, k, k] f32
+  Tensor ohwi = Tensor::host(DType::kF32, {cout, k, k, cin});  // [cout, k, k, cin]
+  if (!ohwi.defined()) return OutOfMemory("host buffer for " + name);
+  const float* s = w.data_as<float>();
+  float* d = ohwi.data_as<float>();
+  for (int64_t o = 0; o < cout; ++o)
+    for (int64_t i = 0; i < cin; ++i)
+      for (int64_t y = 0; y < k; ++y)
+        for (int64_t x = 0; x < k; ++x)
+          d[((o * k + y) * k + x) * cin + i] = s[((o * cin + i) * k + y) * k + x];
+  auto r = be.upload(ohwi, be.act_dtype());
+  if (!r.ok()) return r.status().with_context("uploading " + name);
+  return r;
+}
+
+Status check_all_used(const WeightStore& ws, const std::string& component,
+                      const std::function<bool(const std::string&)>& foreign) {
+  std::vector<std::string> unexpected;
+  for (const std::string& n : ws.unused_names())
+    if (!foreign || !foreign(n)) unexpected.push_back(n);
+  if (unexpected.empty()) return Status::Ok();
+  std::string list;
+  const size_t shown = std::min<size_t>(unexpected.size(), 8);
+  for (size_t i = 0; i < shown; ++i) list += (i ? ", " : "") + unexpected[i];
+  if (shown < unexpected.size())
+    list += ", ... (" + std::to_string(unexpected.size() - shown) + " more)";
+  return FormatError(component + ": " + std::to_string(unexpected.size()) +
+                     " unexpected tensor(s) in " + ws.path() +
+                     " (checkpoint and config disagree?): " + list);
+}
+
+Result<Tensor> alloc(Backend& be, DType dtype, const Shape& shape, const std::string& what) {
+  auto r = be.alloc(dtype, shape);
+  if (!r.ok()) return r.status().with_context("allocating " + what + " " + shape_string(shape));
+  return r;
+}
+
+}  // namespace zimage::load

@@ -1,0 +1,91 @@
+#include "model/common/weight_streamer.h"
+
+#include <algorithm>
+#include <string>
+
+namespace zimage {
+
+Result<std::unique_ptr<WeightStreamer>> WeightStreamer::create(
+    Backend& be, std::vector<std::vector<Tensor>> units, int first_slot, int slots) {
+  if (units.empty()) return InvalidArgument("weight streamer: no units");
+  slots = std::min<int>(slots, static_cast<int>(units.size()));
+  if (slots < 1 || first_slot < 0 || first_slot + slots > Backend::kStreamSlots)
+    return InvalidArgument("weight streamer: slots [" + std::to_string(first_slot) + ", " +
+                           std::to_string(first_slot + slots) + ") outside the backend's " +
+                           std::to_string(Backend::kStreamSlots));
+  const size_t positions = units[0].size();
+  std::vector<size_t> max_bytes(positions, 0);
+  std::unique_ptr<WeightStreamer> s(new WeightStreamer(be));
+  for (const auto& u : units) {
+    if (u.size() != positions)
+      return InternalError("weight streamer: units with different numbers of tensors");
+    for (size_t p = 0; p < positions; ++p) {
+      if (!u[p].defined()) continue;
+      if (u[p].device() != Device::kCPU)
+        return InternalError("weight streamer: unit tensor " + u[p].describe() +
+                             " is not in host memory");
+      max_bytes[p] = std::max(max_bytes[p], u[p].nbytes());
+      s->stream_bytes_ += u[p].nbytes();
+    }
+  }
+  s->units_ = std::move(units);
+  s->first_slot_ = first_slot;
+  s->slots_ = slots;
+  s->buffers_.resize(slots);
+  s->in_slot_.assign(slots, -1);
+  for (int k = 0; k < slots; ++k) {
+    s->buffers_[k].resize(positions);
+    for (size_t p = 0; p < positions; ++p) {
+      if (max_bytes[p] == 0) continue;
+      auto buf = be.alloc(DType::kU8, {static_cast<int64_t>(max_bytes[p])});
+      if (!buf.ok()) return buf.status().with_context("allocating weight streaming slots");
+      s->buffers_[k][p] = std::move(buf).value();
+      s->slot_bytes_ += max_bytes[p];
+    }
+  }
+  return s;
+}
+
+std::vector<Tensor> WeightStreamer::views(int slot, int unit) const {
+  const auto& u = units_[unit];
+  std::vector<Tensor> out(u.size());
+  for (size_t p = 0; p < u.size(); ++p) {
+    if (!u[p].defined()) continue;
+    const Tensor& buf = buffers_[slot][p];
+    out[p] = Tensor(buf.storage(), buf.byte_offset(), u[p].dtype(), u[p].shape());
+  }
+  return out;
+}
+
+Status WeightStreamer::load(int slot, int unit) {
+  const std::vector<Tensor> dev = views(slot, unit);
+  std::vector<std::pair<Tensor, Tensor>> copies;
+  for (size_t p = 0; p < dev.size(); ++p)
+    if (dev[p].defined()) copies.emplace_back(units_[unit][p], dev[p]);
+  ZI_TRY(be_.stream_in(first_slot_ + slot, copies));
+  in_slot_[slot] = unit;
+  return Status::Ok();
+}
+
+Result<std::vector<Tensor>> WeightStreamer::acquire(int unit) {
+  if (unit < 0 || unit >= units())
+    return InternalError("weight streamer: unit " + std::to_string(unit) + " out of range");
+  const int slot = unit % slots_;
+  if (in_slot_[slot] != unit) ZI_TRY(load(slot, unit));
+  ZI_TRY(be_.wait_slot(first_slot_ + slot));
+  return views(slot, unit);
+}
+
+Status WeightStreamer::release(int unit) {
+  if (unit < 0 || unit >= units())
+    return InternalError("weight streamer: unit " + std::to_string(unit) + " out of range");
+  const int slot = unit % slots_;
+  ZI_TRY(be_.release_slot(first_slot_ + slot));
+  // The unit that uses this slot next: `slots` later, or in the next pass unit `slot` (units
+  // use slot unit % slots, and slots <= units).
+  const int next = unit + slots_ < units() ? unit + slots_ : slot;
+  if (next == unit) return Status::Ok();  // no more units than slots: it stays where it is
+  return load(slot, next);
+}
+
+}  // namespace zimage

@@ -1,0 +1,477 @@
+// ZImageDiT forward (spec §4), top to bottom:
+//   c      = t_embedder(sinusoid(t_model * t_scale))                 [B, adaln]
+//   x      = x_embedder(patchify(latents)) (+ x_pad_token rows)      [B, Np, D]
+//   x      = noise_refiner blocks (modulated by c)                   [B, Np, D]
+//   cap    = cap_embedder(caps) (+ cap_pad_token rows)               [B, Lp, D]
+//   cap    = context_refiner blocks (unmodulated)                    [B, Lp, D]
+//   u      = [x ; cap] per item, batch padded                        [B, S, D]
+//   u      = main blocks (modulated by c)                            [B, S, D]
+//   out    = unpatchify(final_layer(u, c)) on the first N rows       [B, C, h, w]
+// Block (adaLN has no SiLU, no shift; post-norms before the tanh gates):
+//   x += tanh(g_a) ⊙ RMSNorm2(Attn(RMSNorm1(x) ⊙ (1 + s_a)))
+//   x += tanh(g_f) ⊙ RMSNorm2'(FFN(RMSNorm1'(x) ⊙ (1 + s_f)))
+#include "model/dit/zimage_dit.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/log.h"
+#include "model/common/load_util.h"
+
+namespace zimage {
+
+namespace {
+
+constexpr float kQkNormEps = 1e-5f;     // Attention(qk_norm="rms_norm", eps=1e-5), fixed
+constexpr float kFinalNormEps = 1e-6f;  // FinalLayer LayerNorm, no affine
+
+int64_t round_up(int64_t n, int64_t m) {
+  return n + ((-n) % m + m) % m;
+}
+
+}  // namespace
+
+// Activation buffers for one sequence length (reused by every block of that stage).
+struct ZImageDiT::Scratch {
+  Tensor norm;                              // [B*S, D]
+  Tensor qkv;                               // [B*S, 3D]
+  Tensor q, k, v, o;                        // [B, S, H, Dh]
+  Tensor proj;                              // [B*S, D]
+  Tensor ffn;                               // [B*S, 2F]
+  Tensor act;                               // [B*S, F]
+  Tensor mod;                               // [B, 4D]
+  Tensor scale_a, gate_a, scale_f, gate_f;  // [B, D]
+
+  static Result<Scratch> make(Backend& be, const TransformerConfig& c, int64_t b, int64_t s) {
+    const int64_t d = c.dim, h = c.n_heads, dh = c.head_dim(), f = c.ffn_hidden(), r = b * s;
+    const DType t = be.act_dtype();
+    Scratch x;
+    ZI_ASSIGN_OR_RETURN(x.norm, load::alloc(be, t, {r, d}, "dit.norm"));
+    ZI_ASSIGN_OR_RETURN(x.qkv, load::alloc(be, t, {r, 3 * d}, "dit.qkv"));
+    ZI_ASSIGN_OR_RETURN(x.q, load::alloc(be, t, {b, s, h, dh}, "dit.q"));
+    ZI_ASSIGN_OR_RETURN(x.k, load::alloc(be, t, {b, s, h, dh}, "dit.k"));
+    ZI_ASSIGN_OR_RETURN(x.v, load::alloc(be, t, {b, s, h, dh}, "dit.v"));
+    ZI_ASSIGN_OR_RETURN(x.o, load::alloc(be, t, {b, s, h, dh}, "dit.attn"));
+    ZI_ASSIGN_OR_RETURN(x.proj, load::alloc(be, t, {r, d}, "dit.proj"));
+    ZI_ASSIGN_OR_RETURN(x.ffn, load::alloc(be, t, {r, 2 * f}, "dit.ffn"));
+    ZI_ASSIGN_OR_RETURN(x.act, load::alloc(be, t, {r, f}, "dit.ffn_act"));
+    ZI_ASSIGN_OR_RETURN(x.mod, load::alloc(be, t, {b, 4 * d}, "dit.mod"));
+    ZI_ASSIGN_OR_RETURN(x.scale_a, load::alloc(be, t, {b, d}, "dit.scale_attn"));
+    ZI_ASSIGN_OR_RETURN(x.gate_a, load::alloc(be, t, {b, d}, "dit.gate_attn"));
+    ZI_ASSIGN_OR_RETURN(x.scale_f, load::alloc(be, t, {b, d}, "dit.scale_ffn"));
+    ZI_ASSIGN_OR_RETURN(x.gate_f, load::alloc(be, t, {b, d}, "dit.gate_ffn"));
+    return x;
+  }
+
+  // The same buffers for a shorter sequence s <= the one made for (views of their leading
+  // elements): the noise refiner, context refiner and main layers share one set, so a forward
+  // holds one stage's activations, not three (0.55 GiB less at 1024²).
+  Scratch view(int64_t b, int64_t s, const TransformerConfig& c) const {
+    const int64_t d = c.dim, h = c.n_heads, dh = c.head_dim(), f = c.ffn_hidden(), r = b * s;
+    auto lead = [](const Tensor& t, Shape shape) {
+      return Tensor(t.storage(), t.byte_offset(), t.dtype(), std::move(shape));
+    };
+    Scratch x = *this;
+    x.norm = lead(norm, {r, d});
+    x.qkv = lead(qkv, {r, 3 * d});
+    x.q = lead(q, {b, s, h, dh});
+    x.k = lead(k, {b, s, h, dh});
+    x.v = lead(v, {b, s, h, dh});
+    x.o = lead(o, {b, s, h, dh});
+    x.proj = lead(proj, {r, d});
+    x.ffn = lead(ffn, {r, 2 * f});
+    x.act = lead(act, {r, f});
+    return x;
+  }
+};
+
+Result<std::shared_ptr<ZImageDiT::Scratch>> ZImageDiT::make_scratch(int64_t b, int64_t s) {
+  ZI_ASSIGN_OR_RETURN(Scratch x, Scratch::make(be_, cfg_, b, s));
+  return std::make_shared<Scratch>(std::move(x));
+}
+
+Tensor ZImageDiT::timestep_sinusoid(const std::vector<float>& t_model) const {
+  const int64_t b = static_cast<int64_t>(t_model.size());
+  const int half = kTimeFreqDim / 2;
+  // Sinusoid in float32, evaluated in the same order as diffusers' timestep_embedding:
+  // f_k = exp((-ln(10000) * k) / half); arg = (t * t_scale) * f_k; [cos | sin].
+  Tensor e = Tensor::host(DType::kF32, {b, kTimeFreqDim});  // [B, 256]
+  if (!e.defined()) return e;
+  const float neg_log = static_cast<float>(-std::log(10000.0));
+  for (int64_t i = 0; i < b; ++i) {
+    const float u = t_model[i] * cfg_.t_scale;
+    for (int k = 0; k < half; ++k) {
+      const float expo = (neg_log * static_cast<float>(k)) / static_cast<float>(half);
+      const float freq = static_cast<float>(std::exp(static_cast<double>(expo)));
+      const float arg = u * freq;
+      e.data_as<float>()[i * kTimeFreqDim + k] =
+          static_cast<float>(std::cos(static_cast<double>(arg)));
+      e.data_as<float>()[i * kTimeFreqDim + half + k] =
+          static_cast<float>(std::sin(static_cast<double>(arg)));
+    }
+  }
+  return e;
+}
+
+Status ZImageDiT::timestep_embedding(const Tensor& sinusoid, Tensor& c) {
+  const int64_t b = sinusoid.dim(0);
+  ZI_ASSIGN_OR_RETURN(Tensor mid, load::alloc(be_, be_.act_dtype(), {b, kTimeMidDim}, "dit.t_mid"));
+  ZI_TRY(be_.matmul(sinusoid, t_w1_, t_b1_, mid));  // [B, 1024]
+  ZI_TRY(be_.silu(mid, mid));                       // [B, 1024]
+  ZI_ASSIGN_OR_RETURN(c, load::alloc(be_, be_.act_dtype(), {b, cfg_.adaln_dim()}, "dit.t_emb"));
+  return be_.matmul(mid, t_w2_, t_b2_, c);  // [B, adaln]
+}
+
+Status ZImageDiT::run_block(const Block& blk, Tensor& x, const Tensor& freqs, const Tensor& c,
+                            const AttentionParams& ap, Scratch& s, const AttentionFn* attn) {
+  const int64_t b = x.dim(0), sq = x.dim(1), d = cfg_.dim;
+  const int64_t rows = b * sq;
+  const float eps = cfg_.norm_eps;
+  const Tensor none;
+  Tensor xr = x.view({rows, d});            // [B*S, D]
+  Tensor scale_a, gate_a, scale_f, gate_f;  // undefined = unmodulated (s = 1, g = 1)
+  if (blk.modulated) {
+    ZI_TRY(be_.matmul(c, blk.adaln_w, blk.adaln_b, s.mod));  // [B, 4D]
+    // 1 + s_a, tanh(g_a), 1 + s_f, tanh(g_f): [B, D] each
+    ZI_TRY(be_.dit_modulation(s.mod, s.scale_a, s.gate_a, s.scale_f, s.gate_f));
+    scale_a = s.scale_a, gate_a = s.gate_a, scale_f = s.scale_f, gate_f = s.gate_f;
+  }
+  // --- attention ---
+  ZI_TRY(be_.rms_norm(xr, blk.attn_norm1, eps, scale_a, s.norm));     // [B*S, D]
+  ZI_TRY(linear(be_, s.norm, blk.wqkv, none, wide_scratch_, s.qkv));  // [B*S, 3D]
+  // q, k, v [B, S, H, Dh]: per-head RMS norm of q and k (when qk_norm), then RoPE
+  ZI_TRY(be_.qkv_split_norm_rope(s.qkv, blk.norm_q, blk.norm_k, kQkNormEps, freqs, s.q, s.k, s.v));
+  if (attn != nullptr) {
+    ZI_TRY((*attn)(s.q, s.k, s.v, ap, s.o));  // sequence parallel: Ulysses
+  } else {
+    ZI_TRY(be_.attention(s.q, s.k, s.v, ap, s.o));  // [B, S, H, Dh]
+  }
+  ZI_TRY(linear(be_, s.o.view({rows, d}), blk.wo, none, wide_scratch_, s.proj));  // [B*S, D]
+  ZI_TRY(be_.residual_rms_norm_gate(x, s.proj.view({b, sq, d}), blk.attn_norm2, eps, gate_a));
+  // --- SwiGLU feed-forward ---
+  ZI_TRY(be_.rms_norm(xr, blk.ffn_norm1, eps, scale_f, s.norm));     // [B*S, D]
+  ZI_TRY(linear(be_, s.norm, blk.w13, none, wide_scratch_, s.ffn));  // [B*S, 2F]
+  ZI_TRY(be_.swiglu(s.ffn, s.act));                                  // [B*S, F]
+  ZI_TRY(linear(be_, s.act, blk.w2, none, wide_scratch_, s.proj));   // [B*S, D]
+  return be_.residual_rms_norm_gate(x, s.proj.view({b, sq, d}), blk.ffn_norm2, eps, gate_f);
+}
+
+Result<ZImageDiT::Layout> ZImageDiT::make_layout(int64_t b, int64_t lh, int64_t lw,
+                                                 const std::vector<int64_t>& cap_len) {
+  const int64_t p = cfg_.patch_size, half = cfg_.head_dim() / 2;
+  Layout L;
+  L.b = b, L.lh = lh, L.lw = lw;
+  L.cap_len = cap_len;
+  std::vector<int64_t> cap_pad(b), seq(b);
+  for (int64_t i = 0; i < b; ++i) cap_pad[i] = round_up(cap_len[i], kSeqMultiple);
+  const int64_t ht = lh / p, wt = lw / p, n_img = ht * wt;
+  const int64_t np = round_up(n_img, kSeqMultiple);
+  const int64_t lp_max = *std::max_element(cap_pad.begin(), cap_pad.end());
+  int64_t s_max = 0;
+  bool cap_ragged = false;
+  for (int64_t i = 0; i < b; ++i) {
+    seq[i] = np + cap_pad[i];
+    s_max = std::max(s_max, seq[i]);
+    cap_ragged = cap_ragged || cap_pad[i] != lp_max;
+  }
+
+  // ---- RoPE tables: [B, S, Dh/2, (cos, sin)] f32; batch-padding rows stay 0 ----
+  Tensor img_f = Tensor::host(DType::kF32, {b, np, half, 2});      // [B, Np, Dh/2, 2]
+  Tensor cap_f = Tensor::host(DType::kF32, {b, lp_max, half, 2});  // [B, Lp, Dh/2, 2]
+  Tensor uni_f = Tensor::host(DType::kF32, {b, s_max, half, 2});   // [B, S, Dh/2, 2]
+  if (!img_f.defined() || !cap_f.defined() || !uni_f.defined())
+    return OutOfMemory("transformer RoPE tables");
+  for (int64_t i = 0; i < b; ++i) {
+    float* fi = img_f.data_as<float>() + i * np * half * 2;
+    float* fc = cap_f.data_as<float>() + i * lp_max * half * 2;
+    for (int64_t n = 0; n < np; ++n) {  // image token (r, s) -> (Lp + 1, r, s); pads -> 0
+      const bool real = n < n_img;
+      if (!rope_row(real ? cap_pad[i] + 1 : 0, real ? n / wt : 0, real ? n % wt : 0,
+                    fi + n * half * 2)) {
+        return InvalidArgument(
+            "transformer: image of " + std::to_string(ht) + "x" + std::to_string(wt) +
+            " tokens with a " + std::to_string(cap_pad[i]) +
+            "-token caption exceeds the RoPE axes_lens " + std::to_string(cfg_.axes_lens[0]) + "/" +
+            std::to_string(cfg_.axes_lens[1]) + "/" + std::to_string(cfg_.axes_lens[2]));
+      }
+    }
+    for (int64_t j = 0; j < cap_pad[i]; ++j) {  // caption token j (pads included) -> (1 + j, 0, 0)
+      if (!rope_row(1 + j, 0, 0, fc + j * half * 2)) {
+        return InvalidArgument(
+            "transformer: caption of " + std::to_string(cap_len[i]) +
+            " tokens exceeds RoPE axes_lens[0] = " + std::to_string(cfg_.axes_lens[0]));
+      }
+    }
+    float* fu = uni_f.data_as<float>() + i * s_max * half * 2;
+    std::copy(fi, fi + np * half * 2, fu);
+    std::copy(fc, fc + cap_pad[i] * half * 2, fu + np * half * 2);
+  }
+  ZI_ASSIGN_OR_RETURN(L.img_freqs, load::upload_host(be_, img_f, DType::kF32));
+  ZI_ASSIGN_OR_RETURN(L.cap_freqs, load::upload_host(be_, cap_f, DType::kF32));
+  ZI_ASSIGN_OR_RETURN(L.uni_freqs, load::upload_host(be_, uni_f, DType::kF32));
+
+  L.n_img = n_img, L.np = np, L.lp_max = lp_max, L.s_max = s_max;
+  L.cap_pad = cap_pad, L.seq = seq;
+  L.ragged = cap_ragged;
+  return L;
+}
+
+Status ZImageDiT::compute(const Layout& L, const Tensor& latents, const Tensor& sinusoid,
+                          const std::vector<Tensor>& caps, Tensor& out, DebugSink* dbg,
+                          const std::string& pfx, const ControlResiduals* control) {
+  const int64_t p = cfg_.patch_size, d = cfg_.dim, half = cfg_.head_dim() / 2;
+  const int64_t tf = cfg_.token_features();
+  const int64_t b = L.b, n_img = L.n_img, np = L.np, lp_max = L.lp_max, s_max = L.s_max;
+  const std::vector<int64_t>&cap_len = L.cap_len, &cap_pad = L.cap_pad, &seq = L.seq;
+  const bool cap_ragged = L.ragged, seq_ragged = L.ragged;
+  const Tensor &img_freqs = L.img_freqs, &cap_freqs = L.cap_freqs, &uni_freqs = L.uni_freqs;
+  const DType act = be_.act_dtype();
+  const Tensor none;
+
+  // One set of activation buffers for the longest stage (Scratch::view).
+  ZI_ASSIGN_OR_RETURN(Scratch scratch, Scratch::make(be_, cfg_, b, std::max({np, lp_max, s_max})));
+
+  // ---- timestep conditioning ----
+  Tensor c;
+  ZI_TRY(timestep_embedding(sinusoid, c));  // [B, adaln]
+  debug_tensor(dbg, pfx + ".t_emb", be_, c);
+
+  // ---- image tokens + noise refiner ----
+  ZI_ASSIGN_OR_RETURN(Tensor tokens, load::alloc(be_, act, {b, n_img, tf}, "dit.patches"));
+  ZI_TRY(be_.patchify(latents, static_cast<int>(p), tokens));  // [B, N, p*p*C]
+  ZI_ASSIGN_OR_RETURN(Tensor x, load::alloc(be_, act, {b, np, d}, "dit.image_tokens"));
+  if (np == n_img) {
+    Tensor x_rows = x.view({b * np, d});                                   // [B*N, D]
+    ZI_TRY(be_.matmul(tokens.view({b * n_img, tf}), x_w_, x_b_, x_rows));  // [B*N, D]
+  } else {
+    ZI_ASSIGN_OR_RETURN(Tensor xe, load::alloc(be_, act, {b * n_img, d}, "dit.x_embed"));
+    ZI_TRY(be_.matmul(tokens.view({b * n_img, tf}), x_w_, x_b_, xe));  // [B*N, D]
+    for (int64_t i = 0; i < b; ++i) {
+      ZI_TRY(be_.copy_2d(xe, i * n_img * d, d, x, i * np * d, d, n_img, d));         // real
+      ZI_TRY(be_.copy_2d(x_pad_, 0, d, x, (i * np + n_img) * d, d, np - n_img, d));  // pads
+    }
+  }
+  debug_tensor(dbg, pfx + ".x_embed", be_, x);
+  {
+    Scratch s = scratch.view(b, np, cfg_);
+    const AttentionParams ap{1.0f / std::sqrt(static_cast<float>(2 * half)), false, {}};
+    for (size_t l = 0; l < noise_refiner_.size(); ++l) {
+      const int bi = static_cast<int>(l);
+      ZI_ASSIGN_OR_RETURN(Block blk, use_block(bi));
+      ZI_TRY(run_block(blk, x, img_freqs, c, ap, s));  // [B, Np, D]
+      ZI_TRY(done_block(bi));
+      debug_tensor(dbg, pfx + ".noise_refiner." + std::to_string(l), be_, x);
+    }
+  }
+
+  // ---- caption tokens + context refiner ----
+  ZI_ASSIGN_OR_RETURN(Tensor cap, load::alloc(be_, act, {b, lp_max, d}, "dit.caption_tokens"));
+  if (cap_ragged) ZI_TRY(be_.fill(cap, 0.0f));
+  for (int64_t i = 0; i < b; ++i) {
+    ZI_ASSIGN_OR_RETURN(Tensor cn,
+                        load::alloc(be_, act, {cap_len[i], cfg_.cap_feat_dim}, "dit.cap_norm"));
+    ZI_TRY(be_.rms_norm(caps[i], cap_norm_, cfg_.norm_eps, none, cn));  // [L_i, Fc]
+    Tensor rows = cap.view({b * lp_max, d}).slice0(i * lp_max, i * lp_max + cap_len[i]);
+    ZI_TRY(be_.matmul(cn, cap_w_, cap_b_, rows));  // [L_i, D]
+    if (cap_pad[i] > cap_len[i]) {
+      ZI_TRY(be_.copy_2d(cap_pad_, 0, d, cap, (i * lp_max + cap_len[i]) * d, d,
+                         cap_pad[i] - cap_len[i], d));  // pads
+    }
+  }
+  debug_tensor(dbg, pfx + ".cap_embed", be_, cap);
+  {
+    Scratch s = scratch.view(b, lp_max, cfg_);
+    AttentionParams ap{1.0f / std::sqrt(static_cast<float>(2 * half)), false, {}};
+    if (cap_ragged)
+      for (int64_t i = 0; i < b; ++i) ap.key_len.push_back(static_cast<int32_t>(cap_pad[i]));
+    for (size_t l = 0; l < context_refiner_.size(); ++l) {
+      const int bi = static_cast<int>(noise_refiner_.size() + l);
+      ZI_ASSIGN_OR_RETURN(Block blk, use_block(bi));
+      ZI_TRY(run_block(blk, cap, cap_freqs, none, ap, s));  // [B, Lp, D]
+      ZI_TRY(done_block(bi));
+      debug_tensor(dbg, pfx + ".context_refiner." + std::to_string(l), be_, cap);
+    }
+  }
+
+  // ---- unified sequence [image ; caption] + main layers ----
+  ZI_ASSIGN_OR_RETURN(Tensor u, load::alloc(be_, act, {b, s_max, d}, "dit.unified"));
+  if (seq_ragged) ZI_TRY(be_.fill(u, 0.0f));
+  for (int64_t i = 0; i < b; ++i) {
+    ZI_TRY(be_.copy_2d(x, i * np * d, d, u, i * s_max * d, d, np, d));  // image
+    ZI_TRY(be_.copy_2d(cap, i * lp_max * d, d, u, (i * s_max + np) * d, d, cap_pad[i], d));
+  }
+  x = Tensor();
+  cap = Tensor();
+  {
+    Scratch s = scratch.view(b, s_max, cfg_);
+    AttentionParams ap{1.0f / std::sqrt(static_cast<float>(2 * half)), false, {}};
+    if (seq_ragged)
+      for (int64_t i = 0; i < b; ++i) ap.key_len.push_back(static_cast<int32_t>(seq[i]));
+    for (size_t l = 0; l < layers_.size(); ++l) {
+      const int bi = static_cast<int>(noise_refiner_.size() + context_refiner_.size() + l);
+      ZI_ASSIGN_OR_RETURN(Block blk, use_block(bi));
+      ZI_TRY(run_block(blk, u, uni_freqs, c, ap, s));  // [B, S, D]
+      ZI_TRY(done_block(bi));
+      for (size_t k = 0; control != nullptr && k < control->layers.size(); ++k)
+        if (control->layers[k] == static_cast<int>(l)) ZI_TRY(be_.add(u, control->hints[k], u));
+      debug_tensor(dbg, pfx + ".layers." + std::to_string(l), be_, u);
+    }
+  }
+
+  // ---- final layer: LayerNorm(no affine) ⊙ (1 + W·silu(c) + b), Linear ----
+  ZI_ASSIGN_OR_RETURN(Tensor sc, load::alloc(be_, act, {b, cfg_.adaln_dim()}, "dit.final_silu"));
+  ZI_TRY(be_.silu(c, sc));  // [B, adaln]
+  ZI_ASSIGN_OR_RETURN(Tensor scale, load::alloc(be_, act, {b, d}, "dit.final_scale"));
+  ZI_TRY(be_.matmul(sc, final_ada_w_, final_ada_b_, scale));  // [B, D]
+  ZI_TRY(be_.add(scale, ones_, scale));                       // 1 + scale
+  ZI_ASSIGN_OR_RETURN(Tensor y, load::alloc(be_, act, {b * s_max, d}, "dit.final_norm"));
+  ZI_TRY(be_.layer_norm(u.view({b * s_max, d}), none, none, kFinalNormEps, scale, y));  // [B*S, D]
+  ZI_ASSIGN_OR_RETURN(Tensor o, load::alloc(be_, act, {b, s_max, tf}, "dit.final"));
+  Tensor o_rows = o.view({b * s_max, tf});            // [B*S, p*p*C]
+  ZI_TRY(be_.matmul(y, final_w_, final_b_, o_rows));  // [B*S, p*p*C]
+  debug_tensor(dbg, pfx + ".final", be_, o);
+  ZI_TRY(be_.unpatchify(o, static_cast<int>(p), 1.0f, out));  // [B, C, h, w] f32
+  debug_tensor(dbg, pfx + ".out", be_, out);
+  return Status::Ok();
+}
+
+Result<std::vector<int64_t>> ZImageDiT::check_inputs(const Tensor& latents,
+                                                     const std::vector<float>& t_model,
+                                                     const std::vector<Tensor>& caps, Tensor& out) {
+  const int64_t p = cfg_.patch_size, ch = cfg_.in_channels;
+  if (!latents.defined() || latents.rank() != 4 || latents.dtype() != DType::kF32 ||
+      latents.dim(1) != ch || latents.dim(2) % p != 0 || latents.dim(3) % p != 0 ||
+      latents.dim(0) < 1 || latents.dim(2) < p || latents.dim(3) < p) {
+    return InvalidArgument("transformer: latents must be f32 [B, " + std::to_string(ch) +
+                           ", h, w] with h, w multiples of " + std::to_string(p) + ", got " +
+                           (latents.defined() ? latents.describe() : std::string("undefined")));
+  }
+  const int64_t b = latents.dim(0), lh = latents.dim(2), lw = latents.dim(3);
+  if (static_cast<int64_t>(t_model.size()) != b || static_cast<int64_t>(caps.size()) != b) {
+    return InvalidArgument("transformer: batch " + std::to_string(b) + " but " +
+                           std::to_string(t_model.size()) + " timesteps and " +
+                           std::to_string(caps.size()) + " caption tensors");
+  }
+  std::vector<int64_t> cap_len(b);
+  for (int64_t i = 0; i < b; ++i) {
+    const Tensor& c = caps[i];
+    if (!c.defined() || c.rank() != 2 || c.dim(1) != cfg_.cap_feat_dim || c.dim(0) < 1) {
+      return InvalidArgument("transformer: caption " + std::to_string(i) + " must be [L, " +
+                             std::to_string(cfg_.cap_feat_dim) + "] with L >= 1, got " +
+                             (c.defined() ? c.describe() : std::string("undefined")));
+    }
+    cap_len[i] = c.dim(0);
+  }
+  const Shape out_shape{b, ch, lh, lw};
+  if (!out.defined()) {
+    ZI_ASSIGN_OR_RETURN(out, load::alloc(be_, DType::kF32, out_shape, "dit.out"));
+  } else if (out.shape() != out_shape || out.dtype() != DType::kF32) {
+    return InvalidArgument("transformer: out must be f32 " + shape_string(out_shape) + ", got " +
+                           out.describe());
+  }
+  return cap_len;
+}
+
+Status ZImageDiT::forward(const Tensor& latents, const std::vector<float>& t_model,
+                          const std::vector<Tensor>& caps, Tensor& out, DebugSink* dbg,
+                          const std::string& pfx, const ControlResiduals* control) {
+  ZI_ASSIGN_OR_RETURN(const std::vector<int64_t> cap_len,
+                      check_inputs(latents, t_model, caps, out));
+  const int64_t b = latents.dim(0), lh = latents.dim(2), lw = latents.dim(3);
+  if (control != nullptr) ZI_TRY(check_control(*control, b, lh, lw, cap_len));
+  Tensor sin_host = timestep_sinusoid(t_model);  // [B, 256] f32
+  if (!sin_host.defined()) return OutOfMemory("timestep sinusoid");
+
+  // Eager: tables and every op queued now (debug dumps need this; so do backends that cannot
+  // record).
+  auto run_eagerly = [&]() -> Status {
+    ZI_ASSIGN_OR_RETURN(Layout lay, make_layout(b, lh, lw, cap_len));
+    ZI_ASSIGN_OR_RETURN(Tensor sinusoid, load::upload_host(be_, sin_host, be_.act_dtype()));
+    return compute(lay, latents, sinusoid, caps, out, dbg, pfx, control);
+  };
+  // Streamed weights: eager too (the copies and their events run beside the compute stream; at
+  // the link's speed the launch overhead a graph saves is noise).
+  if (!use_graphs_ || dbg != nullptr || no_graphs_ || streamer_) return run_eagerly();
+
+  // Recorded (CUDA graphs): per input shape, the tables, input and output buffers stay on the
+  // device and the forward is recorded once; each call copies its inputs in, replays, copies out.
+  std::vector<int64_t> key{b, lh, lw};
+  key.insert(key.end(), cap_len.begin(), cap_len.end());
+  if (control != nullptr) {  // with control: its own recording, keyed by the layers it feeds
+    key.push_back(-1);
+    key.insert(key.end(), control->layers.begin(), control->layers.end());
+  }
+  auto it = graphs_.find(key);
+  if (it == graphs_.end()) {
+    if (graphs_.size() >= max_graphs_) graphs_.clear();  // bounded: shapes seen recently
+    Graphed g;
+    ZI_ASSIGN_OR_RETURN(g.layout, make_layout(b, lh, lw, cap_len));
+    ZI_ASSIGN_OR_RETURN(g.latents, load::alloc(be_, DType::kF32, latents.shape(), "dit.graph_in"));
+    ZI_ASSIGN_OR_RETURN(g.sinusoid,
+                        load::alloc(be_, be_.act_dtype(), {b, kTimeFreqDim}, "dit.graph_t"));
+    for (const Tensor& c : caps) {
+      ZI_ASSIGN_OR_RETURN(Tensor cc, load::alloc(be_, c.dtype(), c.shape(), "dit.graph_caption"));
+      g.caps.push_back(cc);
+    }
+    ZI_ASSIGN_OR_RETURN(g.out, load::alloc(be_, DType::kF32, out.shape(), "dit.graph_out"));
+    if (control != nullptr) {
+      g.control.layers = control->layers;
+      for (const Tensor& h : control->hints) {
+        ZI_ASSIGN_OR_RETURN(Tensor hh, load::alloc(be_, h.dtype(), h.shape(), "dit.graph_hint"));
+        g.control.hints.push_back(hh);
+      }
+    }
+    it = graphs_.emplace(key, std::move(g)).first;
+  }
+  Graphed& g = it->second;
+  ZI_TRY(be_.convert(latents, g.latents));
+  for (size_t i = 0; i < caps.size(); ++i) ZI_TRY(be_.convert(caps[i], g.caps[i]));
+  for (size_t k = 0; control != nullptr && k < control->hints.size(); ++k)
+    ZI_TRY(be_.convert(control->hints[k], g.control.hints[k]));
+  {
+    ZI_ASSIGN_OR_RETURN(Tensor sinusoid, load::upload_host(be_, sin_host, be_.act_dtype()));
+    ZI_TRY(be_.convert(sinusoid, g.sinusoid));
+  }
+  if (!g.work) {
+    const ControlResiduals* gc = control != nullptr ? &g.control : nullptr;
+    auto rec = be_.record(
+        [&] { return compute(g.layout, g.latents, g.sinusoid, g.caps, g.out, nullptr, pfx, gc); });
+    if (!rec.ok()) {
+      if (rec.status().code() != ErrorCode::kUnsupported) return rec.status();
+      ZI_DEBUG("transformer: forwards run eagerly (%s)", rec.status().message().c_str());
+      no_graphs_ = true;  // this backend cannot record: from now on, eagerly
+      graphs_.clear();
+      return run_eagerly();
+    }
+    g.work = std::move(*rec);
+  }
+  ZI_TRY(g.work->replay());
+  return be_.convert(g.out, out);
+}
+
+Status ZImageDiT::check_control(const ControlResiduals& control, int64_t b, int64_t lh, int64_t lw,
+                                const std::vector<int64_t>& cap_len) const {
+  const int64_t p = cfg_.patch_size;
+  const int64_t np = round_up((lh / p) * (lw / p), kSeqMultiple);
+  int64_t s_max = 0;
+  for (int64_t len : cap_len) s_max = std::max(s_max, np + round_up(len, kSeqMultiple));
+  const Shape want{b, s_max, cfg_.dim};
+  if (control.layers.size() != control.hints.size())
+    return InvalidArgument(
+        "transformer: control residuals: " + std::to_string(control.layers.size()) +
+        " layers but " + std::to_string(control.hints.size()) + " hints");
+  for (size_t k = 0; k < control.hints.size(); ++k) {
+    const Tensor& h = control.hints[k];
+    if (control.layers[k] < 0 || control.layers[k] >= cfg_.n_layers)
+      return InvalidArgument("transformer: control residual for layer " +
+                             std::to_string(control.layers[k]) + " of a " +
+                             std::to_string(cfg_.n_layers) + "-layer transformer");
+    if (!h.defined() || h.shape() != want || h.dtype() != be_.act_dtype())
+      return InvalidArgument("transformer: control residual " + std::to_string(k) + " must be " +
+                             shape_string(want) + " in the act dtype, got " +
+                             (h.defined() ? h.describe() : std::string("undefined")));
+  }
+  return Status::Ok();
+}
+
+}  // namespace zimage

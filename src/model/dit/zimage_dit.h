@@ -1,0 +1,238 @@
+// The Z-Image single-stream DiT (spec §4-5): latents + timestep + caption features -> the raw
+// flow prediction. Sequence per batch item = [image tokens (Np), caption tokens (Lp)], each part
+// padded to a multiple of 32 with learned pad tokens, items batch-padded with key-length masks.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/comm.h"
+#include "core/status.h"
+#include "io/model/model_config.h"
+#include "io/weights/weights.h"
+#include "model/common/debug.h"
+#include "model/common/linear.h"
+#include "model/adapters/lora_runtime.h"
+#include "model/common/quantized_linear.h"
+#include "model/common/weight_streamer.h"
+
+namespace zimage {
+
+// ControlNet residuals (model/adapters/zimage_controlnet.h): after main layer layers[k] the DiT adds
+// hints[k] ([B, S, D] in the act dtype, already scaled) to its unified sequence, as diffusers
+// adds controlnet_block_samples.
+struct ControlResiduals {
+  std::vector<int> layers;
+  std::vector<Tensor> hints;
+};
+
+class ZImageDiT {
+ public:
+  static constexpr int kSeqMultiple = 32;   // image and caption parts are padded to this
+  static constexpr int kTimeFreqDim = 256;  // timestep sinusoid width
+  static constexpr int kTimeMidDim = 1024;  // t_embedder hidden width
+
+  // Accepts the diffusers names (spec §5.1) and the ComfyUI / original single-file names
+  // (§5.2: fused attention.qkv, x_embedder, final_layer, attention.out, q_norm/k_norm, optional
+  // "model.diffusion_model." prefix, norm_final.weight ignored). Missing, wrongly shaped and
+  // unused tensors are errors naming them.
+  // `placement` (from the memory planner): FP8 weight storage and which blocks (in execution
+  // order: noise refiners, context refiners, main layers) stay in host memory and stream in.
+  static Result<std::unique_ptr<ZImageDiT>> load(const TransformerConfig& cfg,
+                                                 const WeightStore& ws, Backend& be,
+                                                 const WeightPlacement& placement = {});
+  // Blocks in execution order (what WeightPlacement::streamed indexes).
+  int num_blocks() const {
+    return static_cast<int>(noise_refiner_.size() + context_refiner_.size() + layers_.size());
+  }
+  // Device bytes of one block's weights (the largest block), of all non-block weights, and of
+  // the weight-streaming slots; host bytes streamed per forward.
+  static int64_t block_weight_bytes(const TransformerConfig& cfg, DType act, bool fp8_weights);
+  // As block_weight_bytes, for the weights as `ws` stores them: linears a quantised file keeps
+  // quantised (model/common/quantized_linear.h) count their stored bytes; the largest block.
+  static int64_t stored_block_weight_bytes(const TransformerConfig& cfg, const WeightStore& ws,
+                                           DType act, const WeightPlacement& placement);
+  // What the load kept quantised.
+  const KeptQuantStats& kept_quantized() const { return kept_; }
+  uint64_t streaming_slot_bytes() const { return streamer_ ? streamer_->slot_bytes() : 0; }
+  uint64_t streamed_bytes_per_forward() const { return streamer_ ? streamer_->stream_bytes() : 0; }
+
+  // latents [B, C, h, w] f32 on the backend; t_model: B host floats ((1000 - T)/1000, spec §6.1);
+  // caps: B tensors [L_i, cap_feat_dim] in act dtype (lengths may differ). out: [B, C, h, w] f32,
+  // the raw model output (the pipeline negates it); allocated here when undefined.
+  // Intermediates: <prefix>.t_emb, .x_embed, .noise_refiner.<i>, .cap_embed,
+  // .context_refiner.<i>, .layers.<i>, .final, .out.
+  // Longest caption (tokens) the RoPE tables place: the padded caption and the image tokens that
+  // follow it must fit axes_lens[0] (see forward's RoPE layout).
+  int64_t max_caption_tokens() const;
+
+  // `control` (optional): ControlNet residuals for this input; a recorded forward with control
+  // is keyed apart from one without and copies the hints into its own buffers before replay.
+  Status forward(const Tensor& latents, const std::vector<float>& t_model,
+                 const std::vector<Tensor>& caps, Tensor& out, DebugSink* dbg = nullptr,
+                 const std::string& dbg_prefix = "dit", const ControlResiduals* control = nullptr);
+
+  const TransformerConfig& config() const { return cfg_; }
+
+  // Sequence parallelism (zimage_dit_parallel.cpp, docs/PARALLEL.md): called on every rank of
+  // `comm` at once with the same inputs (each rank holds this model on its own backend); the
+  // main layers run on the rank's contiguous chunk of the unified sequence, attention by Ulysses
+  // all-to-all over a share of the heads; `out` equals forward's, on every rank. Recorded per
+  // input shape and replayed as forward is when `comm` is recordable() (NCCL) and the backend
+  // can record, else eager. No debug dumps or ControlNet residuals. One rank: forward itself. On
+  // an error the rank aborts `comm`, so the other ranks fail too instead of waiting.
+  Status forward_parallel(Communicator& comm, const Tensor& latents,
+                          const std::vector<float>& t_model, const std::vector<Tensor>& caps,
+                          Tensor& out);
+
+  // Record each input shape's forward once and replay it (CUDA graphs on the CUDA backend; a
+  // backend that cannot record runs eagerly). On by default; benchmarks switch it off.
+  void set_use_graphs(bool on) {
+    use_graphs_ = on;
+    if (!on) graphs_.clear(), par_graphs_.clear();
+  }
+  // At most `n` recorded forwards (input shapes) kept at once (default 4); the memory planner
+  // keeps one under a budget, each holds a forward's activations.
+  void set_max_graphs(size_t n) {
+    max_graphs_ = n < 1 ? 1 : n;
+    if (graphs_.size() > max_graphs_) graphs_.clear();
+  }
+  // Drops the recorded forwards and the device memory they hold.
+  void release_graphs() { graphs_.clear(), par_graphs_.clear(); }
+
+  // The linears that run as W8A8 FP8 GEMMs (WeightPlacement::fp8_compute; 0 = none).
+  unsigned fp8_compute() const { return placement_.fp8_compute; }
+
+  // ---- runtime LoRAs (model/adapters/lora_runtime.h; zimage_dit_lora.cpp) ----
+  // Makes `loras` the model's LoRA set: the previous set is taken off first (merged rows restored
+  // bit for bit, side GEMMs dropped), unless it is the same set (then nothing happens). Empty:
+  // the base model. Recorded forwards are dropped when side GEMMs come or go (they hold the
+  // side buffers' addresses); merges change weights in place and keep them. On an error the
+  // model is left as the base model.
+  Status set_loras(const std::vector<RuntimeLora>& loras, LoraMethod method, bool lenient);
+  const AppliedLoras& applied_loras() const { return lora_applied_; }
+  // set_loras' key and shape checks without applying anything. Reads only what loading fixed, so
+  // it may run beside a forward on another thread.
+  Status check_loras(const std::vector<RuntimeLora>& loras, bool lenient) {
+    return check_runtime_loras(loras, lenient,
+                               [this](const std::string& c) { return lora_slot(c); });
+  }
+  // Where a diffusers-named weight ("layers.3.attention.to_k.weight") lives in this model.
+  Result<LoraSlot> lora_slot(const std::string& canonical);
+
+ private:
+  struct Block {
+    bool modulated = false;
+    Tensor adaln_w, adaln_b;  // [4D, adaln], [4D]: scale_attn | gate_attn | scale_ffn | gate_ffn
+    LinearWeight wqkv;        // [3D, D]: q rows, then k, then v
+    Tensor norm_q, norm_k;    // [Dh] (undefined when qk_norm is off)
+    LinearWeight wo;          // [D, D]
+    Tensor attn_norm1, attn_norm2, ffn_norm1, ffn_norm2;  // [D] each
+    LinearWeight w13;                                     // [2F, D]: w1 (gate) rows, then w3 (up)
+    LinearWeight w2;                                      // [D, F]
+    std::vector<LinearWeight*> linears() { return {&wqkv, &wo, &w13, &w2}; }
+    // Every tensor, in fixed positions (weight streaming moves them as a unit).
+    std::vector<Tensor*> tensors() {
+      return {&adaln_w, &adaln_b,   &wqkv.w,     &wqkv.scale, &norm_q,    &norm_k,
+              &wo.w,    &wo.scale,  &attn_norm1, &attn_norm2, &ffn_norm1, &ffn_norm2,
+              &w13.w,   &w13.scale, &w2.w,       &w2.scale};
+    }
+  };
+  struct Scratch;  // per-sequence activation buffers (zimage_dit.cpp)
+  // What a forward needs that depends only on the input shapes: sizes, per-item caption and
+  // sequence lengths, and the RoPE tables on the device ([B, S, Dh/2, 2] f32 each).
+  struct Layout {
+    int64_t b = 0, lh = 0, lw = 0, n_img = 0, np = 0, lp_max = 0, s_max = 0;
+    std::vector<int64_t> cap_len, cap_pad, seq;
+    bool ragged = false;  // caption lengths differ: key-length masks
+    Tensor img_freqs, cap_freqs, uni_freqs;
+  };
+  // A recorded forward with its fixed input/output buffers.
+  struct Graphed {
+    Layout layout;
+    Tensor latents, sinusoid, out;
+    std::vector<Tensor> caps;
+    ControlResiduals control;  // the hints' fixed buffers (forwards with control)
+    std::unique_ptr<RecordedWork> work;
+  };
+  size_t max_graphs_ = 4;
+
+  ZImageDiT(const TransformerConfig& cfg, Backend& be) : cfg_(cfg), be_(be) {}
+  // zimage_dit_weights.cpp
+  Status load_weights(const WeightStore& ws);
+  Status load_block(const WeightStore& ws, const std::string& prefix, bool modulated, Block& b);
+  Result<Tensor> load_pad_block(const WeightStore& ws, const std::string& name);
+  void build_rope_tables();
+  // Writes the Dh/2 (cos, sin) pairs of position (p0, p1, p2) to dst; false when out of range.
+  bool rope_row(int64_t p0, int64_t p1, int64_t p2, float* dst) const;
+
+  // zimage_dit.cpp
+  Tensor timestep_sinusoid(const std::vector<float>& t_model) const;  // host [B, 256] f32
+  Status timestep_embedding(const Tensor& sinusoid, Tensor& c);
+  // forward's and forward_parallel's input checks; the caption lengths. Allocates `out` when
+  // undefined, else checks its shape.
+  Result<std::vector<int64_t>> check_inputs(const Tensor& latents,
+                                            const std::vector<float>& t_model,
+                                            const std::vector<Tensor>& caps, Tensor& out);
+  Result<Layout> make_layout(int64_t b, int64_t lh, int64_t lw,
+                             const std::vector<int64_t>& cap_len);
+  // The whole forward on device inputs: only backend ops, so it can be recorded.
+  Status compute(const Layout& L, const Tensor& latents, const Tensor& sinusoid,
+                 const std::vector<Tensor>& caps, Tensor& out, DebugSink* dbg,
+                 const std::string& pfx, const ControlResiduals* control = nullptr);
+  // The ControlNet (model/adapters/zimage_controlnet.cpp) runs this model's embedders, refiners, RoPE
+  // tables and block code on its own tokens.
+  friend class ZImageControlNet;
+  Result<std::shared_ptr<Scratch>> make_scratch(int64_t b, int64_t s);
+  Status check_control(const ControlResiduals& control, int64_t b, int64_t lh, int64_t lw,
+                       const std::vector<int64_t>& cap_len) const;
+  // run_block's attention step, q/k/v/out [B, S, H, Dh]: be_.attention unless `attn` is given
+  // (sequence parallelism's Ulysses exchange, zimage_dit_parallel.cpp).
+  using AttentionFn = std::function<Status(const Tensor& q, const Tensor& k, const Tensor& v,
+                                           const AttentionParams& ap, Tensor& out)>;
+  Status run_block(const Block& blk, Tensor& x, const Tensor& freqs, const Tensor& c,
+                   const AttentionParams& ap, Scratch& s, const AttentionFn* attn = nullptr);
+  // zimage_dit_parallel.cpp: compute()'s sequence-parallel sibling.
+  Status compute_parallel(Communicator& comm, const Layout& L, const Tensor& latents,
+                          const Tensor& sinusoid, const std::vector<Tensor>& caps, Tensor& out);
+  // Block `index` (execution order) ready on the device: the resident one, or a streamed one's
+  // slot views (wait for its copy); done_block releases a streamed block's slot.
+  Result<Block> use_block(int index);
+  Status done_block(int index);
+  Block& block_at(int index);
+  // After loading: FP8 rows and host placement as `placement` says; the streamer.
+  Status apply_placement(const WeightPlacement& placement);
+  Status place_block(Block& b, int index);
+
+  TransformerConfig cfg_;
+  Backend& be_;
+  Tensor t_w1_, t_b1_, t_w2_, t_b2_;  // [1024, 256], [1024], [adaln, 1024], [adaln]
+  Tensor x_w_, x_b_;                  // [D, p*p*C], [D]
+  Tensor cap_norm_, cap_w_, cap_b_;   // [Fc], [D, Fc], [D]
+  Tensor x_pad_, cap_pad_;            // [32, D]: the pad token repeated (one copy fills any pad)
+  Tensor final_ada_w_, final_ada_b_;  // [D, adaln], [D]
+  Tensor final_w_, final_b_;          // [p*p*C, D], [p*p*C]
+  Tensor ones_;                       // [D] of 1.0: the "1 +" of the modulation scales
+  std::vector<Block> noise_refiner_, context_refiner_, layers_;
+  // Weight streaming: unit index per block (execution order), -1 = resident.
+  std::vector<int> unit_of_block_;
+  std::unique_ptr<WeightStreamer> streamer_;
+  Tensor wide_scratch_;  // FP8 and packed weights are widened here before their GEMM
+  KeptQuantStats kept_;  // linears kept quantised as the file stores them
+  WeightPlacement placement_;
+  int loaded_blocks_ = 0;
+  // Per RoPE axis a: cos/sin of float32(p * omega_k), [axes_lens[a], axes_dims[a]/2] row-major.
+  std::vector<std::vector<float>> rope_cos_, rope_sin_;
+  bool use_graphs_ = true;
+  bool no_graphs_ = false;  // the backend answered that it cannot record
+  std::map<std::vector<int64_t>, Graphed> graphs_;
+  // Recorded sequence-parallel forwards (communicators that can be recorded: NCCL), per shape.
+  std::map<std::vector<int64_t>, Graphed> par_graphs_;
+  AppliedLoras lora_applied_;  // the runtime LoRA set now applied
+};
+
+}  // namespace zimage

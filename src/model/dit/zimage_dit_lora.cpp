@@ -1,0 +1,110 @@
+// Runtime LoRAs on the DiT (zimage_dit.h set_loras, model/adapters/lora_runtime.h): the diffusers weight
+// names mapped onto the loaded blocks (q|k|v and w1|w3 are stored fused), and the set switched.
+#include <cstdlib>
+#include <string>
+
+#include "core/log.h"
+#include "model/dit/zimage_dit.h"
+
+namespace zimage {
+
+namespace {
+
+bool take_prefix(std::string& s, const std::string& p) {
+  if (s.compare(0, p.size(), p) != 0) return false;
+  s.erase(0, p.size());
+  return true;
+}
+
+}  // namespace
+
+Result<LoraSlot> ZImageDiT::lora_slot(const std::string& canonical) {
+  const int64_t d = cfg_.dim, f = cfg_.ffn_hidden();
+  auto whole = [&](const std::string& name, Tensor& t, LinearWeight* lw) -> Result<LoraSlot> {
+    LoraSlot s;
+    s.name = "transformer weight " + name;
+    s.linear = lw;
+    s.tensor = &t;
+    s.rows = s.full_rows = t.dim(0);
+    s.cols = t.dim(1);
+    return s;
+  };
+  const std::string key =
+      std::to_string(cfg_.patch_size) + "-" + std::to_string(cfg_.f_patch_size) + ".";
+  if (canonical == "t_embedder.mlp.0.weight") return whole(canonical, t_w1_, nullptr);
+  if (canonical == "t_embedder.mlp.2.weight") return whole(canonical, t_w2_, nullptr);
+  if (canonical == "cap_embedder.1.weight") return whole(canonical, cap_w_, nullptr);
+  if (canonical == "all_x_embedder." + key + "weight") return whole(canonical, x_w_, nullptr);
+  if (canonical == "all_final_layer." + key + "linear.weight")
+    return whole(canonical, final_w_, nullptr);
+  if (canonical == "all_final_layer." + key + "adaLN_modulation.1.weight")
+    return whole(canonical, final_ada_w_, nullptr);
+
+  std::string rest = canonical;
+  std::vector<Block>* blocks = nullptr;
+  for (auto [name, vec] :
+       {std::pair{"layers.", &layers_}, std::pair{"noise_refiner.", &noise_refiner_},
+        std::pair{"context_refiner.", &context_refiner_}}) {
+    if (take_prefix(rest, name)) {
+      blocks = vec;
+      break;
+    }
+  }
+  const auto not_found = NotFound("the model has no weight " + canonical);
+  if (blocks == nullptr) return not_found;
+  const size_t dot = rest.find('.');
+  if (dot == 0 || dot == std::string::npos || dot > 6) return not_found;
+  for (size_t i = 0; i < dot; ++i)
+    if (rest[i] < '0' || rest[i] > '9') return not_found;
+  const size_t index = std::strtoul(rest.substr(0, dot).c_str(), nullptr, 10);
+  if (index >= blocks->size()) return not_found;
+  Block& b = (*blocks)[index];
+  const std::string leaf = rest.substr(dot + 1);
+  // The linear weight and the part of its rows.
+  auto part = [&](LinearWeight& lw, int64_t row0, int64_t rows) -> Result<LoraSlot> {
+    LoraSlot s;
+    s.name = "transformer weight " + canonical;
+    s.linear = &lw;
+    s.tensor = &lw.w;
+    s.row0 = row0;
+    s.rows = rows;
+    s.full_rows = lw.rows();
+    s.cols = lw.cols();  // K, also for packed GGUF rows
+    return s;
+  };
+  if (leaf == "attention.to_q.weight") return part(b.wqkv, 0, d);
+  if (leaf == "attention.to_k.weight") return part(b.wqkv, d, d);
+  if (leaf == "attention.to_v.weight") return part(b.wqkv, 2 * d, d);
+  if (leaf == "attention.to_out.0.weight") return part(b.wo, 0, d);
+  if (leaf == "feed_forward.w1.weight") return part(b.w13, 0, f);
+  if (leaf == "feed_forward.w3.weight") return part(b.w13, f, f);
+  if (leaf == "feed_forward.w2.weight") return part(b.w2, 0, d);
+  if (leaf == "adaLN_modulation.0.weight" && b.modulated)
+    return whole(canonical, b.adaln_w, nullptr);
+  return not_found;
+}
+
+Status ZImageDiT::set_loras(const std::vector<RuntimeLora>& loras, LoraMethod method,
+                            bool lenient) {
+  const std::string key = lora_set_key(loras);
+  if (key == lora_applied_.key) return Status::Ok();
+  const bool had_side = !lora_applied_.sided.empty();
+  Status st = remove_runtime_loras(be_, lora_applied_);
+  if (had_side) release_graphs();
+  if (!st.ok()) return st.with_context("taking the previous LoRAs off the transformer");
+  if (loras.empty()) return Status::Ok();
+  auto applied = apply_runtime_loras(be_, loras, method, lenient,
+                                     [this](const std::string& c) { return lora_slot(c); });
+  if (!applied.ok()) {
+    release_graphs();  // a failed apply may have set and dropped side GEMMs
+    return applied.status();
+  }
+  lora_applied_ = std::move(applied).value();
+  if (!lora_applied_.sided.empty()) release_graphs();
+  ZI_INFO("transformer: %zu runtime LoRA(s), %d patches: %d weights merged, %d side GEMMs (%s)",
+          loras.size(), lora_applied_.patches, lora_applied_.merged_weights,
+          lora_applied_.side_weights, lora_method_name(method));
+  return Status::Ok();
+}
+
+}  // namespace zimage
