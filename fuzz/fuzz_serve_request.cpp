@@ -21,7 +21,7 @@
 #include <utility>
 #include <vector>
 
-#include "api/request_check.h"
+#include "zimage/request_check.h"
 #include "serve/api_error.h"
 #include "serve/http/framing.h"
 #include "serve/http/multipart.h"

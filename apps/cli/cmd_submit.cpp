@@ -16,7 +16,7 @@
 #include <thread>
 #include <vector>
 
-#include "api/request_check.h"
+#include "zimage/request_check.h"
 #include "broker/job_codec.h"
 #include "broker/redis_client.h"
 #include "commands.h"
@@ -207,7 +207,7 @@ void run_submit(const SubmitArgs& a, const CLI::App& cmd) {
   if (const Status pw = apply_broker_password_file(a.broker_password_file, &*url); !pw.ok())
     fail(2, pw.message());
   if (a.seed < -1) fail(2, "--seed: must be 0 or more, or -1 for a random seed");
-  // The library's rule (api/request_check.h), on the flag's value: JSON has no NaN or infinity,
+  // The library's rule (zimage/request_check.h), on the flag's value: JSON has no NaN or infinity,
   // so a value the worker would refuse must not be queued as something else.
   if (const Status g = check_number("--guidance", a.guidance, kMinGuidance, kMaxGuidance); !g.ok())
     fail(2, g.message());

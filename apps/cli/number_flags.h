@@ -3,7 +3,7 @@
 // through (every comparison with NaN is false), so `--guidance nan` reached the request as NaN,
 // and `zimage submit` queued it as JSON null. With this check such a value is a usage error
 // naming the flag ("--guidance: nan is not a finite number", exit 2) before anything runs; the
-// fields' ranges are the library's (api/request_check.h), checked after.
+// fields' ranges are the library's (zimage/request_check.h), checked after.
 #pragma once
 
 #include <CLI/CLI.hpp>

@@ -154,6 +154,9 @@ struct GenerateRequest {
 // The denoising steps `req` runs: steps, or with init_image steps - t_start (0 for a strength
 // too small to leave a step, which validation refuses).
 int denoising_steps(const GenerateRequest& req);
+// The request's strength, or the pipeline's default for its kind (0.6 image-to-image, 1.0
+// inpainting: diffusers' defaults).
+double effective_strength(const GenerateRequest& req);
 
 // kVaeEncode: the init image (and, for dumps, the masked image) through the VAE encoder, between
 // the text encoder and the denoising steps of an image-conditioned request.
@@ -339,6 +342,21 @@ Result<Image> png_load(const std::string& path, PngTextChunks* text = nullptr);
 // corrupt or truncated data, more than 2^26 pixels (from the header, before decoding).
 Result<Image> image_load(const std::string& path);
 Result<Image> image_decode(const uint8_t* data, size_t size, const std::string& name);
+// An image with the channels its file has, as PIL opens it: 1 gray ("L"), 2 gray + alpha ("LA"),
+// 3 RGB, 4 RGBA; rows top to bottom, pixels.size() == width * height * channels. For callers that
+// need the alpha channel (the server's masks); everything else takes Image.
+struct ImagePixels {
+  int width = 0;
+  int height = 0;
+  int channels = 0;
+  std::vector<uint8_t> pixels;
+};
+// image_decode with the file's channels (orientation applied; the same checks and messages).
+Result<ImagePixels> image_decode_pixels(const uint8_t* data, size_t size, const std::string& name);
+// PIL's convert("RGB"): gray replicated, alpha dropped (not composited).
+Result<Image> image_to_rgb(const ImagePixels& image);
+// PIL's convert("L"): ITU-R 601-2 luma in PIL's fixed point, alpha dropped; gray stays as it is.
+Result<ImagePixels> image_to_gray(const ImagePixels& image);
 // A mask file: as image_load, but a file with an alpha channel is refused (transparency or
 // colour would be a guess; OpenAI-style transparent-means-edit masks are the server's
 // /v1/images/edits concern). Gray masks come back as RGB with R = G = B.

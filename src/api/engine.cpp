@@ -10,7 +10,7 @@
 #include <utility>
 
 #include "api/engine_impl.h"
-#include "api/request_check.h"
+#include "zimage/request_check.h"
 #include "backend/backend.h"
 #include "core/log.h"
 #include "model/common/debug.h"

@@ -12,7 +12,7 @@
 #include <string>
 
 #include "api/guarded.h"
-#include "api/request_check.h"
+#include "zimage/request_check.h"
 #include "backend/backend.h"
 #include "io/lora/lora_cache.h"
 #include "model/common/debug.h"

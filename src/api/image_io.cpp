@@ -116,6 +116,61 @@ Result<Image> image_decode(const uint8_t* data, size_t size, const std::string& 
   });
 }
 
+namespace {
+
+Image8 as_image8(const ImagePixels& in) {
+  Image8 out;
+  out.width = in.width;
+  out.height = in.height;
+  out.channels = in.channels;
+  out.pixels = in.pixels;
+  return out;
+}
+
+ImagePixels as_pixels(Image8 in) {
+  ImagePixels out;
+  out.width = in.width;
+  out.height = in.height;
+  out.channels = in.channels;
+  out.pixels = std::move(in.pixels);
+  return out;
+}
+
+Status check_pixels(const ImagePixels& image) {
+  const bool sized =
+      image.width > 0 && image.height > 0 && image.channels >= 1 && image.channels <= 4 &&
+      image.pixels.size() == static_cast<size_t>(image.width) * static_cast<size_t>(image.height) *
+                                 static_cast<size_t>(image.channels);
+  if (!sized)
+    return InvalidArgument("image: " + std::to_string(image.width) + "x" +
+                           std::to_string(image.height) + "x" + std::to_string(image.channels) +
+                           " does not match its " + std::to_string(image.pixels.size()) + " bytes");
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<ImagePixels> image_decode_pixels(const uint8_t* data, size_t size, const std::string& name) {
+  return guarded("image_decode_pixels", [&]() -> Result<ImagePixels> {
+    ZI_ASSIGN_OR_RETURN(Image8 img, decode_image(data, size, name));
+    return as_pixels(std::move(img));
+  });
+}
+
+Result<Image> image_to_rgb(const ImagePixels& image) {
+  return guarded("image_to_rgb", [&]() -> Result<Image> {
+    ZI_TRY(check_pixels(image));
+    return rgb_image(as_image8(image));
+  });
+}
+
+Result<ImagePixels> image_to_gray(const ImagePixels& image) {
+  return guarded("image_to_gray", [&]() -> Result<ImagePixels> {
+    ZI_TRY(check_pixels(image));
+    return as_pixels(to_gray(as_image8(image)));
+  });
+}
+
 Result<Image> mask_load(const std::string& path) {
   return guarded("mask_load", [&]() -> Result<Image> {
     ZI_ASSIGN_OR_RETURN(Image8 img, read_image(path));

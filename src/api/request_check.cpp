@@ -1,6 +1,6 @@
 // GenerateRequest range checks (see request_check.h). Messages start with the field name so a
 // client can tell which input to fix: "steps: 0 is outside 1..1000".
-#include "api/request_check.h"
+#include "zimage/request_check.h"
 
 #include <algorithm>
 #include <cmath>

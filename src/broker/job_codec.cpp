@@ -4,7 +4,7 @@
 #include <charconv>
 #include <nlohmann/json.hpp>
 
-#include "api/request_check.h"
+#include "zimage/request_check.h"
 
 namespace zimage::broker {
 
@@ -41,7 +41,7 @@ Result<std::string> request_json(const GenerateRequest& req) {
     return InvalidArgument("prompt: a broker job has exactly one prompt, got " +
                            std::to_string(req.prompts.size()));
   // JSON has no NaN or infinity (nlohmann writes null, which parses as "absent"): refused here,
-  // with the range the worker's parser applies (api/request_check.h).
+  // with the range the worker's parser applies (zimage/request_check.h).
   ZI_TRY(check_number("guidance_scale", req.guidance, kMinGuidance, kMaxGuidance));
   try {
     json j = {{"prompt", req.prompts.front()},

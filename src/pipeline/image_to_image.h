@@ -45,8 +45,7 @@ namespace zimage {
 inline constexpr double kImg2ImgDefaultStrength = 0.6;  // ZImageImg2ImgPipeline
 inline constexpr double kInpaintDefaultStrength = 1.0;  // ZImageInpaintPipeline
 
-// The request's strength, or the pipeline's default for its kind.
-double effective_strength(const GenerateRequest& req);
+// effective_strength(req), the request's strength or these defaults, is public (zimage.h).
 
 // VaeImageProcessor.preprocess of an RGB image for a width x height output: [1, height, width, 3]
 // NHWC f32 in [-1, 1] on the host (the encoder's layout).

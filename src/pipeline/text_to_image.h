@@ -143,7 +143,7 @@ class TextToImage {
 
   // Model-dependent checks of a request: sizes are multiples of size_multiple(), the latent fits
   // the DiT's RoPE tables, max_sequence_length fits the text encoder. Field-range checks
-  // (api/request_check.h) come first; these assume them.
+  // (zimage/request_check.h) come first; these assume them.
   Status check(const GenerateRequest& req) const;
 
   // Runs one request: begin(), step() until done, finish(). The caller serialises calls (the

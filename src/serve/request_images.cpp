@@ -2,8 +2,9 @@
 #include "serve/request_images.h"
 
 #include <algorithm>
+#include <utility>
 
-#include "io/image/image_read.h"
+#include "zimage/zimage.h"
 
 namespace zimage::serve {
 namespace {
@@ -19,9 +20,9 @@ int b64_value(char c) {
 
 // The decoder's messages start with the name it was given: name it after the field, and make
 // every failure a client error.
-Result<Image8> decode_field(const std::vector<uint8_t>& bytes, const std::string& field) {
+Result<ImagePixels> decode_field(const std::vector<uint8_t>& bytes, const std::string& field) {
   if (bytes.empty()) return InvalidArgument(field + ": empty image");
-  auto img = decode_image(bytes.data(), bytes.size(), field);
+  auto img = image_decode_pixels(bytes.data(), bytes.size(), field);
   if (!img.ok()) {
     if (img.status().code() == ErrorCode::kOutOfMemory) return img.status();
     return InvalidArgument(img.status().message());
@@ -29,20 +30,10 @@ Result<Image8> decode_field(const std::vector<uint8_t>& bytes, const std::string
   return img;
 }
 
-Image as_rgb(const Image8& img) {
-  Image8 rgb = to_rgb(img);
-  Image out;
-  out.width = rgb.width;
-  out.height = rgb.height;
-  out.rgb = std::move(rgb.pixels);
-  return out;
-}
-
 // A gray mask (one byte a pixel, white = repaint) as the engine's RGB mask.
-Image gray_mask(const Image8& gray) {
-  Image8 g = gray;
-  g.channels = 1;
-  return as_rgb(g);
+Result<Image> gray_mask(ImagePixels gray) {
+  gray.channels = 1;
+  return image_to_rgb(gray);
 }
 
 }  // namespace
@@ -84,29 +75,30 @@ Result<std::vector<uint8_t>> base64_decode(std::string_view text, const std::str
 }
 
 Result<Image> decode_request_image(const std::vector<uint8_t>& bytes, const std::string& field) {
-  ZI_ASSIGN_OR_RETURN(Image8 img, decode_field(bytes, field));
-  return as_rgb(img);
+  ZI_ASSIGN_OR_RETURN(ImagePixels img, decode_field(bytes, field));
+  return image_to_rgb(img);
 }
 
 Result<Image> decode_openai_mask(const std::vector<uint8_t>& bytes, const std::string& field) {
-  ZI_ASSIGN_OR_RETURN(Image8 img, decode_field(bytes, field));
+  ZI_ASSIGN_OR_RETURN(ImagePixels img, decode_field(bytes, field));
   if (img.channels == 2 || img.channels == 4) {
-    Image8 g;
+    ImagePixels g;
     g.width = img.width;
     g.height = img.height;
     g.channels = 1;
     g.pixels.resize(static_cast<size_t>(img.width) * img.height);
     for (size_t i = 0; i < g.pixels.size(); ++i)
       g.pixels[i] = img.pixels[i * img.channels + img.channels - 1] == 0 ? 255 : 0;
-    return gray_mask(g);
+    return gray_mask(std::move(g));
   }
-  return gray_mask(to_gray(img));
+  ZI_ASSIGN_OR_RETURN(ImagePixels gray, image_to_gray(img));
+  return gray_mask(std::move(gray));
 }
 
 Result<Image> decode_a1111_mask(const std::vector<uint8_t>& bytes, const std::string& field,
                                 bool invert) {
-  ZI_ASSIGN_OR_RETURN(Image8 img, decode_field(bytes, field));
-  Image8 g = to_gray(img);
+  ZI_ASSIGN_OR_RETURN(ImagePixels img, decode_field(bytes, field));
+  ZI_ASSIGN_OR_RETURN(ImagePixels g, image_to_gray(img));
   if (img.channels == 2 || img.channels == 4) {
     const size_t n = g.pixels.size();
     bool opaque = true;
@@ -119,7 +111,7 @@ Result<Image> decode_a1111_mask(const std::vector<uint8_t>& bytes, const std::st
   }
   if (invert)
     for (uint8_t& v : g.pixels) v = static_cast<uint8_t>(255 - v);
-  return gray_mask(g);
+  return gray_mask(std::move(g));
 }
 
 Status default_size(const Image& image, int multiple, const std::string& field, int* width,

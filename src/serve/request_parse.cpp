@@ -12,10 +12,10 @@
 #include <set>
 #include <string>
 
-#include "io/fs/json_util.h"
 #include "serve/api_error.h"
 #include "serve/lora_request.h"
 #include "serve/request_images.h"
+#include "zimage/json.h"
 
 namespace zimage::serve {
 
@@ -73,7 +73,7 @@ Status get_int(const json& obj, const char* key, int64_t min, int64_t max, int* 
   return Status::Ok();
 }
 
-// A finite number in [min, max] (the library's rule, api/request_check.h), checked as the double
+// A finite number in [min, max] (the library's rule, zimage/request_check.h), checked as the double
 // given, before it is narrowed to a float.
 Status get_number(const json& obj, const char* key, double min, double max, float* out) {
   const json* v = field(obj, key);

@@ -12,7 +12,7 @@
 #include <string_view>
 #include <vector>
 
-#include "api/request_check.h"
+#include "zimage/request_check.h"
 #include "zimage/status.h"
 #include "zimage/zimage.h"
 

@@ -4,7 +4,6 @@
 // Ids are checked for shape before lookup, so a path-like id ("..", "%2e%2e") is a 400.
 #include <chrono>
 
-#include "pipeline/image_to_image.h"
 #include "serve/http_util.h"
 #include "serve/routes.h"
 #include "serve/sse.h"

@@ -1,6 +1,6 @@
 // Seeds and float fields agree at every JSON entry point: the server's OpenAI and A1111 parsers
 // (serve/request_parse.h), the worker's job decoding (broker::decode_job) and what `zimage
-// submit` encodes (broker::request_json), all under the library's rules (api/request_check.h).
+// submit` encodes (broker::request_json), all under the library's rules (zimage/request_check.h).
 // "seed": -0 is 0 (nlohmann reads -0 as the signed integer 0); integral floats are integers up to
 // 2^53; a non-finite or out-of-range guidance is never queued (JSON would carry it as null).
 #include <gtest/gtest.h>
@@ -9,7 +9,7 @@
 #include <limits>
 #include <string>
 
-#include "api/request_check.h"
+#include "zimage/request_check.h"
 #include "broker/job_codec.h"
 #include "serve/request_parse.h"
 

@@ -16,7 +16,7 @@
 #include <thread>
 #include <vector>
 
-#include "api/request_check.h"
+#include "zimage/request_check.h"
 #include "common/npy.h"
 #include "common/tiny_engine.h"
 #include "zimage/zimage.h"

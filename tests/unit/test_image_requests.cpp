@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "api/request_check.h"
+#include "zimage/request_check.h"
 #include "common/cli_run.h"
 #include "common/tiny_engine.h"
 #include "io/image/image_read.h"

@@ -1,4 +1,6 @@
-// Strict JSON for untrusted files (safetensors headers, index files, model configs).
+// Strict JSON for untrusted files (safetensors headers, index files, model configs): the strict
+// parser itself is public (include/zimage/json.h, the server parses requests with it); this adds
+// file reading and typed config access.
 // nlohmann's DOM parser silently keeps the last of two equal object keys, so a header could say one
 // thing to us and another to a different loader; here duplicate keys are errors. Nesting is capped
 // so a hostile file cannot exhaust the stack, and every error names the file and what is wrong.
@@ -12,15 +14,9 @@
 #include <vector>
 
 #include "core/status.h"
+#include "zimage/json.h"  // parse_strict, printable, type_name, kMaxJsonDepth
 
 namespace zimage::json_util {
-
-inline constexpr int kMaxJsonDepth = 64;
-
-// Parses `text` as exactly one JSON value (surrounding whitespace allowed). Rejects malformed
-// JSON, invalid UTF-8, duplicate object keys and nesting deeper than kMaxJsonDepth. Errors are
-// FormatErrors starting with `what` (usually the file name). Never throws.
-Result<nlohmann::json> parse_strict(std::string_view text, const std::string& what);
 
 // Reads a whole (small) file as text. A missing file is NotFound, an unreadable one Io, a file
 // larger than `max_bytes` a FormatError.
@@ -29,14 +25,6 @@ Result<std::string> read_text(const std::string& path, size_t max_bytes = size_t
 // Reads a whole (small) file and parses it as above. A missing file is NotFound, an unreadable
 // one Io, a file larger than `max_bytes` a FormatError.
 Result<nlohmann::json> read_file(const std::string& path, size_t max_bytes = size_t{64} << 20);
-
-// `s` made safe to print in an error message: control bytes (C0, DEL and the UTF-8 encoded C1
-// controls U+0080..U+009F) and bytes that are not part of valid UTF-8 become \xNN, so a hostile
-// name cannot inject terminal escapes or break a JSON log line.
-std::string printable(std::string_view s);
-
-// "object", "array", "string", "integer", "number", "boolean", "null".
-const char* type_name(const nlohmann::json& v);
 
 // Typed access to the keys of one JSON object (a config file). Absent keys and keys whose value
 // is null leave the output unchanged (class defaults) unless the key is required. Every error
