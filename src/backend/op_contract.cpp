@@ -140,6 +140,16 @@ Status check_same_shape(const char* op, const char* a_name, const Tensor& a, con
   return Status::Ok();
 }
 
+namespace {
+
+// A required rank-4 x in the compute dtype: an NHWC image or [B, S, H, Dh] heads.
+Status act_rank4(const OpEnv& env, const char* op, const Tensor& x) {
+  ZI_TRY(act_tensor(env, op, "x", x));
+  return check_rank(op, "x", x, 4);
+}
+
+}  // namespace
+
 bool overlaps(const Tensor& a, const Tensor& b) {
   if (!a.defined() || !b.defined() || a.nbytes() == 0 || b.nbytes() == 0) return false;
   const char* a0 = static_cast<const char*>(a.data());
@@ -212,8 +222,7 @@ Result<RowNorm> residual_rms_norm_gate(const OpEnv& env, const Tensor& x, const 
 Status group_norm(const OpEnv& env, const Tensor& x, const Tensor& gamma, const Tensor& beta,
                   int groups, const Tensor& y) {
   const char* op = "group_norm";
-  ZI_TRY(act_tensor(env, op, "x", x));
-  ZI_TRY(check_rank(op, "x", x, 4));
+  ZI_TRY(act_rank4(env, op, x));
   ZI_TRY(act_tensor(env, op, "y", y));
   ZI_TRY(check_same_shape(op, "x", x, "y", y));
   ZI_TRY(check_alias(op, "x", x, "y", y, true));
@@ -230,8 +239,7 @@ Status group_norm(const OpEnv& env, const Tensor& x, const Tensor& gamma, const 
 
 Status rope_half(const OpEnv& env, const Tensor& x, const Tensor& cos, const Tensor& sin) {
   const char* op = "rope_half";
-  ZI_TRY(act_tensor(env, op, "x", x));
-  ZI_TRY(check_rank(op, "x", x, 4));
+  ZI_TRY(act_rank4(env, op, x));
   ZI_TRY(f32_tensor(env, op, "cos", cos));
   ZI_TRY(f32_tensor(env, op, "sin", sin));
   const int64_t s = x.dim(1), dh = x.dim(3);
@@ -247,8 +255,7 @@ Status rope_half(const OpEnv& env, const Tensor& x, const Tensor& cos, const Ten
 
 Status rope_interleaved(const OpEnv& env, const Tensor& x, const Tensor& freqs) {
   const char* op = "rope_interleaved";
-  ZI_TRY(act_tensor(env, op, "x", x));
-  ZI_TRY(check_rank(op, "x", x, 4));
+  ZI_TRY(act_rank4(env, op, x));
   ZI_TRY(f32_tensor(env, op, "freqs", freqs));
   const int64_t b = x.dim(0), s = x.dim(1), dh = x.dim(3);
   if (dh % 2 != 0) return InvalidArgument(prefix(op, "x", x) + ": head dim must be even");
@@ -399,6 +406,19 @@ Status attention(const OpEnv& env, const Tensor& q, const Tensor& k, const Tenso
 
 // ---- convolution / resampling ----
 
+Status upsample_nearest2x(const OpEnv& env, const Tensor& x, const Tensor& y) {
+  const char* op = "upsample_nearest2x";
+  ZI_TRY(float_tensor(env, op, "x", x));
+  ZI_TRY(check_rank(op, "x", x, 4));
+  ZI_TRY(like(env, op, "y", y, "x", x));
+  const Shape want{x.dim(0), 2 * x.dim(1), 2 * x.dim(2), x.dim(3)};
+  if (y.shape() != want) {
+    return InvalidArgument(prefix(op, "y", y) + " must be " + shape_string(want) + " for x " +
+                           desc(x));
+  }
+  return check_alias(op, "x", x, "y", y, false);
+}
+
 Status conv2d(const OpEnv& env, const Tensor& x, const Tensor& w, const Tensor& bias,
               const Conv2dParams& p, const Tensor& y) {
   const char* op = "conv2d";
@@ -437,19 +457,6 @@ Status conv2d(const OpEnv& env, const Tensor& x, const Tensor& w, const Tensor& 
   }
   ZI_TRY(check_alias(op, "x", x, "y", y, false));
   return check_alias(op, "w", w, "y", y, false);
-}
-
-Status upsample_nearest2x(const OpEnv& env, const Tensor& x, const Tensor& y) {
-  const char* op = "upsample_nearest2x";
-  ZI_TRY(float_tensor(env, op, "x", x));
-  ZI_TRY(check_rank(op, "x", x, 4));
-  ZI_TRY(like(env, op, "y", y, "x", x));
-  const Shape want{x.dim(0), 2 * x.dim(1), 2 * x.dim(2), x.dim(3)};
-  if (y.shape() != want) {
-    return InvalidArgument(prefix(op, "y", y) + " must be " + shape_string(want) + " for x " +
-                           desc(x));
-  }
-  return check_alias(op, "x", x, "y", y, false);
 }
 
 // ---- layout ----
