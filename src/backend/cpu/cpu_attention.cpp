@@ -17,42 +17,9 @@ namespace zimage::cpu {
 
 Status CpuBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v,
                              const AttentionParams& p, Tensor& out) {
-  const char* op = "attention";
-  ZI_TRY(check_f32(op, "q", q));
-  ZI_TRY(check_f32(op, "k", k));
-  ZI_TRY(check_f32(op, "v", v));
-  ZI_TRY(check_f32(op, "out", out));
-  ZI_TRY(check_rank(op, "q", q, 4));
-  ZI_TRY(check_rank(op, "k", k, 4));
-  ZI_TRY(check_same_shape(op, "k", k, "v", v));
-  ZI_TRY(check_same_shape(op, "q", q, "out", out));
+  ZI_TRY(contract::attention(cpu_env(), q, k, v, p, out));
   const int64_t b = q.dim(0), sq = q.dim(1), hq = q.dim(2), d = q.dim(3);
   const int64_t sk = k.dim(1), hkv = k.dim(2);
-  if (k.dim(0) != b || k.dim(3) != d) {
-    return InvalidArgument("attention: q " + desc(q) + " and k " + desc(k) +
-                           ": batch or head dim differs");
-  }
-  if (hkv <= 0 || hq % hkv != 0) {
-    return InvalidArgument("attention: q " + desc(q) + " and k " + desc(k) + ": " +
-                           std::to_string(hq) + " query heads are not a multiple of " +
-                           std::to_string(hkv) + " kv heads");
-  }
-  if (!p.key_len.empty()) {
-    if (static_cast<int64_t>(p.key_len.size()) != b) {
-      return InvalidArgument("attention: key_len has " + std::to_string(p.key_len.size()) +
-                             " entries for batch " + std::to_string(b) + " of q " + desc(q));
-    }
-    for (size_t i = 0; i < p.key_len.size(); ++i) {
-      if (p.key_len[i] < 0 || p.key_len[i] > sk) {
-        return InvalidArgument("attention: key_len[" + std::to_string(i) +
-                               "] = " + std::to_string(p.key_len[i]) + " is outside [0, " +
-                               std::to_string(sk) + "] for k " + desc(k));
-      }
-    }
-  }
-  ZI_TRY(check_alias(op, "q", q, "out", out, false));
-  ZI_TRY(check_alias(op, "k", k, "out", out, false));
-  ZI_TRY(check_alias(op, "v", v, "out", out, false));
   if (hq * d >= INT_MAX || hkv * d >= INT_MAX || sk >= INT_MAX) {
     return Unsupported("attention: q " + desc(q) + " / k " + desc(k) +
                        ": dimensions must stay below 2^31 for the BLAS");

@@ -19,43 +19,11 @@ constexpr int64_t kMaxColFloats = int64_t{1} << 23;  // 32 MiB im2col block
 
 Status CpuBackend::conv2d(const Tensor& x, const Tensor& w, const Tensor& bias,
                           const Conv2dParams& p, Tensor& y) {
-  const char* op = "conv2d";
-  ZI_TRY(check_f32(op, "x", x));
-  ZI_TRY(check_f32(op, "w", w));
-  ZI_TRY(check_f32(op, "y", y));
-  ZI_TRY(check_rank(op, "x", x, 4));
-  ZI_TRY(check_rank(op, "w", w, 4));
+  ZI_TRY(contract::conv2d(cpu_env(), x, w, bias, p, y));
   const int64_t b = x.dim(0), h = x.dim(1), wd = x.dim(2), cin = x.dim(3);
   const int64_t cout = w.dim(0), kh = w.dim(1), kw = w.dim(2);
-  if (w.dim(3) != cin) {
-    return InvalidArgument("conv2d: x " + desc(x) + " and w " + desc(w) + ": Cin differs (" +
-                           std::to_string(cin) + " vs " + std::to_string(w.dim(3)) + ")");
-  }
-  if (p.stride < 1 || p.pad_top < 0 || p.pad_bottom < 0 || p.pad_left < 0 || p.pad_right < 0) {
-    return InvalidArgument("conv2d: stride " + std::to_string(p.stride) +
-                           " must be >= 1 and paddings >= 0");
-  }
   const int64_t hp = h + p.pad_top + p.pad_bottom, wp = wd + p.pad_left + p.pad_right;
-  if (kh < 1 || kw < 1 || hp < kh || wp < kw) {
-    return InvalidArgument("conv2d: w " + desc(w) + " does not fit the padded input of x " +
-                           desc(x));
-  }
   const int64_t ho = (hp - kh) / p.stride + 1, wo = (wp - kw) / p.stride + 1;
-  const Shape want{b, ho, wo, cout};
-  if (y.shape() != want) {
-    return InvalidArgument("conv2d: y " + desc(y) + " must be " + shape_string(want) + " for x " +
-                           desc(x) + ", w " + desc(w) + ", stride " + std::to_string(p.stride));
-  }
-  if (bias.defined()) {
-    ZI_TRY(check_f32(op, "bias", bias));
-    if (bias.rank() != 1 || bias.dim(0) != cout) {
-      return InvalidArgument("conv2d: bias " + desc(bias) + " must be [" + std::to_string(cout) +
-                             "] for w " + desc(w));
-    }
-    ZI_TRY(check_alias(op, "bias", bias, "y", y, false));
-  }
-  ZI_TRY(check_alias(op, "x", x, "y", y, false));
-  ZI_TRY(check_alias(op, "w", w, "y", y, false));
   const int64_t kdim = kh * kw * cin;
   if (kdim >= INT_MAX || cout >= INT_MAX) {
     return Unsupported("conv2d: w " + desc(w) + ": Cout and kh*kw*Cin must be below 2^31");
@@ -115,17 +83,8 @@ Status CpuBackend::conv2d(const Tensor& x, const Tensor& w, const Tensor& bias,
 }
 
 Status CpuBackend::upsample_nearest2x(const Tensor& x, Tensor& y) {
-  const char* op = "upsample_nearest2x";
-  ZI_TRY(check_f32(op, "x", x));
-  ZI_TRY(check_rank(op, "x", x, 4));
-  ZI_TRY(check_f32(op, "y", y));
+  ZI_TRY(contract::upsample_nearest2x(cpu_env(), x, y));
   const int64_t b = x.dim(0), h = x.dim(1), w = x.dim(2), c = x.dim(3);
-  const Shape want{b, 2 * h, 2 * w, c};
-  if (y.shape() != want) {
-    return InvalidArgument("upsample_nearest2x: y " + desc(y) + " must be " + shape_string(want) +
-                           " for x " + desc(x));
-  }
-  ZI_TRY(check_alias(op, "x", x, "y", y, false));
   const float* xp = x.data_as<const float>();
   float* yp = y.data_as<float>();
   const size_t c_bytes = static_cast<size_t>(c) * 4;

@@ -42,19 +42,22 @@ inline void store(DType dt, void* p, int64_t i, float v) {
   }
 }
 
-// Shared shape of the unary ops: y = f(x), same shape, f32, in place allowed.
+// y = f(x) element by element, arguments checked.
 template <typename F>
-Status unary(ThreadPool& pool, const char* op, const Tensor& x, Tensor& y, F f) {
-  ZI_TRY(check_f32(op, "x", x));
-  ZI_TRY(check_f32(op, "y", y));
-  ZI_TRY(check_same_shape(op, "x", x, "y", y));
-  ZI_TRY(check_alias(op, "x", x, "y", y, true));
+Status map(ThreadPool& pool, const Tensor& x, Tensor& y, F f) {
   const float* xp = x.data_as<const float>();
   float* yp = y.data_as<float>();
   pool.parallel_for(x.numel(), kElemGrain, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) yp[i] = f(xp[i]);
   });
   return Status::Ok();
+}
+
+// Shared shape of the unary ops: y = f(x), same shape, f32, in place allowed.
+template <typename F>
+Status unary(ThreadPool& pool, const char* op, const Tensor& x, Tensor& y, F f) {
+  ZI_TRY(contract::unary(cpu_env(), op, x, y));
+  return map(pool, x, y, f);
 }
 
 }  // namespace
@@ -68,32 +71,14 @@ Status CpuBackend::tanh(const Tensor& x, Tensor& y) {
 }
 
 Status CpuBackend::clamp(const Tensor& x, float lo, float hi, Tensor& y) {
-  if (!(lo <= hi)) return InvalidArgument("clamp: lo must not exceed hi");
-  return unary(pool_, "clamp", x, y, [lo, hi](float v) { return std::min(std::max(v, lo), hi); });
+  ZI_TRY(contract::clamp(cpu_env(), x, lo, hi, y));
+  return map(pool_, x, y, [lo, hi](float v) { return std::min(std::max(v, lo), hi); });
 }
 
 Status CpuBackend::swiglu(const Tensor& x, Tensor& y) {
-  const char* op = "swiglu";
-  ZI_TRY(check_f32(op, "x", x));
-  ZI_TRY(check_f32(op, "y", y));
-  if (x.rank() < 1 || x.dim(-1) % 2 != 0) {
-    return InvalidArgument("swiglu: x " + desc(x) +
-                           " must have an even last dimension [gate | up]");
-  }
-  Shape want = x.shape();
-  want.back() /= 2;
-  if (y.shape() != want) {
-    return InvalidArgument("swiglu: y " + desc(y) + " must be " + shape_string(want) + " for x " +
-                           desc(x));
-  }
-  // y may start exactly where x starts: rows are then processed in order, which never
-  // overwrites input that is still to be read (row m writes [mF, mF+F) below its input at 2mF).
-  const bool in_place = overlaps(x, y);
-  if (in_place && x.data() != y.data()) {
-    return InvalidArgument("swiglu: y " + desc(y) + " overlaps x " + desc(x) +
-                           " without starting at the same address");
-  }
-  const int64_t f = want.back();
+  ZI_TRY(contract::swiglu(cpu_env(), x, y));
+  const bool in_place = overlaps(x, y);  // then y starts at x's address
+  const int64_t f = x.dim(-1) / 2;
   const int64_t m = f > 0 ? y.numel() / f : 0;
   const float* xp = x.data_as<const float>();
   float* yp = y.data_as<float>();
@@ -114,18 +99,7 @@ Status CpuBackend::swiglu(const Tensor& x, Tensor& y) {
 }
 
 Status CpuBackend::axpby(float a, const Tensor& x, float b, const Tensor& y, Tensor& out) {
-  const char* op = "axpby";
-  ZI_TRY(check_float(op, "x", x));
-  ZI_TRY(check_float(op, "y", y));
-  ZI_TRY(check_float(op, "out", out));
-  if (x.dtype() != y.dtype() || x.dtype() != out.dtype()) {
-    return InvalidArgument("axpby: x " + desc(x) + ", y " + desc(y) + " and out " + desc(out) +
-                           ": dtypes differ");
-  }
-  ZI_TRY(check_same_shape(op, "x", x, "y", y));
-  ZI_TRY(check_same_shape(op, "x", x, "out", out));
-  ZI_TRY(check_alias(op, "x", x, "out", out, true));
-  ZI_TRY(check_alias(op, "y", y, "out", out, true));
+  ZI_TRY(contract::axpby(cpu_env(), x, y, out));
   const DType dt = x.dtype();
   const void* xp = x.data();
   const void* yp = y.data();
@@ -144,18 +118,8 @@ Status CpuBackend::axpby(float a, const Tensor& x, float b, const Tensor& y, Ten
 }
 
 Status CpuBackend::add(const Tensor& x, const Tensor& y, Tensor& out) {
-  const char* op = "add";
-  ZI_TRY(check_f32(op, "x", x));
-  ZI_TRY(check_f32(op, "y", y));
-  ZI_TRY(check_f32(op, "out", out));
-  ZI_TRY(check_same_shape(op, "x", x, "out", out));
+  ZI_TRY(contract::add(cpu_env(), x, y, out));
   const int64_t n = x.numel(), yn = y.numel();
-  if (yn <= 0 ? n != 0 : n % yn != 0) {
-    return InvalidArgument("add: y " + desc(y) + " does not broadcast over x " + desc(x) +
-                           " (its element count must divide x's)");
-  }
-  ZI_TRY(check_alias(op, "x", x, "out", out, true));
-  ZI_TRY(check_alias(op, "y", y, "out", out, true));
   if (n == 0) return Status::Ok();
   const float* xp = x.data_as<const float>();
   const float* yp = y.data_as<const float>();
@@ -172,14 +136,8 @@ Status CpuBackend::add(const Tensor& x, const Tensor& y, Tensor& out) {
 
 Status CpuBackend::guided_euler_step(const Tensor& pos, const Tensor& neg, float g, float dt,
                                      Tensor& latents) {
-  const char* op = "guided_euler_step";
+  ZI_TRY(contract::guided_euler_step(cpu_env(), pos, neg, latents));
   const bool cfg = neg.defined();
-  if (!pos.defined() || pos.dtype() != DType::kF32 || !latents.defined() ||
-      latents.dtype() != DType::kF32 || (cfg && neg.dtype() != DType::kF32))
-    return InvalidArgument(std::string(op) + ": pos, neg and latents must be f32");
-  if (pos.numel() != latents.numel() || (cfg && neg.numel() != latents.numel()))
-    return InvalidArgument(std::string(op) + ": sizes differ: pos " + desc(pos) + ", latents " +
-                           desc(latents));
   const float* p = pos.data_as<float>();
   const float* n = cfg ? neg.data_as<float>() : nullptr;
   float* x = latents.data_as<float>();
@@ -202,7 +160,7 @@ Status CpuBackend::guided_euler_step(const Tensor& pos, const Tensor& neg, float
 }
 
 Result<int64_t> CpuBackend::count_nonfinite(const Tensor& x) {
-  ZI_TRY(check_float("count_nonfinite", "x", x));
+  ZI_TRY(contract::count_nonfinite(cpu_env(), x));
   const DType dt = x.dtype();
   std::atomic<int64_t> bad{0};
   pool_.parallel_for(x.numel(), 1 << 14, [&](int64_t b, int64_t e) {
@@ -219,8 +177,7 @@ Result<int64_t> CpuBackend::count_nonfinite(const Tensor& x) {
 }
 
 Result<std::vector<double>> CpuBackend::sum_squares(const Tensor& x) {
-  ZI_TRY(check_float("sum_squares", "x", x));
-  if (x.rank() < 1) return InvalidArgument("sum_squares: x " + desc(x) + " must have rank >= 1");
+  ZI_TRY(contract::sum_squares(cpu_env(), x));
   const int64_t b = x.dim(0);
   const int64_t per = b > 0 ? x.numel() / b : 0;
   std::vector<double> out(static_cast<size_t>(b), 0.0);
@@ -240,20 +197,8 @@ Result<std::vector<double>> CpuBackend::sum_squares(const Tensor& x) {
 }
 
 Status CpuBackend::rope_half(Tensor& x, const Tensor& cos, const Tensor& sin) {
-  const char* op = "rope_half";
-  ZI_TRY(check_f32(op, "x", x));
-  ZI_TRY(check_rank(op, "x", x, 4));
-  ZI_TRY(check_f32(op, "cos", cos));
-  ZI_TRY(check_f32(op, "sin", sin));
+  ZI_TRY(contract::rope_half(cpu_env(), x, cos, sin));
   const int64_t b = x.dim(0), s = x.dim(1), h = x.dim(2), dh = x.dim(3);
-  if (dh % 2 != 0) return InvalidArgument("rope_half: x " + desc(x) + ": head dim must be even");
-  const Shape want{s, dh};
-  if (cos.shape() != want || sin.shape() != want) {
-    return InvalidArgument("rope_half: cos " + desc(cos) + " and sin " + desc(sin) + " must be " +
-                           shape_string(want) + " for x " + desc(x));
-  }
-  ZI_TRY(check_alias(op, "cos", cos, "x", x, false));
-  ZI_TRY(check_alias(op, "sin", sin, "x", x, false));
   const int64_t half = dh / 2;
   float* xp = x.data_as<float>();
   const float* cp = cos.data_as<const float>();
@@ -277,22 +222,8 @@ Status CpuBackend::rope_half(Tensor& x, const Tensor& cos, const Tensor& sin) {
 }
 
 Status CpuBackend::rope_interleaved(Tensor& x, const Tensor& freqs) {
-  const char* op = "rope_interleaved";
-  ZI_TRY(check_f32(op, "x", x));
-  ZI_TRY(check_rank(op, "x", x, 4));
-  ZI_TRY(check_f32(op, "freqs", freqs));
+  ZI_TRY(contract::rope_interleaved(cpu_env(), x, freqs));
   const int64_t b = x.dim(0), s = x.dim(1), h = x.dim(2), dh = x.dim(3);
-  if (dh % 2 != 0) {
-    return InvalidArgument("rope_interleaved: x " + desc(x) + ": head dim must be even");
-  }
-  // freqs [B, S, Dh/2, 2]; a leading 1 is accepted and shared over the batch.
-  if (freqs.rank() != 4 || (freqs.dim(0) != b && freqs.dim(0) != 1) || freqs.dim(1) != s ||
-      freqs.dim(2) != dh / 2 || freqs.dim(3) != 2) {
-    return InvalidArgument("rope_interleaved: freqs " + desc(freqs) + " must be [" +
-                           std::to_string(b) + ", " + std::to_string(s) + ", " +
-                           std::to_string(dh / 2) + ", 2] for x " + desc(x));
-  }
-  ZI_TRY(check_alias(op, "freqs", freqs, "x", x, false));
   const bool shared = freqs.dim(0) == 1;
   float* xp = x.data_as<float>();
   const float* fp = freqs.data_as<const float>();

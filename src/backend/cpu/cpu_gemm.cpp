@@ -78,34 +78,9 @@ void warn_if_slow_blas_kernels() {
 }
 
 Status CpuBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y) {
-  const char* op = "matmul";
-  ZI_TRY(check_f32(op, "x", x));
-  ZI_TRY(check_f32(op, "w", w));
-  ZI_TRY(check_f32(op, "y", y));
-  if (x.rank() < 1) return InvalidArgument("matmul: x " + desc(x) + " must have rank >= 1");
-  ZI_TRY(check_rank(op, "w", w, 2));
+  ZI_TRY(contract::matmul(cpu_env(), x, w, bias, y));
   const int64_t k = x.dim(-1);
   const int64_t n = w.dim(0);
-  if (w.dim(1) != k) {
-    return InvalidArgument("matmul: x " + desc(x) + " and w " + desc(w) + ": K differs (" +
-                           std::to_string(k) + " vs " + std::to_string(w.dim(1)) + ")");
-  }
-  Shape want = x.shape();
-  want.back() = n;
-  if (y.shape() != want) {
-    return InvalidArgument("matmul: y " + desc(y) + " must be " + shape_string(want) + " for x " +
-                           desc(x) + " and w " + desc(w));
-  }
-  if (bias.defined()) {
-    ZI_TRY(check_f32(op, "bias", bias));
-    if (bias.numel() != n || bias.rank() != 1) {
-      return InvalidArgument("matmul: bias " + desc(bias) + " must be [" + std::to_string(n) +
-                             "] for w " + desc(w));
-    }
-    ZI_TRY(check_alias(op, "bias", bias, "y", y, false));
-  }
-  ZI_TRY(check_alias(op, "x", x, "y", y, false));
-  ZI_TRY(check_alias(op, "w", w, "y", y, false));
   if (n >= INT_MAX || k >= INT_MAX) {
     return Unsupported("matmul: w " + desc(w) + ": N and K must be below 2^31 for the BLAS");
   }
@@ -134,12 +109,7 @@ Status CpuBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bias, 
 // FP8 oracle: the same quantisation as the CUDA kernels (fp8.cu), then an f32 GEMM of the
 // dequantised operands. The scale is computed as in f32 there: amax / 448.
 Status CpuBackend::quantize_fp8(const Tensor& x, Tensor& x8, Tensor& scale) {
-  const char* op = "quantize_fp8";
-  ZI_TRY(check_f32(op, "x", x));
-  if (!x8.defined() || x8.dtype() != DType::kF8E4M3 || x8.shape() != x.shape())
-    return InvalidArgument("quantize_fp8: x8 must be f8e4m3 " + shape_string(x.shape()));
-  if (!scale.defined() || scale.dtype() != DType::kF32 || scale.numel() != 1)
-    return InvalidArgument("quantize_fp8: scale must be one f32");
+  ZI_TRY(contract::quantize_fp8(cpu_env(), x, x8, scale));
   const float* xp = x.data_as<float>();
   const int64_t n = x.numel();
   float amax = 0.f;
@@ -153,10 +123,7 @@ Status CpuBackend::quantize_fp8(const Tensor& x, Tensor& x8, Tensor& scale) {
 }
 
 Status CpuBackend::matmul_fp8(const Tensor& x, const Tensor& w8, const Tensor& w_scale, Tensor& y) {
-  if (!w8.defined() || w8.dtype() != DType::kF8E4M3 || w8.rank() != 2)
-    return InvalidArgument("matmul_fp8: w8 must be f8e4m3 [N, K]");
-  if (!w_scale.defined() || w_scale.dtype() != DType::kF32 || w_scale.numel() != 1)
-    return InvalidArgument("matmul_fp8: w_scale must be one f32");
+  ZI_TRY(contract::matmul_fp8(cpu_env(), x, w8, w_scale, y));
   Tensor x8 = Tensor::host(DType::kF8E4M3, x.shape());
   Tensor sx = Tensor::host(DType::kF32, {1});
   Tensor xd = Tensor::host(DType::kF32, x.shape());
@@ -178,15 +145,8 @@ Status CpuBackend::matmul_fp8(const Tensor& x, const Tensor& w8, const Tensor& w
 // instead, so the two differ by f32 rounding only.
 Status CpuBackend::matmul_fp8_rows(const Tensor& x, const Tensor& w8, const Tensor& w_scale,
                                    const Tensor& bias, Tensor& y) {
-  if (!w8.defined() || w8.dtype() != DType::kF8E4M3 || w8.rank() != 2)
-    return InvalidArgument("matmul_fp8_rows: w8 must be f8e4m3 [N, K]");
+  ZI_TRY(contract::matmul_fp8_rows(cpu_env(), x, w8, w_scale, bias, y));
   const int64_t n = w8.dim(0), k = w8.dim(1);
-  if (!w_scale.defined() || w_scale.dtype() != DType::kF32 || w_scale.shape() != Shape{n})
-    return InvalidArgument("matmul_fp8_rows: w_scale must be f32 [" + std::to_string(n) + "]");
-  ZI_TRY(check_f32("matmul_fp8_rows", "x", x));
-  if (x.rank() < 1 || x.dim(-1) != k)
-    return InvalidArgument("matmul_fp8_rows: x " + x.describe() + " does not match w8 " +
-                           w8.describe());
   const int64_t m = x.numel() / std::max<int64_t>(k, 1);
   Tensor x2 = x.view({m, k});
   Tensor x8 = Tensor::host(DType::kF8E4M3, {m, k});
@@ -239,14 +199,8 @@ Status CpuBackend::quantize_fp8_rows(const Tensor& w, Tensor& w8, Tensor& scale)
 }
 
 Status CpuBackend::dequantize_fp8_rows(const Tensor& w8, const Tensor& scale, Tensor& y) {
-  if (!w8.defined() || (w8.dtype() != DType::kF8E4M3 && w8.dtype() != DType::kF8E5M2) ||
-      w8.rank() != 2)
-    return InvalidArgument("dequantize_fp8_rows: w8 must be f8e4m3 or f8e5m2 [N, K]");
+  ZI_TRY(contract::dequantize_fp8_rows(cpu_env(), w8, scale, y));
   const int64_t n = w8.dim(0), k = w8.dim(1);
-  if (!scale.defined() || scale.dtype() != DType::kF32 || scale.shape() != Shape{n})
-    return InvalidArgument("dequantize_fp8_rows: scale must be f32 [" + std::to_string(n) + "]");
-  ZI_TRY(check_f32("dequantize_fp8_rows", "y", y));
-  if (y.numel() != n * k) return InvalidArgument("dequantize_fp8_rows: y " + y.describe());
   const auto* q = static_cast<const uint8_t*>(w8.data());
   const float* sp = scale.data_as<float>();
   float* yp = y.data_as<float>();

@@ -10,29 +10,9 @@
 namespace zimage::cpu {
 
 Status CpuBackend::embedding(const Tensor& table, const Tensor& ids, Tensor& out) {
-  const char* op = "embedding";
-  ZI_TRY(check_f32(op, "table", table));
-  ZI_TRY(check_rank(op, "table", table, 2));
-  ZI_TRY(check_tensor(op, "ids", ids));
-  ZI_TRY(check_f32(op, "out", out));
-  if (ids.dtype() != DType::kI32 || ids.rank() != 1) {
-    return InvalidArgument("embedding: ids " + desc(ids) + " must be a rank-1 i32 tensor");
-  }
-  const int64_t n = ids.dim(0), v = table.dim(0), d = table.dim(1);
-  const Shape want{n, d};
-  if (out.shape() != want) {
-    return InvalidArgument("embedding: out " + desc(out) + " must be " + shape_string(want) +
-                           " for ids " + desc(ids) + " and table " + desc(table));
-  }
-  ZI_TRY(check_alias(op, "table", table, "out", out, false));
+  ZI_TRY(contract::embedding(cpu_env(), table, ids, out));
+  const int64_t n = ids.dim(0), d = table.dim(1);
   const int32_t* id = ids.data_as<const int32_t>();
-  for (int64_t i = 0; i < n; ++i) {
-    if (id[i] < 0 || id[i] >= v) {
-      return InvalidArgument("embedding: ids[" + std::to_string(i) +
-                             "] = " + std::to_string(id[i]) + " is outside the " +
-                             std::to_string(v) + " rows of table " + desc(table));
-    }
-  }
   const float* tp = table.data_as<const float>();
   float* o = out.data_as<float>();
   const size_t row_bytes = static_cast<size_t>(d) * 4;
@@ -45,33 +25,10 @@ Status CpuBackend::embedding(const Tensor& table, const Tensor& ids, Tensor& out
   return Status::Ok();
 }
 
-namespace {
-
-// Checks a latent tensor [B, C, H, W] against the patch size p (p divides H and W).
-Status check_patch_grid(const char* op, const char* name, const Tensor& lat, int p) {
-  ZI_TRY(check_f32(op, name, lat));
-  ZI_TRY(check_rank(op, name, lat, 4));
-  if (p < 1 || lat.dim(2) % p != 0 || lat.dim(3) % p != 0) {
-    return InvalidArgument(std::string(op) + ": " + name + " " + desc(lat) + ": patch size " +
-                           std::to_string(p) + " must be >= 1 and divide H and W");
-  }
-  return Status::Ok();
-}
-
-}  // namespace
-
 Status CpuBackend::patchify(const Tensor& latents, int p, Tensor& tokens) {
-  const char* op = "patchify";
-  ZI_TRY(check_patch_grid(op, "latents", latents, p));
-  ZI_TRY(check_f32(op, "tokens", tokens));
+  ZI_TRY(contract::patchify(cpu_env(), latents, p, tokens));
   const int64_t b = latents.dim(0), c = latents.dim(1), h = latents.dim(2), w = latents.dim(3);
   const int64_t ht = h / p, wt = w / p, feat = int64_t{p} * p * c;
-  const Shape want{b, ht * wt, feat};
-  if (tokens.shape() != want) {
-    return InvalidArgument("patchify: tokens " + desc(tokens) + " must be " + shape_string(want) +
-                           " for latents " + desc(latents) + " and p " + std::to_string(p));
-  }
-  ZI_TRY(check_alias(op, "latents", latents, "tokens", tokens, false));
   const float* lp = latents.data_as<const float>();
   float* tp = tokens.data_as<float>();
   pool_.parallel_for(b * ht * wt, std::max<int64_t>(1, 4096 / std::max<int64_t>(feat, 1)),
@@ -92,18 +49,9 @@ Status CpuBackend::patchify(const Tensor& latents, int p, Tensor& tokens) {
 }
 
 Status CpuBackend::unpatchify(const Tensor& tokens, int p, float alpha, Tensor& out) {
-  const char* op = "unpatchify";
-  ZI_TRY(check_patch_grid(op, "out", out, p));
-  ZI_TRY(check_f32(op, "tokens", tokens));
-  ZI_TRY(check_rank(op, "tokens", tokens, 3));
+  ZI_TRY(contract::unpatchify(cpu_env(), tokens, p, out));
   const int64_t b = out.dim(0), c = out.dim(1), h = out.dim(2), w = out.dim(3);
-  const int64_t ht = h / p, wt = w / p, feat = int64_t{p} * p * c;
-  if (tokens.dim(0) != b || tokens.dim(1) < ht * wt || tokens.dim(2) != feat) {
-    return InvalidArgument("unpatchify: tokens " + desc(tokens) + " must be [" + std::to_string(b) +
-                           ", >= " + std::to_string(ht * wt) + ", " + std::to_string(feat) +
-                           "] for out " + desc(out) + " and p " + std::to_string(p));
-  }
-  ZI_TRY(check_alias(op, "tokens", tokens, "out", out, false));
+  const int64_t wt = w / p, feat = int64_t{p} * p * c;
   const int64_t seq = tokens.dim(1);
   const float* tp = tokens.data_as<const float>();
   float* o = out.data_as<float>();

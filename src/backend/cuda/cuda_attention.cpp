@@ -7,10 +7,10 @@
 #include <string>
 
 #include "backend/cuda/cuda_backend.h"
-#include "backend/cuda/runtime/cuda_check.h"
-#include "backend/cuda/libs/gemm_cublaslt.h"
 #include "backend/cuda/kernels/kernels.h"
+#include "backend/cuda/libs/gemm_cublaslt.h"
 #include "backend/cuda/libs/sdpa_cudnn.h"
+#include "backend/cuda/runtime/cuda_check.h"
 #include "backend/cuda/validate.h"
 
 namespace zimage::cuda {
@@ -28,32 +28,9 @@ cudaDataType_t cuda_type(DType dt) {
 Status CudaBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v,
                               const AttentionParams& p, Tensor& out) {
   ZI_OP_SCOPE("attention", &q, &k);
-  constexpr const char* op = "attention";
-  ZI_TRY(check_cuda_tensor(op, "q", q));
-  ZI_TRY(check_cuda_tensor(op, "k", k));
-  ZI_TRY(check_cuda_tensor(op, "v", v));
-  ZI_TRY(check_cuda_tensor(op, "out", out));
-  ZI_TRY(check_rank(op, "q", q, 4));
-  ZI_TRY(check_rank(op, "k", k, 4));
-  ZI_TRY(check_shape(op, "v", v, k.shape()));
-  ZI_TRY(check_shape(op, "out", out, q.shape()));
-  ZI_TRY(ktype_of(op, q.dtype()).status());
-  for (const Tensor* t : std::initializer_list<const Tensor*>{&k, &v, &out})
-    ZI_TRY(check_dtype(op, "k/v/out", *t, q.dtype()));
+  ZI_TRY(contract::attention(cuda_env(act_), q, k, v, p, out));
   const int64_t b = q.dim(0), sq = q.dim(1), hq = q.dim(2), d = q.dim(3);
   const int64_t sk = k.dim(1), hkv = k.dim(2);
-  if (k.dim(0) != b || k.dim(3) != d)
-    return InvalidArgument("attention: k " + k.describe() + " does not match q " + q.describe());
-  if (hkv < 1 || hq % hkv != 0)
-    return InvalidArgument("attention: query heads must be a multiple of kv heads");
-  if (!p.key_len.empty() && static_cast<int64_t>(p.key_len.size()) != b)
-    return InvalidArgument("attention: key_len must have one entry per batch item");
-  for (int32_t kl : p.key_len)
-    if (kl < 0 || kl > sk)
-      return InvalidArgument("attention: key_len " + std::to_string(kl) + " is outside [0, " +
-                             std::to_string(sk) + "]");
-  if (overlaps(out, q) || overlaps(out, k) || overlaps(out, v))
-    return InvalidArgument("attention: out must not alias q, k or v");
   if (out.numel() == 0) return Status::Ok();
   if (b > 65535 || hq > 65535 || sq > INT32_MAX || sk > INT32_MAX)
     return Unsupported("attention: shape too large");

@@ -20,28 +20,11 @@ Status CudaBackend::conv2d(const Tensor& x, const Tensor& w, const Tensor& bias,
                            const Conv2dParams& p, Tensor& y) {
   ZI_OP_SCOPE("conv2d", &x, &w);
   constexpr const char* op = "conv2d";
-  ZI_TRY(check_cuda_tensor(op, "x", x));
-  ZI_TRY(check_cuda_tensor(op, "w", w));
-  ZI_TRY(check_optional(op, "bias", bias));
-  ZI_TRY(check_cuda_tensor(op, "y", y));
-  ZI_TRY(check_rank(op, "x", x, 4));
-  ZI_TRY(check_rank(op, "w", w, 4));
-  for (const Tensor* t : std::initializer_list<const Tensor*>{&x, &w, &y})
-    ZI_TRY(check_dtype(op, "x/w/y", *t, act_));
-  if (bias.defined()) ZI_TRY(check_dtype(op, "bias", bias, act_));
-  if (p.stride < 1 || p.pad_top < 0 || p.pad_bottom < 0 || p.pad_left < 0 || p.pad_right < 0)
-    return InvalidArgument("conv2d: stride must be >= 1 and padding >= 0");
+  ZI_TRY(contract::conv2d(cuda_env(act_), x, w, bias, p, y));
   const int64_t n = x.dim(0), h = x.dim(1), wd = x.dim(2), cin = x.dim(3);
   const int64_t cout = w.dim(0), kh = w.dim(1), kw = w.dim(2);
-  if (w.dim(3) != cin)
-    return InvalidArgument("conv2d: w " + w.describe() + " does not match x " + x.describe());
   const int64_t hp = h + p.pad_top + p.pad_bottom, wp = wd + p.pad_left + p.pad_right;
-  if (kh < 1 || kw < 1 || hp < kh || wp < kw)
-    return InvalidArgument("conv2d: kernel larger than the padded input");
   const int64_t ho = (hp - kh) / p.stride + 1, wo = (wp - kw) / p.stride + 1;
-  ZI_TRY(check_shape(op, "y", y, {n, ho, wo, cout}));
-  if (bias.defined()) ZI_TRY(check_shape(op, "bias", bias, {cout}));
-  if (overlaps(x, y)) return InvalidArgument("conv2d: y must not alias x");
   ZI_ASSIGN_OR_RETURN(KType kt, ktype_of(op, act_));
   if (y.numel() == 0) return Status::Ok();
 

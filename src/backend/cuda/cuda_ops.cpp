@@ -5,31 +5,17 @@
 #include <vector>
 
 #include "backend/cuda/cuda_backend.h"
-#include "backend/cuda/runtime/cuda_check.h"
-#include "backend/cuda/libs/gemm_cublaslt.h"
 #include "backend/cuda/kernels/kernels.h"
+#include "backend/cuda/libs/gemm_cublaslt.h"
+#include "backend/cuda/runtime/cuda_check.h"
 #include "backend/cuda/validate.h"
 
 namespace zimage::cuda {
 namespace {
 
-// Rows and width of a tensor read as [rows, last dim].
-struct Rows {
-  int64_t rows, d;
-};
-Rows as_rows(const Tensor& t) {
-  const int64_t d = t.rank() == 0 ? 1 : t.dim(-1);
-  return {d == 0 ? 0 : t.numel() / d, d};
-}
-
-// scale/gate [G, D] for R rows: G must divide R. Returns rows per group.
-Result<int64_t> group_rows(const char* op, const char* what, const Tensor& g, int64_t rows,
-                           int64_t d) {
-  if (g.rank() != 2 || g.dim(1) != d || g.dim(0) < 1 || rows % g.dim(0) != 0)
-    return InvalidArgument(std::string(op) + ": " + what + " must be [B, " + std::to_string(d) +
-                           "] with B dividing the " + std::to_string(rows) + " rows, got " +
-                           g.describe());
-  return rows / g.dim(0);
+// Rows per scale / gate row for the norm kernels: all rows when there is none.
+int64_t rows_per_group(const contract::RowNorm& r) {
+  return r.group > 0 ? r.group : std::max<int64_t>(r.rows, 1);
 }
 
 }  // namespace
@@ -37,27 +23,9 @@ Result<int64_t> group_rows(const char* op, const char* what, const Tensor& g, in
 Status CudaBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y) {
   ZI_OP_SCOPE("matmul", &x, &w);
   constexpr const char* op = "matmul";
-  ZI_TRY(check_cuda_tensor(op, "x", x));
-  ZI_TRY(check_cuda_tensor(op, "w", w));
-  ZI_TRY(check_optional(op, "bias", bias));
-  ZI_TRY(check_cuda_tensor(op, "y", y));
-  ZI_TRY(check_rank(op, "w", w, 2));
-  if (x.rank() < 1 || y.rank() < 1) return InvalidArgument("matmul: x and y need rank >= 1");
+  ZI_TRY(contract::matmul(cuda_env(act_), x, w, bias, y));
   const int64_t n = w.dim(0), k = w.dim(1);
-  if (x.dim(-1) != k)
-    return InvalidArgument("matmul: x " + x.describe() + " does not match w " + w.describe());
   const int64_t m = shape_numel(Shape(x.shape().begin(), x.shape().end() - 1));
-  if (y.dim(-1) != n || y.numel() != m * n)
-    return InvalidArgument("matmul: y " + y.describe() + " must hold [" + std::to_string(m) + ", " +
-                           std::to_string(n) + "]");
-  ZI_TRY(ktype_of(op, x.dtype()).status());
-  ZI_TRY(check_dtype(op, "w", w, x.dtype()));
-  ZI_TRY(check_dtype(op, "y", y, x.dtype()));
-  if (bias.defined()) {
-    ZI_TRY(check_dtype(op, "bias", bias, x.dtype()));
-    ZI_TRY(check_shape(op, "bias", bias, {n}));
-  }
-  if (overlaps(x, y) || overlaps(w, y)) return InvalidArgument("matmul: y must not alias x or w");
   if (!fused_ && bias.defined()) {  // ablation: the bias as its own pass, not in the epilogue
     ZI_TRY(
         gemm_->linear(x.data(), w.data(), nullptr, y.data(), m, n, k, x.dtype()).with_context(op));
@@ -83,14 +51,8 @@ Status CudaBackend::quantize_fp8(const Tensor& x, Tensor& x8, Tensor& scale) {
   ZI_OP_SCOPE("quantize_fp8", &x);
   constexpr const char* op = "quantize_fp8";
   ZI_TRY(check_fp8_capable());
-  ZI_TRY(check_cuda_tensor(op, "x", x));
-  ZI_TRY(check_cuda_tensor(op, "x8", x8));
-  ZI_TRY(check_cuda_tensor(op, "scale", scale));
+  ZI_TRY(contract::quantize_fp8(cuda_env(act_), x, x8, scale));
   ZI_ASSIGN_OR_RETURN(KType kt, ktype_of(op, x.dtype()));
-  ZI_TRY(check_dtype(op, "x8", x8, DType::kF8E4M3));
-  ZI_TRY(check_shape(op, "x8", x8, x.shape()));
-  ZI_TRY(check_dtype(op, "scale", scale, DType::kF32));
-  if (scale.numel() != 1) return InvalidArgument("quantize_fp8: scale must hold one float");
   ZI_ASSIGN_OR_RETURN(Tensor amax, alloc(DType::kU8, {4}));
   ZI_LAUNCH_TRY(op, launch_quantize_fp8(kt, x.data(), x.numel(), amax.data(),
                                         scale.data_as<float>(), x8.data(), stream_));
@@ -102,24 +64,10 @@ Status CudaBackend::matmul_fp8(const Tensor& x, const Tensor& w8, const Tensor& 
   ZI_OP_SCOPE("matmul_fp8", &x, &w8);
   constexpr const char* op = "matmul_fp8";
   ZI_TRY(check_fp8_capable());
-  ZI_TRY(check_cuda_tensor(op, "x", x));
-  ZI_TRY(check_cuda_tensor(op, "w8", w8));
-  ZI_TRY(check_cuda_tensor(op, "w_scale", w_scale));
-  ZI_TRY(check_cuda_tensor(op, "y", y));
-  ZI_TRY(check_rank(op, "w8", w8, 2));
-  ZI_TRY(check_dtype(op, "w8", w8, DType::kF8E4M3));
-  ZI_TRY(check_dtype(op, "w_scale", w_scale, DType::kF32));
-  ZI_TRY(check_dtype(op, "x", x, act_));
-  ZI_TRY(check_dtype(op, "y", y, act_));
+  ZI_TRY(contract::matmul_fp8(cuda_env(act_), x, w8, w_scale, y));
   if (act_ == DType::kF32) return Unsupported("matmul_fp8: needs the bf16 compute dtype");
   const int64_t n = w8.dim(0), k = w8.dim(1);
-  if (x.rank() < 1 || x.dim(-1) != k)
-    return InvalidArgument("matmul_fp8: x " + x.describe() + " does not match w8 " + w8.describe());
   const int64_t m = x.numel() / std::max<int64_t>(k, 1);
-  if (y.dim(-1) != n || y.numel() != m * n)
-    return InvalidArgument("matmul_fp8: y " + y.describe() + " must hold [" + std::to_string(m) +
-                           ", " + std::to_string(n) + "]");
-  if (overlaps(x, y)) return InvalidArgument("matmul_fp8: y must not alias x");
   ZI_ASSIGN_OR_RETURN(Tensor x8, alloc(DType::kF8E4M3, x.shape()));
   ZI_ASSIGN_OR_RETURN(Tensor sx, alloc(DType::kF32, {1}));
   ZI_TRY(quantize_fp8(x, x8, sx));
@@ -133,25 +81,8 @@ Status CudaBackend::rms_norm(const Tensor& x, const Tensor& w, float eps, const 
                              Tensor& y) {
   ZI_OP_SCOPE("rms_norm", &x, &scale);
   constexpr const char* op = "rms_norm";
-  ZI_TRY(check_cuda_tensor(op, "x", x));
-  ZI_TRY(check_optional(op, "w", w));
-  ZI_TRY(check_optional(op, "scale", scale));
-  ZI_TRY(check_cuda_tensor(op, "y", y));
-  ZI_TRY(check_shape(op, "y", y, x.shape()));
-  ZI_TRY(check_dtype(op, "x", x, act_));
-  ZI_TRY(check_dtype(op, "y", y, act_));
-  const Rows r = as_rows(x);
-  if (w.defined()) {
-    ZI_TRY(check_dtype(op, "w", w, act_));
-    ZI_TRY(check_shape(op, "w", w, {r.d}));
-  }
-  int64_t rpg = r.rows > 0 ? r.rows : 1;
-  if (scale.defined()) {
-    ZI_TRY(check_dtype(op, "scale", scale, act_));
-    ZI_ASSIGN_OR_RETURN(rpg, group_rows(op, "scale", scale, r.rows, r.d));
-  }
-  if (x.data() != y.data() && overlaps(x, y))
-    return InvalidArgument("rms_norm: y partially overlaps x");
+  ZI_ASSIGN_OR_RETURN(contract::RowNorm r, contract::rms_norm(cuda_env(act_), x, w, scale, y));
+  const int64_t rpg = rows_per_group(r);
   ZI_ASSIGN_OR_RETURN(KType kt, ktype_of(op, act_));
   ZI_LAUNCH_TRY(op, launch_rms_norm(kt, x.data(), ptr_or_null(w), ptr_or_null(scale), y.data(),
                                     r.rows, r.d, rpg, eps, stream_));
@@ -162,27 +93,8 @@ Status CudaBackend::layer_norm(const Tensor& x, const Tensor& w, const Tensor& b
                                const Tensor& scale, Tensor& y) {
   ZI_OP_SCOPE("layer_norm", &x);
   constexpr const char* op = "layer_norm";
-  ZI_TRY(check_cuda_tensor(op, "x", x));
-  ZI_TRY(check_optional(op, "w", w));
-  ZI_TRY(check_optional(op, "b", b));
-  ZI_TRY(check_optional(op, "scale", scale));
-  ZI_TRY(check_cuda_tensor(op, "y", y));
-  ZI_TRY(check_shape(op, "y", y, x.shape()));
-  ZI_TRY(check_dtype(op, "x", x, act_));
-  ZI_TRY(check_dtype(op, "y", y, act_));
-  const Rows r = as_rows(x);
-  for (const Tensor* t : {&w, &b}) {
-    if (!t->defined()) continue;
-    ZI_TRY(check_dtype(op, "w/b", *t, act_));
-    ZI_TRY(check_shape(op, "w/b", *t, {r.d}));
-  }
-  int64_t rpg = r.rows > 0 ? r.rows : 1;
-  if (scale.defined()) {
-    ZI_TRY(check_dtype(op, "scale", scale, act_));
-    ZI_ASSIGN_OR_RETURN(rpg, group_rows(op, "scale", scale, r.rows, r.d));
-  }
-  if (x.data() != y.data() && overlaps(x, y))
-    return InvalidArgument("layer_norm: y partially overlaps x");
+  ZI_ASSIGN_OR_RETURN(contract::RowNorm r, contract::layer_norm(cuda_env(act_), x, w, b, scale, y));
+  const int64_t rpg = rows_per_group(r);
   ZI_ASSIGN_OR_RETURN(KType kt, ktype_of(op, act_));
   ZI_LAUNCH_TRY(op,
                 launch_layer_norm(kt, x.data(), ptr_or_null(w), ptr_or_null(b), ptr_or_null(scale),
@@ -194,25 +106,9 @@ Status CudaBackend::residual_rms_norm_gate(Tensor& x, const Tensor& y, const Ten
                                            const Tensor& gate) {
   ZI_OP_SCOPE("residual_rms_norm_gate", &x);
   constexpr const char* op = "residual_rms_norm_gate";
-  ZI_TRY(check_cuda_tensor(op, "x", x));
-  ZI_TRY(check_cuda_tensor(op, "y", y));
-  ZI_TRY(check_optional(op, "w", w));
-  ZI_TRY(check_optional(op, "gate", gate));
-  ZI_TRY(check_shape(op, "y", y, x.shape()));
-  ZI_TRY(check_dtype(op, "x", x, act_));
-  ZI_TRY(check_dtype(op, "y", y, act_));
-  const Rows r = as_rows(x);
-  if (w.defined()) {
-    ZI_TRY(check_dtype(op, "w", w, act_));
-    ZI_TRY(check_shape(op, "w", w, {r.d}));
-  }
-  int64_t rpg = r.rows > 0 ? r.rows : 1;
-  if (gate.defined()) {
-    ZI_TRY(check_dtype(op, "gate", gate, act_));
-    ZI_ASSIGN_OR_RETURN(rpg, group_rows(op, "gate", gate, r.rows, r.d));
-  }
-  if (x.data() != y.data() && overlaps(x, y))
-    return InvalidArgument("residual_rms_norm_gate: y partially overlaps x");
+  ZI_ASSIGN_OR_RETURN(contract::RowNorm r,
+                      contract::residual_rms_norm_gate(cuda_env(act_), x, y, w, gate));
+  const int64_t rpg = rows_per_group(r);
   ZI_ASSIGN_OR_RETURN(KType kt, ktype_of(op, act_));
   ZI_LAUNCH_TRY(
       op, launch_residual_rms_norm_gate(kt, x.data(), y.data(), ptr_or_null(w), ptr_or_null(gate),
@@ -224,27 +120,10 @@ Status CudaBackend::group_norm(const Tensor& x, const Tensor& gamma, const Tenso
                                float eps, bool silu, Tensor& y) {
   ZI_OP_SCOPE("group_norm", &x);
   constexpr const char* op = "group_norm";
-  ZI_TRY(check_cuda_tensor(op, "x", x));
-  ZI_TRY(check_optional(op, "gamma", gamma));
-  ZI_TRY(check_optional(op, "beta", beta));
-  ZI_TRY(check_cuda_tensor(op, "y", y));
-  ZI_TRY(check_rank(op, "x", x, 4));
-  ZI_TRY(check_shape(op, "y", y, x.shape()));
-  ZI_TRY(check_dtype(op, "x", x, act_));
-  ZI_TRY(check_dtype(op, "y", y, act_));
+  ZI_TRY(contract::group_norm(cuda_env(act_), x, gamma, beta, groups, y));
   const int64_t b = x.dim(0), hw = x.dim(1) * x.dim(2), c = x.dim(3);
-  for (const Tensor* t : {&gamma, &beta}) {
-    if (!t->defined()) continue;
-    ZI_TRY(check_dtype(op, "gamma/beta", *t, act_));
-    ZI_TRY(check_shape(op, "gamma/beta", *t, {c}));
-  }
-  if (groups < 1 || c % groups != 0)
-    return InvalidArgument("group_norm: " + std::to_string(groups) + " groups do not divide " +
-                           std::to_string(c) + " channels");
   if (c > 3072) return Unsupported("group_norm: more than 3072 channels");
   if (b > 65535) return Unsupported("group_norm: batch above 65535");
-  if (x.data() != y.data() && overlaps(x, y))
-    return InvalidArgument("group_norm: y partially overlaps x");
   if (x.numel() == 0) return Status::Ok();
   ZI_ASSIGN_OR_RETURN(KType kt, ktype_of(op, act_));
   const size_t ws_bytes = group_norm_workspace_bytes(b, hw, c, groups);
@@ -257,17 +136,8 @@ Status CudaBackend::group_norm(const Tensor& x, const Tensor& gamma, const Tenso
 Status CudaBackend::rope_half(Tensor& x, const Tensor& cos, const Tensor& sin) {
   ZI_OP_SCOPE("rope_half", &x);
   constexpr const char* op = "rope_half";
-  ZI_TRY(check_cuda_tensor(op, "x", x));
-  ZI_TRY(check_cuda_tensor(op, "cos", cos));
-  ZI_TRY(check_cuda_tensor(op, "sin", sin));
-  ZI_TRY(check_rank(op, "x", x, 4));
-  ZI_TRY(check_dtype(op, "x", x, act_));
-  ZI_TRY(check_dtype(op, "cos", cos, DType::kF32));
-  ZI_TRY(check_dtype(op, "sin", sin, DType::kF32));
+  ZI_TRY(contract::rope_half(cuda_env(act_), x, cos, sin));
   const int64_t s = x.dim(1), dh = x.dim(3);
-  ZI_TRY(check_shape(op, "cos", cos, {s, dh}));
-  ZI_TRY(check_shape(op, "sin", sin, {s, dh}));
-  if (dh % 2 != 0) return InvalidArgument("rope_half: head_dim must be even");
   ZI_ASSIGN_OR_RETURN(KType kt, ktype_of(op, act_));
   ZI_LAUNCH_TRY(op, launch_rope_half(kt, x.data(), cos.data_as<float>(), sin.data_as<float>(),
                                      x.dim(0), s, x.dim(2), dh, stream_));
@@ -277,16 +147,10 @@ Status CudaBackend::rope_half(Tensor& x, const Tensor& cos, const Tensor& sin) {
 Status CudaBackend::rope_interleaved(Tensor& x, const Tensor& freqs) {
   ZI_OP_SCOPE("rope_interleaved", &x);
   constexpr const char* op = "rope_interleaved";
-  ZI_TRY(check_cuda_tensor(op, "x", x));
-  ZI_TRY(check_cuda_tensor(op, "freqs", freqs));
-  ZI_TRY(check_rank(op, "x", x, 4));
-  ZI_TRY(check_dtype(op, "x", x, act_));
-  ZI_TRY(check_dtype(op, "freqs", freqs, DType::kF32));
+  ZI_TRY(contract::rope_interleaved(cuda_env(act_), x, freqs));
   const int64_t b = x.dim(0), s = x.dim(1), dh = x.dim(3);
-  if (dh % 2 != 0) return InvalidArgument("rope_interleaved: head_dim must be even");
   // A leading 1 shares the table over the batch.
-  const bool shared = freqs.rank() == 4 && freqs.dim(0) == 1 && b != 1;
-  ZI_TRY(check_shape(op, "freqs", freqs, {shared ? 1 : b, s, dh / 2, 2}));
+  const bool shared = freqs.dim(0) == 1 && b != 1;
   ZI_ASSIGN_OR_RETURN(KType kt, ktype_of(op, act_));
   ZI_LAUNCH_TRY(op, launch_rope_interleaved(kt, x.data(), freqs.data_as<float>(), shared, b, s,
                                             x.dim(2), dh, stream_));
@@ -365,23 +229,9 @@ Status CudaBackend::dit_modulation(const Tensor& mod, Tensor& scale_a, Tensor& g
   return Status::Ok();
 }
 
-namespace {
-
-Status check_unary(const char* op, const Tensor& x, const Tensor& y) {
-  ZI_TRY(check_cuda_tensor(op, "x", x));
-  ZI_TRY(check_cuda_tensor(op, "y", y));
-  ZI_TRY(check_shape(op, "y", y, x.shape()));
-  ZI_TRY(check_dtype(op, "y", y, x.dtype()));
-  if (x.data() != y.data() && overlaps(x, y))
-    return InvalidArgument(std::string(op) + ": y partially overlaps x");
-  return Status::Ok();
-}
-
-}  // namespace
-
 Status CudaBackend::silu(const Tensor& x, Tensor& y) {
   ZI_OP_SCOPE("silu", &x);
-  ZI_TRY(check_unary("silu", x, y));
+  ZI_TRY(contract::unary(cuda_env(act_), "silu", x, y));
   ZI_ASSIGN_OR_RETURN(KType kt, ktype_of("silu", x.dtype()));
   ZI_LAUNCH_TRY("silu", launch_unary(UnaryOp::kSilu, kt, x.data(), y.data(), x.numel(), stream_));
   return Status::Ok();
@@ -389,7 +239,7 @@ Status CudaBackend::silu(const Tensor& x, Tensor& y) {
 
 Status CudaBackend::tanh(const Tensor& x, Tensor& y) {
   ZI_OP_SCOPE("tanh", &x);
-  ZI_TRY(check_unary("tanh", x, y));
+  ZI_TRY(contract::unary(cuda_env(act_), "tanh", x, y));
   ZI_ASSIGN_OR_RETURN(KType kt, ktype_of("tanh", x.dtype()));
   ZI_LAUNCH_TRY("tanh", launch_unary(UnaryOp::kTanh, kt, x.data(), y.data(), x.numel(), stream_));
   return Status::Ok();
@@ -397,8 +247,7 @@ Status CudaBackend::tanh(const Tensor& x, Tensor& y) {
 
 Status CudaBackend::clamp(const Tensor& x, float lo, float hi, Tensor& y) {
   ZI_OP_SCOPE("clamp", &x);
-  ZI_TRY(check_unary("clamp", x, y));
-  if (!(lo <= hi)) return InvalidArgument("clamp: lo must not exceed hi");
+  ZI_TRY(contract::clamp(cuda_env(act_), x, lo, hi, y));
   ZI_ASSIGN_OR_RETURN(KType kt, ktype_of("clamp", x.dtype()));
   ZI_LAUNCH_TRY("clamp", launch_clamp(kt, x.data(), y.data(), x.numel(), lo, hi, stream_));
   return Status::Ok();
@@ -407,16 +256,11 @@ Status CudaBackend::clamp(const Tensor& x, float lo, float hi, Tensor& y) {
 Status CudaBackend::swiglu(const Tensor& x, Tensor& y) {
   ZI_OP_SCOPE("swiglu", &x);
   constexpr const char* op = "swiglu";
-  ZI_TRY(check_cuda_tensor(op, "x", x));
-  ZI_TRY(check_cuda_tensor(op, "y", y));
-  ZI_TRY(check_dtype(op, "y", y, x.dtype()));
-  if (x.rank() < 1 || y.rank() != x.rank() || x.dim(-1) != 2 * y.dim(-1) ||
-      x.numel() != 2 * y.numel())
-    return InvalidArgument("swiglu: x " + x.describe() + " must be [.., 2F] for y " + y.describe());
+  ZI_TRY(contract::swiglu(cuda_env(act_), x, y));
   const int64_t f = y.dim(-1), m = f == 0 ? 0 : y.numel() / f;
   // Row m of y overlaps rows of x that other threads still read, except for a single row
   // written over its own gate half.
-  if (overlaps(x, y) && !(m == 1 && x.data() == y.data()))
+  if (contract::overlaps(x, y) && m != 1)
     return InvalidArgument("swiglu: y must not alias x (except one row in place)");
   ZI_ASSIGN_OR_RETURN(KType kt, ktype_of(op, x.dtype()));
   ZI_LAUNCH_TRY(op, launch_swiglu(kt, x.data(), y.data(), m, f, stream_));
@@ -426,14 +270,7 @@ Status CudaBackend::swiglu(const Tensor& x, Tensor& y) {
 Status CudaBackend::axpby(float a, const Tensor& x, float b, const Tensor& y, Tensor& out) {
   ZI_OP_SCOPE("axpby", &x);
   constexpr const char* op = "axpby";
-  ZI_TRY(check_cuda_tensor(op, "x", x));
-  ZI_TRY(check_cuda_tensor(op, "y", y));
-  ZI_TRY(check_cuda_tensor(op, "out", out));
-  if (y.numel() != x.numel() || out.numel() != x.numel())
-    return InvalidArgument("axpby: sizes differ: " + x.describe() + ", " + y.describe() + ", " +
-                           out.describe());
-  ZI_TRY(check_dtype(op, "y", y, x.dtype()));
-  ZI_TRY(check_dtype(op, "out", out, x.dtype()));
+  ZI_TRY(contract::axpby(cuda_env(act_), x, y, out));
   ZI_ASSIGN_OR_RETURN(KType kt, ktype_of(op, x.dtype()));
   ZI_LAUNCH_TRY(op, launch_axpby(kt, a, x.data(), b, y.data(), out.data(), x.numel(), stream_));
   return Status::Ok();
@@ -442,16 +279,7 @@ Status CudaBackend::axpby(float a, const Tensor& x, float b, const Tensor& y, Te
 Status CudaBackend::add(const Tensor& x, const Tensor& y, Tensor& out) {
   ZI_OP_SCOPE("add", &x, &y);
   constexpr const char* op = "add";
-  ZI_TRY(check_cuda_tensor(op, "x", x));
-  ZI_TRY(check_cuda_tensor(op, "y", y));
-  ZI_TRY(check_cuda_tensor(op, "out", out));
-  ZI_TRY(check_shape(op, "out", out, x.shape()));
-  ZI_TRY(check_dtype(op, "y", y, x.dtype()));
-  ZI_TRY(check_dtype(op, "out", out, x.dtype()));
-  if (x.numel() > 0 && (y.numel() == 0 || x.numel() % y.numel() != 0))
-    return InvalidArgument("add: y " + y.describe() + " does not broadcast over x " + x.describe());
-  if (y.numel() != x.numel() && overlaps(y, out))
-    return InvalidArgument("add: out must not alias a broadcast y");
+  ZI_TRY(contract::add(cuda_env(act_), x, y, out));
   ZI_ASSIGN_OR_RETURN(KType kt, ktype_of(op, x.dtype()));
   if (x.numel() == 0) return Status::Ok();
   ZI_LAUNCH_TRY(op, launch_add(kt, x.data(), y.data(), out.data(), x.numel(), y.numel(), stream_));
@@ -460,8 +288,7 @@ Status CudaBackend::add(const Tensor& x, const Tensor& y, Tensor& out) {
 
 Result<std::vector<double>> CudaBackend::sum_squares(const Tensor& x) {
   constexpr const char* op = "sum_squares";
-  ZI_TRY(check_cuda_tensor(op, "x", x));
-  if (x.rank() < 1) return InvalidArgument("sum_squares: x needs rank >= 1");
+  ZI_TRY(contract::sum_squares(cuda_env(act_), x));
   ZI_ASSIGN_OR_RETURN(KType kt, ktype_of(op, x.dtype()));
   const int64_t rows = x.dim(0), cols = rows == 0 ? 0 : x.numel() / rows;
   std::vector<double> out(static_cast<size_t>(rows), 0.0);
@@ -478,22 +305,8 @@ Status CudaBackend::guided_euler_step(const Tensor& pos, const Tensor& neg, floa
                                       Tensor& latents) {
   ZI_OP_SCOPE("guided_euler_step", &pos);
   constexpr const char* op = "guided_euler_step";
-  ZI_TRY(check_cuda_tensor(op, "pos", pos));
-  ZI_TRY(check_cuda_tensor(op, "latents", latents));
-  ZI_TRY(check_dtype(op, "pos", pos, DType::kF32));
-  ZI_TRY(check_dtype(op, "latents", latents, DType::kF32));
-  if (pos.numel() != latents.numel())
-    return InvalidArgument("guided_euler_step: sizes differ: " + pos.describe() + ", " +
-                           latents.describe());
-  const float* negp = nullptr;
-  if (neg.defined()) {
-    ZI_TRY(check_cuda_tensor(op, "neg", neg));
-    ZI_TRY(check_dtype(op, "neg", neg, DType::kF32));
-    if (neg.numel() != latents.numel())
-      return InvalidArgument("guided_euler_step: sizes differ: " + neg.describe() + ", " +
-                             latents.describe());
-    negp = neg.data_as<float>();
-  }
+  ZI_TRY(contract::guided_euler_step(cuda_env(act_), pos, neg, latents));
+  const float* negp = neg.defined() ? neg.data_as<float>() : nullptr;
   ZI_LAUNCH_TRY(op, launch_guided_euler(pos.data_as<float>(), negp, g, dt, latents.data_as<float>(),
                                         latents.numel(), stream_));
   return Status::Ok();
@@ -501,7 +314,7 @@ Status CudaBackend::guided_euler_step(const Tensor& pos, const Tensor& neg, floa
 
 Result<int64_t> CudaBackend::count_nonfinite(const Tensor& x) {
   constexpr const char* op = "count_nonfinite";
-  ZI_TRY(check_cuda_tensor(op, "x", x));
+  ZI_TRY(contract::count_nonfinite(cuda_env(act_), x));
   ZI_ASSIGN_OR_RETURN(KType kt, ktype_of(op, x.dtype()));
   ZI_ASSIGN_OR_RETURN(Tensor acc, alloc(DType::kI64, {1}));
   ZI_LAUNCH_TRY(op, launch_count_nonfinite(kt, x.data(), x.numel(),
@@ -515,12 +328,7 @@ Result<int64_t> CudaBackend::count_nonfinite(const Tensor& x) {
 Status CudaBackend::upsample_nearest2x(const Tensor& x, Tensor& y) {
   ZI_OP_SCOPE("upsample_nearest2x", &x);
   constexpr const char* op = "upsample_nearest2x";
-  ZI_TRY(check_cuda_tensor(op, "x", x));
-  ZI_TRY(check_cuda_tensor(op, "y", y));
-  ZI_TRY(check_rank(op, "x", x, 4));
-  ZI_TRY(check_dtype(op, "y", y, x.dtype()));
-  ZI_TRY(check_shape(op, "y", y, {x.dim(0), 2 * x.dim(1), 2 * x.dim(2), x.dim(3)}));
-  if (overlaps(x, y)) return InvalidArgument("upsample_nearest2x: y must not alias x");
+  ZI_TRY(contract::upsample_nearest2x(cuda_env(act_), x, y));
   ZI_ASSIGN_OR_RETURN(KType kt, ktype_of(op, x.dtype()));
   ZI_LAUNCH_TRY(op, launch_upsample_nearest2x(kt, x.data(), y.data(), x.dim(0), x.dim(1), x.dim(2),
                                               x.dim(3), stream_));
@@ -530,21 +338,9 @@ Status CudaBackend::upsample_nearest2x(const Tensor& x, Tensor& y) {
 Status CudaBackend::embedding(const Tensor& table, const Tensor& ids, Tensor& out) {
   ZI_OP_SCOPE("embedding", &out);
   constexpr const char* op = "embedding";
-  ZI_TRY(check_cuda_tensor(op, "table", table));
-  ZI_TRY(check_cuda_tensor(op, "out", out));
-  ZI_TRY(check_rank(op, "table", table, 2));
-  if (!ids.defined() || ids.device() != Device::kCPU || ids.dtype() != DType::kI32)
-    return InvalidArgument("embedding: ids must be a host i32 tensor");
-  const int64_t n = ids.numel(), v = table.dim(0), d = table.dim(1);
-  ZI_TRY(check_dtype(op, "out", out, table.dtype()));
-  if (out.rank() < 1 || out.dim(-1) != d || out.numel() != n * d)
-    return InvalidArgument("embedding: out " + out.describe() + " must be [" + std::to_string(n) +
-                           ", " + std::to_string(d) + "]");
+  ZI_TRY(contract::embedding(cuda_env(act_), table, ids, out));
+  const int64_t n = ids.numel(), d = table.dim(1);
   const int32_t* id = ids.data_as<int32_t>();
-  for (int64_t i = 0; i < n; ++i)
-    if (id[i] < 0 || id[i] >= v)
-      return InvalidArgument("embedding: id " + std::to_string(id[i]) + " at " + std::to_string(i) +
-                             " is outside [0, " + std::to_string(v) + ")");
   ZI_ASSIGN_OR_RETURN(KType kt, ktype_of(op, table.dtype()));
   if (n == 0) return Status::Ok();
   ZI_ASSIGN_OR_RETURN(Tensor dev_ids, alloc(DType::kI32, {n}));
@@ -558,14 +354,8 @@ Status CudaBackend::embedding(const Tensor& table, const Tensor& ids, Tensor& ou
 Status CudaBackend::patchify(const Tensor& latents, int p, Tensor& tokens) {
   ZI_OP_SCOPE("patchify", &latents);
   constexpr const char* op = "patchify";
-  ZI_TRY(check_cuda_tensor(op, "latents", latents));
-  ZI_TRY(check_cuda_tensor(op, "tokens", tokens));
-  ZI_TRY(check_rank(op, "latents", latents, 4));
-  ZI_TRY(check_dtype(op, "latents", latents, DType::kF32));
+  ZI_TRY(contract::patchify(cuda_env(act_), latents, p, tokens));
   const int64_t b = latents.dim(0), c = latents.dim(1), h = latents.dim(2), w = latents.dim(3);
-  if (p < 1 || h % p != 0 || w % p != 0)
-    return InvalidArgument("patchify: H and W must be multiples of p = " + std::to_string(p));
-  ZI_TRY(check_shape(op, "tokens", tokens, {b, (h / p) * (w / p), int64_t{p} * p * c}));
   ZI_ASSIGN_OR_RETURN(KType kt, ktype_of(op, tokens.dtype()));
   ZI_LAUNCH_TRY(
       op, launch_patchify(kt, latents.data_as<float>(), tokens.data(), b, c, h, w, p, stream_));
@@ -575,18 +365,8 @@ Status CudaBackend::patchify(const Tensor& latents, int p, Tensor& tokens) {
 Status CudaBackend::unpatchify(const Tensor& tokens, int p, float alpha, Tensor& out) {
   ZI_OP_SCOPE("unpatchify", &tokens);
   constexpr const char* op = "unpatchify";
-  ZI_TRY(check_cuda_tensor(op, "tokens", tokens));
-  ZI_TRY(check_cuda_tensor(op, "out", out));
-  ZI_TRY(check_rank(op, "out", out, 4));
-  ZI_TRY(check_rank(op, "tokens", tokens, 3));
-  ZI_TRY(check_dtype(op, "out", out, DType::kF32));
+  ZI_TRY(contract::unpatchify(cuda_env(act_), tokens, p, out));
   const int64_t b = out.dim(0), c = out.dim(1), h = out.dim(2), w = out.dim(3);
-  if (p < 1 || h % p != 0 || w % p != 0)
-    return InvalidArgument("unpatchify: H and W must be multiples of p = " + std::to_string(p));
-  if (tokens.dim(0) != b || tokens.dim(2) != int64_t{p} * p * c ||
-      tokens.dim(1) < (h / p) * (w / p))
-    return InvalidArgument("unpatchify: tokens " + tokens.describe() + " do not cover out " +
-                           out.describe());
   ZI_ASSIGN_OR_RETURN(KType kt, ktype_of(op, tokens.dtype()));
   ZI_LAUNCH_TRY(op, launch_unpatchify(kt, tokens.data(), tokens.dim(1), out.data_as<float>(), b, c,
                                       h, w, p, alpha, stream_));

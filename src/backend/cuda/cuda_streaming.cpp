@@ -9,11 +9,11 @@
 #include <string>
 
 #include "backend/cuda/cuda_backend.h"
-#include "backend/cuda/runtime/cuda_check.h"
-#include "backend/cuda/libs/gemm_cublaslt.h"
-#include "backend/cuda/libs/gemm_cutlass.h"
 #include "backend/cuda/kernels/gguf_dequant.h"
 #include "backend/cuda/kernels/kernels.h"
+#include "backend/cuda/libs/gemm_cublaslt.h"
+#include "backend/cuda/libs/gemm_cutlass.h"
+#include "backend/cuda/runtime/cuda_check.h"
 #include "backend/cuda/validate.h"
 #include "core/log.h"
 
@@ -114,17 +114,7 @@ Status CudaBackend::quantize_fp8_rows(const Tensor& w, Tensor& w8, Tensor& scale
 Status CudaBackend::dequantize_fp8_rows(const Tensor& w8, const Tensor& scale, Tensor& y) {
   ZI_OP_SCOPE("dequantize_fp8_rows", &w8);
   constexpr const char* op = "dequantize_fp8_rows";
-  ZI_TRY(check_cuda_tensor(op, "w8", w8));
-  ZI_TRY(check_cuda_tensor(op, "scale", scale));
-  ZI_TRY(check_cuda_tensor(op, "y", y));
-  ZI_TRY(check_rank(op, "w8", w8, 2));
-  if (w8.dtype() != DType::kF8E5M2) ZI_TRY(check_dtype(op, "w8", w8, DType::kF8E4M3));
-  ZI_TRY(check_dtype(op, "scale", scale, DType::kF32));
-  ZI_TRY(check_shape(op, "scale", scale, {w8.dim(0)}));
-  ZI_TRY(check_dtype(op, "y", y, act_));
-  if (y.numel() != w8.numel())
-    return InvalidArgument("dequantize_fp8_rows: y " + y.describe() + " does not hold " +
-                           w8.describe());
+  ZI_TRY(contract::dequantize_fp8_rows(cuda_env(act_), w8, scale, y));
   ZI_ASSIGN_OR_RETURN(KType kt, ktype_of(op, y.dtype()));
   ZI_LAUNCH_TRY(
       op, launch_dequantize_fp8_rows(kt, w8.data(), scale.data_as<float>(), w8.dim(0), w8.dim(1),
@@ -139,30 +129,9 @@ Status CudaBackend::matmul_fp8_rows(const Tensor& x, const Tensor& w8, const Ten
   ZI_OP_SCOPE("matmul_fp8_rows", &x, &w8);
   constexpr const char* op = "matmul_fp8_rows";
   ZI_TRY(check_fp8_capable());
-  ZI_TRY(check_cuda_tensor(op, "x", x));
-  ZI_TRY(check_cuda_tensor(op, "w8", w8));
-  ZI_TRY(check_cuda_tensor(op, "w_scale", w_scale));
-  ZI_TRY(check_optional(op, "bias", bias));
-  ZI_TRY(check_cuda_tensor(op, "y", y));
-  ZI_TRY(check_rank(op, "w8", w8, 2));
-  ZI_TRY(check_dtype(op, "w8", w8, DType::kF8E4M3));
-  ZI_TRY(check_dtype(op, "w_scale", w_scale, DType::kF32));
-  ZI_TRY(check_shape(op, "w_scale", w_scale, {w8.dim(0)}));
-  ZI_TRY(check_dtype(op, "x", x, act_));
-  ZI_TRY(check_dtype(op, "y", y, act_));
+  ZI_TRY(contract::matmul_fp8_rows(cuda_env(act_), x, w8, w_scale, bias, y));
   const int64_t n = w8.dim(0), k = w8.dim(1);
-  if (bias.defined()) {
-    ZI_TRY(check_dtype(op, "bias", bias, act_));
-    ZI_TRY(check_shape(op, "bias", bias, {n}));
-  }
-  if (x.rank() < 1 || x.dim(-1) != k)
-    return InvalidArgument("matmul_fp8_rows: x " + x.describe() + " does not match w8 " +
-                           w8.describe());
   const int64_t m = x.numel() / std::max<int64_t>(k, 1);
-  if (y.dim(-1) != n || y.numel() != m * n)
-    return InvalidArgument("matmul_fp8_rows: y " + y.describe() + " must hold [" +
-                           std::to_string(m) + ", " + std::to_string(n) + "]");
-  if (overlaps(x, y)) return InvalidArgument("matmul_fp8_rows: y must not alias x");
   if (m == 0 || n == 0) return Status::Ok();
   ZI_ASSIGN_OR_RETURN(Tensor x8, alloc(DType::kF8E4M3, {m, k}));
   ZI_ASSIGN_OR_RETURN(Tensor sx, alloc(DType::kF32, {m}));

@@ -1,10 +1,14 @@
-// Argument checks shared by the CUDA backend's op files: every op validates device, dtype and
-// shape before launching anything and answers a bad call with InvalidArgument naming the op.
+// The CUDA backend's own argument checks: the residue left after the shared op contracts
+// (backend/op_contract.h) — a tensor on the CUDA device inside its storage, the dtypes the
+// kernels take — plus the OpEnv that plugs them into the contracts. The ops without a shared
+// contract validate device, dtype and shape here before launching anything and answer a bad call
+// with InvalidArgument naming the op.
 #pragma once
 
 #include <string>
 
 #include "backend/cuda/kernels/kernels.h"
+#include "backend/op_contract.h"
 #include "core/status.h"
 #include "core/tensor.h"
 
@@ -20,11 +24,6 @@ inline Status check_cuda_tensor(const char* op, const char* what, const Tensor& 
     return InvalidArgument(std::string(op) + ": " + what + " " + t.describe() +
                            " is larger than its storage");
   return Status::Ok();
-}
-
-// Optional tensors: undefined is fine, defined ones must be valid device tensors.
-inline Status check_optional(const char* op, const char* what, const Tensor& t) {
-  return t.defined() ? check_cuda_tensor(op, what, t) : Status::Ok();
 }
 
 inline Status check_dtype(const char* op, const char* what, const Tensor& t, DType want) {
@@ -64,6 +63,16 @@ inline Result<KType> ktype_of(const char* op, DType t) {
       break;
   }
   return Unsupported(std::string(op) + ": dtype " + dtype_name(t) + " is not supported on CUDA");
+}
+
+// The kernels compute in f32, bf16 and f16; any other dtype is kUnsupported.
+inline Status check_computes(const char* op, const char*, const Tensor& t) {
+  return ktype_of(op, t.dtype()).status();
+}
+
+// The CUDA part of every op contract for a backend computing in `act`.
+inline contract::OpEnv cuda_env(DType act) {
+  return {Device::kCUDA, act, &check_cuda_tensor, &check_computes, &check_computes};
 }
 
 inline const void* ptr_or_null(const Tensor& t) {

@@ -13,21 +13,22 @@ __device__ __forceinline__ float silu_f(float v) {
   return v / (1.0f + expf(-v));
 }
 
-// Applies f(i, v) -> out element by element for pack index `p` over [0, n), vector or tail.
-template <typename T, int VEC, typename F>
-__global__ void unary_kernel(const T* x, T* y, int64_t n, F f) {
+// y = f(x) element by element over [0, n), VEC elements a thread at a time (then the tail),
+// computed in f32 and stored as D (S = D for the unary ops, S != D for conversions).
+template <typename S, typename D, int VEC, typename F>
+__global__ void unary_kernel(const S* x, D* y, int64_t n, F f) {
   const int64_t npack = (n + VEC - 1) / VEC;
   for (int64_t p = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; p < npack;
        p += int64_t{gridDim.x} * blockDim.x) {
     const int64_t i0 = p * VEC;
     if (i0 + VEC <= n) {
       float v[VEC];
-      load_f32<T, VEC>(x + i0, v);
+      load_f32<S, VEC>(x + i0, v);
 #pragma unroll
       for (int k = 0; k < VEC; ++k) v[k] = f(v[k]);
-      store_f32<T, VEC>(y + i0, v);
+      store_f32<D, VEC>(y + i0, v);
     } else {
-      for (int64_t i = i0; i < n; ++i) y[i] = from_f32<T>(f(to_f32<T>(x[i])));
+      for (int64_t i = i0; i < n; ++i) y[i] = from_f32<D>(f(to_f32<S>(x[i])));
     }
   }
 }
@@ -39,9 +40,9 @@ cudaError_t run_unary(const void* x, void* y, int64_t n, F f, cudaStream_t s) {
   T* yp = static_cast<T*>(y);
   if (aligned16(x) && aligned16(y)) {
     constexpr int V = kVec16<T>;
-    unary_kernel<T, V><<<grid_for((n + V - 1) / V, kThreads), kThreads, 0, s>>>(xp, yp, n, f);
+    unary_kernel<T, T, V><<<grid_for((n + V - 1) / V, kThreads), kThreads, 0, s>>>(xp, yp, n, f);
   } else {
-    unary_kernel<T, 1><<<grid_for(n, kThreads), kThreads, 0, s>>>(xp, yp, n, f);
+    unary_kernel<T, T, 1><<<grid_for(n, kThreads), kThreads, 0, s>>>(xp, yp, n, f);
   }
   return cudaGetLastError();
 }
@@ -84,21 +85,10 @@ __global__ void convert_kernel(const S* src, D* dst, int64_t n) {
     dst[i] = from_f32<D>(to_f32<S>(src[i]));
 }
 
-template <typename S, typename D, int VEC>
-__global__ void convert_vec_kernel(const S* src, D* dst, int64_t n) {
-  const int64_t npack = (n + VEC - 1) / VEC;
-  for (int64_t p = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; p < npack;
-       p += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t i0 = p * VEC;
-    if (i0 + VEC <= n) {
-      float v[VEC];
-      load_f32<S, VEC>(src + i0, v);
-      store_f32<D, VEC>(dst + i0, v);
-    } else {
-      for (int64_t i = i0; i < n; ++i) dst[i] = from_f32<D>(to_f32<S>(src[i]));
-    }
-  }
-}
+// The identity, for conversions through unary_kernel.
+struct CopyOp {
+  __device__ float operator()(float v) const { return v; }
+};
 
 // y[m, f] = silu(x[m, f]) * x[m, F + f]; the silu result is rounded to T first, as a framework
 // computing silu and the product as two ops in T would.
@@ -271,8 +261,8 @@ cudaError_t launch_convert(KType from, const void* src, KType to, void* dst, int
       constexpr int V = 8;  // 8 elements: 16 or 32 bytes of f32, 16 of bf16/f16
       if ((reinterpret_cast<uintptr_t>(src) % (sizeof(S) * V)) == 0 &&
           (reinterpret_cast<uintptr_t>(dst) % (sizeof(D) * V)) == 0) {
-        convert_vec_kernel<S, D, V>
-            <<<grid_for((n + V - 1) / V, kThreads), kThreads, 0, s>>>(sp, dp, n);
+        unary_kernel<S, D, V>
+            <<<grid_for((n + V - 1) / V, kThreads), kThreads, 0, s>>>(sp, dp, n, CopyOp{});
       } else {
         convert_kernel<S, D><<<grid_for(n, kThreads), kThreads, 0, s>>>(sp, dp, n);
       }

@@ -1,6 +1,8 @@
 // Data-movement kernels: DiT patchify/unpatchify (f32 latents <-> act-dtype tokens), embedding
 // gather, NHWC nearest upsampling and zero padding, and the direct convolution used where cuDNN
 // offers no algorithm. Writes are coalesced and 16-byte wide along channels where shapes allow.
+#include <type_traits>
+
 #include "backend/cuda/kernels/device_utils.cuh"
 
 namespace zimage::cuda {
@@ -108,6 +110,17 @@ __global__ void conv_direct_kernel(const T* x, const T* wt, const T* bias, T* y,
   }
 }
 
+// The two forms of a channel-wise kernel: launch(vec, grid) with vec = V over total / V packs when
+// `vec_ok` (channels a multiple of V, 16-byte aligned pointers), else vec = 1 over total elements.
+template <int V, typename Launch>
+cudaError_t launch_vec_or_scalar(bool vec_ok, int64_t total, Launch&& launch) {
+  if (vec_ok)
+    launch(std::integral_constant<int, V>{}, grid_for(total / V, kThreads));
+  else
+    launch(std::integral_constant<int, 1>{}, grid_for(total, kThreads));
+  return cudaGetLastError();
+}
+
 }  // namespace
 
 cudaError_t launch_patchify(KType out_t, const float* latents, void* tokens, int64_t batch,
@@ -145,11 +158,10 @@ cudaError_t launch_embedding(KType t, const void* table, const int32_t* ids, voi
     constexpr int V = kVec16<T>;
     auto tp = static_cast<const T*>(table);
     auto op = static_cast<T*>(out);
-    if (d % V == 0 && aligned16(table) && aligned16(out))
-      embedding_kernel<T, V><<<grid_for(n * d / V, kThreads), kThreads, 0, s>>>(tp, ids, op, n, d);
-    else
-      embedding_kernel<T, 1><<<grid_for(n * d, kThreads), kThreads, 0, s>>>(tp, ids, op, n, d);
-    return cudaGetLastError();
+    return launch_vec_or_scalar<V>(
+        d % V == 0 && aligned16(table) && aligned16(out), n * d, [&](auto vec, unsigned grid) {
+          embedding_kernel<T, decltype(vec)::value><<<grid, kThreads, 0, s>>>(tp, ids, op, n, d);
+        });
   });
 }
 
@@ -162,13 +174,11 @@ cudaError_t launch_upsample_nearest2x(KType t, const void* x, void* y, int64_t b
     constexpr int V = kVec16<T>;
     auto xp = static_cast<const T*>(x);
     auto yp = static_cast<T*>(y);
-    if (c % V == 0 && aligned16(x) && aligned16(y))
-      upsample2x_kernel<T, V>
-          <<<grid_for(total / V, kThreads), kThreads, 0, s>>>(xp, yp, batch, h, w, c);
-    else
-      upsample2x_kernel<T, 1>
-          <<<grid_for(total, kThreads), kThreads, 0, s>>>(xp, yp, batch, h, w, c);
-    return cudaGetLastError();
+    return launch_vec_or_scalar<V>(c % V == 0 && aligned16(x) && aligned16(y), total,
+                                   [&](auto vec, unsigned grid) {
+                                     upsample2x_kernel<T, decltype(vec)::value>
+                                         <<<grid, kThreads, 0, s>>>(xp, yp, batch, h, w, c);
+                                   });
   });
 }
 
@@ -182,13 +192,11 @@ cudaError_t launch_pad_nhwc(KType t, const void* x, void* y, int64_t batch, int6
     constexpr int V = kVec16<T>;
     auto xp = static_cast<const T*>(x);
     auto yp = static_cast<T*>(y);
-    if (c % V == 0 && aligned16(x) && aligned16(y))
-      pad_kernel<T, V><<<grid_for(total / V, kThreads), kThreads, 0, s>>>(xp, yp, batch, h, w, c,
-                                                                          top, left, hp, wp);
-    else
-      pad_kernel<T, 1><<<grid_for(total, kThreads), kThreads, 0, s>>>(xp, yp, batch, h, w, c, top,
-                                                                      left, hp, wp);
-    return cudaGetLastError();
+    return launch_vec_or_scalar<V>(
+        c % V == 0 && aligned16(x) && aligned16(y), total, [&](auto vec, unsigned grid) {
+          pad_kernel<T, decltype(vec)::value>
+              <<<grid, kThreads, 0, s>>>(xp, yp, batch, h, w, c, top, left, hp, wp);
+        });
   });
 }
 

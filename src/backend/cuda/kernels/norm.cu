@@ -17,42 +17,75 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 
+// The per-feature steps of every norm on one pack of VEC values at `off` of a row: o *= p (the
+// weight, scale or gate), rounded to T when kRound as a separate multiply in T would round it, and
+// o += p (a bias). A null p skips the step.
+template <typename T, int VEC, bool kRound>
+__device__ __forceinline__ void mul_pack(const T* p, int64_t off, float (&o)[VEC]) {
+  if (!p) return;
+  float pv[VEC];
+  load_f32<T, VEC>(p + off, pv);
+#pragma unroll
+  for (int k = 0; k < VEC; ++k) o[k] = kRound ? round_to<T>(o[k] * pv[k]) : o[k] * pv[k];
+}
 template <typename T, int VEC>
-__global__ void rms_norm_kernel(const T* x, const T* w, const T* scale, T* y, int64_t rows,
+__device__ __forceinline__ void add_pack(const T* p, int64_t off, float (&o)[VEC]) {
+  if (!p) return;
+  float pv[VEC];
+  load_f32<T, VEC>(p + off, pv);
+#pragma unroll
+  for (int k = 0; k < VEC; ++k) o[k] += pv[k];
+}
+
+// Sum of f(v) over the elements v of row xr [d], for the warp-per-row kernels (one row a warp).
+template <typename T, int VEC, typename F>
+__device__ __forceinline__ float warp_row_sum(const T* xr, int64_t d, F f) {
+  float s = 0.f;
+  for (int64_t c = (threadIdx.x & 31) * VEC; c < d; c += 32 * VEC) {
+    float v[VEC];
+    load_f32<T, VEC>(xr + c, v);
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) s += f(v[k]);
+  }
+  return warp_sum(s);
+}
+
+// Writes a row norm's pack: dst = o, or dst += o for the residual norm.
+template <typename T, int VEC, bool kResidual>
+__device__ __forceinline__ void store_norm_pack(T* dst, float (&o)[VEC]) {
+  if constexpr (kResidual) {
+    float xv[VEC];
+    load_f32<T, VEC>(dst, xv);
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) xv[k] += o[k];
+    store_f32<T, VEC>(dst, xv);
+  } else {
+    store_f32<T, VEC>(dst, o);
+  }
+}
+
+// RMS norm of src's rows: y = rms_norm(x) * w * scale (kResidual false: src x, dst y, mod the
+// scale), or the DiT's post-norm residual x += gate * rms_norm(y) * w (kResidual true: src y,
+// dst x, mod the gate, rounded like the weight).
+template <typename T, int VEC, bool kResidual>
+__global__ void rms_norm_kernel(const T* src, const T* w, const T* mod, T* dst, int64_t rows,
                                 int64_t d, int64_t rows_per_group, float eps) {
   const int lane = threadIdx.x & 31;
   for (int64_t row = blockIdx.x * int64_t{kWarps} + (threadIdx.x >> 5); row < rows;
        row += int64_t{gridDim.x} * kWarps) {
-    const T* xr = x + row * d;
-    T* yr = y + row * d;
-    const T* sr = scale ? scale + (row / rows_per_group) * d : nullptr;
-    float ss = 0.f;
-    for (int64_t c = lane * VEC; c < d; c += 32 * VEC) {
-      float v[VEC];
-      load_f32<T, VEC>(xr + c, v);
-#pragma unroll
-      for (int k = 0; k < VEC; ++k) ss += v[k] * v[k];
-    }
-    ss = warp_sum(ss);
+    const T* sr = src + row * d;
+    T* dr = dst + row * d;
+    const T* mr = mod ? mod + (row / rows_per_group) * d : nullptr;
+    const float ss = warp_row_sum<T, VEC>(sr, d, [](float v) { return v * v; });
     const float r = rsqrtf(ss / static_cast<float>(d) + eps);
     for (int64_t c = lane * VEC; c < d; c += 32 * VEC) {
       float v[VEC];
-      load_f32<T, VEC>(xr + c, v);
+      load_f32<T, VEC>(sr + c, v);
 #pragma unroll
       for (int k = 0; k < VEC; ++k) v[k] = round_to<T>(v[k] * r);
-      if (w) {
-        float wv[VEC];
-        load_f32<T, VEC>(w + c, wv);
-#pragma unroll
-        for (int k = 0; k < VEC; ++k) v[k] = round_to<T>(v[k] * wv[k]);
-      }
-      if (sr) {
-        float sv[VEC];
-        load_f32<T, VEC>(sr + c, sv);
-#pragma unroll
-        for (int k = 0; k < VEC; ++k) v[k] *= sv[k];
-      }
-      store_f32<T, VEC>(yr + c, v);
+      mul_pack<T, VEC, true>(w, c, v);
+      mul_pack<T, VEC, kResidual>(mr, c, v);
+      store_norm_pack<T, VEC, kResidual>(dr + c, v);
     }
   }
 }
@@ -66,39 +99,18 @@ __global__ void layer_norm_kernel(const T* x, const T* w, const T* b, const T* s
     const T* xr = x + row * d;
     T* yr = y + row * d;
     const T* sr = scale ? scale + (row / rows_per_group) * d : nullptr;
-    float sum = 0.f;
-    for (int64_t c = lane * VEC; c < d; c += 32 * VEC) {
-      float v[VEC];
-      load_f32<T, VEC>(xr + c, v);
-#pragma unroll
-      for (int k = 0; k < VEC; ++k) sum += v[k];
-    }
-    const float mean = warp_sum(sum) / static_cast<float>(d);
-    float var = 0.f;
-    for (int64_t c = lane * VEC; c < d; c += 32 * VEC) {
-      float v[VEC];
-      load_f32<T, VEC>(xr + c, v);
-#pragma unroll
-      for (int k = 0; k < VEC; ++k) var += (v[k] - mean) * (v[k] - mean);
-    }
-    const float rstd = rsqrtf(warp_sum(var) / static_cast<float>(d) + eps);
+    const float mean =
+        warp_row_sum<T, VEC>(xr, d, [](float v) { return v; }) / static_cast<float>(d);
+    const float var =
+        warp_row_sum<T, VEC>(xr, d, [mean](float v) { return (v - mean) * (v - mean); });
+    const float rstd = rsqrtf(var / static_cast<float>(d) + eps);
     for (int64_t c = lane * VEC; c < d; c += 32 * VEC) {
       float v[VEC];
       load_f32<T, VEC>(xr + c, v);
 #pragma unroll
       for (int k = 0; k < VEC; ++k) v[k] = (v[k] - mean) * rstd;
-      if (w) {
-        float wv[VEC];
-        load_f32<T, VEC>(w + c, wv);
-#pragma unroll
-        for (int k = 0; k < VEC; ++k) v[k] *= wv[k];
-      }
-      if (b) {
-        float bv[VEC];
-        load_f32<T, VEC>(b + c, bv);
-#pragma unroll
-        for (int k = 0; k < VEC; ++k) v[k] += bv[k];
-      }
+      mul_pack<T, VEC, false>(w, c, v);
+      add_pack<T, VEC>(b, c, v);
       if (sr) {
         float sv[VEC];
         load_f32<T, VEC>(sr + c, sv);
@@ -106,48 +118,6 @@ __global__ void layer_norm_kernel(const T* x, const T* w, const T* b, const T* s
         for (int k = 0; k < VEC; ++k) v[k] = round_to<T>(v[k]) * sv[k];
       }
       store_f32<T, VEC>(yr + c, v);
-    }
-  }
-}
-
-template <typename T, int VEC>
-__global__ void residual_rms_gate_kernel(T* x, const T* y, const T* w, const T* gate, int64_t rows,
-                                         int64_t d, int64_t rows_per_group, float eps) {
-  const int lane = threadIdx.x & 31;
-  for (int64_t row = blockIdx.x * int64_t{kWarps} + (threadIdx.x >> 5); row < rows;
-       row += int64_t{gridDim.x} * kWarps) {
-    T* xr = x + row * d;
-    const T* yr = y + row * d;
-    const T* gr = gate ? gate + (row / rows_per_group) * d : nullptr;
-    float ss = 0.f;
-    for (int64_t c = lane * VEC; c < d; c += 32 * VEC) {
-      float v[VEC];
-      load_f32<T, VEC>(yr + c, v);
-#pragma unroll
-      for (int k = 0; k < VEC; ++k) ss += v[k] * v[k];
-    }
-    const float r = rsqrtf(warp_sum(ss) / static_cast<float>(d) + eps);
-    for (int64_t c = lane * VEC; c < d; c += 32 * VEC) {
-      float v[VEC], xv[VEC];
-      load_f32<T, VEC>(yr + c, v);
-      load_f32<T, VEC>(xr + c, xv);
-#pragma unroll
-      for (int k = 0; k < VEC; ++k) v[k] = round_to<T>(v[k] * r);
-      if (w) {
-        float wv[VEC];
-        load_f32<T, VEC>(w + c, wv);
-#pragma unroll
-        for (int k = 0; k < VEC; ++k) v[k] = round_to<T>(v[k] * wv[k]);
-      }
-      if (gr) {
-        float gv[VEC];
-        load_f32<T, VEC>(gr + c, gv);
-#pragma unroll
-        for (int k = 0; k < VEC; ++k) v[k] = round_to<T>(v[k] * gv[k]);
-      }
-#pragma unroll
-      for (int k = 0; k < VEC; ++k) xv[k] += v[k];
-      store_f32<T, VEC>(xr + c, xv);
     }
   }
 }
@@ -165,73 +135,84 @@ __device__ __forceinline__ float row_sum(float v, int tpr, float* scratch) {
   }
 }
 
-// Which row this thread works on and its index within the row's thread group.
-template <bool kBlock>
-__device__ __forceinline__ void row_slot(int tpr, int64_t* row, int* t) {
-  if constexpr (kBlock) {
-    *row = blockIdx.x;
-    *t = threadIdx.x;
-  } else {
-    *row = blockIdx.x * int64_t{blockDim.x / tpr} + threadIdx.x / tpr;
-    *t = threadIdx.x % tpr;
-  }
-}
-
-// Loads this thread's packs of row `row` of src [rows, d] into registers (fp32) and returns the
-// row's sum of squares (reduced over the row's threads). Shared by the register-cached RMS norms.
-template <typename T, int VEC, int PPT, bool kBlock>
-__device__ __forceinline__ float load_row_sumsq(const T* src, int64_t row, int d, int t, int tpr,
-                                                bool valid, float (&v)[PPT][VEC], float* scratch) {
-  const int packs = d / VEC;
-  float ss = 0.f;
-#pragma unroll
-  for (int p = 0; p < PPT; ++p) {
-    const int pk = t + p * tpr;
-    if (valid && pk < packs) {
-      load_f32<T, VEC>(src + row * d + pk * VEC, v[p]);
-#pragma unroll
-      for (int k = 0; k < VEC; ++k) ss += v[p][k] * v[p][k];
-    }
-  }
-  return row_sum<kBlock>(ss, tpr, scratch);
-}
-
-template <typename T, int VEC, int PPT, bool kBlock>
-__global__ void __launch_bounds__(1024)
-    rms_norm_reg_kernel(const T* x, const T* w, const T* scale, T* y, int64_t rows, int d,
-                        int64_t rows_per_group, float eps, int tpr) {
-  __shared__ float scratch[32];
+// This thread's place in the fast path: its row, its index t within the row's group of tpr
+// threads, and whether the row exists (threads past the last row still join the reductions).
+struct RowSlot {
   int64_t row;
   int t;
-  row_slot<kBlock>(tpr, &row, &t);
-  const int packs = d / VEC;
-  const bool valid = row < rows;
-  float v[PPT][VEC];
-  const float ss = load_row_sumsq<T, VEC, PPT, kBlock>(x, row, d, t, tpr, valid, v, scratch);
-  if (!valid) return;
-  const float r = rsqrtf(ss / static_cast<float>(d) + eps);
-  const T* sr = scale ? scale + (row / rows_per_group) * d : nullptr;
+  bool valid;
+};
+template <bool kBlock>
+__device__ __forceinline__ RowSlot row_slot(int tpr, int64_t rows) {
+  RowSlot s;
+  if constexpr (kBlock) {
+    s.row = blockIdx.x;
+    s.t = threadIdx.x;
+  } else {
+    s.row = blockIdx.x * int64_t{blockDim.x / tpr} + threadIdx.x / tpr;
+    s.t = threadIdx.x % tpr;
+  }
+  s.valid = s.row < rows;
+  return s;
+}
+
+// Calls f(p, pk) for each of this thread's packs p that lies inside the row (pk: the pack's index
+// in the row).
+template <int PPT, typename F>
+__device__ __forceinline__ void for_row_packs(const RowSlot& rs, int tpr, int packs, F&& f) {
 #pragma unroll
   for (int p = 0; p < PPT; ++p) {
-    const int pk = t + p * tpr;
-    if (pk >= packs) continue;
+    const int pk = rs.t + p * tpr;
+    if (pk < packs) f(p, pk);
+  }
+}
+
+// Loads this thread's packs of its row of src [rows, d] into registers (fp32).
+template <typename T, int VEC, int PPT>
+__device__ __forceinline__ void load_row(const T* src, int d, const RowSlot& rs, int tpr,
+                                         float (&v)[PPT][VEC]) {
+  if (!rs.valid) return;
+  for_row_packs<PPT>(rs, tpr, d / VEC,
+                     [&](int p, int pk) { load_f32<T, VEC>(src + rs.row * d + pk * VEC, v[p]); });
+}
+
+// The row's sum of f(value) over the values loaded by load_row, reduced over the row's threads.
+template <int VEC, int PPT, bool kBlock, typename F>
+__device__ __forceinline__ float row_sum_of(const float (&v)[PPT][VEC], const RowSlot& rs, int tpr,
+                                            int packs, float* scratch, F f) {
+  float s = 0.f;
+  if (rs.valid) {
+    for_row_packs<PPT>(rs, tpr, packs, [&](int p, int) {
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) s += f(v[p][k]);
+    });
+  }
+  return row_sum<kBlock>(s, tpr, scratch);
+}
+
+// The register-cached rms_norm_kernel (same kResidual roles of src, dst and mod).
+template <typename T, int VEC, int PPT, bool kBlock, bool kResidual>
+__global__ void __launch_bounds__(1024)
+    rms_norm_reg_kernel(const T* src, const T* w, const T* mod, T* dst, int64_t rows, int d,
+                        int64_t rows_per_group, float eps, int tpr) {
+  __shared__ float scratch[32];
+  const RowSlot rs = row_slot<kBlock>(tpr, rows);
+  const int packs = d / VEC;
+  float v[PPT][VEC];
+  load_row<T, VEC, PPT>(src, d, rs, tpr, v);
+  const float ss =
+      row_sum_of<VEC, PPT, kBlock>(v, rs, tpr, packs, scratch, [](float x) { return x * x; });
+  if (!rs.valid) return;
+  const float r = rsqrtf(ss / static_cast<float>(d) + eps);
+  const T* mr = mod ? mod + (rs.row / rows_per_group) * d : nullptr;
+  for_row_packs<PPT>(rs, tpr, packs, [&](int p, int pk) {
     float o[VEC];
 #pragma unroll
     for (int k = 0; k < VEC; ++k) o[k] = round_to<T>(v[p][k] * r);
-    if (w) {
-      float wv[VEC];
-      load_f32<T, VEC>(w + pk * VEC, wv);
-#pragma unroll
-      for (int k = 0; k < VEC; ++k) o[k] = round_to<T>(o[k] * wv[k]);
-    }
-    if (sr) {
-      float sv[VEC];
-      load_f32<T, VEC>(sr + pk * VEC, sv);
-#pragma unroll
-      for (int k = 0; k < VEC; ++k) o[k] *= sv[k];
-    }
-    store_f32<T, VEC>(y + row * d + pk * VEC, o);
-  }
+    mul_pack<T, VEC, true>(w, pk * VEC, o);
+    mul_pack<T, VEC, kResidual>(mr, pk * VEC, o);
+    store_norm_pack<T, VEC, kResidual>(dst + rs.row * d + pk * VEC, o);
+  });
 }
 
 template <typename T, int VEC, int PPT, bool kBlock>
@@ -239,104 +220,32 @@ __global__ void __launch_bounds__(1024)
     layer_norm_reg_kernel(const T* x, const T* w, const T* b, const T* scale, T* y, int64_t rows,
                           int d, int64_t rows_per_group, float eps, int tpr) {
   __shared__ float scratch[32];
-  int64_t row;
-  int t;
-  row_slot<kBlock>(tpr, &row, &t);
+  const RowSlot rs = row_slot<kBlock>(tpr, rows);
   const int packs = d / VEC;
-  const bool valid = row < rows;
   float v[PPT][VEC];
-  float sum = 0.f;
-#pragma unroll
-  for (int p = 0; p < PPT; ++p) {
-    const int pk = t + p * tpr;
-    if (valid && pk < packs) {
-      load_f32<T, VEC>(x + row * d + pk * VEC, v[p]);
-#pragma unroll
-      for (int k = 0; k < VEC; ++k) sum += v[p][k];
-    }
-  }
-  const float mean = row_sum<kBlock>(sum, tpr, scratch) / static_cast<float>(d);
-  float var = 0.f;
-#pragma unroll
-  for (int p = 0; p < PPT; ++p) {
-    const int pk = t + p * tpr;
-    if (valid && pk < packs) {
-#pragma unroll
-      for (int k = 0; k < VEC; ++k) var += (v[p][k] - mean) * (v[p][k] - mean);
-    }
-  }
-  var = row_sum<kBlock>(var, tpr, scratch);
-  if (!valid) return;
+  load_row<T, VEC, PPT>(x, d, rs, tpr, v);
+  const float mean =
+      row_sum_of<VEC, PPT, kBlock>(v, rs, tpr, packs, scratch, [](float e) { return e; }) /
+      static_cast<float>(d);
+  const float var = row_sum_of<VEC, PPT, kBlock>(
+      v, rs, tpr, packs, scratch, [mean](float e) { return (e - mean) * (e - mean); });
+  if (!rs.valid) return;
   const float rstd = rsqrtf(var / static_cast<float>(d) + eps);
-  const T* sr = scale ? scale + (row / rows_per_group) * d : nullptr;
-#pragma unroll
-  for (int p = 0; p < PPT; ++p) {
-    const int pk = t + p * tpr;
-    if (pk >= packs) continue;
+  const T* sr = scale ? scale + (rs.row / rows_per_group) * d : nullptr;
+  for_row_packs<PPT>(rs, tpr, packs, [&](int p, int pk) {
     float o[VEC];
 #pragma unroll
     for (int k = 0; k < VEC; ++k) o[k] = (v[p][k] - mean) * rstd;
-    if (w) {
-      float wv[VEC];
-      load_f32<T, VEC>(w + pk * VEC, wv);
-#pragma unroll
-      for (int k = 0; k < VEC; ++k) o[k] *= wv[k];
-    }
-    if (b) {
-      float bv[VEC];
-      load_f32<T, VEC>(b + pk * VEC, bv);
-#pragma unroll
-      for (int k = 0; k < VEC; ++k) o[k] += bv[k];
-    }
+    mul_pack<T, VEC, false>(w, pk * VEC, o);
+    add_pack<T, VEC>(b, pk * VEC, o);
     if (sr) {
       float sv[VEC];
       load_f32<T, VEC>(sr + pk * VEC, sv);
 #pragma unroll
       for (int k = 0; k < VEC; ++k) o[k] = round_to<T>(o[k]) * sv[k];
     }
-    store_f32<T, VEC>(y + row * d + pk * VEC, o);
-  }
-}
-
-template <typename T, int VEC, int PPT, bool kBlock>
-__global__ void __launch_bounds__(1024)
-    residual_rms_gate_reg_kernel(T* x, const T* y, const T* w, const T* gate, int64_t rows, int d,
-                                 int64_t rows_per_group, float eps, int tpr) {
-  __shared__ float scratch[32];
-  int64_t row;
-  int t;
-  row_slot<kBlock>(tpr, &row, &t);
-  const int packs = d / VEC;
-  const bool valid = row < rows;
-  float v[PPT][VEC];
-  const float ss = load_row_sumsq<T, VEC, PPT, kBlock>(y, row, d, t, tpr, valid, v, scratch);
-  if (!valid) return;
-  const float r = rsqrtf(ss / static_cast<float>(d) + eps);
-  const T* gr = gate ? gate + (row / rows_per_group) * d : nullptr;
-#pragma unroll
-  for (int p = 0; p < PPT; ++p) {
-    const int pk = t + p * tpr;
-    if (pk >= packs) continue;
-    float o[VEC], xv[VEC];
-    load_f32<T, VEC>(x + row * d + pk * VEC, xv);
-#pragma unroll
-    for (int k = 0; k < VEC; ++k) o[k] = round_to<T>(v[p][k] * r);
-    if (w) {
-      float wv[VEC];
-      load_f32<T, VEC>(w + pk * VEC, wv);
-#pragma unroll
-      for (int k = 0; k < VEC; ++k) o[k] = round_to<T>(o[k] * wv[k]);
-    }
-    if (gr) {
-      float gv[VEC];
-      load_f32<T, VEC>(gr + pk * VEC, gv);
-#pragma unroll
-      for (int k = 0; k < VEC; ++k) o[k] = round_to<T>(o[k] * gv[k]);
-    }
-#pragma unroll
-    for (int k = 0; k < VEC; ++k) xv[k] += o[k];
-    store_f32<T, VEC>(x + row * d + pk * VEC, xv);
-  }
+    store_f32<T, VEC>(y + rs.row * d + pk * VEC, o);
+  });
 }
 
 // Thread layout of the fast path for a row of `packs` 16-byte packs.
@@ -404,37 +313,60 @@ unsigned row_grid(int64_t rows) {
   return grid_for(rows, kWarps);
 }
 
+// The three forms every row norm launches in, fastest first: the row held in registers
+// (`reg(ppt, block, grid, threads, tpr)`, 16-byte packs, rows that fit a RowCfg), the vectorised
+// loop (`loop(vec, grid)` with vec = V) when d is a multiple of V and every pointer is aligned,
+// else the scalar loop (vec = 1). `reg` and `loop` only launch; this returns the launch error.
+template <int V, typename Reg, typename Loop>
+cudaError_t launch_row_norm(int64_t rows, int64_t d, bool aligned, Reg&& reg, Loop&& loop) {
+  const bool vec = d % V == 0 && aligned;
+  RowCfg cfg;
+  if (vec && rows < 0x7fffffff && pick_row_cfg(d / V, &cfg)) {
+    return with_row_cfg(cfg, [&](auto ppt, auto blk) {
+      reg(ppt, blk, row_cfg_grid(cfg, rows), row_cfg_block(cfg), cfg.tpr);
+      return cudaGetLastError();
+    });
+  }
+  if (vec)
+    loop(std::integral_constant<int, V>{}, row_grid(rows));
+  else
+    loop(std::integral_constant<int, 1>{}, row_grid(rows));
+  return cudaGetLastError();
+}
+
+// launch_rms_norm (y = rms_norm(x) * scale) and launch_residual_rms_norm_gate (x += gate *
+// rms_norm(y)): src's rows normalised into dst, see rms_norm_kernel.
+template <bool kResidual>
+cudaError_t launch_rms(KType t, const void* src, const void* w, const void* mod, void* dst,
+                       int64_t rows, int64_t d, int64_t rows_per_group, float eps, cudaStream_t s) {
+  if (rows <= 0 || d <= 0) return cudaSuccess;
+  return dispatch_ktype(t, [&](auto tag) {
+    using T = decltype(tag);
+    constexpr int V = kVec16<T>;
+    auto sp = static_cast<const T*>(src);
+    auto wp = static_cast<const T*>(w);
+    auto mp = static_cast<const T*>(mod);
+    auto dp = static_cast<T*>(dst);
+    return launch_row_norm<V>(
+        rows, d, all_aligned({src, w, mod, dst}),
+        [&](auto ppt, auto blk, dim3 grid, unsigned threads, int tpr) {
+          rms_norm_reg_kernel<T, V, decltype(ppt)::value, decltype(blk)::value, kResidual>
+              <<<grid, threads, 0, s>>>(sp, wp, mp, dp, rows, static_cast<int>(d), rows_per_group,
+                                        eps, tpr);
+        },
+        [&](auto vec, unsigned grid) {
+          rms_norm_kernel<T, decltype(vec)::value, kResidual>
+              <<<grid, kThreads, 0, s>>>(sp, wp, mp, dp, rows, d, rows_per_group, eps);
+        });
+  });
+}
+
 }  // namespace
 
 cudaError_t launch_rms_norm(KType t, const void* x, const void* w, const void* scale, void* y,
                             int64_t rows, int64_t d, int64_t rows_per_group, float eps,
                             cudaStream_t s) {
-  if (rows <= 0 || d <= 0) return cudaSuccess;
-  return dispatch_ktype(t, [&](auto tag) {
-    using T = decltype(tag);
-    constexpr int V = kVec16<T>;
-    auto xp = static_cast<const T*>(x);
-    auto wp = static_cast<const T*>(w);
-    auto sp = static_cast<const T*>(scale);
-    auto yp = static_cast<T*>(y);
-    RowCfg cfg;
-    if (d % V == 0 && all_aligned({x, w, scale, y}) && rows < 0x7fffffff &&
-        pick_row_cfg(d / V, &cfg)) {
-      return with_row_cfg(cfg, [&](auto ppt, auto blk) {
-        rms_norm_reg_kernel<T, V, decltype(ppt)::value, decltype(blk)::value>
-            <<<row_cfg_grid(cfg, rows), row_cfg_block(cfg), 0, s>>>(
-                xp, wp, sp, yp, rows, static_cast<int>(d), rows_per_group, eps, cfg.tpr);
-        return cudaGetLastError();
-      });
-    }
-    if (d % V == 0 && all_aligned({x, w, scale, y}))
-      rms_norm_kernel<T, V>
-          <<<row_grid(rows), kThreads, 0, s>>>(xp, wp, sp, yp, rows, d, rows_per_group, eps);
-    else
-      rms_norm_kernel<T, 1>
-          <<<row_grid(rows), kThreads, 0, s>>>(xp, wp, sp, yp, rows, d, rows_per_group, eps);
-    return cudaGetLastError();
-  });
+  return launch_rms<false>(t, x, w, scale, y, rows, d, rows_per_group, eps, s);
 }
 
 cudaError_t launch_layer_norm(KType t, const void* x, const void* w, const void* b,
@@ -449,55 +381,24 @@ cudaError_t launch_layer_norm(KType t, const void* x, const void* w, const void*
     auto bp = static_cast<const T*>(b);
     auto sp = static_cast<const T*>(scale);
     auto yp = static_cast<T*>(y);
-    RowCfg cfg;
-    if (d % V == 0 && all_aligned({x, w, b, scale, y}) && rows < 0x7fffffff &&
-        pick_row_cfg(d / V, &cfg)) {
-      return with_row_cfg(cfg, [&](auto ppt, auto blk) {
-        layer_norm_reg_kernel<T, V, decltype(ppt)::value, decltype(blk)::value>
-            <<<row_cfg_grid(cfg, rows), row_cfg_block(cfg), 0, s>>>(
-                xp, wp, bp, sp, yp, rows, static_cast<int>(d), rows_per_group, eps, cfg.tpr);
-        return cudaGetLastError();
-      });
-    }
-    if (d % V == 0 && all_aligned({x, w, b, scale, y}))
-      layer_norm_kernel<T, V>
-          <<<row_grid(rows), kThreads, 0, s>>>(xp, wp, bp, sp, yp, rows, d, rows_per_group, eps);
-    else
-      layer_norm_kernel<T, 1>
-          <<<row_grid(rows), kThreads, 0, s>>>(xp, wp, bp, sp, yp, rows, d, rows_per_group, eps);
-    return cudaGetLastError();
+    return launch_row_norm<V>(
+        rows, d, all_aligned({x, w, b, scale, y}),
+        [&](auto ppt, auto blk, dim3 grid, unsigned threads, int tpr) {
+          layer_norm_reg_kernel<T, V, decltype(ppt)::value, decltype(blk)::value>
+              <<<grid, threads, 0, s>>>(xp, wp, bp, sp, yp, rows, static_cast<int>(d),
+                                        rows_per_group, eps, tpr);
+        },
+        [&](auto vec, unsigned grid) {
+          layer_norm_kernel<T, decltype(vec)::value>
+              <<<grid, kThreads, 0, s>>>(xp, wp, bp, sp, yp, rows, d, rows_per_group, eps);
+        });
   });
 }
 
 cudaError_t launch_residual_rms_norm_gate(KType t, void* x, const void* y, const void* w,
                                           const void* gate, int64_t rows, int64_t d,
                                           int64_t rows_per_group, float eps, cudaStream_t s) {
-  if (rows <= 0 || d <= 0) return cudaSuccess;
-  return dispatch_ktype(t, [&](auto tag) {
-    using T = decltype(tag);
-    constexpr int V = kVec16<T>;
-    auto xp = static_cast<T*>(x);
-    auto yp = static_cast<const T*>(y);
-    auto wp = static_cast<const T*>(w);
-    auto gp = static_cast<const T*>(gate);
-    RowCfg cfg;
-    if (d % V == 0 && all_aligned({x, y, w, gate}) && rows < 0x7fffffff &&
-        pick_row_cfg(d / V, &cfg)) {
-      return with_row_cfg(cfg, [&](auto ppt, auto blk) {
-        residual_rms_gate_reg_kernel<T, V, decltype(ppt)::value, decltype(blk)::value>
-            <<<row_cfg_grid(cfg, rows), row_cfg_block(cfg), 0, s>>>(
-                xp, yp, wp, gp, rows, static_cast<int>(d), rows_per_group, eps, cfg.tpr);
-        return cudaGetLastError();
-      });
-    }
-    if (d % V == 0 && all_aligned({x, y, w, gate}))
-      residual_rms_gate_kernel<T, V>
-          <<<row_grid(rows), kThreads, 0, s>>>(xp, yp, wp, gp, rows, d, rows_per_group, eps);
-    else
-      residual_rms_gate_kernel<T, 1>
-          <<<row_grid(rows), kThreads, 0, s>>>(xp, yp, wp, gp, rows, d, rows_per_group, eps);
-    return cudaGetLastError();
-  });
+  return launch_rms<true>(t, y, w, gate, x, rows, d, rows_per_group, eps, s);
 }
 
 }  // namespace zimage::cuda
