@@ -290,6 +290,18 @@ std::string cli_png_path(const std::string& output, int64_t i, int64_t n) {
   return (fs::path(output).parent_path() / ("out_" + std::to_string(i) + ".png")).string();
 }
 
+// ---- running a case ----
+
+std::optional<TextToImageOutput> run_captured(TextToImage& pipe, const GenerateRequest& req,
+                                              CaptureSink& sink) {
+  TextToImageHooks hooks;
+  hooks.debug = &sink;
+  auto out = pipe.run(req, hooks);
+  EXPECT_TRUE(out.ok()) << out.status().to_string();
+  if (!out.ok()) return std::nullopt;
+  return std::move(out).value();
+}
+
 // ---- GPU ----
 
 bool have_cuda_device() {
@@ -297,6 +309,18 @@ bool have_cuda_device() {
   if (!be.ok() && be.status().code() != ErrorCode::kUnsupported)
     ADD_FAILURE() << "a CUDA device is present but the backend failed: " << be.status().to_string();
   return be.ok();
+}
+
+CudaPipeline load_on_cuda(const GoldenCase& c, DType act) {
+  CudaPipeline p;
+  auto be = make_cuda_backend(0, act);
+  EXPECT_TRUE(be.ok()) << be.status().to_string();
+  if (!be.ok()) return p;
+  p.be = std::move(be).value();
+  auto pipe = TextToImage::load(c.model, *p.be);
+  EXPECT_TRUE(pipe.ok()) << pipe.status().to_string();
+  if (pipe.ok()) p.pipe = std::move(pipe).value();
+  return p;
 }
 
 }  // namespace zimage::test

@@ -9,13 +9,16 @@
 #include <cmath>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "backend/backend.h"
 #include "core/tensor.h"
 #include "model/common/debug.h"
+#include "pipeline/text_to_image.h"
 #include "zimage/zimage.h"
 
 namespace zimage::test {
@@ -121,10 +124,25 @@ std::vector<std::string> cli_generate_args(const GoldenCase& c, const std::strin
 // The PNG written for image i of n: `output` itself, or out_<i>.png beside it when n > 1.
 std::string cli_png_path(const std::string& output, int64_t i, int64_t n);
 
+// ---- running a case ----
+
+// Runs `req` through `pipe` with `sink` as its debug sink; a failure is a test failure and gives
+// nullopt.
+std::optional<TextToImageOutput> run_captured(TextToImage& pipe, const GenerateRequest& req,
+                                              CaptureSink& sink);
+
 // ---- GPU ----
 
 // True with a CUDA device; false (skip) only where there is none: a device whose backend cannot
 // be created is a failure.
 bool have_cuda_device();
+
+// A case's pipeline on a backend of its own (declared first: it outlives the pipeline).
+struct CudaPipeline {
+  std::unique_ptr<Backend> be;
+  std::unique_ptr<TextToImage> pipe;  // null when the backend or the model failed (a failure)
+};
+// The case's model on a new CUDA backend computing in `act`.
+CudaPipeline load_on_cuda(const GoldenCase& c, DType act);
 
 }  // namespace zimage::test
