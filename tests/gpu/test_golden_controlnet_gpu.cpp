@@ -22,10 +22,12 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "common/controlnet_model.h"
+#include "common/golden_harness.h"
 #include "common/npy.h"
 #include "io/model/model_folder.h"
-#include "model/common/debug.h"
 #include "model/adapters/zimage_controlnet.h"
+#include "model/common/debug.h"
 #include "pipeline/text_to_image.h"
 
 namespace zimage {
@@ -33,83 +35,20 @@ namespace {
 
 namespace fs = std::filesystem;
 
+using test::CaptureSink;
+using test::GoldenCase;
+using test::GoldenFamily;
+
 std::string root() {
-  return std::string(ZIMAGE_GOLDEN_DIR) + "/controlnet";
+  return test::golden_root(GoldenFamily::kControlNet);
 }
 
 std::vector<std::string> cases() {
-  std::vector<std::string> names;
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(root(), ec))
-    if (e.is_directory() && fs::exists(e.path() / "case.json"))
-      names.push_back(e.path().filename().string());
-  std::sort(names.begin(), names.end());
-  return names;
+  return test::golden_case_names(GoldenFamily::kControlNet);
 }
 
 std::string model_dir() {
-  static const std::string dir = [] {
-    const fs::path d =
-        fs::temp_directory_path() / ("zimage_cn_gpu_model_" + std::to_string(getpid()));
-    const fs::path v = fs::path(ZIMAGE_GOLDEN_DIR) / "v_turbo" / "model";
-    fs::create_directories(d);
-    for (const char* part : {"text_encoder", "tokenizer", "vae", "scheduler"})
-      fs::create_directory_symlink(v / part, d / part);
-    fs::create_symlink(v / "model_index.json", d / "model_index.json");
-    fs::create_directory_symlink(fs::path(root()) / "cn_model" / "transformer", d / "transformer");
-    return d.string();
-  }();
-  return dir;
-}
-
-class CaptureSink : public DebugSink {
- public:
-  bool wants(const std::string& n) const override {
-    return n == "control_context" || n.rfind("controlnet.step0.hint.", 0) == 0 ||
-           n.rfind("dit_out.step", 0) == 0;
-  }
-  void tensor(const std::string& name, Backend& be, const Tensor& t) override {
-    Tensor h = Tensor::host(DType::kF32, t.shape());
-    if (t.device() == Device::kCPU && t.dtype() == DType::kF32) {
-      std::memcpy(h.data(), t.data(), t.nbytes());
-    } else if (!be.download(t, h).ok()) {
-      return;
-    }
-    got[name] = h;
-  }
-  std::map<std::string, Tensor> got;
-};
-
-GenerateRequest read_request(const std::string& dir, nlohmann::json& s) {
-  std::ifstream f(dir + "/case.json");
-  s = nlohmann::json::parse(f);
-  GenerateRequest r;
-  r.prompts = s["prompts"].get<std::vector<std::string>>();
-  if (!s["neg"].is_null()) r.negative_prompt = s["neg"].get<std::string>();
-  r.width = s["width"];
-  r.height = s["height"];
-  r.steps = s["steps"];
-  r.guidance = s["guidance"];
-  r.seed = s["seed"];
-  r.images_per_prompt = s["images_per_prompt"];
-  r.control_scale = s["scale"];
-  auto control = image_load(dir + "/inputs/" + s["control"].get<std::string>());
-  EXPECT_TRUE(control.ok());
-  if (control.ok()) r.control_image = *control;
-  if (!s["init"].is_null()) {
-    auto init = image_load(dir + "/inputs/" + s["init"].get<std::string>());
-    auto mask = mask_load(dir + "/inputs/" + s["mask"].get<std::string>());
-    EXPECT_TRUE(init.ok() && mask.ok());
-    if (init.ok()) r.init_image = *init;
-    if (mask.ok()) r.mask = *mask;
-  }
-  return r;
-}
-
-double max_abs(const Tensor& t) {
-  double m = 0;
-  for (int64_t i = 0; i < t.numel(); ++i) m = std::max(m, double(std::fabs(t.data_as<float>()[i])));
-  return m;
+  return test::controlnet_model_dir();
 }
 
 struct Errors {
@@ -117,56 +56,33 @@ struct Errors {
 };
 
 Errors run_case(const std::string& name, DType act) {
-  const std::string dir = root() + "/" + name;
-  nlohmann::json s;
-  const GenerateRequest r = read_request(dir, s);
-  auto be = make_cuda_backend(0, act);
-  EXPECT_TRUE(be.ok()) << be.status().to_string();
-  if (!be.ok()) return {};
-  auto pipe = TextToImage::load(model_dir(), **be);
-  EXPECT_TRUE(pipe.ok()) << pipe.status().to_string();
-  if (!pipe.ok()) return {};
-  const Status ld = (*pipe)->load_controlnet(dir + "/" + s["single_file"].get<std::string>());
+  const GoldenCase c = test::read_golden_case(GoldenFamily::kControlNet, name);
+  const test::CudaPipeline p = test::load_on_cuda(c, act);
+  if (!p.pipe) return {};
+  const Status ld = p.pipe->load_controlnet(c.dir + "/" + c.spec["single_file"].get<std::string>());
   EXPECT_TRUE(ld.ok()) << ld.to_string();
-  CaptureSink sink;
-  TextToImageHooks hooks;
-  hooks.debug = &sink;
-  auto out = (*pipe)->run(r, hooks);
-  EXPECT_TRUE(out.ok()) << out.status().to_string();
-  if (!out.ok()) return {};
+  CaptureSink sink({"control_context", "controlnet.step0.hint.", "dit_out.step"});
+  const auto out = test::run_captured(*p.pipe, c.req, sink);
+  if (!out) return {};
   Errors e;
-  auto cmp = [&](const std::string& ours, const std::string& file, double* rel) {
-    auto ref = test::load_npy(dir + "/" + file);
-    auto it = sink.got.find(ours);
-    if (!ref.ok() || it == sink.got.end() || it->second.numel() != ref->numel()) {
-      ADD_FAILURE() << name << ": no " << ours;
-      return 1e9;
-    }
-    const double d = test::max_abs_diff(it->second, *ref);
-    if (rel != nullptr) *rel = std::max(*rel, d / std::max(max_abs(*ref), 1e-12));
-    return d;
+  auto cmp = [&](const std::string& ours, const std::string& file) {
+    return test::diff_captured(sink, ours, c.dir + "/" + file, name);
   };
-  e.context = cmp("control_context", "control_context.npy", nullptr);
-  for (const auto& l : s["controlnet"]["control_layers_places"]) {
+  e.context = cmp("control_context", "control_context.npy").max_abs;
+  test::WorstDiff hints, dit;
+  for (const auto& l : c.spec["controlnet"]["control_layers_places"]) {
     const std::string k = std::to_string(l.get<int>());
-    cmp("controlnet.step0.hint." + k, "debug/hint_step0_layer" + k + ".npy", &e.hint_rel);
+    hints.add(cmp("controlnet.step0.hint." + k, "debug/hint_step0_layer" + k + ".npy"));
   }
-  for (size_t k = 0; k < s["timesteps"].size(); ++k) {
+  for (size_t k = 0; k < c.spec["timesteps"].size(); ++k) {
     const std::string ks = std::to_string(k);
-    e.dit =
-        std::max(e.dit, cmp("dit_out.step" + ks, "debug/dit_out_step" + ks + ".npy", &e.dit_rel));
+    dit.add(cmp("dit_out.step" + ks, "debug/dit_out_step" + ks + ".npy"));
   }
-  auto img = test::load_npy(dir + "/image.npy");
-  EXPECT_TRUE(img.ok());
-  if (img.ok()) e.image = test::max_abs_diff(out->image, *img);
+  e.hint_rel = hints.rel;
+  e.dit = dit.max_abs;
+  e.dit_rel = dit.rel;
+  e.image = test::diff(out->image, test::load_reference(c.dir + "/image.npy")).max_abs;
   return e;
-}
-
-bool have_gpu() {
-  auto be = make_cuda_backend(0, DType::kF32);
-  if (!be.ok() && be.status().code() != ErrorCode::kUnsupported)
-    ADD_FAILURE() << "a CUDA device is present but the backend failed: " << be.status().to_string();
-  return be.ok();
 }
 
 void print(const std::string& c, const char* dt, const Errors& e) {
@@ -175,7 +91,7 @@ void print(const std::string& c, const char* dt, const Errors& e) {
 }
 
 TEST(GoldenControlNetGpu, Fp32MatchesDiffusers) {
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  if (!test::have_cuda_device()) GTEST_SKIP() << "no CUDA device";
   const auto all = cases();
   ASSERT_EQ(all.size(), 4u);
   for (const auto& c : all) {
@@ -189,7 +105,7 @@ TEST(GoldenControlNetGpu, Fp32MatchesDiffusers) {
 }
 
 TEST(GoldenControlNetGpu, Bf16WithinStatedTolerance) {
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  if (!test::have_cuda_device()) GTEST_SKIP() << "no CUDA device";
   for (const auto& c : cases()) {
     const Errors e = run_case(c, DType::kBF16);
     print(c, "bf16", e);
@@ -204,7 +120,7 @@ TEST(GoldenControlNetGpu, Bf16WithinStatedTolerance) {
 // are inputs of the recording (copied in before each replay), and a recording with control is
 // keyed apart from one without.
 TEST(GoldenControlNetGpu, GraphEqualsEagerWithControl) {
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  if (!test::have_cuda_device()) GTEST_SKIP() << "no CUDA device";
   for (DType act : {DType::kF32, DType::kBF16}) {
     auto be = make_cuda_backend(0, act);
     ASSERT_TRUE(be.ok());

@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "backend/backend.h"
-#include "common/npy.h"
+#include "common/golden_harness.h"
 #include "model/common/debug.h"
 #include "pipeline/text_to_image.h"
 
@@ -30,114 +30,42 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::vector<std::string> image_cases() {
-  std::vector<std::string> names;
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(std::string(ZIMAGE_GOLDEN_DIR) + "/image", ec))
-    if (e.is_directory() && fs::exists(e.path() / "case.json"))
-      names.push_back(e.path().filename().string());
-  std::sort(names.begin(), names.end());
-  return names;
-}
+using test::CaptureSink;
+using test::GoldenCase;
+using test::GoldenFamily;
 
-class CaptureSink : public DebugSink {
- public:
-  bool wants(const std::string& n) const override {
-    return n == "image_latents" || n == "init_noise" || n == "init_latents" ||
-           n.rfind("dit_out.step", 0) == 0;
-  }
-  void tensor(const std::string& name, Backend& be, const Tensor& t) override {
-    Tensor h = Tensor::host(DType::kF32, t.shape());
-    if (t.device() == Device::kCPU && t.dtype() == DType::kF32) {
-      std::memcpy(h.data(), t.data(), t.nbytes());
-    } else if (!be.download(t, h).ok()) {
-      return;
-    }
-    got[name] = h;
-  }
-  std::map<std::string, Tensor> got;
-};
+std::vector<std::string> image_cases() {
+  return test::golden_case_names(GoldenFamily::kImage);
+}
 
 struct Errors {
   double image_latents = 0, init_latents = 0, noise = 0, dit = 0, dit_rel = 0, image = 0;
 };
 
 Errors run_case(const std::string& name, DType act) {
-  const std::string dir = std::string(ZIMAGE_GOLDEN_DIR) + "/image/" + name;
-  std::ifstream f(dir + "/case.json");
-  const auto s = nlohmann::json::parse(f);
-  GenerateRequest r;
-  r.prompts = s["prompts"].get<std::vector<std::string>>();
-  if (!s["neg"].is_null()) r.negative_prompt = s["neg"].get<std::string>();
-  r.width = s["width"];
-  r.height = s["height"];
-  r.steps = s["steps"];
-  r.guidance = s["guidance"];
-  r.seed = s["seed"];
-  r.images_per_prompt = s["images_per_prompt"];
-  if (!s["strength"].is_null()) r.strength = s["strength"].get<double>();
-  auto init = image_load(dir + "/inputs/" + s["init"].get<std::string>());
-  EXPECT_TRUE(init.ok()) << init.status().to_string();
-  if (!init.ok()) return {};
-  r.init_image = *init;
-  if (!s["mask"].is_null()) {
-    auto mask = mask_load(dir + "/inputs/" + s["mask"].get<std::string>());
-    EXPECT_TRUE(mask.ok()) << mask.status().to_string();
-    if (!mask.ok()) return {};
-    r.mask = *mask;
-  }
-  auto be = make_cuda_backend(0, act);
-  EXPECT_TRUE(be.ok()) << be.status().to_string();
-  if (!be.ok()) return {};
-  const std::string model =
-      std::string(ZIMAGE_GOLDEN_DIR) + "/" + s["model"].get<std::string>() + "/model";
-  auto pipe = TextToImage::load(model, **be);
-  EXPECT_TRUE(pipe.ok()) << pipe.status().to_string();
-  if (!pipe.ok()) return {};
-  CaptureSink sink;
-  TextToImageHooks hooks;
-  hooks.debug = &sink;
-  auto out = (*pipe)->run(r, hooks);
-  EXPECT_TRUE(out.ok()) << out.status().to_string();
-  if (!out.ok()) return {};
+  const GoldenCase c = test::read_golden_case(GoldenFamily::kImage, name);
+  if (!c.inputs_ok) return {};
+  const test::CudaPipeline p = test::load_on_cuda(c, act);
+  if (!p.pipe) return {};
+  CaptureSink sink({"image_latents", "init_noise", "init_latents", "dit_out.step"});
+  const auto out = test::run_captured(*p.pipe, c.req, sink);
+  if (!out) return {};
   Errors e;
   const auto cmp = [&](const std::string& ours, const std::string& file) {
-    auto ref = test::load_npy(dir + "/" + file);
-    auto it = sink.got.find(ours);
-    if (!ref.ok() || it == sink.got.end()) {
-      ADD_FAILURE() << name << ": no " << ours;
-      return 1e9;
-    }
-    return test::max_abs_diff(it->second, *ref);
+    return test::diff_captured(sink, ours, c.dir + "/" + file, name);
   };
-  e.image_latents = cmp("image_latents", "image_latents.npy");
-  e.init_latents = cmp("init_latents", "init_latents.npy");
-  e.noise = cmp("init_noise", "init_noise.npy");
-  for (size_t k = 0; k < s["timesteps"].size(); ++k) {
-    auto ref = test::load_npy(dir + "/debug/dit_out_step" + std::to_string(k) + ".npy");
-    auto it = sink.got.find("dit_out.step" + std::to_string(k));
-    if (!ref.ok() || it == sink.got.end()) {
-      ADD_FAILURE() << name << ": no DiT output for step " << k;
-      continue;
-    }
-    const double d = test::max_abs_diff(it->second, *ref);
-    double mx = 0;
-    for (int64_t i = 0; i < ref->numel(); ++i)
-      mx = std::max(mx, double(std::fabs(ref->data_as<float>()[i])));
-    e.dit = std::max(e.dit, d);
-    e.dit_rel = std::max(e.dit_rel, d / std::max(mx, 1e-12));
+  e.image_latents = cmp("image_latents", "image_latents.npy").max_abs;
+  e.init_latents = cmp("init_latents", "init_latents.npy").max_abs;
+  e.noise = cmp("init_noise", "init_noise.npy").max_abs;
+  test::WorstDiff dit;
+  for (size_t k = 0; k < c.spec["timesteps"].size(); ++k) {
+    const std::string ks = std::to_string(k);
+    dit.add(cmp("dit_out.step" + ks, "debug/dit_out_step" + ks + ".npy"));
   }
-  auto img = test::load_npy(dir + "/image.npy");
-  EXPECT_TRUE(img.ok());
-  if (img.ok()) e.image = test::max_abs_diff(out->image, *img);
+  e.dit = dit.max_abs;
+  e.dit_rel = dit.rel;
+  e.image = test::diff(out->image, test::load_reference(c.dir + "/image.npy")).max_abs;
   return e;
-}
-
-bool have_gpu() {
-  auto be = make_cuda_backend(0, DType::kF32);
-  if (!be.ok() && be.status().code() != ErrorCode::kUnsupported)
-    ADD_FAILURE() << "a CUDA device is present but the backend failed: " << be.status().to_string();
-  return be.ok();
 }
 
 void print(const std::string& c, const char* dt, const Errors& e) {
@@ -148,7 +76,7 @@ void print(const std::string& c, const char* dt, const Errors& e) {
 }
 
 TEST(GoldenImageGpu, Fp32MatchesDiffusers) {
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  if (!test::have_cuda_device()) GTEST_SKIP() << "no CUDA device";
   const auto cases = image_cases();
   ASSERT_GE(cases.size(), 7u);
   for (const auto& c : cases) {
@@ -163,7 +91,7 @@ TEST(GoldenImageGpu, Fp32MatchesDiffusers) {
 }
 
 TEST(GoldenImageGpu, Bf16WithinStatedTolerance) {
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  if (!test::have_cuda_device()) GTEST_SKIP() << "no CUDA device";
   for (const auto& c : image_cases()) {
     const Errors e = run_case(c, DType::kBF16);
     print(c, "bf16", e);

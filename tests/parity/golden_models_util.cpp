@@ -7,6 +7,7 @@
 #include <cstring>
 #include <fstream>
 
+#include "common/golden_harness.h"
 #include "common/npy.h"
 #include "io/model/model_folder.h"
 #include "io/weights/weights.h"
@@ -15,7 +16,6 @@ namespace zimage::golden {
 
 using nlohmann::json;
 using test::golden_dir;
-using test::load_npy;
 
 Backend& cpu() {
   static std::unique_ptr<Backend> be = make_cpu_backend(2);
@@ -59,9 +59,7 @@ Case load_case(const std::string& name) {
 }
 
 Tensor npy(const std::string& path) {
-  auto r = load_npy(path);
-  EXPECT_TRUE(r.ok()) << r.status().to_string();
-  return r.ok() ? std::move(r).value() : Tensor();
+  return test::load_reference(path);
 }
 
 Tensor to_host(const Tensor& t) {

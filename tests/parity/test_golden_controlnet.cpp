@@ -26,6 +26,7 @@
 #include "backend/backend.h"
 #include "common/cli_run.h"
 #include "common/controlnet_model.h"
+#include "common/golden_harness.h"
 #include "common/npy.h"
 #include "io/image/png.h"
 #include "io/weights/weights.h"
@@ -48,105 +49,42 @@ constexpr double kTolHint = 2e-4;
 constexpr double kTolDit = 5e-5;
 constexpr double kTolImage = 3e-5;
 
+using test::CaptureSink;
+using test::GoldenCase;
+using test::GoldenFamily;
+using test::load_reference;
+
 std::string root() {
   return test::controlnet_golden_root();
 }
 
 std::vector<std::string> cases() {
-  std::vector<std::string> names;
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(root(), ec))
-    if (e.is_directory() && fs::exists(e.path() / "case.json"))
-      names.push_back(e.path().filename().string());
-  std::sort(names.begin(), names.end());
-  return names;
+  return test::golden_case_names(GoldenFamily::kControlNet);
 }
 
 std::string model_dir() {
   return test::controlnet_model_dir();
 }
 
-struct Case {
-  std::string dir;
-  nlohmann::json spec;
-  GenerateRequest req;
-};
-
-Case read_case(const std::string& name) {
-  Case c;
-  c.dir = root() + "/" + name;
-  std::ifstream f(c.dir + "/case.json");
-  c.spec = nlohmann::json::parse(f);
-  const auto& s = c.spec;
-  for (const auto& p : s.at("prompts")) c.req.prompts.push_back(p.get<std::string>());
-  if (!s.at("neg").is_null()) c.req.negative_prompt = s.at("neg").get<std::string>();
-  c.req.width = s.at("width").get<int>();
-  c.req.height = s.at("height").get<int>();
-  c.req.steps = s.at("steps").get<int>();
-  c.req.guidance = s.at("guidance").get<float>();
-  c.req.seed = s.at("seed").get<uint64_t>();
-  c.req.images_per_prompt = s.at("images_per_prompt").get<int>();
-  c.req.control_scale = s.at("scale").get<float>();
-  auto control = image_load(c.dir + "/inputs/" + s.at("control").get<std::string>());
-  EXPECT_TRUE(control.ok()) << control.status().to_string();
-  if (control.ok()) c.req.control_image = std::move(control).value();
-  if (!s.at("init").is_null()) {
-    auto init = image_load(c.dir + "/inputs/" + s.at("init").get<std::string>());
-    auto mask = mask_load(c.dir + "/inputs/" + s.at("mask").get<std::string>());
-    EXPECT_TRUE(init.ok() && mask.ok());
-    if (init.ok()) c.req.init_image = std::move(init).value();
-    if (mask.ok()) c.req.mask = std::move(mask).value();
-  }
-  return c;
-}
-
-class CaptureSink final : public DebugSink {
- public:
-  bool wants(const std::string& n) const override {
-    for (const char* p : {"control_image", "control_context", "init_noise",
-                          "controlnet.step0.hint.", "dit_out.", "latents."})
-      if (n.rfind(p, 0) == 0) return true;
-    return false;
-  }
-  void tensor(const std::string& name, Backend& be, const Tensor& t) override {
-    Tensor host = Tensor::host(DType::kF32, t.shape());
-    ASSERT_TRUE(host.defined());
-    const Status st = be.download(t, host);
-    ASSERT_TRUE(st.ok()) << name << ": " << st.to_string();
-    got[name] = host;
-  }
-  std::map<std::string, Tensor> got;
-};
-
-Tensor golden(const std::string& path) {
-  auto t = test::load_npy(path);
-  EXPECT_TRUE(t.ok()) << path << ": " << t.status().to_string();
-  return t.ok() ? t.value() : Tensor();
+GoldenCase read_case(const std::string& name) {
+  return test::read_golden_case(GoldenFamily::kControlNet, name);
 }
 
 double compare(const std::string& what, const Tensor& ours, const Tensor& ref, double tol) {
-  EXPECT_TRUE(ours.defined()) << what << ": not produced by the pipeline";
-  EXPECT_TRUE(ref.defined()) << what << ": no reference";
-  if (!ours.defined() || !ref.defined()) return INFINITY;
-  EXPECT_EQ(ours.numel(), ref.numel())
-      << what << ": ours " << ours.describe() << " vs " << ref.describe();
-  if (ours.numel() != ref.numel()) return INFINITY;
-  const double err = test::max_abs_diff(ours, ref);
-  std::printf("  %-28s max|diff| %.3g  (tolerance %.0e)\n", what.c_str(), err, tol);
-  EXPECT_LE(err, tol) << what << ": max |ours - diffusers| too large";
-  return err;
+  return test::expect_stage_close(what, ours, ref, tol);
 }
 
 class GoldenControlNet : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(GoldenControlNet, StagesMatchDiffusers) {
-  const Case c = read_case(GetParam());
+  const GoldenCase c = read_case(GetParam());
   std::unique_ptr<Backend> be = make_cpu_backend(0);
   auto pipe = TextToImage::load(model_dir(), *be);
   ASSERT_TRUE(pipe.ok()) << pipe.status().to_string();
   const Status ld = (*pipe)->load_controlnet(c.dir + "/controlnet");
   ASSERT_TRUE(ld.ok()) << ld.to_string();
-  CaptureSink sink;
+  CaptureSink sink({"control_image", "control_context", "init_noise", "controlnet.step0.hint.",
+                    "dit_out.", "latents."});
   TextToImageHooks hooks;
   hooks.debug = &sink;
   auto out = (*pipe)->run(c.req, hooks);
@@ -155,35 +93,33 @@ TEST_P(GoldenControlNet, StagesMatchDiffusers) {
               c.spec.at("version").get<std::string>().c_str(),
               c.spec.at("kind").get<std::string>().c_str(), c.req.width, c.req.height, c.req.steps,
               c.req.control_scale);
-  compare("control_image", sink.got["control_image"], golden(c.dir + "/control_image.npy"),
+  compare("control_image", sink.get("control_image"), load_reference(c.dir + "/control_image.npy"),
           kTolExact);
-  compare("control_context", sink.got["control_context"], golden(c.dir + "/control_context.npy"),
-          kTolLatents);
-  compare("init_noise", sink.got["init_noise"], golden(c.dir + "/init_noise.npy"), kTolNoise);
+  compare("control_context", sink.get("control_context"),
+          load_reference(c.dir + "/control_context.npy"), kTolLatents);
+  compare("init_noise", sink.get("init_noise"), load_reference(c.dir + "/init_noise.npy"),
+          kTolNoise);
   const auto& places = c.spec.at("controlnet").at("control_layers_places");
   ASSERT_FALSE(places.empty());
   for (const auto& l : places) {
     const std::string k = std::to_string(l.get<int>());
-    compare("hint step0 layer " + k, sink.got["controlnet.step0.hint." + k],
-            golden(c.dir + "/debug/hint_step0_layer" + k + ".npy"), kTolHint);
+    compare("hint step0 layer " + k, sink.get("controlnet.step0.hint." + k),
+            load_reference(c.dir + "/debug/hint_step0_layer" + k + ".npy"), kTolHint);
   }
   const size_t steps = c.spec.at("timesteps").size();
   for (size_t s = 0; s < steps; ++s) {
     const std::string k = std::to_string(s);
-    compare("dit_out.step" + k, sink.got["dit_out.step" + k],
-            golden(c.dir + "/debug/dit_out_step" + k + ".npy"), kTolDit);
-    compare("latents.step" + k, sink.got["latents.step" + k],
-            golden(c.dir + "/debug/latents_after_step" + k + ".npy"), kTolLatents);
+    compare("dit_out.step" + k, sink.get("dit_out.step" + k),
+            load_reference(c.dir + "/debug/dit_out_step" + k + ".npy"), kTolDit);
+    compare("latents.step" + k, sink.get("latents.step" + k),
+            load_reference(c.dir + "/debug/latents_after_step" + k + ".npy"), kTolLatents);
   }
-  const Tensor ref = golden(c.dir + "/image.npy");
+  const Tensor ref = load_reference(c.dir + "/image.npy");
   compare("image", out->image, ref, kTolImage);
-  int worst = 0;
-  const size_t per = static_cast<size_t>(c.req.width) * c.req.height * 3;
   ASSERT_EQ(static_cast<int64_t>(out->images.size()), ref.dim(0));
+  int worst = 0;
   for (size_t i = 0; i < out->images.size(); ++i)
-    for (size_t k = 0; k < per; ++k)
-      worst = std::max(worst, std::abs(int{out->images[i].rgb[k]} -
-                                       int{to_u8(ref.data_as<float>()[i * per + k])}));
+    worst = std::max(worst, test::rgb8_max_diff(out->images[i].rgb, ref, static_cast<int64_t>(i)));
   std::printf("  rgb8 vs round(255*image)     max|diff| %d\n", worst);
   EXPECT_LE(worst, 1);
 
@@ -200,7 +136,7 @@ TEST_P(GoldenControlNet, StagesMatchDiffusers) {
 }
 
 TEST_P(GoldenControlNet, SingleFileLoadsAsTheFolder) {
-  const Case c = read_case(GetParam());
+  const GoldenCase c = read_case(GetParam());
   std::unique_ptr<Backend> be = make_cpu_backend(0);
   auto pipe = TextToImage::load(model_dir(), *be);
   ASSERT_TRUE(pipe.ok()) << pipe.status().to_string();
@@ -232,7 +168,7 @@ TEST_P(GoldenControlNet, SingleFileLoadsAsTheFolder) {
 }
 
 TEST_P(GoldenControlNet, CliPngMatchesDiffusers) {
-  const Case c = read_case(GetParam());
+  const GoldenCase c = read_case(GetParam());
   const fs::path dir =
       fs::temp_directory_path() / ("zimage_cn_cli_" + GetParam() + "_" + std::to_string(getpid()));
   fs::create_directories(dir);
@@ -240,57 +176,29 @@ TEST_P(GoldenControlNet, CliPngMatchesDiffusers) {
   const auto& s = c.spec;
   test::ProgramSpec p;
   p.exe = ZIMAGE_CLI_PATH;
-  p.args = {"generate",
-            "--model",
-            model_dir(),
-            "--device",
-            "cpu",
-            "--steps",
-            std::to_string(c.req.steps),
-            "--guidance",
-            std::to_string(c.req.guidance),
-            "--seed",
-            std::to_string(c.req.seed),
-            "--images-per-prompt",
-            std::to_string(c.req.images_per_prompt),
-            "--width",
-            std::to_string(c.req.width),
-            "--height",
-            std::to_string(c.req.height),
-            "--controlnet",
-            c.dir + "/" + s.at("single_file").get<std::string>(),
-            "--control-image",
-            c.dir + "/inputs/" + s.at("control").get<std::string>(),
-            "--control-scale",
-            s.at("scale").dump(),
-            "--output",
-            output,
-            "--quiet"};
+  p.args = test::cli_generate_args(c, output);
+  p.args.insert(p.args.end(),
+                {"--width", std::to_string(c.req.width), "--height", std::to_string(c.req.height),
+                 "--controlnet", c.dir + "/" + s.at("single_file").get<std::string>(),
+                 "--control-image", c.dir + "/inputs/" + s.at("control").get<std::string>(),
+                 "--control-scale", s.at("scale").dump()});
   if (!s.at("init").is_null())
     p.args.insert(p.args.end(),
                   {"--init-image", c.dir + "/inputs/" + s.at("init").get<std::string>(), "--mask",
                    c.dir + "/inputs/" + s.at("mask").get<std::string>()});
-  for (const auto& prompt : c.req.prompts) p.args.insert(p.args.end(), {"--prompt", prompt});
-  if (c.req.negative_prompt)
-    p.args.insert(p.args.end(), {"--negative-prompt", *c.req.negative_prompt});
   const test::ProgramRun run = test::run_program(p);
   ASSERT_EQ(run.exit_code, 0) << run.err;
-  const Tensor ref = golden(c.dir + "/image.npy");
+  const Tensor ref = load_reference(c.dir + "/image.npy");
   const int64_t n = ref.dim(0);
-  const size_t per = static_cast<size_t>(c.req.width) * c.req.height * 3;
   int worst = 0;
   for (int64_t i = 0; i < n; ++i) {
-    const std::string path =
-        n == 1 ? output : (dir / ("out_" + std::to_string(i) + ".png")).string();
-    auto png = read_png(path);
+    auto png = read_png(test::cli_png_path(output, i, n));
     ASSERT_TRUE(png.ok()) << png.status().to_string();
     std::map<std::string, std::string> text(png->text.begin(), png->text.end());
     EXPECT_EQ(text["mode"], c.req.mask ? "controlnet_inpaint" : "controlnet");
     EXPECT_FALSE(text["control_scale"].empty());
     EXPECT_EQ(text.count("strength"), 0u);
-    for (size_t k = 0; k < per; ++k)
-      worst = std::max(worst,
-                       std::abs(int{png->rgb[k]} - int{to_u8(ref.data_as<float>()[i * per + k])}));
+    worst = std::max(worst, test::rgb8_max_diff(png->rgb, ref, i));
   }
   std::printf("case %s: CLI PNG(s) with the single file vs diffusers: max|diff| %d\n",
               GetParam().c_str(), worst);
@@ -356,7 +264,7 @@ TEST_F(ControlNetErrors, DoesNotMatchTheTransformer) {
 }
 
 TEST_F(ControlNetErrors, RequestChecks) {
-  const Case c = read_case("cn_v1");
+  const GoldenCase c = read_case("cn_v1");
   GenerateRequest r = c.req;
   Status st = pipe_->check(r);  // no ControlNet loaded yet
   ASSERT_FALSE(st.ok());
@@ -368,7 +276,7 @@ TEST_F(ControlNetErrors, RequestChecks) {
   ASSERT_FALSE(st.ok());
   EXPECT_NE(st.message().find("control_scale"), std::string::npos) << st.to_string();
   // ControlNet inpainting needs the 2.x mask channels.
-  const Case inp = read_case("cn_v21_inpaint");
+  const GoldenCase inp = read_case("cn_v21_inpaint");
   r = inp.req;
   st = pipe_->check(r);
   ASSERT_FALSE(st.ok());
@@ -433,7 +341,7 @@ TEST_F(ControlNetErrors, MissingOrUnexpectedTensors) {
 }
 
 TEST(ControlNetCli, BadFlags) {
-  const Case c = read_case("cn_v1");
+  const GoldenCase c = read_case("cn_v1");
   auto run = [&](std::vector<std::string> extra) {
     test::ProgramSpec p;
     p.exe = ZIMAGE_CLI_PATH;

@@ -20,9 +20,9 @@
 
 #include "backend/backend.h"
 #include "common/cli_run.h"
-#include "common/npy.h"
-#include "io/model/model_folder.h"
+#include "common/golden_harness.h"
 #include "io/image/png.h"
+#include "io/model/model_folder.h"
 #include "pipeline/image_to_image.h"
 #include "pipeline/text_to_image.h"
 
@@ -43,103 +43,35 @@ constexpr double kTolNoise = 2e-6;
 constexpr double kTolDit = 5e-5;
 constexpr double kTolImage = 3e-5;
 
-std::string image_root() {
-  return std::string(ZIMAGE_GOLDEN_DIR) + "/image";
-}
+using test::CaptureSink;
+using test::GoldenCase;
+using test::GoldenFamily;
+using test::load_reference;
 
 std::vector<std::string> image_cases() {
-  std::vector<std::string> names;
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(image_root(), ec))
-    if (e.is_directory() && fs::exists(e.path() / "case.json"))
-      names.push_back(e.path().filename().string());
-  std::sort(names.begin(), names.end());
-  return names;
+  return test::golden_case_names(GoldenFamily::kImage);
 }
 
-struct ImageCase {
-  std::string dir, model;
-  nlohmann::json spec;
-  GenerateRequest req;
-};
-
-ImageCase read_case(const std::string& name) {
-  ImageCase c;
-  c.dir = image_root() + "/" + name;
-  std::ifstream f(c.dir + "/case.json");
-  c.spec = nlohmann::json::parse(f);
-  const auto& s = c.spec;
-  c.model = std::string(ZIMAGE_GOLDEN_DIR) + "/" + s.at("model").get<std::string>() + "/model";
-  for (const auto& p : s.at("prompts")) c.req.prompts.push_back(p.get<std::string>());
-  if (!s.at("neg").is_null()) c.req.negative_prompt = s.at("neg").get<std::string>();
-  c.req.width = s.at("width").get<int>();
-  c.req.height = s.at("height").get<int>();
-  c.req.steps = s.at("steps").get<int>();
-  c.req.guidance = s.at("guidance").get<float>();
-  c.req.seed = s.at("seed").get<uint64_t>();
-  c.req.images_per_prompt = s.at("images_per_prompt").get<int>();
-  if (!s.at("strength").is_null()) c.req.strength = s.at("strength").get<double>();
-  auto init = image_load(c.dir + "/inputs/" + s.at("init").get<std::string>());
-  EXPECT_TRUE(init.ok()) << init.status().to_string();
-  if (init.ok()) c.req.init_image = std::move(init).value();
-  if (!s.at("mask").is_null()) {
-    auto mask = mask_load(c.dir + "/inputs/" + s.at("mask").get<std::string>());
-    EXPECT_TRUE(mask.ok()) << mask.status().to_string();
-    if (mask.ok()) c.req.mask = std::move(mask).value();
-  }
-  return c;
-}
-
-class CaptureSink final : public DebugSink {
- public:
-  bool wants(const std::string& n) const override {
-    for (const char* p :
-         {"init_image", "vae_mean", "vae_logvar", "image_latents", "init_noise", "init_latents",
-          "mask_image", "mask_latent", "masked_image_latents", "dit_out.", "latents."}) {
-      if (n.rfind(p, 0) == 0) return true;
-    }
-    return false;
-  }
-  void tensor(const std::string& name, Backend& be, const Tensor& t) override {
-    Tensor host = Tensor::host(DType::kF32, t.shape());
-    ASSERT_TRUE(host.defined());
-    const Status st = be.download(t, host);
-    ASSERT_TRUE(st.ok()) << name << ": " << st.to_string();
-    got[name] = host;
-  }
-  std::map<std::string, Tensor> got;
-};
-
-Tensor golden(const std::string& path) {
-  auto t = test::load_npy(path);
-  EXPECT_TRUE(t.ok()) << path << ": " << t.status().to_string();
-  return t.ok() ? t.value() : Tensor();
+GoldenCase read_case(const std::string& name) {
+  return test::read_golden_case(GoldenFamily::kImage, name);
 }
 
 double compare(const std::string& what, const Tensor& ours, const Tensor& ref, double tol) {
-  EXPECT_TRUE(ours.defined()) << what << ": not produced by the pipeline";
-  EXPECT_TRUE(ref.defined()) << what << ": no reference";
-  if (!ours.defined() || !ref.defined()) return INFINITY;
-  // Same element count (diffusers' DiT output has a frame axis of 1: [B, C, 1, h, w]).
-  EXPECT_EQ(ours.numel(), ref.numel())
-      << what << ": ours " << ours.describe() << " vs " << ref.describe();
-  const double err = test::max_abs_diff(ours, ref);
-  std::printf("  %-24s max|diff| %.3g  (tolerance %.0e)\n", what.c_str(), err, tol);
-  EXPECT_GE(err, 0.0) << what;
-  EXPECT_LE(err, tol) << what << ": max |ours - diffusers| too large";
-  return err;
+  return test::expect_stage_close(what, ours, ref, tol, /*label_width=*/24);
 }
 
 class GoldenImage : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(GoldenImage, StagesMatchDiffusers) {
-  const ImageCase c = read_case(GetParam());
+  const GoldenCase c = read_case(GetParam());
   ASSERT_TRUE(c.req.init_image.has_value());
   const bool inpaint = c.req.mask.has_value();
   std::unique_ptr<Backend> be = make_cpu_backend(0);
   auto pipe = TextToImage::load(c.model, *be);
   ASSERT_TRUE(pipe.ok()) << pipe.status().to_string();
-  CaptureSink sink;
+  CaptureSink sink({"init_image", "vae_mean", "vae_logvar", "image_latents", "init_noise",
+                    "init_latents", "mask_image", "mask_latent", "masked_image_latents", "dit_out.",
+                    "latents."});
   TextToImageHooks hooks;
   hooks.debug = &sink;
   int steps_seen = 0, total = -1;
@@ -175,45 +107,46 @@ TEST_P(GoldenImage, StagesMatchDiffusers) {
     EXPECT_EQ(sched->timesteps()[t_start + k], ts.at(k).get<float>()) << "timestep " << k;
   std::printf("  start step %d, %zu timesteps      exact\n", t_start, ts.size());
 
-  compare("init_image", sink.got["init_image"], golden(c.dir + "/init_image.npy"), kTolExact);
-  compare("vae_mean", sink.got["vae_mean"], golden(c.dir + "/vae_mean.npy"), kTolPosterior);
-  compare("vae_logvar", sink.got["vae_logvar"], golden(c.dir + "/vae_logvar.npy"), kTolPosterior);
-  compare("image_latents (draw 1)", sink.got["image_latents"], golden(c.dir + "/image_latents.npy"),
-          kTolLatents);
-  compare("init_noise (draw 2)", sink.got["init_noise"], golden(c.dir + "/init_noise.npy"),
+  compare("init_image", sink.get("init_image"), load_reference(c.dir + "/init_image.npy"),
+          kTolExact);
+  compare("vae_mean", sink.get("vae_mean"), load_reference(c.dir + "/vae_mean.npy"), kTolPosterior);
+  compare("vae_logvar", sink.get("vae_logvar"), load_reference(c.dir + "/vae_logvar.npy"),
+          kTolPosterior);
+  compare("image_latents (draw 1)", sink.get("image_latents"),
+          load_reference(c.dir + "/image_latents.npy"), kTolLatents);
+  compare("init_noise (draw 2)", sink.get("init_noise"), load_reference(c.dir + "/init_noise.npy"),
           kTolNoise);
-  compare("init_latents", sink.got["init_latents"], golden(c.dir + "/init_latents.npy"),
+  compare("init_latents", sink.get("init_latents"), load_reference(c.dir + "/init_latents.npy"),
           kTolLatents);
   if (inpaint) {
-    compare("mask_image", sink.got["mask_image"], golden(c.dir + "/mask_image.npy"), kTolExact);
-    compare("mask_latent", sink.got["mask_latent"], golden(c.dir + "/mask_latent.npy"), kTolExact);
-    compare("masked_image_latents (3)", sink.got["masked_image_latents"],
-            golden(c.dir + "/masked_image_latents.npy"), kTolLatents);
+    compare("mask_image", sink.get("mask_image"), load_reference(c.dir + "/mask_image.npy"),
+            kTolExact);
+    compare("mask_latent", sink.get("mask_latent"), load_reference(c.dir + "/mask_latent.npy"),
+            kTolExact);
+    compare("masked_image_latents (3)", sink.get("masked_image_latents"),
+            load_reference(c.dir + "/masked_image_latents.npy"), kTolLatents);
   } else {
-    EXPECT_EQ(sink.got.count("mask_image"), 0u);
+    EXPECT_FALSE(sink.has("mask_image"));
   }
   for (size_t s = 0; s < ts.size(); ++s) {
     const std::string k = std::to_string(s);
-    compare("dit_out.step" + k, sink.got["dit_out.step" + k],
-            golden(c.dir + "/debug/dit_out_step" + k + ".npy"), kTolDit);
-    compare("latents.step" + k, sink.got["latents.step" + k],
-            golden(c.dir + "/debug/latents_after_step" + k + ".npy"), kTolLatents);
+    compare("dit_out.step" + k, sink.get("dit_out.step" + k),
+            load_reference(c.dir + "/debug/dit_out_step" + k + ".npy"), kTolDit);
+    compare("latents.step" + k, sink.get("latents.step" + k),
+            load_reference(c.dir + "/debug/latents_after_step" + k + ".npy"), kTolLatents);
   }
-  const Tensor ref = golden(c.dir + "/image.npy");
+  const Tensor ref = load_reference(c.dir + "/image.npy");
   compare("image", out->image, ref, kTolImage);
-  int worst = 0;
-  const size_t per = static_cast<size_t>(c.req.width) * c.req.height * 3;
   ASSERT_EQ(static_cast<int64_t>(out->images.size()), ref.dim(0));
+  int worst = 0;
   for (size_t i = 0; i < out->images.size(); ++i)
-    for (size_t k = 0; k < per; ++k)
-      worst = std::max(worst, std::abs(int{out->images[i].rgb[k]} -
-                                       int{to_u8(ref.data_as<float>()[i * per + k])}));
+    worst = std::max(worst, test::rgb8_max_diff(out->images[i].rgb, ref, static_cast<int64_t>(i)));
   std::printf("  rgb8 vs round(255*image)   max|diff| %d\n", worst);
   EXPECT_LE(worst, 1);
 }
 
 TEST_P(GoldenImage, CliPngMatchesDiffusers) {
-  const ImageCase c = read_case(GetParam());
+  const GoldenCase c = read_case(GetParam());
   const fs::path dir = fs::temp_directory_path() /
                        ("zimage_image_cli_" + GetParam() + "_" + std::to_string(getpid()));
   fs::create_directories(dir);
@@ -221,24 +154,9 @@ TEST_P(GoldenImage, CliPngMatchesDiffusers) {
   const auto& s = c.spec;
   test::ProgramSpec p;
   p.exe = ZIMAGE_CLI_PATH;
-  p.args = {"generate",
-            "--model",
-            c.model,
-            "--device",
-            "cpu",
-            "--steps",
-            std::to_string(c.req.steps),
-            "--guidance",
-            std::to_string(c.req.guidance),
-            "--seed",
-            std::to_string(c.req.seed),
-            "--images-per-prompt",
-            std::to_string(c.req.images_per_prompt),
-            "--init-image",
-            c.dir + "/inputs/" + s.at("init").get<std::string>(),
-            "--output",
-            output,
-            "--quiet"};
+  p.args = test::cli_generate_args(c, output);
+  p.args.insert(p.args.end(),
+                {"--init-image", c.dir + "/inputs/" + s.at("init").get<std::string>()});
   if (!s.at("mask").is_null())
     p.args.insert(p.args.end(), {"--mask", c.dir + "/inputs/" + s.at("mask").get<std::string>()});
   if (c.req.strength) p.args.insert(p.args.end(), {"--strength", s.at("strength").dump()});
@@ -246,26 +164,18 @@ TEST_P(GoldenImage, CliPngMatchesDiffusers) {
   if (s.at("explicit_size").get<bool>())
     p.args.insert(p.args.end(), {"--width", std::to_string(c.req.width), "--height",
                                  std::to_string(c.req.height)});
-  for (const auto& prompt : c.req.prompts) p.args.insert(p.args.end(), {"--prompt", prompt});
-  if (c.req.negative_prompt)
-    p.args.insert(p.args.end(), {"--negative-prompt", *c.req.negative_prompt});
   const test::ProgramRun run = test::run_program(p);
   ASSERT_EQ(run.exit_code, 0) << run.err;
 
-  const Tensor ref = golden(c.dir + "/image.npy");
+  const Tensor ref = load_reference(c.dir + "/image.npy");
   const int64_t n = ref.dim(0);
-  const size_t per = static_cast<size_t>(c.req.width) * c.req.height * 3;
   int worst = 0;
   for (int64_t i = 0; i < n; ++i) {
-    const std::string path =
-        n == 1 ? output : (dir / ("out_" + std::to_string(i) + ".png")).string();
-    auto png = read_png(path);
+    auto png = read_png(test::cli_png_path(output, i, n));
     ASSERT_TRUE(png.ok()) << png.status().to_string();
     ASSERT_EQ(png->width, c.req.width);
     ASSERT_EQ(png->height, c.req.height);
-    for (size_t k = 0; k < per; ++k)
-      worst = std::max(worst,
-                       std::abs(int{png->rgb[k]} - int{to_u8(ref.data_as<float>()[i * per + k])}));
+    worst = std::max(worst, test::rgb8_max_diff(png->rgb, ref, i));
     std::map<std::string, std::string> text(png->text.begin(), png->text.end());
     EXPECT_EQ(text["mode"], c.req.mask ? "inpaint" : "img2img");
     EXPECT_FALSE(text["strength"].empty());
@@ -284,12 +194,7 @@ INSTANTIATE_TEST_SUITE_P(, GoldenImage, ::testing::ValuesIn(image_cases()),
 GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(GoldenImage);
 
 TEST(GoldenImageSet, AllCasesFound) {
-  size_t archives = 0;
-  for (const auto& e :
-       fs::directory_iterator(std::string(ZIMAGE_TEST_DATA_DIR) + "/golden/image")) {
-    const std::string p = e.path().string();
-    if (p.size() > 7 && p.compare(p.size() - 7, 7, ".tar.gz") == 0) ++archives;
-  }
+  const size_t archives = test::golden_archive_count("golden/image");
   EXPECT_GE(archives, 8u);
   EXPECT_EQ(image_cases().size() + 1, archives);  // + image_io, which is not a pipeline case
 }

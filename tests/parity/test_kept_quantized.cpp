@@ -1,5 +1,5 @@
-// Quantised weights kept quantised on the device (model/common/quantized_linear.h) against the same files
-// widened at load (PipelineLoadOptions::keep_quantized = false), on the CPU oracle: FP8 casts
+// Quantised weights kept quantised on the device (model/common/quantized_linear.h) against the same
+// files widened at load (PipelineLoadOptions::keep_quantized = false), on the CPU oracle: FP8 casts
 // (e4m3, e5m2), ComfyUI's scaled FP8 (per tensor, per row), the fp8_mixed text encoder, and the
 // GGUF DiT and text encoder (tools/make_gguf_cases.py: Q8_0, Q4_K, Q6_K, Q5_0, Q5_1, Q4_0, Q4_1).
 // The kept path dequantises each weight right before its GEMM with the same float32 arithmetic
@@ -15,12 +15,13 @@
 #include <nlohmann/json.hpp>
 
 #include "backend/backend.h"
+#include "common/golden_harness.h"
 #include "common/npy.h"
 #include "common/single_files.h"
 #include "golden_models_util.h"
 #include "io/model/model_source.h"
-#include "model/text_encoder/qwen3_encoder.h"
 #include "model/dit/zimage_dit.h"
+#include "model/text_encoder/qwen3_encoder.h"
 #include "pipeline/text_to_image.h"
 
 namespace zimage {
@@ -31,32 +32,6 @@ namespace fs = std::filesystem;
 std::string model_dir() {
   return test::golden_dir("v_turbo") + "/model";
 }
-
-GenerateRequest case_request() {
-  std::ifstream f(test::golden_dir("v_turbo") + "/case.json");
-  const nlohmann::json s = nlohmann::json::parse(f);
-  GenerateRequest r;
-  r.prompts.push_back(s.at("prompts").at(0).get<std::string>());
-  r.width = s.at("W").get<int>();
-  r.height = s.at("H").get<int>();
-  r.steps = s.at("steps").get<int>();
-  r.guidance = s.at("guidance").get<float>();
-  r.seed = s.at("seed").get<uint64_t>();
-  return r;
-}
-
-class Dumps final : public DebugSink {
- public:
-  bool wants(const std::string& n) const override {
-    return n.rfind("dit_out.", 0) == 0 || n.rfind("prompt_embeds.", 0) == 0;
-  }
-  void tensor(const std::string& name, Backend& be, const Tensor& t) override {
-    Tensor host = Tensor::host(DType::kF32, t.shape());
-    ASSERT_TRUE(be.download(t, host).ok());
-    got[name] = host;
-  }
-  std::map<std::string, Tensor> got;
-};
 
 struct Run {
   std::map<std::string, Tensor> dumps;
@@ -69,11 +44,11 @@ Result<Run> run(const ModelPaths& paths, bool keep, uint64_t budget = 0) {
   o.keep_quantized = keep;
   o.vram_budget = budget;
   ZI_ASSIGN_OR_RETURN(auto pipe, TextToImage::load(paths, *be, o));
-  Dumps sink;
+  test::CaptureSink sink({"dit_out.", "prompt_embeds."});
   TextToImageHooks hooks;
   hooks.debug = &sink;
-  ZI_ASSIGN_OR_RETURN(TextToImageOutput out, pipe->run(case_request(), hooks));
-  return Run{sink.got, out.image};
+  ZI_ASSIGN_OR_RETURN(TextToImageOutput out, pipe->run(test::turbo_request(), hooks));
+  return Run{sink.all(), out.image};
 }
 
 class KeptQuantized : public ::testing::Test {

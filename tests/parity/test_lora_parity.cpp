@@ -32,7 +32,7 @@ namespace zimage {
 namespace {
 
 namespace fs = std::filesystem;
-using test::Step0Sink;
+using test::load_reference;
 using test::turbo_request;
 
 // Measured on the CPU backend against diffusers (fp32): image <= 4.5e-7 for LoRAs stored in f32,
@@ -97,17 +97,11 @@ Result<RunOut> run(const std::string& model_dir, const std::vector<LoraSpec>& lo
   opts.lora_lenient = lenient;
   opts.fp8_weights = fp8_weights;
   ZI_ASSIGN_OR_RETURN(auto pipe, TextToImage::load(model_dir, *be, opts));
-  Step0Sink sink;
+  test::CaptureSink sink = test::step0_sink();
   TextToImageHooks hooks;
   hooks.debug = &sink;
   ZI_ASSIGN_OR_RETURN(TextToImageOutput out, pipe->run(turbo_request(), hooks));
-  return RunOut{out.image, sink.dit0};
-}
-
-Tensor npy(const std::string& path) {
-  auto t = test::load_npy(path);
-  EXPECT_TRUE(t.ok()) << path << ": " << t.status().to_string();
-  return t.ok() ? *t : Tensor();
+  return RunOut{out.image, sink.get(test::kDitStep0)};
 }
 
 bool same_bits(const Tensor& a, const Tensor& b) {
@@ -121,9 +115,9 @@ TEST_P(LoraParity, ImageMatchesDiffusers) {
   const LoraCase c = find_case(GetParam());
   auto out = run(test::tiny_model_dir(), c.loras);
   ASSERT_TRUE(out.ok()) << out.status().to_string();
-  const Tensor ref_image = npy(lora_file(c.name + ".image.npy"));
-  const Tensor ref_dit = npy(lora_file(c.name + ".dit0.npy"));
-  const Tensor base = npy(lora_file("base.image.npy"));
+  const Tensor ref_image = load_reference(lora_file(c.name + ".image.npy"));
+  const Tensor ref_dit = load_reference(lora_file(c.name + ".dit0.npy"));
+  const Tensor base = load_reference(lora_file("base.image.npy"));
   ASSERT_EQ(out->image.numel(), ref_image.numel());
   ASSERT_EQ(out->dit0.numel(), ref_dit.numel());
   const double img = test::max_abs_diff(out->image, ref_image);
@@ -153,7 +147,7 @@ TEST(LoraParityData, EveryLayoutIsCovered) {
 TEST(LoraParityData, NoLoraGivesTheBaseImage) {
   auto out = run(test::tiny_model_dir(), {});
   ASSERT_TRUE(out.ok()) << out.status().to_string();
-  EXPECT_LE(test::max_abs_diff(out->image, npy(lora_file("base.image.npy"))), 3e-5);
+  EXPECT_LE(test::max_abs_diff(out->image, load_reference(lora_file("base.image.npy"))), 3e-5);
 }
 
 TEST(LoraParityData, ScaleZeroGivesTheBaseImageBitForBit) {
@@ -171,8 +165,10 @@ TEST(LoraParityData, ScaleZeroGivesTheBaseImageBitForBit) {
 TEST(LoraParityData, AppliedUnderFp8Weights) {
   auto out = run(test::tiny_model_dir(), {{lora_file("peft.safetensors"), 1.0f}}, false, true);
   ASSERT_TRUE(out.ok()) << out.status().to_string();
-  const double to_lora = test::max_abs_diff(out->image, npy(lora_file("peft.image.npy")));
-  const double to_base = test::max_abs_diff(out->image, npy(lora_file("base.image.npy")));
+  const double to_lora =
+      test::max_abs_diff(out->image, load_reference(lora_file("peft.image.npy")));
+  const double to_base =
+      test::max_abs_diff(out->image, load_reference(lora_file("base.image.npy")));
   std::printf(
       "  fp8 weights + peft LoRA: max|diff| to diffusers' LoRA image %.3g, to the base %.3g\n",
       to_lora, to_base);
@@ -327,7 +323,7 @@ TEST(LoraCli, FlagsApplyReportAndRejectBadValues) {
   EXPECT_NE(ok.err.find("layers.1: "), std::string::npos) << ok.err;
   auto img = png_load(png);
   ASSERT_TRUE(img.ok()) << img.status().to_string();
-  const Tensor ref = npy(lora_file("peft_scaled.image.npy"));  // peft at 0.6
+  const Tensor ref = load_reference(lora_file("peft_scaled.image.npy"));  // peft at 0.6
   int worst = 0;
   for (size_t i = 0; i < img->rgb.size(); ++i) {
     const float x = ref.data_as<float>()[i];

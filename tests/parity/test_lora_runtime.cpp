@@ -1,9 +1,10 @@
-// Runtime LoRAs (model/adapters/lora_runtime.h, ZImageDiT::set_loras, GenerateRequest::loras) on the CPU
-// backend, against two independent references: the same LoRAs merged at load (lora_merge.h, the
-// float32 host merge the CLI uses) and diffusers' images (tools/make_lora_cases.py). Both methods
-// (merge into the weights, low-rank side GEMM) for every LoRA case on one loaded model, switched
-// in a row; taking a set off restores the base weights bit for bit; the engine's per-request
-// LoRAs through generate() and through the continuous batch (different sets never share a step).
+// Runtime LoRAs (model/adapters/lora_runtime.h, ZImageDiT::set_loras, GenerateRequest::loras) on
+// the CPU backend, against two independent references: the same LoRAs merged at load (lora_merge.h,
+// the float32 host merge the CLI uses) and diffusers' images (tools/make_lora_cases.py). Both
+// methods (merge into the weights, low-rank side GEMM) for every LoRA case on one loaded model,
+// switched in a row; taking a set off restores the base weights bit for bit; the engine's
+// per-request LoRAs through generate() and through the continuous batch (different sets never share
+// a step).
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -30,7 +31,6 @@ namespace zimage {
 namespace {
 
 namespace fs = std::filesystem;
-using test::Step0Sink;
 using test::turbo_request;
 
 // Runtime vs load-time merge, both float32 on the CPU: the merge adds up·down computed by a
@@ -70,11 +70,11 @@ struct RunOut {
 };
 
 Result<RunOut> run(TextToImage& pipe) {
-  Step0Sink sink;
+  test::CaptureSink sink = test::step0_sink();
   TextToImageHooks hooks;
   hooks.debug = &sink;
   ZI_ASSIGN_OR_RETURN(TextToImageOutput out, pipe.run(turbo_request(), hooks));
-  return RunOut{out.image, sink.dit0};
+  return RunOut{out.image, sink.get(test::kDitStep0)};
 }
 
 Result<std::vector<RuntimeLora>> read_set(const std::vector<LoraSpec>& specs) {

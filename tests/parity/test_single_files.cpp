@@ -18,6 +18,7 @@
 
 #include "backend/backend.h"
 #include "common/cli_run.h"
+#include "common/golden_harness.h"
 #include "common/npy.h"
 #include "common/single_files.h"
 #include "io/fs/json_util.h"
@@ -31,6 +32,7 @@ namespace zimage {
 namespace {
 
 namespace fs = std::filesystem;
+using test::turbo_request;
 
 // Same bounds as the folder goldens (test_golden_pipeline.cpp): fp32 on the CPU against fp32
 // diffusers; a wrong scale or a misplaced row shows up as 1e-2 and more.
@@ -46,32 +48,6 @@ nlohmann::json manifest() {
   return nlohmann::json::parse(f);
 }
 
-GenerateRequest case_request() {
-  std::ifstream f(test::golden_dir("v_turbo") + "/case.json");
-  const nlohmann::json s = nlohmann::json::parse(f);
-  GenerateRequest r;
-  for (const auto& p : s.at("prompts")) r.prompts.push_back(p.get<std::string>());
-  r.width = s.at("W").get<int>();
-  r.height = s.at("H").get<int>();
-  r.steps = s.at("steps").get<int>();
-  r.guidance = s.at("guidance").get<float>();
-  r.seed = s.at("seed").get<uint64_t>();
-  return r;
-}
-
-class DitOutSink final : public DebugSink {
- public:
-  bool wants(const std::string& n) const override {
-    return n.rfind("dit_out.", 0) == 0 || n.rfind("prompt_embeds.", 0) == 0;
-  }
-  void tensor(const std::string& name, Backend& be, const Tensor& t) override {
-    Tensor host = Tensor::host(DType::kF32, t.shape());
-    ASSERT_TRUE(be.download(t, host).ok());
-    got[name] = host;
-  }
-  std::map<std::string, Tensor> got;
-};
-
 struct Run {
   Tensor image;
   std::vector<Image> images;
@@ -81,11 +57,11 @@ struct Run {
 Result<Run> run(const ModelPaths& paths) {
   std::unique_ptr<Backend> be = make_cpu_backend(2);
   ZI_ASSIGN_OR_RETURN(auto pipe, TextToImage::load(paths, *be));
-  DitOutSink sink;
+  test::CaptureSink sink({"dit_out.", "prompt_embeds."});
   TextToImageHooks hooks;
   hooks.debug = &sink;
-  ZI_ASSIGN_OR_RETURN(TextToImageOutput out, pipe->run(case_request(), hooks));
-  return Run{out.image, out.images, sink.got};
+  ZI_ASSIGN_OR_RETURN(TextToImageOutput out, pipe->run(turbo_request(), hooks));
+  return Run{out.image, out.images, sink.all()};
 }
 
 class SingleFiles : public ::testing::Test {
@@ -156,7 +132,7 @@ TEST_P(SingleFileParity, PipelineMatchesReference) {
   ASSERT_TRUE(r.ok()) << r.status().to_string();
   const std::string ref = test::single_file_data_dir() + "/" + v.reference;
   std::printf("variant %s (reference %s)\n", v.name, v.reference);
-  for (int s = 0; s < case_request().steps; ++s) {
+  for (int s = 0; s < turbo_request().steps; ++s) {
     const std::string k = std::to_string(s);
     auto want = test::load_npy(ref + "/dit_out_step" + k + ".npy");
     ASSERT_TRUE(want.ok());
@@ -175,10 +151,7 @@ TEST_P(SingleFileParity, PipelineMatchesReference) {
   auto img = test::load_npy(ref + "/image.npy");
   ASSERT_TRUE(img.ok());
   const double err = test::max_abs_diff(r->image, *img);
-  int worst = 0;
-  for (size_t k = 0; k < r->images[0].rgb.size(); ++k)
-    worst =
-        std::max(worst, std::abs(int{r->images[0].rgb[k]} - int{to_u8(img->data_as<float>()[k])}));
+  const int worst = test::rgb8_max_diff(r->images[0].rgb, *img);
   std::printf("  image max|diff| %.3g, rgb8 max|diff| %d\n", err, worst);
   EXPECT_GE(err, 0.0);
   EXPECT_LE(err, kTolImage);
@@ -379,7 +352,7 @@ TEST_F(SingleFiles, EngineOptionsTakeSingleFiles) {
   o.tokenizer_dir = model_dir() + "/tokenizer";
   auto engine = Engine::load(o);
   ASSERT_TRUE(engine.ok()) << engine.status().to_string();
-  auto got = (*engine)->generate(case_request());
+  auto got = (*engine)->generate(turbo_request());
   ASSERT_TRUE(got.ok()) << got.status().to_string();
   ModelPaths alone;
   alone.transformer_file = o.dit_file;
@@ -487,7 +460,7 @@ TEST_F(SingleFiles, LoraAndImageToImageWorkOnSingleFiles) {
     EXPECT_TRUE(g.ok()) << g.status().to_string();
     return g.ok() ? g->images[0].rgb : std::vector<uint8_t>();
   };
-  const GenerateRequest req = case_request();
+  const GenerateRequest req = turbo_request();
   auto folder_lora = engine("", "", true);
   auto file_lora = engine(file("dit_bf16"), "", true);
   ASSERT_TRUE(folder_lora && file_lora);
@@ -523,7 +496,7 @@ test::ProgramRun zimage(std::vector<std::string> args) {
 // `zimage generate --model DIR --dit F --text-encoder F --vae F` writes diffusers' image (within
 // 1/255), and the three files alone (built-in tokenizer) write the standalone pipeline's image.
 TEST_F(SingleFiles, CliGeneratesFromSingleFiles) {
-  const GenerateRequest req = case_request();
+  const GenerateRequest req = turbo_request();
   const std::vector<std::string> common = {"--prompt",  req.prompts[0],
                                            "--width",   std::to_string(req.width),
                                            "--height",  std::to_string(req.height),
@@ -545,9 +518,7 @@ TEST_F(SingleFiles, CliGeneratesFromSingleFiles) {
   ASSERT_TRUE(png.ok()) << png.status().to_string();
   auto ref = test::load_npy(test::single_file_data_dir() + "/scaled_tensor/image.npy");
   ASSERT_TRUE(ref.ok());
-  int worst = 0;
-  for (size_t k = 0; k < png->rgb.size(); ++k)
-    worst = std::max(worst, std::abs(int{png->rgb[k]} - int{to_u8(ref->data_as<float>()[k])}));
+  const int worst = test::rgb8_max_diff(png->rgb, *ref);
   std::printf("  CLI --model + scaled FP8 --dit: PNG vs diffusers max|diff| %d/255\n", worst);
   EXPECT_LE(worst, 1);
 
