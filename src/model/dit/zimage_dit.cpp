@@ -389,6 +389,19 @@ Result<std::vector<int64_t>> ZImageDiT::check_inputs(const Tensor& latents,
   return cap_len;
 }
 
+Status ZImageDiT::alloc_graph_buffers(const Tensor& latents, const std::vector<Tensor>& caps,
+                                      const Tensor& out, Graphed& g) {
+  ZI_ASSIGN_OR_RETURN(g.latents, load::alloc(be_, DType::kF32, latents.shape(), "dit.graph_in"));
+  ZI_ASSIGN_OR_RETURN(
+      g.sinusoid, load::alloc(be_, be_.act_dtype(), {latents.dim(0), kTimeFreqDim}, "dit.graph_t"));
+  for (const Tensor& c : caps) {
+    ZI_ASSIGN_OR_RETURN(Tensor cc, load::alloc(be_, c.dtype(), c.shape(), "dit.graph_caption"));
+    g.caps.push_back(cc);
+  }
+  ZI_ASSIGN_OR_RETURN(g.out, load::alloc(be_, DType::kF32, out.shape(), "dit.graph_out"));
+  return Status::Ok();
+}
+
 Status ZImageDiT::forward(const Tensor& latents, const std::vector<float>& t_model,
                           const std::vector<Tensor>& caps, Tensor& out, DebugSink* dbg,
                           const std::string& pfx, const ControlResiduals* control) {
@@ -423,14 +436,7 @@ Status ZImageDiT::forward(const Tensor& latents, const std::vector<float>& t_mod
     if (graphs_.size() >= max_graphs_) graphs_.clear();  // bounded: shapes seen recently
     Graphed g;
     ZI_ASSIGN_OR_RETURN(g.layout, make_layout(b, lh, lw, cap_len));
-    ZI_ASSIGN_OR_RETURN(g.latents, load::alloc(be_, DType::kF32, latents.shape(), "dit.graph_in"));
-    ZI_ASSIGN_OR_RETURN(g.sinusoid,
-                        load::alloc(be_, be_.act_dtype(), {b, kTimeFreqDim}, "dit.graph_t"));
-    for (const Tensor& c : caps) {
-      ZI_ASSIGN_OR_RETURN(Tensor cc, load::alloc(be_, c.dtype(), c.shape(), "dit.graph_caption"));
-      g.caps.push_back(cc);
-    }
-    ZI_ASSIGN_OR_RETURN(g.out, load::alloc(be_, DType::kF32, out.shape(), "dit.graph_out"));
+    ZI_TRY(alloc_graph_buffers(latents, caps, out, g));
     if (control != nullptr) {
       g.control.layers = control->layers;
       for (const Tensor& h : control->hints) {

@@ -160,6 +160,10 @@ class ZImageDiT {
     std::unique_ptr<RecordedWork> work;
   };
   size_t max_graphs_ = 4;
+  // A new recording's fixed buffers for inputs and outputs shaped as these (forward's and
+  // forward_parallel's).
+  Status alloc_graph_buffers(const Tensor& latents, const std::vector<Tensor>& caps,
+                             const Tensor& out, Graphed& g);
 
   ZImageDiT(const TransformerConfig& cfg, Backend& be) : cfg_(cfg), be_(be) {}
   // zimage_dit_weights.cpp

@@ -200,15 +200,7 @@ Status ZImageDiT::forward_parallel(Communicator& comm, const Tensor& latents,
       if (par_graphs_.size() >= max_graphs_) par_graphs_.clear();
       Graphed g;
       g.layout = std::move(lay);
-      ZI_ASSIGN_OR_RETURN(g.latents,
-                          load::alloc(be_, DType::kF32, latents.shape(), "dit.graph_in"));
-      ZI_ASSIGN_OR_RETURN(g.sinusoid,
-                          load::alloc(be_, be_.act_dtype(), {b, kTimeFreqDim}, "dit.graph_t"));
-      for (const Tensor& c : caps) {
-        ZI_ASSIGN_OR_RETURN(Tensor cc, load::alloc(be_, c.dtype(), c.shape(), "dit.graph_caption"));
-        g.caps.push_back(cc);
-      }
-      ZI_ASSIGN_OR_RETURN(g.out, load::alloc(be_, DType::kF32, out.shape(), "dit.graph_out"));
+      ZI_TRY(alloc_graph_buffers(latents, caps, out, g));
       it = par_graphs_.emplace(key, std::move(g)).first;
     }
     Graphed& g = it->second;
