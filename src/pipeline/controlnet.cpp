@@ -8,16 +8,10 @@
 
 #include "io/image/image_resize.h"
 #include "model/common/load_util.h"
+#include "pipeline/host_dump.h"
 
 namespace zimage {
 namespace {
-
-void dump_host(DebugSink* dbg, Backend& host, const std::string& name, const float* data,
-               const Shape& shape) {
-  if (dbg == nullptr || !dbg->wants(name)) return;
-  Tensor t = Tensor::wrap(const_cast<float*>(data), DType::kF32, shape);
-  dbg->tensor(name, host, t);
-}
 
 // (vae.encode(image).latent_dist.mode() - shift)·scale: [C, h, w] on the host.
 Result<std::vector<float>> encode_mode(VaeEncoder& enc, Backend& be, const Tensor& image_nhwc) {

@@ -10,16 +10,10 @@
 #include "io/image/image_read.h"
 #include "io/image/image_resize.h"
 #include "model/common/load_util.h"
+#include "pipeline/host_dump.h"
 
 namespace zimage {
 namespace {
-
-void dump_host(DebugSink* dbg, Backend& host, const std::string& name, const float* data,
-               const Shape& shape) {
-  if (dbg == nullptr || !dbg->wants(name)) return;
-  Tensor t = Tensor::wrap(const_cast<float*>(data), DType::kF32, shape);
-  dbg->tensor(name, host, t);
-}
 
 Result<Image8> as_image8(const Image& img, const char* field) {
   const int64_t want = int64_t{img.width} * img.height * 3;

@@ -11,6 +11,7 @@
 #include "core/log.h"
 #include "pipeline/controlnet.h"
 #include "pipeline/finite_check.h"
+#include "pipeline/host_dump.h"
 #include "pipeline/rng.h"
 #include "pipeline/scheduler.h"
 
@@ -20,14 +21,6 @@ namespace {
 
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-// Hands a host float vector to the debug sink as a tensor of `shape` (the CPU backend copies it).
-void dump_host(DebugSink* dbg, Backend& host, const std::string& name, const float* data,
-               const Shape& shape) {
-  if (dbg == nullptr || !dbg->wants(name)) return;
-  Tensor t = Tensor::wrap(const_cast<float*>(data), DType::kF32, shape);
-  dbg->tensor(name, host, t);
 }
 
 void dump_ids(DebugSink* dbg, Backend& host, const std::string& name,
@@ -246,20 +239,48 @@ Result<std::unique_ptr<DenoiseState>> TextToImage::begin(const GenerateRequest& 
 Status TextToImage::step(const std::vector<DenoiseState*>& states) {
   if (states.empty()) return Status::Ok();
   const DenoiseState& first = *states.front();
-  const int64_t ch = first.channels, h = first.h, w = first.w;
   const double t0 = now_s();
+  ZI_ASSIGN_OR_RETURN(const StepBatch batch, step_batch(states));
+  // DiT input: every state's latents (twice under CFG), in row order, copied on the backend.
+  ZI_ASSIGN_OR_RETURN(Tensor in, stack_rows(batch, &DenoiseState::latents));
+  // A single request keeps its own debug sink and names; a batch runs without dumps. Steps are
+  // named and reported by their number in the request's loop (diffusers' i), which starts at 0
+  // also when an init image skips the first t_start steps of the schedule.
+  DebugSink* dbg = batch.parts.size() == 1 ? first.hooks.debug : nullptr;
+  const std::string step_name = "step" + std::to_string(first.steps_done());
+  ControlResiduals residuals;
+  const bool control = first.control.defined();
+  if (control) ZI_TRY(control_residuals(batch, in, dbg, step_name, residuals));
+  Tensor out;
+  ZI_TRY(dit_forward(batch, in, control ? &residuals : nullptr, dbg, step_name, out));
+  residuals = ControlResiduals();
+  in = Tensor();
 
-  // The batch rows: per state, its n positive rows, then its n negative rows when CFG applies at
-  // its current step (as run() alone lays them out), each row with its own time and caption.
-  struct Part {
-    DenoiseState* st;
-    int64_t row0, rows;
-    float guidance;  // 0: positive rows only at this step
-  };
-  std::vector<Part> parts;
-  std::vector<float> t_model;
-  std::vector<Tensor> caps;
-  int64_t rows = 0;
+  // NaN/Inf never reach the image silently (a black picture): one count over the whole output,
+  // read back with the step's only synchronisation; per request only when it is not zero.
+  ZI_ASSIGN_OR_RETURN(const int64_t bad_total, be_.count_nonfinite(out));
+  for (const StepPart& pt : batch.parts) {
+    Tensor o = out.slice0(pt.row0, pt.row0 + pt.rows);  // [rows, C, h, w]
+    debug_tensor(pt.st->hooks.debug, "dit_out.step" + std::to_string(pt.st->steps_done()), be_, o);
+    if (bad_total > 0) ZI_TRY(check_dit_output(*pt.st, o));
+    ZI_TRY(advance(pt, o));
+  }
+  const double took = now_s() - t0;
+  for (const StepPart& pt : batch.parts) {
+    DenoiseState& st = *pt.st;
+    st.timings.dit_s.push_back(took);
+    if (st.hooks.on_progress)
+      st.hooks.on_progress(
+          {Phase::kDenoise, st.steps_done(), st.steps_total(), now_s() - st.start_s});
+  }
+  return Status::Ok();
+}
+
+Result<TextToImage::StepBatch> TextToImage::step_batch(
+    const std::vector<DenoiseState*>& states) const {
+  const DenoiseState& first = *states.front();
+  const int64_t ch = first.channels, h = first.h, w = first.w;
+  StepBatch batch;
   for (DenoiseState* st : states) {
     if (st == nullptr || st->done() || st->h != h || st->w != w || st->channels != ch)
       return InvalidArgument("denoising step: states must be unfinished and of one latent size");
@@ -268,108 +289,93 @@ Status TextToImage::step(const std::vector<DenoiseState*>& states) {
         st->cfg ? st->scheduler->guidance_at(i, st->req.guidance, st->req.cfg_truncation) : 0.0f;
     const int64_t n = st->n, per = st->req.images_per_prompt;
     const int64_t r = g > 0.0f ? 2 * n : n;
-    parts.push_back({st, rows, r, g});
+    batch.parts.push_back({st, batch.rows, r, g});
     for (int64_t k = 0; k < r; ++k) {
-      t_model.push_back(st->scheduler->model_time(i));
+      batch.t_model.push_back(st->scheduler->model_time(i));
       // Caption of row k: prompt k/per's embedding (p0, p0, p1, p1, ...), the negative after n.
-      caps.push_back(k < n ? st->embeds[static_cast<size_t>(k / per)] : st->embeds.back());
+      batch.caps.push_back(k < n ? st->embeds[static_cast<size_t>(k / per)] : st->embeds.back());
     }
-    rows += r;
+    batch.rows += r;
   }
-
-  // DiT input: every state's latents (twice under CFG), in row order, copied on the backend.
-  ZI_ASSIGN_OR_RETURN(Tensor in, be_.alloc(DType::kF32, {rows, ch, h, w}));
-  for (const Part& pt : parts) {
-    Tensor pos_rows = in.slice0(pt.row0, pt.row0 + pt.st->n);
-    ZI_TRY(be_.convert(pt.st->latents, pos_rows));
-    if (pt.guidance > 0.0f) {
-      Tensor neg_rows = in.slice0(pt.row0 + pt.st->n, pt.row0 + 2 * pt.st->n);
-      ZI_TRY(be_.convert(pt.st->latents, neg_rows));
-    }
-  }
-  Tensor out;
-  // A single request keeps its own debug sink and names; a batch runs without dumps. Steps are
-  // named and reported by their number in the request's loop (diffusers' i), which starts at 0
-  // also when an init image skips the first t_start steps of the schedule.
-  DebugSink* dbg = parts.size() == 1 ? first.hooks.debug : nullptr;
-  const std::string step_name = "step" + std::to_string(first.steps_done());
-  // ControlNet: its residuals for these rows (the control context repeated as the latents are).
-  ControlResiduals residuals;
-  const bool control = first.control.defined();
-  if (control) {
+  // ControlNet requests batch only with each other, at one control scale.
+  if (first.control.defined()) {
     if (!controlnet_) return InvalidArgument("control_image: no ControlNet loaded");
-    const int64_t cc = first.control.dim(1);
-    ZI_ASSIGN_OR_RETURN(Tensor ctl, be_.alloc(DType::kF32, {rows, cc, h, w}));
-    for (const Part& pt : parts) {
+    for (const StepPart& pt : batch.parts)
       if (!pt.st->control.defined() || pt.st->req.control_scale != first.req.control_scale)
         return InvalidArgument(
             "denoising step: ControlNet requests batch only with each other, "
             "at one control scale");
-      Tensor pos_rows = ctl.slice0(pt.row0, pt.row0 + pt.st->n);
-      ZI_TRY(be_.convert(pt.st->control, pos_rows));
-      if (pt.guidance > 0.0f) {
-        Tensor neg_rows = ctl.slice0(pt.row0 + pt.st->n, pt.row0 + 2 * pt.st->n);
-        ZI_TRY(be_.convert(pt.st->control, neg_rows));
-      }
-    }
-    ZI_TRY(controlnet_
-               ->forward(in, t_model, caps, ctl, first.req.control_scale, residuals, dbg,
-                         "controlnet." + step_name)
-               .with_context("denoising step " + std::to_string(first.steps_done())));
   } else {
-    for (const Part& pt : parts)
+    for (const StepPart& pt : batch.parts)
       if (pt.st->control.defined())
         return InvalidArgument("denoising step: ControlNet requests batch only with each other");
   }
+  return batch;
+}
+
+Result<Tensor> TextToImage::stack_rows(const StepBatch& batch, Tensor DenoiseState::*field) const {
+  const Tensor& f0 = batch.parts.front().st->*field;
+  ZI_ASSIGN_OR_RETURN(Tensor rows,
+                      be_.alloc(DType::kF32, {batch.rows, f0.dim(1), f0.dim(2), f0.dim(3)}));
+  for (const StepPart& pt : batch.parts) {
+    const Tensor& src = pt.st->*field;
+    Tensor pos_rows = rows.slice0(pt.row0, pt.row0 + pt.st->n);
+    ZI_TRY(be_.convert(src, pos_rows));
+    if (pt.guidance > 0.0f) {
+      Tensor neg_rows = rows.slice0(pt.row0 + pt.st->n, pt.row0 + 2 * pt.st->n);
+      ZI_TRY(be_.convert(src, neg_rows));
+    }
+  }
+  return rows;
+}
+
+Status TextToImage::control_residuals(const StepBatch& batch, const Tensor& in, DebugSink* dbg,
+                                      const std::string& step_name, ControlResiduals& residuals) {
+  // The control context repeated as the latents are.
+  const DenoiseState& first = *batch.parts.front().st;
+  ZI_ASSIGN_OR_RETURN(Tensor ctl, stack_rows(batch, &DenoiseState::control));
+  return controlnet_
+      ->forward(in, batch.t_model, batch.caps, ctl, first.req.control_scale, residuals, dbg,
+                "controlnet." + step_name)
+      .with_context("denoising step " + std::to_string(first.steps_done()));
+}
+
+Status TextToImage::dit_forward(const StepBatch& batch, const Tensor& in,
+                                const ControlResiduals* residuals, DebugSink* dbg,
+                                const std::string& step_name, Tensor& out) {
+  const DenoiseState& first = *batch.parts.front().st;
   // Sequence parallel (pipeline/seqpar.h): without ControlNet residuals or runtime LoRAs, which
   // only rank 0 holds.
-  const bool split = seqpar_ && !control && c_.transformer->applied_loras().empty();
-  ZI_TRY((split ? seqpar_->forward(*c_.transformer, in, t_model, caps, out)
-                : c_.transformer->forward(in, t_model, caps, out, dbg, "dit." + step_name,
-                                          control ? &residuals : nullptr))
-             .with_context("denoising step " + std::to_string(first.steps_done())));
-  residuals = ControlResiduals();
-  in = Tensor();
+  const bool split = seqpar_ && residuals == nullptr && c_.transformer->applied_loras().empty();
+  return (split ? seqpar_->forward(*c_.transformer, in, batch.t_model, batch.caps, out)
+                : c_.transformer->forward(in, batch.t_model, batch.caps, out, dbg,
+                                          "dit." + step_name, residuals))
+      .with_context("denoising step " + std::to_string(first.steps_done()));
+}
 
-  // NaN/Inf never reach the image silently (a black picture): one count over the whole output,
-  // read back with the step's only synchronisation; per request only when it is not zero.
-  ZI_ASSIGN_OR_RETURN(const int64_t bad_total, be_.count_nonfinite(out));
-  for (const Part& pt : parts) {
-    DenoiseState& st = *pt.st;
-    const int i = st.step;
-    const int64_t n = st.n;
-    Tensor o = out.slice0(pt.row0, pt.row0 + pt.rows);  // [rows, C, h, w]
-    const std::string name = "step" + std::to_string(st.steps_done());
-    debug_tensor(st.hooks.debug, "dit_out." + name, be_, o);
-    if (bad_total > 0) {
-      ZI_ASSIGN_OR_RETURN(const int64_t bad, be_.count_nonfinite(o));
-      if (bad > 0) {
-        return nonfinite_error(
-            "denoising step " + std::to_string(st.steps_done()) + ": the DiT output", bad,
-            o.numel(), "transformer", &st.embeds);
-      }
-    }
-    const Tensor pos = o.slice0(0, n);
-    const Tensor neg = pt.guidance > 0.0f ? o.slice0(n, 2 * n) : Tensor();
-    const float dt = st.scheduler->dt(i);
-    if (!device_step_ || (pt.guidance > 0.0f && st.req.cfg_normalization > 0.0f)) {
-      ZI_TRY(host_step(st, pos, neg, pt.guidance, dt));
-    } else {
-      // latents += dt·(−(pos + g·(pos − neg))), on the backend with the host's roundings.
-      ZI_TRY(be_.guided_euler_step(pos, neg, pt.guidance, dt, st.latents));
-    }
-    if (st.inpaint) ZI_TRY(inpaint_step(st, i));
-    debug_tensor(st.hooks.debug, "latents." + name, be_, st.latents);
-    st.step = i + 1;
+Status TextToImage::check_dit_output(DenoiseState& st, const Tensor& o) {
+  ZI_ASSIGN_OR_RETURN(const int64_t bad, be_.count_nonfinite(o));
+  if (bad == 0) return Status::Ok();
+  return nonfinite_error("denoising step " + std::to_string(st.steps_done()) + ": the DiT output",
+                         bad, o.numel(), "transformer", &st.embeds);
+}
+
+Status TextToImage::advance(const StepPart& pt, const Tensor& o) {
+  DenoiseState& st = *pt.st;
+  const int i = st.step;
+  const int64_t n = st.n;
+  const Tensor pos = o.slice0(0, n);
+  const Tensor neg = pt.guidance > 0.0f ? o.slice0(n, 2 * n) : Tensor();
+  const float dt = st.scheduler->dt(i);
+  if (!device_step_ || (pt.guidance > 0.0f && st.req.cfg_normalization > 0.0f)) {
+    ZI_TRY(host_step(st, pos, neg, pt.guidance, dt));
+  } else {
+    // latents += dt·(−(pos + g·(pos − neg))), on the backend with the host's roundings.
+    ZI_TRY(be_.guided_euler_step(pos, neg, pt.guidance, dt, st.latents));
   }
-  const double took = now_s() - t0;
-  for (const Part& pt : parts) {
-    DenoiseState& st = *pt.st;
-    st.timings.dit_s.push_back(took);
-    if (st.hooks.on_progress)
-      st.hooks.on_progress(
-          {Phase::kDenoise, st.steps_done(), st.steps_total(), now_s() - st.start_s});
-  }
+  if (st.inpaint) ZI_TRY(inpaint_step(st, i));
+  debug_tensor(st.hooks.debug, "latents.step" + std::to_string(st.steps_done()), be_, st.latents);
+  st.step = i + 1;
   return Status::Ok();
 }
 

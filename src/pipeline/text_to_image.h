@@ -206,6 +206,38 @@ class TextToImage {
   Result<std::vector<Tensor>> encode_prompts(const GenerateRequest& req, bool cfg,
                                              const TextToImageHooks& hooks, PhaseTimings& t,
                                              double start_s);
+
+  // ---- step(), one concern a function (text_to_image.cpp) ----
+  // One state's rows in a step's DiT batch: from row0, its n positive rows, then its n negative
+  // rows when CFG applies at its current step (as run() alone lays them out).
+  struct StepPart {
+    DenoiseState* st;
+    int64_t row0, rows;
+    float guidance;  // 0: positive rows only at this step
+  };
+  struct StepBatch {
+    std::vector<StepPart> parts;
+    std::vector<float> t_model;  // per row
+    std::vector<Tensor> caps;    // per row
+    int64_t rows = 0;
+  };
+  // The rows of `states`, refused when they cannot share a forward (finished, another latent
+  // size, ControlNet mixed with plain requests or at another control scale).
+  Result<StepBatch> step_batch(const std::vector<DenoiseState*>& states) const;
+  // Every part's `field` ([n, C, h, w] f32: latents or control context), twice under CFG, in row
+  // order on the backend: [rows, C, h, w].
+  Result<Tensor> stack_rows(const StepBatch& batch, Tensor DenoiseState::*field) const;
+  // The ControlNet's residuals for the rows `in`; and the DiT forward of `in` (with them, or on
+  // the sequence-parallel ranks when it can), named "<...>.step<k>" for the dumps.
+  Status control_residuals(const StepBatch& batch, const Tensor& in, DebugSink* dbg,
+                           const std::string& step_name, ControlResiduals& residuals);
+  Status dit_forward(const StepBatch& batch, const Tensor& in, const ControlResiduals* residuals,
+                     DebugSink* dbg, const std::string& step_name, Tensor& out);
+  // A part's DiT output rows `o` free of NaN/Inf, else the error naming where they came from.
+  Status check_dit_output(DenoiseState& st, const Tensor& o);
+  // A part's CFG combine and Euler step from its output rows `o`, the inpainting blend, and its
+  // step count advanced.
+  Status advance(const StepPart& pt, const Tensor& o);
   // Inpainting: the known region put back after the Euler step at scheduler index i.
   Status inpaint_step(DenoiseState& st, int i);
   // One state's update on the host (cfg_normalization > 0, or the device step switched off).

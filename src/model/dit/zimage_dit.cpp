@@ -216,121 +216,138 @@ Result<ZImageDiT::Layout> ZImageDiT::make_layout(int64_t b, int64_t lh, int64_t 
   return L;
 }
 
-Status ZImageDiT::compute(const Layout& L, const Tensor& latents, const Tensor& sinusoid,
-                          const std::vector<Tensor>& caps, Tensor& out, DebugSink* dbg,
-                          const std::string& pfx, const ControlResiduals* control) {
-  const int64_t p = cfg_.patch_size, d = cfg_.dim, half = cfg_.head_dim() / 2;
-  const int64_t tf = cfg_.token_features();
-  const int64_t b = L.b, n_img = L.n_img, np = L.np, lp_max = L.lp_max, s_max = L.s_max;
-  const std::vector<int64_t>&cap_len = L.cap_len, &cap_pad = L.cap_pad, &seq = L.seq;
-  const bool cap_ragged = L.ragged, seq_ragged = L.ragged;
-  const Tensor &img_freqs = L.img_freqs, &cap_freqs = L.cap_freqs, &uni_freqs = L.uni_freqs;
+Result<Tensor> ZImageDiT::patch_tokens(const Layout& L, const Tensor& latents) {
+  ZI_ASSIGN_OR_RETURN(
+      Tensor tokens,
+      load::alloc(be_, be_.act_dtype(), {L.b, L.n_img, cfg_.token_features()}, "dit.patches"));
+  ZI_TRY(be_.patchify(latents, static_cast<int>(cfg_.patch_size), tokens));  // [B, N, p*p*C]
+  return tokens;
+}
+
+Result<Tensor> ZImageDiT::embed_image(const Layout& L, const Tensor& tokens) {
+  const int64_t b = L.b, n_img = L.n_img, np = L.np, d = cfg_.dim, tf = cfg_.token_features();
   const DType act = be_.act_dtype();
-  const Tensor none;
-
-  // One set of activation buffers for the longest stage (Scratch::view).
-  ZI_ASSIGN_OR_RETURN(Scratch scratch, Scratch::make(be_, cfg_, b, std::max({np, lp_max, s_max})));
-
-  // ---- timestep conditioning ----
-  Tensor c;
-  ZI_TRY(timestep_embedding(sinusoid, c));  // [B, adaln]
-  debug_tensor(dbg, pfx + ".t_emb", be_, c);
-
-  // ---- image tokens + noise refiner ----
-  ZI_ASSIGN_OR_RETURN(Tensor tokens, load::alloc(be_, act, {b, n_img, tf}, "dit.patches"));
-  ZI_TRY(be_.patchify(latents, static_cast<int>(p), tokens));  // [B, N, p*p*C]
   ZI_ASSIGN_OR_RETURN(Tensor x, load::alloc(be_, act, {b, np, d}, "dit.image_tokens"));
+  // No pads: the embedding goes straight into x.
   if (np == n_img) {
     Tensor x_rows = x.view({b * np, d});                                   // [B*N, D]
     ZI_TRY(be_.matmul(tokens.view({b * n_img, tf}), x_w_, x_b_, x_rows));  // [B*N, D]
-  } else {
-    ZI_ASSIGN_OR_RETURN(Tensor xe, load::alloc(be_, act, {b * n_img, d}, "dit.x_embed"));
-    ZI_TRY(be_.matmul(tokens.view({b * n_img, tf}), x_w_, x_b_, xe));  // [B*N, D]
-    for (int64_t i = 0; i < b; ++i) {
-      ZI_TRY(be_.copy_2d(xe, i * n_img * d, d, x, i * np * d, d, n_img, d));         // real
-      ZI_TRY(be_.copy_2d(x_pad_, 0, d, x, (i * np + n_img) * d, d, np - n_img, d));  // pads
-    }
+    return x;
   }
-  debug_tensor(dbg, pfx + ".x_embed", be_, x);
-  {
-    Scratch s = scratch.view(b, np, cfg_);
-    const AttentionParams ap{1.0f / std::sqrt(static_cast<float>(2 * half)), false, {}};
-    for (size_t l = 0; l < noise_refiner_.size(); ++l) {
-      const int bi = static_cast<int>(l);
-      ZI_ASSIGN_OR_RETURN(Block blk, use_block(bi));
-      ZI_TRY(run_block(blk, x, img_freqs, c, ap, s));  // [B, Np, D]
-      ZI_TRY(done_block(bi));
-      debug_tensor(dbg, pfx + ".noise_refiner." + std::to_string(l), be_, x);
-    }
-  }
-
-  // ---- caption tokens + context refiner ----
-  ZI_ASSIGN_OR_RETURN(Tensor cap, load::alloc(be_, act, {b, lp_max, d}, "dit.caption_tokens"));
-  if (cap_ragged) ZI_TRY(be_.fill(cap, 0.0f));
+  ZI_ASSIGN_OR_RETURN(Tensor xe, load::alloc(be_, act, {b * n_img, d}, "dit.x_embed"));
+  ZI_TRY(be_.matmul(tokens.view({b * n_img, tf}), x_w_, x_b_, xe));  // [B*N, D]
   for (int64_t i = 0; i < b; ++i) {
-    ZI_ASSIGN_OR_RETURN(Tensor cn,
-                        load::alloc(be_, act, {cap_len[i], cfg_.cap_feat_dim}, "dit.cap_norm"));
-    ZI_TRY(be_.rms_norm(caps[i], cap_norm_, cfg_.norm_eps, none, cn));  // [L_i, Fc]
-    Tensor rows = cap.view({b * lp_max, d}).slice0(i * lp_max, i * lp_max + cap_len[i]);
-    ZI_TRY(be_.matmul(cn, cap_w_, cap_b_, rows));  // [L_i, D]
-    if (cap_pad[i] > cap_len[i]) {
-      ZI_TRY(be_.copy_2d(cap_pad_, 0, d, cap, (i * lp_max + cap_len[i]) * d, d,
-                         cap_pad[i] - cap_len[i], d));  // pads
-    }
+    ZI_TRY(be_.copy_2d(xe, i * n_img * d, d, x, i * np * d, d, n_img, d));         // real
+    ZI_TRY(be_.copy_2d(x_pad_, 0, d, x, (i * np + n_img) * d, d, np - n_img, d));  // pads
   }
-  debug_tensor(dbg, pfx + ".cap_embed", be_, cap);
-  {
-    Scratch s = scratch.view(b, lp_max, cfg_);
-    AttentionParams ap{1.0f / std::sqrt(static_cast<float>(2 * half)), false, {}};
-    if (cap_ragged)
-      for (int64_t i = 0; i < b; ++i) ap.key_len.push_back(static_cast<int32_t>(cap_pad[i]));
-    for (size_t l = 0; l < context_refiner_.size(); ++l) {
-      const int bi = static_cast<int>(noise_refiner_.size() + l);
-      ZI_ASSIGN_OR_RETURN(Block blk, use_block(bi));
-      ZI_TRY(run_block(blk, cap, cap_freqs, none, ap, s));  // [B, Lp, D]
-      ZI_TRY(done_block(bi));
-      debug_tensor(dbg, pfx + ".context_refiner." + std::to_string(l), be_, cap);
-    }
-  }
+  return x;
+}
 
-  // ---- unified sequence [image ; caption] + main layers ----
-  ZI_ASSIGN_OR_RETURN(Tensor u, load::alloc(be_, act, {b, s_max, d}, "dit.unified"));
-  if (seq_ragged) ZI_TRY(be_.fill(u, 0.0f));
+Result<Tensor> ZImageDiT::embed_caption(const Layout& L, const std::vector<Tensor>& caps) {
+  const int64_t b = L.b, lp_max = L.lp_max, d = cfg_.dim;
+  const DType act = be_.act_dtype();
+  const Tensor none;
+  ZI_ASSIGN_OR_RETURN(Tensor cap, load::alloc(be_, act, {b, lp_max, d}, "dit.caption_tokens"));
+  if (L.ragged) ZI_TRY(be_.fill(cap, 0.0f));
+  for (int64_t i = 0; i < b; ++i) {
+    const int64_t len = L.cap_len[i], pad = L.cap_pad[i];
+    ZI_ASSIGN_OR_RETURN(Tensor cn, load::alloc(be_, act, {len, cfg_.cap_feat_dim}, "dit.cap_norm"));
+    ZI_TRY(be_.rms_norm(caps[i], cap_norm_, cfg_.norm_eps, none, cn));  // [L_i, Fc]
+    Tensor rows = cap.view({b * lp_max, d}).slice0(i * lp_max, i * lp_max + len);
+    ZI_TRY(be_.matmul(cn, cap_w_, cap_b_, rows));  // [L_i, D]
+    if (pad > len)
+      ZI_TRY(be_.copy_2d(cap_pad_, 0, d, cap, (i * lp_max + len) * d, d, pad - len, d));  // pads
+  }
+  return cap;
+}
+
+Result<Tensor> ZImageDiT::unify(const Layout& L, Tensor x, Tensor cap) {
+  const int64_t b = L.b, np = L.np, lp_max = L.lp_max, s_max = L.s_max, d = cfg_.dim;
+  ZI_ASSIGN_OR_RETURN(Tensor u, load::alloc(be_, be_.act_dtype(), {b, s_max, d}, "dit.unified"));
+  if (L.ragged) ZI_TRY(be_.fill(u, 0.0f));
   for (int64_t i = 0; i < b; ++i) {
     ZI_TRY(be_.copy_2d(x, i * np * d, d, u, i * s_max * d, d, np, d));  // image
-    ZI_TRY(be_.copy_2d(cap, i * lp_max * d, d, u, (i * s_max + np) * d, d, cap_pad[i], d));
+    ZI_TRY(be_.copy_2d(cap, i * lp_max * d, d, u, (i * s_max + np) * d, d, L.cap_pad[i], d));
   }
-  x = Tensor();
-  cap = Tensor();
-  {
-    Scratch s = scratch.view(b, s_max, cfg_);
-    AttentionParams ap{1.0f / std::sqrt(static_cast<float>(2 * half)), false, {}};
-    if (seq_ragged)
-      for (int64_t i = 0; i < b; ++i) ap.key_len.push_back(static_cast<int32_t>(seq[i]));
-    for (size_t l = 0; l < layers_.size(); ++l) {
-      const int bi = static_cast<int>(noise_refiner_.size() + context_refiner_.size() + l);
-      ZI_ASSIGN_OR_RETURN(Block blk, use_block(bi));
-      ZI_TRY(run_block(blk, u, uni_freqs, c, ap, s));  // [B, S, D]
-      ZI_TRY(done_block(bi));
-      for (size_t k = 0; control != nullptr && k < control->layers.size(); ++k)
-        if (control->layers[k] == static_cast<int>(l)) ZI_TRY(be_.add(u, control->hints[k], u));
-      debug_tensor(dbg, pfx + ".layers." + std::to_string(l), be_, u);
-    }
-  }
+  return u;
+}
 
-  // ---- final layer: LayerNorm(no affine) ⊙ (1 + W·silu(c) + b), Linear ----
+Status ZImageDiT::run_stage(const Pass& P, Stage st, Tensor& x, const Tensor& freqs,
+                            const Scratch& scratch, const AttentionFn* attn) {
+  const int n_noise = static_cast<int>(noise_refiner_.size());
+  const int n_context = static_cast<int>(context_refiner_.size());
+  int first = 0, count = n_noise;
+  const char* name = "noise_refiner";
+  const std::vector<int64_t>* key_len = nullptr;  // masks when the batch is ragged
+  const Tensor none;
+  const Tensor* c = &P.c;
+  if (st == Stage::kContextRefiner) {
+    first = n_noise, count = n_context, name = "context_refiner";
+    key_len = &P.L.cap_pad;
+    c = &none;  // unmodulated
+  } else if (st == Stage::kLayers) {
+    first = n_noise + n_context, count = static_cast<int>(layers_.size()), name = "layers";
+    key_len = &P.L.seq;
+  }
+  const ControlResiduals* control = st == Stage::kLayers ? P.control : nullptr;
+
+  Scratch s = scratch.view(x.dim(0), x.dim(1), cfg_);
+  AttentionParams ap{1.0f / std::sqrt(static_cast<float>(2 * (cfg_.head_dim() / 2))), false, {}};
+  if (P.L.ragged && key_len != nullptr)
+    for (int64_t len : *key_len) ap.key_len.push_back(static_cast<int32_t>(len));
+  for (int l = 0; l < count; ++l) {
+    ZI_ASSIGN_OR_RETURN(Block blk, use_block(first + l));
+    ZI_TRY(run_block(blk, x, freqs, *c, ap, s, attn));  // [B, S, D]
+    ZI_TRY(done_block(first + l));
+    for (size_t k = 0; control != nullptr && k < control->layers.size(); ++k)
+      if (control->layers[k] == l) ZI_TRY(be_.add(x, control->hints[k], x));
+    if (P.dbg != nullptr) debug_tensor(P.dbg, P.pfx + "." + name + "." + std::to_string(l), be_, x);
+  }
+  return Status::Ok();
+}
+
+Result<Tensor> ZImageDiT::final_layer(const Tensor& u, const Tensor& c) {
+  const int64_t b = u.dim(0), s = u.dim(1), d = cfg_.dim, tf = cfg_.token_features();
+  const DType act = be_.act_dtype();
+  const Tensor none;
   ZI_ASSIGN_OR_RETURN(Tensor sc, load::alloc(be_, act, {b, cfg_.adaln_dim()}, "dit.final_silu"));
   ZI_TRY(be_.silu(c, sc));  // [B, adaln]
   ZI_ASSIGN_OR_RETURN(Tensor scale, load::alloc(be_, act, {b, d}, "dit.final_scale"));
   ZI_TRY(be_.matmul(sc, final_ada_w_, final_ada_b_, scale));  // [B, D]
   ZI_TRY(be_.add(scale, ones_, scale));                       // 1 + scale
-  ZI_ASSIGN_OR_RETURN(Tensor y, load::alloc(be_, act, {b * s_max, d}, "dit.final_norm"));
-  ZI_TRY(be_.layer_norm(u.view({b * s_max, d}), none, none, kFinalNormEps, scale, y));  // [B*S, D]
-  ZI_ASSIGN_OR_RETURN(Tensor o, load::alloc(be_, act, {b, s_max, tf}, "dit.final"));
-  Tensor o_rows = o.view({b * s_max, tf});            // [B*S, p*p*C]
+  ZI_ASSIGN_OR_RETURN(Tensor y, load::alloc(be_, act, {b * s, d}, "dit.final_norm"));
+  ZI_TRY(be_.layer_norm(u.view({b * s, d}), none, none, kFinalNormEps, scale, y));  // [B*S, D]
+  ZI_ASSIGN_OR_RETURN(Tensor o, load::alloc(be_, act, {b, s, tf}, "dit.final"));
+  Tensor o_rows = o.view({b * s, tf});                // [B*S, p*p*C]
   ZI_TRY(be_.matmul(y, final_w_, final_b_, o_rows));  // [B*S, p*p*C]
+  return o;
+}
+
+Status ZImageDiT::compute(const Layout& L, const Tensor& latents, const Tensor& sinusoid,
+                          const std::vector<Tensor>& caps, Tensor& out, DebugSink* dbg,
+                          const std::string& pfx, const ControlResiduals* control) {
+  // One set of activation buffers for the longest stage (Scratch::view).
+  ZI_ASSIGN_OR_RETURN(Scratch scratch,
+                      Scratch::make(be_, cfg_, L.b, std::max({L.np, L.lp_max, L.s_max})));
+  Pass P{L, Tensor(), dbg, pfx, control};
+  ZI_TRY(timestep_embedding(sinusoid, P.c));  // [B, adaln]
+  debug_tensor(dbg, pfx + ".t_emb", be_, P.c);
+
+  ZI_ASSIGN_OR_RETURN(Tensor tokens, patch_tokens(L, latents));  // [B, N, p*p*C]
+  ZI_ASSIGN_OR_RETURN(Tensor x, embed_image(L, tokens));         // [B, Np, D]
+  debug_tensor(dbg, pfx + ".x_embed", be_, x);
+  ZI_TRY(run_stage(P, Stage::kNoiseRefiner, x, L.img_freqs, scratch));
+
+  ZI_ASSIGN_OR_RETURN(Tensor cap, embed_caption(L, caps));  // [B, Lp, D]
+  debug_tensor(dbg, pfx + ".cap_embed", be_, cap);
+  ZI_TRY(run_stage(P, Stage::kContextRefiner, cap, L.cap_freqs, scratch));
+
+  ZI_ASSIGN_OR_RETURN(Tensor u, unify(L, std::move(x), std::move(cap)));  // [B, S, D]
+  ZI_TRY(run_stage(P, Stage::kLayers, u, L.uni_freqs, scratch));
+
+  ZI_ASSIGN_OR_RETURN(Tensor o, final_layer(u, P.c));  // [B, S, p*p*C]
   debug_tensor(dbg, pfx + ".final", be_, o);
-  ZI_TRY(be_.unpatchify(o, static_cast<int>(p), 1.0f, out));  // [B, C, h, w] f32
+  ZI_TRY(be_.unpatchify(o, static_cast<int>(cfg_.patch_size), 1.0f, out));  // [B, C, h, w] f32
   debug_tensor(dbg, pfx + ".out", be_, out);
   return Status::Ok();
 }
@@ -372,6 +389,19 @@ Result<std::vector<int64_t>> ZImageDiT::check_inputs(const Tensor& latents,
   return cap_len;
 }
 
+Status ZImageDiT::alloc_graph_buffers(const Tensor& latents, const std::vector<Tensor>& caps,
+                                      const Tensor& out, Graphed& g) {
+  ZI_ASSIGN_OR_RETURN(g.latents, load::alloc(be_, DType::kF32, latents.shape(), "dit.graph_in"));
+  ZI_ASSIGN_OR_RETURN(
+      g.sinusoid, load::alloc(be_, be_.act_dtype(), {latents.dim(0), kTimeFreqDim}, "dit.graph_t"));
+  for (const Tensor& c : caps) {
+    ZI_ASSIGN_OR_RETURN(Tensor cc, load::alloc(be_, c.dtype(), c.shape(), "dit.graph_caption"));
+    g.caps.push_back(cc);
+  }
+  ZI_ASSIGN_OR_RETURN(g.out, load::alloc(be_, DType::kF32, out.shape(), "dit.graph_out"));
+  return Status::Ok();
+}
+
 Status ZImageDiT::forward(const Tensor& latents, const std::vector<float>& t_model,
                           const std::vector<Tensor>& caps, Tensor& out, DebugSink* dbg,
                           const std::string& pfx, const ControlResiduals* control) {
@@ -406,14 +436,7 @@ Status ZImageDiT::forward(const Tensor& latents, const std::vector<float>& t_mod
     if (graphs_.size() >= max_graphs_) graphs_.clear();  // bounded: shapes seen recently
     Graphed g;
     ZI_ASSIGN_OR_RETURN(g.layout, make_layout(b, lh, lw, cap_len));
-    ZI_ASSIGN_OR_RETURN(g.latents, load::alloc(be_, DType::kF32, latents.shape(), "dit.graph_in"));
-    ZI_ASSIGN_OR_RETURN(g.sinusoid,
-                        load::alloc(be_, be_.act_dtype(), {b, kTimeFreqDim}, "dit.graph_t"));
-    for (const Tensor& c : caps) {
-      ZI_ASSIGN_OR_RETURN(Tensor cc, load::alloc(be_, c.dtype(), c.shape(), "dit.graph_caption"));
-      g.caps.push_back(cc);
-    }
-    ZI_ASSIGN_OR_RETURN(g.out, load::alloc(be_, DType::kF32, out.shape(), "dit.graph_out"));
+    ZI_TRY(alloc_graph_buffers(latents, caps, out, g));
     if (control != nullptr) {
       g.control.layers = control->layers;
       for (const Tensor& h : control->hints) {

@@ -160,6 +160,10 @@ class ZImageDiT {
     std::unique_ptr<RecordedWork> work;
   };
   size_t max_graphs_ = 4;
+  // A new recording's fixed buffers for inputs and outputs shaped as these (forward's and
+  // forward_parallel's).
+  Status alloc_graph_buffers(const Tensor& latents, const std::vector<Tensor>& caps,
+                             const Tensor& out, Graphed& g);
 
   ZImageDiT(const TransformerConfig& cfg, Backend& be) : cfg_(cfg), be_(be) {}
   // zimage_dit_weights.cpp
@@ -196,6 +200,32 @@ class ZImageDiT {
                                            const AttentionParams& ap, Tensor& out)>;
   Status run_block(const Block& blk, Tensor& x, const Tensor& freqs, const Tensor& c,
                    const AttentionParams& ap, Scratch& s, const AttentionFn* attn = nullptr);
+
+  // ---- the stages compute() and compute_parallel() are built from (zimage_dit.cpp) ----
+  // The three runs of blocks, in execution order.
+  enum class Stage { kNoiseRefiner, kContextRefiner, kLayers };
+  // What one forward's stages share.
+  struct Pass {
+    const Layout& L;
+    Tensor c;                  // timestep conditioning [B, adaln]
+    DebugSink* dbg = nullptr;  // dumps <pfx>.<stage>.<l> (none when null)
+    std::string pfx;
+    const ControlResiduals* control = nullptr;  // added after the main layers they name
+  };
+  // The latents' patches [B, N, p*p*C].
+  Result<Tensor> patch_tokens(const Layout& L, const Tensor& latents);
+  // x_embedder of the patches, each item's N rows followed by Np - N pad tokens: [B, Np, D].
+  Result<Tensor> embed_image(const Layout& L, const Tensor& tokens);
+  // cap_embedder of each caption, then its pad tokens: [B, Lp, D] (zeros past a short one).
+  Result<Tensor> embed_caption(const Layout& L, const std::vector<Tensor>& caps);
+  // [image ; caption] per item [B, S, D] (zeros past a short one); x and cap are released.
+  Result<Tensor> unify(const Layout& L, Tensor x, Tensor cap);
+  // The blocks of `st` on x [B, S, D] with the RoPE table `freqs` [B, S, Dh/2, 2], in views of
+  // `scratch` (made for S tokens or more); `attn` as run_block's.
+  Status run_stage(const Pass& P, Stage st, Tensor& x, const Tensor& freqs, const Scratch& scratch,
+                   const AttentionFn* attn = nullptr);
+  // FinalLayer on u [B, S, D]: LayerNorm(no affine) ⊙ (1 + W·silu(c) + b), Linear -> [B, S, p*p*C].
+  Result<Tensor> final_layer(const Tensor& u, const Tensor& c);
   // zimage_dit_parallel.cpp: compute()'s sequence-parallel sibling.
   Status compute_parallel(Communicator& comm, const Layout& L, const Tensor& latents,
                           const Tensor& sinusoid, const std::vector<Tensor>& caps, Tensor& out);

@@ -21,8 +21,6 @@ namespace zimage {
 
 namespace {
 
-constexpr float kFinalNormEps = 1e-6f;  // as compute(): FinalLayer LayerNorm, no affine
-
 // n items over p ranks: counts (the first n % p one larger) and their offsets.
 struct Split {
   std::vector<int64_t> count, first;
@@ -202,15 +200,7 @@ Status ZImageDiT::forward_parallel(Communicator& comm, const Tensor& latents,
       if (par_graphs_.size() >= max_graphs_) par_graphs_.clear();
       Graphed g;
       g.layout = std::move(lay);
-      ZI_ASSIGN_OR_RETURN(g.latents,
-                          load::alloc(be_, DType::kF32, latents.shape(), "dit.graph_in"));
-      ZI_ASSIGN_OR_RETURN(g.sinusoid,
-                          load::alloc(be_, be_.act_dtype(), {b, kTimeFreqDim}, "dit.graph_t"));
-      for (const Tensor& c : caps) {
-        ZI_ASSIGN_OR_RETURN(Tensor cc, load::alloc(be_, c.dtype(), c.shape(), "dit.graph_caption"));
-        g.caps.push_back(cc);
-      }
-      ZI_ASSIGN_OR_RETURN(g.out, load::alloc(be_, DType::kF32, out.shape(), "dit.graph_out"));
+      ZI_TRY(alloc_graph_buffers(latents, caps, out, g));
       it = par_graphs_.emplace(key, std::move(g)).first;
     }
     Graphed& g = it->second;
@@ -233,86 +223,39 @@ Status ZImageDiT::forward_parallel(Communicator& comm, const Tensor& latents,
 Status ZImageDiT::compute_parallel(Communicator& comm, const Layout& L, const Tensor& latents,
                                    const Tensor& sinusoid, const std::vector<Tensor>& caps,
                                    Tensor& out) {
-  const int64_t p = cfg_.patch_size, d = cfg_.dim, half = cfg_.head_dim() / 2;
-  const int64_t tf = cfg_.token_features();
-  const int64_t b = L.b, n_img = L.n_img, np = L.np, lp_max = L.lp_max, s_max = L.s_max;
-  const DType act = be_.act_dtype();
-  const Tensor none;
-  const float attn_scale = 1.0f / std::sqrt(static_cast<float>(2 * half));
-
-  // ---- replicated on every rank: as compute() up to the unified sequence ----
-  Tensor c;
-  ZI_TRY(timestep_embedding(sinusoid, c));  // [B, adaln]
-  ZI_ASSIGN_OR_RETURN(Tensor tokens, load::alloc(be_, act, {b, n_img, tf}, "dit.patches"));
-  ZI_TRY(be_.patchify(latents, static_cast<int>(p), tokens));  // [B, N, p*p*C]
-  ZI_ASSIGN_OR_RETURN(Tensor xe, load::alloc(be_, act, {b * n_img, d}, "dit.x_embed"));
-  ZI_TRY(be_.matmul(tokens.view({b * n_img, tf}), x_w_, x_b_, xe));  // [B*N, D]
-  tokens = Tensor();
-  ZI_ASSIGN_OR_RETURN(Tensor x, load::alloc(be_, act, {b, np, d}, "dit.image_tokens"));
-  for (int64_t i = 0; i < b; ++i) {
-    ZI_TRY(be_.copy_2d(xe, i * n_img * d, d, x, i * np * d, d, n_img, d));  // real
-    if (np > n_img)
-      ZI_TRY(be_.copy_2d(x_pad_, 0, d, x, (i * np + n_img) * d, d, np - n_img, d));  // pads
-  }
-  xe = Tensor();
+  const int64_t b = L.b, s_max = L.s_max, tf = cfg_.token_features();
   const int r = comm.rank();
-  // Blocks [first, last) (execution order) on this rank's tokens xr [B, S_r, D], Ulysses
-  // attention through `uly` (attention over the whole sequence of S tokens).
-  auto run_split = [&](int first, int last, Tensor& xr, const Tensor& freqs_r, const Tensor& cmod,
-                       const AttentionParams& ap, Ulysses& uly) -> Status {
+  // The blocks of `st` on this rank's tokens xr [B, S_r, D], Ulysses attention through `uly`
+  // (attention over the whole sequence of S tokens).
+  Pass P{L, Tensor(), nullptr, {}, nullptr};
+  auto run_split = [&](Stage st, Tensor& xr, const Tensor& freqs_r, Ulysses& uly) -> Status {
     ZI_ASSIGN_OR_RETURN(std::shared_ptr<Scratch> s, make_scratch(b, xr.dim(1)));
     const AttentionFn attn = [&uly](const Tensor& q, const Tensor& k, const Tensor& v,
                                     const AttentionParams& a,
                                     Tensor& o) { return uly.attention(q, k, v, a, o); };
-    for (int bi = first; bi < last; ++bi) {
-      ZI_ASSIGN_OR_RETURN(Block blk, use_block(bi));
-      ZI_TRY(run_block(blk, xr, freqs_r, cmod, ap, *s, &attn));  // [B, S_r, D]
-      ZI_TRY(done_block(bi));
-    }
-    return Status::Ok();
+    return run_stage(P, st, xr, freqs_r, *s, &attn);  // [B, S_r, D]
   };
+
+  // ---- replicated on every rank: as compute() up to the unified sequence ----
+  ZI_TRY(timestep_embedding(sinusoid, P.c));                     // [B, adaln]
+  ZI_ASSIGN_OR_RETURN(Tensor tokens, patch_tokens(L, latents));  // [B, N, p*p*C]
+  ZI_ASSIGN_OR_RETURN(Tensor x, embed_image(L, tokens));         // [B, Np, D]
+  tokens = Tensor();
   {  // noise refiner: split over the image tokens as well, then gathered whole
-    Ulysses uly(be_, comm, b, np, cfg_.n_heads, cfg_.head_dim());
+    Ulysses uly(be_, comm, b, L.np, cfg_.n_heads, cfg_.head_dim());
     ZI_TRY(uly.alloc());
     const int64_t t0 = uly.tokens().first[r], sr = uly.tokens().count[r];
     ZI_ASSIGN_OR_RETURN(Tensor xr, take_rows(be_, x, t0, sr));            // [B, S_r, D]
     ZI_ASSIGN_OR_RETURN(Tensor fr, take_rows(be_, L.img_freqs, t0, sr));  // [B, S_r, Dh/2, 2]
-    const AttentionParams ap{attn_scale, false, {}};
-    ZI_TRY(run_split(0, static_cast<int>(noise_refiner_.size()), xr, fr, c, ap, uly));
+    ZI_TRY(run_split(Stage::kNoiseRefiner, xr, fr, uly));
     ZI_TRY(gather_rows(be_, comm, uly.tokens(), xr, x));  // [B, Np, D] on every rank
   }
-  ZI_ASSIGN_OR_RETURN(Tensor cap, load::alloc(be_, act, {b, lp_max, d}, "dit.caption_tokens"));
-  if (L.ragged) ZI_TRY(be_.fill(cap, 0.0f));
-  for (int64_t i = 0; i < b; ++i) {
-    ZI_ASSIGN_OR_RETURN(Tensor cn,
-                        load::alloc(be_, act, {L.cap_len[i], cfg_.cap_feat_dim}, "dit.cap_norm"));
-    ZI_TRY(be_.rms_norm(caps[i], cap_norm_, cfg_.norm_eps, none, cn));  // [L_i, Fc]
-    Tensor rows = cap.view({b * lp_max, d}).slice0(i * lp_max, i * lp_max + L.cap_len[i]);
-    ZI_TRY(be_.matmul(cn, cap_w_, cap_b_, rows));  // [L_i, D]
-    if (L.cap_pad[i] > L.cap_len[i])
-      ZI_TRY(be_.copy_2d(cap_pad_, 0, d, cap, (i * lp_max + L.cap_len[i]) * d, d,
-                         L.cap_pad[i] - L.cap_len[i], d));  // pads
-  }
+  ZI_ASSIGN_OR_RETURN(Tensor cap, embed_caption(L, caps));  // [B, Lp, D]
   {
-    ZI_ASSIGN_OR_RETURN(std::shared_ptr<Scratch> s, make_scratch(b, lp_max));
-    AttentionParams ap{attn_scale, false, {}};
-    if (L.ragged)
-      for (int64_t i = 0; i < b; ++i) ap.key_len.push_back(static_cast<int32_t>(L.cap_pad[i]));
-    for (size_t l = 0; l < context_refiner_.size(); ++l) {
-      const int bi = static_cast<int>(noise_refiner_.size() + l);
-      ZI_ASSIGN_OR_RETURN(Block blk, use_block(bi));
-      ZI_TRY(run_block(blk, cap, L.cap_freqs, none, ap, *s));  // [B, Lp, D]
-      ZI_TRY(done_block(bi));
-    }
+    ZI_ASSIGN_OR_RETURN(std::shared_ptr<Scratch> s, make_scratch(b, L.lp_max));
+    ZI_TRY(run_stage(P, Stage::kContextRefiner, cap, L.cap_freqs, *s));  // [B, Lp, D]
   }
-  ZI_ASSIGN_OR_RETURN(Tensor u, load::alloc(be_, act, {b, s_max, d}, "dit.unified"));
-  if (L.ragged) ZI_TRY(be_.fill(u, 0.0f));
-  for (int64_t i = 0; i < b; ++i) {
-    ZI_TRY(be_.copy_2d(x, i * np * d, d, u, i * s_max * d, d, np, d));  // image
-    ZI_TRY(be_.copy_2d(cap, i * lp_max * d, d, u, (i * s_max + np) * d, d, L.cap_pad[i], d));
-  }
-  x = Tensor();
-  cap = Tensor();
+  ZI_ASSIGN_OR_RETURN(Tensor u, unify(L, std::move(x), std::move(cap)));  // [B, S, D]
 
   // ---- this rank's tokens through the main layers ----
   Ulysses uly(be_, comm, b, s_max, cfg_.n_heads, cfg_.head_dim());
@@ -321,27 +264,14 @@ Status ZImageDiT::compute_parallel(Communicator& comm, const Layout& L, const Te
   ZI_ASSIGN_OR_RETURN(Tensor ur, take_rows(be_, u, t0, sr));            // [B, S_r, D]
   ZI_ASSIGN_OR_RETURN(Tensor fr, take_rows(be_, L.uni_freqs, t0, sr));  // [B, S_r, Dh/2, 2]
   u = Tensor();
-  {
-    AttentionParams ap{attn_scale, false, {}};
-    if (L.ragged)
-      for (int64_t i = 0; i < b; ++i) ap.key_len.push_back(static_cast<int32_t>(L.seq[i]));
-    const int first = static_cast<int>(noise_refiner_.size() + context_refiner_.size());
-    ZI_TRY(run_split(first, first + static_cast<int>(layers_.size()), ur, fr, c, ap, uly));
-  }
+  ZI_TRY(run_split(Stage::kLayers, ur, fr, uly));
 
-  // ---- final layer on this rank's tokens, gathered: LayerNorm ⊙ (1 + scale), Linear ----
-  ZI_ASSIGN_OR_RETURN(Tensor sc, load::alloc(be_, act, {b, cfg_.adaln_dim()}, "dit.final_silu"));
-  ZI_TRY(be_.silu(c, sc));  // [B, adaln]
-  ZI_ASSIGN_OR_RETURN(Tensor scale, load::alloc(be_, act, {b, d}, "dit.final_scale"));
-  ZI_TRY(be_.matmul(sc, final_ada_w_, final_ada_b_, scale));  // [B, D]
-  ZI_TRY(be_.add(scale, ones_, scale));                       // 1 + scale
-  ZI_ASSIGN_OR_RETURN(Tensor y, load::alloc(be_, act, {b * sr, d}, "dit.final_norm"));
-  ZI_TRY(be_.layer_norm(ur.view({b * sr, d}), none, none, kFinalNormEps, scale, y));  // [B*S_r, D]
-  ZI_ASSIGN_OR_RETURN(Tensor o, load::alloc(be_, act, {b * sr, tf}, "dit.final"));
-  ZI_TRY(be_.matmul(y, final_w_, final_b_, o));  // [B*S_r, p*p*C]
-  ZI_ASSIGN_OR_RETURN(Tensor whole, load::alloc(be_, act, {b, s_max, tf}, "dit.final_whole"));
-  ZI_TRY(gather_rows(be_, comm, uly.tokens(), o.view({b, sr, tf}), whole));  // [B, S, p*p*C]
-  return be_.unpatchify(whole, static_cast<int>(p), 1.0f, out);              // [B, C, h, w] f32
+  // ---- final layer on this rank's tokens, gathered ----
+  ZI_ASSIGN_OR_RETURN(Tensor o, final_layer(ur, P.c));  // [B, S_r, p*p*C]
+  ZI_ASSIGN_OR_RETURN(Tensor whole,
+                      load::alloc(be_, be_.act_dtype(), {b, s_max, tf}, "dit.final_whole"));
+  ZI_TRY(gather_rows(be_, comm, uly.tokens(), o, whole));                      // [B, S, p*p*C]
+  return be_.unpatchify(whole, static_cast<int>(cfg_.patch_size), 1.0f, out);  // [B, C, h, w] f32
 }
 
 }  // namespace zimage
