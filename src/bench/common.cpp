@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <utility>
 
+#include "io/fs/file_io.h"
 #include "io/model/model_folder.h"
 #include "pipeline/rng.h"
 
@@ -26,6 +27,16 @@ double now_s() {
 }
 void check(const Status& s) {
   if (!s.ok()) fail(s);
+}
+
+void emit_json(const Options& o, const json& R, const char* who) {
+  const std::string js = R.dump(1);
+  if (!o.json_path.empty()) {
+    const Status st = write_output_file(o.json_path, js + "\n");
+    if (!st.ok()) fail(st, who);
+  } else {
+    std::printf("\n%s\n", js.c_str());
+  }
 }
 
 // Runs fn `warm` times, then `iters` timed times (the backend synchronised around each).

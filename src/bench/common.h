@@ -47,6 +47,10 @@ struct Abort {
 [[noreturn]] void fail(const Status& s, const char* who = "zimage bench");
 void check(const Status& s);
 
+// The figures as JSON: to o.json_path, or after a blank line on stdout without one (a failed
+// write fails as `who`).
+void emit_json(const Options& o, const json& R, const char* who = "zimage bench");
+
 // Runs fn `warm` times, then `iters` timed times (the backend synchronised around each).
 Stats timed(Backend& be, int warm, int iters, const std::function<Status()>& fn);
 

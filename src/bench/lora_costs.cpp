@@ -14,7 +14,6 @@
 #include <vector>
 
 #include "bench/common.h"
-#include "io/fs/file_io.h"
 #include "io/lora/lora.h"
 #include "model/adapters/lora_runtime.h"
 
@@ -160,13 +159,7 @@ void print_lora_report(const LoraRun& run, const json& R) {
   std::printf("\nfaster per request when consecutive requests differ: %s; with one set kept: %s\n",
               R["faster_when_alternating"].get<std::string>().c_str(),
               R["faster_same_set"].get<std::string>().c_str());
-  const std::string js = R.dump(1);
-  if (!o.json_path.empty()) {
-    const Status st = write_output_file(o.json_path, js + "\n");
-    if (!st.ok()) lora_fail(st);
-  } else {
-    std::printf("\n%s\n", js.c_str());
-  }
+  emit_json(o, R, "zimage bench --lora");
 }
 
 }  // namespace

@@ -12,7 +12,6 @@
 #include <vector>
 
 #include "bench/common.h"
-#include "io/fs/file_io.h"
 
 namespace zimage::bench {
 namespace {
@@ -174,13 +173,7 @@ void report(const StandardRun& s) {
                 gib("alloc_peak_reserved_gib").c_str());
   }
   if (R.contains("ablation")) print_ablation_table(s.o, s.res0, R["ablation"]);
-  const std::string js = R.dump(1);
-  if (!s.o.json_path.empty()) {
-    const Status st = write_output_file(s.o.json_path, js + "\n");
-    if (!st.ok()) fail(st);
-  } else {
-    std::printf("\n%s\n", js.c_str());
-  }
+  emit_json(s.o, R);
 }
 
 }  // namespace
