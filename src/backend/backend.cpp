@@ -113,6 +113,9 @@ Result<std::unique_ptr<Backend>> make_cuda_backend(int, DType) {
 int cuda_visible_devices() {
   return 0;
 }
+Result<std::pair<uint64_t, uint64_t>> cuda_device_memory() {
+  return Unsupported("this zimage was built without CUDA");
+}
 #endif
 
 }  // namespace zimage

@@ -240,6 +240,42 @@ class Backend {
   // Inverse of patchify for the first (H/p)*(W/p) rows of tokens[B, S, p*p*C] (S may be larger):
   // out[B, C, H, W] (f32) = alpha * token value.
   virtual Status unpatchify(const Tensor& tokens, int p, float alpha, Tensor& out) = 0;
+
+  // ---- measurement and technique switches (zimage bench, src/bench) ----
+  // What the benchmarks read and switch beyond the ops. The defaults fit a backend with nothing to
+  // measure or switch (the CPU): no profiler, no caching allocator, one way to run each op.
+  // Per-op device timing: switch it on, run the work, then take the report (costliest first;
+  // taking it clears it). kUnsupported where the backend has no op profiler.
+  struct OpProfileEntry {
+    std::string op;  // op name and shapes: "conv2d bf16[1, 128, 128, 512] * bf16[...]"
+    int64_t calls = 0;
+    double total_ms = 0;  // device time inside the op
+    double host_ms = 0;   // host time inside the op call (planning, library overhead)
+  };
+  virtual void set_profiling(bool on) { (void)on; }
+  virtual Result<std::vector<OpProfileEntry>> op_profile() {
+    return Unsupported(name() + " has no op profiler");
+  }
+  // The caching allocator's counters (all zero without one): bytes in live tensors and their
+  // high-water mark, the high-water mark of the device memory it holds, both since the last
+  // reset_peak_memory(); and its device allocation + free calls so far.
+  struct AllocatorCounters {
+    uint64_t in_use = 0, peak_in_use = 0, peak_reserved = 0;
+    uint64_t device_calls = 0;
+  };
+  virtual AllocatorCounters allocator_counters() const { return {}; }
+  virtual void reset_peak_memory() {}
+  // Gives the allocator's idle memory back to the driver.
+  virtual Status empty_cache() { return Status::Ok(); }
+  // The techniques the ablation rows switch off one by one. Attention: kAuto the fastest path
+  // there is, kOwn the project's own kernels only, kGeneral GEMM + softmax. set_fused(false) runs
+  // fused ops as the composed ops; set_cutlass / set_fp8_fast_accum choose the FP8 GEMM path and
+  // its accumulation (recorded forwards keep the path they were recorded with).
+  enum class AttentionChoice { kAuto, kOwn, kGeneral };
+  virtual void set_attention_choice(AttentionChoice c) { (void)c; }
+  virtual void set_fused(bool on) { (void)on; }
+  virtual void set_cutlass(bool on) { (void)on; }
+  virtual void set_fp8_fast_accum(bool on) { (void)on; }
 };
 
 // Creates the CPU backend (always available). threads = 0: all hardware threads.
@@ -257,5 +293,8 @@ Status check_cpu_threads(int threads, const char* field = "threads");
 Result<std::unique_ptr<Backend>> make_cuda_backend(int device_index, DType act_dtype);
 // CUDA devices this process can use (cudaGetDeviceCount); 0 without CUDA, a driver or a GPU.
 int cuda_visible_devices();
+// The calling thread's current CUDA device's memory as the driver reports it, before any backend
+// exists: {total, free} bytes (cudaMemGetInfo). kUnsupported without CUDA.
+Result<std::pair<uint64_t, uint64_t>> cuda_device_memory();
 
 }  // namespace zimage

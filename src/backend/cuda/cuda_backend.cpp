@@ -25,6 +25,12 @@ Result<std::unique_ptr<Backend>> make_cuda_backend(int device_index, DType act_d
   return std::unique_ptr<Backend>(std::move(b));
 }
 
+Result<std::pair<uint64_t, uint64_t>> cuda_device_memory() {
+  size_t free_b = 0, total_b = 0;
+  ZI_CUDA_TRY(cudaMemGetInfo(&free_b, &total_b));
+  return std::pair<uint64_t, uint64_t>{total_b, free_b};
+}
+
 namespace cuda {
 
 CudaGraph& CudaGraph::operator=(CudaGraph&& o) noexcept {
@@ -329,6 +335,34 @@ Status CudaBackend::replay(const CudaGraph& graph) {
   if (!graph.valid()) return InvalidArgument("replay: empty graph");
   ZI_CUDA_TRY(cudaGraphLaunch(graph.exec(), stream_));
   return Status::Ok();
+}
+
+Backend::AllocatorCounters CudaBackend::allocator_counters() const {
+  const AllocatorStats st = memory_stats();
+  return {st.in_use_bytes, st.peak_in_use_bytes, st.peak_reserved_bytes,
+          st.num_device_mallocs + st.num_device_frees};
+}
+
+void CudaBackend::set_attention_choice(AttentionChoice c) {
+  switch (c) {
+    case AttentionChoice::kAuto:
+      attention_path_ = AttentionPath::kAuto;
+      break;
+    case AttentionChoice::kOwn:
+      attention_path_ = AttentionPath::kOwn;
+      break;
+    case AttentionChoice::kGeneral:
+      attention_path_ = AttentionPath::kGeneral;
+      break;
+  }
+}
+
+Result<std::vector<Backend::OpProfileEntry>> CudaBackend::op_profile() {
+  ZI_ASSIGN_OR_RETURN(std::vector<OpProfileRow> rows, profile_report());
+  std::vector<OpProfileEntry> out;
+  out.reserve(rows.size());
+  for (OpProfileRow& r : rows) out.push_back({std::move(r.key), r.count, r.total_ms, r.host_ms});
+  return out;
 }
 
 }  // namespace cuda

@@ -1,7 +1,8 @@
 // The CUDA backend: every op of backend/backend.h on one device and one stream, in bf16 or f32,
 // plus what the engine needs beyond the op interface: the stream, allocator statistics, and CUDA
 // graph capture/replay. Create it with make_cuda_backend() and dynamic_cast the Backend to
-// CudaBackend for the extras. This header pulls in no cuBLAS/cuDNN headers.
+// CudaBackend for the extras (what the benchmarks switch and read is on Backend itself). This
+// header pulls in no cuBLAS/cuDNN headers.
 //
 // Threading: one host thread drives a backend at a time. All work goes to stream(); ops return
 // once their work is queued (download and sum_squares wait for it).
@@ -144,8 +145,9 @@ class CudaBackend final : public Backend {
   // cudaMemGetInfo's free bytes plus the allocator's cached (unused) bytes, at most the
   // allocator's cap (set_memory_limit) less what is in use.
   std::optional<uint64_t> available_memory() const override;
-  void reset_peak_memory() { allocator_->reset_peak(); }
-  Status empty_cache() { return allocator_->empty_cache(); }
+  AllocatorCounters allocator_counters() const override;
+  void reset_peak_memory() override { allocator_->reset_peak(); }
+  Status empty_cache() override { return allocator_->empty_cache(); }
   // Private pools for graph capture (see the comment at the top and core/block_allocator.h).
   Status begin_memory_pool(PoolId id) { return allocator_->begin_pool(id); }
   Status end_memory_pool() { return allocator_->end_pool(); }
@@ -156,18 +158,22 @@ class CudaBackend final : public Backend {
   // Which attention implementation to use (tests and benchmarks force one; see AttentionPath).
   void set_attention_path(AttentionPath p) { attention_path_ = p; }
   AttentionPath attention_path() const { return attention_path_; }
+  // Backend's choice: kAuto, kOwn, kGeneral as the AttentionPath of the same name.
+  void set_attention_choice(AttentionChoice c) override;
   // Whether cuDNN's fused attention is built in and loaded.
   bool has_cudnn_attention() const;
   // Which build of the flash kernel to use (benchmarks compare them).
   void set_flash_variant(FlashVariant v) { flash_variant_ = v; }
   FlashVariant flash_variant() const { return flash_variant_; }
   // Per-op GPU timing (see op_profiler.h): switch on, run, then report (sorted, clears).
-  void set_profiling(bool on) { profiler_->set_enabled(on); }
+  void set_profiling(bool on) override { profiler_->set_enabled(on); }
   Result<std::vector<OpProfileRow>> profile_report() { return profiler_->report(); }
+  // profile_report() as Backend's rows.
+  Result<std::vector<OpProfileEntry>> op_profile() override;
   // Fused kernels on (default) or off (benchmark ablation): off, the fused prologues run as the
   // composed ops of backend.h, GEMM biases as a separate add, and convolutions on the legacy
   // cuDNN call with a separate bias add.
-  void set_fused(bool on) { fused_ = on; }
+  void set_fused(bool on) override { fused_ = on; }
   bool fused() const { return fused_; }
   // Convolutions through cuDNN graphs with a fused bias (default, bf16) or the legacy cuDNN call
   // (benchmarks compare them; see conv_graph.h).
@@ -175,11 +181,11 @@ class CudaBackend final : public Backend {
   // W8A8 FP8 GEMMs through CUTLASS with the scales in the epilogue (default, where built and on
   // sm_90) or cuBLASLt's per-tensor FP8 GEMM plus a scaling pass (benchmarks compare them).
   // Recorded forwards keep the path they were recorded with: drop them after switching.
-  void set_cutlass(bool on) { use_cutlass_ = on; }
+  void set_cutlass(bool on) override { use_cutlass_ = on; }
   // The CUTLASS FP8 GEMMs' accumulation: CUTLASS's FP8FastAccum (default: the DiT's quality
   // against bf16 measured the same as with fp32 promotion, 8 % faster) or promoted to fp32
   // (ZIMAGE_FP8_ACCUM=fp32, or this; benchmarks and tests compare them).
-  void set_fp8_fast_accum(bool on) { fp8_fast_accum_ = on; }
+  void set_fp8_fast_accum(bool on) override { fp8_fast_accum_ = on; }
   // Whether cuDNN loaded; without it conv2d runs a direct (slow) kernel.
   bool has_cudnn() const;
   // Caps the device memory the allocator may hold (0 = no cap): the memory planner's budget less

@@ -29,12 +29,12 @@
 #include <string>
 #include <vector>
 
-#include "bench_common.h"
+#include "bench/common.h"
 #include "io/fs/file_io.h"
 #include "io/image/png.h"
 #include "pipeline/text_to_image.h"
 
-namespace zimage::cli::bench {
+namespace zimage::bench {
 namespace {
 
 namespace fs = std::filesystem;
@@ -141,6 +141,59 @@ std::string gib_str(const json& row, const char* key) {
   return b;
 }
 
+// One pipeline's row: a fresh start for its shape, one warm-up image, the median of --iters.
+json pipeline_row(const Options& o, const std::string& name, const Inputs& in, int size, Backend& b,
+                  TextToImage& pipe, DriverPeak& peak) {
+  const GenerateRequest req = make_request(o, name, in, size);
+  fresh_memory(b, pipe.transformer());
+  b.reset_peak_memory();
+  peak.reset();
+  json row = {{"pipeline", name}, {"denoising_steps", denoising_steps(req)}};
+  PhaseTimings last;
+  auto run = [&]() -> Status {
+    auto r = pipe.run(req, {});
+    if (!r.ok()) return r.status();
+    last = r->timings;
+    return Status::Ok();
+  };
+  const double t0 = now_s();
+  check(run());
+  check(b.synchronize());
+  row["first_call_s"] = now_s() - t0;
+  const Stats s = timed(b, 0, o.iters, run);
+  row["image_s"] = s.median_ms / 1e3;
+  row["image_s_min"] = s.min_ms / 1e3;
+  row["image_s_max"] = s.max_ms / 1e3;
+  row["text_encoder_s"] = last.text_encoder_s;
+  row["vae_encode_s"] = last.vae_encode_s;
+  row["denoise_s"] = last.denoise_s();
+  row["vae_decode_s"] = last.vae_s;
+  const AllocCounters ac = alloc_counters(b);
+  row["driver_peak_gib"] = static_cast<double>(peak.peak()) / (1024.0 * 1024 * 1024);
+  row["alloc_peak_gib"] = ac.peak_gib;
+  row["alloc_peak_reserved_gib"] = ac.reserved_peak_gib;
+  std::fprintf(stderr, "bench: %s %.3f s / image (first call %.2f s)\n", name.c_str(),
+               s.median_ms / 1e3, row["first_call_s"].get<double>());
+  return row;
+}
+
+void print_pipeline_table(const Options& o, int size, const json& rows) {
+  std::printf(
+      "| pipeline (%d², %d steps) | denoising steps | s / image (median of %d) | min - max | first "
+      "call s | VAE encode s | driver peak GiB | GiB in tensors (peak) | GiB reserved (peak) "
+      "|\n| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
+      size, o.steps, o.iters);
+  for (const json& r : rows)
+    std::printf("| %s | %d | %.3f | %.3f - %.3f | %.2f | %.3f | %s | %s | %s |\n",
+                r["pipeline"].get<std::string>().c_str(), r["denoising_steps"].get<int>(),
+                r["image_s"].get<double>(), r["image_s_min"].get<double>(),
+                r["image_s_max"].get<double>(), r["first_call_s"].get<double>(),
+                r["vae_encode_s"].get<double>(), gib_str(r, "driver_peak_gib").c_str(),
+                gib_str(r, "alloc_peak_gib").c_str(),
+                gib_str(r, "alloc_peak_reserved_gib").c_str());
+  std::fflush(stdout);
+}
+
 }  // namespace
 
 void run_pipeline_bench(const Options& o, const std::string& dir, json& R) {
@@ -189,55 +242,11 @@ void run_pipeline_bench(const Options& o, const std::string& dir, json& R) {
       R["controlnet_version"] = (*pipe)->controlnet()->config().version;
       cn_loaded = true;
     }
-    const GenerateRequest req = make_request(o, name, in, size);
-    fresh_memory(b, (*pipe)->transformer());
-    reset_alloc_peak(b);
-    peak.reset();
-    json row = {{"pipeline", name}, {"denoising_steps", denoising_steps(req)}};
-    PhaseTimings last;
-    auto run = [&]() -> Status {
-      auto r = (*pipe)->run(req, {});
-      if (!r.ok()) return r.status();
-      last = r->timings;
-      return Status::Ok();
-    };
-    t0 = now_s();
-    check(run());
-    check(b.synchronize());
-    row["first_call_s"] = now_s() - t0;
-    const Stats s = timed(b, 0, o.iters, run);
-    row["image_s"] = s.median_ms / 1e3;
-    row["image_s_min"] = s.min_ms / 1e3;
-    row["image_s_max"] = s.max_ms / 1e3;
-    row["text_encoder_s"] = last.text_encoder_s;
-    row["vae_encode_s"] = last.vae_encode_s;
-    row["denoise_s"] = last.denoise_s();
-    row["vae_decode_s"] = last.vae_s;
-    const AllocCounters ac = alloc_counters(b);
-    row["driver_peak_gib"] = static_cast<double>(peak.peak()) / (1024.0 * 1024 * 1024);
-    row["alloc_peak_gib"] = ac.peak_gib;
-    row["alloc_peak_reserved_gib"] = ac.reserved_peak_gib;
-    std::fprintf(stderr, "bench: %s %.3f s / image (first call %.2f s)\n", name.c_str(),
-                 s.median_ms / 1e3, row["first_call_s"].get<double>());
-    rows.push_back(row);
+    rows.push_back(pipeline_row(o, name, in, size, b, **pipe, peak));
   }
   R["pipelines"] = rows;
-
-  std::printf(
-      "| pipeline (%d², %d steps) | denoising steps | s / image (median of %d) | min - max | first "
-      "call s | VAE encode s | driver peak GiB | GiB in tensors (peak) | GiB reserved (peak) "
-      "|\n| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
-      size, o.steps, o.iters);
-  for (const json& r : rows)
-    std::printf("| %s | %d | %.3f | %.3f - %.3f | %.2f | %.3f | %s | %s | %s |\n",
-                r["pipeline"].get<std::string>().c_str(), r["denoising_steps"].get<int>(),
-                r["image_s"].get<double>(), r["image_s_min"].get<double>(),
-                r["image_s_max"].get<double>(), r["first_call_s"].get<double>(),
-                r["vae_encode_s"].get<double>(), gib_str(r, "driver_peak_gib").c_str(),
-                gib_str(r, "alloc_peak_gib").c_str(),
-                gib_str(r, "alloc_peak_reserved_gib").c_str());
-  std::fflush(stdout);
+  print_pipeline_table(o, size, rows);
   if (!o.json_path.empty()) check(write_output_file(o.json_path, R.dump(1) + "\n"));
 }
 
-}  // namespace zimage::cli::bench
+}  // namespace zimage::bench

@@ -1,9 +1,10 @@
-// What the bench modes share (cmd_bench.cpp, bench_fp8.cpp): timing, memory counters, and the
-// whole model loaded component by component so a mode can reach each model.
+// What the bench modes share (src/bench/*.cpp): timing, memory counters, failing out of a mode,
+// and the whole model loaded component by component so a mode can reach each model.
 #pragma once
 
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -12,53 +13,17 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "bench/bench.h"
 #include "model/common/linear.h"
+#include "model/dit/zimage_dit.h"
 #include "model/text_encoder/qwen3_encoder.h"
 #include "model/vae/vae.h"
-#include "model/dit/zimage_dit.h"
-#include "parallel_args.h"
 #include "pipeline/text_to_image.h"
 #include "pipeline/tokenizer/tokenizer.h"
 
-#ifdef ZIMAGE_WITH_CUDA
-#include "backend/cuda/cuda_backend.h"
-#endif
-
-namespace zimage::cli::bench {
+namespace zimage::bench {
 
 using json = nlohmann::json;
-
-struct Options {
-  std::string model;
-  std::vector<double> budgets;  // --vram-budget rows (GiB; 0 = no limit)
-  std::string weights = "bf16";
-  // Single files replacing components of --model (--dit, --text-encoder, --vae; budget rows only).
-  std::string dit_file, text_encoder_file, vae_file;
-  bool keep_quantized = true;  // --widen-quantized: false
-  bool random_weights = false;
-  std::string random_dir = "/tmp/zimage-random-turbo";
-  std::string device = "cuda";
-  std::vector<int> sizes{1024, 512};
-  std::vector<int> batches{1, 4};
-  int steps = 8;
-  int iters = 5;
-  int threads = 0;
-  bool ablation = false;
-  bool profile = false;
-  std::string json_path;
-  // --fp8-quality: DiT-output and image quality of --precision fp8 per layer group, against bf16
-  std::vector<std::string> fp8_groups;
-  std::string lora;  // --lora FILE: the per-request LoRA rows (bench_lora.cpp) instead
-  float lora_scale = 1.0f;
-  // --pipeline t2i,img2img,...: the image-conditioned pipelines' rows (bench_pipelines.cpp)
-  std::vector<std::string> pipelines;
-  std::string controlnet;                       // ControlNet of the controlnet rows
-  std::string init_image, mask, control_image;  // given inputs (else generated)
-  std::string inputs_dir;                       // where generated inputs are written
-  double strength = 0.6;                        // img2img / inpaint
-  float control_scale = 0.75f;
-  ParallelArgs parallel;  // --devices LIST --parallel sequence: the scaling rows (bench_seqpar.cpp)
-};
 
 // The prompt diffusers_baseline.py and diffusers_compare.py use (35 tokens after the template).
 extern const char* const kPrompt;
@@ -72,17 +37,27 @@ struct Stats {
   }
 };
 
-// Prints "zimage bench: <status>" and ends the command with exit status 1.
-[[noreturn]] void fail(const Status& s);
+// Thrown by fail() once the message is printed; run() (bench.cpp) catches it and returns the
+// Status, so it never leaves the library.
+struct Abort {
+  Status status;
+};
+
+// Prints "<who>: <status>" on stderr and ends the measurement (throws Abort).
+[[noreturn]] void fail(const Status& s, const char* who = "zimage bench");
 void check(const Status& s);
+
+// The figures as JSON: to o.json_path, or after a blank line on stdout without one (a failed
+// write fails as `who`).
+void emit_json(const Options& o, const json& R, const char* who = "zimage bench");
 
 // Runs fn `warm` times, then `iters` timed times (the backend synchronised around each).
 Stats timed(Backend& be, int warm, int iters, const std::function<Status()>& fn);
 
-// GPU memory the process holds (device total - free), GiB; 0 on the CPU.
+// Memory used on the current CUDA device (device total - free), GiB; 0 without one.
 double gpu_used_gib();
 
-// The CUDA caching allocator's counters, in GiB (all zero on the CPU): bytes in live tensors now
+// The caching allocator's counters, in GiB (all zero on the CPU): bytes in live tensors now
 // and their high-water mark since the last reset (what torch.cuda.max_memory_allocated reports for
 // diffusers); the high-water mark of the device memory it holds (cudaMalloc'd segments), which the
 // cudaMemGetInfo reading after a phase can miss now that idle segments are given back; and the
@@ -91,11 +66,7 @@ struct AllocCounters {
   double in_use_gib = 0, peak_gib = 0, reserved_peak_gib = 0;
   uint64_t device_calls = 0;
 };
-AllocCounters alloc_counters(Backend& be);
-void reset_alloc_peak(Backend& be);
-#ifdef ZIMAGE_WITH_CUDA
-cuda::CudaBackend* as_cuda(Backend& be);
-#endif
+AllocCounters alloc_counters(const Backend& be);
 
 // Samples the driver's view of device memory (total - free) every millisecond on its own thread:
 // the peak of a run as the driver sees it, the CUDA context and library memory included. Zero on
@@ -132,10 +103,9 @@ class DriverPeak {
   std::thread thread_;
 };
 
-// `zimage bench --pipeline ...` (bench_pipelines.cpp): per pipeline (text-to-image, img2img,
-// inpainting, ControlNet, ControlNet inpainting) s / image and peak GPU memory at the first
-// --sizes, --steps, on `dir` (+ o.controlnet); Markdown on stdout, JSON to o.json_path.
-void run_pipeline_bench(const Options& o, const std::string& dir, json& R);
+// Latents of `bs` images of res² (latent side res / fac) from TorchCpuGenerator(seed), on `be`
+// in f32.
+Tensor random_latents(Backend& be, uint64_t seed, int bs, int res, int fac);
 
 // Forget recorded DiT forwards of other shapes and give idle memory back, so a measurement
 // starts as a fresh process with its one shape would.
@@ -157,8 +127,31 @@ Result<std::unique_ptr<Backend>> make_backend(const std::string& device, DType a
 Result<Loaded> load_all(const std::string& dir, const std::string& device, DType act, int threads,
                         const WeightPlacement& dit_placement = {});
 
-// `zimage bench --fp8-quality GROUPS...` (bench_fp8.cpp): per layer group, --precision fp8's
+// ---- the modes (one file each); `dir` is the model folder, R collects the JSON figures ----
+
+// The default figures (standard.cpp): load, text encoder, DiT forwards, VAE, whole images
+// (+ --profile, --ablation), the Markdown table and the JSON.
+void run_standard(const Options& o, const std::string& dir, json& R);
+
+// `zimage bench --vram-budget A B ...` (budget.cpp): per budget a fresh pipeline loaded under it.
+void run_budget_rows(const Options& o, const std::string& dir, json& R);
+
+// `zimage bench --pipeline ...` (pipelines.cpp): per pipeline (text-to-image, img2img,
+// inpainting, ControlNet, ControlNet inpainting) s / image and peak GPU memory at the first
+// --sizes, --steps, on `dir` (+ o.controlnet); Markdown on stdout, JSON to o.json_path.
+void run_pipeline_bench(const Options& o, const std::string& dir, json& R);
+
+// `zimage bench --fp8-quality GROUPS...` (fp8_quality.cpp): per layer group, --precision fp8's
 // DiT output and image against bf16 (cosine, relative L2, PSNR) and its speed.
 void run_fp8_quality(const Options& o, const std::string& dir, json& R);
 
-}  // namespace zimage::cli::bench
+// `zimage bench --lora FILE` (lora_costs.cpp): merge vs side-GEMM costs of per-request LoRAs, its
+// own Markdown table and JSON.
+void run_lora_bench(const Options& o, const std::string& dir);
+
+// `zimage bench --devices LIST --parallel sequence` (seqpar.cpp): the DiT forward time per rank
+// count over o.parallel.devices at each o.sizes entry: a Markdown table on stdout, the rows in
+// R["sequence_parallel"].
+void run_seqpar_bench(const Options& o, const std::string& dir, json& R);
+
+}  // namespace zimage::bench

@@ -1,19 +1,16 @@
-// See bench_common.h.
-#include "bench_common.h"
+// See common.h.
+#include "bench/common.h"
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <utility>
 
-#include "commands.h"
+#include "io/fs/file_io.h"
 #include "io/model/model_folder.h"
+#include "pipeline/rng.h"
 
-#ifdef ZIMAGE_WITH_CUDA
-#include <cuda_runtime_api.h>
-#endif
-
-namespace zimage::cli::bench {
+namespace zimage::bench {
 
 // The prompt diffusers_baseline.py and diffusers_compare.py use (35 tokens after the template).
 const char* const kPrompt =
@@ -24,12 +21,22 @@ double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-[[noreturn]] void fail(const Status& s) {
-  std::fprintf(stderr, "zimage bench: %s\n", s.to_string().c_str());
-  throw CLI::RuntimeError(1);
+[[noreturn]] void fail(const Status& s, const char* who) {
+  std::fprintf(stderr, "%s: %s\n", who, s.to_string().c_str());
+  throw Abort{s};
 }
 void check(const Status& s) {
   if (!s.ok()) fail(s);
+}
+
+void emit_json(const Options& o, const json& R, const char* who) {
+  const std::string js = R.dump(1);
+  if (!o.json_path.empty()) {
+    const Status st = write_output_file(o.json_path, js + "\n");
+    if (!st.ok()) fail(st, who);
+  } else {
+    std::printf("\n%s\n", js.c_str());
+  }
 }
 
 // Runs fn `warm` times, then `iters` timed times (the backend synchronised around each).
@@ -47,55 +54,37 @@ Stats timed(Backend& be, int warm, int iters, const std::function<Status()>& fn)
   return Stats{ms[ms.size() / 2], ms.front(), ms.back()};
 }
 
-// GPU memory the process holds (device total - free): the caching allocator keeps what it took,
-// so sampling after a phase gives the peak of that phase. 0 on the CPU.
+// The caching allocator keeps what it took, so sampling after a phase gives the peak of that
+// phase. Read without a backend: the first reading comes before the model's backend exists.
 double gpu_used_gib() {
-#ifdef ZIMAGE_WITH_CUDA
-  size_t free_b = 0, total_b = 0;
-  if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess)
-    return static_cast<double>(total_b - free_b) / (1024.0 * 1024 * 1024);
-#endif
+  auto m = cuda_device_memory();  // {total, free}
+  if (m.ok()) return static_cast<double>(m->first - m->second) / (1024.0 * 1024 * 1024);
   return 0;
 }
 
-#ifdef ZIMAGE_WITH_CUDA
-cuda::CudaBackend* as_cuda(Backend& be) {
-  return dynamic_cast<cuda::CudaBackend*>(&be);
-}
-#endif
-
-AllocCounters alloc_counters(Backend& be) {
+AllocCounters alloc_counters(const Backend& be) {
+  constexpr double kGiB = 1024.0 * 1024 * 1024;
+  const Backend::AllocatorCounters st = be.allocator_counters();
   AllocCounters c;
-#ifdef ZIMAGE_WITH_CUDA
-  if (auto* cb = as_cuda(be)) {
-    constexpr double kGiB = 1024.0 * 1024 * 1024;
-    const auto st = cb->memory_stats();
-    c.in_use_gib = static_cast<double>(st.in_use_bytes) / kGiB;
-    c.peak_gib = static_cast<double>(st.peak_in_use_bytes) / kGiB;
-    c.reserved_peak_gib = static_cast<double>(st.peak_reserved_bytes) / kGiB;
-    c.device_calls = st.num_device_mallocs + st.num_device_frees;
-  }
-#else
-  (void)be;
-#endif
+  c.in_use_gib = static_cast<double>(st.in_use) / kGiB;
+  c.peak_gib = static_cast<double>(st.peak_in_use) / kGiB;
+  c.reserved_peak_gib = static_cast<double>(st.peak_reserved) / kGiB;
+  c.device_calls = st.device_calls;
   return c;
 }
 
-void reset_alloc_peak(Backend& be) {
-#ifdef ZIMAGE_WITH_CUDA
-  if (auto* cb = as_cuda(be)) cb->reset_peak_memory();
-#else
-  (void)be;
-#endif
+Tensor random_latents(Backend& be, uint64_t seed, int bs, int res, int fac) {
+  TorchCpuGenerator gen(seed);
+  auto host = gen.randn({bs, 16, res / fac, res / fac});
+  if (!host.ok()) fail(host.status());
+  auto lat = be.upload(*host, DType::kF32);
+  if (!lat.ok()) fail(lat.status());
+  return *lat;
 }
 
 void fresh_memory(Backend& be, ZImageDiT& dit) {
   dit.release_graphs();
-#ifdef ZIMAGE_WITH_CUDA
-  if (auto* cb = as_cuda(be)) check(cb->empty_cache());
-#else
-  (void)be;
-#endif
+  check(be.empty_cache());
 }
 
 Result<std::unique_ptr<Backend>> make_backend(const std::string& device, DType act, int threads) {
@@ -136,4 +125,4 @@ Result<Loaded> load_all(const std::string& dir, const std::string& device, DType
   return L;
 }
 
-}  // namespace zimage::cli::bench
+}  // namespace zimage::bench
