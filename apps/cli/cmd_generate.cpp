@@ -20,6 +20,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -129,21 +130,24 @@ void print_timings(const GenerateResult& r) {
   std::fprintf(stderr, "total         %8.3f s\n", t.total_s);
 }
 
-// An engine error about an image field, worded with the flag and the file the user gave:
-// "mask: 30x20 differs from ..." -> "--mask m.png: 30x20 differs from ...".
-std::string with_flags(const std::string& message, const GenerateArgs& a) {
-  const std::pair<const char*, std::string> fields[] = {
-      {"init_image: ", "--init-image " + a.init_image + ": "},
-      {"mask: ", "--mask " + a.mask + ": "},
-      {"strength: ", "--strength: "},
-      {"guidance: ", "--guidance: "},
-      {"cfg_truncation: ", "--cfg-truncation: "},
-      {"cfg_normalization: ", "--cfg-normalization: "},
-      {"control_image: ", "--control-image " + a.control_image + ": "},
-      {"control_scale: ", "--control-scale: "}};
-  for (const auto& [field, flag] : fields)
-    if (message.rfind(field, 0) == 0) return flag + message.substr(std::string(field).size());
-  return message;
+// An engine error about a request field, worded with the flag and the file the user gave:
+// "mask: 30x20 differs from ..." -> "--mask m.png: 30x20 differs from ...". Errors about other
+// fields, or with a context before the field, keep their message.
+std::string with_flags(const Status& st, const GenerateArgs& a) {
+  const std::pair<const char*, std::string> flags[] = {
+      {"init_image", "--init-image " + a.init_image},
+      {"mask", "--mask " + a.mask},
+      {"strength", "--strength"},
+      {"guidance", "--guidance"},
+      {"cfg_truncation", "--cfg-truncation"},
+      {"cfg_normalization", "--cfg-normalization"},
+      {"control_image", "--control-image " + a.control_image},
+      {"control_scale", "--control-scale"}};
+  const std::optional<std::string> detail = st.field_detail();
+  if (detail)
+    for (const auto& [field, flag] : flags)
+      if (st.field() == field) return flag + ": " + *detail;
+  return st.message();
 }
 
 // Reads an --init-image / --mask file: a missing, unreadable or undecodable file is a usage
@@ -285,7 +289,7 @@ void run_generate(const GenerateArgs& a, const CLI::App& cmd) {
   const std::vector<GenerateRequest> parts = split_batch(req, static_cast<int>(engines.size()));
   for (size_t k = 0; k < parts.size(); ++k) {
     const Status valid = engines[k]->validate(parts[k]);
-    if (!valid.ok()) fail(2, with_flags(valid.message(), a));
+    if (!valid.ok()) fail(2, with_flags(valid, a));
   }
 
   ProgressBar bar(!a.quiet && (a.progress || is_terminal(stderr)), stderr);
