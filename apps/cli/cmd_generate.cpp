@@ -20,6 +20,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -43,7 +44,7 @@ namespace {
 constexpr int kTinyDefaultSide = 64;
 
 struct GenerateArgs {
-  ModelFlags model;
+  EngineFlags engine;  // --model, the single files, --device ... --threads, --lora
   std::vector<std::string> prompts;
   std::string negative_prompt;
   int width = 1024;
@@ -55,13 +56,6 @@ struct GenerateArgs {
   float cfg_truncation = 1.0f;
   float cfg_normalization = 0.0f;
   int max_sequence_length = 512;
-  std::string device = "auto";
-  std::string precision = "auto";
-  std::string fp8_layers = "all";
-  double vram_budget = 0;
-  std::string weights = "bf16";
-  std::string vae_tiling = "auto";
-  int threads = 0;
   std::string output = "zimage.png";
   std::string init_image;  // img2img / inpainting inputs (PNG, JPEG, WebP)
   std::string mask;
@@ -74,7 +68,6 @@ struct GenerateArgs {
   bool verbose = false;
   bool quiet = false;
   bool progress = false;
-  LoraArgs lora;
   ParallelArgs parallel;  // --devices / --parallel sequence (parallel_args.h)
 };
 
@@ -129,21 +122,24 @@ void print_timings(const GenerateResult& r) {
   std::fprintf(stderr, "total         %8.3f s\n", t.total_s);
 }
 
-// An engine error about an image field, worded with the flag and the file the user gave:
-// "mask: 30x20 differs from ..." -> "--mask m.png: 30x20 differs from ...".
-std::string with_flags(const std::string& message, const GenerateArgs& a) {
-  const std::pair<const char*, std::string> fields[] = {
-      {"init_image: ", "--init-image " + a.init_image + ": "},
-      {"mask: ", "--mask " + a.mask + ": "},
-      {"strength: ", "--strength: "},
-      {"guidance: ", "--guidance: "},
-      {"cfg_truncation: ", "--cfg-truncation: "},
-      {"cfg_normalization: ", "--cfg-normalization: "},
-      {"control_image: ", "--control-image " + a.control_image + ": "},
-      {"control_scale: ", "--control-scale: "}};
-  for (const auto& [field, flag] : fields)
-    if (message.rfind(field, 0) == 0) return flag + message.substr(std::string(field).size());
-  return message;
+// An engine error about a request field, worded with the flag and the file the user gave:
+// "mask: 30x20 differs from ..." -> "--mask m.png: 30x20 differs from ...". Errors about other
+// fields, or with a context before the field, keep their message.
+std::string with_flags(const Status& st, const GenerateArgs& a) {
+  const std::pair<const char*, std::string> flags[] = {
+      {"init_image", "--init-image " + a.init_image},
+      {"mask", "--mask " + a.mask},
+      {"strength", "--strength"},
+      {"guidance", "--guidance"},
+      {"cfg_truncation", "--cfg-truncation"},
+      {"cfg_normalization", "--cfg-normalization"},
+      {"control_image", "--control-image " + a.control_image},
+      {"control_scale", "--control-scale"}};
+  const std::optional<std::string> detail = st.field_detail();
+  if (detail)
+    for (const auto& [field, flag] : flags)
+      if (st.field() == field) return flag + ": " + *detail;
+  return st.message();
 }
 
 // Reads an --init-image / --mask file: a missing, unreadable or undecodable file is a usage
@@ -160,13 +156,13 @@ Image read_input(const std::string& flag, const std::string& path, bool is_mask)
 
 void run_generate(const GenerateArgs& a, const CLI::App& cmd) {
   set_log_verbosity(a.verbose ? 2 : a.quiet ? 0 : 1);
-  EngineOptions eo;
+  EngineOptions eo = engine_options(a.engine);
   GenerateRequest req;
   req.width = a.width;
   req.height = a.height;
   // --model, --dit, --text-encoder, --vae; the built-in model (embedded, unpacked into the
   // user's cache) without any. A path of the wrong kind is a usage error (exit 2).
-  auto choice = apply_model_flags(a.model, eo);
+  auto choice = apply_model_flags(a.engine.model, eo);
   if (!choice.ok())
     fail(choice.status().code() == ErrorCode::kInvalidArgument ? 2 : 1,
          choice.status().code() == ErrorCode::kInvalidArgument ? choice.status().message()
@@ -179,7 +175,6 @@ void run_generate(const GenerateArgs& a, const CLI::App& cmd) {
   if (!parse_seed(a.seed, &req.seed, &random_seed))
     fail(2, "--seed: '" + a.seed + "' is not a whole number in 0..18446744073709551615 (or -1 " +
                 "for a random seed)");
-  eo.device = a.device;
   {
     std::string error;
     if (!sequence_parallel_devices(a.parallel, &eo.sequence_parallel_devices, &error))
@@ -188,15 +183,8 @@ void run_generate(const GenerateArgs& a, const CLI::App& cmd) {
       fail(2, "--device: not with --devices (the first of --devices is rank 0's device)");
     eo.sequence_parallel_comm = a.parallel.comm;
   }
-  eo.precision = a.precision;
-  eo.fp8_layers = a.fp8_layers;
-  eo.vram_budget_gib = a.vram_budget;
-  eo.weights = a.weights;
-  eo.vae_tiling = a.vae_tiling;
-  eo.threads = a.threads;
   std::string lora_error;
-  if (!parse_lora_args(a.lora, &eo.loras, &lora_error)) fail(2, lora_error);
-  eo.lora_lenient = a.lora.lenient;
+  if (!parse_lora_args(a.engine.lora, &eo.loras, &lora_error)) fail(2, lora_error);
   req.prompts = a.prompts;
   if (cmd.count("--negative-prompt") > 0) req.negative_prompt = a.negative_prompt;
   req.steps = a.steps;
@@ -285,7 +273,7 @@ void run_generate(const GenerateArgs& a, const CLI::App& cmd) {
   const std::vector<GenerateRequest> parts = split_batch(req, static_cast<int>(engines.size()));
   for (size_t k = 0; k < parts.size(); ++k) {
     const Status valid = engines[k]->validate(parts[k]);
-    if (!valid.ok()) fail(2, with_flags(valid.message(), a));
+    if (!valid.ok()) fail(2, with_flags(valid, a));
   }
 
   ProgressBar bar(!a.quiet && (a.progress || is_terminal(stderr)), stderr);
@@ -341,9 +329,8 @@ void register_generate_command(CLI::App& app) {
       "Generate images from text prompts. Defaults are the Z-Image-Turbo recipe (1024x1024, 8 "
       "steps, guidance 0, seed 0). Without --model the tiny built-in test model is used (random "
       "weights: the picture is noise-like) and the default size is 64x64.");
-  cmd->add_option("--model,-m", args->model.model,
+  add_model_flags(cmd, args->engine.model,
                   "Model folder in the diffusers layout (default: the tiny built-in model)");
-  add_single_file_flags(cmd, args->model);
   cmd->add_option("--prompt,-p", args->prompts,
                   "Prompt (UTF-8); repeat for a batch: --prompt A --prompt B")
       ->required()
@@ -369,29 +356,25 @@ void register_generate_command(CLI::App& app) {
       ->check(finite_number(true));
   cmd->add_option("--max-sequence-length", args->max_sequence_length,
                   "Prompt tokens kept, chat template included (default 512)");
-  cmd->add_option("--device,-d", args->device, "cpu, cuda, cuda:N or auto (default auto)");
-  cmd->add_option("--vram-budget", args->vram_budget,
-                  "GPU memory the process may use, in GiB, CUDA context included (default 0 = "
-                  "no limit); what does not fit streams from host memory (--verbose shows the "
-                  "plan)")
-      ->check(CLI::Range(0.0, 1e6))
-      ->check(finite_number(false));
-  cmd->add_option("--weights", args->weights,
-                  "bf16, or fp8: DiT and text-encoder linear weights stored as FP8 with "
-                  "per-channel scales (half the memory; small quality cost)")
-      ->check(CLI::IsMember({"bf16", "fp8"}));
-  cmd->add_option("--precision", args->precision,
-                  "auto, bf16, f32, or fp8 (bf16 with the DiT's linears as W8A8 FP8 GEMMs; CUDA, "
-                  "Ada/Hopper or newer) (default auto)");
-  cmd->add_option("--fp8-layers", args->fp8_layers,
-                  "With --precision fp8: the DiT linears in FP8, all or a comma-separated subset "
-                  "of qkv, out, w13, w2, ffn, attn, refiners (default all)");
-  cmd->add_option("--vae-tiling", args->vae_tiling,
-                  "Decode in overlapping tiles as diffusers' enable_tiling(): on, off, or auto "
-                  "(tiled when the untiled decode would not fit free GPU memory) (default auto)")
-      ->check(CLI::IsMember({"auto", "on", "off"}));
-  cmd->add_option("--threads,-t", args->threads,
-                  "CPU threads, at most 4x the hardware threads (default 0 = all)");
+  add_engine_flags(
+      cmd, args->engine,
+      {EngineFlag::kDevice,
+       {EngineFlag::kVramBudget,
+        "GPU memory the process may use, in GiB, CUDA context included (default 0 = no limit); "
+        "what does not fit streams from host memory (--verbose shows the plan)"},
+       {EngineFlag::kWeights,
+        "bf16, or fp8: DiT and text-encoder linear weights stored as FP8 with per-channel "
+        "scales (half the memory; small quality cost)"},
+       {EngineFlag::kPrecision,
+        "auto, bf16, f32, or fp8 (bf16 with the DiT's linears as W8A8 FP8 GEMMs; CUDA, "
+        "Ada/Hopper or newer) (default auto)"},
+       {EngineFlag::kFp8Layers,
+        "With --precision fp8: the DiT linears in FP8, all or a comma-separated subset of qkv, "
+        "out, w13, w2, ffn, attn, refiners (default all)"},
+       {EngineFlag::kVaeTiling,
+        "Decode in overlapping tiles as diffusers' enable_tiling(): on, off, or auto (tiled "
+        "when the untiled decode would not fit free GPU memory) (default auto)"},
+       {EngineFlag::kThreads, "CPU threads, at most 4x the hardware threads (default 0 = all)"}});
   cmd->add_option("--output,-o", args->output,
                   "Output PNG; with several images FILE_0.png, FILE_1.png, ... (default "
                   "zimage.png)");
@@ -419,7 +402,7 @@ void register_generate_command(CLI::App& app) {
                   "Write named intermediate tensors as .npy files into this folder");
   cmd->add_option("--dump-filter", args->dump_filter,
                   "Only dump tensors whose name contains this text");
-  add_lora_options(cmd, args->lora);
+  add_lora_options(cmd, args->engine.lora);
   add_parallel_options(cmd, args->parallel);
   cmd->add_flag("--verbose,-v", args->verbose,
                 "Print load information (each LoRA's format and targets) and per-phase times");

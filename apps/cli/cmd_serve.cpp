@@ -25,7 +25,6 @@
 #include "commands.h"
 #include "lora_args.h"
 #include "model_flags.h"
-#include "number_flags.h"
 #include "secret_file.h"
 #include "serve/server.h"
 #include "zimage/zimage.h"
@@ -36,19 +35,12 @@ namespace {
 
 struct ServeArgs {
   serve::ServeOptions serve;
-  ModelFlags model;
-  std::string device = "auto";
+  EngineFlags engine;
   std::string devices;  // --devices: one engine per entry (data parallel)
-  std::string precision = "auto";
-  std::string fp8_layers = "all";
-  double vram_budget = 0;
-  std::string weights = "bf16";
-  int threads = 0;
   std::string default_size = "1024x1024";
   bool quiet = false;
   bool verbose = false;
   std::string batching = "off";
-  LoraArgs lora;
   std::string lora_method = "auto";
   int lora_cache_mib = 2048;
   std::string controlnet;  // loaded with the model; requests send a control image
@@ -127,7 +119,7 @@ void run_serve(ServeArgs& a) {
   }
   std::vector<LoraSpec> loras;  // checked before the server listens: a usage error exits 2
   std::string lora_error;
-  if (!parse_lora_args(a.lora, &loras, &lora_error)) fail(2, lora_error);
+  if (!parse_lora_args(a.engine.lora, &loras, &lora_error)) fail(2, lora_error);
   a.serve.access_log = !a.quiet;
   a.serve.batching = a.batching == "on";
   if (!a.serve.lora_dir.empty()) {
@@ -143,25 +135,18 @@ void run_serve(ServeArgs& a) {
   std::printf("zimage serve: listening on http://%s:%d\n", a.serve.host.c_str(), server.port());
   std::fflush(stdout);
 
-  EngineOptions eo;
+  EngineOptions eo = engine_options(a.engine);  // no --vae-tiling: "auto"
   // Without --model or files, the tiny built-in model: a server to try the API and the page.
-  auto choice = apply_model_flags(a.model, eo);
+  auto choice = apply_model_flags(a.engine.model, eo);
   if (!choice.ok()) {
     server.shutdown();  // a model that cannot be had fails the server (exit 1), as a load does
     fail(1, choice.status().to_string());
   }
-  eo.device = a.device;
-  eo.precision = a.precision;
-  eo.fp8_layers = a.fp8_layers;
-  eo.vram_budget_gib = a.vram_budget;
-  eo.weights = a.weights;
-  eo.threads = a.threads;
   eo.loras = loras;
   eo.controlnet = a.controlnet;
-  eo.lora_lenient = a.lora.lenient;
   eo.lora_method = a.lora_method;
   eo.lora_cache_bytes = static_cast<uint64_t>(a.lora_cache_mib) << 20;
-  std::vector<std::string> devices = {a.device};
+  std::vector<std::string> devices = {eo.device};
   if (!a.devices.empty()) {
     auto list = parse_device_list(a.devices);
     if (!list.ok()) {
@@ -207,10 +192,9 @@ void register_serve_command(CLI::App& app) {
       "serve",
       "HTTP image server: OpenAI Images API, async jobs with progress events, Automatic1111 "
       "txt2img, Prometheus metrics and a web page at /. See docs/SERVER.md.");
-  cmd->add_option("--model,-m", a->model.model,
+  add_model_flags(cmd, a->engine.model,
                   "Model folder in the diffusers layout (default: the tiny built-in model, whose "
                   "pictures are noise)");
-  add_single_file_flags(cmd, a->model);
   cmd->add_option("--host", a->serve.host,
                   "Address to listen on (default 127.0.0.1; others need --api-key or --insecure)");
   cmd->add_option("--port", a->serve.port, "TCP port (default 8188; 0 = any free port)")
@@ -227,23 +211,21 @@ void register_serve_command(CLI::App& app) {
   cmd->add_option("--max-queue", a->serve.max_queue,
                   "Jobs waiting at most; more get 429 (default 16)")
       ->check(CLI::Range(1, 100000));
-  CLI::Option* device =
-      cmd->add_option("--device,-d", a->device, "cpu, cuda, cuda:N or auto (default auto)");
+  add_engine_flags(cmd, a->engine, {EngineFlag::kDevice});
   cmd->add_option("--devices", a->devices,
                   "Data parallel: one engine per listed device behind the one queue, e.g. "
                   "cuda:0,cuda:1 or all (every visible GPU); a device may repeat (engines "
                   "sharing a GPU); see docs/SERVER.md")
-      ->excludes(device);
-  cmd->add_option("--precision", a->precision, "auto, bf16, f32 or fp8 (default auto)");
-  cmd->add_option("--fp8-layers", a->fp8_layers,
-                  "With --precision fp8: the DiT linears in FP8 (default all; see generate)");
-  cmd->add_option("--vram-budget", a->vram_budget,
-                  "GPU memory the process may use, in GiB, CUDA context included (0 = no limit)")
-      ->check(CLI::Range(0.0, 1e6))
-      ->check(finite_number(false));
-  cmd->add_option("--weights", a->weights, "bf16, or fp8 (FP8 weight rows; see zimage generate)")
-      ->check(CLI::IsMember({"bf16", "fp8"}));
-  cmd->add_option("--threads,-t", a->threads, "CPU threads (default 0 = all)");
+      ->excludes(cmd->get_option("--device"));
+  add_engine_flags(
+      cmd, a->engine,
+      {EngineFlag::kPrecision,
+       {EngineFlag::kFp8Layers,
+        "With --precision fp8: the DiT linears in FP8 (default all; see generate)"},
+       {EngineFlag::kVramBudget,
+        "GPU memory the process may use, in GiB, CUDA context included (0 = no limit)"},
+       {EngineFlag::kWeights, "bf16, or fp8 (FP8 weight rows; see zimage generate)"},
+       EngineFlag::kThreads});
   cmd->add_option("--default-size", a->default_size,
                   "Image size when a request gives none (default 1024x1024)");
   cmd->add_option("--default-steps", a->serve.default_steps, "Steps when a request gives none")
@@ -288,7 +270,7 @@ void register_serve_command(CLI::App& app) {
   cmd->add_option("--max-batch-images", a->serve.max_batch_images,
                   "Images per denoising step with --batching on (default 8)")
       ->check(CLI::Range(1, 64));
-  add_lora_options(cmd, a->lora);
+  add_lora_options(cmd, a->engine.lora);
   cmd->add_option("--lora-dir", a->serve.lora_dir,
                   "Folder of LoRA files requests may name (\"loras\": [{\"name\": "
                   "\"x.safetensors\", \"scale\": 0.8}], A1111's <lora:x:0.8>); applied per "

@@ -19,11 +19,11 @@
 #include "zimage/request_check.h"
 #include "broker/job_codec.h"
 #include "broker/redis_client.h"
+#include "broker_flags.h"
 #include "commands.h"
 #include "number_flags.h"
 #include "output_paths.h"
 #include "progress.h"
-#include "secret_file.h"
 #include "zimage/zimage.h"
 
 namespace zimage::cli {
@@ -31,8 +31,7 @@ namespace zimage::cli {
 namespace {
 
 struct SubmitArgs {
-  std::string broker = "redis://127.0.0.1:6379";
-  std::string broker_password_file;
+  BrokerFlags broker;
   std::string stream = "zimage:jobs";
   std::string group = "zimage";
   std::string prefix = "zimage";
@@ -198,14 +197,9 @@ void wait_for(broker::RedisClient& db, const SubmitArgs& a, const std::string& i
 }
 
 void run_submit(const SubmitArgs& a, const CLI::App& cmd) {
-  if (!broker::have_hiredis())
-    fail(1,
-         "zimage was built without hiredis: the broker commands need it (install "
-         "libhiredis-dev, e.g. with scripts/setup.sh, and configure again)");
-  auto url = broker::parse_redis_url(a.broker);
-  if (!url.ok()) fail(2, "--broker: " + url.status().message());
-  if (const Status pw = apply_broker_password_file(a.broker_password_file, &*url); !pw.ok())
-    fail(2, pw.message());
+  auto url = broker_url(a.broker);
+  if (!url.ok())
+    fail(url.status().code() == ErrorCode::kInvalidArgument ? 2 : 1, url.status().message());
   if (a.seed < -1) fail(2, "--seed: must be 0 or more, or -1 for a random seed");
   // The library's rule (zimage/request_check.h), on the flag's value: JSON has no NaN or infinity,
   // so a value the worker would refuse must not be queued as something else.
@@ -277,13 +271,7 @@ void register_submit_command(CLI::App& app) {
       "submit",
       "Add a job for `zimage worker` to a Redis stream and print its id; --wait writes the "
       "image. See docs/BROKER.md.");
-  cmd->add_option("--broker", args->broker,
-                  "Redis URL redis://[[user]:password@]host[:port][/db] (default "
-                  "redis://127.0.0.1:6379; a password in it shows in `ps`: prefer "
-                  "--broker-password-file)");
-  cmd->add_option("--broker-password-file", args->broker_password_file,
-                  "The Redis password, read from this file (one line; a trailing newline is "
-                  "dropped) instead of the --broker URL");
+  add_broker_flags(cmd, args->broker);
   cmd->add_option("--stream", args->stream, "Jobs stream key (default zimage:jobs)");
   cmd->add_option("--group", args->group, "The workers' consumer group (default zimage)");
   cmd->add_option("--prefix", args->prefix, "Key prefix of results (default zimage)");

@@ -18,11 +18,10 @@
 
 #include "broker/redis_client.h"
 #include "broker/worker.h"
+#include "broker_flags.h"
 #include "commands.h"
 #include "lora_args.h"
 #include "model_flags.h"
-#include "number_flags.h"
-#include "secret_file.h"
 #include "zimage/zimage.h"
 
 namespace zimage::cli {
@@ -32,17 +31,8 @@ namespace {
 constexpr int kTinyDefaultSide = 64;  // the built-in model's default size, as `generate`
 
 struct WorkerArgs {
-  std::string broker = "redis://127.0.0.1:6379";
-  std::string broker_password_file;
-  ModelFlags model;
-  std::string device = "auto";
-  std::string precision = "auto";
-  std::string fp8_layers = "all";
-  std::string weights = "bf16";
-  std::string vae_tiling = "auto";
-  double vram_budget = 0;
-  int threads = 0;
-  LoraArgs lora;
+  BrokerFlags broker;
+  EngineFlags engine;
   broker::WorkerOptions worker;
   bool verbose = false;
   bool quiet = false;
@@ -60,14 +50,9 @@ extern "C" void on_worker_signal(int sig) {
 
 void run_worker_command(WorkerArgs& a) {
   set_log_verbosity(a.verbose ? 2 : a.quiet ? 0 : 1);
-  if (!broker::have_hiredis())
-    fail(1,
-         "zimage was built without hiredis: the broker commands need it (install "
-         "libhiredis-dev, e.g. with scripts/setup.sh, and configure again)");
-  auto url = broker::parse_redis_url(a.broker);
-  if (!url.ok()) fail(2, "--broker: " + url.status().message());
-  if (const Status pw = apply_broker_password_file(a.broker_password_file, &*url); !pw.ok())
-    fail(2, pw.message());
+  auto url = broker_url(a.broker);
+  if (!url.ok())
+    fail(url.status().code() == ErrorCode::kInvalidArgument ? 2 : 1, url.status().message());
   broker::WorkerOptions& wo = a.worker;
   wo.url = *url;
   const Status opt = broker::finish_options(&wo);
@@ -79,20 +64,12 @@ void run_worker_command(WorkerArgs& a) {
     auto probe = broker::RedisClient::connect(wo.url, co);
     if (!probe.ok()) fail(1, "cannot reach the broker: " + probe.status().message());
   }
-  EngineOptions eo;
-  auto choice = apply_model_flags(a.model, eo);
+  EngineOptions eo = engine_options(a.engine);
+  auto choice = apply_model_flags(a.engine.model, eo);
   if (!choice.ok())
     fail(choice.status().code() == ErrorCode::kInvalidArgument ? 2 : 1, choice.status().message());
-  eo.device = a.device;
-  eo.precision = a.precision;
-  eo.fp8_layers = a.fp8_layers;
-  eo.weights = a.weights;
-  eo.vae_tiling = a.vae_tiling;
-  eo.vram_budget_gib = a.vram_budget;
-  eo.threads = a.threads;
   std::string lora_error;
-  if (!parse_lora_args(a.lora, &eo.loras, &lora_error)) fail(2, lora_error);
-  eo.lora_lenient = a.lora.lenient;
+  if (!parse_lora_args(a.engine.lora, &eo.loras, &lora_error)) fail(2, lora_error);
   auto engine = Engine::load(eo);
   if (!engine.ok()) {
     const bool usage = engine.status().code() == ErrorCode::kInvalidArgument;
@@ -128,29 +105,14 @@ void register_worker_command(CLI::App& app) {
       "worker",
       "Run jobs from a Redis stream (consumer group), store results back in Redis; see "
       "docs/BROKER.md. Start one per GPU, on as many hosts as you like.");
-  cmd->add_option("--broker", args->broker,
-                  "Redis URL redis://[[user]:password@]host[:port][/db] (default "
-                  "redis://127.0.0.1:6379; a password in it shows in `ps`: prefer "
-                  "--broker-password-file)");
-  cmd->add_option("--broker-password-file", args->broker_password_file,
-                  "The Redis password, read from this file (one line; a trailing newline is "
-                  "dropped) instead of the --broker URL");
-  cmd->add_option("--model,-m", args->model.model,
+  add_broker_flags(cmd, args->broker);
+  add_model_flags(cmd, args->engine.model,
                   "Model folder in the diffusers layout (default: the tiny built-in model)");
-  add_single_file_flags(cmd, args->model);
-  cmd->add_option("--device,-d", args->device, "cpu, cuda, cuda:N or auto (default auto)");
-  cmd->add_option("--precision", args->precision, "auto, bf16, f32 or fp8 (default auto)");
-  cmd->add_option("--fp8-layers", args->fp8_layers,
-                  "With --precision fp8: the DiT linears in FP8 (default all)");
-  cmd->add_option("--weights", args->weights, "bf16 or fp8 weight storage (default bf16)")
-      ->check(CLI::IsMember({"bf16", "fp8"}));
-  cmd->add_option("--vae-tiling", args->vae_tiling, "auto, on or off (default auto)")
-      ->check(CLI::IsMember({"auto", "on", "off"}));
-  cmd->add_option("--vram-budget", args->vram_budget, "GPU memory budget in GiB (0 = no limit)")
-      ->check(CLI::Range(0.0, 1e6))
-      ->check(finite_number(false));
-  cmd->add_option("--threads,-t", args->threads, "CPU threads (default 0 = all)");
-  add_lora_options(cmd, args->lora);
+  add_engine_flags(
+      cmd, args->engine,
+      {EngineFlag::kDevice, EngineFlag::kPrecision, EngineFlag::kFp8Layers, EngineFlag::kWeights,
+       EngineFlag::kVaeTiling, EngineFlag::kVramBudget, EngineFlag::kThreads});
+  add_lora_options(cmd, args->engine.lora);
   broker::WorkerOptions& w = args->worker;
   cmd->add_option("--stream", w.stream, "Jobs stream key (default zimage:jobs)");
   cmd->add_option("--group", w.group, "Consumer group (default zimage)");

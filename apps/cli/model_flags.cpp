@@ -4,6 +4,7 @@
 #include <filesystem>
 
 #include "builtin_model.h"
+#include "number_flags.h"
 
 namespace zimage::cli {
 
@@ -18,6 +19,11 @@ void add_single_file_flags(CLI::App* cmd, ModelFlags& f) {
       "--vae", f.vae,
       "VAE as one .safetensors file (diffusers or Flux/LDM names, e.g. ae.safetensors); "
       "replaces --model's VAE");
+}
+
+void add_model_flags(CLI::App* cmd, ModelFlags& f, const std::string& model_help) {
+  cmd->add_option("--model,-m", f.model, model_help);
+  add_single_file_flags(cmd, f);
 }
 
 Result<ModelChoice> apply_model_flags(const ModelFlags& f, EngineOptions& eo) {
@@ -66,6 +72,69 @@ Result<ModelChoice> apply_model_flags(const ModelFlags& f, EngineOptions& eo) {
     choice.builtin = true;
   }
   return choice;
+}
+
+namespace {
+
+const char* common_help(EngineFlag flag) {
+  switch (flag) {
+    case EngineFlag::kDevice:
+      return "cpu, cuda, cuda:N or auto (default auto)";
+    case EngineFlag::kPrecision:
+      return "auto, bf16, f32 or fp8 (default auto)";
+    case EngineFlag::kFp8Layers:
+      return "With --precision fp8: the DiT linears in FP8 (default all)";
+    case EngineFlag::kWeights:
+      return "bf16 or fp8 weight storage (default bf16)";
+    case EngineFlag::kVaeTiling:
+      return "auto, on or off (default auto)";
+    case EngineFlag::kVramBudget:
+      return "GPU memory budget in GiB (0 = no limit)";
+    case EngineFlag::kThreads:
+      return "CPU threads (default 0 = all)";
+  }
+  return "";
+}
+
+}  // namespace
+
+void add_engine_flags(CLI::App* cmd, EngineFlags& f, std::initializer_list<EngineFlagHelp> flags) {
+  EngineOptions& o = f.options;
+  for (const EngineFlagHelp& e : flags) {
+    const std::string help = e.help.empty() ? common_help(e.flag) : e.help;
+    switch (e.flag) {
+      case EngineFlag::kDevice:
+        cmd->add_option("--device,-d", o.device, help);
+        break;
+      case EngineFlag::kPrecision:
+        cmd->add_option("--precision", o.precision, help);
+        break;
+      case EngineFlag::kFp8Layers:
+        cmd->add_option("--fp8-layers", o.fp8_layers, help);
+        break;
+      case EngineFlag::kWeights:
+        cmd->add_option("--weights", o.weights, help)->check(CLI::IsMember({"bf16", "fp8"}));
+        break;
+      case EngineFlag::kVaeTiling:
+        cmd->add_option("--vae-tiling", o.vae_tiling, help)
+            ->check(CLI::IsMember({"auto", "on", "off"}));
+        break;
+      case EngineFlag::kVramBudget:
+        cmd->add_option("--vram-budget", o.vram_budget_gib, help)
+            ->check(CLI::Range(0.0, 1e6))
+            ->check(finite_number(false));
+        break;
+      case EngineFlag::kThreads:
+        cmd->add_option("--threads,-t", o.threads, help);
+        break;
+    }
+  }
+}
+
+EngineOptions engine_options(const EngineFlags& f) {
+  EngineOptions eo = f.options;
+  eo.lora_lenient = f.lora.lenient;
+  return eo;
 }
 
 }  // namespace zimage::cli

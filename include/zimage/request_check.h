@@ -1,7 +1,8 @@
 // Range checks of a GenerateRequest that do not depend on the loaded model's weights: every
 // numeric field, the batch size, the prompt texts (byte cap, valid UTF-8, no NUL). Why separate:
 // the server validates a whole job before queueing it (docs/reliability.md, "Requests"), and the
-// checks must be testable without a model. Each error is kInvalidArgument naming the field.
+// checks must be testable without a model. Each error is a FieldError: kInvalidArgument naming
+// the field, in its message and in Status::field().
 #pragma once
 
 #include <cstddef>

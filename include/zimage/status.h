@@ -1,9 +1,12 @@
 // Public: errors are values: every fallible function returns a Status or a Result<T>.
 // Nothing in the engine aborts on bad input; the API edge turns a Status into a message
-// (CLI) or an HTTP error (server). Messages name what is wrong (file, tensor, field).
+// (CLI) or an HTTP error (server). Messages name what is wrong (file, tensor, field); an error
+// about a request field also carries the field's name (field()), so the server and the CLI can
+// word it with their own names ("size", "--width") without reading the message.
 #pragma once
 
 #include <cassert>
+#include <optional>
 #include <string>
 #include <utility>
 #include <variant>
@@ -38,12 +41,22 @@ class [[nodiscard]] Status {
   // "format error: model.safetensors: header length 12 exceeds file size 8"
   std::string to_string() const;
 
-  // Prepends context: "loading transformer: " + message.
+  // Prepends context: "loading transformer: " + message. The field, if any, is kept.
   Status with_context(const std::string& context) const;
+
+  // The request field the error is about ("width", "prompts[0]", "init_image"), or empty. Its
+  // message then starts with "<field>: " unless a context was put before it since.
+  const std::string& field() const { return field_; }
+  // This status, about `field` (an OK status stays OK, without a field).
+  Status with_field(std::string field) const;
+  // The message after its leading "<field>: " ("63 is not a multiple of 16"); nullopt without a
+  // field or when a context was put before it.
+  std::optional<std::string> field_detail() const;
 
  private:
   ErrorCode code_ = ErrorCode::kOk;
   std::string message_;
+  std::string field_;
 };
 
 inline Status InvalidArgument(std::string m) {
@@ -72,6 +85,10 @@ inline Status Cancelled(std::string m) {
 }
 inline Status InternalError(std::string m) {
   return {ErrorCode::kInternal, std::move(m)};
+}
+// kInvalidArgument about a request field: message "<field>: <detail>", field() == field.
+inline Status FieldError(const std::string& field, const std::string& detail) {
+  return InvalidArgument(field + ": " + detail).with_field(field);
 }
 
 // A value or the Status that explains why there is none.

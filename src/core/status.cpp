@@ -35,7 +35,21 @@ std::string Status::to_string() const {
 
 Status Status::with_context(const std::string& context) const {
   if (ok()) return *this;
-  return Status(code_, context + ": " + message_);
+  Status s(code_, context + ": " + message_);
+  s.field_ = field_;
+  return s;
+}
+
+Status Status::with_field(std::string field) const {
+  Status s = *this;
+  if (!ok()) s.field_ = std::move(field);
+  return s;
+}
+
+std::optional<std::string> Status::field_detail() const {
+  const std::string prefix = field_ + ": ";
+  if (field_.empty() || message_.compare(0, prefix.size(), prefix) != 0) return std::nullopt;
+  return message_.substr(prefix.size());
 }
 
 }  // namespace zimage

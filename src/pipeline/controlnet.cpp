@@ -36,7 +36,7 @@ Result<std::vector<float>> encode_mode(VaeEncoder& enc, Backend& be, const Tenso
 Result<Tensor> prepare_control_context(const GenerateRequest& req, int control_in_dim,
                                        VaeEncoder& enc, Backend& be, const LatentShape& s,
                                        DebugSink* dbg, Backend& host) {
-  if (!req.control_image) return InvalidArgument("control_image: missing");
+  if (!req.control_image) return FieldError("control_image", "missing");
   try {
     const int64_t plane = s.h * s.w, ch = s.c;
     const int64_t need = req.mask ? 2 * ch + 1 : ch;
@@ -58,7 +58,8 @@ Result<Tensor> prepare_control_context(const GenerateRequest& req, int control_i
       dump_host(dbg, host, "control_image", nchw.data(), {1, 3, req.height, req.width});
     }
     auto zc = encode_mode(enc, be, control);
-    if (!zc.ok()) return zc.status().with_context("control_image: vae encode");
+    if (!zc.ok())
+      return zc.status().with_context("control_image: vae encode").with_field("control_image");
     if (static_cast<int64_t>(zc->size()) != ch * plane)
       return InternalError("control_image: " + std::to_string(zc->size()) +
                            " latent values, expected " + std::to_string(ch * plane));
@@ -66,7 +67,7 @@ Result<Tensor> prepare_control_context(const GenerateRequest& req, int control_i
     std::copy(zc->begin(), zc->end(), one.begin());
     // 2. ControlNet inpainting: 1 - mask at latent size, then the masked image's latents.
     if (req.mask) {
-      if (!req.init_image) return InvalidArgument("mask: ControlNet inpainting needs init_image");
+      if (!req.init_image) return FieldError("mask", "ControlNet inpainting needs init_image");
       ZI_ASSIGN_OR_RETURN(std::vector<float> mask,
                           preprocess_mask(*req.mask, req.width, req.height));
       ZI_ASSIGN_OR_RETURN(Tensor init, preprocess_image(*req.init_image, req.width, req.height));
@@ -78,7 +79,8 @@ Result<Tensor> prepare_control_context(const GenerateRequest& req, int control_i
       const std::vector<float> m = nearest_resize(keep, req.height, req.width, s.h, s.w);
       std::copy(m.begin(), m.end(), one.begin() + ch * plane);
       auto zi = encode_mode(enc, be, init);
-      if (!zi.ok()) return zi.status().with_context("init_image: vae encode");
+      if (!zi.ok())
+        return zi.status().with_context("init_image: vae encode").with_field("init_image");
       std::copy(zi->begin(), zi->end(), one.begin() + (ch + 1) * plane);
     }
     Tensor out = Tensor::host(DType::kF32, {s.n, control_in_dim, s.h, s.w});

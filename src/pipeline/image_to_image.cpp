@@ -18,9 +18,9 @@ namespace {
 Result<Image8> as_image8(const Image& img, const char* field) {
   const int64_t want = int64_t{img.width} * img.height * 3;
   if (img.width < 1 || img.height < 1 || static_cast<int64_t>(img.rgb.size()) != want)
-    return InvalidArgument(std::string(field) + ": " + std::to_string(img.width) + "x" +
-                           std::to_string(img.height) + " needs " + std::to_string(want) +
-                           " RGB bytes, has " + std::to_string(img.rgb.size()));
+    return FieldError(field, std::to_string(img.width) + "x" + std::to_string(img.height) +
+                                 " needs " + std::to_string(want) + " RGB bytes, has " +
+                                 std::to_string(img.rgb.size()));
   Image8 out;
   out.width = img.width;
   out.height = img.height;
@@ -95,7 +95,8 @@ Result<Tensor> preprocess_image(const Image& image, int width, int height) {
   ZI_ASSIGN_OR_RETURN(Image8 rgb, as_image8(image, "init_image"));
   ZI_ASSIGN_OR_RETURN(Image8 sized, resize_lanczos(rgb, width, height));
   Tensor t = Tensor::host(DType::kF32, {1, height, width, 3});
-  if (!t.defined()) return OutOfMemory("init_image: the preprocessed image");
+  if (!t.defined())
+    return OutOfMemory("init_image: the preprocessed image").with_field("init_image");
   float* p = t.data_as<float>();
   for (size_t k = 0; k < sized.pixels.size(); ++k) {
     // np.array(img).astype(np.float32) / 255.0, then 2.0 * x - 1.0, in float32.
@@ -148,7 +149,7 @@ Result<ImageStart> prepare_image_start(const GenerateRequest& req,
                                        const FlowMatchEulerScheduler& sched, VaeEncoder& enc,
                                        Backend& be, TorchCpuGenerator& gen, const LatentShape& s,
                                        DebugSink* dbg, Backend& host) {
-  if (!req.init_image) return InvalidArgument("init_image: missing");
+  if (!req.init_image) return FieldError("init_image", "missing");
   try {
     ImageStart out;
     ZI_ASSIGN_OR_RETURN(out.first_step, img2img_start_index(req.steps, effective_strength(req)));
@@ -160,7 +161,8 @@ Result<ImageStart> prepare_image_start(const GenerateRequest& req,
     }
     // 3. Draw 1: the image's posterior sample.
     auto one = encode_sample(enc, be, image, gen, dbg, "", host);
-    if (!one.ok()) return one.status().with_context("init_image: vae encode");
+    if (!one.ok())
+      return one.status().with_context("init_image: vae encode").with_field("init_image");
     if (static_cast<int64_t>(one->size()) != s.c * s.h * s.w)
       return InternalError("vae encode: " + std::to_string(one->size()) +
                            " latent values, expected " + std::to_string(s.c * s.h * s.w));

@@ -76,27 +76,24 @@ int TextToImage::max_image_tokens_side() const {
 Status TextToImage::check(const GenerateRequest& req) const {
   const int m = size_multiple();
   if (req.width <= 0 || req.width % m != 0)
-    return InvalidArgument("width: " + std::to_string(req.width) +
-                           " must be a positive multiple of " + std::to_string(m) +
-                           " for this model");
+    return FieldError("width", std::to_string(req.width) + " must be a positive multiple of " +
+                                   std::to_string(m) + " for this model");
   if (req.height <= 0 || req.height % m != 0)
-    return InvalidArgument("height: " + std::to_string(req.height) +
-                           " must be a positive multiple of " + std::to_string(m) +
-                           " for this model");
+    return FieldError("height", std::to_string(req.height) + " must be a positive multiple of " +
+                                    std::to_string(m) + " for this model");
   const int side = max_image_tokens_side() * m;
   if (req.width > side) {
-    return InvalidArgument("width: " + std::to_string(req.width) + " exceeds the model's limit " +
-                           std::to_string(side));
+    return FieldError(
+        "width", std::to_string(req.width) + " exceeds the model's limit " + std::to_string(side));
   }
   if (req.height > side) {
-    return InvalidArgument("height: " + std::to_string(req.height) + " exceeds the model's limit " +
-                           std::to_string(side));
+    return FieldError("height", std::to_string(req.height) + " exceeds the model's limit " +
+                                    std::to_string(side));
   }
-  if (req.prompts.empty()) return InvalidArgument("prompts: at least one prompt is needed");
-  if (req.images_per_prompt < 1) return InvalidArgument("images_per_prompt: must be at least 1");
-  if (req.max_sequence_length < 1)
-    return InvalidArgument("max_sequence_length: must be at least 1");
-  if (req.steps < 1) return InvalidArgument("steps: must be at least 1");
+  if (req.prompts.empty()) return FieldError("prompts", "at least one prompt is needed");
+  if (req.images_per_prompt < 1) return FieldError("images_per_prompt", "must be at least 1");
+  if (req.max_sequence_length < 1) return FieldError("max_sequence_length", "must be at least 1");
+  if (req.steps < 1) return FieldError("steps", "must be at least 1");
   ZI_TRY(check_control(req));
   // Prompt length against the DiT's position limit, before anything runs. Prompts are cut at
   // max_sequence_length tokens, so only a limit below that needs the tokenizer.
@@ -104,14 +101,14 @@ Status TextToImage::check(const GenerateRequest& req) const {
   if (req.max_sequence_length > limit) {
     const auto check_prompt = [&](const std::string& text, const std::string& field) -> Status {
       auto ids = encode_prompt(*c_.tokenizer, text, req.max_sequence_length);
-      if (!ids.ok()) return ids.status().with_context(field);
+      if (!ids.ok()) return ids.status().with_context(field).with_field(field);
       if (static_cast<int64_t>(ids->size()) > limit) {
-        return InvalidArgument(field + ": " + std::to_string(ids->size()) +
-                               " tokens (chat template included) exceed this model's limit of " +
-                               std::to_string(limit) + " (transformer axes_lens[0] = " +
-                               std::to_string(c_.transformer->config().axes_lens[0]) +
-                               "); shorten it or set max_sequence_length to at most " +
-                               std::to_string(limit));
+        return FieldError(
+            field,
+            std::to_string(ids->size()) + " tokens (chat template included) exceed this model's " +
+                "limit of " + std::to_string(limit) + " (transformer axes_lens[0] = " +
+                std::to_string(c_.transformer->config().axes_lens[0]) +
+                "); shorten it or set max_sequence_length to at most " + std::to_string(limit));
       }
       return Status::Ok();
     };
@@ -131,14 +128,17 @@ Result<std::vector<Tensor>> TextToImage::encode_prompts(const GenerateRequest& r
   std::vector<std::vector<int32_t>> ids;
   for (size_t i = 0; i < req.prompts.size(); ++i) {
     auto r = encode_prompt(*c_.tokenizer, req.prompts[i], req.max_sequence_length);
-    if (!r.ok()) return r.status().with_context("prompts[" + std::to_string(i) + "]");
+    if (!r.ok()) {
+      const std::string field = "prompts[" + std::to_string(i) + "]";
+      return r.status().with_context(field).with_field(field);
+    }
     dump_ids(hooks.debug, *host_, "tokens." + std::to_string(i), r.value());
     ids.push_back(std::move(r).value());
   }
   if (cfg) {  // one negative prompt serves every prompt (diffusers repeats it per prompt)
     auto r =
         encode_prompt(*c_.tokenizer, req.negative_prompt.value_or(""), req.max_sequence_length);
-    if (!r.ok()) return r.status().with_context("negative_prompt");
+    if (!r.ok()) return r.status().with_context("negative_prompt").with_field("negative_prompt");
     dump_ids(hooks.debug, *host_, "tokens.negative", r.value());
     ids.push_back(std::move(r).value());
   }
@@ -428,7 +428,8 @@ Status TextToImage::inpaint_step(DenoiseState& st, int i) {
 Result<VaeEncoder*> TextToImage::vae_encoder() {
   if (c_.vae_encoder) return c_.vae_encoder.get();
   if (paths_.model_dir.empty() && paths_.vae_file.empty())
-    return Unsupported("init_image: this pipeline was assembled without a VAE encoder");
+    return Unsupported("init_image: this pipeline was assembled without a VAE encoder")
+        .with_field("init_image");
   ZI_ASSIGN_OR_RETURN(c_.vae_encoder, load_vae_encoder(paths_, be_));
   return c_.vae_encoder.get();
 }
@@ -539,21 +540,20 @@ Status TextToImage::load_controlnet(const std::string& path) {
 Status TextToImage::check_control(const GenerateRequest& req) const {
   if (!req.control_image) return Status::Ok();
   if (!controlnet_)
-    return InvalidArgument("control_image: no ControlNet loaded (give --controlnet PATH)");
+    return FieldError("control_image", "no ControlNet loaded (give --controlnet PATH)");
   if (!std::isfinite(req.control_scale))
-    return InvalidArgument("control_scale: must be a finite number");
-  if (req.strength) return InvalidArgument("strength: does not apply to ControlNet requests");
+    return FieldError("control_scale", "must be a finite number");
+  if (req.strength) return FieldError("strength", "does not apply to ControlNet requests");
   if (req.init_image && !req.mask)
-    return InvalidArgument(
-        "init_image: with a control_image it needs a mask (ControlNet "
-        "inpainting); diffusers has no ControlNet image-to-image for Z-Image");
+    return FieldError("init_image",
+                      "with a control_image it needs a mask (ControlNet inpainting); diffusers "
+                      "has no ControlNet image-to-image for Z-Image");
   const int need = 2 * latent_channels() + 1;
   if (req.mask && controlnet_->config().control_in_dim < need)
-    return InvalidArgument(
-        "mask: ControlNet inpainting needs a ControlNet with mask channels "
-        "(2.x); " +
-        controlnet_->path() + " has " + std::to_string(controlnet_->config().control_in_dim) +
-        " control channels");
+    return FieldError(
+        "mask", "ControlNet inpainting needs a ControlNet with mask channels (2.x); " +
+                    controlnet_->path() + " has " +
+                    std::to_string(controlnet_->config().control_in_dim) + " control channels");
   return Status::Ok();
 }
 

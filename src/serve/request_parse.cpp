@@ -287,18 +287,28 @@ Status check_fields(const json& obj, const std::set<std::string>& known) {
   return Status::Ok();
 }
 
-// The dialect's names for GenerateRequest fields.
-struct Names {
-  const char* prompt;
-  const char* width;
-  const char* height;
-  const char* steps;
-  const char* guidance;
-  const char* batch;
+// The dialects' names of the GenerateRequest fields whose names differ in one of them (the
+// prompts[i] take "prompt" in both).
+struct FieldNames {
+  const char* engine;
+  const char* openai;
+  const char* a1111;
 };
-constexpr Names kOpenAiNames{"prompt",         "size", "size", "num_inference_steps",
-                             "guidance_scale", "n"};
-constexpr Names kA1111Names{"prompt", "width", "height", "steps", "cfg_scale", "batch_size"};
+constexpr FieldNames kFieldNames[] = {{"width", "size", "width"},
+                                      {"height", "size", "height"},
+                                      {"steps", "num_inference_steps", "steps"},
+                                      {"guidance", "guidance_scale", "cfg_scale"},
+                                      {"images_per_prompt", "n", "batch_size"},
+                                      {"init_image", "image", "init_images"},
+                                      {"strength", "strength", "denoising_strength"}};
+
+// The client's name of the engine's `field` in `dialect`; empty when it has none of its own.
+std::string client_name(const std::string& field, Dialect dialect) {
+  if (field.rfind("prompts[", 0) == 0) return "prompt";
+  for (const FieldNames& n : kFieldNames)
+    if (field == n.engine) return dialect == Dialect::kOpenAi ? n.openai : n.a1111;
+  return "";
+}
 
 // "prompt" (required, not empty) and "negative_prompt" (optional): the same in both dialects.
 Status get_prompts(const json& obj, size_t max_bytes, GenerateRequest* req) {
@@ -351,33 +361,14 @@ int JobSpec::total_steps() const {
 }
 
 Status rename_fields(const Status& st, Dialect dialect) {
-  if (st.ok()) return st;
-  const Names& n = dialect == Dialect::kOpenAi ? kOpenAiNames : kA1111Names;
-  const std::string_view msg = st.message();
-  const size_t colon = msg.find(": ");
-  if (colon == std::string_view::npos) return st;
-  const std::string_view f = msg.substr(0, colon);
-  std::string_view rest = msg.substr(colon + 2);
-  std::string to;
-  if (f.rfind("prompts[", 0) == 0) {
-    to = n.prompt;
-  } else if (f == "width" || f == "height") {
-    to = f == "width" ? n.width : n.height;
-    if (to != f) return {st.code(), to + ": " + std::string(f) + " " + std::string(rest)};
-  } else if (f == "steps") {
-    to = n.steps;
-  } else if (f == "guidance") {
-    to = n.guidance;
-  } else if (f == "images_per_prompt") {
-    to = n.batch;
-  } else if (f == "init_image") {
-    to = dialect == Dialect::kOpenAi ? "image" : "init_images";
-  } else if (f == "strength") {
-    to = dialect == Dialect::kOpenAi ? "strength" : "denoising_strength";
-  } else {
-    return st;
-  }
-  return {st.code(), to + ": " + std::string(rest)};
+  const std::optional<std::string> rest = st.field_detail();
+  if (!rest) return st;  // no field, or a context put before it: the message stays as it is
+  const std::string& f = st.field();
+  const std::string to = client_name(f, dialect);
+  if (to.empty()) return st;
+  // OpenAI's one "size" says which side: "size: width 1000 exceeds the limit 512".
+  const bool side = (f == "width" || f == "height") && to != f;
+  return Status(st.code(), to + ": " + (side ? f + " " : "") + *rest).with_field(to);
 }
 
 namespace {

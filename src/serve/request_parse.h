@@ -79,8 +79,10 @@ Result<JobSpec> parse_openai_edit(const std::vector<FormPart>& form, const Parse
 Result<JobSpec> parse_a1111_img2img(std::string_view body, const ParseLimits& limits,
                                     uint64_t random_seed);
 
-// An engine Status about a GenerateRequest field ("guidance: ...") renamed to the client's field
-// name in `dialect` ("guidance_scale: ..." / "cfg_scale: ..."). Other statuses pass unchanged.
+// An engine Status about a GenerateRequest field (Status::field() "guidance", message
+// "guidance: ...") renamed to the client's field name in `dialect` ("guidance_scale: ..." /
+// "cfg_scale: ...", field() the new name). Other statuses, and those whose message no longer
+// starts with the field (a context put before it), pass unchanged.
 Status rename_fields(const Status& st, Dialect dialect);
 
 }  // namespace zimage::serve

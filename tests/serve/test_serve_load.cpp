@@ -284,7 +284,7 @@ class FaultyRunner : public EngineRunner {
     if (p == "throw bad_alloc") throw std::bad_alloc();
     if (p == "throw runtime_error") throw std::runtime_error("simulated engine bug");
     if (p == "device error") return DeviceError("simulated CUDA out of memory");
-    if (p == "engine rejects") return InvalidArgument("guidance: rejected by the engine");
+    if (p == "engine rejects") return FieldError("guidance", "rejected by the engine");
     return shared_engine()->generate(req, hooks);
   }
 };

@@ -76,21 +76,41 @@ TEST(ServeParse, A1111IterationsAndUnknownFieldsIgnored) {
 }
 
 TEST(ServeParse, EngineErrorsUseTheClientsFieldNames) {
-  EXPECT_EQ(rename_fields(InvalidArgument("guidance: bad"), Dialect::kOpenAi).message(),
+  EXPECT_EQ(rename_fields(FieldError("guidance", "bad"), Dialect::kOpenAi).message(),
             "guidance_scale: bad");
-  EXPECT_EQ(rename_fields(InvalidArgument("guidance: bad"), Dialect::kA1111).message(),
+  EXPECT_EQ(rename_fields(FieldError("guidance", "bad"), Dialect::kA1111).message(),
             "cfg_scale: bad");
-  EXPECT_EQ(rename_fields(InvalidArgument("width: 63 is odd"), Dialect::kOpenAi).message(),
+  EXPECT_EQ(rename_fields(FieldError("width", "63 is odd"), Dialect::kOpenAi).message(),
             "size: width 63 is odd");
-  EXPECT_EQ(rename_fields(InvalidArgument("prompts[0]: too long"), Dialect::kOpenAi).message(),
+  EXPECT_EQ(rename_fields(FieldError("prompts[0]", "too long"), Dialect::kOpenAi).message(),
             "prompt: too long");
-  EXPECT_EQ(rename_fields(InvalidArgument("images_per_prompt: 99"), Dialect::kA1111).message(),
+  EXPECT_EQ(rename_fields(FieldError("images_per_prompt", "99"), Dialect::kA1111).message(),
             "batch_size: 99");
   const ApiError e = api_error(InvalidArgument("size: width 63 is odd"));
   EXPECT_EQ(e.status, 400);
   EXPECT_EQ(e.param, "size");
   EXPECT_EQ(api_error(InvalidArgument("no field here")).param, "");
   EXPECT_EQ(api_error(InternalError("x")).status, 500);
+}
+
+TEST(ServeParse, OnlyAStatusFieldIsRenamed) {
+  // The field comes from Status::field(), not from the message's text.
+  EXPECT_EQ(rename_fields(InvalidArgument("width: 63 is odd"), Dialect::kOpenAi).message(),
+            "width: 63 is odd");
+  const Status renamed = rename_fields(FieldError("steps", "0"), Dialect::kOpenAi);
+  EXPECT_EQ(renamed.message(), "num_inference_steps: 0");
+  EXPECT_EQ(renamed.field(), "num_inference_steps");
+  EXPECT_EQ(renamed.code(), ErrorCode::kInvalidArgument);
+  // A context before the field: the message stays as it is.
+  EXPECT_EQ(
+      rename_fields(FieldError("steps", "0").with_context("run 1"), Dialect::kOpenAi).message(),
+      "run 1: steps: 0");
+  // Any code: an engine that cannot encode an init image says so about the client's "image".
+  EXPECT_EQ(rename_fields(OutOfMemory("init_image: vae").with_field("init_image"), Dialect::kOpenAi)
+                .to_string(),
+            "out of memory: image: vae");
+  EXPECT_EQ(rename_fields(FieldError("negative_prompt", "bad"), Dialect::kA1111).message(),
+            "negative_prompt: bad");
 }
 
 TEST(ServeParse, Base64) {

@@ -14,6 +14,7 @@
 #include <limits>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "zimage/request_check.h"
@@ -433,6 +434,28 @@ TEST(RequestCheck, Utf8Checker) {
   EXPECT_NE(text_problem("\xE6\x97"), "");          // truncated
   EXPECT_NE(text_problem("\x80"), "");              // lone continuation byte
   EXPECT_NE(text_problem(std::string("a\0b", 3)).find("offset 1"), std::string::npos);
+}
+
+// The field is on the Status too (Status::field()), across the public API: the server and the
+// CLI name it in their own words without reading the message.
+TEST_F(Api, ValidationErrorsCarryTheirField) {
+  const std::pair<void (*)(GenerateRequest&), const char*> cases[] = {
+      {[](GenerateRequest& r) { r.prompts.clear(); }, "prompts"},
+      {[](GenerateRequest& r) { r.width = 30; }, "width"},
+      {[](GenerateRequest& r) { r.steps = 0; }, "steps"},
+      {[](GenerateRequest& r) { r.guidance = std::nanf(""); }, "guidance"},
+      {[](GenerateRequest& r) { r.strength = 0.5; }, "strength"},
+      {[](GenerateRequest& r) {
+         r.prompts = {"ok", std::string("bad\0", 4)};
+       },
+       "prompts[1]"}};
+  for (const auto& [change, field] : cases) {
+    GenerateRequest r = small();
+    change(r);
+    const Status st = engine_->validate(r);
+    EXPECT_EQ(st.field(), field) << st.to_string();
+    EXPECT_TRUE(st.field_detail().has_value()) << st.message();
+  }
 }
 
 TEST(RequestCheck, LimitsAreHonoured) {

@@ -66,6 +66,23 @@ TEST(Tensor, ViewsAndSlices) {
   EXPECT_EQ(shape_numel({1LL << 40, 1LL << 40}), -1);
 }
 
+TEST(Status, FieldSurvivesCopiesAndContext) {
+  const Status st = FieldError("width", "63 is odd");
+  EXPECT_EQ(st.code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(st.message(), "width: 63 is odd");
+  EXPECT_EQ(st.field(), "width");
+  EXPECT_EQ(st.field_detail(), "63 is odd");
+  Result<int> r = st;
+  EXPECT_EQ(r.status().field(), "width");
+  const Status ctx = st.with_context("run 1");
+  EXPECT_EQ(ctx.message(), "run 1: width: 63 is odd");
+  EXPECT_EQ(ctx.field(), "width");
+  EXPECT_FALSE(ctx.field_detail().has_value());  // the field no longer leads the message
+  EXPECT_EQ(InvalidArgument("width: 63").field(), "");
+  EXPECT_FALSE(InvalidArgument("width: 63").field_detail().has_value());
+  EXPECT_EQ(Status::Ok().with_field("width").field(), "");
+}
+
 TEST(Status, ResultCarriesError) {
   Result<int> r = NotFound("tensor 'x'");
   EXPECT_FALSE(r.ok());
