@@ -118,15 +118,6 @@ Result<Image> image_decode(const uint8_t* data, size_t size, const std::string& 
 
 namespace {
 
-Image8 as_image8(const ImagePixels& in) {
-  Image8 out;
-  out.width = in.width;
-  out.height = in.height;
-  out.channels = in.channels;
-  out.pixels = in.pixels;
-  return out;
-}
-
 ImagePixels as_pixels(Image8 in) {
   ImagePixels out;
   out.width = in.width;
@@ -160,14 +151,27 @@ Result<ImagePixels> image_decode_pixels(const uint8_t* data, size_t size, const 
 Result<Image> image_to_rgb(const ImagePixels& image) {
   return guarded("image_to_rgb", [&]() -> Result<Image> {
     ZI_TRY(check_pixels(image));
-    return rgb_image(as_image8(image));
+    const size_t n = static_cast<size_t>(image.width) * static_cast<size_t>(image.height);
+    Image out;
+    out.width = image.width;
+    out.height = image.height;
+    out.rgb.resize(n * 3);
+    pixels_to_rgb(image.pixels.data(), n, image.channels, out.rgb.data());
+    return out;
   });
 }
 
 Result<ImagePixels> image_to_gray(const ImagePixels& image) {
   return guarded("image_to_gray", [&]() -> Result<ImagePixels> {
     ZI_TRY(check_pixels(image));
-    return as_pixels(to_gray(as_image8(image)));
+    const size_t n = static_cast<size_t>(image.width) * static_cast<size_t>(image.height);
+    ImagePixels out;
+    out.width = image.width;
+    out.height = image.height;
+    out.channels = 1;
+    out.pixels.resize(n);
+    pixels_to_gray(image.pixels.data(), n, image.channels, out.pixels.data());
+    return out;
   });
 }
 

@@ -547,15 +547,7 @@ Image8 to_rgb(const Image8& in) {
   out.channels = 3;
   const size_t n = static_cast<size_t>(in.width) * in.height;
   out.pixels.resize(n * 3);
-  for (size_t i = 0; i < n; ++i) {
-    const uint8_t* p = &in.pixels[i * in.channels];
-    uint8_t* q = &out.pixels[i * 3];
-    if (in.channels <= 2) {
-      q[0] = q[1] = q[2] = p[0];
-    } else {
-      q[0] = p[0], q[1] = p[1], q[2] = p[2];
-    }
-  }
+  pixels_to_rgb(in.pixels.data(), n, in.channels, out.pixels.data());
   return out;
 }
 
@@ -567,15 +559,7 @@ Image8 to_gray(const Image8& in) {
   out.channels = 1;
   const size_t n = static_cast<size_t>(in.width) * in.height;
   out.pixels.resize(n);
-  for (size_t i = 0; i < n; ++i) {
-    const uint8_t* p = &in.pixels[i * in.channels];
-    if (in.channels == 2) {
-      out.pixels[i] = p[0];
-    } else {
-      const uint32_t l = p[0] * 19595u + p[1] * 38470u + p[2] * 7471u + 0x8000u;
-      out.pixels[i] = static_cast<uint8_t>(l >> 16);
-    }
-  }
+  pixels_to_gray(in.pixels.data(), n, in.channels, out.pixels.data());
   return out;
 }
 

@@ -353,6 +353,30 @@ Status write_png(const std::string& path, const uint8_t* rgb, int w, int h, cons
   return write_output_file(path, encoded.value().data(), encoded.value().size());
 }
 
+void pixels_to_rgb(const uint8_t* pixels, size_t n, int channels, uint8_t* rgb) {
+  for (size_t i = 0; i < n; ++i) {
+    const uint8_t* p = pixels + i * channels;
+    uint8_t* q = rgb + i * 3;
+    if (channels <= 2) {
+      q[0] = q[1] = q[2] = p[0];
+    } else {
+      q[0] = p[0], q[1] = p[1], q[2] = p[2];
+    }
+  }
+}
+
+void pixels_to_gray(const uint8_t* pixels, size_t n, int channels, uint8_t* gray) {
+  for (size_t i = 0; i < n; ++i) {
+    const uint8_t* p = pixels + i * channels;
+    if (channels <= 2) {
+      gray[i] = p[0];
+    } else {
+      const uint32_t l = p[0] * 19595u + p[1] * 38470u + p[2] * 7471u + 0x8000u;
+      gray[i] = static_cast<uint8_t>(l >> 16);
+    }
+  }
+}
+
 Result<PngImage> decode_png(const uint8_t* data, size_t size, const std::string& name) {
   ZI_ASSIGN_OR_RETURN(PngPixels px, decode_native(data, size, name, /*gray16_high_byte=*/true));
   PngImage image;
@@ -363,23 +387,13 @@ Result<PngImage> decode_png(const uint8_t* data, size_t size, const std::string&
     image.rgb = std::move(px.pixels);
     return image;
   }
-  // Gray (+ alpha) replicated, alpha dropped (not composited), as libpng's gray_to_rgb and
-  // strip_alpha transforms do.
   const size_t n = static_cast<size_t>(px.width) * static_cast<size_t>(px.height);
   try {
     image.rgb.resize(n * 3);
   } catch (const std::bad_alloc&) {
     return OutOfMemory(name + ": out of memory while decoding");
   }
-  const int c = px.channels;
-  for (size_t i = 0; i < n; ++i) {
-    const uint8_t* src = px.pixels.data() + i * c;
-    uint8_t* dst = image.rgb.data() + i * 3;
-    const bool gray = c < 3;
-    dst[0] = src[0];
-    dst[1] = gray ? src[0] : src[1];
-    dst[2] = gray ? src[0] : src[2];
-  }
+  pixels_to_rgb(px.pixels.data(), n, px.channels, image.rgb.data());
   return image;
 }
 

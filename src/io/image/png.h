@@ -49,6 +49,15 @@ Result<PngImage> decode_png(const uint8_t* data, size_t size, const std::string&
 // Reads and decodes a file; IoError naming the path when it cannot be read.
 Result<PngImage> read_png(const std::string& path);
 
+// Interleaved 8-bit pixels (n pixels of 1 gray, 2 gray + alpha, 3 RGB or 4 RGBA channels)
+// converted as PIL's convert("RGB") does (gray replicated, alpha dropped, not composited) into
+// rgb[3 n], and as convert("L") does (ITU-R 601-2 luma in PIL's fixed point,
+// L = (19595 R + 38470 G + 7471 B + 0x8000) >> 16; alpha dropped, gray kept) into gray[n].
+// The one copy of these rules: decode_png, image_read.h's to_rgb / to_gray and the public
+// image_to_rgb / image_to_gray use them.
+void pixels_to_rgb(const uint8_t* pixels, size_t n, int channels, uint8_t* rgb);
+void pixels_to_gray(const uint8_t* pixels, size_t n, int channels, uint8_t* gray);
+
 // A PNG with the channels PIL opens it with (image inputs, io/image/image_read.h): 1 gray (PIL "1",
 // "L"; 1/2/4-bit samples scaled to 0..255), 2 gray + alpha ("LA"), 3 RGB (also palettes, whose
 // tRNS transparency PIL keeps apart from the pixels), 4 RGBA. 16-bit samples keep their high
