@@ -10,7 +10,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 VERSION=4.2.0.0
 DEST=third_party/cutlass
-if [ -f "$DEST/include/cutlass/cutlass.h" ] && [ "$(cat "$DEST/VERSION" 2>/dev/null)" = "$VERSION" ]; then
+if [ -f "$DEST/include/cutlass/cutlass.h" ] && [ -f "$DEST/include/cutlass/util/command_line.h" ] &&
+   [ "$(cat "$DEST/VERSION" 2>/dev/null)" = "$VERSION" ]; then
   echo "setup: CUTLASS $VERSION present"; exit 0
 fi
 command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ] || {
@@ -26,10 +27,13 @@ rm -rf "$DEST" && mkdir -p "$DEST/include"
 python3 - "$tmp" "$DEST" <<'PY'
 import glob, os, sys, zipfile
 whl = glob.glob(sys.argv[1] + "/*.whl")[0]
-src = "cutlass_library/source/include/"
+# The library's headers, and its utility headers (cutlass/util/, which FlashInfer's attention
+# kernels include) beside them.
+srcs = ("cutlass_library/source/include/", "cutlass_library/source/tools/util/include/")
 with zipfile.ZipFile(whl) as z:
     for n in z.namelist():
-        if n.startswith(src) and not n.endswith("/"):
+        src = next((s for s in srcs if n.startswith(s)), None)
+        if src and not n.endswith("/"):
             out = os.path.join(sys.argv[2], "include", n[len(src):])
             os.makedirs(os.path.dirname(out), exist_ok=True)
             with z.open(n) as i, open(out, "wb") as o:

@@ -9,6 +9,8 @@
 #   parity    zimage generate (seeded, 1024², 8 steps) with the step-0 DiT output dumped
 #   diffusers upstream diffusers on the same folder, same GPU (carried wheel in .whl/)
 #   compare   cosine / PSNR of zimage vs diffusers -> $OUT/parity.json
+#   ditbench  diffusers' DiT forward alone, eager and torch.compile, at ${DIT_SIZES:-1024,1536,2048}
+#             (tools/diffusers_dit_bench.py) -> $OUT/diffusers_dit.json
 #   parity8, compare8   the same with --precision fp8 -> $OUT/parity_fp8.json
 #   lorabench per-request LoRA: merge/unmerge vs side GEMM on the full-size model -> $OUT/lora_bench.*
 #   warmup    a new process's first image with the plan cache empty, then filled -> $OUT/warmup.txt
@@ -108,6 +110,12 @@ for f in glob.glob('build/carry/*.xz') + glob.glob('build/carry/lib/*.xz'):
       python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
       PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 python3 tools/diffusers_compare.py --model "$ZR" --out "$OUT" \
         ${DIFFUSERS_ARGS:-} 2>&1 | grep -v Warning | tail -60 || rc=1 ;;
+    ditbench)
+      # Issue 22's reference column: diffusers' DiT forward, eager and torch.compile (one
+      # specialised graph per size), on the same folder -> $OUT/diffusers_dit.json
+      python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+      PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 python3 tools/diffusers_dit_bench.py --model "$ZR" \
+        --sizes ${DIT_SIZES:-1024,1536,2048} --json "$OUT/diffusers_dit.json" 2>&1 | grep -v Warning | tail -20 || rc=1 ;;
     warmup)
       # A new process's first image, plan cache empty then filled by the first run (the CUDA
       # kernel cache warm for both, as for a user's second start): whole-process wall time and

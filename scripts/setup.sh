@@ -25,3 +25,4 @@ fi
 echo "setup: all build dependencies present"
 scripts/fetch_cudnn_frontend.sh
 scripts/fetch_cutlass.sh
+scripts/fetch_flashinfer.sh

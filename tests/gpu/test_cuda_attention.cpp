@@ -1,9 +1,11 @@
 // CUDA attention against the CPU oracle: the flash kernel (bf16, head_dim 64/128) and the general
 // path (any head_dim, f32, forced for bf16 too), with GQA, causal masks (Sq != Sk included),
 // key_len padding (a fully masked batch item must give zeros), S > 1000 with head_dim 128, and
-// the VAE's single 512-wide head. A DiT-sized case (30 heads x 4224 x 128) checks the flash
+// the VAE's single 512-wide head; FlashInfer's Hopper (FA3) kernel where the GPU has it, at the
+// DiT's 1024^2 shape too. A DiT-sized case (30 heads x 4224 x 128) checks the flash
 // kernel against the general path on the GPU alone.
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "cuda_test_util.h"
@@ -41,13 +43,17 @@ void run_case(const AttnCase& c, DType dt, cuda::AttentionPath path, uint32_t se
   g->set_attention_path(path);
   const Status st = g->attention(q.gpu, k.gpu, v.gpu, p, o.gpu);
   g->set_attention_path(cuda::AttentionPath::kAuto);
-  if (path == cuda::AttentionPath::kCudnn && st.code() == ErrorCode::kUnsupported) {
-    // cuDNN may have no engine for an odd shape; kAuto then falls back. Say so, visibly.
-    std::printf("  %s [cudnn]: unsupported (%s)\n", describe(c).c_str(), st.message().c_str());
+  const bool library = path == cuda::AttentionPath::kCudnn || path == cuda::AttentionPath::kFa3;
+  if (library && st.code() == ErrorCode::kUnsupported) {
+    // cuDNN may have no engine for an odd shape, the FA3 kernel refuses some masks; kAuto then
+    // falls back. Say so, visibly.
+    std::printf("  %s [%s]: unsupported (%s)\n", describe(c).c_str(),
+                path == cuda::AttentionPath::kFa3 ? "fa3" : "cudnn", st.message().c_str());
     return;
   }
   ZI_ASSERT_OK(st);
   const char* tag = path == cuda::AttentionPath::kCudnn                       ? " [cudnn]"
+                    : path == cuda::AttentionPath::kFa3                       ? " [fa3]"
                     : path == cuda::AttentionPath::kAuto                      ? " [auto]"
                     : path != cuda::AttentionPath::kFlash                     ? " [general]"
                     : g->flash_variant() == cuda::FlashVariant::kQInRegisters ? " [flash, Q regs]"
@@ -77,6 +83,10 @@ TEST(CudaOps, AttentionAgainstCpu) {
       {1, 129, 200, 2, 1, 64, true, {}},
       {2, 130, 65, 8, 2, 64, true, {65, 33}},
       {1, 300, 257, 1, 1, 512, false, {}},
+      {1, 4160, 4160, 2, 2, 128, false, {}},          // the DiT's sequence at 1024^2
+      {2, 600, 600, 30, 30, 128, false, {600, 544}},  // a ragged DiT batch (padded caption)
+      {1, 77, 77, 32, 8, 128, true, {}},              // Qwen3: causal, grouped KV heads
+      {1, 200, 200, 4, 4, 256, false, {}},
   };
   uint32_t seed = 1000;
   for (DType dt : kDTypes) {
@@ -93,6 +103,8 @@ TEST(CudaOps, AttentionAgainstCpu) {
         g->set_flash_variant(keep);
         if (g->has_cudnn_attention()) run_case(c, dt, cuda::AttentionPath::kCudnn, seed);
       }
+      if (dt == DType::kBF16 && gpu(dt)->has_fa3_attention())
+        run_case(c, dt, cuda::AttentionPath::kFa3, seed);
       seed += 3;
     }
   }
@@ -119,18 +131,21 @@ TEST(CudaOps, FlashMatchesGeneralAtDitSize) {
   expect_close("attn 30 x 4224 x 128 flash vs general", DType::kBF16, fetch(*g, of), fetch(*g, og));
 }
 
-// cuDNN's fused attention on the shapes zimage runs: the DiT (30 heads x 4224 x 128, batch 2 with
-// key padding), the text encoder (causal GQA 32/8, padded batch). Each must be supported (no
-// silent fallback) and match the general path.
-TEST(CudaOps, CudnnAttentionAtModelShapes) {
+// The library kernels on the shapes zimage runs, cuDNN's fused attention and FlashInfer's Hopper
+// (FA3) kernel: the DiT (30 heads x 4224 x 128, batch 2 with key padding), the text encoder
+// (causal GQA 32/8; FA3 only unpadded, its causal mask being bottom-right aligned). Each must be
+// supported (no silent fallback) and match the general path.
+TEST(CudaOps, LibraryAttentionAtModelShapes) {
   ZI_REQUIRE_GPU();
   cuda::CudaBackend* g = gpu(DType::kBF16);
-  if (!g->has_cudnn_attention()) GTEST_SKIP() << "built without cuDNN attention";
+  if (!g->has_cudnn_attention() && !g->has_fa3_attention())
+    GTEST_SKIP() << "built without cuDNN attention and FA3 attention";
   const AttnCase cases[] = {
       {1, 4224, 4224, 30, 30, 128, false, {}},
       {2, 4160, 4160, 30, 30, 128, false, {4160, 4128}},
       {2, 64, 64, 30, 30, 128, false, {64, 32}},
       {2, 35, 35, 32, 8, 128, true, {35, 20}},
+      {1, 35, 35, 32, 8, 128, true, {}},
   };
   uint32_t seed = 1200;
   for (const AttnCase& c : cases) {
@@ -143,21 +158,29 @@ TEST(CudaOps, CudnnAttentionAtModelShapes) {
     Tensor v = take(
         g->upload(rand_host({c.b, c.sk, c.hkv, c.d}, seed + 2, DType::kBF16), DType::kBF16), "v");
     seed += 3;
-    Tensor oc = take(g->alloc(DType::kBF16, q.shape()), "oc");
-    Tensor og = take(g->alloc(DType::kBF16, q.shape()), "og");
-    ZI_ASSERT_OK(g->fill(oc, std::numeric_limits<float>::quiet_NaN()));
-    ZI_ASSERT_OK(g->fill(og, std::numeric_limits<float>::quiet_NaN()));
     AttentionParams p;
     p.scale = 1.0f / std::sqrt(static_cast<float>(c.d));
     p.causal = c.causal;
     p.key_len = c.key_len;
-    g->set_attention_path(cuda::AttentionPath::kCudnn);
-    const Status st = g->attention(q, k, v, p, oc);
+    Tensor og = take(g->alloc(DType::kBF16, q.shape()), "og");
+    ZI_ASSERT_OK(g->fill(og, std::numeric_limits<float>::quiet_NaN()));
     g->set_attention_path(cuda::AttentionPath::kGeneral);
     ZI_ASSERT_OK(g->attention(q, k, v, p, og));
     g->set_attention_path(cuda::AttentionPath::kAuto);
-    ASSERT_TRUE(st.ok()) << describe(c) << ": " << st.to_string();
-    expect_close(describe(c) + " cudnn vs general", DType::kBF16, fetch(*g, oc), fetch(*g, og));
+    const bool fa3_takes = !(c.causal && !c.key_len.empty());
+    for (auto [path, name, have] :
+         {std::tuple{cuda::AttentionPath::kCudnn, "cudnn", g->has_cudnn_attention()},
+          std::tuple{cuda::AttentionPath::kFa3, "fa3", g->has_fa3_attention() && fa3_takes}}) {
+      if (!have) continue;
+      Tensor oc = take(g->alloc(DType::kBF16, q.shape()), "oc");
+      ZI_ASSERT_OK(g->fill(oc, std::numeric_limits<float>::quiet_NaN()));
+      g->set_attention_path(path);
+      const Status st = g->attention(q, k, v, p, oc);
+      g->set_attention_path(cuda::AttentionPath::kAuto);
+      ASSERT_TRUE(st.ok()) << describe(c) << " " << name << ": " << st.to_string();
+      expect_close(describe(c) + " " + name + " vs general", DType::kBF16, fetch(*g, oc),
+                   fetch(*g, og));
+    }
   }
 }
 

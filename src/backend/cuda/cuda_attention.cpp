@@ -1,4 +1,5 @@
-// CudaBackend::attention: the flash kernel (bf16, head_dim 64/128) or the general path for any
+// CudaBackend::attention: FlashInfer's Hopper kernel or cuDNN's fused attention (bf16; see
+// AttentionPath), the own flash kernel (bf16, head_dim 64/128) or the general path for any
 // head_dim and f32: per (batch item, position within a GQA group, chunk of queries) one cuBLAS
 // strided-batched GEMM over the KV heads for the scores (fp32), the masked softmax kernel, and a
 // second batched GEMM for P·V written straight into out's [B, S, H, D] layout. Queries are
@@ -8,6 +9,7 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/kernels/kernels.h"
+#include "backend/cuda/libs/attention_fa3.h"
 #include "backend/cuda/libs/gemm_cublaslt.h"
 #include "backend/cuda/libs/sdpa_cudnn.h"
 #include "backend/cuda/runtime/cuda_check.h"
@@ -35,13 +37,31 @@ Status CudaBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v,
   if (b > 65535 || hq > 65535 || sq > INT32_MAX || sk > INT32_MAX)
     return Unsupported("attention: shape too large");
 
+  // FlashInfer's Hopper kernel first (FA3 design; measured against cuDNN at the DiT's shapes in
+  // docs/BENCHMARKS.md), where it takes the request (bf16, head_dim 64/128/256, see
+  // fa3_supported); kFa3 forces it.
+  const bool fa3_first = attention_path_ == AttentionPath::kFa3 ||
+                         (attention_path_ == AttentionPath::kAuto && fa3_);
+  if (fa3_first) {
+    Status s = Unsupported("FA3 attention: needs bf16");
+    if (q.dtype() == DType::kBF16) {
+      const Fa3Request r{q.data(), k.data(), v.data(), out.data(), b,       sq,
+                         sk,       hq,       hkv,      d,          p.scale, p.causal,
+                         &p.key_len};
+      s = fa3_attention(r, stream_);
+    }
+    if (s.ok() || s.code() != ErrorCode::kUnsupported) return s;
+    if (attention_path_ == AttentionPath::kFa3) return s;
+  }
   // cuDNN's fused attention for head_dim up to 256 (the DiT's 128, Qwen3's 128). The VAE's one
   // 512-wide head also has a cuDNN engine, but a slow one: measured on an H200 (bf16,
   // CudaOpsPerf.AttentionBf16) 6.76 ms at 16384 tokens and 112.6 ms at 65536 (~80 TFLOP/s),
   // against 2.73 / 50.1 ms (~200 TFLOP/s) for the general path's two GEMMs around a softmax.
   // So auto sends head_dim > 256 to the general path; kCudnn still forces cuDNN.
-  const bool cudnn_first = attention_path_ == AttentionPath::kCudnn ||
-                           (attention_path_ == AttentionPath::kAuto && d <= kCudnnMaxHeadDim);
+  const bool cudnn_first =
+      attention_path_ == AttentionPath::kCudnn ||
+      ((attention_path_ == AttentionPath::kAuto || attention_path_ == AttentionPath::kCudnnFirst) &&
+       d <= kCudnnMaxHeadDim);
   if (cudnn_first) {
     Status s = Unsupported("cuDNN attention: f32");
     if (q.dtype() != DType::kF32) {
@@ -72,7 +92,7 @@ Status CudaBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v,
                         flash_attention_supported(fa.head_dim, fa);
   if (attention_path_ == AttentionPath::kFlash && !flash_ok)
     return Unsupported("attention: the flash kernel does not handle " + q.describe());
-  if (flash_ok && attention_path_ != AttentionPath::kGeneral) {  // kAuto, kOwn, kFlash
+  if (flash_ok && attention_path_ != AttentionPath::kGeneral) {  // all but kGeneral
     ZI_LAUNCH_TRY("attention (flash)", launch_flash_attention(fa, stream_));
     return Status::Ok();
   }

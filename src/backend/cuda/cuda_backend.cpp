@@ -14,6 +14,7 @@
 #include "backend/cuda/runtime/cuda_check.h"
 #include "backend/cuda/libs/gemm_cublaslt.h"
 #include "backend/cuda/kernels/kernels.h"
+#include "backend/cuda/libs/attention_fa3.h"
 #include "backend/cuda/libs/sdpa_cudnn.h"
 #include "backend/cuda/validate.h"
 #include "core/log.h"
@@ -71,6 +72,21 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(int device_index, DType
   b->sm_ = prop.major * 10 + prop.minor;
   if (const char* acc = std::getenv("ZIMAGE_FP8_ACCUM"); acc && std::string(acc) == "fp32")
     b->fp8_fast_accum_ = false;
+  // ZIMAGE_ATTENTION: which attention kernels auto may use (benchmarks compare them; a user can
+  // step back from the FA3-class kernel): "auto" (default), "cudnn" (cuDNN's fused attention
+  // first, the path before FlashInfer's kernel), "own" (the project's kernels), "general".
+  if (const char* att = std::getenv("ZIMAGE_ATTENTION"); att && *att) {
+    const std::string a(att);
+    if (a == "cudnn")
+      b->attention_path_ = AttentionPath::kCudnnFirst;
+    else if (a == "own")
+      b->attention_path_ = AttentionPath::kOwn;
+    else if (a == "general")
+      b->attention_path_ = AttentionPath::kGeneral;
+    else if (a != "auto")
+      return InvalidArgument("ZIMAGE_ATTENTION: '" + a +
+                             "' is not one of auto, cudnn, own, general");
+  }
   b->name_ =
       "cuda:" + std::to_string(device_index) + " " + prop.name + " (" + dtype_name(act_dtype) + ")";
   ZI_CUDA_TRY(cudaStreamCreateWithFlags(&b->stream_, cudaStreamNonBlocking));
@@ -78,6 +94,7 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(int device_index, DType
   ZI_ASSIGN_OR_RETURN(b->gemm_, LtGemm::create(b->stream_, *b->allocator_));
   b->conv_ = ConvPlanner::create(b->stream_);
   b->sdpa_ = CudnnSdpa::create(b->stream_);
+  b->fa3_ = fa3_available(device_index);
   // What the cached run-time choices depend on (io/fs/plan_cache.h): the GPU and the libraries.
   const std::string identity = std::string(prop.name) + " sm_" + std::to_string(b->sm_) +
                                " cudnn " + std::to_string(cudnnGetVersion()) + " cublasLt " +
@@ -348,6 +365,7 @@ void CudaBackend::set_attention_choice(AttentionChoice c) {
     case AttentionChoice::kAuto:
       attention_path_ = AttentionPath::kAuto;
       break;
+
     case AttentionChoice::kOwn:
       attention_path_ = AttentionPath::kOwn;
       break;

@@ -55,10 +55,13 @@ class CudaGraph {
   cudaGraphExec_t exec_ = nullptr;
 };
 
-// kAuto: cuDNN's fused attention where it has an engine, else the own flash kernel (bf16,
-// head_dim 64/128), else the general GEMM + softmax path. kOwn: the project's kernels only (flash,
-// else general). kCudnn / kFlash / kGeneral force one path (kUnsupported where it cannot run).
-enum class AttentionPath { kAuto, kOwn, kCudnn, kFlash, kGeneral };
+// kAuto: on sm_90, FlashInfer's FlashAttention-3-class Hopper kernel (bf16, head_dim 64/128/256;
+// libs/attention_fa3.h), else cuDNN's fused attention where it has an engine, else the own flash
+// kernel (bf16, head_dim 64/128), else the general GEMM + softmax path. kCudnnFirst: kAuto without
+// the FA3 kernel (the path before it; benchmarks compare the two). kOwn: the project's kernels
+// only (flash, else general). kFa3 / kCudnn / kFlash / kGeneral force one path (kUnsupported where
+// it cannot run).
+enum class AttentionPath { kAuto, kCudnnFirst, kOwn, kFa3, kCudnn, kFlash, kGeneral };
 
 class CudaBackend final : public Backend {
  public:
@@ -162,6 +165,8 @@ class CudaBackend final : public Backend {
   void set_attention_choice(AttentionChoice c) override;
   // Whether cuDNN's fused attention is built in and loaded.
   bool has_cudnn_attention() const;
+  // Whether FlashInfer's Hopper (FA3-class) attention is built in and runs on this GPU.
+  bool has_fa3_attention() const { return fa3_; }
   // Which build of the flash kernel to use (benchmarks compare them).
   void set_flash_variant(FlashVariant v) { flash_variant_ = v; }
   FlashVariant flash_variant() const { return flash_variant_; }
@@ -210,6 +215,7 @@ class CudaBackend final : public Backend {
   std::unique_ptr<LtGemm> gemm_;
   std::unique_ptr<ConvPlanner> conv_;
   std::unique_ptr<CudnnSdpa> sdpa_;
+  bool fa3_ = false;  // FlashInfer's Hopper attention is built in and this GPU is sm_90
   std::unique_ptr<ConvGraphs> conv_graphs_;
   bool use_conv_graphs_ = true;
   bool use_cutlass_ = true;

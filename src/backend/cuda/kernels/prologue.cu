@@ -74,6 +74,65 @@ __global__ void qkv_norm_rope_kernel(const T* __restrict__ qkv, const T* __restr
   }
 }
 
+// The same prologue for head_dim 128 (the DiT's and Qwen3's), one warp per (token row, head): each
+// lane holds 4 consecutive elements (two RoPE pairs), loaded and stored as one 8-byte (bf16) or
+// 16-byte (f32) access, with (cos, sin) of its two pairs as one 16-byte load. The general kernel
+// above walks a row's 90 heads with 8 warps and 2-byte accesses: measured on an H200 at ~35 % of
+// memory bandwidth at the DiT's 4160 x 11520 (docs/BENCHMARKS.md, session 9). Same roundings;
+// the sum of squares is added in another order (an ulp at most after the rounding to T).
+constexpr int kD128 = 128;
+
+template <typename T>
+struct alignas(4 * sizeof(T)) Vec4 {
+  T v[4];
+};
+
+template <typename T>
+__global__ void qkv_norm_rope_d128_kernel(const T* __restrict__ qkv, const T* __restrict__ wq,
+                                          const T* __restrict__ wk,
+                                          const float* __restrict__ freqs, T* __restrict__ q,
+                                          T* __restrict__ k, T* __restrict__ v, int64_t rows,
+                                          int64_t seq_if_shared, int hq, int hkv, float eps) {
+  const int lane = static_cast<int>(threadIdx.x & 31);
+  const int heads = hq + 2 * hkv;
+  const int64_t total = rows * heads;
+  const int64_t stride = int64_t{gridDim.x} * kWarps;
+  for (int64_t item = int64_t{blockIdx.x} * kWarps + (threadIdx.x >> 5); item < total;
+       item += stride) {
+    const int64_t row = item / heads;
+    const int h = static_cast<int>(item - row * heads);
+    const bool is_q = h < hq, is_v = h >= hq + hkv;
+    T* dst = is_q ? q + (row * hq + h) * kD128
+                  : (is_v ? v + (row * hkv + (h - hq - hkv)) * kD128
+                          : k + (row * hkv + (h - hq)) * kD128);
+    const Vec4<T> in = reinterpret_cast<const Vec4<T>*>(qkv + item * kD128)[lane];
+    float e[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) e[i] = to_f32<T>(in.v[i]);
+    const T* w = is_v ? nullptr : (is_q ? wq : wk);
+    if (w) {  // warp-uniform: the whole warp holds one head
+      float ss = 0.f;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) ss += e[i] * e[i];
+      const float r = rsqrtf(warp_sum(ss) / static_cast<float>(kD128) + eps);
+      const Vec4<T> wv = reinterpret_cast<const Vec4<T>*>(w)[lane];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) e[i] = round_to<T>(round_to<T>(e[i] * r) * to_f32<T>(wv.v[i]));
+    }
+    if (!is_v && freqs) {
+      const int64_t token = seq_if_shared > 0 ? row % seq_if_shared : row;
+      const float4 f = reinterpret_cast<const float4*>(freqs + token * kD128)[lane];
+      const float y0 = e[0] * f.x - e[1] * f.y, y1 = e[0] * f.y + e[1] * f.x;
+      const float y2 = e[2] * f.z - e[3] * f.w, y3 = e[2] * f.w + e[3] * f.z;
+      e[0] = y0, e[1] = y1, e[2] = y2, e[3] = y3;
+    }
+    Vec4<T> out;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) out.v[i] = from_f32<T>(e[i]);
+    reinterpret_cast<Vec4<T>*>(dst)[lane] = out;
+  }
+}
+
 template <typename T>
 __global__ void dit_modulation_kernel(const T* __restrict__ mod, T* __restrict__ scale_a,
                                       T* __restrict__ gate_a, T* __restrict__ scale_f,
@@ -97,8 +156,20 @@ cudaError_t launch_qkv_norm_rope(KType t, const void* qkv, const void* wq, const
                                  cudaStream_t s) {
   if (rows <= 0) return cudaSuccess;
   if (dh % 2 != 0 || dh > 2 * 32 * kMaxPairsPerLane) return cudaErrorInvalidValue;
+  const bool d128 = dh == kD128 && aligned16(qkv) && aligned16(q) && aligned16(k) &&
+                    aligned16(v) && aligned16(wq) && aligned16(wk) && aligned16(freqs);
   return dispatch_ktype(t, [&](auto tag) {
     using T = decltype(tag);
+    if (d128) {
+      const int64_t warps = rows * (hq + 2 * hkv);
+      const int64_t blocks = (warps + kWarps - 1) / kWarps;
+      const unsigned grid = static_cast<unsigned>(blocks < (int64_t{1} << 30) ? blocks : 1 << 30);
+      qkv_norm_rope_d128_kernel<T><<<grid, kWarps * 32, 0, s>>>(
+          static_cast<const T*>(qkv), static_cast<const T*>(wq), static_cast<const T*>(wk), freqs,
+          static_cast<T*>(q), static_cast<T*>(k), static_cast<T*>(v), rows, seq_if_shared, hq,
+          hkv, eps);
+      return cudaGetLastError();
+    }
     const unsigned grid = static_cast<unsigned>(rows < 65535 * 16 ? rows : 65535 * 16);
     qkv_norm_rope_kernel<T><<<grid, kWarps * 32, 0, s>>>(
         static_cast<const T*>(qkv), static_cast<const T*>(wq), static_cast<const T*>(wk), freqs,
