@@ -66,15 +66,18 @@ Tensor as_f32(const Tensor& t) {
   return r;
 }
 
-// One call over latents [B, C, h, w] (f32 host), the captions, one t for all, writing into a
-// new host tensor of `out_dtype` shaped as the latents.
+// One call over latents [B, C, h, w] (host, any float dtype), the captions, one t for all,
+// writing into a new host tensor of `out_dtype` shaped as the latents.
 struct Call {
   TransformerCall call;
   Tensor t, out;
+  std::vector<Tensor> keep;  // the tensors the views point into (a caller may pass temporaries)
 };
 Call make_call(const Tensor& latents, const std::vector<Tensor>& caps, float t_model,
                DType out_dtype = DType::kF32) {
   Call c;
+  c.keep = caps;
+  c.keep.push_back(latents);
   const int64_t b = latents.dim(0), ch = latents.dim(1), h = latents.dim(2), w = latents.dim(3);
   c.t = Tensor::host(DType::kF32, {b});
   for (int64_t i = 0; i < b; ++i) c.t.data_as<float>()[i] = t_model;
