@@ -56,7 +56,8 @@ TensorView to_view(const Array& a, const std::string& what) {
   TensorView v;
   v.data = const_cast<void*>(static_cast<const void*>(a.data()));  // data + byte_offset
   const nb::dlpack::dtype dt = a.dtype();
-  if (dt.lanes == 1 && dt.bits == 32 && dt.code == static_cast<uint8_t>(nb::dlpack::dtype_code::Float))
+  if (dt.lanes == 1 && dt.bits == 32 &&
+      dt.code == static_cast<uint8_t>(nb::dlpack::dtype_code::Float))
     v.dtype = ElementType::kF32;
   else if (dt.lanes == 1 && dt.bits == 16 &&
            dt.code == static_cast<uint8_t>(nb::dlpack::dtype_code::Float))
@@ -162,7 +163,8 @@ void register_transformer(nb::module_& m) {
               call.x.push_back(to_view(x[i], "x[" + std::to_string(i) + "]"));
             call.t = to_view(t, "t");
             for (size_t i = 0; i < cap_feats.size(); ++i)
-              call.cap_feats.push_back(to_view(cap_feats[i], "cap_feats[" + std::to_string(i) + "]"));
+              call.cap_feats.push_back(
+                  to_view(cap_feats[i], "cap_feats[" + std::to_string(i) + "]"));
             for (size_t i = 0; i < out.size(); ++i)
               call.out.push_back(to_view(out[i], "out[" + std::to_string(i) + "]"));
             call.cuda_stream = reinterpret_cast<void*>(cuda_stream);

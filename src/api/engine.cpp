@@ -72,8 +72,8 @@ Result<std::unique_ptr<Engine>> Engine::load_impl(const EngineOptions& options) 
   {
     EngineOptions first = options;  // sequence parallel: rank 0 is the first device
     if (!sp_devices.empty()) first.device = sp_devices[0];
-    ZI_ASSIGN_OR_RETURN(impl->backend,
-                        make_backend(first.device, first.precision, first.threads, impl->precision));
+    ZI_ASSIGN_OR_RETURN(
+        impl->backend, make_backend(first.device, first.precision, first.threads, impl->precision));
   }
   if (sp_devices.size() > 1 && options.vram_budget_gib > 0)
     return InvalidArgument(

@@ -5,6 +5,8 @@
 // dtype, as the pipeline hands them to ZImageDiT::forward); each size of latents runs as one
 // forward; each output is converted into the caller's buffer; the caller's stream waits for the
 // engine's.
+#include "zimage/transformer.h"
+
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -20,7 +22,6 @@
 #include "model/dit/zimage_dit.h"
 #include "pipeline/text_to_image.h"
 #include "pipeline/transformer_load.h"
-#include "zimage/transformer.h"
 
 namespace zimage {
 

@@ -54,8 +54,7 @@ bool same_device(const MemoryDevice& a, const MemoryDevice& b) {
 // What every view must be: a known dtype, non-negative dims, a non-null pointer (unless empty),
 // contiguous row-major strides (size-1 dims may have any stride), on `where` when given.
 Status check_view(const std::string& field, const TensorView& v, const MemoryDevice* where) {
-  if (v.dtype != ElementType::kF32 && v.dtype != ElementType::kBF16 &&
-      v.dtype != ElementType::kF16)
+  if (v.dtype != ElementType::kF32 && v.dtype != ElementType::kBF16 && v.dtype != ElementType::kF16)
     return FieldError(field, "dtype must be float32, bfloat16 or float16");
   int64_t numel = 1;
   for (int64_t d : v.shape) {
@@ -93,8 +92,8 @@ Status check_call(const TransformerCall& call, const TransformerInfo& info) {
     return FieldError("cap_feats", "has " + std::to_string(call.cap_feats.size()) +
                                        " items, x has " + std::to_string(b));
   if (call.out.size() != b)
-    return FieldError("out", "has " + std::to_string(call.out.size()) + " items, x has " +
-                                 std::to_string(b));
+    return FieldError(
+        "out", "has " + std::to_string(call.out.size()) + " items, x has " + std::to_string(b));
   const MemoryDevice& dev = info.memory;
   const int64_t p = info.patch_size;
   for (size_t i = 0; i < b; ++i) {
@@ -106,13 +105,15 @@ Status check_call(const TransformerCall& call, const TransformerInfo& info) {
       return FieldError(f, "shape " + shape_text(s) + " is not [" +
                                std::to_string(info.in_channels) + ", 1, H, W]");
     if (s[2] < p || s[3] < p || s[2] % p != 0 || s[3] % p != 0)
-      return FieldError(f, "height " + std::to_string(s[2]) + " and width " +
-                               std::to_string(s[3]) + " must be positive multiples of the patch size " +
+      return FieldError(f, "height " + std::to_string(s[2]) + " and width " + std::to_string(s[3]) +
+                               " must be positive multiples of the patch size " +
                                std::to_string(p));
     if (s[2] / p > info.axes_lens[1] || s[3] / p > info.axes_lens[2])
-      return FieldError(f, "shape " + shape_text(s) + " has more patches per side than the RoPE "
-                               "tables hold (axes_lens " + std::to_string(info.axes_lens[1]) +
-                               " x " + std::to_string(info.axes_lens[2]) + ")");
+      return FieldError(f, "shape " + shape_text(s) +
+                               " has more patches per side than the RoPE "
+                               "tables hold (axes_lens " +
+                               std::to_string(info.axes_lens[1]) + " x " +
+                               std::to_string(info.axes_lens[2]) + ")");
     const std::string fo = "out[" + std::to_string(i) + "]";
     ZI_TRY(check_view(fo, call.out[i], &dev));
     if (call.out[i].shape != s)

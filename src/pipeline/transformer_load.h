@@ -19,7 +19,8 @@ namespace zimage {
 
 struct TransformerSource {
   TransformerConfig config;
-  WeightStore weights = WeightStore::empty("");  // diffusers or ComfyUI names, prefix removed, scaled FP8 made plain
+  WeightStore weights =
+      WeightStore::empty("");  // diffusers or ComfyUI names, prefix removed, scaled FP8 made plain
   // "DIR/transformer (config.json)", "FILE (config inferred from the tensor shapes)"
   std::string description;
 };

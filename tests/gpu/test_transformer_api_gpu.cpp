@@ -86,7 +86,8 @@ Inputs inputs(DType dt) {
 Tensor cpu_forward(const Inputs& in) {
   auto cpu = load("cpu", "auto");
   if (!cpu) return Tensor();
-  Tensor lat = Tensor::host(DType::kF32, in.lat.shape()), cap = Tensor::host(DType::kF32, in.cap.shape());
+  Tensor lat = Tensor::host(DType::kF32, in.lat.shape()),
+         cap = Tensor::host(DType::kF32, in.cap.shape());
   EXPECT_TRUE(convert_to_f32(in.lat.dtype(), in.lat.data(), lat.data_as<float>(), lat.numel()));
   EXPECT_TRUE(convert_to_f32(in.cap.dtype(), in.cap.data(), cap.data_as<float>(), cap.numel()));
   Tensor out = Tensor::host(DType::kF32, lat.shape());
@@ -111,7 +112,8 @@ Tensor cuda_forward(Transformer& tr, const Inputs& in, cudaStream_t stream, bool
   EXPECT_TRUE(x.p && cap.p && out.p && t.p);
   if (!(x.p && cap.p && out.p && t.p)) return Tensor();
   // NaN poison everywhere first (0xFF bytes are NaN in f32 and bf16), finished before the test.
-  for (DeviceBuffer* b : {&x, &cap, &out, &t}) EXPECT_EQ(cudaMemset(b->p, 0xFF, b->bytes), cudaSuccess);
+  for (DeviceBuffer* b : {&x, &cap, &out, &t})
+    EXPECT_EQ(cudaMemset(b->p, 0xFF, b->bytes), cudaSuccess);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   // Pinned staging, so the copies are truly asynchronous on `stream`.
   void *hx = nullptr, *hc = nullptr, *ho = nullptr, *ht = nullptr;

@@ -62,7 +62,8 @@ Tensor as_dtype(const Tensor& t, DType to) {
 // A host f32 copy of `t` (any float dtype).
 Tensor as_f32(const Tensor& t) {
   Tensor r = Tensor::host(DType::kF32, t.shape());
-  EXPECT_TRUE(convert_to_f32(t.dtype(), t.data(), r.data_as<float>(), static_cast<size_t>(t.numel())));
+  EXPECT_TRUE(
+      convert_to_f32(t.dtype(), t.data(), r.data_as<float>(), static_cast<size_t>(t.numel())));
   return r;
 }
 
@@ -86,7 +87,8 @@ Call make_call(const Tensor& latents, const std::vector<Tensor>& caps, float t_m
   for (int64_t i = 0; i < b; ++i) {
     c.call.x.push_back(view(latents, {ch, 1, h, w}, i * item * dtype_size(latents.dtype())));
     c.call.out.push_back(view(c.out, {ch, 1, h, w}, i * item * dtype_size(out_dtype)));
-    c.call.cap_feats.push_back(view(caps[static_cast<size_t>(i)], caps[static_cast<size_t>(i)].shape()));
+    c.call.cap_feats.push_back(
+        view(caps[static_cast<size_t>(i)], caps[static_cast<size_t>(i)].shape()));
   }
   c.call.t = view(c.t, {b});
   return c;
@@ -204,11 +206,13 @@ TEST(TransformerApi, MixedSizesAndOutputsAliasingInputs) {
   ASSERT_TRUE(tr->forward(a.call).ok());
   ASSERT_TRUE(tr->forward(b.call).ok());
   // Both at once, into copies of the inputs (out = x).
-  Tensor x0 = Tensor::host(DType::kF32, in.lat.shape()), x1 = Tensor::host(DType::kF32, wide0.shape());
+  Tensor x0 = Tensor::host(DType::kF32, in.lat.shape()),
+         x1 = Tensor::host(DType::kF32, wide0.shape());
   std::memcpy(x0.data(), in.lat.data(), in.lat.nbytes());
   std::memcpy(x1.data(), wide0.data(), wide0.nbytes());
   TransformerCall both;
-  both.x = {view(x1, {16, 1, wide0.dim(2), wide0.dim(3)}), view(x0, {16, 1, in.lat.dim(2), in.lat.dim(3)})};
+  both.x = {view(x1, {16, 1, wide0.dim(2), wide0.dim(3)}),
+            view(x0, {16, 1, in.lat.dim(2), in.lat.dim(3)})};
   both.out = both.x;
   both.cap_feats = {view(in.cap, in.cap.shape()), view(in.cap, in.cap.shape())};
   Tensor t = Tensor::host(DType::kF32, {2});
@@ -298,8 +302,14 @@ TEST(TransformerApi, BadOptionsNameTheOption) {
       {"fp8_layers", [](TransformerOptions& o) { o.fp8_layers = "qkv,bogus"; }},
       {"fp8_layers", [](TransformerOptions& o) { o.fp8_layers = "qkv"; }},  // precision f32
       {"threads", [](TransformerOptions& o) { o.threads = -1; }},
-      {"loras[0]", [](TransformerOptions& o) { o.loras = {{"", 1.0f}}; }},
-      {"loras[0]", [](TransformerOptions& o) { o.loras = {{"x.safetensors", NAN}}; }},
+      {"loras[0]",
+       [](TransformerOptions& o) {
+         o.loras = {{"", 1.0f}};
+       }},
+      {"loras[0]",
+       [](TransformerOptions& o) {
+         o.loras = {{"x.safetensors", NAN}};
+       }},
   };
   for (const Bad& b : bad) {
     TransformerOptions o;
@@ -331,32 +341,71 @@ TEST(TransformerApi, BadArgumentsNameTheArgument) {
       {"cap_feats", "has 2 items, x has 1",
        [](TransformerCall& c) { c.cap_feats.push_back(c.cap_feats[0]); }},
       {"out", "has 0 items", [](TransformerCall& c) { c.out.clear(); }},
-      {"x[0]", "is not [16, 1, H, W]", [](TransformerCall& c) { c.x[0].shape = {8, 1, 8, 8}; }},
-      {"x[0]", "is not [16, 1, H, W]", [](TransformerCall& c) { c.x[0].shape = {16, 2, 2, 4}; }},
-      {"x[0]", "is not [16, 1, H, W]", [](TransformerCall& c) { c.x[0].shape = {16, 4, 4}; }},
+      {"x[0]", "is not [16, 1, H, W]",
+       [](TransformerCall& c) {
+         c.x[0].shape = {8, 1, 8, 8};
+       }},
+      {"x[0]", "is not [16, 1, H, W]",
+       [](TransformerCall& c) {
+         c.x[0].shape = {16, 2, 2, 4};
+       }},
+      {"x[0]", "is not [16, 1, H, W]",
+       [](TransformerCall& c) {
+         c.x[0].shape = {16, 4, 4};
+       }},
       {"x[0]", "multiples of the patch size",
-       [](TransformerCall& c) { c.x[0].shape = {16, 1, 3, 4}; c.out[0].shape = {16, 1, 3, 4}; }},
+       [](TransformerCall& c) {
+         c.x[0].shape = {16, 1, 3, 4};
+         c.out[0].shape = {16, 1, 3, 4};
+       }},
       {"x[0]", "RoPE",
-       [](TransformerCall& c) { c.x[0].shape = {16, 1, 130, 2}; c.out[0].shape = c.x[0].shape; }},
+       [](TransformerCall& c) {
+         c.x[0].shape = {16, 1, 130, 2};
+         c.out[0].shape = c.x[0].shape;
+       }},
       {"x[0]", "not contiguous",
-       [&](TransformerCall& c) { c.x[0].strides = {h * w, h * w, 1, h}; }},  // W, H swapped
-      {"x[0]", "strides for", [](TransformerCall& c) { c.x[0].strides = {1, 1}; }},
+       [&](TransformerCall& c) {
+         c.x[0].strides = {h * w, h * w, 1, h};
+       }},  // W, H swapped
+      {"x[0]", "strides for",
+       [](TransformerCall& c) {
+         c.x[0].strides = {1, 1};
+       }},
       {"x[0]", "null pointer", [](TransformerCall& c) { c.x[0].data = nullptr; }},
-      {"x[0]", "negative size", [](TransformerCall& c) { c.x[0].shape = {16, 1, -4, 4}; }},
+      {"x[0]", "negative size",
+       [](TransformerCall& c) {
+         c.x[0].shape = {16, 1, -4, 4};
+       }},
       {"x[0]", "is on cuda:0, the transformer runs on cpu",
-       [](TransformerCall& c) { c.x[0].device = {MemoryDevice::Kind::kCUDA, 0}; }},
+       [](TransformerCall& c) {
+         c.x[0].device = {MemoryDevice::Kind::kCUDA, 0};
+       }},
       {"x[0]", "dtype", [](TransformerCall& c) { c.x[0].dtype = static_cast<ElementType>(9); }},
-      {"out[0]", "differs from x[0]'s", [&](TransformerCall& c) { c.out[0] = view(big, big.shape()); }},
+      {"out[0]", "differs from x[0]'s",
+       [&](TransformerCall& c) { c.out[0] = view(big, big.shape()); }},
       {"out[0]", "is on cuda:1",
-       [](TransformerCall& c) { c.out[0].device = {MemoryDevice::Kind::kCUDA, 1}; }},
+       [](TransformerCall& c) {
+         c.out[0].device = {MemoryDevice::Kind::kCUDA, 1};
+       }},
       {"cap_feats[0]", "is not [L, 32]",
-       [](TransformerCall& c) { c.cap_feats[0].shape = {c.cap_feats[0].shape[0], 16}; }},
-      {"cap_feats[0]", "0 caption tokens", [](TransformerCall& c) { c.cap_feats[0].shape = {0, 32}; }},
+       [](TransformerCall& c) {
+         c.cap_feats[0].shape = {c.cap_feats[0].shape[0], 16};
+       }},
+      {"cap_feats[0]", "0 caption tokens",
+       [](TransformerCall& c) {
+         c.cap_feats[0].shape = {0, 32};
+       }},
       {"cap_feats[0]", "fit the RoPE tables",
        [&](TransformerCall& c) { c.cap_feats[0] = view(long_cap, long_cap.shape()); }},
       {"t", "is not [1]", [](TransformerCall& c) { c.t.shape = {3}; }},
-      {"t", "is not [1]", [](TransformerCall& c) { c.t.shape = {1, 1}; }},
-      {"t", "is on cuda:0", [](TransformerCall& c) { c.t.device = {MemoryDevice::Kind::kCUDA, 0}; }},
+      {"t", "is not [1]",
+       [](TransformerCall& c) {
+         c.t.shape = {1, 1};
+       }},
+      {"t", "is on cuda:0",
+       [](TransformerCall& c) {
+         c.t.device = {MemoryDevice::Kind::kCUDA, 0};
+       }},
   };
   for (const Bad& b : bad) {
     Call c = make_call(in.lat, {in.cap}, in.t);
@@ -371,7 +420,8 @@ TEST(TransformerApi, BadArgumentsNameTheArgument) {
       EXPECT_NE(st->message().find(b.words), std::string::npos)
           << "expected '" << b.words << "' in: " << st->message();
     }
-    for (int64_t k = 0; k < c.out.numel(); ++k) ASSERT_EQ(out[k], 7.0f) << b.field << ": out written";
+    for (int64_t k = 0; k < c.out.numel(); ++k)
+      ASSERT_EQ(out[k], 7.0f) << b.field << ": out written";
   }
   // The same call without an edit runs.
   Call ok = make_call(in.lat, {in.cap}, in.t);

@@ -213,9 +213,9 @@ Status CudaBackend::check_external_stream(cudaStream_t s, const char* what) {
   int dev = -1;
   ZI_CUDA_TRY(cudaStreamGetDevice(s, &dev));
   if (dev != device_)
-    return InvalidArgument(std::string(what) + ": the stream belongs to cuda:" +
-                           std::to_string(dev) + ", this backend runs on cuda:" +
-                           std::to_string(device_));
+    return InvalidArgument(std::string(what) +
+                           ": the stream belongs to cuda:" + std::to_string(dev) +
+                           ", this backend runs on cuda:" + std::to_string(device_));
   return Status::Ok();
 }
 
@@ -231,8 +231,7 @@ Status CudaBackend::wait_for_stream(void* stream) {
 Status CudaBackend::signal_stream(void* stream) {
   const auto caller = static_cast<cudaStream_t>(stream);
   ZI_TRY(check_external_stream(caller, "signal_stream"));
-  if (!external_out_)
-    ZI_CUDA_TRY(cudaEventCreateWithFlags(&external_out_, cudaEventDisableTiming));
+  if (!external_out_) ZI_CUDA_TRY(cudaEventCreateWithFlags(&external_out_, cudaEventDisableTiming));
   ZI_CUDA_TRY(cudaEventRecord(external_out_, stream_));
   ZI_CUDA_TRY(cudaStreamWaitEvent(caller, external_out_, 0));
   return Status::Ok();
