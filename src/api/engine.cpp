@@ -9,6 +9,7 @@
 #include <new>
 #include <utility>
 
+#include "api/backend_choice.h"
 #include "api/engine_impl.h"
 #include "zimage/request_check.h"
 #include "backend/backend.h"
@@ -35,48 +36,6 @@ const char* phase_name(Phase p) {
   }
   return "unknown";
 }
-
-namespace {
-
-// "cuda" -> 0, "cuda:3" -> 3; -1 when `device` is not a CUDA spelling.
-int cuda_index(const std::string& device) {
-  if (device == "cuda") return 0;
-  if (device.rfind("cuda:", 0) != 0 || device.size() == 5 || device.size() > 8) return -1;
-  int idx = 0;
-  for (size_t i = 5; i < device.size(); ++i) {
-    if (device[i] < '0' || device[i] > '9') return -1;
-    idx = idx * 10 + (device[i] - '0');
-  }
-  return idx;
-}
-
-Result<std::unique_ptr<Backend>> make_backend(const EngineOptions& o, std::string& precision) {
-  if (o.precision != "auto" && o.precision != "bf16" && o.precision != "f32" &&
-      o.precision != "fp8")
-    return InvalidArgument("precision: '" + o.precision + "' is not one of auto, bf16, fp8, f32");
-  ZI_TRY(check_cpu_threads(o.threads));
-  const bool want_cpu = o.device == "cpu";
-  const int gpu = cuda_index(o.device);
-  if (!want_cpu && gpu < 0 && o.device != "auto")
-    return InvalidArgument("device: '" + o.device + "' is not one of auto, cpu, cuda, cuda:N");
-  if (!want_cpu) {
-    const DType act = o.precision == "f32" ? DType::kF32 : DType::kBF16;
-    auto cuda = make_cuda_backend(gpu < 0 ? 0 : gpu, act);
-    if (cuda.ok()) {
-      precision = act == DType::kF32 ? "f32" : (o.precision == "fp8" ? "fp8" : "bf16");
-      return std::move(cuda).value();
-    }
-    if (gpu >= 0) return cuda.status().with_context("device " + o.device);
-    ZI_INFO("device auto: using the CPU (%s)", cuda.status().to_string().c_str());
-  }
-  if (o.precision == "bf16" || o.precision == "fp8")
-    return InvalidArgument("precision: " + o.precision +
-                           " needs the CUDA backend; the CPU computes in f32");
-  precision = "f32";
-  return create_cpu_backend(o.threads);
-}
-
-}  // namespace
 
 Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Engine::~Engine() = default;
@@ -113,7 +72,8 @@ Result<std::unique_ptr<Engine>> Engine::load_impl(const EngineOptions& options) 
   {
     EngineOptions first = options;  // sequence parallel: rank 0 is the first device
     if (!sp_devices.empty()) first.device = sp_devices[0];
-    ZI_ASSIGN_OR_RETURN(impl->backend, make_backend(first, impl->precision));
+    ZI_ASSIGN_OR_RETURN(
+        impl->backend, make_backend(first.device, first.precision, first.threads, impl->precision));
   }
   if (sp_devices.size() > 1 && options.vram_budget_gib > 0)
     return InvalidArgument(
@@ -159,7 +119,7 @@ Result<std::unique_ptr<Engine>> Engine::load_impl(const EngineOptions& options) 
     EngineOptions o = options;
     o.device = sp_devices[r];
     std::string precision;
-    auto be = make_backend(o, precision);
+    auto be = make_backend(o.device, o.precision, o.threads, precision);
     if (!be.ok())
       return be.status().with_context("sequence_parallel_devices[" + std::to_string(r) + "]");
     if ((*be)->device() != impl->backend->device() || precision != impl->precision)

@@ -92,6 +92,20 @@ class Backend {
   // Makes this backend's device the calling thread's current one (CUDA: cudaSetDevice). The
   // Engine calls it at the start of every call, so any thread may drive any backend.
   virtual Status bind_thread() { return Status::Ok(); }
+  // A caller's stream (the drop-in transformer, include/zimage/transformer.h), on the device
+  // side only, no host wait. wait_for_stream: the work queued on this backend from now on runs
+  // after the work queued so far on `stream`. signal_stream: the work queued on `stream` from
+  // now on runs after the work queued so far on this backend. CUDA: `stream` is a cudaStream_t
+  // of this backend's device (nullptr: the legacy default stream), ordered by an event; another
+  // device's stream is kInvalidArgument. The CPU backend runs each op to completion: Ok.
+  virtual Status wait_for_stream(void* stream) {
+    (void)stream;
+    return Status::Ok();
+  }
+  virtual Status signal_stream(void* stream) {
+    (void)stream;
+    return Status::Ok();
+  }
 
   // ---- weight streaming (the memory planner keeps some weights in host memory) ----
   // A host tensor in page-locked memory, which the device copies from at full link speed (CUDA:

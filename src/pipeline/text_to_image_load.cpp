@@ -16,8 +16,8 @@
 #include "io/model/model_folder.h"
 #include "io/model/model_source.h"
 #include "io/weights/single_file.h"
-#include "model/adapters/lora_merge.h"
 #include "pipeline/text_to_image.h"
+#include "pipeline/transformer_load.h"
 
 namespace zimage {
 
@@ -57,16 +57,8 @@ Status load_part(const ModelSource& src, const std::string& part, Backend& be,
       ZI_INFO("text encoder: %s", k.c_str());
     parts.text_encoder = std::move(te).value();
   } else if (part == "transformer") {
-    if (!options.loras.empty()) {  // the targeted tensors become W + LoRA, made as they are read
-      Status st =
-          merge_loras(ws.value(), options.loras, options.lora_lenient, options.lora_threads);
-      if (!st.ok()) return st.with_context(what);
-    }
-    auto dit = ZImageDiT::load(cfg.transformer, ws.value(), be, dit_place);
-    if (!dit.ok()) return dit.status();
-    if (const std::string k = (*dit)->kept_quantized().describe(); !k.empty())
-      ZI_INFO("transformer: %s", k.c_str());
-    parts.transformer = std::move(dit).value();
+    ZI_ASSIGN_OR_RETURN(parts.transformer,
+                        load_transformer(cfg.transformer, ws.value(), be, dit_place, options));
   } else {
     auto vae = VaeDecoder::load(cfg.vae, ws.value(), be);
     if (!vae.ok()) return vae.status();

@@ -115,6 +115,8 @@ CudaBackend::~CudaBackend() {
     if (released_[i]) cudaEventDestroy(released_[i]);
   }
   if (copy_stream_) cudaStreamDestroy(copy_stream_);
+  if (external_in_) cudaEventDestroy(external_in_);
+  if (external_out_) cudaEventDestroy(external_out_);
   profiler_.reset();
   sdpa_.reset();
   conv_graphs_.reset();

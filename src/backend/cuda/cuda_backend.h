@@ -89,6 +89,9 @@ class CudaBackend final : public Backend {
   // upload. Loaders call it once at the end.
   Status finish_uploads() override;
   Status bind_thread() override;
+  // A caller's stream (cuda_streaming.cpp): one event each way, recorded and waited on the device.
+  Status wait_for_stream(void* stream) override;
+  Status signal_stream(void* stream) override;
   Status matmul(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y) override;
   Status quantize_fp8(const Tensor& x, Tensor& x8, Tensor& scale) override;
   Status matmul_fp8(const Tensor& x, const Tensor& w8, const Tensor& w_scale, Tensor& y) override;
@@ -232,6 +235,9 @@ class CudaBackend final : public Backend {
   cudaEvent_t loaded_[kStreamSlots] = {};
   cudaEvent_t released_[kStreamSlots] = {};
   uint64_t streamed_bytes_ = 0;
+  // wait_for_stream / signal_stream: created on first use.
+  Status check_external_stream(cudaStream_t s, const char* what);
+  cudaEvent_t external_in_ = nullptr, external_out_ = nullptr;
   AttentionPath attention_path_ = AttentionPath::kAuto;
   FlashVariant flash_variant_ = FlashVariant::kAuto;
 };

@@ -207,4 +207,34 @@ Status CudaBackend::dequantize_packed(uint32_t ggml_type, const Tensor& blocks, 
   return gguf_dequantize_f32(type, blocks.data(), y.dim(0), y.dim(1), y.data_as<float>(), stream_);
 }
 
+// ---- a caller's stream (Backend::wait_for_stream / signal_stream) ----
+
+Status CudaBackend::check_external_stream(cudaStream_t s, const char* what) {
+  int dev = -1;
+  ZI_CUDA_TRY(cudaStreamGetDevice(s, &dev));
+  if (dev != device_)
+    return InvalidArgument(std::string(what) +
+                           ": the stream belongs to cuda:" + std::to_string(dev) +
+                           ", this backend runs on cuda:" + std::to_string(device_));
+  return Status::Ok();
+}
+
+Status CudaBackend::wait_for_stream(void* stream) {
+  const auto caller = static_cast<cudaStream_t>(stream);
+  ZI_TRY(check_external_stream(caller, "wait_for_stream"));
+  if (!external_in_) ZI_CUDA_TRY(cudaEventCreateWithFlags(&external_in_, cudaEventDisableTiming));
+  ZI_CUDA_TRY(cudaEventRecord(external_in_, caller));
+  ZI_CUDA_TRY(cudaStreamWaitEvent(stream_, external_in_, 0));
+  return Status::Ok();
+}
+
+Status CudaBackend::signal_stream(void* stream) {
+  const auto caller = static_cast<cudaStream_t>(stream);
+  ZI_TRY(check_external_stream(caller, "signal_stream"));
+  if (!external_out_) ZI_CUDA_TRY(cudaEventCreateWithFlags(&external_out_, cudaEventDisableTiming));
+  ZI_CUDA_TRY(cudaEventRecord(external_out_, stream_));
+  ZI_CUDA_TRY(cudaStreamWaitEvent(caller, external_out_, 0));
+  return Status::Ok();
+}
+
 }  // namespace zimage::cuda
