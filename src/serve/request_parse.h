@@ -40,6 +40,7 @@ struct JobSpec {
   ResponseFormat response_format = ResponseFormat::kB64Json;
   OutputFormat output_format = OutputFormat::kPng;
   int quality = 90;  // JPEG / WebP quality 0..100 (OpenAI's output_compression)
+  bool preview = false;  // "preview": true, live previews from the first step (docs/SERVER.md)
 
   int images() const;       // total images over all runs
   int total_steps() const;  // denoising steps over all runs (fewer than steps with an init image)

@@ -40,6 +40,16 @@ cudaError_t launch_write_i32(int32_t* dst, const I32Values& values, cudaStream_t
 // the host's roundings (no FMA).
 cudaError_t launch_guided_euler(const float* pos, const float* neg, float g, float dt, float* x,
                                 int64_t n, cudaStream_t s);
+// Live-preview colours (Backend::latent_to_rgb): x[n, channels, hw] f32 -> rgb[n, hw, 3] bytes,
+// v_k = bias[k] + Σ_c w[c*3 + k]·x_c in channel order with the host's roundings (no FMA).
+struct LatentRgbParams {
+  static constexpr int kMaxChannels = 16;
+  int channels = 0;
+  float w[kMaxChannels * 3] = {};
+  float bias[3] = {};
+};
+cudaError_t launch_latent_to_rgb(const float* x, int64_t n, int64_t hw, const LatentRgbParams& p,
+                                 uint8_t* rgb, cudaStream_t s);
 // *out = number of NaN/Inf among the n elements of x (a device counter).
 cudaError_t launch_count_nonfinite(KType t, const void* x, int64_t n, unsigned long long* out,
                                    cudaStream_t s);
