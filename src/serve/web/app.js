@@ -221,6 +221,7 @@ async function follow(id, params, card) {
     else if (name === "progress") setProgress(card, ev.step, ev.total);
     else if (name === "preview") {
       card.preview.src = "data:" + ev.content_type + ";base64," + ev.image;
+      if (!card.div.dataset.firstPreviewAt) card.div.dataset.firstPreviewAt = performance.now();
       card.div.dataset.previews = String(Number(card.div.dataset.previews) + 1);
       card.div.dataset.previewStep = ev.step;
     } else if (name === "done") {
@@ -245,7 +246,9 @@ async function saveImages(id, params, images) {
                   params: Object.assign({}, params, { seed: im.seed }) };
     lastSeed = im.seed;
     try { await historyPut(rec); } catch (err) { showError("history not saved: " + err); }
-    $("gallery").prepend(galleryCard(rec));
+    const fig = galleryCard(rec);
+    fig.dataset.addedAt = performance.now();
+    $("gallery").prepend(fig);
   }
 }
 
