@@ -6,8 +6,8 @@
 #include <new>
 #include <utility>
 
-#include "serve/preview.h"
 #include "serve/image_encode.h"
+#include "serve/preview.h"
 
 namespace zimage::serve {
 

@@ -6,8 +6,8 @@
 #include <exception>
 #include <new>
 
-#include "serve/preview.h"
 #include "serve/image_encode.h"
+#include "serve/preview.h"
 
 namespace zimage::serve {
 

@@ -56,7 +56,7 @@ struct JobSnapshot {
   JobTimings timings;
   size_t image_count = 0;
   std::vector<uint64_t> image_seeds;
-  ApiError error;  // when failed or cancelled
+  ApiError error;        // when failed or cancelled
   int preview_step = 0;  // the step of the latest live preview (0 = none yet)
 };
 

@@ -437,7 +437,8 @@ Result<JobSpec> openai_spec(const json& obj, const ParseLimits& lim, uint64_t ra
   }
   ZI_TRY(get_int(obj, "output_compression", 0, 100, &spec.quality));
   if (const json* v = field(obj, "preview"); v != nullptr && !v->is_null()) {
-    if (!v->is_boolean()) return InvalidArgument("preview: must be true or false, got " + type_of(*v));
+    if (!v->is_boolean())
+      return InvalidArgument(std::string("preview: must be true or false, got ") + type_of(*v));
     spec.preview = v->get<bool>();
   }
   ZI_TRY(rename_fields(check_request(req, lim.request), Dialect::kOpenAi));

@@ -53,11 +53,16 @@ void add_ops_routes(RouteTable& svr, ServeContext& ctx) {
             if (ctx.ready.load()) {
               const ParseLimits& l = ctx.limits;
               model["zimage"] = {
-                  {"default_width", l.default_width}, {"default_height", l.default_height},
-                  {"default_steps", l.default_steps}, {"size_multiple", l.request.size_multiple},
-                  {"max_side", l.request.max_side},   {"max_batch", l.request.max_batch},
-                  {"max_steps", l.request.max_steps}, {"device", ctx.info.device},
-                  {"precision", ctx.info.precision},  {"version", kVersion},
+                  {"default_width", l.default_width},
+                  {"default_height", l.default_height},
+                  {"default_steps", l.default_steps},
+                  {"size_multiple", l.request.size_multiple},
+                  {"max_side", l.request.max_side},
+                  {"max_batch", l.request.max_batch},
+                  {"max_steps", l.request.max_steps},
+                  {"device", ctx.info.device},
+                  {"precision", ctx.info.precision},
+                  {"version", kVersion},
                   {"engines", ctx.engines.size()},
                   // what the web page offers: ControlNet inpainting, per-request LoRAs, previews
                   {"controlnet", ctx.controlnet},

@@ -51,8 +51,8 @@ TEST(CudaPreview, Cost) {
   ZI_REQUIRE_GPU();
   Backend& g = *gpu(DType::kBF16);
   for (int64_t side : {128, 256}) {  // 1024² and 2048² images
-    Tensor lat = take(g.upload(rand_host({1, 16, side, side}, 921, DType::kF32), DType::kF32),
-                      "lat");
+    Tensor lat =
+        take(g.upload(rand_host({1, 16, side, side}, 921, DType::kF32), DType::kF32), "lat");
     for (int i = 0; i < 3; ++i) ASSERT_TRUE(latent_preview(g, lat, 1, 8).ok());  // warm up
     constexpr int kRuns = 50;
     const auto t0 = std::chrono::steady_clock::now();

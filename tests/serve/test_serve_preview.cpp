@@ -130,9 +130,8 @@ TEST_F(ServePreview, WatcherTurnsPreviewsOnForARunningJob) {
 TEST_F(ServePreview, A1111ProgressHasCurrentImageWhileRunning) {
   EXPECT_TRUE(get(port(), "/sdapi/v1/progress").json()["current_image"].is_null());  // idle
   Reply result;
-  std::thread request([&] {
-    result = post(port(), "/sdapi/v1/txt2img", R"({"prompt": "a1111", "steps": 1000})");
-  });
+  std::thread request(
+      [&] { result = post(port(), "/sdapi/v1/txt2img", R"({"prompt": "a1111", "steps": 1000})"); });
   json p;
   for (int i = 0; i < 2400; ++i) {
     p = get(port(), "/sdapi/v1/progress").json();
@@ -145,9 +144,8 @@ TEST_F(ServePreview, A1111ProgressHasCurrentImageWhileRunning) {
   if (img.ok()) EXPECT_EQ(img->width, 16);
   EXPECT_GT(p["state"]["sampling_step"].get<int>(), 0);
   // A client that skips the image gets none.
-  EXPECT_TRUE(get(port(), "/sdapi/v1/progress?skip_current_image=true")
-                  .json()["current_image"]
-                  .is_null());
+  EXPECT_TRUE(
+      get(port(), "/sdapi/v1/progress?skip_current_image=true").json()["current_image"].is_null());
   // The queue view lists the running job by a short reference.
   const json q = get(port(), "/v1/queue").json();
   ASSERT_EQ(q["running"].size(), 1u) << q.dump();
@@ -160,13 +158,12 @@ TEST_F(ServePreview, A1111ProgressHasCurrentImageWhileRunning) {
 
 TEST_F(ServePreview, JobsTakeTheEditsFormWithPreviews) {
   const std::string image = png_bytes(pattern_image(64, 64, 3));
-  httplib::MultipartFormDataItems form = {
-      {"image", image, "image.png", "image/png"},
-      {"prompt", "an edit as a job", "", ""},
-      {"num_inference_steps", "4", "", ""},
-      {"strength", "0.5", "", ""},
-      {"preview", "true", "", ""},
-      {"response_format", "url", "", ""}};
+  httplib::MultipartFormDataItems form = {{"image", image, "image.png", "image/png"},
+                                          {"prompt", "an edit as a job", "", ""},
+                                          {"num_inference_steps", "4", "", ""},
+                                          {"strength", "0.5", "", ""},
+                                          {"preview", "true", "", ""},
+                                          {"response_format", "url", "", ""}};
   Reply r = post_form(port(), "/v1/jobs", form);
   ASSERT_EQ(r.status, 202) << r.body;
   const std::string id = r.json()["id"];

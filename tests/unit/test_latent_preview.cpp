@@ -40,7 +40,8 @@ TEST(LatentPreview, CpuOracleMatchesDoubleReference) {
     for (int64_t p = 0; p < hw; ++p) {
       for (int k = 0; k < 3; ++k) {
         double v = map.bias[k];
-        for (int c = 0; c < 16; ++c) v += double{map.weight[c][k]} * lat.data_as<float>()[(img * 16 + c) * hw + p];
+        for (int c = 0; c < 16; ++c)
+          v += double{map.weight[c][k]} * lat.data_as<float>()[(img * 16 + c) * hw + p];
         const double u = std::clamp((v + 1.0) / 2.0, 0.0, 1.0);
         const int want = static_cast<int>(u * 255.0);
         const int got = static_cast<const uint8_t*>(rgb.data())[(img * hw + p) * 3 + k];

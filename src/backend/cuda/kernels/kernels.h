@@ -163,8 +163,8 @@ cudaError_t launch_masked_softmax(KType p_t, const float* scores, void* probs, i
                                   int64_t key_len, cudaStream_t s);
 
 // ---- GGUF dequantisation (gguf_dequant.cu; call it through gguf_dequant.h) ----
-// Packed ggml blocks of `ggml_type` (io/gguf/gguf_quants.h GgmlType id), rows x row_bytes bytes, into
-// out[rows, cols] (kF32 or kBF16). cols must be a multiple of 8 and of the block size.
+// Packed ggml blocks of `ggml_type` (io/gguf/gguf_quants.h GgmlType id), rows x row_bytes bytes,
+// into out[rows, cols] (kF32 or kBF16). cols must be a multiple of 8 and of the block size.
 cudaError_t launch_gguf_dequant(uint32_t ggml_type, const void* blocks, int64_t rows, int64_t cols,
                                 int64_t row_bytes, int block_size, int type_size, KType out_type,
                                 void* out, cudaStream_t s);
