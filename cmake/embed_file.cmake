@@ -1,7 +1,29 @@
-# Turns one file into a C++ source defining zimage::serve::web_page() over its bytes, so the web
-# page ships inside the binary with no build step and no runtime file. Usage:
-#   cmake -DIN=page.html -DOUT=page.cpp -P embed_file.cmake
-file(READ ${IN} hex HEX)
+# Turns the web page into a C++ source defining zimage::serve::web_page() over its bytes, so the
+# page ships inside the binary with no runtime file. The page's sources are separate files
+# (src/serve/web/): each line `<!-- include NAME -->` of the HTML is replaced by the file NAME of
+# the same folder inside <style> (.css) or <script> (.js). Usage:
+#   cmake -DIN=index.html -DOUT=page.cpp -P embed_file.cmake
+file(READ ${IN} page)
+get_filename_component(dir ${IN} DIRECTORY)
+string(REGEX MATCHALL "<!-- include [A-Za-z0-9_.-]+ -->" markers "${page}")
+foreach(marker IN LISTS markers)
+  string(REGEX REPLACE "<!-- include ([A-Za-z0-9_.-]+) -->" "\\1" name "${marker}")
+  if(NOT EXISTS ${dir}/${name})
+    message(FATAL_ERROR "${IN}: included file ${name} does not exist")
+  endif()
+  file(READ ${dir}/${name} content)
+  if(name MATCHES "\\.css$")
+    set(content "<style>\n${content}</style>")
+  elseif(name MATCHES "\\.js$")
+    set(content "<script>\n${content}</script>")
+  else()
+    message(FATAL_ERROR "${IN}: ${name}: only .css and .js files are included")
+  endif()
+  string(REPLACE "${marker}" "${content}" page "${page}")
+endforeach()
+file(WRITE ${OUT}.html "${page}")
+file(READ ${OUT}.html hex HEX)
+file(REMOVE ${OUT}.html)
 string(LENGTH "${hex}" hex_len)
 math(EXPR size "${hex_len} / 2")
 string(REGEX REPLACE "([0-9a-f][0-9a-f])" "0x\\1," bytes "${hex}")

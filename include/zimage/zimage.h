@@ -197,6 +197,18 @@ struct Progress {
 };
 using ProgressCallback = std::function<void(const Progress&)>;
 
+// A live preview (GenerateHooks::on_preview): the first image's latents after denoising step
+// `step` of `total`, as RGB8 rows at latent resolution (width = image width / vae_factor), a fixed
+// linear map of the latent channels computed on the device (ComfyUI's "latent2rgb").
+struct Preview {
+  int step = 0;
+  int total = 0;
+  int width = 0;
+  int height = 0;
+  std::vector<uint8_t> rgb;  // width * height * 3 bytes
+};
+using PreviewCallback = std::function<void(const Preview&)>;
+
 // Per-call hooks; all optional.
 struct GenerateHooks {
   // Called from the generating thread: at the start of each phase, and once after every
@@ -205,6 +217,12 @@ struct GenerateHooks {
   // Polled before each phase and each denoising step; when it reads true, generate() stops and
   // returns kCancelled. The caller owns it and keeps it alive during the call.
   const std::atomic<bool>* cancel = nullptr;
+  // Live previews: when set, called from the generating thread after every denoising step with
+  // a preview of the latents, at the steps where `preview_enabled` is null or reads true (a
+  // flag the caller may turn on once the call runs: a client started watching). Unset (the
+  // default) or reading false, no preview work is done at all.
+  PreviewCallback on_preview;
+  const std::atomic<bool>* preview_enabled = nullptr;
   // Debug dumps: every named intermediate (token ids, prompt embeddings, DiT output and latents
   // per step, model internals) whose name contains dump_filter is written to
   // <dump_dir>/<name>.npy. Empty dump_dir = no dumps. Trusted input: never take it from a client.

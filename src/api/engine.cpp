@@ -165,6 +165,8 @@ Result<GenerateResult> Engine::generate_impl(const GenerateRequest& req,
   }
   TextToImageHooks h;
   h.on_progress = hooks.on_progress;
+  h.on_preview = hooks.on_preview;
+  h.preview_enabled = hooks.preview_enabled;
   h.cancel = hooks.cancel;
   h.debug = sink.get();
   ZI_ASSIGN_OR_RETURN(std::vector<RuntimeLora> loras, impl_->resolve_loras(req.loras));

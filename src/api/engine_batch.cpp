@@ -19,6 +19,8 @@ Result<uint64_t> Engine::batch_add(const GenerateRequest& req, const GenerateHoo
     }
     TextToImageHooks h;
     h.on_progress = hooks.on_progress;
+    h.on_preview = hooks.on_preview;
+    h.preview_enabled = hooks.preview_enabled;
     h.cancel = hooks.cancel;
     h.debug = entry.sink.get();
     ZI_ASSIGN_OR_RETURN(entry.loras, impl_->resolve_loras(req.loras));

@@ -33,6 +33,15 @@ struct AttentionParams {
   std::vector<int32_t> key_len;
 };
 
+// A fixed linear map from latent channels to RGB (live previews, latent_to_rgb): channel c
+// contributes weight[c][k] to colour k, then bias[k] is added.
+struct LatentRgbMap {
+  static constexpr int kMaxChannels = 16;
+  int channels = 0;
+  float weight[kMaxChannels][3] = {};
+  float bias[3] = {};
+};
+
 struct Conv2dParams {
   int stride = 1;
   int pad_top = 0, pad_bottom = 0, pad_left = 0, pad_right = 0;  // zero padding
@@ -235,6 +244,11 @@ class Backend {
   // pos; latents = latents + dt·(−pred). pos, neg, latents: f32 with equal numel.
   virtual Status guided_euler_step(const Tensor& pos, const Tensor& neg, float g, float dt,
                                    Tensor& latents) = 0;
+  // Live-preview colours of latents[n, C, h, w] (f32, C = map.channels): rgb[n, h, w, 3] (kU8),
+  // per pixel v_k = bias[k] + Σ_c weight[c][k]·x_c (c in order, one rounding per operation, no
+  // fused multiply-add) and rgb_k = trunc(255·clamp((v_k + 1) / 2, 0, 1)), as ComfyUI's latent2rgb
+  // previewer turns its projection into bytes.
+  virtual Status latent_to_rgb(const Tensor& latents, const LatentRgbMap& map, Tensor& rgb) = 0;
   // How many elements of x (f32, bf16 or f16) are NaN or +-Inf. Waits for x (a host read).
   virtual Result<int64_t> count_nonfinite(const Tensor& x) = 0;
 

@@ -352,6 +352,27 @@ Status guided_euler_step(const OpEnv& env, const Tensor& pos, const Tensor& neg,
   return Status::Ok();
 }
 
+Status latent_to_rgb(const OpEnv& env, const Tensor& latents, int channels, const Tensor& rgb) {
+  const char* op = "latent_to_rgb";
+  ZI_TRY(f32_tensor(env, op, "latents", latents));
+  ZI_TRY(tensor(env, op, "rgb", rgb));
+  ZI_TRY(has_dtype(env, op, "rgb", rgb, DType::kU8));
+  if (channels < 1 || channels > 16) {
+    return InvalidArgument(std::string(op) + ": map.channels " + std::to_string(channels) +
+                           " is outside 1..16");
+  }
+  if (latents.rank() != 4 || latents.dim(1) != channels) {
+    return InvalidArgument(prefix(op, "latents", latents) + " must be [n, " +
+                           std::to_string(channels) + ", h, w]");
+  }
+  if (rgb.rank() != 4 || rgb.dim(0) != latents.dim(0) || rgb.dim(1) != latents.dim(2) ||
+      rgb.dim(2) != latents.dim(3) || rgb.dim(3) != 3) {
+    return InvalidArgument(prefix(op, "rgb", rgb) + " must be [n, h, w, 3] for latents " +
+                           desc(latents));
+  }
+  return Status::Ok();
+}
+
 Status sum_squares(const OpEnv& env, const Tensor& x) {
   ZI_TRY(any_float_tensor(env, "sum_squares", "x", x));
   if (x.rank() < 1) return InvalidArgument(prefix("sum_squares", "x", x) + " must have rank >= 1");

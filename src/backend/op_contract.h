@@ -92,6 +92,9 @@ Status add(const OpEnv& env, const Tensor& x, const Tensor& y, const Tensor& out
 // pos, neg (optional) and latents f32 of one element count.
 Status guided_euler_step(const OpEnv& env, const Tensor& pos, const Tensor& neg,
                          const Tensor& latents);
+// latents f32 [n, channels, h, w] with 1 <= channels <= LatentRgbMap::kMaxChannels; rgb kU8
+// [n, h, w, 3].
+Status latent_to_rgb(const OpEnv& env, const Tensor& latents, int channels, const Tensor& rgb);
 Status sum_squares(const OpEnv& env, const Tensor& x);
 Status count_nonfinite(const OpEnv& env, const Tensor& x);
 

@@ -12,6 +12,7 @@
 #include "pipeline/controlnet.h"
 #include "pipeline/finite_check.h"
 #include "pipeline/host_dump.h"
+#include "pipeline/latent_preview.h"
 #include "pipeline/rng.h"
 #include "pipeline/scheduler.h"
 
@@ -272,6 +273,13 @@ Status TextToImage::step(const std::vector<DenoiseState*>& states) {
     if (st.hooks.on_progress)
       st.hooks.on_progress(
           {Phase::kDenoise, st.steps_done(), st.steps_total(), now_s() - st.start_s});
+    // Only a request that asked pays for its preview (a projection and a w·h·3-byte download).
+    if (st.hooks.on_preview &&
+        (st.hooks.preview_enabled == nullptr || st.hooks.preview_enabled->load())) {
+      ZI_ASSIGN_OR_RETURN(Preview p,
+                          latent_preview(be_, st.latents, st.steps_done(), st.steps_total()));
+      st.hooks.on_preview(p);
+    }
   }
   return Status::Ok();
 }

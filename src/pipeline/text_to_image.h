@@ -56,6 +56,8 @@ struct TextToImageComponents {
 
 struct TextToImageHooks {
   ProgressCallback on_progress;  // see GenerateHooks (zimage/zimage.h)
+  PreviewCallback on_preview;    // the same; unset = no preview op runs
+  const std::atomic<bool>* preview_enabled = nullptr;  // the same
   const std::atomic<bool>* cancel = nullptr;
   DebugSink* debug = nullptr;  // named intermediates, see the list above
 };

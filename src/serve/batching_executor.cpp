@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "serve/image_encode.h"
+#include "serve/preview.h"
 
 namespace zimage::serve {
 
@@ -107,6 +108,9 @@ bool BatchingExecutor::admit(const std::shared_ptr<Job>& job, JobSource& jobs) n
         for (int s : raw->run_steps) sum += s;
         raw->job->set_step(sum);
       };
+      int before = 0;  // preview steps count over the job's runs as progress does
+      for (size_t k = 0; k < i; ++k) before += denoising_steps(spec.runs[k]);
+      add_preview_hooks(*job, before, *metrics_, hooks);
       Result<uint64_t> ticket = runner_->batch_add(spec.runs[i], hooks);
       if (!ticket.ok()) {
         if (ticket.status().code() == ErrorCode::kCancelled || job->cancel_requested()) {

@@ -66,6 +66,7 @@ struct ServeContext {
   EngineInfo info;                    // ditto
   ParseLimits limits;                 // ditto
   EngineSlots engines;                // ditto: every engine and what it did (device_pool.h)
+  bool controlnet = false;            // the engines were loaded with a ControlNet
   // Responses still waiting on a job (sync generations, SSE streams): shutdown lets them send
   // their final word before the HTTP server stops.
   std::atomic<int> waiting_responses{0};

@@ -7,6 +7,7 @@
 #include <new>
 
 #include "serve/image_encode.h"
+#include "serve/preview.h"
 
 namespace zimage::serve {
 
@@ -44,6 +45,7 @@ void SerialExecutor::run_job(Job& job) noexcept {
       hooks.on_progress = [&job, steps_before](const Progress& p) {
         if (p.phase == Phase::kDenoise && p.step > 0) job.set_step(steps_before + p.step);
       };
+      add_preview_hooks(job, steps_before, *metrics_, hooks);
       Result<GenerateResult> r = runner_->generate(req, hooks);
       if (!r.ok()) {
         if (r.status().code() == ErrorCode::kCancelled || job.cancel_requested()) {

@@ -127,7 +127,24 @@ std::shared_ptr<Job> admit(ServeContext& ctx, JobSpec spec, http::Response& res,
 }
 
 bool takes_image_body(const std::string& path) {
-  return path == "/v1/images/edits" || path == "/sdapi/v1/img2img";
+  // /v1/jobs also takes the edits form (an image); its JSON bodies keep --max-body.
+  return path == "/v1/images/edits" || path == "/sdapi/v1/img2img" || path == "/v1/jobs";
+}
+
+bool query_flag(const std::string& query, const std::string& name, bool fallback) {
+  size_t start = 0;
+  while (start <= query.size()) {
+    size_t end = query.find('&', start);
+    if (end == std::string::npos) end = query.size();
+    const std::string item = query.substr(start, end - start);
+    const size_t eq = item.find('=');
+    if (item.substr(0, eq) == name) {
+      const std::string v = eq == std::string::npos ? "" : item.substr(eq + 1);
+      return v == "1" || v == "true";
+    }
+    start = end + 1;
+  }
+  return fallback;
 }
 
 namespace {
@@ -135,7 +152,8 @@ namespace {
 // The server reads bodies up to the image routes' limit; JSON bodies stay under --max-body
 // (413 otherwise, as the transport answers past a route's limit).
 bool json_body_fits(ServeContext& ctx, const http::Request& req, http::Response& res) {
-  if (takes_image_body(req.path) || req.body.size() <= ctx.options.max_body_bytes) return true;
+  const bool image_route = takes_image_body(req.path) && req.path != "/v1/jobs";
+  if (image_route || req.body.size() <= ctx.options.max_body_bytes) return true;
   send_error(res, ApiError{413, "invalid_request_error",
                            "body: larger than the " + std::to_string(ctx.options.max_body_bytes) +
                                "-byte limit",

@@ -55,6 +55,9 @@ bool takes_image_body(const std::string& path);
 
 // "http://host:port" as the client addressed us (from a well-formed Host header), else "".
 std::string base_url(const http::Request& req);
+// Whether the query (undecoded, after '?') holds `name` as 1 or true ("preview=1"); `fallback`
+// when `name` is absent; any other value reads false.
+bool query_flag(const std::string& query, const std::string& name, bool fallback);
 
 // Constant-time comparison (no early exit on the first differing byte).
 bool constant_time_equal(const std::string& a, const std::string& b);

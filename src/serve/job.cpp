@@ -50,6 +50,7 @@ const char* state_name(JobState s) {
 }
 
 Job::Job(std::string id, JobSpec spec) : id_(std::move(id)), spec_(std::move(spec)) {
+  previews_.store(spec_.preview);
   s_.total = spec_.total_steps();
   s_.created = unix_now();
   queued_tp_ = Clock::now();
@@ -72,6 +73,7 @@ void Job::bump_locked() {
 }
 
 void Job::release_inputs_locked() {
+  preview_.reset();  // the final image replaces it
   for (GenerateRequest& r : spec_.runs) {
     release_pixels(r.init_image);
     release_pixels(r.mask);
@@ -94,6 +96,19 @@ void Job::set_step(int step) {
   if (is_final(s_.state) || step <= s_.step) return;
   s_.step = std::min(step, s_.total);
   bump_locked();
+}
+
+void Job::set_preview(int step, std::shared_ptr<const std::vector<uint8_t>> png) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (is_final(s_.state) || png == nullptr) return;
+  preview_ = std::move(png);
+  s_.preview_step = step;
+  bump_locked();
+}
+
+std::shared_ptr<const std::vector<uint8_t>> Job::preview() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return preview_;
 }
 
 void Job::finish_succeeded(std::vector<EncodedImage> images, const JobTimings& timings) {

@@ -14,6 +14,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -55,7 +56,8 @@ struct JobSnapshot {
   JobTimings timings;
   size_t image_count = 0;
   std::vector<uint64_t> image_seeds;
-  ApiError error;  // when failed or cancelled
+  ApiError error;        // when failed or cancelled
+  int preview_step = 0;  // the step of the latest live preview (0 = none yet)
 };
 
 class Job {
@@ -74,6 +76,15 @@ class Job {
   void request_cancel(const std::string& reason = "cancelled by request");
   bool cancel_requested() const { return cancel_.load(); }
   std::string cancel_reason() const;
+
+  // Live previews. The engine computes one after a step only while previews_flag() reads true
+  // (GenerateHooks::preview_enabled): set at admission by a request's "preview": true, or later
+  // by a watcher asking for them (events ?preview=1, A1111's /sdapi/v1/progress).
+  const std::atomic<bool>* previews_flag() const { return &previews_; }
+  void want_previews() { previews_.store(true); }
+  // The latest preview, an encoded PNG, of denoising step `step` (over all runs); wakes watchers.
+  void set_preview(int step, std::shared_ptr<const std::vector<uint8_t>> png);
+  std::shared_ptr<const std::vector<uint8_t>> preview() const;
 
   // Transitions (the worker and the scheduler call these); each wakes the watchers.
   void mark_started();
@@ -105,11 +116,13 @@ class Job {
   const std::string id_;
   JobSpec spec_;  // written only by release_inputs_locked (pixel buffers, under mu_)
   std::atomic<bool> cancel_{false};
+  std::atomic<bool> previews_{false};
   mutable std::mutex mu_;
   mutable std::condition_variable cv_;
   JobSnapshot s_;
   Clock::time_point queued_tp_, started_tp_, finished_tp_;
   std::vector<EncodedImage> images_;
+  std::shared_ptr<const std::vector<uint8_t>> preview_;
   size_t image_bytes_ = 0;
   std::string cancel_reason_;
 };

@@ -91,6 +91,9 @@ std::string Metrics::render() const {
   o += "# HELP zimage_images_generated_total Images generated\n"
        "# TYPE zimage_images_generated_total counter\n";
   o += "zimage_images_generated_total " + std::to_string(images_generated) + "\n";
+  o += "# HELP zimage_previews_total Live previews computed (jobs that asked for them)\n"
+       "# TYPE zimage_previews_total counter\n";
+  o += "zimage_previews_total " + std::to_string(previews) + "\n";
   o += "# HELP zimage_batch_steps_total Denoising steps run by the batching worker\n"
        "# TYPE zimage_batch_steps_total counter\n";
   o += "zimage_batch_steps_total " + std::to_string(batch_steps) + "\n";

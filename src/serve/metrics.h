@@ -46,6 +46,8 @@ class Metrics {
   std::atomic<uint64_t> rejected_queue_full{0};
   std::atomic<uint64_t> rejected_invalid{0};
   std::atomic<uint64_t> images_generated{0};
+  // Live previews the engines computed (only for jobs that asked: docs/SERVER.md).
+  std::atomic<uint64_t> previews{0};
   // Continuous batching: denoising steps run, and the requests (engine runs) active at each; their
   // ratio is the mean batch size when all requests have one size. max_step_requests: the most.
   std::atomic<uint64_t> batch_steps{0};

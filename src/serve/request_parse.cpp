@@ -381,6 +381,7 @@ Result<JobSpec> openai_spec(const json& obj, const ParseLimits& lim, uint64_t ra
   static const std::set<std::string> kKnown = {
       "prompt", "n", "size", "response_format", "output_format", "output_compression",
       "negative_prompt", "num_inference_steps", "guidance_scale", "seed", "loras",
+      "preview",  // live previews in the job's event stream (docs/SERVER.md)
       // OpenAI fields accepted and ignored:
       "model", "quality", "style", "user", "background", "moderation"};
   std::set<std::string> known = kKnown;
@@ -435,6 +436,11 @@ Result<JobSpec> openai_spec(const json& obj, const ParseLimits& lim, uint64_t ra
       return InvalidArgument("output_format: must be \"png\", \"jpeg\" or \"webp\"");
   }
   ZI_TRY(get_int(obj, "output_compression", 0, 100, &spec.quality));
+  if (const json* v = field(obj, "preview"); v != nullptr && !v->is_null()) {
+    if (!v->is_boolean())
+      return InvalidArgument(std::string("preview: must be true or false, got ") + type_of(*v));
+    spec.preview = v->get<bool>();
+  }
   ZI_TRY(rename_fields(check_request(req, lim.request), Dialect::kOpenAi));
   spec.runs = {std::move(req)};
   return spec;
@@ -564,7 +570,12 @@ Result<JobSpec> parse_openai_edit(const std::vector<FormPart>& form, const Parse
       return InvalidArgument(field_of(p.name + ": x") == p.name
                                  ? p.name + ": given twice"
                                  : "body: a form field is given twice");
-    if (kNumbers.count(p.name) != 0) {
+    if (p.name == "preview") {  // a form's boolean: its text
+      if (p.content != "true" && p.content != "false" && p.content != "1" && p.content != "0")
+        return InvalidArgument("preview: must be true, false, 1 or 0, got \"" +
+                               json_util::printable(p.content.substr(0, 40)) + "\"");
+      obj[p.name] = p.content == "true" || p.content == "1";
+    } else if (kNumbers.count(p.name) != 0) {
       json v = json::parse(p.content, nullptr, false);
       if (v.is_discarded() || !v.is_number())
         return InvalidArgument(p.name + ": must be a number, got \"" +

@@ -39,7 +39,8 @@ struct JobSpec {
   bool random_seed = false;           // the seed was drawn by the server
   ResponseFormat response_format = ResponseFormat::kB64Json;
   OutputFormat output_format = OutputFormat::kPng;
-  int quality = 90;  // JPEG / WebP quality 0..100 (OpenAI's output_compression)
+  int quality = 90;      // JPEG / WebP quality 0..100 (OpenAI's output_compression)
+  bool preview = false;  // "preview": true, live previews from the first step (docs/SERVER.md)
 
   int images() const;       // total images over all runs
   int total_steps() const;  // denoising steps over all runs (fewer than steps with an init image)

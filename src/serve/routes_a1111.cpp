@@ -70,8 +70,12 @@ void add_a1111_routes(RouteTable& svr, ServeContext& ctx) {
              if (job != nullptr) send_a1111_images(ctx, job, res);
            }));
 
-  svr.get("/sdapi/v1/progress", guard([&ctx](const http::Request&, http::Response& res) {
+  svr.get("/sdapi/v1/progress", guard([&ctx](const http::Request& req, http::Response& res) {
             std::shared_ptr<Job> job = ctx.scheduler.running();
+            // A1111's skip_current_image (default false): a client that wants the picture turns
+            // the running job's live previews on from its next step (none is computed before).
+            const bool want_image = !query_flag(req.query, "skip_current_image", false);
+            json current_image = nullptr;
             json state = {
                 {"skipped", false},   {"interrupted", false},
                 {"job", ""},          {"job_count", static_cast<int64_t>(ctx.scheduler.depth())},
@@ -90,12 +94,17 @@ void add_a1111_routes(RouteTable& svr, ServeContext& ctx) {
                       .count();
               const double elapsed = s.started > 0 ? now - s.started : 0.0;
               if (progress > 0) eta = elapsed / progress - elapsed;
+              if (want_image) {
+                job->want_previews();
+                if (std::shared_ptr<const std::vector<uint8_t>> png = job->preview())
+                  current_image = base64_encode(*png);
+              }
             }
             send_json(res, 200,
                       {{"progress", progress},
                        {"eta_relative", eta},
                        {"state", std::move(state)},
-                       {"current_image", nullptr},
+                       {"current_image", std::move(current_image)},
                        {"textinfo", nullptr}});
           }));
 }

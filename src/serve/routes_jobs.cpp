@@ -68,7 +68,8 @@ json job_json(ServeContext& ctx, const Job& job, const std::string& base) {
             {"progress", s.total > 0 ? static_cast<double>(s.step) / s.total : 0.0},
             {"created", s.created},
             {"cancel_requested", job.cancel_requested()},
-            {"parameters", job_parameters(job.spec())}};
+            {"parameters", job_parameters(job.spec())},
+            {"previews", job.previews_flag()->load()}};
   if (s.state == JobState::kQueued) j["queue_position"] = ctx.scheduler.position(job);
   if (s.started > 0) j["started"] = s.started;
   if (s.finished > 0) j["finished"] = s.finished;
@@ -95,7 +96,22 @@ json job_json(ServeContext& ctx, const Job& job, const std::string& base) {
 
 void add_job_routes(RouteTable& svr, ServeContext& ctx) {
   svr.post("/v1/jobs", guard([&ctx](const http::Request& req, http::Response& res) {
-             std::shared_ptr<Job> job = parse_and_admit(ctx, parse_openai, req, res);
+             // A JSON body (generations' fields) or the edits form (an image: img2img,
+             // inpainting, ControlNet inpainting), as /v1/images/edits but answered at once.
+             std::shared_ptr<Job> job;
+             if (req.is_multipart_form_data()) {
+               std::vector<FormPart> form;
+               for (const auto& [name, part] : req.files)
+                 form.push_back({name, part.filename, part.content});
+               job = make_and_admit(
+                   ctx,
+                   [&form](const ParseLimits& limits, uint64_t seed) {
+                     return parse_openai_edit(form, limits, seed);
+                   },
+                   res);
+             } else {
+               job = parse_and_admit(ctx, parse_openai, req, res);
+             }
              if (job == nullptr) return;
              res.set_header("Location", "/v1/jobs/" + job->id());
              json body = {{"id", job->id()},
@@ -108,6 +124,29 @@ void add_job_routes(RouteTable& svr, ServeContext& ctx) {
              if (position >= 0) body["queue_position"] = position;  // absent once it runs
              send_json(res, 202, body);
            }));
+
+  // Every client's jobs, for the web page's queue view: a short reference (the id's first 8 hex
+  // digits: a full id would let any watcher cancel the job), progress, size; never a prompt.
+  svr.get("/v1/queue", guard([&ctx](const http::Request&, http::Response& res) {
+            const Scheduler::Listing l = ctx.scheduler.list();
+            auto item = [](const Job& job) {
+              const JobSnapshot s = job.snapshot();
+              const GenerateRequest& r = job.spec().runs.front();
+              return json{{"ref", job.id().substr(0, 8)},
+                          {"step", s.step},
+                          {"total", s.total},
+                          {"size", std::to_string(r.width) + "x" + std::to_string(r.height)},
+                          {"images", job.spec().images()}};
+            };
+            json running = json::array(), queued = json::array();
+            for (const auto& j : l.running) running.push_back(item(*j));
+            for (size_t i = 0; i < l.queued.size(); ++i) {
+              json q = item(*l.queued[i]);
+              q["position"] = i;
+              queued.push_back(std::move(q));
+            }
+            send_json(res, 200, {{"running", std::move(running)}, {"queued", std::move(queued)}});
+          }));
 
   svr.get(R"(/v1/jobs/([^/]+))", guard([&ctx](const http::Request& req, http::Response& res) {
             std::shared_ptr<Job> job = find_job(ctx, req, res);
@@ -156,6 +195,7 @@ void add_job_routes(RouteTable& svr, ServeContext& ctx) {
           guard([&ctx](const http::Request& req, http::Response& res) {
             std::shared_ptr<Job> job = find_job(ctx, req, res);
             if (job == nullptr || !reserve_waiting_slot(ctx, res)) return;
+            if (query_flag(req.query, "preview", false)) job->want_previews();
             auto stream = std::make_shared<SseStream>(job, base_url(req));
             auto waiting = std::make_shared<WaitingResponse>(ctx);
             res.set_header("Cache-Control", "no-store");

@@ -53,12 +53,21 @@ void add_ops_routes(RouteTable& svr, ServeContext& ctx) {
             if (ctx.ready.load()) {
               const ParseLimits& l = ctx.limits;
               model["zimage"] = {
-                  {"default_width", l.default_width}, {"default_height", l.default_height},
-                  {"default_steps", l.default_steps}, {"size_multiple", l.request.size_multiple},
-                  {"max_side", l.request.max_side},   {"max_batch", l.request.max_batch},
-                  {"max_steps", l.request.max_steps}, {"device", ctx.info.device},
-                  {"precision", ctx.info.precision},  {"version", kVersion},
-                  {"engines", ctx.engines.size()}};
+                  {"default_width", l.default_width},
+                  {"default_height", l.default_height},
+                  {"default_steps", l.default_steps},
+                  {"size_multiple", l.request.size_multiple},
+                  {"max_side", l.request.max_side},
+                  {"max_batch", l.request.max_batch},
+                  {"max_steps", l.request.max_steps},
+                  {"device", ctx.info.device},
+                  {"precision", ctx.info.precision},
+                  {"version", kVersion},
+                  {"engines", ctx.engines.size()},
+                  // what the web page offers: ControlNet inpainting, per-request LoRAs, previews
+                  {"controlnet", ctx.controlnet},
+                  {"loras", !ctx.options.lora_dir.empty()},
+                  {"previews", true}};
             }
             send_json(res, 200, {{"object", "list"}, {"data", json::array({model})}});
           }));

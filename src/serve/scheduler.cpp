@@ -69,6 +69,15 @@ size_t Scheduler::depth() const {
   return queue_.size();
 }
 
+Scheduler::Listing Scheduler::list() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  Listing l;
+  for (const auto& j : running_)
+    if (!is_final(j->snapshot().state)) l.running.push_back(j);
+  l.queued.assign(queue_.begin(), queue_.end());
+  return l;
+}
+
 std::shared_ptr<Job> Scheduler::running() const {
   std::lock_guard<std::mutex> lock(mu_);
   // A job that just turned final is still in running_ until the executor calls done().

@@ -61,6 +61,11 @@ class Scheduler : public JobSource {
   size_t depth() const;
   // A running job that has not finished yet (the oldest taken), if any.
   std::shared_ptr<Job> running() const;
+  // Every running job (oldest first) and every queued one (in queue order), at one instant.
+  struct Listing {
+    std::vector<std::shared_ptr<Job>> running, queued;
+  };
+  Listing list() const;
   // Stops accepting, cancels every queued and running job with `reason`, joins the workers.
   void shutdown(const std::string& reason);
 

@@ -63,6 +63,7 @@ Status Server::load(const EngineOptions& options, const std::vector<std::string>
   auto engines = load_engines(options, devices);
   if (!engines.ok()) return engines.status().with_context("loading the model");
   owned_engines_ = std::move(engines).value();
+  ctx_.controlnet = !options.controlnet.empty();
   std::vector<Engine*> raw;
   for (const auto& e : owned_engines_) raw.push_back(e.get());
   return attach(raw, devices);

@@ -3,6 +3,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "serve/image_encode.h"
 #include "serve/routes.h"
 
 namespace zimage::serve {
@@ -40,6 +41,16 @@ std::string SseStream::next(const JobSnapshot& s, int position) {
     for (int k = last_step_ + 1; k <= s.step; ++k)
       out += event("progress", dump({{"step", k}, {"total", s.total}}));
     if (s.step > last_step_) last_step_ = s.step;
+    if (s.preview_step > last_preview_ && !is_final(s.state)) {
+      std::shared_ptr<const std::vector<uint8_t>> png = job_->preview();
+      if (png != nullptr) {
+        out += event("preview", dump({{"step", s.preview_step},
+                                      {"total", s.total},
+                                      {"content_type", "image/png"},
+                                      {"image", base64_encode(*png)}}));
+      }
+      last_preview_ = s.preview_step;
+    }
   }
   first_ = false;
   if (!is_final(s.state)) return out;

@@ -2,7 +2,9 @@
 // state machine over job snapshots. A client gets the current state first (queued, or started and
 // the current step, or the final event), then one `progress` event per denoising step even when
 // the worker advanced several steps between two wake-ups, then exactly one final event (`done`,
-// `failed` or `cancelled`) and the end of the stream. Idle periods send a comment line, which also
+// `failed` or `cancelled`) and the end of the stream. A job with live previews also gets a
+// `preview` event after the progress events whenever a newer preview is there (the latest only:
+// a slow client skips previews, never steps). Idle periods send a comment line, which also
 // tells the server when a client has gone away (its write fails).
 #pragma once
 
@@ -38,6 +40,7 @@ class SseStream {
   bool finished_ = false;
   int last_step_ = 0;
   int last_position_ = -2;
+  int last_preview_ = 0;
   uint64_t seen_ = 0;
 };
 

@@ -95,6 +95,9 @@ class CheckBackend final : public Backend {
   Status guided_euler_step(const Tensor&, const Tensor&, float, float, Tensor&) override {
     return no_op("guided_euler_step");
   }
+  Status latent_to_rgb(const Tensor&, const LatentRgbMap&, Tensor&) override {
+    return no_op("latent_to_rgb");
+  }
   Result<int64_t> count_nonfinite(const Tensor&) override { return no_op("count_nonfinite"); }
   Status conv2d(const Tensor&, const Tensor&, const Tensor&, const Conv2dParams&,
                 Tensor&) override {

@@ -71,6 +71,7 @@ class CpuBackend final : public Backend {
   Result<std::vector<double>> sum_squares(const Tensor& x) override;
   Status guided_euler_step(const Tensor& pos, const Tensor& neg, float g, float dt,
                            Tensor& latents) override;
+  Status latent_to_rgb(const Tensor& latents, const LatentRgbMap& map, Tensor& rgb) override;
   Result<int64_t> count_nonfinite(const Tensor& x) override;
 
   // cpu_attention.cpp

@@ -159,6 +159,31 @@ Status CpuBackend::guided_euler_step(const Tensor& pos, const Tensor& neg, float
   return Status::Ok();
 }
 
+Status CpuBackend::latent_to_rgb(const Tensor& latents, const LatentRgbMap& map, Tensor& rgb) {
+  ZI_TRY(contract::latent_to_rgb(cpu_env(), latents, map.channels, rgb));
+  const int64_t n = latents.dim(0), c = map.channels, hw = latents.dim(2) * latents.dim(3);
+  const float* x = latents.data_as<float>();
+  uint8_t* out = static_cast<uint8_t*>(rgb.data());
+  pool_.parallel_for(n * hw, 1024, [&](int64_t b, int64_t e) {
+    for (int64_t p = b; p < e; ++p) {
+      const int64_t img = p / hw, px = p % hw;
+      const float* xp = x + img * c * hw + px;
+      for (int k = 0; k < 3; ++k) {
+        float v = map.bias[k];
+        for (int64_t ch = 0; ch < c; ++ch) {
+          const float t = map.weight[ch][k] * xp[ch * hw];
+          v = v + t;
+        }
+        float u = (v + 1.0f) / 2.0f;
+        if (!(u > 0.0f)) u = 0.0f;  // NaN too
+        if (u > 1.0f) u = 1.0f;
+        out[p * 3 + k] = static_cast<uint8_t>(u * 255.0f);
+      }
+    }
+  });
+  return Status::Ok();
+}
+
 Result<int64_t> CpuBackend::count_nonfinite(const Tensor& x) {
   ZI_TRY(contract::count_nonfinite(cpu_env(), x));
   const DType dt = x.dtype();

@@ -312,6 +312,21 @@ Status CudaBackend::guided_euler_step(const Tensor& pos, const Tensor& neg, floa
   return Status::Ok();
 }
 
+Status CudaBackend::latent_to_rgb(const Tensor& latents, const LatentRgbMap& map, Tensor& rgb) {
+  ZI_OP_SCOPE("latent_to_rgb", &latents);
+  constexpr const char* op = "latent_to_rgb";
+  ZI_TRY(contract::latent_to_rgb(cuda_env(act_), latents, map.channels, rgb));
+  LatentRgbParams p;
+  p.channels = map.channels;
+  for (int c = 0; c < map.channels; ++c)
+    for (int k = 0; k < 3; ++k) p.w[c * 3 + k] = map.weight[c][k];
+  for (int k = 0; k < 3; ++k) p.bias[k] = map.bias[k];
+  ZI_LAUNCH_TRY(op, launch_latent_to_rgb(latents.data_as<float>(), latents.dim(0),
+                                         latents.dim(2) * latents.dim(3), p,
+                                         static_cast<uint8_t*>(rgb.data()), stream_));
+  return Status::Ok();
+}
+
 Result<int64_t> CudaBackend::count_nonfinite(const Tensor& x) {
   constexpr const char* op = "count_nonfinite";
   ZI_TRY(contract::count_nonfinite(cuda_env(act_), x));

@@ -189,6 +189,27 @@ __global__ void guided_euler_kernel(const float* pos, const float* neg, float g,
   }
 }
 
+// One thread per latent pixel: the three colours of Backend::latent_to_rgb, the CPU oracle's
+// order and roundings (the _rn intrinsics forbid contraction into fused multiply-adds).
+__global__ void latent_to_rgb_kernel(const float* x, int64_t n, int64_t hw, LatentRgbParams p,
+                                     uint8_t* rgb) {
+  for (int64_t q = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; q < n * hw;
+       q += int64_t{gridDim.x} * blockDim.x) {
+    const float* xp = x + (q / hw) * p.channels * hw + q % hw;
+    float v[3] = {p.bias[0], p.bias[1], p.bias[2]};
+    for (int c = 0; c < p.channels; ++c) {
+      const float xc = xp[c * hw];
+      for (int k = 0; k < 3; ++k) v[k] = __fadd_rn(v[k], __fmul_rn(p.w[c * 3 + k], xc));
+    }
+    for (int k = 0; k < 3; ++k) {
+      float u = __fdiv_rn(__fadd_rn(v[k], 1.0f), 2.0f);
+      if (!(u > 0.0f)) u = 0.0f;  // NaN too
+      if (u > 1.0f) u = 1.0f;
+      rgb[q * 3 + k] = static_cast<uint8_t>(__fmul_rn(u, 255.0f));
+    }
+  }
+}
+
 template <typename T>
 __global__ void count_nonfinite_kernel(const T* x, int64_t n, unsigned long long* out) {
   unsigned long long bad = 0;
@@ -217,6 +238,13 @@ cudaError_t launch_guided_euler(const float* pos, const float* neg, float g, flo
                                 int64_t n, cudaStream_t s) {
   if (n <= 0) return cudaSuccess;
   guided_euler_kernel<<<grid_for(n, kThreads), kThreads, 0, s>>>(pos, neg, g, dt, x, n);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_latent_to_rgb(const float* x, int64_t n, int64_t hw, const LatentRgbParams& p,
+                                 uint8_t* rgb, cudaStream_t s) {
+  if (n * hw <= 0) return cudaSuccess;
+  latent_to_rgb_kernel<<<grid_for(n * hw, kThreads), kThreads, 0, s>>>(x, n, hw, p, rgb);
   return cudaGetLastError();
 }
 

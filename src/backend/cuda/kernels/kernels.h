@@ -40,6 +40,16 @@ cudaError_t launch_write_i32(int32_t* dst, const I32Values& values, cudaStream_t
 // the host's roundings (no FMA).
 cudaError_t launch_guided_euler(const float* pos, const float* neg, float g, float dt, float* x,
                                 int64_t n, cudaStream_t s);
+// Live-preview colours (Backend::latent_to_rgb): x[n, channels, hw] f32 -> rgb[n, hw, 3] bytes,
+// v_k = bias[k] + Σ_c w[c*3 + k]·x_c in channel order with the host's roundings (no FMA).
+struct LatentRgbParams {
+  static constexpr int kMaxChannels = 16;
+  int channels = 0;
+  float w[kMaxChannels * 3] = {};
+  float bias[3] = {};
+};
+cudaError_t launch_latent_to_rgb(const float* x, int64_t n, int64_t hw, const LatentRgbParams& p,
+                                 uint8_t* rgb, cudaStream_t s);
 // *out = number of NaN/Inf among the n elements of x (a device counter).
 cudaError_t launch_count_nonfinite(KType t, const void* x, int64_t n, unsigned long long* out,
                                    cudaStream_t s);
@@ -153,8 +163,8 @@ cudaError_t launch_masked_softmax(KType p_t, const float* scores, void* probs, i
                                   int64_t key_len, cudaStream_t s);
 
 // ---- GGUF dequantisation (gguf_dequant.cu; call it through gguf_dequant.h) ----
-// Packed ggml blocks of `ggml_type` (io/gguf/gguf_quants.h GgmlType id), rows x row_bytes bytes, into
-// out[rows, cols] (kF32 or kBF16). cols must be a multiple of 8 and of the block size.
+// Packed ggml blocks of `ggml_type` (io/gguf/gguf_quants.h GgmlType id), rows x row_bytes bytes,
+// into out[rows, cols] (kF32 or kBF16). cols must be a multiple of 8 and of the block size.
 cudaError_t launch_gguf_dequant(uint32_t ggml_type, const void* blocks, int64_t rows, int64_t cols,
                                 int64_t row_bytes, int block_size, int type_size, KType out_type,
                                 void* out, cudaStream_t s);
