@@ -1,5 +1,5 @@
 // The tiny built-in model (the v_turbo golden case with the real Qwen3 tokenizer) that `zimage`
-// uses when no model is given. Why embedded: a program that pointed into its build folder stopped
+// and the Python module (python/) use when no model is given. Why embedded: a program that pointed into its build folder stopped
 // working once copied or installed. The folder is packed into the binary at build time
 // (tools/pack_bundle.cpp, builtin_model_data.S.in) and unpacked on first use into
 // $XDG_CACHE_HOME/zimage/builtin-<version>-<crc32>/ (else ~/.cache/...), checked on every use,
@@ -10,10 +10,10 @@
 
 #include "core/status.h"
 
-namespace zimage::cli {
+namespace zimage {
 
 // The built-in model folder, unpacked and verified on the first call (later calls return the same
 // path). A failure names both the cache and the temporary folder that were tried.
 Result<std::string> builtin_model_dir();
 
-}  // namespace zimage::cli
+}  // namespace zimage
