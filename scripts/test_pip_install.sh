@@ -17,7 +17,7 @@ git ls-files -z | tar --null -T - -cf - | (mkdir "$tmp/src" && tar -xf - -C "$tm
 # `pip wheel` then `pip install` of that wheel: what `pip install .` does, with the wheel kept
 # to report its size.
 "$tmp/venv/bin/python" -m pip wheel -q --disable-pip-version-check --no-deps -w "$tmp/wheel" \
-  -C cmake.define.ZIMAGE_CUDA=OFF "$tmp/src"
+  --config-settings=cmake.define.ZIMAGE_CUDA=OFF "$tmp/src"
 "$tmp/venv/bin/python" -m pip install -q --disable-pip-version-check "$tmp"/wheel/*.whl
 built=$(date +%s)
 echo "test_pip_install: pip wheel + install took $((built - start)) s; the wheel:"

@@ -181,7 +181,15 @@ std::vector<RgbOut> generate(PyEngine& self, const std::vector<std::string>& pro
 }
 
 nb::dict info(const PyEngine& self) {
-  const EngineInfo i = self.engine->info();
+  // Without the GIL: were the engine to wait for a running generate(), whose on_step needs
+  // the GIL, holding it here would deadlock.
+  EngineInfo i;
+  Engine::Memory mem;
+  {
+    nb::gil_scoped_release release;
+    i = self.engine->info();
+    mem = self.engine->memory();
+  }
   nb::dict d;
   d["device"] = i.device;
   d["precision"] = i.precision;
@@ -193,7 +201,6 @@ nb::dict info(const PyEngine& self) {
   d["max_side"] = i.max_side;
   d["max_batch"] = i.max_batch;
   d["memory_plan"] = i.memory_plan;
-  const Engine::Memory mem = self.engine->memory();
   d["device_memory_in_use"] = mem.in_use_bytes;
   d["device_memory_reserved"] = mem.reserved_bytes;
   d["device_memory_peak"] = mem.peak_in_use_bytes;

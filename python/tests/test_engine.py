@@ -220,6 +220,37 @@ def test_two_threads_share_an_engine(engine):
     assert max(max_diff(results[s], serial[s]) for s in seeds) == 0
 
 
+def test_on_step_must_not_reenter(engine):
+    def reenter(step, total):
+        engine.generate(PROMPT, steps=1)
+
+    with pytest.raises(zimage.InvalidArgument) as info:
+        engine.generate(PROMPT, steps=2, on_step=reenter)
+    assert info.value.field == "on_step"
+    engine.generate(PROMPT, steps=1)  # and the engine is free again
+
+
+def test_info_while_another_thread_generates(engine):
+    """info() from one thread while another generates with an on_step (which takes the GIL)."""
+    done = threading.Event()
+    seen = []
+
+    def poll():
+        while not done.is_set():
+            seen.append(engine.info()["device"])
+
+    poller = threading.Thread(target=poll)
+    poller.start()
+    try:
+        steps = []
+        engine.generate(PROMPT, width=128, height=128, steps=4, seed=2,
+                        on_step=lambda s, t: steps.append(s))
+    finally:
+        done.set()
+        poller.join(timeout=60)
+    assert not poller.is_alive() and steps == [1, 2, 3, 4] and seen
+
+
 def test_gil_released_while_generating():
     """A Python thread keeps running while the engine works: the GIL is not held. The counting
     thread's rate alone is measured first; with the GIL held through the call it would count

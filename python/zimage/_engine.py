@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 from typing import Callable, Iterable, Optional, Sequence, Union
 
 from . import _zimage
@@ -109,6 +110,7 @@ class Engine:
             if not isinstance(locals()[name], str):
                 raise invalid(name, f"expected a string, got {locals()[name]!r}")
         self.model = model_dir
+        self._calling = threading.local()  # on_step calling back into this engine would deadlock
         self._native = _zimage.Engine(
             model_dir=model_dir, dit_file=files["dit"], text_encoder_file=files["text_encoder"],
             vae_file=files["vae"], tokenizer_dir=tokenizer_dir, device=device,
@@ -165,11 +167,26 @@ class Engine:
             raise invalid("output_type", f"expected 'pil' or 'np', got {output_type!r}")
         if on_step is not None and not callable(on_step):
             raise invalid("on_step", "expected a callable (step, total)")
-        default_side = 64 if self.builtin else 1024
         seed = _int(seed, "seed", bits=64)
         if not 0 <= seed <= _UINT64_MAX:
             raise invalid("seed", f"{seed} is outside 0 .. 2**64-1")
-        arrays = self._native.generate(
+        if getattr(self._calling, "active", False):
+            raise invalid("on_step", "the callback must not call the engine that calls it")
+        self._calling.active = True
+        try:
+            arrays = self._generate(prompts, negative_prompt, width, height, steps, guidance,
+                                    seed, images_per_prompt, init_image, mask, strength,
+                                    control_image, control_scale, loras, on_step,
+                                    cfg_truncation, cfg_normalization, max_sequence_length)
+        finally:
+            self._calling.active = False
+        return to_pil(arrays) if output_type == "pil" else list(arrays)
+
+    def _generate(self, prompts, negative_prompt, width, height, steps, guidance, seed,
+                  images_per_prompt, init_image, mask, strength, control_image, control_scale,
+                  loras, on_step, cfg_truncation, cfg_normalization, max_sequence_length):
+        default_side = 64 if self.builtin else 1024
+        return self._native.generate(
             prompts=prompts, negative_prompt=negative_prompt,
             width=_int(default_side if width is None else width, "width"),
             height=_int(default_side if height is None else height, "height"),
@@ -183,4 +200,3 @@ class Engine:
             control_image=to_rgb_array(control_image, "control_image"),
             control_scale=_float(control_scale, "control_scale"), loras=_loras(loras),
             on_step=on_step)
-        return to_pil(arrays) if output_type == "pil" else list(arrays)
