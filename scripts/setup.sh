@@ -27,4 +27,5 @@ fi
 echo "setup: all build dependencies present"
 scripts/fetch_cudnn_frontend.sh
 scripts/fetch_cutlass.sh
+scripts/fetch_cuobjdump.sh
 scripts/setup_python.sh
