@@ -21,7 +21,7 @@ git ls-files -z | tar --null -T - -cf - | (mkdir "$tmp/src" && tar -xf - -C "$tm
 "$tmp/venv/bin/python" -m pip install -q --disable-pip-version-check "$tmp"/wheel/*.whl
 built=$(date +%s)
 echo "test_pip_install: pip wheel + install took $((built - start)) s; the wheel:"
-(cd "$tmp/wheel" && ls -l -- *.whl && python3 -m zipfile -l -- *.whl)
+(cd "$tmp/wheel" && ls -l ./*.whl && python3 -m zipfile -l ./*.whl)
 cd "$tmp"  # not the source tree: `import zimage` must find the installed package
 "$tmp/venv/bin/python" -c "import zimage, sys; print('installed', zimage.__version__, zimage.__file__)"
 ZIMAGE_TEST_CLI="$build/zimage" ZIMAGE_TEST_GOLDEN="$build/golden" \
