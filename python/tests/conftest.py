@@ -39,6 +39,14 @@ def golden_dir():
 
 
 @pytest.fixture(scope="session")
+def lora_dir():
+    path = os.environ.get("ZIMAGE_TEST_LORA", "")
+    if not path or not os.path.isfile(os.path.join(path, "peft.safetensors")):
+        pytest.skip("ZIMAGE_TEST_LORA does not name the unpacked LoRA cases (run through ctest)")
+    return path
+
+
+@pytest.fixture(scope="session")
 def engine():
     """The built-in tiny model on the CPU, shared by the tests (as threads would share it)."""
     return zimage.Engine(device="cpu")

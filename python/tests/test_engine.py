@@ -289,3 +289,56 @@ def test_info(engine):
     assert info["size_multiple"] > 0 and info["precision"] == "f32"
     assert engine.builtin and os.path.isfile(os.path.join(engine.model, "model_index.json"))
     assert zimage.builtin_model_dir() == engine.model
+
+
+def test_controlnet_golden_matches_diffusers_and_cli(cli, golden_dir, tmp_path):
+    """control_image / control_scale on a ControlNet golden case (Fun-Controlnet-Union 2.1-lite):
+    the engine's images are diffusers' (<= 1/255) and the program's (equal)."""
+    from PIL import Image
+
+    root = os.path.join(golden_dir, "controlnet")
+    case = os.path.join(root, "cn_lite_multi")
+    c = read_case(case)
+    model = tmp_path / "model"  # the v_turbo pipeline with the ControlNet cases' transformer
+    model.mkdir()
+    base = os.path.join(golden_dir, "v_turbo", "model")
+    for part in ("text_encoder", "tokenizer", "vae", "scheduler", "model_index.json"):
+        os.symlink(os.path.join(base, part), model / part)
+    os.symlink(os.path.join(root, "cn_model", "transformer"), model / "transformer")
+    control = os.path.join(case, "inputs", c["control"])
+    eng = zimage.Engine(str(model), device="cpu", controlnet=os.path.join(case, "controlnet"))
+    ours = eng.generate(c["prompts"], width=c["width"], height=c["height"], steps=c["steps"],
+                        guidance=c["guidance"], seed=c["seed"],
+                        images_per_prompt=c["images_per_prompt"],
+                        control_image=Image.open(control), control_scale=c["scale"],
+                        output_type="np")
+    ref = np.load(os.path.join(case, "image.npy"))
+    ref_u8 = np.clip(np.round(ref.astype(np.float64) * 255), 0, 255).astype(np.uint8)
+    worst = max(max_diff(a, b) for a, b in zip(ours, ref_u8))
+    print(f"cn_lite_multi: max |ours - round(255 * diffusers)| = {worst}")
+    assert len(ours) == ref.shape[0] == 2 and worst <= 1
+    args = ["--model", str(model), "--controlnet", os.path.join(case, "controlnet"),
+            "--control-image", control, "--control-scale", repr(float(c["scale"])),
+            "--width", str(c["width"]), "--height", str(c["height"]), "--steps",
+            str(c["steps"]), "--seed", str(c["seed"]), "--images-per-prompt",
+            str(c["images_per_prompt"]), "--prompt", c["prompts"][0]]
+    cli_images = run_cli(cli, args, tmp_path, n_images=2)
+    assert max(max_diff(a, b) for a, b in zip(ours, cli_images)) == 0
+
+
+def test_loras_at_load_and_per_call(engine, cli, lora_dir, tmp_path):
+    """Two stacked LoRAs (PEFT and kohya layouts) merged at load equal the program's --lora
+    images; the same LoRAs given to one call equal them too, and the next call without them is
+    the base image again."""
+    peft, kohya = (os.path.join(lora_dir, f) for f in ("peft.safetensors", "kohya.safetensors"))
+    kw = dict(width=48, height=48, steps=3, seed=4, output_type="np")
+    loaded = zimage.Engine(device="cpu", loras=[(peft, 0.7), (kohya, -0.5)])
+    at_load = loaded.generate(PROMPT, **kw)[0]
+    ref = run_cli(cli, ["--prompt", PROMPT, "--width", "48", "--height", "48", "--steps", "3",
+                        "--seed", "4", "--lora", f"{peft}:0.7", "--lora", f"{kohya}:-0.5"],
+                  tmp_path)
+    assert max_diff(at_load, ref[0]) == 0
+    base = engine.generate(PROMPT, **kw)[0]
+    per_call = engine.generate(PROMPT, loras={peft: 0.7, kohya: -0.5}, **kw)[0]
+    assert max_diff(per_call, at_load) == 0 and max_diff(per_call, base) > 10
+    assert max_diff(engine.generate(PROMPT, **kw)[0], base) == 0
