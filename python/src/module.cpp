@@ -15,16 +15,26 @@ namespace {
 
 const char* code_name(ErrorCode code) {
   switch (code) {
-    case ErrorCode::kOk: return "ok";
-    case ErrorCode::kInvalidArgument: return "invalid_argument";
-    case ErrorCode::kNotFound: return "not_found";
-    case ErrorCode::kIo: return "io";
-    case ErrorCode::kFormat: return "format";
-    case ErrorCode::kUnsupported: return "unsupported";
-    case ErrorCode::kOutOfMemory: return "out_of_memory";
-    case ErrorCode::kDevice: return "device";
-    case ErrorCode::kCancelled: return "cancelled";
-    case ErrorCode::kInternal: return "internal";
+    case ErrorCode::kOk:
+      return "ok";
+    case ErrorCode::kInvalidArgument:
+      return "invalid_argument";
+    case ErrorCode::kNotFound:
+      return "not_found";
+    case ErrorCode::kIo:
+      return "io";
+    case ErrorCode::kFormat:
+      return "format";
+    case ErrorCode::kUnsupported:
+      return "unsupported";
+    case ErrorCode::kOutOfMemory:
+      return "out_of_memory";
+    case ErrorCode::kDevice:
+      return "device";
+    case ErrorCode::kCancelled:
+      return "cancelled";
+    case ErrorCode::kInternal:
+      return "internal";
   }
   return "internal";
 }
@@ -55,8 +65,9 @@ NB_MODULE(_zimage, m) {
         return *dir;
       },
       "The tiny built-in model's folder (the `zimage` program's own), unpacked on first use.");
-  m.def("cuda_device_count", [] { return cuda_device_count(); },
-        "CUDA devices this process can use (0 without CUDA support, a driver or a GPU).");
+  m.def(
+      "cuda_device_count", [] { return cuda_device_count(); },
+      "CUDA devices this process can use (0 without CUDA support, a driver or a GPU).");
   m.def("set_log_verbosity", &set_log_verbosity, nb::arg("level"),
         "Engine messages on stderr: 0 errors, 1 warnings (default), 2 info, 3 debug.");
   python::bind_engine(m);
