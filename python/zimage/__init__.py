@@ -10,7 +10,17 @@ noise). ``zimage.diffusers.ZImagePipeline`` answers diffusers' ZImagePipeline ca
 zimage.Error subclasses carrying the engine's message and the field at fault. docs/PYTHON.md.
 """
 
-from . import _zimage
+try:
+    from . import _zimage
+except ImportError as error:  # a CUDA build without the CUDA libraries on the loader's path
+    from . import _cuda_libs
+
+    if not _cuda_libs.missing_library(error):
+        raise
+    if not _cuda_libs.preload_from_wheels():
+        raise ImportError(f"{error} (this zimage was built with CUDA: install CUDA 13 and cuDNN "
+                          "9, or `pip install zimage-engine[cuda]` for NVIDIA's wheels)") from error
+    from . import _zimage
 from ._engine import Engine
 from ._errors import (Cancelled, DeviceError, Error, FormatError, InternalError, InvalidArgument,
                       IOFailure, NotFound, OutOfMemory, Unsupported)
