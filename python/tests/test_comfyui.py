@@ -97,3 +97,19 @@ def test_cancel_and_image_inputs(comfy, engine, golden_dir):
     ref = engine.generate("a cat", width=48, height=40, steps=3, seed=5, init_image=init,
                           mask=mask, strength=1.0, output_type="np")
     assert max_diff(np.round(images[0] * 255).astype(np.uint8), ref[0]) == 0
+
+
+def test_example_workflow_matches_the_nodes(comfy):
+    import json
+
+    nodes = comfy[0]
+    with open(REPO / "comfyui" / "workflows" / "text_to_image_api.json", encoding="utf-8") as f:
+        workflow = json.load(f)
+    for node in workflow.values():
+        cls = nodes.NODE_CLASS_MAPPINGS.get(node["class_type"])
+        if cls is None:
+            continue  # ComfyUI's own SaveImage
+        types = cls.INPUT_TYPES()
+        given = set(node["inputs"])
+        assert set(types["required"]) <= given, node["class_type"]
+        assert given <= set(types["required"]) | set(types.get("optional", {})), node["class_type"]
