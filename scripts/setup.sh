@@ -10,7 +10,9 @@ PKGS=(build-essential cmake ninja-build pkg-config git
       # its web-page test: real headless Chromium driven by selenium
       python3 chromium chromium-driver python3-selenium
       # zimage worker / submit (Redis Streams broker): the hiredis client, and redis-server for tests
-      libhiredis-dev redis-server)
+      libhiredis-dev redis-server
+      # the Python package (python/): headers, venv, and what its tests import
+      python3-dev python3-venv python3-numpy python3-pil python3-pytest)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -26,3 +28,5 @@ echo "setup: all build dependencies present"
 scripts/fetch_cudnn_frontend.sh
 scripts/fetch_cutlass.sh
 scripts/fetch_flashinfer.sh
+scripts/fetch_cuobjdump.sh
+scripts/setup_python.sh

@@ -13,3 +13,10 @@ else
   echo "test: SKIPPING GPU tests (label 'gpu'): no CUDA device on this machine"
 fi
 ctest --preset ci -j "$(nproc)"
+# The Python package as a user installs it: pip builds a fresh copy (CPU only) into a new virtual
+# environment and the package tests run against it (~5 min on 2 cores: one engine compile).
+if [ -x third_party/python/bin/python3 ]; then
+  scripts/test_pip_install.sh build/ci
+else
+  echo "test: SKIPPING the pip install test: no PyPI at set-up (scripts/setup_python.sh)"
+fi

@@ -7,7 +7,7 @@
 
 #include "backend/backend.h"
 #include "bench/bench.h"
-#include "builtin_model.h"
+#include "builtin/builtin_model.h"
 #include "commands.h"
 #include "number_flags.h"
 #include "parallel_args.h"

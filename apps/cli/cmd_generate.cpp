@@ -25,7 +25,7 @@
 #include <string>
 #include <vector>
 
-#include "builtin_model.h"
+#include "builtin/builtin_model.h"
 #include "commands.h"
 #include "generate_devices.h"
 #include "lora_args.h"

@@ -25,7 +25,7 @@
 #include <string>
 #include <vector>
 
-#include "builtin_model.h"
+#include "builtin/builtin_model.h"
 #include "commands.h"
 #include "io/model/infer_config.h"
 #include "io/fs/json_util.h"

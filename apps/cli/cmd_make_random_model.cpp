@@ -5,7 +5,7 @@
 #include <cstdio>
 #include <string>
 
-#include "builtin_model.h"
+#include "builtin/builtin_model.h"
 #include "commands.h"
 #include "io/model/model_folder.h"
 #include "io/writers/random_controlnet.h"

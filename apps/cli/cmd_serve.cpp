@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-#include "builtin_model.h"
+#include "builtin/builtin_model.h"
 #include "commands.h"
 #include "lora_args.h"
 #include "model_flags.h"

@@ -10,7 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "builtin_model.h"
+#include "builtin/builtin_model.h"
 #include "commands.h"
 #include "pipeline/tokenizer/tokenizer.h"
 

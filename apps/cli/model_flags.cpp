@@ -3,7 +3,7 @@
 
 #include <filesystem>
 
-#include "builtin_model.h"
+#include "builtin/builtin_model.h"
 #include "number_flags.h"
 
 namespace zimage::cli {

@@ -5,6 +5,8 @@
 // on it. The module init calls register_transformer(m) once (transformer_binding.h).
 #include "transformer_binding.h"
 
+#include "bindings.h"
+
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
@@ -25,31 +27,6 @@ namespace {
 
 using InArray = nb::ndarray<nb::ro>;  // inputs may be read-only (np.load, torch inference tensors)
 using OutArray = nb::ndarray<>;
-
-// Raises the Python exception for `st`: ValueError for a bad argument, FileNotFoundError for a
-// missing file, MemoryError, RuntimeError otherwise; .field names the argument ("" when none)
-// and .code the engine's error code ("invalid argument", ...).
-[[noreturn]] void raise_status(const Status& st) {
-  PyObject* type = PyExc_RuntimeError;
-  switch (st.code()) {
-    case ErrorCode::kInvalidArgument:
-      type = PyExc_ValueError;
-      break;
-    case ErrorCode::kNotFound:
-      type = PyExc_FileNotFoundError;
-      break;
-    case ErrorCode::kOutOfMemory:
-      type = PyExc_MemoryError;
-      break;
-    default:
-      break;
-  }
-  nb::object exc = nb::handle(type)(nb::str(st.message().c_str()));
-  exc.attr("field") = nb::str(st.field().c_str());
-  exc.attr("code") = nb::str(error_code_name(st.code()));
-  PyErr_SetObject(type, exc.ptr());
-  throw nb::python_error();
-}
 
 template <typename Array>
 TensorView to_view(const Array& a, const std::string& what) {

@@ -15,7 +15,7 @@ outputs, no host synchronisation except for reading the B timesteps). Tensors on
 than the engine's are moved there and the outputs moved back (a copy, said in the docs).
 img2img and inpainting pipelines call the transformer the same way and work unchanged; a
 ControlNet pipeline passes ``controlnet_block_samples``, which this class refuses (see
-docs/PYTHON_TRANSFORMER.md).
+docs/PYTHON.md, "Drop-in transformer").
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 // See builtin_model.h. The folder object lives until the program exits, so a temporary fallback
 // copy is removed then (after the engine that maps its files is gone).
-#include "builtin_model.h"
+#include "builtin/builtin_model.h"
 
 #include <cstdint>
 #include <cstdio>
@@ -18,7 +18,7 @@ extern "C" const unsigned char zimage_builtin_bundle[];
 extern "C" const unsigned char zimage_builtin_bundle_end[];
 extern "C" const uint32_t zimage_builtin_bundle_crc32;
 
-namespace zimage::cli {
+namespace zimage {
 
 namespace {
 
@@ -50,4 +50,4 @@ Result<std::string> builtin_model_dir() {
   return g_folder->path();
 }
 
-}  // namespace zimage::cli
+}  // namespace zimage
