@@ -288,6 +288,12 @@ void RouteTable::get(const std::string& pattern, http::Handler h, bool run_inlin
 }
 
 void RouteTable::post(const std::string& pattern, http::Handler h) {
+  // /v1/jobs takes a JSON body (--max-body) or the edits form with its image (--max-image-body).
+  if (pattern == "/v1/jobs") {
+    svr_.add("POST", pattern, options_.max_body_bytes, std::move(h), false,
+             std::max(options_.max_body_bytes, options_.max_image_body_bytes));
+    return;
+  }
   svr_.add("POST", pattern, body_limit(pattern), std::move(h));
 }
 

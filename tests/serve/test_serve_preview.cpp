@@ -67,13 +67,13 @@ uint64_t previews_metric(int port) {
   return at == std::string::npos ? ~uint64_t{0} : std::stoull(m.substr(at + key.size()));
 }
 
-// A preview event's image: a PNG of the latent size (64x64 images, VAE factor 4: 16x16).
+// A preview event's image: a PNG of the latent size (64x64 images, VAE factor 2: 32x32).
 void expect_preview_png(const json& data) {
   EXPECT_EQ(data["content_type"], "image/png");
   auto img = png_decode(base64_decode(data["image"].get<std::string>()), nullptr);
   ASSERT_TRUE(img.ok()) << img.status().to_string();
-  EXPECT_EQ(img->width, 16);
-  EXPECT_EQ(img->height, 16);
+  EXPECT_EQ(img->width, 32);
+  EXPECT_EQ(img->height, 32);
 }
 
 class ServePreview : public ::testing::Test {
@@ -141,7 +141,9 @@ TEST_F(ServePreview, A1111ProgressHasCurrentImageWhileRunning) {
   ASSERT_TRUE(p["current_image"].is_string()) << p.dump();
   auto img = png_decode(base64_decode(p["current_image"].get<std::string>()), nullptr);
   EXPECT_TRUE(img.ok()) << img.status().to_string();
-  if (img.ok()) EXPECT_EQ(img->width, 16);
+  if (img.ok()) {
+    EXPECT_EQ(img->width, 32);
+  }
   EXPECT_GT(p["state"]["sampling_step"].get<int>(), 0);
   // A client that skips the image gets none.
   EXPECT_TRUE(

@@ -49,6 +49,7 @@ struct Route {
   size_t body_limit = 0;
   Handler handler;
   bool run_inline = false;
+  size_t form_body_limit = 0;  // multipart/form-data bodies (0: body_limit)
 };
 
 // Header values a route sets go into the response head: no CR, LF or NUL (response splitting).
@@ -202,14 +203,16 @@ class Session : public std::enable_shared_from_this<Session> {
       return respond(std::move(res), has_body);
     }
     if (!has_body) return dispatch();
-    if (head_->content_length() && *head_->content_length() > route_->body_limit)
-      return refuse(
-          detail::parse_error(bhttp::error::body_limit, limits().framing, route_->body_limit),
-          true);
+    const size_t limit = route_->form_body_limit != 0 && req_.is_multipart_form_data()
+                             ? route_->form_body_limit
+                             : route_->body_limit;
+    if (head_->content_length() && *head_->content_length() > limit)
+      return refuse(detail::parse_error(bhttp::error::body_limit, limits().framing, limit), true);
     state_ = State::kBody;
     body_.emplace(std::move(*head_));
     head_.reset();
-    body_->body_limit(route_->body_limit);
+    body_->body_limit(limit);
+    body_limit_ = limit;
     body_deadline_ = Clock::now() + std::chrono::seconds(limits().body_timeout_s);
     if (req_.version >= 11 && iequals(req_.get_header_value("Expect"), "100-continue")) {
       auto line = std::make_shared<std::string>("HTTP/1.1 100 Continue\r\n\r\n");
@@ -243,7 +246,7 @@ class Session : public std::enable_shared_from_this<Session> {
     if (ec == bhttp::error::end_of_stream || ec == net::error::eof ||
         ec == net::error::operation_aborted || ec == net::error::connection_reset)
       return close_now();
-    if (ec) return refuse(detail::parse_error(ec, limits().framing, route_->body_limit), true);
+    if (ec) return refuse(detail::parse_error(ec, limits().framing, body_limit_), true);
     if (!body_->is_done()) return read_body();
     req_.body = std::move(body_->get().body());
     keep_alive_ = body_->get().keep_alive();
@@ -477,6 +480,7 @@ class Session : public std::enable_shared_from_this<Session> {
   bool keep_alive_ = true;
   Clock::time_point start_;
   Clock::time_point body_deadline_;
+  size_t body_limit_ = 0;  // the route's limit for this body (by its kind)
   Clock::time_point drain_until_;
   size_t drained_ = 0;
 };
@@ -559,8 +563,9 @@ Server::~Server() {
 }
 
 void Server::add(const std::string& method, const std::string& pattern, size_t body_limit,
-                 Handler h, bool run_inline) {
-  impl_->routes.push_back(Route{method, std::regex(pattern), body_limit, std::move(h), run_inline});
+                 Handler h, bool run_inline, size_t form_body_limit) {
+  impl_->routes.push_back(
+      Route{method, std::regex(pattern), body_limit, std::move(h), run_inline, form_body_limit});
 }
 
 void Server::set_pre_routing(std::function<bool(const Request&, Response&)> f) {

@@ -48,8 +48,10 @@ class Server {
   // A route: `method` ("GET" also answers HEAD), a regular expression matched against the whole
   // decoded path (its captures in Request::matches), the largest body it takes. Inline routes
   // run on the I/O thread: only for handlers that never block.
+  // `body_limit` bounds every body; where `form_body_limit` is not 0, a multipart/form-data body
+  // is bounded by it instead (a route taking JSON and an uploaded image: /v1/jobs).
   void add(const std::string& method, const std::string& pattern, size_t body_limit, Handler h,
-           bool run_inline = false);
+           bool run_inline = false, size_t form_body_limit = 0);
   // Runs once a request's head is in and checked, before its body is read: answering (true)
   // ends the request there. Authentication lives here, so no body is read for a refused client.
   void set_pre_routing(std::function<bool(const Request&, Response&)> f);
