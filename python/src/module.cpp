@@ -6,8 +6,8 @@
 #include <string>
 
 #include "bindings.h"
-#include "transformer_binding.h"
 #include "builtin/builtin_model.h"
+#include "transformer_binding.h"
 #include "zimage/zimage.h"
 
 namespace zimage::python {

@@ -5,8 +5,6 @@
 // on it. The module init calls register_transformer(m) once (transformer_binding.h).
 #include "transformer_binding.h"
 
-#include "bindings.h"
-
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
@@ -18,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "bindings.h"
 #include "zimage/transformer.h"
 
 namespace nb = nanobind;

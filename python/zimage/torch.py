@@ -139,10 +139,18 @@ class ZImageTransformer2DModel(torch.nn.Module):
     def forward(self, x: Sequence[torch.Tensor], t: torch.Tensor,
                 cap_feats: Sequence[torch.Tensor], return_dict: bool = True,
                 controlnet_block_samples: dict | None = None, siglip_feats: Any = None,
-                image_noise_mask: Any = None, patch_size: int = 2, f_patch_size: int = 1):
+                image_noise_mask: Any = None, patch_size: int = 2, f_patch_size: int = 1,
+                joint_attention_kwargs: dict | None = None):
         """diffusers' forward: ``x`` a list of ``[C, 1, H, W]`` latents, ``t`` the B timesteps as
         ZImagePipeline passes them ((1000 - T) / 1000), ``cap_feats`` a list of ``[L_i, D]``.
         Returns ``(list of [C, 1, H, W],)`` or a ``Transformer2DModelOutput``."""
+        if joint_attention_kwargs and any(
+                k != "scale" or v != 1.0 for k, v in joint_attention_kwargs.items()):
+            # diffusers passes the pipeline's joint_attention_kwargs (a peft LoRA scale); the
+            # drop-in's LoRAs are merged at load (from_pretrained(loras=...)).
+            raise NotImplementedError(
+                f"joint_attention_kwargs: {joint_attention_kwargs!r} is not supported; give LoRAs "
+                "to from_pretrained(loras=[(file, scale)])")
         if controlnet_block_samples is not None:
             raise NotImplementedError(
                 "controlnet_block_samples: zimage's drop-in transformer does not take ControlNet "
