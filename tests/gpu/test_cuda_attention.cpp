@@ -141,10 +141,8 @@ TEST(CudaOps, LibraryAttentionAtModelShapes) {
   if (!g->has_cudnn_attention() && !g->has_fa3_attention())
     GTEST_SKIP() << "built without cuDNN attention and FA3 attention";
   const AttnCase cases[] = {
-      {1, 4224, 4224, 30, 30, 128, false, {}},
-      {2, 4160, 4160, 30, 30, 128, false, {4160, 4128}},
-      {2, 64, 64, 30, 30, 128, false, {64, 32}},
-      {2, 35, 35, 32, 8, 128, true, {35, 20}},
+      {1, 4224, 4224, 30, 30, 128, false, {}},   {2, 4160, 4160, 30, 30, 128, false, {4160, 4128}},
+      {2, 64, 64, 30, 30, 128, false, {64, 32}}, {2, 35, 35, 32, 8, 128, true, {35, 20}},
       {1, 35, 35, 32, 8, 128, true, {}},
   };
   uint32_t seed = 1200;

@@ -228,11 +228,15 @@ TEST(CudaOps, QkvSplitNormRope) {
     bool norm, rope, shared;
   };
   const Case cases[] = {
-      {1, 17, 3, 3, 128, true, true, false},   {2, 33, 6, 2, 64, true, true, false},
-      {3, 5, 2, 1, 10, false, true, true},     {2, 7, 4, 4, 256, true, false, false},
-      {1, 64, 30, 30, 128, true, true, false}, {2, 9, 1, 1, 2, true, true, true},
+      {1, 17, 3, 3, 128, true, true, false},
+      {2, 33, 6, 2, 64, true, true, false},
+      {3, 5, 2, 1, 10, false, true, true},
+      {2, 7, 4, 4, 256, true, false, false},
+      {1, 64, 30, 30, 128, true, true, false},
+      {2, 9, 1, 1, 2, true, true, true},
       // head_dim 128 takes the vectorised kernel: shared freqs, no norm, grouped KV heads
-      {2, 33, 30, 30, 128, true, true, true},  {1, 17, 4, 2, 128, false, true, false},
+      {2, 33, 30, 30, 128, true, true, true},
+      {1, 17, 4, 2, 128, false, true, false},
       {2, 5, 32, 8, 128, true, false, false}};
   for (DType dt : kDTypes) {
     uint32_t seed = 900;

@@ -123,8 +123,7 @@ TEST(CudaOpsPerf, AttentionBf16) {
       g->set_flash_variant(keep);
     } else if ((c.path == cuda::AttentionPath::kFa3 && !g->has_fa3_attention()) ||
                (c.path == cuda::AttentionPath::kCudnn && !g->has_cudnn_attention())) {
-      std::printf("  PERF attention %s skipped: that kernel is not in this build or GPU\n",
-                  c.name);
+      std::printf("  PERF attention %s skipped: that kernel is not in this build or GPU\n", c.name);
     } else {
       report(cat("attention ", c.name), median_ms(g, [&] { return g->attention(q, k, v, p, o); }),
              flop, 0);

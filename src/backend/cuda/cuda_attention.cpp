@@ -40,14 +40,13 @@ Status CudaBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v,
   // FlashInfer's Hopper kernel first (FA3 design; measured against cuDNN at the DiT's shapes in
   // docs/BENCHMARKS.md), where it takes the request (bf16, head_dim 64/128/256, see
   // fa3_supported); kFa3 forces it.
-  const bool fa3_first = attention_path_ == AttentionPath::kFa3 ||
-                         (attention_path_ == AttentionPath::kAuto && fa3_);
+  const bool fa3_first =
+      attention_path_ == AttentionPath::kFa3 || (attention_path_ == AttentionPath::kAuto && fa3_);
   if (fa3_first) {
     Status s = Unsupported("FA3 attention: needs bf16");
     if (q.dtype() == DType::kBF16) {
-      const Fa3Request r{q.data(), k.data(), v.data(), out.data(), b,       sq,
-                         sk,       hq,       hkv,      d,          p.scale, p.causal,
-                         &p.key_len};
+      const Fa3Request r{q.data(), k.data(), v.data(), out.data(), b,        sq,        sk,
+                         hq,       hkv,      d,        p.scale,    p.causal, &p.key_len};
       s = fa3_attention(r, stream_);
     }
     if (s.ok() || s.code() != ErrorCode::kUnsupported) return s;

@@ -9,13 +9,13 @@
 #include <string>
 #include <vector>
 
-#include "backend/cuda/libs/conv_cudnn.h"
-#include "backend/cuda/libs/conv_graph.h"
-#include "backend/cuda/runtime/cuda_check.h"
-#include "backend/cuda/libs/gemm_cublaslt.h"
 #include "backend/cuda/kernels/kernels.h"
 #include "backend/cuda/libs/attention_fa3.h"
+#include "backend/cuda/libs/conv_cudnn.h"
+#include "backend/cuda/libs/conv_graph.h"
+#include "backend/cuda/libs/gemm_cublaslt.h"
 #include "backend/cuda/libs/sdpa_cudnn.h"
+#include "backend/cuda/runtime/cuda_check.h"
 #include "backend/cuda/validate.h"
 #include "core/log.h"
 

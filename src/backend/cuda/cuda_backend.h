@@ -26,8 +26,8 @@
 #include <vector>
 
 #include "backend/backend.h"
-#include "backend/cuda/runtime/allocator.h"
 #include "backend/cuda/kernels/kernels.h"
+#include "backend/cuda/runtime/allocator.h"
 #include "backend/cuda/runtime/op_profiler.h"
 #include "backend/cuda/runtime/uploader.h"
 

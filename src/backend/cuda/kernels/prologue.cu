@@ -89,10 +89,10 @@ struct alignas(4 * sizeof(T)) Vec4 {
 
 template <typename T>
 __global__ void qkv_norm_rope_d128_kernel(const T* __restrict__ qkv, const T* __restrict__ wq,
-                                          const T* __restrict__ wk,
-                                          const float* __restrict__ freqs, T* __restrict__ q,
-                                          T* __restrict__ k, T* __restrict__ v, int64_t rows,
-                                          int64_t seq_if_shared, int hq, int hkv, float eps) {
+                                          const T* __restrict__ wk, const float* __restrict__ freqs,
+                                          T* __restrict__ q, T* __restrict__ k, T* __restrict__ v,
+                                          int64_t rows, int64_t seq_if_shared, int hq, int hkv,
+                                          float eps) {
   const int lane = static_cast<int>(threadIdx.x & 31);
   const int heads = hq + 2 * hkv;
   const int64_t total = rows * heads;
@@ -156,8 +156,8 @@ cudaError_t launch_qkv_norm_rope(KType t, const void* qkv, const void* wq, const
                                  cudaStream_t s) {
   if (rows <= 0) return cudaSuccess;
   if (dh % 2 != 0 || dh > 2 * 32 * kMaxPairsPerLane) return cudaErrorInvalidValue;
-  const bool d128 = dh == kD128 && aligned16(qkv) && aligned16(q) && aligned16(k) &&
-                    aligned16(v) && aligned16(wq) && aligned16(wk) && aligned16(freqs);
+  const bool d128 = dh == kD128 && aligned16(qkv) && aligned16(q) && aligned16(k) && aligned16(v) &&
+                    aligned16(wq) && aligned16(wk) && aligned16(freqs);
   return dispatch_ktype(t, [&](auto tag) {
     using T = decltype(tag);
     if (d128) {
@@ -166,8 +166,8 @@ cudaError_t launch_qkv_norm_rope(KType t, const void* qkv, const void* wq, const
       const unsigned grid = static_cast<unsigned>(blocks < (int64_t{1} << 30) ? blocks : 1 << 30);
       qkv_norm_rope_d128_kernel<T><<<grid, kWarps * 32, 0, s>>>(
           static_cast<const T*>(qkv), static_cast<const T*>(wq), static_cast<const T*>(wk), freqs,
-          static_cast<T*>(q), static_cast<T*>(k), static_cast<T*>(v), rows, seq_if_shared, hq,
-          hkv, eps);
+          static_cast<T*>(q), static_cast<T*>(k), static_cast<T*>(v), rows, seq_if_shared, hq, hkv,
+          eps);
       return cudaGetLastError();
     }
     const unsigned grid = static_cast<unsigned>(rows < 65535 * 16 ? rows : 65535 * 16);

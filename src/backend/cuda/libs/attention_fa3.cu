@@ -2,9 +2,9 @@
 // prefill_sm90.cuh), instantiated here for bf16 with head_dim 64, 128 and 256, non-causal and
 // causal: one launch per batch item (the DiT runs batch 1; a batch of padded captions passes
 // each item's true key count as its kv_len, which is exactly the backend's key_len mask).
-#include "backend/cuda/libs/attention_fa3.h"
-
 #include <string>
+
+#include "backend/cuda/libs/attention_fa3.h"
 
 #if defined(ZIMAGE_WITH_FA3)
 #include <cuda_bf16.h>
@@ -41,7 +41,9 @@ cudaError_t dispatch_dim(int64_t d, Params& p, cudaStream_t s) {
   }
 }
 
-bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+bool aligned16(const void* p) {
+  return (reinterpret_cast<uintptr_t>(p) & 15u) == 0;
+}
 
 }  // namespace
 
@@ -108,9 +110,9 @@ Status fa3_attention(const Fa3Request& r, cudaStream_t stream) {
     p.group_size = static_cast<int>(r.heads_q / r.heads_kv);
     p.window_left = -1;
     p.causal = r.causal;
-    const cudaError_t e =
-        r.causal ? dispatch_dim<flashinfer::MaskMode::kCausal>(r.head_dim, p, stream)
-                 : dispatch_dim<flashinfer::MaskMode::kNone>(r.head_dim, p, stream);
+    const cudaError_t e = r.causal
+                              ? dispatch_dim<flashinfer::MaskMode::kCausal>(r.head_dim, p, stream)
+                              : dispatch_dim<flashinfer::MaskMode::kNone>(r.head_dim, p, stream);
     if (e != cudaSuccess) {
       cudaGetLastError();
       return DeviceError(std::string("FA3 attention: launch failed: ") + cudaGetErrorString(e));
@@ -121,11 +123,15 @@ Status fa3_attention(const Fa3Request& r, cudaStream_t stream) {
 
 #else  // !ZIMAGE_WITH_FA3
 
-bool fa3_available(int) { return false; }
+bool fa3_available(int) {
+  return false;
+}
 Status fa3_supported(const Fa3Request&) {
   return Unsupported("FA3 attention: not built (needs FlashInfer's headers and sm_90a)");
 }
-Status fa3_attention(const Fa3Request& r, cudaStream_t) { return fa3_supported(r); }
+Status fa3_attention(const Fa3Request& r, cudaStream_t) {
+  return fa3_supported(r);
+}
 
 #endif
 
