@@ -9,6 +9,8 @@
 #   parity    zimage generate (seeded, 1024², 8 steps) with the step-0 DiT output dumped
 #   diffusers upstream diffusers on the same folder, same GPU (carried wheel in .whl/)
 #   compare   cosine / PSNR of zimage vs diffusers -> $OUT/parity.json
+#   pymodule  the Python module linked here for this machine's python3 (scripts/gpu_pymodule) ->
+#             ${PYMOD:-/tmp/zimage-py}/zimage
 #   ditbench  diffusers' DiT forward alone, eager and torch.compile, at ${DIT_SIZES:-1024,1536,2048}
 #             (tools/diffusers_dit_bench.py) -> $OUT/diffusers_dit.json
 #   parity8, compare8   the same with --precision fp8 -> $OUT/parity_fp8.json
@@ -70,7 +72,7 @@ for stage in "$@"; do
       [ "$PWD" = /work/main ] || { mkdir -p /work && ln -sfn "$PWD" /work/main; }
       python3 -c "
 import glob, lzma, shutil
-for f in glob.glob('build/carry/*.xz') + glob.glob('build/carry/lib/*.xz'):
+for f in glob.glob('build/carry/*.xz') + glob.glob('build/carry/lib/*.xz') + glob.glob('build/carry/static/*.xz'):
     with lzma.open(f) as i, open(f[:-3], 'wb') as o: shutil.copyfileobj(i, o)"
       mkdir -p "$BUILD_DIR/tests"
       cp build/carry/zimage "$BIN" && cp build/carry/zimage_gpu_tests "$TESTS" && chmod +x "$BIN" "$TESTS"
@@ -110,6 +112,22 @@ for f in glob.glob('build/carry/*.xz') + glob.glob('build/carry/lib/*.xz'):
       python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
       PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 python3 tools/diffusers_compare.py --model "$ZR" --out "$OUT" \
         ${DIFFUSERS_ARGS:-} 2>&1 | grep -v Warning | tail -60 || rc=1 ;;
+    pymodule)
+      # The Python module for this machine's python3 (scripts/gpu_pymodule/CMakeLists.txt), with
+      # the carried nanobind wheel, into $PYMOD/zimage with the package's .py files.
+      PYMOD=${PYMOD:-/tmp/zimage-py}
+      python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+      extra=""
+      for m in cudnn cublas cuda_runtime nccl; do
+        d=$(python3 -c "import nvidia.$m as x; print(list(x.__path__)[0])" 2>/dev/null) || continue
+        extra="$extra;$(ls "$d"/lib/lib*.so* | tr '\n' ';')"
+      done
+      extra="$extra;$(ls /usr/local/cuda/lib64/libcudart.so /usr/local/cuda/lib64/libcublas.so /usr/local/cuda/lib64/libcublasLt.so /usr/local/cuda/lib64/libculibos.a 2>/dev/null | tr '\n' ';')"
+      { PYTHONPATH=/tmp/site cmake -S scripts/gpu_pymodule -B /tmp/zimage-pybuild -G Ninja -DCMAKE_BUILD_TYPE=Release \
+          -DPython_EXECUTABLE="$(command -v python3)" -DEXTRA_LIBS="$extra" &&
+        PYTHONPATH=/tmp/site cmake --build /tmp/zimage-pybuild -j; } > "$OUT/pymodule.log" 2>&1 || { tail -30 "$OUT/pymodule.log"; rc=1; }
+      mkdir -p "$PYMOD/zimage" && cp python/zimage/*.py "$PYMOD/zimage/" && cp /tmp/zimage-pybuild/_zimage*.so "$PYMOD/zimage/" &&
+        PYTHONPATH=$PYMOD python3 -c "import zimage; print('zimage module', zimage.__file__, zimage._zimage.cuda_device_count(), 'GPU')" || rc=1 ;;
     ditbench)
       # Issue 22's reference column: diffusers' DiT forward, eager and torch.compile (one
       # specialised graph per size), on the same folder -> $OUT/diffusers_dit.json

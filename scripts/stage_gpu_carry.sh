@@ -17,4 +17,12 @@ for l in $(ldd "build/$PRESET/zimage" "build/$PRESET/tests/zimage_gpu_tests" | a
            grep -vE 'cuda|cudnn|cublas|/libc\.|/libm\.|libdl|libpthread|librt|libgcc_s|libstdc|ld-linux'); do
   xz -T0 -c "$(readlink -f "$l")" > "build/carry/lib/$(basename "$l").xz"
 done
+# The engine's static libraries, for the Python module linked there (scripts/gpu_pymodule), when
+# this build has the module (position-independent objects).
+if [ -d "build/$PRESET/python" ]; then
+  mkdir -p build/carry/static
+  for a in builtin api core pipeline model backend io; do
+    xz -T0 -c "build/$PRESET/libzimage_$a.a" > "build/carry/static/libzimage_$a.a.xz"
+  done
+fi
 du -sh build/carry

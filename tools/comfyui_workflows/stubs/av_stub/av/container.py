@@ -1,0 +1,2 @@
+class InputContainer: pass
+class OutputContainer: pass

@@ -1,0 +1,1 @@
+from . import stream  # noqa: F401
