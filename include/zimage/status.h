@@ -26,7 +26,11 @@ enum class ErrorCode {
   kInternal,         // a bug: an invariant the engine itself broke
 };
 
+// In words for messages: "invalid argument", "i/o error", ...
 const char* error_code_name(ErrorCode code);
+// As an identifier for protocols and bindings: "invalid_argument", "io", "format", "device", ...
+// (the broker's result "code", the Python exceptions' .code).
+const char* error_code_slug(ErrorCode code);
 
 class [[nodiscard]] Status {
  public:

@@ -12,39 +12,9 @@
 
 namespace zimage::python {
 
-namespace {
-
-const char* code_name(ErrorCode code) {
-  switch (code) {
-    case ErrorCode::kOk:
-      return "ok";
-    case ErrorCode::kInvalidArgument:
-      return "invalid_argument";
-    case ErrorCode::kNotFound:
-      return "not_found";
-    case ErrorCode::kIo:
-      return "io";
-    case ErrorCode::kFormat:
-      return "format";
-    case ErrorCode::kUnsupported:
-      return "unsupported";
-    case ErrorCode::kOutOfMemory:
-      return "out_of_memory";
-    case ErrorCode::kDevice:
-      return "device";
-    case ErrorCode::kCancelled:
-      return "cancelled";
-    case ErrorCode::kInternal:
-      return "internal";
-  }
-  return "internal";
-}
-
-}  // namespace
-
 void raise_status(const Status& status) {
   nb::object make = nb::module_::import_("zimage._errors").attr("from_status");
-  nb::object error = make(code_name(status.code()), status.message(), status.field());
+  nb::object error = make(error_code_slug(status.code()), status.message(), status.field());
   PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(error.ptr())), error.ptr());
   throw nb::python_error();
 }

@@ -40,32 +40,6 @@ void log_line(const WorkerOptions& o, const std::string& msg) {
   std::fflush(stderr);
 }
 
-const char* code_slug(ErrorCode c) {
-  switch (c) {
-    case ErrorCode::kOk:
-      return "ok";
-    case ErrorCode::kInvalidArgument:
-      return "invalid_argument";
-    case ErrorCode::kNotFound:
-      return "not_found";
-    case ErrorCode::kIo:
-      return "io";
-    case ErrorCode::kFormat:
-      return "format";
-    case ErrorCode::kUnsupported:
-      return "unsupported";
-    case ErrorCode::kOutOfMemory:
-      return "out_of_memory";
-    case ErrorCode::kDevice:
-      return "device";
-    case ErrorCode::kCancelled:
-      return "cancelled";
-    case ErrorCode::kInternal:
-      return "internal";
-  }
-  return "internal";
-}
-
 // An error reply worth retrying: the server is loading, out of memory, busy with a script, a
 // read-only replica, ... ("redis HSET: OOM command not allowed ..."), or the connection.
 bool transient(const Status& st) {
@@ -363,13 +337,13 @@ class Worker {
     for (const GenerateRequest& run : spec->runs) {
       auto r = engine_.generate(run, hooks);
       if (!r.ok())
-        return fail(res, code_slug(r.status().code()),
+        return fail(res, error_code_slug(r.status().code()),
                     serve::rename_fields(r.status(), spec->dialect).message());
       for (size_t i = 0; i < r->images.size(); ++i) {
         auto bytes = serve::encode_image(r->images[i], spec->output_format, spec->quality,
                                          png_metadata(run, i));
         if (!bytes.ok())
-          return fail(res, code_slug(bytes.status().code()), bytes.status().message());
+          return fail(res, error_code_slug(bytes.status().code()), bytes.status().message());
         res->images.emplace_back(bytes->begin(), bytes->end());
       }
       const PhaseTimings& pt = r->timings;

@@ -28,6 +28,32 @@ const char* error_code_name(ErrorCode code) {
   return "unknown error";
 }
 
+const char* error_code_slug(ErrorCode code) {
+  switch (code) {
+    case ErrorCode::kOk:
+      return "ok";
+    case ErrorCode::kInvalidArgument:
+      return "invalid_argument";
+    case ErrorCode::kNotFound:
+      return "not_found";
+    case ErrorCode::kIo:
+      return "io";
+    case ErrorCode::kFormat:
+      return "format";
+    case ErrorCode::kUnsupported:
+      return "unsupported";
+    case ErrorCode::kOutOfMemory:
+      return "out_of_memory";
+    case ErrorCode::kDevice:
+      return "device";
+    case ErrorCode::kCancelled:
+      return "cancelled";
+    case ErrorCode::kInternal:
+      return "internal";
+  }
+  return "internal";
+}
+
 std::string Status::to_string() const {
   if (ok()) return "ok";
   return std::string(error_code_name(code_)) + ": " + message_;
