@@ -1,11 +1,10 @@
 // Opening and loading the transformer alone (pipeline/transformer_load.h).
 #include "pipeline/transformer_load.h"
 
-#include <sys/stat.h>
-
 #include <utility>
 
 #include "core/log.h"
+#include "io/fs/file_io.h"
 #include "io/fs/json_util.h"
 #include "io/model/infer_config.h"
 #include "io/model/model_folder.h"
@@ -15,16 +14,6 @@
 namespace zimage {
 
 namespace {
-
-bool is_regular(const std::string& p) {
-  struct stat st {};
-  return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode);
-}
-
-bool is_folder(const std::string& p) {
-  struct stat st {};
-  return ::stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
-}
 
 // A transformer folder: config.json parsed and validated before any weight is opened.
 Result<TransformerSource> open_folder(const std::string& dir) {
@@ -41,14 +30,14 @@ Result<TransformerSource> open_folder(const std::string& dir) {
 
 Result<TransformerSource> open_transformer_source(const std::string& path) {
   if (path.empty()) return NotFound("no transformer path given");
-  if (is_folder(path)) {
-    if (is_regular(path + "/transformer/config.json")) return open_folder(path + "/transformer");
-    if (is_regular(path + "/config.json")) return open_folder(path);
+  if (path_is_folder(path)) {
+    if (path_is_file(path + "/transformer/config.json")) return open_folder(path + "/transformer");
+    if (path_is_file(path + "/config.json")) return open_folder(path);
     return NotFound(path +
                     ": neither a model folder (transformer/config.json) nor a transformer folder "
                     "(config.json)");
   }
-  if (!is_regular(path)) return NotFound(path + ": no such file or folder");
+  if (!path_is_file(path)) return NotFound(path + ": no such file or folder");
   ZI_ASSIGN_OR_RETURN(ComponentWeights cw, open_component_file(path, Component::kTransformer));
   TransformerSource src;
   ZI_ASSIGN_OR_RETURN(src.config, infer_transformer_config(tensor_shapes(cw.store), path));

@@ -42,6 +42,10 @@ class ScopedFd {
   int fd_ = -1;
 };
 
+// Whether `path` exists and is a regular file / a folder (symbolic links followed).
+bool path_is_file(const std::string& path);
+bool path_is_folder(const std::string& path);
+
 // What a path is, in words for messages: "a directory", "a FIFO", "a character device", ...
 std::string describe_file_type(unsigned mode);
 

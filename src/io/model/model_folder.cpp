@@ -10,6 +10,7 @@
 #include <numeric>
 #include <set>
 
+#include "io/fs/file_io.h"
 #include "io/fs/json_util.h"
 
 namespace zimage {
@@ -65,16 +66,6 @@ Status check_class(const JsonObjectReader& r, const char* expected) {
     return unsupported(r.file(), "_class_name", q(cls) + " is not " + expected);
   }
   return Status::Ok();
-}
-
-bool is_dir(const std::string& p) {
-  struct stat st {};
-  return ::stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
-}
-
-bool is_file(const std::string& p) {
-  struct stat st {};
-  return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode);
 }
 
 }  // namespace
@@ -492,8 +483,9 @@ Result<ModelFolder> ModelFolder::open(const std::string& dir_in) {
   ZI_TRY(validate_configs(f.configs_, dir + "/"));
 
   f.tokenizer_dir_ = dir + "/tokenizer";
-  if (!is_dir(f.tokenizer_dir_)) return NotFound(f.tokenizer_dir_ + ": no tokenizer folder");
-  if (!is_file(f.tokenizer_dir_ + "/tokenizer.json")) {
+  if (!path_is_folder(f.tokenizer_dir_))
+    return NotFound(f.tokenizer_dir_ + ": no tokenizer folder");
+  if (!path_is_file(f.tokenizer_dir_ + "/tokenizer.json")) {
     return NotFound(f.tokenizer_dir_ + "/tokenizer.json: no such file (the tokenizer is needed)");
   }
   return f;

@@ -1,24 +1,13 @@
 // See model_source.h.
 #include "io/model/model_source.h"
 
-#include <sys/stat.h>
-
 #include "core/log.h"
+#include "io/fs/file_io.h"
 #include "io/model/infer_config.h"
 #include "io/model/model_folder.h"
 
 namespace zimage {
 namespace {
-
-bool is_regular(const std::string& p) {
-  struct stat st {};
-  return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode);
-}
-
-bool is_folder(const std::string& p) {
-  struct stat st {};
-  return ::stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
-}
 
 const char* flag_of(Component c) {
   return c == Component::kTransformer   ? "dit"
@@ -85,9 +74,9 @@ Result<ModelSource> ModelSource::open(const ModelPaths& paths) {
     m.configs_.scheduler = published_scheduler_config();
   }
   if (!paths.tokenizer_dir.empty()) {
-    if (!is_folder(paths.tokenizer_dir))
+    if (!path_is_folder(paths.tokenizer_dir))
       return NotFound(paths.tokenizer_dir + ": no such tokenizer folder");
-    if (!is_regular(paths.tokenizer_dir + "/tokenizer.json"))
+    if (!path_is_file(paths.tokenizer_dir + "/tokenizer.json"))
       return NotFound(paths.tokenizer_dir +
                       "/tokenizer.json: no such file (the tokenizer is needed)");
     m.tokenizer_dir_ = paths.tokenizer_dir;
