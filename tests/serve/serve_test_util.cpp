@@ -221,4 +221,42 @@ Result<Image> png_decode(const std::vector<uint8_t>& bytes, PngTextChunks* text)
   return img;
 }
 
+std::vector<Event> read_events(int port, const std::string& id, const std::string& query,
+                               const std::function<bool(const Event&)>& stop) {
+  httplib::Client c("127.0.0.1", port);
+  c.set_read_timeout(60, 0);
+  std::vector<Event> events;
+  std::string buf;
+  bool over = false;
+  c.Get("/v1/jobs/" + id + "/events" + query, [&](const char* data, size_t n) {
+    buf.append(data, n);
+    size_t end;
+    while (!over && (end = buf.find("\n\n")) != std::string::npos) {
+      const std::string block = buf.substr(0, end);
+      buf.erase(0, end + 2);
+      Event e;
+      for (size_t pos = 0; pos < block.size();) {
+        size_t nl = block.find('\n', pos);
+        if (nl == std::string::npos) nl = block.size();
+        const std::string line = block.substr(pos, nl - pos);
+        if (line.rfind("event: ", 0) == 0) e.name = line.substr(7);
+        if (line.rfind("data: ", 0) == 0)
+          e.data = nlohmann::json::parse(line.substr(6), nullptr, false);
+        pos = nl + 1;
+      }
+      if (e.name.empty()) continue;
+      events.push_back(e);
+      over = stop && stop(e);
+    }
+    return !over;
+  });
+  return events;
+}
+
+std::string submit(int port, const std::string& body) {
+  Reply r = post(port, "/v1/jobs", body);
+  EXPECT_EQ(r.status, 202) << r.body;
+  return r.json().value("id", "");
+}
+
 }  // namespace zimage::serve::test

@@ -5,6 +5,7 @@
 
 #include <httplib.h>
 
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -51,6 +52,18 @@ Reply post_form(int port, const std::string& path, const httplib::MultipartFormD
 // A w x h image with a deterministic pattern (`salt` shifts it), and it as PNG bytes.
 Image pattern_image(int w, int h, int salt);
 std::string png_bytes(const Image& im);
+
+// One Server-Sent Event of a job's stream.
+struct Event {
+  std::string name;
+  nlohmann::json data;
+};
+// Reads GET /v1/jobs/{id}/events`query` until the stream ends or `stop` (when set) says so after
+// an event, parsing "event:"/"data:" blocks.
+std::vector<Event> read_events(int port, const std::string& id, const std::string& query = "",
+                               const std::function<bool(const Event&)>& stop = nullptr);
+// POSTs a job (JSON body) to /v1/jobs, expects 202 and returns its id ("" otherwise).
+std::string submit(int port, const std::string& body);
 
 // Decodes base64 (for b64_json responses).
 std::vector<uint8_t> base64_decode(const std::string& s);

@@ -15,46 +15,6 @@ namespace {
 
 using nlohmann::json;
 
-struct Event {
-  std::string name;
-  json data;
-};
-
-// Reads a job's SSE stream to its end (or `max_events`), parsing "event:"/"data:" blocks.
-std::vector<Event> read_events(int port, const std::string& id, size_t max_events = 10000) {
-  httplib::Client c("127.0.0.1", port);
-  c.set_read_timeout(60, 0);
-  std::vector<Event> events;
-  std::string buf;
-  c.Get("/v1/jobs/" + id + "/events", [&](const char* data, size_t n) {
-    buf.append(data, n);
-    size_t end;
-    while ((end = buf.find("\n\n")) != std::string::npos) {
-      const std::string block = buf.substr(0, end);
-      buf.erase(0, end + 2);
-      Event e;
-      size_t pos = 0;
-      while (pos < block.size()) {
-        size_t nl = block.find('\n', pos);
-        if (nl == std::string::npos) nl = block.size();
-        const std::string line = block.substr(pos, nl - pos);
-        if (line.rfind("event: ", 0) == 0) e.name = line.substr(7);
-        if (line.rfind("data: ", 0) == 0) e.data = json::parse(line.substr(6), nullptr, false);
-        pos = nl + 1;
-      }
-      if (!e.name.empty()) events.push_back(e);
-    }
-    return events.size() < max_events;
-  });
-  return events;
-}
-
-std::string submit(int port, const std::string& body) {
-  Reply r = post(port, "/v1/jobs", body);
-  EXPECT_EQ(r.status, 202) << r.body;
-  return r.json().value("id", "");
-}
-
 json wait_job(int port, const std::string& id) {
   for (int i = 0; i < 600; ++i) {
     json j = get(port, "/v1/jobs/" + id).json();
@@ -217,7 +177,8 @@ TEST_F(ServeApi, CancelQueuedAndRunningJobsIdempotently) {
   EXPECT_EQ(q["status"], "queued");
   EXPECT_EQ(q["queue_position"], 0);
   // A late SSE client of the running job gets "started" and the current step first.
-  std::vector<Event> late = read_events(port(), running, 2);
+  std::vector<Event> late =
+      read_events(port(), running, "", [n = 0](const Event&) mutable { return ++n >= 2; });
   ASSERT_EQ(late.size(), 2u);
   EXPECT_EQ(late[0].name, "started");
   EXPECT_EQ(late[1].name, "progress");

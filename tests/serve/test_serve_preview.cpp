@@ -17,49 +17,6 @@ namespace {
 
 using nlohmann::json;
 
-struct Event {
-  std::string name;
-  json data;
-};
-
-// Reads a job's SSE stream (`query` appended) until it ends or `stop` says so.
-std::vector<Event> read_events(int port, const std::string& id, const std::string& query,
-                               const std::function<bool(const Event&)>& stop = nullptr) {
-  httplib::Client c("127.0.0.1", port);
-  c.set_read_timeout(60, 0);
-  std::vector<Event> events;
-  std::string buf;
-  bool over = false;
-  c.Get("/v1/jobs/" + id + "/events" + query, [&](const char* data, size_t n) {
-    buf.append(data, n);
-    size_t end;
-    while (!over && (end = buf.find("\n\n")) != std::string::npos) {
-      const std::string block = buf.substr(0, end);
-      buf.erase(0, end + 2);
-      Event e;
-      for (size_t pos = 0; pos < block.size();) {
-        size_t nl = block.find('\n', pos);
-        if (nl == std::string::npos) nl = block.size();
-        const std::string line = block.substr(pos, nl - pos);
-        if (line.rfind("event: ", 0) == 0) e.name = line.substr(7);
-        if (line.rfind("data: ", 0) == 0) e.data = json::parse(line.substr(6), nullptr, false);
-        pos = nl + 1;
-      }
-      if (e.name.empty()) continue;
-      events.push_back(e);
-      over = stop && stop(e);
-    }
-    return !over;
-  });
-  return events;
-}
-
-std::string submit(int port, const std::string& body) {
-  Reply r = post(port, "/v1/jobs", body);
-  EXPECT_EQ(r.status, 202) << r.body;
-  return r.json().value("id", "");
-}
-
 uint64_t previews_metric(int port) {
   const std::string m = get(port, "/metrics").body;
   const std::string key = "\nzimage_previews_total ";
@@ -87,7 +44,7 @@ TEST_F(ServePreview, JobThatAsksGetsPreviewEventsBeforeDone) {
   const uint64_t before = previews_metric(port());
   const std::string id =
       submit(port(), R"({"prompt": "previews", "num_inference_steps": 4, "preview": true})");
-  const std::vector<Event> ev = read_events(port(), id, "");
+  const std::vector<Event> ev = read_events(port(), id);
   ASSERT_FALSE(ev.empty());
   EXPECT_EQ(ev.back().name, "done");
   int previews = 0, last_step = 0;
@@ -108,7 +65,7 @@ TEST_F(ServePreview, NoPreviewWorkWithoutOptIn) {
   const uint64_t before = previews_metric(port());
   ASSERT_NE(before, ~uint64_t{0});
   const std::string id = submit(port(), R"({"prompt": "no previews", "num_inference_steps": 4})");
-  for (const Event& e : read_events(port(), id, "")) EXPECT_NE(e.name, "preview");
+  for (const Event& e : read_events(port(), id)) EXPECT_NE(e.name, "preview");
   ASSERT_EQ(post(port(), "/sdapi/v1/txt2img", R"({"prompt": "a", "steps": 3})").status, 200);
   EXPECT_EQ(previews_metric(port()), before);
   EXPECT_FALSE(get(port(), "/v1/jobs/" + id).json()["previews"].get<bool>());
@@ -169,7 +126,7 @@ TEST_F(ServePreview, JobsTakeTheEditsFormWithPreviews) {
   Reply r = post_form(port(), "/v1/jobs", form);
   ASSERT_EQ(r.status, 202) << r.body;
   const std::string id = r.json()["id"];
-  const std::vector<Event> ev = read_events(port(), id, "");
+  const std::vector<Event> ev = read_events(port(), id);
   ASSERT_FALSE(ev.empty());
   EXPECT_EQ(ev.back().name, "done") << ev.back().data.dump();
   const json j = get(port(), "/v1/jobs/" + id).json();

@@ -184,6 +184,10 @@ def main():
         driver.find_element(By.CSS_SELECTOR, "input[name=mode][value=img2img]").click()
         driver.find_element(By.ID, "init-file").send_keys(start_png)
         wait.until(lambda d: d.find_element(By.ID, "painter").get_attribute("data-ready") == "1")
+        # Image to image has no mask: the painter's tools and canvas stay hidden.
+        for hidden in ("mask-tools", "mask-canvas"):
+            if driver.find_element(By.ID, hidden).is_displayed():
+                fail("%s is shown in image-to-image mode" % hidden)
         fill("prompt", "img2img from the page")
         fill("steps", "4")
         driver.find_element(By.ID, "generate").click()
