@@ -37,6 +37,8 @@ Result<std::unique_ptr<Backend>> make_backend(const std::string& device,
       return std::move(cuda).value();
     }
     if (gpu >= 0) return cuda.status().with_context("device " + device).with_field("device");
+    // A bad setting (ZIMAGE_ATTENTION) is an error, not a reason to fall back to the CPU.
+    if (cuda.status().code() == ErrorCode::kInvalidArgument) return cuda.status();
     ZI_INFO("device auto: using the CPU (%s)", cuda.status().to_string().c_str());
   }
   if (p == "bf16" || p == "fp8")

@@ -17,9 +17,9 @@
 #include <utility>
 #include <vector>
 
-#include "zimage/request_check.h"
 #include "common/npy.h"
 #include "common/tiny_engine.h"
+#include "zimage/request_check.h"
 #include "zimage/zimage.h"
 
 namespace zimage {
@@ -368,6 +368,27 @@ int run_cli(const std::vector<std::string>& args, std::string* err) {
   std::filesystem::remove(log);
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
+
+#if defined(ZIMAGE_WITH_CUDA)
+// ZIMAGE_ATTENTION is read before the GPU is looked for: a bad value is an error naming it, also
+// with device auto on a machine without a GPU, never a silent fall back to the CPU.
+TEST(ApiLoad, BadAttentionSettingIsAnErrorNotACpuFallback) {
+  EngineOptions o;
+  o.model_dir = tiny_model();
+  o.device = "auto";
+  ::setenv("ZIMAGE_ATTENTION", "fastest", 1);
+  auto e = Engine::load(o);
+  ::setenv("ZIMAGE_ATTENTION", "cudnn", 1);
+  auto good = Engine::load(o);
+  ::unsetenv("ZIMAGE_ATTENTION");
+  ASSERT_FALSE(e.ok());
+  EXPECT_EQ(e.status().code(), ErrorCode::kInvalidArgument) << e.status().to_string();
+  EXPECT_NE(e.status().message().find("ZIMAGE_ATTENTION: 'fastest' is not one of auto, cudnn"),
+            std::string::npos)
+      << e.status().to_string();
+  EXPECT_TRUE(good.ok()) << good.status().to_string();
+}
+#endif
 
 TEST(ApiCli, ExitCodesAndMessages) {
   const std::string model = tiny_model();

@@ -43,8 +43,9 @@ Status CudaBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v,
   const bool fa3_first =
       attention_path_ == AttentionPath::kFa3 || (attention_path_ == AttentionPath::kAuto && fa3_);
   if (fa3_first) {
-    Status s = Unsupported("FA3 attention: needs bf16");
-    if (q.dtype() == DType::kBF16) {
+    Status s = Unsupported(fa3_ ? "FA3 attention: needs bf16"
+                                : "FA3 attention: not built, or this GPU is not sm_90");
+    if (fa3_ && q.dtype() == DType::kBF16) {
       const Fa3Request r{q.data(), k.data(), v.data(), out.data(), b,        sq,        sk,
                          hq,       hkv,      d,        p.scale,    p.causal, &p.key_len};
       s = fa3_attention(r, stream_);

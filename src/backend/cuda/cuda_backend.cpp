@@ -51,6 +51,23 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(int device_index, DType
   if (act_dtype != DType::kBF16 && act_dtype != DType::kF32)
     return InvalidArgument(std::string("cuda backend: act dtype must be bf16 or f32, got ") +
                            dtype_name(act_dtype));
+  // ZIMAGE_ATTENTION: which attention kernels auto may use (benchmarks compare them; a user can
+  // step back from the FA3-class kernel): "auto" (default), "cudnn" (cuDNN's fused attention
+  // first, the path before FlashInfer's kernel), "own" (the project's kernels), "general". Read
+  // before anything else, so a bad value is an error on any machine, never a silent CPU fallback.
+  AttentionPath attention = AttentionPath::kAuto;
+  if (const char* att = std::getenv("ZIMAGE_ATTENTION"); att && *att) {
+    const std::string a(att);
+    if (a == "cudnn")
+      attention = AttentionPath::kCudnnFirst;
+    else if (a == "own")
+      attention = AttentionPath::kOwn;
+    else if (a == "general")
+      attention = AttentionPath::kGeneral;
+    else if (a != "auto")
+      return InvalidArgument("ZIMAGE_ATTENTION: '" + a +
+                             "' is not one of auto, cudnn, own, general");
+  }
   int count = 0;
   const cudaError_t e = cudaGetDeviceCount(&count);
   if (e != cudaSuccess || count == 0) {
@@ -69,24 +86,10 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(int device_index, DType
                        std::to_string(prop.major) + std::to_string(prop.minor) +
                        "; sm_80 or newer is required");
   std::unique_ptr<CudaBackend> b(new CudaBackend(device_index, act_dtype));
+  b->attention_path_ = attention;
   b->sm_ = prop.major * 10 + prop.minor;
   if (const char* acc = std::getenv("ZIMAGE_FP8_ACCUM"); acc && std::string(acc) == "fp32")
     b->fp8_fast_accum_ = false;
-  // ZIMAGE_ATTENTION: which attention kernels auto may use (benchmarks compare them; a user can
-  // step back from the FA3-class kernel): "auto" (default), "cudnn" (cuDNN's fused attention
-  // first, the path before FlashInfer's kernel), "own" (the project's kernels), "general".
-  if (const char* att = std::getenv("ZIMAGE_ATTENTION"); att && *att) {
-    const std::string a(att);
-    if (a == "cudnn")
-      b->attention_path_ = AttentionPath::kCudnnFirst;
-    else if (a == "own")
-      b->attention_path_ = AttentionPath::kOwn;
-    else if (a == "general")
-      b->attention_path_ = AttentionPath::kGeneral;
-    else if (a != "auto")
-      return InvalidArgument("ZIMAGE_ATTENTION: '" + a +
-                             "' is not one of auto, cudnn, own, general");
-  }
   b->name_ =
       "cuda:" + std::to_string(device_index) + " " + prop.name + " (" + dtype_name(act_dtype) + ")";
   ZI_CUDA_TRY(cudaStreamCreateWithFlags(&b->stream_, cudaStreamNonBlocking));

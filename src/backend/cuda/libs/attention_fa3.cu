@@ -58,9 +58,6 @@ bool fa3_available(int device) {
 }
 
 Status fa3_supported(const Fa3Request& r) {
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess || !fa3_available(device))
-    return Unsupported("FA3 attention: needs an sm_90 GPU");
   if (r.head_dim != 64 && r.head_dim != 128 && r.head_dim != 256)
     return Unsupported("FA3 attention: head_dim " + std::to_string(r.head_dim));
   if (r.heads_kv <= 0 || r.heads_q % r.heads_kv != 0)

@@ -32,8 +32,9 @@ struct Fa3Request {
 };
 
 // softmax(scale · Q Kᵀ [masked]) V for each batch item and head (Hq a multiple of Hkv: grouped
-// queries share a KV head). kUnsupported (the caller falls back) when the build has no kernel,
-// the device is not sm_90, head_dim is not 64, 128 or 256, pointers are not 16-byte aligned, a
+// queries share a KV head), on the current device, which the caller has checked once with
+// fa3_available (CudaBackend keeps the answer). kUnsupported (the caller falls back) when the
+// build has no kernel, head_dim is not 64, 128 or 256, pointers are not 16-byte aligned, a
 // key_len is outside [1, Sk] (a row with no key is the backend's zero row, which the caller's
 // paths write), or the mask is causal with padding or Sq != Sk (the kernel aligns a causal mask
 // to the bottom-right corner; the backend's is aligned to the top-left).
