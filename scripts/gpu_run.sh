@@ -15,6 +15,10 @@
 #             (tools/diffusers_dit_bench.py) -> $OUT/diffusers_dit.json
 #   parity8, compare8   the same with --precision fp8 -> $OUT/parity_fp8.json
 #   lorabench per-request LoRA: merge/unmerge vs side GEMM on the full-size model -> $OUT/lora_bench.*
+#   probe     host memory costs: page-locking, registering file mappings, H2D rates, CUDA start-up
+#             (tools/host_transfer_probe.cpp) -> $OUT/probe.{json,txt}
+#   startup   whole generate processes with a per-phase breakdown (tools/startup_bench.py):
+#             STARTUP_ROWS (warm,empty,budget12,...,cold,single_fp8) -> $OUT/startup.{json,md}
 #   warmup    a new process's first image with the plan cache empty, then filled -> $OUT/warmup.txt
 #   fp8q      --precision fp8 quality and speed per group of DiT linears against bf16, on $ZR and
 #             on a folder with outlier channels ($ZRO) -> $OUT/fp8_quality{,_outliers}.{json,md}
@@ -134,6 +138,31 @@ for f in glob.glob('build/carry/*.xz') + glob.glob('build/carry/lib/*.xz') + glo
       python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
       PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 python3 tools/diffusers_dit_bench.py --model "$ZR" \
         --sizes ${DIT_SIZES:-1024,1536,2048} --json "$OUT/diffusers_dit.json" 2>&1 | grep -v Warning | tail -20 || rc=1 ;;
+    probe)
+      # Host memory and transfer costs on this machine (tools/host_transfer_probe.cpp, carried
+      # built as build/carry/host_transfer_probe) on the DiT's largest file -> $OUT/probe.json
+      f=$(ls -S "$ZR"/transformer/*.safetensors | head -1)
+      cat "$f" > /dev/null
+      build/carry/host_transfer_probe "$f" ${PROBE_GIB:-4} > "$OUT/probe.json" 2> "$OUT/probe.txt" || rc=1
+      cat "$OUT/probe.txt"; df -T /tmp | tee -a "$OUT/probe.txt"; nproc | tee -a "$OUT/probe.txt"
+      grep -E "MemTotal|MemAvailable" /proc/meminfo | tee -a "$OUT/probe.txt" ;;
+    startup)
+      # Whole `zimage generate` processes, per-phase (tools/startup_bench.py): warm and empty
+      # caches, the budgets, a cold page cache -> $OUT/startup.{json,md}; with the ComfyUI scaled
+      # FP8 files converted first when STARTUP_ROWS names single_fp8.
+      rows=${STARTUP_ROWS:-warm,empty,budget12,budget8,budget4,fp8b8,fp8b4,cold}
+      extra=()
+      if [[ ",$rows," == *",single_fp8,"* ]]; then
+        mkdir -p "$ZF"
+        for c in transformer text_encoder; do
+          [ -f "$ZF/.fp8_$c" ] || { "$BIN" convert --model "$ZR" --format fp8 --component $c \
+            --out "$ZF" --quiet && touch "$ZF/.fp8_$c"; }
+        done
+        extra=(--dit "$ZF/z_image_turbo_fp8_scaled.safetensors" \
+               --text-encoder "$ZF/qwen_3_4b_fp8_scaled.safetensors")
+      fi
+      python3 tools/startup_bench.py --bin "$BIN" --model "$ZR" --out "$OUT" --rows "$rows" \
+        --iters ${STARTUP_ITERS:-3} "${extra[@]}" || rc=1 ;;
     warmup)
       # A new process's first image, plan cache empty then filled by the first run (the CUDA
       # kernel cache warm for both, as for a user's second start): whole-process wall time and

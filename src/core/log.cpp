@@ -1,6 +1,7 @@
 #include "core/log.h"
 
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -20,6 +21,9 @@ LogLevel initial_level() {
 
 std::atomic<int> g_level{static_cast<int>(initial_level())};
 std::mutex g_mutex;
+// Info and debug lines carry the seconds since the library was loaded (static initialisation,
+// close enough to the process start), so `--verbose` is a per-phase breakdown of a whole run.
+const std::chrono::steady_clock::time_point g_start = std::chrono::steady_clock::now();
 
 }  // namespace
 
@@ -33,7 +37,13 @@ LogLevel log_level() {
 void log_message(LogLevel level, const char* fmt, ...) {
   static const char* const kNames[] = {"error", "warn", "info", "debug"};
   std::lock_guard<std::mutex> lock(g_mutex);
-  std::fprintf(stderr, "[zimage %s] ", kNames[static_cast<int>(level)]);
+  if (level >= LogLevel::kInfo) {
+    const double t =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - g_start).count();
+    std::fprintf(stderr, "[zimage %s %.3fs] ", kNames[static_cast<int>(level)], t);
+  } else {
+    std::fprintf(stderr, "[zimage %s] ", kNames[static_cast<int>(level)]);
+  }
   va_list args;
   va_start(args, fmt);
   std::vfprintf(stderr, fmt, args);

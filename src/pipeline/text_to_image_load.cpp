@@ -1,7 +1,7 @@
 // Loading the text-to-image pipeline from a diffusers folder and/or single files
-// (io/model/model_source.h): configs first (parsed or inferred and validated before any weight is read),
-// then each component onto the backend. Kept apart from the loop in text_to_image.cpp because it is
-// the only part that touches the file system.
+// (io/model/model_source.h): configs first (parsed or inferred and validated before any weight is
+// read), then each component onto the backend. Kept apart from the loop in text_to_image.cpp
+// because it is the only part that touches the file system.
 //
 // check_folder() runs the same code against the check-only backend (backend/check), which binds
 // every weight without holding it: `zimage info` then reports exactly what `generate` would reject,
@@ -68,8 +68,8 @@ Status load_part(const ModelSource& src, const std::string& part, Backend& be,
 }
 
 // The planner counts the blocks' linear weights as the files store them where they stay
-// quantised on the device (model/common/quantized_linear.h); a LoRA-merged transformer keeps the widened
-// estimate (its targeted weights are widened at load).
+// quantised on the device (model/common/quantized_linear.h); a LoRA-merged transformer keeps the
+// widened estimate (its targeted weights are widened at load).
 Status count_stored_weights(const ModelSource& src, DType act, const PipelineLoadOptions& o,
                             MemoryPlanInput& in) {
   if (!o.keep_quantized) return Status::Ok();
@@ -146,7 +146,12 @@ Result<std::unique_ptr<TextToImage>> TextToImage::load(const ModelPaths& paths, 
                                                             : 1);
   TextToImageComponents parts;
   parts.scheduler = src.configs().scheduler;
-  for (const char* part : kParts) ZI_TRY(load_part(src, part, be, parts, &plan, options));
+  for (const char* part : kParts) {
+    const auto t0 = std::chrono::steady_clock::now();
+    ZI_TRY(load_part(src, part, be, parts, &plan, options));
+    ZI_INFO("%s loaded in %.3f s", part,
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
   // Uploads may still be in flight (the CUDA backend's DMA is asynchronous): wait for them, so
   // the time below is the real load time, and free the upload staging memory.
   if (Status s = be.finish_uploads(); !s.ok()) return s.with_context("loading " + what);

@@ -4,6 +4,7 @@
 #include "backend/cuda/cuda_backend.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -48,6 +49,7 @@ CudaGraph::~CudaGraph() {
 }
 
 Result<std::unique_ptr<CudaBackend>> CudaBackend::create(int device_index, DType act_dtype) {
+  const auto start = std::chrono::steady_clock::now();
   if (act_dtype != DType::kBF16 && act_dtype != DType::kF32)
     return InvalidArgument(std::string("cuda backend: act dtype must be bf16 or f32, got ") +
                            dtype_name(act_dtype));
@@ -105,6 +107,8 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(int device_index, DType
   b->conv_graphs_ = ConvGraphs::create(b->stream_, PlanCache::open("", identity));
   b->profiler_ = std::make_unique<OpProfiler>(b->stream_);
   b->uploader_ = std::make_unique<PinnedUploader>(device_index, b->stream_);
+  ZI_INFO("cuda backend %s ready in %.3f s (context, cuBLASLt, cuDNN)", b->name_.c_str(),
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   return b;
 }
 

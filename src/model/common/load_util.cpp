@@ -42,27 +42,35 @@ Result<Tensor> host_view(const WeightStore& ws, const std::string& name, const S
   return src;
 }
 
-Result<Tensor> concat_rows(Backend& be, const std::vector<Tensor>& parts, const std::string& what) {
-  if (parts.empty()) return InternalError("concat_rows(" + what + "): no parts");
-  const int64_t k = parts[0].dim(1);
+Result<Tensor> upload_rows(Backend& be, const std::vector<Tensor>& parts, DType dtype,
+                           const std::string& what) {
+  if (parts.empty()) return InternalError("upload_rows(" + what + "): no parts");
+  const int64_t k = parts[0].rank() == 2 ? parts[0].dim(1) : -1;
   int64_t rows = 0;
   for (const Tensor& p : parts) {
-    if (p.rank() != 2 || p.dim(1) != k || !dtype_is_float(p.dtype())) {
-      return InternalError("concat_rows(" + what + "): part " + p.describe() +
-                           " does not fit [*, " + std::to_string(k) + "] float");
-    }
+    if (p.rank() != 2 || p.dim(1) != k)
+      return InternalError("upload_rows(" + what + "): part " + p.describe() +
+                           " does not fit [*, " + std::to_string(k) + "]");
     rows += p.dim(0);
   }
-  auto fused = be.alloc(be.act_dtype(), {rows, k});  // [sum n_i, K]
+  if (parts.size() == 1) return upload_host(be, parts[0], dtype);
+  auto fused = be.alloc(dtype, {rows, k});
   if (!fused.ok()) return fused.status().with_context("allocating fused " + what);
   int64_t row0 = 0;
   for (const Tensor& p : parts) {
-    auto dev = be.upload(p, be.act_dtype());  // [n_i, K] act dtype
+    auto dev = be.upload(p, dtype);
     if (!dev.ok()) return dev.status().with_context("uploading part of fused " + what);
     ZI_TRY(be.copy_2d(*dev, 0, k, *fused, row0 * k, k, p.dim(0), k));
     row0 += p.dim(0);
   }
   return fused;
+}
+
+Result<Tensor> concat_rows(Backend& be, const std::vector<Tensor>& parts, const std::string& what) {
+  for (const Tensor& p : parts)
+    if (!dtype_is_float(p.dtype()))
+      return InternalError("concat_rows(" + what + "): part " + p.describe() + " is not float");
+  return upload_rows(be, parts, be.act_dtype(), what);
 }
 
 Result<Tensor> conv_weight(const WeightStore& ws, Backend& be, const std::string& name,

@@ -31,6 +31,13 @@ Result<Tensor> host_view(const WeightStore& ws, const std::string& name, const S
 // no host staging or host-side conversion. `what` names the result in errors.
 Result<Tensor> concat_rows(Backend& be, const std::vector<Tensor>& parts, const std::string& what);
 
+// Row-concatenation of host matrices parts[i] = [n_i, K] -> [sum n_i, K] on `be` in `dtype`: each
+// part is uploaded as Backend::upload converts it (float parts to any float dtype; stored forms,
+// FP8 bytes or GGUF blocks as kU8 rows, only to their own dtype) and copied into its rows on the
+// device; a single part is uploaded as it is. `what` names the result in errors.
+Result<Tensor> upload_rows(Backend& be, const std::vector<Tensor>& parts, DType dtype,
+                           const std::string& what);
+
 // Conv weight stored OIHW [cout, cin, k, k] -> OHWI [cout, k, k, cin] on `be` (act dtype).
 // A 1x1 conv also accepts a linear-style [cout, cin] tensor.
 Result<Tensor> conv_weight(const WeightStore& ws, Backend& be, const std::string& name,

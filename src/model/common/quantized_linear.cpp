@@ -1,9 +1,10 @@
-// See quantized_linear.h. The fused host buffer of one weight (at most a few hundred MB for the
-// full-size models' w1|w3) is the only staging: the model is never copied whole.
+// See quantized_linear.h. Quantised weights go from the file's mapping to the device as they are;
+// only the per-row scales are made on the host.
 #include "model/common/quantized_linear.h"
 
 #include <cstdio>
 #include <cstring>
+#include <vector>
 
 #include "io/gguf/gguf_quants.h"
 #include "model/common/load_util.h"
@@ -130,10 +131,13 @@ Result<LinearWeight> load_linear(const WeightStore& ws, Backend& be,
   int64_t rows = 0;
   for (const LinearPart& p : parts) rows += p.shape[0];
   std::string kind;
+  // Each part goes from its file view straight to the device (the backend's uploader reads the
+  // mapping on several threads); a fused weight is assembled there by row copies. No host copy of
+  // the weight is made: a single-threaded one cost seconds for a whole FP8 or GGUF model.
   if (f.kind == KeptForm::kFp8) {
-    Tensor host = Tensor::host(f.fp8_dtype, {rows, k});  // [N, K] FP8
-    Tensor scale = Tensor::host(DType::kF32, {rows});    // [N]
-    if (!host.defined() || !scale.defined()) return OutOfMemory("host staging of " + what);
+    Tensor scale = Tensor::host(DType::kF32, {rows});  // [N]
+    if (!scale.defined()) return OutOfMemory("host staging of the scales of " + what);
+    std::vector<Tensor> views;
     int64_t r0 = 0;
     for (const LinearPart& p : parts) {
       Tensor data, sc;
@@ -150,14 +154,13 @@ Result<LinearWeight> load_linear(const WeightStore& ws, Backend& be,
         return FormatError(ws.path() + ": tensor " + p.name + " " + data.describe() +
                            " does not match its expected " + dtype_name(f.fp8_dtype) + " " +
                            shape_string(p.shape));
-      std::memcpy(static_cast<uint8_t*>(host.data()) + r0 * k, data.data(),
-                  static_cast<size_t>(data.numel()));
       float* sp = scale.data_as<float>() + r0;
       for (int64_t r = 0; r < p.shape[0]; ++r)
         sp[r] = !sc.defined() ? 1.0f : sc.data_as<float>()[sc.numel() == 1 ? 0 : r];
+      views.push_back(std::move(data));
       r0 += p.shape[0];
     }
-    ZI_ASSIGN_OR_RETURN(lw.w, load::upload_host(be, host, f.fp8_dtype));
+    ZI_ASSIGN_OR_RETURN(lw.w, load::upload_rows(be, views, f.fp8_dtype, what));
     ZI_ASSIGN_OR_RETURN(lw.scale, load::upload_host(be, scale, DType::kF32));
     kind = f.fp8_dtype == DType::kF8E5M2 ? "f8_e5m2" : "f8_e4m3";
   } else {
@@ -166,9 +169,8 @@ Result<LinearWeight> load_linear(const WeightStore& ws, Backend& be,
     if (!ggml_row_bytes(type, k, &row_bytes))
       return FormatError(what + ": rows of " + std::to_string(k) + " " +
                          ggml_type_name(f.ggml_type) + " elements do not fit its blocks");
-    Tensor host = Tensor::host(DType::kU8, {rows, static_cast<int64_t>(row_bytes)});
-    if (!host.defined()) return OutOfMemory("host staging of " + what);
-    int64_t r0 = 0;
+    std::vector<Tensor> views;
+    std::vector<PackedWeight> held;  // keeps each part's bytes alive until the upload read them
     for (const LinearPart& p : parts) {
       ZI_ASSIGN_OR_RETURN(PackedWeight pw, ws.packed(p.name));
       if (pw.ggml_type != f.ggml_type || pw.rows != p.shape[0] || pw.cols != k ||
@@ -177,11 +179,12 @@ Result<LinearWeight> load_linear(const WeightStore& ws, Backend& be,
                            ggml_type_name(pw.ggml_type) + ", " + std::to_string(pw.rows) + " x " +
                            std::to_string(pw.cols) + ") does not match " + shape_string(p.shape) +
                            " " + ggml_type_name(f.ggml_type));
-      std::memcpy(static_cast<uint8_t*>(host.data()) + static_cast<uint64_t>(r0) * row_bytes,
-                  pw.data, static_cast<size_t>(pw.bytes));
-      r0 += p.shape[0];
+      // A view of the file's bytes (read only: upload reads it, nothing writes through it).
+      views.push_back(Tensor::wrap(const_cast<void*>(pw.data), DType::kU8,
+                                   {pw.rows, static_cast<int64_t>(row_bytes)}));
+      held.push_back(std::move(pw));
     }
-    ZI_ASSIGN_OR_RETURN(lw.w, load::upload_host(be, host, DType::kU8));
+    ZI_ASSIGN_OR_RETURN(lw.w, load::upload_rows(be, views, DType::kU8, what));
     lw.ggml_type = f.ggml_type;
     lw.packed_cols = k;
     kind = ggml_type_name(f.ggml_type);

@@ -1,0 +1,243 @@
+#!/usr/bin/env python3
+"""Whole-process start-up of `zimage generate` (issue 24): one row per configuration, each a new
+process as a user runs it (one 1024² image), with the per-phase breakdown read from `--verbose`.
+
+  tools/startup_bench.py --bin build/ci/zimage --model DIR --out DIR [--rows warm,empty,...]
+      [--dit FILE --text-encoder FILE] [--iters N]
+
+Rows (each a median of --iters processes unless said):
+  warm          kernel and plan caches warm (one unmeasured process first), files in the page cache
+  empty         $XDG_CACHE_HOME and $CUDA_CACHE_PATH new empty folders for every process
+  budget12/8/4  --vram-budget 12 / 8 / 4 (bf16 weights)
+  fp8b8/fp8b4   --vram-budget 8 / 4 --weights fp8
+  single_fp8    --dit FILE --text-encoder FILE (ComfyUI scaled-FP8 single files)
+  cold          the model's files dropped from the page cache before every process
+                (posix_fadvise(POSIX_FADV_DONTNEED) on each file; the residency left is measured
+                with mincore), beside a `dd` read of the same files dropped the same way
+Writes startup.json and startup.md under --out, and each process's log as startup_<row>_<i>.log.
+"""
+import argparse
+import ctypes
+import ctypes.util
+import json
+import mmap
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+PROMPT = ("A snow fairy with long silver hair in a blue dress standing in a snowy forest, anime "
+          "style, soft lighting, intricate details, masterpiece")
+
+LIBC = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+LIBC.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+
+
+def model_files(paths):
+    out = []
+    for p in paths:
+        if os.path.isfile(p):
+            out.append(p)
+            continue
+        for root, _, names in os.walk(p):
+            out += [os.path.join(root, n) for n in names]
+    return sorted(out)
+
+
+def drop_from_page_cache(files):
+    for f in files:
+        fd = os.open(f, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+LIBC.mmap.restype = ctypes.c_void_p
+LIBC.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                      ctypes.c_long]
+LIBC.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+
+
+def resident_fraction(files):
+    """Bytes of `files` in the page cache / their size (mincore on a mapping of each)."""
+    page = os.sysconf("SC_PAGE_SIZE")
+    total = resident = 0
+    for f in files:
+        size = os.path.getsize(f)
+        if size == 0:
+            continue
+        fd = os.open(f, os.O_RDONLY)
+        try:
+            p = LIBC.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+            vec = ctypes.create_string_buffer((size + page - 1) // page)
+            if LIBC.mincore(p, size, vec) == 0:
+                resident += sum(b & 1 for b in vec.raw) * page
+            LIBC.munmap(p, size)
+        finally:
+            os.close(fd)
+        total += size
+    return resident / total if total else 0.0
+
+
+def read_into_page_cache(files):
+    for f in files:
+        with open(f, "rb") as fh:
+            while fh.read(64 << 20):
+                pass
+
+
+PHASES = [
+    ("backend_s", re.compile(r"cuda backend .* ready in ([0-9.]+) s")),
+    ("tokenizer_load_s", re.compile(r"tokenizer loaded in ([0-9.]+) s")),
+    ("text_encoder_load_s", re.compile(r"text_encoder loaded in ([0-9.]+) s")),
+    ("transformer_load_s", re.compile(r"transformer loaded in ([0-9.]+) s")),
+    ("vae_load_s", re.compile(r"vae loaded in ([0-9.]+) s")),
+    ("load_s", re.compile(r"\] loaded .* in ([0-9.]+) s")),
+    ("text_encoder_s", re.compile(r"^text encoder +([0-9.]+) s", re.M)),
+    ("step0_s", re.compile(r"^  step 0 +([0-9.]+) s", re.M)),
+    ("step1_s", re.compile(r"^  step 1 +([0-9.]+) s", re.M)),
+    ("denoise_s", re.compile(r"^denoise +([0-9.]+) s", re.M)),
+    ("vae_decode_s", re.compile(r"^vae decode +([0-9.]+) s", re.M)),
+    ("image_s", re.compile(r"^total +([0-9.]+) s", re.M)),
+]
+STAMP = re.compile(r"^\[zimage (?:info|debug) ([0-9.]+)s\] (.*)$", re.M)
+
+
+def parse(log):
+    row = {}
+    for key, rx in PHASES:
+        m = rx.search(log)
+        if m:
+            row[key] = float(m.group(1))
+    for t, msg in STAMP.findall(log):
+        if msg.startswith("loaded ") and " in " in msg:
+            row["loaded_at_s"] = float(t)  # process clock when loading ended
+        if msg.startswith("cuda backend"):
+            row["backend_at_s"] = float(t)
+    return row
+
+
+def run_once(args, name, i, extra, env):
+    out_png = os.path.join(args.out, "startup_%s_%d.png" % (name, i))
+    cmd = [args.bin, "generate", "--prompt", PROMPT, "--seed", "42", "--width", "1024",
+           "--height", "1024", "--steps", "8", "--device", "cuda", "--verbose", "--output",
+           out_png] + extra
+    if not any(a in ("--dit",) for a in extra):
+        cmd += ["--model", args.model]
+    t = time.monotonic()
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+    log = p.stdout.read().decode(errors="replace")
+    _, status, ru = os.wait4(p.pid, 0)
+    wall = time.monotonic() - t
+    with open(os.path.join(args.out, "startup_%s_%d.log" % (name, i)), "w") as f:
+        f.write(" ".join(cmd) + "\n" + log)
+    row = parse(log)
+    row.update(wall_s=round(wall, 3), max_rss_gib=round(ru.ru_maxrss / 2**20, 2),
+               rc=os.waitstatus_to_exitcode(status))
+    if "loaded_at_s" in row and "image_s" in row:
+        row["after_image_s"] = round(wall - row["loaded_at_s"] - row["image_s"], 3)
+    sys.stderr.write("%s #%d: %s\n" % (name, i, json.dumps(row)))
+    return row
+
+
+def median_row(rows):
+    keys = set().union(*rows)
+    med = {}
+    for k in keys:
+        vals = [r[k] for r in rows if k in r]
+        med[k] = round(statistics.median(vals), 3) if vals else None
+    med["n"] = len(rows)
+    med["walls"] = [r.get("wall_s") for r in rows]
+    return med
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin", required=True)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--rows", default="warm,empty,budget12,budget8,budget4,fp8b8,fp8b4,cold")
+    ap.add_argument("--dit")
+    ap.add_argument("--text-encoder")
+    ap.add_argument("--iters", type=int, default=3)
+    ap.add_argument("--label", default="")
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    base = dict(os.environ)
+    warm_cache = tempfile.mkdtemp(prefix="zimage-startup-xdg-")
+    base["XDG_CACHE_HOME"] = warm_cache
+    files = model_files([args.model] + [f for f in (args.dit, args.text_encoder) if f])
+    configs = {
+        "warm": [],
+        "empty": [],
+        "budget12": ["--vram-budget", "12"],
+        "budget8": ["--vram-budget", "8"],
+        "budget4": ["--vram-budget", "4"],
+        "fp8b8": ["--vram-budget", "8", "--weights", "fp8"],
+        "fp8b4": ["--vram-budget", "4", "--weights", "fp8"],
+        "single_fp8": ["--dit", args.dit or "", "--text-encoder", args.text_encoder or "",
+                       "--model", args.model],
+        "cold": [],
+    }
+    results = {"label": args.label, "rows": {}}
+    read_into_page_cache(files)
+    run_once(args, "fill", 0, [], base)  # fills the plan and kernel caches: unmeasured
+    for name in args.rows.split(","):
+        rows = []
+        for i in range(args.iters):
+            env = dict(base)
+            if name == "empty":
+                env["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="zimage-startup-empty-")
+                env["CUDA_CACHE_PATH"] = tempfile.mkdtemp(prefix="zimage-startup-cuda-")
+            if name == "cold":
+                drop_from_page_cache(files)
+                rows_extra = {"resident_before": round(resident_fraction(files), 4)}
+            else:
+                read_into_page_cache(files)
+                rows_extra = {}
+            r = run_once(args, name, i, configs[name], env)
+            r.update(rows_extra)
+            rows.append(r)
+            if name == "empty":
+                shutil.rmtree(env["XDG_CACHE_HOME"], ignore_errors=True)
+                shutil.rmtree(env["CUDA_CACHE_PATH"], ignore_errors=True)
+        results["rows"][name] = {"median": median_row(rows), "runs": rows}
+        if name == "cold":
+            drop_from_page_cache(files)
+            before = resident_fraction(files)
+            total = sum(os.path.getsize(f) for f in files)
+            t = time.monotonic()
+            for f in files:
+                subprocess.run(["dd", "if=" + f, "of=/dev/null", "bs=16M", "status=none"],
+                               check=False)
+            dd = time.monotonic() - t
+            results["rows"][name]["dd"] = {"bytes": total, "seconds": round(dd, 3),
+                                           "gbps": round(total / dd / 1e9, 2),
+                                           "resident_before": round(before, 4)}
+            read_into_page_cache(files)
+    with open(os.path.join(args.out, "startup.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    cols = ["wall_s", "backend_s", "load_s", "text_encoder_load_s", "transformer_load_s",
+            "text_encoder_s", "step0_s", "step1_s", "vae_decode_s", "image_s", "after_image_s",
+            "max_rss_gib"]
+    with open(os.path.join(args.out, "startup.md"), "w") as f:
+        f.write("| row | " + " | ".join(cols) + " |\n|" + " --- |" * (len(cols) + 1) + "\n")
+        for name, r in results["rows"].items():
+            m = r["median"]
+            f.write("| %s | " % name + " | ".join(
+                "%.3f" % m[c] if isinstance(m.get(c), (int, float)) else "-" for c in cols) + " |\n")
+        if "cold" in results["rows"]:
+            d = results["rows"]["cold"]["dd"]
+            f.write("\ncold: dd of the same files after the same drop: %.2f s, %.2f GB/s "
+                    "(resident before %.4f)\n" % (d["seconds"], d["gbps"], d["resident_before"]))
+    shutil.rmtree(warm_cache, ignore_errors=True)
+    print(open(os.path.join(args.out, "startup.md")).read())
+
+
+if __name__ == "__main__":
+    main()
