@@ -1,14 +1,14 @@
 // zimage convert: writes any loadable model (--model DIR and/or --dit / --text-encoder / --vae
 // files) as ComfyUI-named bf16 single files, ComfyUI scaled FP8 files or GGUF DiT files
-// (io/writers/convert.h; docs/FORMATS.md has examples). Why: people with little RAM or VRAM can make the
-// smaller files themselves from the published folder, with the tool that will load them.
+// (io/writers/convert.h; docs/FORMATS.md has examples). Why: people with little RAM or VRAM can
+// make the smaller files themselves from the published folder, with the tool that will load them.
 #include <cstdio>
 #include <memory>
 #include <string>
 
 #include "commands.h"
-#include "io/writers/convert.h"
 #include "io/model/model_source.h"
+#include "io/writers/convert.h"
 #include "model_flags.h"
 
 namespace zimage::cli {

@@ -362,6 +362,7 @@ void register_generate_command(CLI::App& app) {
        {EngineFlag::kVramBudget,
         "GPU memory the process may use, in GiB, CUDA context included (default 0 = no limit); "
         "what does not fit streams from host memory (--verbose shows the plan)"},
+       EngineFlag::kHostMemory,
        {EngineFlag::kWeights,
         "bf16, or fp8: DiT and text-encoder linear weights stored as FP8 with per-channel "
         "scales (half the memory; small quality cost)"},

@@ -27,15 +27,15 @@
 
 #include "builtin/builtin_model.h"
 #include "commands.h"
-#include "io/model/infer_config.h"
 #include "io/fs/json_util.h"
 #include "io/lora/lora.h"
+#include "io/model/infer_config.h"
 #include "io/model/model_folder.h"
 #include "io/weights/single_file.h"
 #include "io/weights/weights.h"
-#include "model/text_encoder/qwen3_encoder.h"
 #include "model/adapters/zimage_controlnet.h"
 #include "model/dit/zimage_dit.h"
+#include "model/text_encoder/qwen3_encoder.h"
 #include "pipeline/text_to_image.h"
 
 namespace zimage::cli {

@@ -1,5 +1,6 @@
 // zimage make-random-lora: a random LoRA in diffusers/PEFT keys for the full-size Z-Image
-// transformer (or the one of a model folder, --like), for `zimage bench --lora` (io/writers/random_lora.h).
+// transformer (or the one of a model folder, --like), for `zimage bench --lora`
+// (io/writers/random_lora.h).
 #include <cstdio>
 #include <memory>
 #include <string>

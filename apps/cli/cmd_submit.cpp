@@ -16,7 +16,6 @@
 #include <thread>
 #include <vector>
 
-#include "zimage/request_check.h"
 #include "broker/job_codec.h"
 #include "broker/redis_client.h"
 #include "broker_flags.h"
@@ -24,6 +23,7 @@
 #include "number_flags.h"
 #include "output_paths.h"
 #include "progress.h"
+#include "zimage/request_check.h"
 #include "zimage/zimage.h"
 
 namespace zimage::cli {

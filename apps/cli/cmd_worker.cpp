@@ -108,10 +108,10 @@ void register_worker_command(CLI::App& app) {
   add_broker_flags(cmd, args->broker);
   add_model_flags(cmd, args->engine.model,
                   "Model folder in the diffusers layout (default: the tiny built-in model)");
-  add_engine_flags(
-      cmd, args->engine,
-      {EngineFlag::kDevice, EngineFlag::kPrecision, EngineFlag::kFp8Layers, EngineFlag::kWeights,
-       EngineFlag::kVaeTiling, EngineFlag::kVramBudget, EngineFlag::kThreads});
+  add_engine_flags(cmd, args->engine,
+                   {EngineFlag::kDevice, EngineFlag::kPrecision, EngineFlag::kFp8Layers,
+                    EngineFlag::kWeights, EngineFlag::kVaeTiling, EngineFlag::kVramBudget,
+                    EngineFlag::kHostMemory, EngineFlag::kThreads});
   add_lora_options(cmd, args->engine.lora);
   broker::WorkerOptions& w = args->worker;
   cmd->add_option("--stream", w.stream, "Jobs stream key (default zimage:jobs)");

@@ -90,6 +90,9 @@ const char* common_help(EngineFlag flag) {
       return "auto, on or off (default auto)";
     case EngineFlag::kVramBudget:
       return "GPU memory budget in GiB (0 = no limit)";
+    case EngineFlag::kHostMemory:
+      return "Host memory in GiB that weights streamed under --vram-budget may page-lock "
+             "(default 0 = half of the machine's); the rest stream from pageable memory";
     case EngineFlag::kThreads:
       return "CPU threads (default 0 = all)";
   }
@@ -121,6 +124,11 @@ void add_engine_flags(CLI::App* cmd, EngineFlags& f, std::initializer_list<Engin
         break;
       case EngineFlag::kVramBudget:
         cmd->add_option("--vram-budget", o.vram_budget_gib, help)
+            ->check(CLI::Range(0.0, 1e6))
+            ->check(finite_number(false));
+        break;
+      case EngineFlag::kHostMemory:
+        cmd->add_option("--host-memory", o.host_memory_gib, help)
             ->check(CLI::Range(0.0, 1e6))
             ->check(finite_number(false));
         break;

@@ -55,6 +55,7 @@ enum class EngineFlag {
   kWeights,
   kVaeTiling,
   kVramBudget,
+  kHostMemory,
   kThreads
 };
 

@@ -61,6 +61,11 @@ struct EngineOptions {
   // encoder layers and DiT blocks in host memory and streams them in (same images, slower); a
   // budget below the minimum fails at load with a message stating that minimum.
   double vram_budget_gib = 0;
+  // Host memory the weights streamed under vram_budget_gib may page-lock, in GiB (page-locked
+  // memory streams at the link's full rate but cannot be swapped out). 0 = half of the machine's
+  // memory (or of the container's limit). Streamed weights beyond it are held in pageable memory:
+  // the same images, streamed more slowly. Info-level logs show the split (the memory plan).
+  double host_memory_gib = 0;
   // "bf16" (weights in the compute dtype) or "fp8": the DiT's and text encoder's big linear
   // weights stored as FP8 e4m3 with one scale per output channel (half the memory and the
   // streamed bytes; widened to bf16 just before each GEMM; a small quality cost, see

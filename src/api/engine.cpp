@@ -7,16 +7,20 @@
 #include <filesystem>
 #include <mutex>
 #include <new>
+#include <system_error>
+#include <thread>
 #include <utility>
 
 #include "api/backend_choice.h"
 #include "api/engine_impl.h"
-#include "zimage/request_check.h"
+#include "api/guarded.h"
 #include "backend/backend.h"
+#include "core/host_memory.h"
 #include "core/log.h"
 #include "model/common/debug.h"
 #include "model/vae/vae_tiling.h"
 #include "pipeline/text_to_image.h"
+#include "zimage/request_check.h"
 #include "zimage/zimage.h"
 
 namespace zimage {
@@ -69,11 +73,40 @@ Result<std::unique_ptr<Engine>> Engine::load_impl(const EngineOptions& options) 
   auto impl = std::make_unique<Impl>();
   impl->options = options;
   const std::vector<std::string>& sp_devices = options.sequence_parallel_devices;
+  ModelPaths paths;
+  paths.model_dir = options.model_dir;
+  paths.transformer_file = options.dit_file;
+  paths.text_encoder_file = options.text_encoder_file;
+  paths.vae_file = options.vae_file;
+  paths.tokenizer_dir = options.tokenizer_dir;
+  // The backend starts (CUDA context, cuBLASLt, cuDNN: a few hundred ms) on a thread of its own
+  // while this one opens the model's files, parses the tokenizer and starts reading the weights
+  // into the page cache. A backend error is reported before a model error, as when the two ran
+  // one after the other.
+  Result<PreparedLoad> prepared = InternalError("model sources not opened");
   {
     EngineOptions first = options;  // sequence parallel: rank 0 is the first device
     if (!sp_devices.empty()) first.device = sp_devices[0];
-    ZI_ASSIGN_OR_RETURN(
-        impl->backend, make_backend(first.device, first.precision, first.threads, impl->precision));
+    Result<std::unique_ptr<Backend>> backend = InternalError("backend not started");
+    std::string precision;
+    auto start_backend = [&] {
+      backend = guarded("starting the backend", [&]() -> Result<std::unique_ptr<Backend>> {
+        return make_backend(first.device, first.precision, first.threads, precision);
+      });
+    };
+    std::thread starter;
+    try {
+      starter = std::thread(start_backend);
+    } catch (const std::system_error&) {
+      start_backend();  // no thread to spare: one after the other
+    }
+    prepared = guarded("opening the model", [&] { return TextToImage::prepare(paths); });
+    if (starter.joinable()) starter.join();
+    if (!backend.ok()) return backend.status();
+    impl->backend = std::move(backend).value();
+    impl->precision = precision;
+    // The backend was made on the starter thread: make it current on this one.
+    ZI_TRY(impl->backend->bind_thread());
   }
   if (sp_devices.size() > 1 && options.vram_budget_gib > 0)
     return InvalidArgument(
@@ -95,6 +128,12 @@ Result<std::unique_ptr<Engine>> Engine::load_impl(const EngineOptions& options) 
   }
   load_options.vram_budget =
       static_cast<uint64_t>(options.vram_budget_gib * 1024.0 * 1024.0 * 1024.0);
+  if (!(options.host_memory_gib >= 0) || options.host_memory_gib > 1e6)
+    return InvalidArgument("host_memory_gib: must be a number of GiB >= 0 (0 = half of memory)");
+  load_options.host_pinned_limit =
+      options.host_memory_gib > 0
+          ? static_cast<uint64_t>(options.host_memory_gib * 1024.0 * 1024.0 * 1024.0)
+          : default_pinned_limit();
   load_options.fp8_weights = options.weights == "fp8";
   load_options.plan_width = load_options.plan_height = std::min(options.max_side, 1024);
   for (size_t i = 0; i < options.loras.size(); ++i) {
@@ -107,13 +146,9 @@ Result<std::unique_ptr<Engine>> Engine::load_impl(const EngineOptions& options) 
   load_options.loras = options.loras;
   load_options.lora_lenient = options.lora_lenient;
   load_options.lora_threads = options.threads;
-  ModelPaths paths;
-  paths.model_dir = options.model_dir;
-  paths.transformer_file = options.dit_file;
-  paths.text_encoder_file = options.text_encoder_file;
-  paths.vae_file = options.vae_file;
-  paths.tokenizer_dir = options.tokenizer_dir;
-  ZI_ASSIGN_OR_RETURN(impl->pipeline, TextToImage::load(paths, *impl->backend, load_options));
+  if (!prepared.ok()) return prepared.status();
+  ZI_ASSIGN_OR_RETURN(impl->pipeline,
+                      TextToImage::load(std::move(prepared).value(), *impl->backend, load_options));
   if (!options.controlnet.empty()) ZI_TRY(impl->pipeline->load_controlnet(options.controlnet));
   for (size_t r = 1; r < sp_devices.size(); ++r) {  // ranks 1..P-1 (docs/PARALLEL.md)
     EngineOptions o = options;

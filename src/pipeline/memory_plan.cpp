@@ -87,6 +87,12 @@ std::string MemoryPlan::describe() const {
   s += "; device weights " + gib(resident_bytes) + ", estimated peak " + gib(peak_bytes);
   s += "; streamed per DiT forward " + gib(dit_stream_bytes) + ", per text encoding " +
        gib(te_stream_bytes);
+  if (host_pinned_bytes + host_pageable_bytes > 0) {
+    s += "; host memory " + gib(host_pinned_bytes) + " pinned";
+    if (host_pageable_bytes > 0)
+      s += " + " + gib(host_pageable_bytes) + " pageable (over the host-memory limit of " +
+           gib(host_pinned_limit) + ")";
+  }
   return s;
 }
 
@@ -129,6 +135,25 @@ Result<MemoryPlan> plan_memory(const MemoryPlanInput& in) {
   plan.dit_stream_bytes =
       static_cast<uint64_t>(in.dit_blocks - c.dit_resident) * in.dit_block_bytes;
   plan.te_stream_bytes = static_cast<uint64_t>(in.te_layers - c.te_resident) * in.te_layer_bytes;
+  // Host copies of the streamed units: pinned while the limit allows, DiT blocks first.
+  plan.host_pinned_limit = in.host_pinned_limit;
+  uint64_t pinned = 0;
+  auto place_host = [&](const std::vector<bool>& streamed, uint64_t unit_bytes,
+                        std::vector<bool>& pageable) {
+    pageable.assign(streamed.size(), false);
+    for (size_t i = 0; i < streamed.size(); ++i) {
+      if (!streamed[i]) continue;
+      if (in.host_pinned_limit == 0 || pinned + unit_bytes <= in.host_pinned_limit) {
+        pinned += unit_bytes;
+        plan.host_pinned_bytes += unit_bytes;
+      } else {
+        pageable[i] = true;
+        plan.host_pageable_bytes += unit_bytes;
+      }
+    }
+  };
+  place_host(plan.dit_streamed, in.dit_block_bytes, plan.dit_pageable);
+  place_host(plan.te_streamed, in.te_layer_bytes, plan.te_pageable);
   return plan;
 }
 

@@ -1,7 +1,7 @@
 // The memory planner: given a device-memory budget, decides what of the model lives on the GPU and
-// what stays in host memory and streams in (model/common/weight_streamer.h), and whether the VAE decodes
-// in tiles. Pure arithmetic on sizes (no device calls), so its decisions are unit tested as a
-// table of budgets and shapes.
+// what stays in host memory and streams in (model/common/weight_streamer.h), and whether the VAE
+// decodes in tiles. Pure arithmetic on sizes (no device calls), so its decisions are unit tested as
+// a table of budgets and shapes.
 //
 // The budget counts everything the process holds on the device: the CUDA context and library
 // handles (`fixed`, measured from the driver's side at start), every weight kept on the device,
@@ -12,6 +12,8 @@
 //   3. else DiT blocks stream too, spread evenly over the forward so each copy overlaps the
 //      compute of resident blocks; as many blocks resident as fit;
 //   4. the VAE decodes in tiles only when its untiled activations do not fit even then.
+// What streams is held in host memory: page-locked up to the host-memory limit (DiT blocks first:
+// they stream every step), pageable beyond it, so a budgeted load never pins more than allowed.
 // A budget below the smallest workable plan (everything streamed, tiled VAE) is an error that
 // states that minimum.
 #pragma once
@@ -43,12 +45,23 @@ struct MemoryPlanInput {
   uint64_t vae_activation_bytes = 0;        // untiled decode
   uint64_t vae_tiled_activation_bytes = 0;  // tiled decode
   int slots = 2;                            // streaming slots per model (double buffering)
+  // Host memory the streamed units may pin (page-locked: the link's full rate, but not
+  // swappable); 0 = no limit. Units beyond it are held in pageable memory and stream from there
+  // (same bytes, a slower copy that holds the host thread).
+  uint64_t host_pinned_limit = 0;
 };
 
 struct MemoryPlan {
   uint64_t budget = 0;
   std::vector<bool> dit_streamed;  // per DiT block, execution order
   std::vector<bool> te_streamed;   // per text-encoder layer
+  // Per unit (same indexing): a streamed unit held in pageable host memory, over the host-memory
+  // limit. DiT blocks, which stream every step, are pinned first, then text-encoder layers.
+  std::vector<bool> dit_pageable;
+  std::vector<bool> te_pageable;
+  uint64_t host_pinned_bytes = 0;    // streamed units' host copies, page-locked
+  uint64_t host_pageable_bytes = 0;  // the rest of them, pageable
+  uint64_t host_pinned_limit = 0;    // as planned with (0: none)
   bool vae_tiled = false;
   uint64_t resident_bytes = 0;    // weights + slots + scratch held on the device for good
   uint64_t peak_bytes = 0;        // estimated peak: fixed + resident + largest phase

@@ -24,15 +24,16 @@
 #include "backend/backend.h"
 #include "core/status.h"
 #include "core/tensor.h"
+#include "io/fs/prefetch.h"
 #include "io/model/model_config.h"
 #include "io/model/model_folder.h"
 #include "io/model/model_source.h"
+#include "model/adapters/zimage_controlnet.h"
 #include "model/common/debug.h"
+#include "model/dit/zimage_dit.h"
 #include "model/text_encoder/qwen3_encoder.h"
 #include "model/vae/vae.h"
 #include "model/vae/vae_tiling.h"
-#include "model/adapters/zimage_controlnet.h"
-#include "model/dit/zimage_dit.h"
 #include "pipeline/image_to_image.h"
 #include "pipeline/memory_plan.h"
 #include "pipeline/scheduler.h"
@@ -55,8 +56,8 @@ struct TextToImageComponents {
 };
 
 struct TextToImageHooks {
-  ProgressCallback on_progress;  // see GenerateHooks (zimage/zimage.h)
-  PreviewCallback on_preview;    // the same; unset = no preview op runs
+  ProgressCallback on_progress;                        // see GenerateHooks (zimage/zimage.h)
+  PreviewCallback on_preview;                          // the same; unset = no preview op runs
   const std::atomic<bool>* preview_enabled = nullptr;  // the same
   const std::atomic<bool>* cancel = nullptr;
   DebugSink* debug = nullptr;  // named intermediates, see the list above
@@ -99,8 +100,11 @@ struct PipelineLoadOptions {
   // Device bytes the process may hold (context included): 0 = no limit (everything resident),
   // else the planner streams what does not fit, and the allocator is capped to it.
   uint64_t vram_budget = 0;
+  // Host bytes streamed weights may page-lock (MemoryPlanInput::host_pinned_limit); 0 = no limit.
+  uint64_t host_pinned_limit = 0;
   bool fp8_weights = false;  // big linear weights of the DiT and text encoder as FP8 rows
-  // --precision fp8: these DiT linears (Fp8Layers bits, model/common/linear.h) run as W8A8 FP8 GEMMs.
+  // --precision fp8: these DiT linears (Fp8Layers bits, model/common/linear.h) run as W8A8 FP8
+  // GEMMs.
   unsigned dit_fp8_compute = 0;
   // Linear weights an FP8 or GGUF file stores quantised stay so on the device, dequantised per
   // layer (model/common/quantized_linear.h); false widens them at load.
@@ -113,8 +117,26 @@ struct PipelineLoadOptions {
   int lora_threads = 0;       // host threads for the merge (0: all)
 };
 
+// The part of a load that needs no backend: the model's sources opened and every config checked,
+// the tokenizer parsed, and the weight files being read into the page cache in the order the
+// loaders will read them (io/fs/prefetch.h). The engine makes it while the backend starts
+// (api/engine.cpp), so CUDA's start-up overlaps the file work; then load() takes it.
+struct PreparedLoad {
+  ModelPaths paths;
+  std::unique_ptr<ModelSource> source;
+  std::unique_ptr<Tokenizer> tokenizer;
+  std::unique_ptr<FilePrefetcher> prefetch;  // null: no prefetch
+  double seconds = 0;                        // how long prepare() took
+};
+
 class TextToImage {
  public:
+  // Everything load() does before it needs the backend (PreparedLoad). `prefetch`: start reading
+  // the weight files into the page cache.
+  static Result<PreparedLoad> prepare(const ModelPaths& paths, bool prefetch = true);
+  // load() from a prepared source.
+  static Result<std::unique_ptr<TextToImage>> load(PreparedLoad prepared, Backend& be,
+                                                   const PipelineLoadOptions& options = {});
   // Opens the diffusers folder `model_dir` and loads the tokenizer, text encoder, transformer,
   // VAE decoder and scheduler config onto `be`, which must outlive the pipeline. Errors name the
   // component ("loading transformer: ...").
@@ -131,8 +153,9 @@ class TextToImage {
   static Result<std::unique_ptr<TextToImage>> load(const ModelPaths& paths, Backend& be,
                                                    const PipelineLoadOptions& options = {});
   static std::vector<Status> check(const ModelPaths& paths);
-  // `zimage info FILE`: for each component a single file holds (io/weights/single_file.h), its config
-  // inferred and its loader bound on the check-only backend. Errors as load() would word them.
+  // `zimage info FILE`: for each component a single file holds (io/weights/single_file.h), its
+  // config inferred and its loader bound on the check-only backend. Errors as load() would word
+  // them.
   static std::vector<Status> check_file(const std::string& path);
   // The memory planner's input for `configs`: weight bytes per block / layer in `act` (or FP8
   // rows), activations of the largest planned request, the VAE's parameter count, and `fixed`
@@ -173,8 +196,8 @@ class TextToImage {
   // Default: auto with the backend's free memory as the budget.
   void set_vae_tiling(const VaeTilingPolicy& p) { vae_tiling_ = p; }
 
-  // Loads a ControlNet (folder or single file, model/adapters/zimage_controlnet.h) for this pipeline's
-  // transformer; requests with a control_image use it from then on.
+  // Loads a ControlNet (folder or single file, model/adapters/zimage_controlnet.h) for this
+  // pipeline's transformer; requests with a control_image use it from then on.
   Status load_controlnet(const std::string& path);
   Status check_control(const GenerateRequest& req) const;
   const ZImageControlNet* controlnet() const { return controlnet_.get(); }

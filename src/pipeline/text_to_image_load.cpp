@@ -29,11 +29,14 @@ constexpr const char* kParts[] = {"tokenizer", "text_encoder", "transformer", "v
 // Loads one component of `src` onto `be` into `parts`; errors carry "loading <part>: ".
 Status load_part(const ModelSource& src, const std::string& part, Backend& be,
                  TextToImageComponents& parts, const MemoryPlan* plan = nullptr,
-                 const PipelineLoadOptions& options = {}) {
+                 const PipelineLoadOptions& options = {},
+                 std::unique_ptr<Tokenizer>* prepared_tokenizer = nullptr) {
   WeightPlacement te_place, dit_place;
   if (plan) {
     te_place.streamed = plan->te_streamed;
     dit_place.streamed = plan->dit_streamed;
+    te_place.pageable = plan->te_pageable;
+    dit_place.pageable = plan->dit_pageable;
   }
   te_place.fp8_weights = dit_place.fp8_weights = options.fp8_weights;
   dit_place.fp8_compute = options.dit_fp8_compute;
@@ -41,6 +44,10 @@ Status load_part(const ModelSource& src, const std::string& part, Backend& be,
   te_place.first_slot = 2;  // the DiT streams through slots 0-1, the text encoder 2-3
   const std::string what = "loading " + part;
   if (part == "tokenizer") {
+    if (prepared_tokenizer && *prepared_tokenizer) {  // parsed by prepare()
+      parts.tokenizer = std::move(*prepared_tokenizer);
+      return Status::Ok();
+    }
     auto tok = Tokenizer::load(src.tokenizer_dir());
     if (!tok.ok()) return tok.status().with_context(what);
     parts.tokenizer = std::make_unique<Tokenizer>(std::move(tok).value());
@@ -119,11 +126,52 @@ Result<std::unique_ptr<TextToImage>> TextToImage::load(const std::string& model_
   return load(paths, be, options);
 }
 
+Result<PreparedLoad> TextToImage::prepare(const ModelPaths& paths, bool prefetch) {
+  const auto start = std::chrono::steady_clock::now();
+  PreparedLoad p;
+  p.paths = paths;
+  ZI_ASSIGN_OR_RETURN(ModelSource src, ModelSource::open(paths));
+  p.source = std::make_unique<ModelSource>(std::move(src));
+  if (prefetch) {
+    // The files in the order load() reads them: text encoder, transformer, VAE.
+    std::vector<std::string> files;
+    for (Component c : {Component::kTextEncoder, Component::kTransformer, Component::kVae}) {
+      if (!p.source->file(c).empty()) {
+        files.push_back(p.source->file(c));
+        continue;
+      }
+      auto ws = p.source->open_weights(c);
+      if (!ws.ok()) continue;  // load() reports it
+      for (std::string& f : ws->files()) files.push_back(std::move(f));
+    }
+    // A file given for two components (an all-in-one checkpoint) is read once.
+    std::vector<std::string> unique;
+    for (std::string& f : files)
+      if (std::find(unique.begin(), unique.end(), f) == unique.end())
+        unique.push_back(std::move(f));
+    p.prefetch = FilePrefetcher::start(std::move(unique), FilePrefetcher::default_limit());
+  }
+  auto tok = Tokenizer::load(p.source->tokenizer_dir());
+  if (!tok.ok()) return tok.status().with_context("loading tokenizer");
+  p.tokenizer = std::make_unique<Tokenizer>(std::move(tok).value());
+  p.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ZI_INFO("model sources opened and tokenizer parsed in %.3f s", p.seconds);
+  return p;
+}
+
 Result<std::unique_ptr<TextToImage>> TextToImage::load(const ModelPaths& paths, Backend& be,
                                                        const PipelineLoadOptions& options) {
+  ZI_ASSIGN_OR_RETURN(PreparedLoad prepared, prepare(paths));
+  return load(std::move(prepared), be, options);
+}
+
+Result<std::unique_ptr<TextToImage>> TextToImage::load(PreparedLoad prepared, Backend& be,
+                                                       const PipelineLoadOptions& options) {
   const auto start = std::chrono::steady_clock::now();
+  if (!prepared.source) return InvalidArgument("TextToImage::load: nothing prepared");
+  const ModelPaths& paths = prepared.paths;
   const std::string what = paths.describe();
-  ZI_ASSIGN_OR_RETURN(ModelSource src, ModelSource::open(paths));
+  const ModelSource& src = *prepared.source;
   for (Component c : {Component::kTransformer, Component::kTextEncoder, Component::kVae}) {
     if (src.file(c).empty()) continue;
     const std::string fp8 = src.fp8(c).describe();
@@ -148,7 +196,7 @@ Result<std::unique_ptr<TextToImage>> TextToImage::load(const ModelPaths& paths, 
   parts.scheduler = src.configs().scheduler;
   for (const char* part : kParts) {
     const auto t0 = std::chrono::steady_clock::now();
-    ZI_TRY(load_part(src, part, be, parts, &plan, options));
+    ZI_TRY(load_part(src, part, be, parts, &plan, options, &prepared.tokenizer));
     ZI_INFO("%s loaded in %.3f s", part,
             std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
@@ -157,7 +205,14 @@ Result<std::unique_ptr<TextToImage>> TextToImage::load(const ModelPaths& paths, 
   if (Status s = be.finish_uploads(); !s.ok()) return s.with_context("loading " + what);
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  ZI_INFO("loaded %s on %s in %.2f s", what.c_str(), be.name().c_str(), seconds);
+  if (prepared.prefetch) {
+    const FilePrefetcher::Stats ps = prepared.prefetch->stats();
+    prepared.prefetch.reset();  // stops at its current chunk
+    ZI_INFO("prefetch: %.2f GB read ahead, %.2f GB found in the page cache",
+            static_cast<double>(ps.read_bytes) / 1e9, static_cast<double>(ps.cached_bytes) / 1e9);
+  }
+  ZI_INFO("loaded %s on %s in %.2f s (+ %.2f s opening and tokenizer)", what.c_str(),
+          be.name().c_str(), seconds, prepared.seconds);
   if (options.vram_budget != 0) parts.transformer->set_max_graphs(1);
   ZI_ASSIGN_OR_RETURN(auto pipeline, create(std::move(parts), be));
   pipeline->paths_ = paths;
@@ -251,6 +306,7 @@ MemoryPlanInput TextToImage::plan_input(const ZImageConfigs& configs, DType act,
   const uint64_t es = dtype_size(act);
   MemoryPlanInput in;
   in.budget = o.vram_budget;
+  in.host_pinned_limit = o.host_pinned_limit;
   in.fixed = fixed;
   const int64_t d = tc.dim, ad = tc.adaln_dim(), tf = tc.token_features(), fc = tc.cap_feat_dim;
   in.dit_blocks = 2 * tc.n_refiner_layers + tc.n_layers;

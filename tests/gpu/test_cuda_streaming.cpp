@@ -78,9 +78,9 @@ TEST(CudaFp8Rows, SameBytesAndScalesAsTheCpuOracle) {
   }
 }
 
-// A streamed DiT (some or all blocks in pinned host memory, copied in on the copy stream) gives
-// the resident DiT's output bit for bit: resident replays a CUDA graph, streamed runs eagerly
-// with copies overlapping compute, FP8 weights or not.
+// A streamed DiT (some or all blocks in pinned host memory, or pageable over the host-memory
+// limit, copied in on the copy stream) gives the resident DiT's output bit for bit: resident
+// replays a CUDA graph, streamed runs eagerly with copies overlapping compute, FP8 weights or not.
 TEST(CudaStreaming, StreamedDitAndTextEncoderEqualResident) {
   ZI_REQUIRE_GPU();
   for (const char* name : {"v_turbo", "v_batch_cfg"}) {
@@ -100,6 +100,9 @@ TEST(CudaStreaming, StreamedDitAndTextEncoderEqualResident) {
         WeightPlacement all = base, alt = base;
         all.streamed.assign(n, true);
         for (int i = 0; i < n; ++i) alt.streamed.push_back(i % 2 == 0);
+        // Over a host-memory limit: every other streamed block in pageable memory.
+        WeightPlacement pageable = all;
+        for (int i = 0; i < n; ++i) pageable.pageable.push_back(i % 2 == 1);
         // Inputs: seeded latents and a caption of 40 tokens.
         const auto& tc = folder->transformer();
         Tensor lat = rand_host({2, tc.in_channels, 8, 8}, 3, DType::kF32);
@@ -116,7 +119,7 @@ TEST(CudaStreaming, StreamedDitAndTextEncoderEqualResident) {
           return outs;
         };
         const auto ref = run(**resident);
-        for (const WeightPlacement& p : {all, alt}) {
+        for (const WeightPlacement& p : {all, alt, pageable}) {
           auto ws2 = folder->open_weights("transformer");
           ASSERT_TRUE(ws2.ok());
           auto streamed = ZImageDiT::load(tc, *ws2, *g, p);
@@ -148,11 +151,21 @@ TEST(CudaStreaming, StreamedDitAndTextEncoderEqualResident) {
         auto te_str = Qwen3Encoder::load(folder->text_encoder(), *te_ws2, *g, te_all);
         ASSERT_TRUE(te_str.ok()) << te_str.status().to_string();
         const std::vector<std::vector<int32_t>> ids = {{1, 5, 9, 200, 7}, {3, 4}};
+        WeightPlacement te_pageable = te_all;  // the first half of the layers pageable
+        for (size_t i = 0; i < te_all.streamed.size(); ++i)
+          te_pageable.pageable.push_back(2 * i < te_all.streamed.size());
+        auto te_ws3 = folder->open_weights("text_encoder");
+        ASSERT_TRUE(te_ws3.ok());
+        auto te_pg = Qwen3Encoder::load(folder->text_encoder(), *te_ws3, *g, te_pageable);
+        ASSERT_TRUE(te_pg.ok()) << te_pg.status().to_string();
         auto a = (*te_res)->encode(ids);
         auto b = (*te_str)->encode(ids);
-        ASSERT_TRUE(a.ok() && b.ok());
-        for (size_t i = 0; i < a->size(); ++i)
+        auto c = (*te_pg)->encode(ids);
+        ASSERT_TRUE(a.ok() && b.ok() && c.ok());
+        for (size_t i = 0; i < a->size(); ++i) {
           EXPECT_EQ(max_diff(host_of(*g, (*a)[i]), host_of(*g, (*b)[i])), 0.0);
+          EXPECT_EQ(max_diff(host_of(*g, (*a)[i]), host_of(*g, (*c)[i])), 0.0) << "pageable";
+        }
       }
     }
   }

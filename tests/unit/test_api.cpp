@@ -339,6 +339,17 @@ TEST(ApiLoad, BadOptionsNameTheOption) {
   e = Engine::load(o);
   ASSERT_FALSE(e.ok());
   expect_field(e.status().message(), "threads");
+  o.threads = 0;
+  for (double bad : {-1.0, std::nan(""), 2e6}) {
+    o.host_memory_gib = bad;
+    e = Engine::load(o);
+    ASSERT_FALSE(e.ok()) << bad;
+    EXPECT_EQ(e.status().code(), ErrorCode::kInvalidArgument);
+    expect_field(e.status().message(), "host_memory_gib");
+  }
+  o.host_memory_gib = 0.5;  // no budget on the CPU: nothing streams, the limit is moot
+  e = Engine::load(o);
+  EXPECT_TRUE(e.ok()) << e.status().to_string();
 }
 
 // Runs `zimage` (no shell) with stderr captured; returns the exit code (-1 if it crashed).

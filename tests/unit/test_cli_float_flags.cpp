@@ -63,10 +63,10 @@ TEST(CliFloatFlags, GenerateNamesTheFlag) {
   TempDir d("gen");
   const std::string out = (d.path / "x.png").string();
   const std::vector<std::pair<std::string, std::string>> bad = {
-      {"--guidance", "nan"},        {"--guidance", "inf"},          {"--guidance", "1e39"},
-      {"--guidance", "150"},        {"--cfg-normalization", "nan"}, {"--cfg-truncation", "-inf"},
-      {"--control-scale", "inf"},   {"--strength", "nan"},          {"--vram-budget", "nan"},
-      {"--cfg-normalization", "-1"}};
+      {"--guidance", "nan"},         {"--guidance", "inf"},          {"--guidance", "1e39"},
+      {"--guidance", "150"},         {"--cfg-normalization", "nan"}, {"--cfg-truncation", "-inf"},
+      {"--control-scale", "inf"},    {"--strength", "nan"},          {"--vram-budget", "nan"},
+      {"--cfg-normalization", "-1"}, {"--host-memory", "nan"},       {"--host-memory", "-1"}};
   for (const auto& [flag, value] : bad) {
     const auto r = zimage(
         {"generate", "--prompt", "a", "--steps", "1", "--device", "cpu", flag, value, "-o", out});
@@ -83,6 +83,8 @@ TEST(CliFloatFlags, OtherCommandsRefuseNaN) {
   const std::vector<std::vector<std::string>> cmds = {
       {"worker", "--broker", kNoBroker, "--vram-budget", "nan"},
       {"serve", "--port", "0", "--vram-budget", "nan"},
+      {"serve", "--port", "0", "--host-memory", "nan"},
+      {"worker", "--broker", kNoBroker, "--host-memory", "nan"},
       {"bench", "--vram-budget", "nan"},
       {"bench", "--strength", "nan"},
       {"make-random-model", "--out", "/nonexistent/x", "--outlier-channels", "nan"}};

@@ -129,3 +129,57 @@ TEST(MemoryPlan, ImpossibleBudgetNamesTheMinimum) {
   auto ok = plan_memory(full_size(min_gib + 0.01));
   EXPECT_TRUE(ok.ok()) << ok.status().to_string();
 }
+
+// The host-memory limit (MemoryPlanInput::host_pinned_limit): streamed units are page-locked
+// while it allows, DiT blocks (streamed every step) before text-encoder layers, and the rest are
+// pageable; the device-side plan does not change with it, and the table a user reads from
+// --verbose states both amounts. Full size, bf16, 4 GiB budget: ~17 GiB stream.
+TEST(MemoryPlan, HostMemoryLimitPinsDitBlocksFirstAndTheRestPageable) {
+  const MemoryPlanInput unlimited_in = full_size(4);
+  auto unlimited = plan_memory(unlimited_in);
+  ASSERT_TRUE(unlimited.ok());
+  const uint64_t streamed_total = unlimited->host_pinned_bytes;
+  EXPECT_EQ(unlimited->host_pageable_bytes, 0u);
+  EXPECT_EQ(streamed_total, unlimited->dit_stream_bytes + unlimited->te_stream_bytes);
+  EXPECT_GT(streamed_total, 14 * kGiB) << unlimited->describe();
+  EXPECT_EQ(unlimited->describe().find("pageable"), std::string::npos);
+
+  for (double limit_gib : {12.0, 8.0, 4.0, 0.5}) {
+    SCOPED_TRACE(std::to_string(limit_gib) + " GiB pinned at most");
+    MemoryPlanInput in = unlimited_in;
+    in.host_pinned_limit = static_cast<uint64_t>(limit_gib * static_cast<double>(kGiB));
+    auto plan = plan_memory(in);
+    ASSERT_TRUE(plan.ok());
+    // The device side is the same plan.
+    EXPECT_EQ(plan->dit_streamed, unlimited->dit_streamed);
+    EXPECT_EQ(plan->te_streamed, unlimited->te_streamed);
+    EXPECT_EQ(plan->peak_bytes, unlimited->peak_bytes);
+    // Every streamed byte is held somewhere, pinned within the limit.
+    EXPECT_LE(plan->host_pinned_bytes, in.host_pinned_limit);
+    EXPECT_EQ(plan->host_pinned_bytes + plan->host_pageable_bytes, streamed_total);
+    EXPECT_GT(plan->host_pinned_bytes + std::max(in.dit_block_bytes, in.te_layer_bytes),
+              in.host_pinned_limit)
+        << "the limit is used up to the last unit that fits";
+    // Only streamed units are pageable, and a DiT block is pageable only when no further one fit
+    // in the limit (text-encoder layers, smaller, may fill what is left).
+    uint64_t dit_pinned = 0;
+    bool dit_pageable = false;
+    for (size_t i = 0; i < plan->dit_streamed.size(); ++i) {
+      if (plan->dit_pageable[i]) {
+        EXPECT_TRUE(plan->dit_streamed[i]);
+      }
+      dit_pageable = dit_pageable || plan->dit_pageable[i];
+      if (plan->dit_streamed[i] && !plan->dit_pageable[i]) dit_pinned += in.dit_block_bytes;
+    }
+    for (size_t i = 0; i < plan->te_streamed.size(); ++i) {
+      if (plan->te_pageable[i]) {
+        EXPECT_TRUE(plan->te_streamed[i]);
+      }
+    }
+    if (dit_pageable) {
+      EXPECT_GT(dit_pinned + in.dit_block_bytes, in.host_pinned_limit) << plan->describe();
+    }
+    EXPECT_NE(plan->describe().find("pageable (over the host-memory limit"), std::string::npos)
+        << plan->describe();
+  }
+}

@@ -129,10 +129,16 @@ Status to_fp8_compute(Backend& be, LinearWeight& w, const std::string& what) {
   return Status::Ok();
 }
 
-Status move_to_host(Backend& be, const std::vector<Tensor*>& tensors) {
+Status move_to_host(Backend& be, const std::vector<Tensor*>& tensors, bool pinned) {
   for (Tensor* t : tensors) {
     if (t == nullptr || !t->defined() || t->device() == Device::kCPU) continue;
-    auto host = be.alloc_pinned(t->dtype(), t->shape());
+    Result<Tensor> host = OutOfMemory("host copy of " + t->describe());
+    if (pinned) {
+      host = be.alloc_pinned(t->dtype(), t->shape());
+    } else {
+      Tensor h = Tensor::host(t->dtype(), t->shape());
+      if (h.defined()) host = std::move(h);
+    }
     if (!host.ok()) return host.status().with_context("host copy of " + t->describe());
     ZI_TRY(be.download(*t, *host));
     *t = std::move(host).value();

@@ -18,11 +18,11 @@
 
 namespace zimage {
 
-// Runtime LoRAs on one linear weight (model/adapters/lora_runtime.h), applied after its GEMM as a low-rank
-// side GEMM: y += (x · aᵀ) · bᵀ. The LoRAs of a request are stacked along the rank: a [R, K] holds
-// every down, b [N, R] every up times its whole scale, zero on rows a LoRA does not touch (a LoRA
-// on to_k lands on the middle third of the rows of the fused q|k|v weight). Act dtype, on the
-// device; immutable once made, so a recorded forward may hold their addresses.
+// Runtime LoRAs on one linear weight (model/adapters/lora_runtime.h), applied after its GEMM as a
+// low-rank side GEMM: y += (x · aᵀ) · bᵀ. The LoRAs of a request are stacked along the rank: a [R,
+// K] holds every down, b [N, R] every up times its whole scale, zero on rows a LoRA does not touch
+// (a LoRA on to_k lands on the middle third of the rows of the fused q|k|v weight). Act dtype, on
+// the device; immutable once made, so a recorded forward may hold their addresses.
 struct LoraSide {
   Tensor a;  // [R, K]
   Tensor b;  // [N, R]
@@ -72,12 +72,18 @@ struct WeightPlacement {
   // Fp8Layers bits: these linears become FP8 rows with fp8_compute set (the DiT only).
   unsigned fp8_compute = 0;
   // Keep weights the file stores quantised (FP8 with scales, GGUF blocks) in that form on the
-  // device, dequantised per layer before each GEMM (model/common/quantized_linear.h). False: widened to
-  // the act dtype at load (the reference the kept path is tested against).
+  // device, dequantised per layer before each GEMM (model/common/quantized_linear.h). False:
+  // widened to the act dtype at load (the reference the kept path is tested against).
   bool keep_quantized = true;
   // Per block in execution order: true = kept in host memory and streamed in before use.
   // Empty = every block on the device.
   std::vector<bool> streamed;
+  // Per block: a streamed block's host copy in pageable memory rather than page-locked (over the
+  // host-memory limit, pipeline/memory_plan.h). Empty = every streamed block pinned.
+  std::vector<bool> pageable;
+  bool is_pageable(int index) const {
+    return index >= 0 && index < static_cast<int>(pageable.size()) && pageable[index];
+  }
   // The backend stream slots the model may use: [first_slot, first_slot + slots).
   int first_slot = 0;
   int slots = 2;
@@ -106,8 +112,9 @@ Status to_fp8_rows(Backend& be, LinearWeight& w, const std::string& what);
 // and then quantised; an e4m3 row weight is used as it is.
 Status to_fp8_compute(Backend& be, LinearWeight& w, const std::string& what);
 
-// Moves device tensors into pinned host memory (Backend::alloc_pinned), in place: each defined
-// tensor is downloaded and replaced by its host copy. The bytes are exactly those on the device.
-Status move_to_host(Backend& be, const std::vector<Tensor*>& tensors);
+// Moves device tensors into host memory, in place: each defined tensor is downloaded and replaced
+// by its host copy, page-locked (Backend::alloc_pinned) or, with `pinned` false, pageable. The
+// bytes are exactly those on the device.
+Status move_to_host(Backend& be, const std::vector<Tensor*>& tensors, bool pinned = true);
 
 }  // namespace zimage

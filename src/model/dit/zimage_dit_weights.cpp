@@ -260,7 +260,7 @@ Status ZImageDiT::place_block(Block& b, int index) {
   }
   const bool streamed =
       index < static_cast<int>(placement_.streamed.size()) && placement_.streamed[index];
-  if (streamed) ZI_TRY(move_to_host(be_, b.tensors()));
+  if (streamed) ZI_TRY(move_to_host(be_, b.tensors(), !placement_.is_pageable(index)));
   return Status::Ok();
 }
 

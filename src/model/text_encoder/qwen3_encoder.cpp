@@ -157,7 +157,7 @@ Status Qwen3Encoder::place_layer(Layer& l, int index) {
     for (LinearWeight* w : {&l.wqkv, &l.wo, &l.wgu, &l.wdown}) ZI_TRY(to_fp8_rows(be_, *w, what));
   }
   if (index < static_cast<int>(placement_.streamed.size()) && placement_.streamed[index])
-    ZI_TRY(move_to_host(be_, l.tensors()));
+    ZI_TRY(move_to_host(be_, l.tensors(), !placement_.is_pageable(index)));
   return Status::Ok();
 }
 

@@ -1,0 +1,133 @@
+// FilePrefetcher (io/fs/prefetch.h): reads what is not cached, skips what is, honours its byte
+// limit, and goes past files it cannot read without hanging.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "io/fs/prefetch.h"
+
+namespace zimage {
+namespace {
+
+namespace fs = std::filesystem;
+
+class Prefetch : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("zimage_prefetch_" + std::to_string(::getpid()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  std::string write_file(const std::string& name, size_t bytes) {
+    const std::string path = (dir_ / name).string();
+    std::vector<char> data(bytes);
+    for (size_t i = 0; i < bytes; ++i) data[i] = static_cast<char>(i * 131 + 7);
+    std::ofstream(path, std::ios::binary).write(data.data(), static_cast<std::streamsize>(bytes));
+    return path;
+  }
+
+  // Written back and dropped from the page cache; false where the file system keeps it anyway
+  // (tmpfs), so the tests below assert what such a machine can show.
+  static bool drop(const std::string& path) {
+    const int fd = ::open(path.c_str(), O_RDONLY);
+    if (fd < 0) return false;
+    ::fsync(fd);
+    ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    ::close(fd);
+    return resident_fraction(path) < 0.5;
+  }
+
+  static double resident_fraction(const std::string& path) {
+    const int fd = ::open(path.c_str(), O_RDONLY);
+    struct stat st {};
+    ::fstat(fd, &st);
+    const size_t size = static_cast<size_t>(st.st_size);
+    void* m = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
+    ::close(fd);
+    const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+    std::vector<unsigned char> v((size + page - 1) / page);
+    size_t in = 0;
+    if (::mincore(m, size, v.data()) == 0)
+      for (unsigned char b : v) in += b & 1;
+    ::munmap(m, size);
+    return v.empty() ? 1.0 : static_cast<double>(in) / static_cast<double>(v.size());
+  }
+
+  fs::path dir_;
+};
+
+constexpr size_t kSize = 20u << 20;  // 2.5 chunks
+
+TEST_F(Prefetch, ReadsWhatIsNotCachedAndSkipsWhatIs) {
+  const std::string f = write_file("a.bin", kSize);
+  const bool dropped = drop(f);
+  auto p = FilePrefetcher::start({f});
+  ASSERT_NE(p, nullptr);
+  p->wait();
+  FilePrefetcher::Stats s = p->stats();
+  EXPECT_EQ(s.files, 1);
+  EXPECT_EQ(s.chunks, 3u);
+  EXPECT_EQ(s.read_bytes + s.cached_bytes, kSize);
+  if (dropped) {
+    EXPECT_GE(s.read_bytes, kSize / 2) << "a dropped file must be read";
+  }
+  EXPECT_GT(resident_fraction(f), 0.99) << "the file is in the page cache afterwards";
+
+  // Now cached: nothing is read again.
+  auto again = FilePrefetcher::start({f});
+  ASSERT_NE(again, nullptr);
+  again->wait();
+  s = again->stats();
+  EXPECT_EQ(s.read_bytes, 0u);
+  EXPECT_EQ(s.cached_bytes, kSize);
+}
+
+TEST_F(Prefetch, StopsAtItsByteLimit) {
+  const std::string a = write_file("a.bin", kSize), b = write_file("b.bin", kSize);
+  if (!drop(a) || !drop(b)) GTEST_SKIP() << "this file system keeps files cached (tmpfs?)";
+  const uint64_t limit = FilePrefetcher::kChunkBytes;
+  auto p = FilePrefetcher::start({a, b}, limit);
+  ASSERT_NE(p, nullptr);
+  p->wait();
+  const FilePrefetcher::Stats s = p->stats();
+  EXPECT_GE(s.read_bytes, limit);
+  EXPECT_LE(s.read_bytes, limit + FilePrefetcher::kChunkBytes);
+  EXPECT_LT(resident_fraction(b), 0.5) << "the second file was not read past the limit";
+}
+
+TEST_F(Prefetch, GoesPastFilesItCannotReadWithoutHanging) {
+  const std::string good = write_file("good.bin", 1u << 20);
+  const std::string empty = write_file("empty.bin", 0);
+  const std::string fifo = (dir_ / "fifo").string();
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  auto p =
+      FilePrefetcher::start({(dir_ / "missing.bin").string(), fifo, empty, dir_.string(), good});
+  ASSERT_NE(p, nullptr);
+  p->wait();  // a FIFO opened for reading would block here
+  const FilePrefetcher::Stats s = p->stats();
+  EXPECT_EQ(s.files, 5);
+  EXPECT_EQ(s.read_bytes + s.cached_bytes, 1u << 20) << "only the regular file is read";
+}
+
+TEST(PrefetchLimit, IsHalfOfAvailableMemoryWhenKnown) {
+  const uint64_t limit = FilePrefetcher::default_limit();
+  if (!fs::exists("/proc/meminfo")) {
+    EXPECT_EQ(limit, 0u);
+    return;
+  }
+  EXPECT_GT(limit, uint64_t{1} << 20);
+  EXPECT_LT(limit, uint64_t{1} << 50);
+}
+
+}  // namespace
+}  // namespace zimage
