@@ -1,12 +1,16 @@
 // The on-disk plan cache (io/fs/plan_cache.h): hints survive a new process (a new PlanCache on the
 // same folder), a file of another GPU / library version or a corrupt one is ignored and then
-// replaced, forget() drops a wrong hint, ZIMAGE_PLAN_CACHE=off disables the cache.
+// replaced, forget() drops a wrong hint, processes filling the cache at once keep each other's
+// entries, ZIMAGE_PLAN_CACHE=off disables the cache.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <string>
+#include <vector>
 
 #include "io/fs/plan_cache.h"
 
@@ -85,6 +89,70 @@ TEST(PlanCache, CorruptFilesAreIgnoredAndReplaced) {
   ASSERT_NE(f, nullptr);
   f->put("k", 1);
   EXPECT_EQ(f->get("k"), 1);  // still served from memory
+  fs::remove_all(d);
+}
+
+// Two (here four) first runs at once, each with an empty cache, each learning its own entries:
+// the file ends with all of them, not only the last writer's, and is valid throughout.
+TEST(PlanCache, ConcurrentFirstRunsKeepEachOthersEntries) {
+  const fs::path d = fresh_dir("zimage_plan_cache_conc");
+  constexpr int kProcs = 4, kKeys = 30;
+  std::vector<pid_t> kids;
+  for (int p = 0; p < kProcs; ++p) {
+    const pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      auto c = PlanCache::open(d.string(), "GPU");
+      for (int k = 0; k < kKeys; ++k) {
+        c->put("p" + std::to_string(p) + "k" + std::to_string(k), p * 100 + k);
+        // Another process's view of the file is always whole.
+        if (!PlanCache::open(d.string(), "GPU")) _exit(2);
+      }
+      _exit(c->size() >= kKeys ? 0 : 1);
+    }
+    kids.push_back(pid);
+  }
+  for (pid_t pid : kids) {
+    int status = 0;
+    ASSERT_EQ(waitpid(pid, &status, 0), pid);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  }
+  auto c = PlanCache::open(d.string(), "GPU");
+  EXPECT_EQ(c->size(), static_cast<size_t>(kProcs * kKeys));
+  for (int p = 0; p < kProcs; ++p)
+    for (int k = 0; k < kKeys; ++k)
+      EXPECT_EQ(c->get("p" + std::to_string(p) + "k" + std::to_string(k)), p * 100 + k);
+  fs::remove_all(d);
+}
+
+// A merge never brings back what this process forgot (a hint found wrong), and a process learns
+// the entries another wrote after it loaded.
+TEST(PlanCache, ForgottenHintsStayForgottenAcrossMerges) {
+  const fs::path d = fresh_dir("zimage_plan_cache_forget");
+  auto a = PlanCache::open(d.string(), "GPU");
+  auto b = PlanCache::open(d.string(), "GPU");
+  a->put("stale", 4);
+  b->put("other", 1);  // b merges a's "stale" in
+  EXPECT_EQ(b->get("stale"), 4);
+  b->forget("stale");
+  a->put("more", 2);  // a still holds "stale" in memory and writes it back...
+  b->put("last", 3);  // ...but b's next write keeps it forgotten in b's view
+  EXPECT_FALSE(b->get("stale").has_value());
+  EXPECT_EQ(b->get("more"), 2);
+  fs::remove_all(d);
+}
+
+// A cache left by an older library version (the identity names cuDNN's and cuBLASLt's versions)
+// is stale: not used, and the new version's file is a separate one, so going back and forth
+// between two installs never mixes their plans.
+TEST(PlanCache, StaleVersionIsIgnoredAndTheOldFileLeftAlone) {
+  const fs::path d = fresh_dir("zimage_plan_cache_stale");
+  PlanCache::open(d.string(), "H200 sm_90 cudnn 91000 cublasLt 130000")->put("conv", 3);
+  auto now = PlanCache::open(d.string(), "H200 sm_90 cudnn 91400 cublasLt 130000");
+  EXPECT_EQ(now->size(), 0u);
+  now->put("conv", 5);
+  EXPECT_EQ(PlanCache::open(d.string(), "H200 sm_90 cudnn 91000 cublasLt 130000")->get("conv"), 3);
+  EXPECT_EQ(PlanCache::open(d.string(), "H200 sm_90 cudnn 91400 cublasLt 130000")->get("conv"), 5);
   fs::remove_all(d);
 }
 

@@ -56,6 +56,15 @@ class CheckBackend final : public Backend {
     }
     return Status::Ok();
   }
+  // Loaders widen scaled-FP8 weights with it (model/common/load_util.h): validated and bound
+  // as a memory op, no bytes moved.
+  Status dequantize_fp8_rows(const Tensor& w8, const Tensor& scale, Tensor& y) override {
+    if (!w8.defined() || !scale.defined() || !y.defined() || w8.rank() != 2 ||
+        scale.numel() != w8.dim(0) || y.numel() != w8.numel())
+      return InvalidArgument("dequantize_fp8_rows: " + w8.describe() + " x " + scale.describe() +
+                             " -> " + y.describe());
+    return Status::Ok();
+  }
   Status fill(Tensor&, float) override { return Status::Ok(); }
   Status synchronize() override { return Status::Ok(); }
 

@@ -1,10 +1,16 @@
 // See plan_cache.h.
 #include "io/fs/plan_cache.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "core/log.h"
 #include "io/fs/bundle_cache.h"
@@ -29,6 +35,66 @@ uint64_t fnv1a(const std::string& s) {
   return h;
 }
 
+// The entries of the cache file at `path` made for `identity`; nullopt when there is no usable
+// file (missing, unreadable, corrupt, another identity: logged when `log` is set).
+std::optional<std::map<std::string, int64_t>> read_entries(const std::string& path,
+                                                           const std::string& identity, bool log) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return std::nullopt;
+  auto text = read_input_file(path, kMaxFileBytes);
+  if (!text.ok()) {
+    if (log) ZI_WARN("plan cache %s ignored: %s", path.c_str(), text.status().message().c_str());
+    return std::nullopt;
+  }
+  const nlohmann::json j = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("identity") || !j["identity"].is_string() ||
+      !j.contains("entries") || !j["entries"].is_object()) {
+    if (log)
+      ZI_WARN("plan cache %s is not a zimage plan cache (corrupt?); ignored and rewritten",
+              path.c_str());
+    return std::nullopt;
+  }
+  if (j["identity"].get<std::string>() != identity) {
+    if (log)
+      ZI_INFO("plan cache %s was made for another GPU or library version; ignored", path.c_str());
+    return std::nullopt;
+  }
+  std::map<std::string, int64_t> entries;
+  for (const auto& [k, v] : j["entries"].items())
+    if (v.is_number_integer()) entries[k] = v.get<int64_t>();
+  return entries;
+}
+
+// An exclusive advisory lock on `path` + ".lock" for one read-merge-write, so processes that
+// fill the cache at the same time (two first runs) keep each other's entries. Held for
+// milliseconds; after 2 s of waiting the write goes ahead unlocked (the file stays whole either
+// way: it is replaced by rename), which at worst loses a hint.
+class FileLock {
+ public:
+  explicit FileLock(const std::string& path) {
+    fd_ = ::open((path + ".lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd_ < 0) return;
+    for (int i = 0; i < 400; ++i) {
+      if (::flock(fd_, LOCK_EX | LOCK_NB) == 0) {
+        locked_ = true;
+        return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  }
+  ~FileLock() {
+    if (fd_ < 0) return;
+    if (locked_) ::flock(fd_, LOCK_UN);
+    ::close(fd_);
+  }
+  FileLock(const FileLock&) = delete;
+  FileLock& operator=(const FileLock&) = delete;
+
+ private:
+  int fd_ = -1;
+  bool locked_ = false;
+};
+
 }  // namespace
 
 std::unique_ptr<PlanCache> PlanCache::open(const std::string& dir, const std::string& identity) {
@@ -48,26 +114,9 @@ std::unique_ptr<PlanCache> PlanCache::open(const std::string& dir, const std::st
 }
 
 void PlanCache::load() {
-  std::error_code ec;
-  if (!std::filesystem::exists(path_, ec)) return;
-  auto text = read_input_file(path_, kMaxFileBytes);
-  if (!text.ok()) {
-    ZI_WARN("plan cache %s ignored: %s", path_.c_str(), text.status().message().c_str());
-    return;
-  }
-  const nlohmann::json j = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object() || !j.contains("identity") || !j["identity"].is_string() ||
-      !j.contains("entries") || !j["entries"].is_object()) {
-    ZI_WARN("plan cache %s is not a zimage plan cache (corrupt?); ignored and rewritten",
-            path_.c_str());
-    return;
-  }
-  if (j["identity"].get<std::string>() != identity_) {
-    ZI_INFO("plan cache %s was made for another GPU or library version; ignored", path_.c_str());
-    return;
-  }
-  for (const auto& [k, v] : j["entries"].items())
-    if (v.is_number_integer()) entries_[k] = v.get<int64_t>();
+  auto entries = read_entries(path_, identity_, /*log=*/true);
+  if (!entries) return;
+  entries_ = std::move(*entries);
   ZI_DEBUG("plan cache %s: %zu entries", path_.c_str(), entries_.size());
 }
 
@@ -91,15 +140,23 @@ void PlanCache::put(const std::string& key, int64_t value) {
 
 void PlanCache::forget(const std::string& key) {
   std::lock_guard<std::mutex> lock(mu_);
+  forgotten_.insert(key);
   if (entries_.erase(key) > 0) save_locked();
 }
 
-void PlanCache::save_locked() const {
+void PlanCache::save_locked() {
   std::error_code ec;
   std::filesystem::create_directories(std::filesystem::path(path_).parent_path(), ec);
   if (ec) {
     ZI_DEBUG("plan cache: cannot create the folder of %s: %s", path_.c_str(), ec.message().c_str());
     return;
+  }
+  // Read, merge, write under the lock: what other processes wrote since this one loaded is kept
+  // (and learnt), this one's entries win for the same key, and what it forgot stays forgotten.
+  FileLock file_lock(path_);
+  if (auto on_disk = read_entries(path_, identity_, /*log=*/false)) {
+    for (auto& [k, v] : *on_disk)
+      if (!forgotten_.count(k)) entries_.emplace(k, v);
   }
   nlohmann::json j{{"identity", identity_}, {"entries", entries_}};
   const Status st = write_output_file(path_, j.dump(1) + "\n");

@@ -8,8 +8,9 @@
 // ignored with one log line and replaced on the next put; a cached value is only a hint the user
 // of the cache verifies (a plan index that no longer builds is forgotten and searched again).
 // Writes replace the file atomically (temporary file + rename), so concurrent processes never
-// see a torn file; the last writer wins, which at worst loses a hint. ZIMAGE_PLAN_CACHE=off
-// disables it. Thread-safe.
+// see a torn file, and each write merges what is on disk under an advisory lock (<file>.lock), so
+// processes filling the cache at once (two first runs) keep each other's entries.
+// ZIMAGE_PLAN_CACHE=off disables it. Thread-safe.
 #pragma once
 
 #include <cstdint>
@@ -17,6 +18,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 
 namespace zimage {
@@ -39,11 +41,12 @@ class PlanCache {
  private:
   PlanCache() = default;
   void load();
-  void save_locked() const;
+  void save_locked();
 
   std::string path_, identity_;
   mutable std::mutex mu_;
   std::map<std::string, int64_t> entries_;
+  std::set<std::string> forgotten_;  // dropped by forget(): not merged back from the file
 };
 
 }  // namespace zimage

@@ -24,8 +24,33 @@ Result<Tensor> upload_host(Backend& be, const Tensor& host, DType dtype) {
   return r;
 }
 
+Result<Tensor> widen_scaled_fp8(const WeightStore& ws, Backend& be, const std::string& name,
+                                const Shape& shape) {
+  ZI_ASSIGN_OR_RETURN(Fp8StoredWeight s, ws.fp8(name));
+  if (s.data.shape() != shape || shape.size() != 2)
+    return FormatError(ws.path() + ": tensor " + name + " " + s.data.describe() +
+                       " does not match its expected shape " + shape_string(shape));
+  const int64_t rows = shape[0];
+  if (!s.scale.defined() || s.scale.dtype() != DType::kF32 ||
+      (s.scale.numel() != 1 && s.scale.numel() != rows))
+    return FormatError(ws.path() + ": the scale of " + name + " is not f32 [1] or [" +
+                       std::to_string(rows) + "]");
+  Tensor scale = Tensor::host(DType::kF32, {rows});
+  if (!scale.defined()) return OutOfMemory("scales of " + name);
+  const float* in = s.scale.data_as<float>();
+  for (int64_t r = 0; r < rows; ++r) scale.data_as<float>()[r] = in[s.scale.numel() == 1 ? 0 : r];
+  ZI_ASSIGN_OR_RETURN(Tensor w8, upload_host(be, s.data, s.data.dtype()));
+  ZI_ASSIGN_OR_RETURN(Tensor dscale, upload_host(be, scale, DType::kF32));
+  auto out = be.alloc(be.act_dtype(), shape);
+  if (!out.ok()) return out.status().with_context("widening " + name);
+  Status st = be.dequantize_fp8_rows(w8, dscale, *out);
+  if (!st.ok()) return st.with_context("widening " + name);
+  return out;
+}
+
 Result<Tensor> weight(const WeightStore& ws, Backend& be, const std::string& name,
                       const Shape& shape) {
+  if (shape.size() == 2 && ws.is_scaled_fp8(name)) return widen_scaled_fp8(ws, be, name, shape);
   ZI_ASSIGN_OR_RETURN(Tensor src, ws.get(name, shape));  // file dtype, shape checked
   if (!dtype_is_float(src.dtype())) {
     return Unsupported("tensor " + name + " has non-float dtype " + dtype_name(src.dtype()));

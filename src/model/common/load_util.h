@@ -18,9 +18,17 @@ namespace zimage::load {
 // Host float32 copy of `name`, whose shape must be `shape`.
 Result<Tensor> host_f32(const WeightStore& ws, const std::string& name, const Shape& shape);
 
-// `name` (shape checked) uploaded to `be` in be.act_dtype().
+// `name` (shape checked) uploaded to `be` in be.act_dtype(). A scaled-FP8 matrix (a ComfyUI FP8
+// file's linear weight; WeightStore::is_scaled_fp8) is widened on the device: widen_scaled_fp8.
 Result<Tensor> weight(const WeightStore& ws, Backend& be, const std::string& name,
                       const Shape& shape);
+
+// A scaled-FP8 matrix [N, K] widened on the device: its stored FP8 bytes and one float32 scale per
+// row uploaded, multiplied there (Backend::dequantize_fp8_rows: the float32 product of
+// dequantize_f32 in io/weights/scaled_fp8.h, rounded once to the act dtype, the same values).
+// Why: widening on the host wrote 4 bytes per weight on one thread, minutes for a full model.
+Result<Tensor> widen_scaled_fp8(const WeightStore& ws, Backend& be, const std::string& name,
+                                const Shape& shape);
 
 // `name` (shape checked) as a zero-copy host view in the file's dtype (must be a float dtype).
 Result<Tensor> host_view(const WeightStore& ws, const std::string& name, const Shape& shape);

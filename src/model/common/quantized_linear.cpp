@@ -113,8 +113,24 @@ Result<LinearWeight> load_linear(const WeightStore& ws, Backend& be,
   const KeptForm f = kept_form(ws, parts, be.act_dtype(), keep_quantized);
   LinearWeight lw;
   if (f.kind == KeptForm::kWide) {
+    bool scaled = false;
+    for (const LinearPart& p : parts) scaled = scaled || ws.is_scaled_fp8(p.name);
     if (parts.size() == 1) {
       ZI_ASSIGN_OR_RETURN(lw.w, load::weight(ws, be, parts[0].name, parts[0].shape));
+    } else if (scaled) {
+      // Scaled-FP8 parts are widened on the device (load::widen_scaled_fp8), each copied into
+      // its rows there.
+      const int64_t k = parts[0].shape[1];
+      int64_t rows = 0;
+      for (const LinearPart& p : parts) rows += p.shape[0];
+      ZI_ASSIGN_OR_RETURN(Tensor fused, load::alloc(be, be.act_dtype(), {rows, k}, what));
+      int64_t r0 = 0;
+      for (const LinearPart& p : parts) {
+        ZI_ASSIGN_OR_RETURN(Tensor part, load::weight(ws, be, p.name, p.shape));
+        ZI_TRY(be.copy_2d(part, 0, k, fused, r0 * k, k, p.shape[0], k));
+        r0 += p.shape[0];
+      }
+      lw.w = std::move(fused);
     } else {
       std::vector<Tensor> views;
       for (const LinearPart& p : parts) {
