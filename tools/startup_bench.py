@@ -124,9 +124,9 @@ def parse(log):
 
 def run_once(args, name, i, extra, env):
     out_png = os.path.join(args.out, "startup_%s_%d.png" % (name, i))
-    cmd = [args.bin, "generate", "--prompt", PROMPT, "--seed", "42", "--width", "1024",
-           "--height", "1024", "--steps", "8", "--device", "cuda", "--verbose", "--output",
-           out_png] + extra
+    cmd = [args.bin, "generate", "--prompt", PROMPT, "--seed", "42", "--width", str(args.size),
+           "--height", str(args.size), "--steps", "8", "--device", args.device, "--verbose",
+           "--output", out_png] + extra
     if not any(a in ("--dit",) for a in extra):
         cmd += ["--model", args.model]
     t = time.monotonic()
@@ -166,6 +166,8 @@ def main():
     ap.add_argument("--text-encoder")
     ap.add_argument("--iters", type=int, default=3)
     ap.add_argument("--label", default="")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--size", type=int, default=1024)
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     base = dict(os.environ)

@@ -193,6 +193,10 @@ def test_load_errors(tmp_path):
     with pytest.raises(zimage.InvalidArgument) as info:
         zimage.Engine(dit=str(tmp_path / "dit.safetensors"))
     assert info.value.field == "model"
+    for bad in (-1, float("nan"), "8"):
+        with pytest.raises(zimage.InvalidArgument) as info:
+            zimage.Engine(device="cpu", host_memory=bad)
+        assert "host_memory" in str(info.value), info.value
 
 
 def test_two_threads_share_an_engine(engine):

@@ -77,6 +77,8 @@ class Engine:
     that part of ``model``; all three need no ``model``. ``device``: "auto" (CUDA when usable),
     "cpu", "cuda", "cuda:N". ``precision``: "auto", "bf16", "f32", "fp8". ``weights``: "bf16" or
     "fp8" storage. ``vram_budget``: GiB the process may hold on the GPU (0: no limit).
+    ``host_memory``: GiB the weights streamed under a budget may page-lock (0: half of the
+    machine's memory); the rest stream from pageable memory.
     ``loras``: merged at load (see ``generate`` for the accepted forms). ``controlnet``: a Z-Image
     ControlNet folder or file. ``threads``: CPU threads (0: all).
 
@@ -88,7 +90,7 @@ class Engine:
     def __init__(self, model: Union[None, str, os.PathLike] = None, device: str = "auto", *,
                  dit=None, text_encoder=None, vae=None, tokenizer=None,
                  precision: str = "auto", weights: str = "bf16", vram_budget: float = 0,
-                 loras: LoraArg = None, controlnet=None, threads: int = 0,
+                 host_memory: float = 0, loras: LoraArg = None, controlnet=None, threads: int = 0,
                  fp8_layers: str = "all", vae_tiling: str = "auto", lora_lenient: bool = False):
         files = {"dit": _path(dit, "dit"), "text_encoder": _path(text_encoder, "text_encoder"),
                  "vae": _path(vae, "vae")}
@@ -115,7 +117,8 @@ class Engine:
             model_dir=model_dir, dit_file=files["dit"], text_encoder_file=files["text_encoder"],
             vae_file=files["vae"], tokenizer_dir=tokenizer_dir, device=device,
             precision=precision, fp8_layers=fp8_layers, weights=weights,
-            vram_budget_gib=_float(vram_budget, "vram_budget"), vae_tiling=vae_tiling,
+            vram_budget_gib=_float(vram_budget, "vram_budget"),
+            host_memory_gib=_float(host_memory, "host_memory"), vae_tiling=vae_tiling,
             threads=_int(threads, "threads"), loras=_loras(loras), lora_lenient=bool(lora_lenient),
             controlnet=_path(controlnet, "controlnet"))
 
