@@ -96,13 +96,36 @@ TEST_F(Prefetch, StopsAtItsByteLimit) {
   const std::string a = write_file("a.bin", kSize), b = write_file("b.bin", kSize);
   if (!drop(a) || !drop(b)) GTEST_SKIP() << "this file system keeps files cached (tmpfs?)";
   const uint64_t limit = FilePrefetcher::kChunkBytes;
-  auto p = FilePrefetcher::start({a, b}, limit);
+  auto p = FilePrefetcher::start({a, b}, limit, /*threads=*/1);
   ASSERT_NE(p, nullptr);
   p->wait();
   const FilePrefetcher::Stats s = p->stats();
   EXPECT_GE(s.read_bytes, limit);
   EXPECT_LE(s.read_bytes, limit + FilePrefetcher::kChunkBytes);
   EXPECT_LT(resident_fraction(b), 0.5) << "the second file was not read past the limit";
+  // Several threads overshoot by at most one chunk each.
+  ASSERT_TRUE(drop(a) && drop(b));
+  auto q = FilePrefetcher::start({a, b}, limit, /*threads=*/4);
+  ASSERT_NE(q, nullptr);
+  q->wait();
+  EXPECT_GE(q->stats().read_bytes, limit);
+  EXPECT_LE(q->stats().read_bytes, limit + 4 * FilePrefetcher::kChunkBytes);
+}
+
+// Four threads over three files take every chunk exactly once, in file order.
+TEST_F(Prefetch, ThreadsShareTheChunksOfSeveralFiles) {
+  std::vector<std::string> files;
+  for (size_t size : {kSize, size_t{3} << 20, kSize + 5})
+    files.push_back(write_file("f" + std::to_string(files.size()), size));
+  for (const std::string& f : files) drop(f);
+  auto p = FilePrefetcher::start(files, 0, /*threads=*/4);
+  ASSERT_NE(p, nullptr);
+  p->wait();
+  const FilePrefetcher::Stats s = p->stats();
+  EXPECT_EQ(s.files, 3);
+  EXPECT_EQ(s.chunks, 3u + 1u + 3u);
+  EXPECT_EQ(s.read_bytes + s.cached_bytes, kSize + (size_t{3} << 20) + kSize + 5);
+  for (const std::string& f : files) EXPECT_GT(resident_fraction(f), 0.99) << f;
 }
 
 TEST_F(Prefetch, GoesPastFilesItCannotReadWithoutHanging) {

@@ -14,26 +14,34 @@
 namespace zimage {
 
 std::unique_ptr<FilePrefetcher> FilePrefetcher::start(std::vector<std::string> files,
-                                                      uint64_t max_bytes) {
+                                                      uint64_t max_bytes, int threads) {
   std::unique_ptr<FilePrefetcher> p(new (std::nothrow) FilePrefetcher());
   if (!p) return nullptr;
-  p->files_ = std::move(files);
+  p->paths_ = std::move(files);
   p->max_bytes_ = max_bytes;
   try {
-    p->thread_ = std::thread([raw = p.get()] { raw->run(); });
-  } catch (const std::system_error&) {
-    return nullptr;  // no thread: the loader reads the files itself
+    p->open_files();
+    for (int i = 0; i < std::max(1, threads); ++i)
+      p->threads_.emplace_back([raw = p.get()] { raw->run(); });
+  } catch (const std::system_error&) {  // fewer threads, or none: the loader reads anyway
+  } catch (const std::bad_alloc&) {
   }
+  if (p->threads_.empty()) return nullptr;
   return p;
 }
 
 FilePrefetcher::~FilePrefetcher() {
   stop_.store(true);
-  if (thread_.joinable()) thread_.join();
+  wait();
+  for (const auto& f : files_) {
+    if (f->map) ::munmap(const_cast<unsigned char*>(f->map), f->size);
+    if (f->fd >= 0) ::close(f->fd);
+  }
 }
 
 void FilePrefetcher::wait() {
-  if (thread_.joinable()) thread_.join();
+  for (std::thread& t : threads_)
+    if (t.joinable()) t.join();
 }
 
 FilePrefetcher::Stats FilePrefetcher::stats() const {
@@ -61,56 +69,75 @@ uint64_t FilePrefetcher::default_limit() {
   return found ? static_cast<uint64_t>(kib) * 1024 / 2 : 0;
 }
 
-void FilePrefetcher::run() {
-  std::vector<unsigned char> buffer;
-  try {
-    buffer.resize(kChunkBytes);
-  } catch (const std::bad_alloc&) {
-    return;
-  }
-  for (const std::string& path : files_) {
-    if (stop_.load()) break;
-    if (max_bytes_ != 0 && read_bytes_.load() >= max_bytes_) break;
-    prefetch_file(path, buffer);
-    files_done_.fetch_add(1);
+void FilePrefetcher::open_files() {
+  for (const std::string& path : paths_) {
+    files_.push_back(std::make_unique<File>());
+    File& f = *files_.back();
+    // O_NONBLOCK: a FIFO in a model folder must not hang the thread (the loader rejects it).
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    struct stat st {};
+    if (fd < 0 || ::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size <= 0) {
+      if (fd >= 0) ::close(fd);
+      files_done_.fetch_add(1);  // nothing to read: gone through
+      continue;
+    }
+    f.fd = fd;
+    f.size = static_cast<uint64_t>(st.st_size);
+    f.chunks = (f.size + kChunkBytes - 1) / kChunkBytes;
+    void* map = ::mmap(nullptr, f.size, PROT_READ, MAP_SHARED, fd, 0);
+    if (map != MAP_FAILED) f.map = static_cast<const unsigned char*>(map);
   }
 }
 
-void FilePrefetcher::prefetch_file(const std::string& path, std::vector<unsigned char>& buffer) {
-  // O_NONBLOCK: a FIFO in a model folder must not hang the thread (the loader rejects it).
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) return;
-  struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size <= 0) {
-    ::close(fd);
+void FilePrefetcher::run() {
+  std::vector<unsigned char> buffer, resident;
+  try {
+    buffer.resize(kChunkBytes);
+    resident.resize(kChunkBytes / 4096 + 1);
+  } catch (const std::bad_alloc&) {
     return;
   }
-  const auto size = static_cast<uint64_t>(st.st_size);
-  void* map = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
-  const long page_size = ::sysconf(_SC_PAGESIZE);
-  const uint64_t page = page_size > 0 ? static_cast<uint64_t>(page_size) : 4096;
-  std::vector<unsigned char> resident(kChunkBytes / page + 1);
-  for (uint64_t off = 0; off < size && !stop_.load(); off += kChunkBytes) {
-    if (max_bytes_ != 0 && read_bytes_.load() >= max_bytes_) break;
-    const uint64_t n = std::min(kChunkBytes, size - off);
-    chunks_.fetch_add(1);
-    bool cached = false;
-    if (map != MAP_FAILED &&
-        ::mincore(static_cast<unsigned char*>(map) + off, n, resident.data()) == 0) {
-      const uint64_t pages = (n + page - 1) / page;
-      cached = std::all_of(resident.begin(), resident.begin() + static_cast<long>(pages),
-                           [](unsigned char v) { return (v & 1) != 0; });
+  for (;;) {
+    if (stop_.load()) return;
+    if (max_bytes_ != 0 && read_bytes_.load() >= max_bytes_) return;
+    // The next chunk in file order: threads take chunks one at a time, so they read the files
+    // front to back together, each keeping one request in flight.
+    uint64_t i = next_.fetch_add(1);
+    File* f = nullptr;
+    for (const auto& file : files_) {
+      if (i < file->chunks) {
+        f = file.get();
+        break;
+      }
+      i -= file->chunks;
     }
-    if (cached) {
-      cached_bytes_.fetch_add(n);
-      continue;
-    }
-    const ssize_t r = ::pread(fd, buffer.data(), n, static_cast<off_t>(off));
-    if (r <= 0) break;  // the loader meets and reports the same error
-    read_bytes_.fetch_add(static_cast<uint64_t>(r));
+    if (f == nullptr) return;  // past the last chunk
+    if (!f->failed.load() && !prefetch_chunk(*f, i, buffer, resident)) f->failed.store(true);
+    if (f->chunks_done.fetch_add(1) + 1 == f->chunks) files_done_.fetch_add(1);
   }
-  if (map != MAP_FAILED) ::munmap(map, size);
-  ::close(fd);
+}
+
+bool FilePrefetcher::prefetch_chunk(File& f, uint64_t c, std::vector<unsigned char>& buffer,
+                                    std::vector<unsigned char>& resident) {
+  const uint64_t off = c * kChunkBytes;
+  const uint64_t n = std::min(kChunkBytes, f.size - off);
+  chunks_.fetch_add(1);
+  if (f.map != nullptr) {
+    const long page_size = ::sysconf(_SC_PAGESIZE);
+    const uint64_t page = page_size > 0 ? static_cast<uint64_t>(page_size) : 4096;
+    const uint64_t pages = (n + page - 1) / page;
+    if (pages <= resident.size() &&
+        ::mincore(const_cast<unsigned char*>(f.map) + off, n, resident.data()) == 0 &&
+        std::all_of(resident.begin(), resident.begin() + static_cast<long>(pages),
+                    [](unsigned char v) { return (v & 1) != 0; })) {
+      cached_bytes_.fetch_add(n);
+      return true;
+    }
+  }
+  const ssize_t r = ::pread(f.fd, buffer.data(), n, static_cast<off_t>(off));
+  if (r <= 0) return false;  // the loader meets and reports the same error
+  read_bytes_.fetch_add(static_cast<uint64_t>(r));
+  return true;
 }
 
 }  // namespace zimage

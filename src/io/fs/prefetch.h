@@ -1,4 +1,4 @@
-// Reads weight files into the page cache ahead of the loader, on one background thread, in the
+// Reads weight files into the page cache ahead of the loader, on background threads, in the
 // order the loader will read them. Why: a new process spends its first few hundred milliseconds
 // starting CUDA and its libraries, and from a cold page cache the loader's reads fault the mapped
 // files in piece by piece; a sequential reader started at once overlaps the disk with that
@@ -8,9 +8,15 @@
 // read-only mapping) and reads the chunk with pread only when some are not, so a warm page cache
 // costs one system call per chunk and no copying. It stops after `max_bytes` read (the caller
 // passes what the machine can cache without evicting what it just read), at the end of the list,
-// or when destroyed (the destructor waits for the chunk being read). Errors (a file that cannot be
-// opened or read) end the prefetch of that file silently: the loader reads it anyway and reports
-// its own error. Never throws; a thread that cannot be started means no prefetch.
+// or when destroyed (the destructor waits for the chunks being read). Errors (a file that cannot
+// be opened or read) end the prefetch of that file silently: the loader reads it anyway and
+// reports its own error. Never throws; a thread that cannot be started means no prefetch.
+//
+// Measured on this project's development machine (virtio disk; the 8 GB text encoder dropped from
+// the page cache; a 0.4 s start-up simulated first, then the files read the uploader's way, 64 MiB
+// pieces copied by 2 threads from the mapping): 6.6-6.9 s alone, 4.5-4.9 s with 1 or 2 prefetch
+// threads, 3.7 s with 4, against 2.6 s for `dd` of the same files (+ the 0.4 s); with the files
+// cached, 4 threads go through them in 0.08 s. Hence 4 threads by default.
 #pragma once
 
 #include <atomic>
@@ -33,9 +39,10 @@ class FilePrefetcher {
 
   static constexpr uint64_t kChunkBytes = uint64_t{8} << 20;
 
-  // Starts reading `files` in order; `max_bytes` == 0 reads them all.
+  // Starts reading `files` in order on `threads` threads (each takes the next chunk, so they
+  // keep that many requests in flight); `max_bytes` == 0 reads them all.
   static std::unique_ptr<FilePrefetcher> start(std::vector<std::string> files,
-                                               uint64_t max_bytes = 0);
+                                               uint64_t max_bytes = 0, int threads = 4);
   ~FilePrefetcher();
   FilePrefetcher(const FilePrefetcher&) = delete;
   FilePrefetcher& operator=(const FilePrefetcher&) = delete;
@@ -50,16 +57,30 @@ class FilePrefetcher {
   static uint64_t default_limit();
 
  private:
-  FilePrefetcher() = default;
-  void run();
-  void prefetch_file(const std::string& path, std::vector<unsigned char>& buffer);
+  struct File {
+    int fd = -1;
+    const unsigned char* map = nullptr;  // read-only shared mapping, for mincore; may be null
+    uint64_t size = 0;
+    uint64_t chunks = 0;
+    std::atomic<uint64_t> chunks_done{0};
+    std::atomic<bool> failed{false};  // a read failed: its other chunks are skipped
+  };
 
-  std::vector<std::string> files_;
+  FilePrefetcher() = default;
+  void open_files();
+  void run();
+  // Reads (or finds cached) chunk `c` of file `f`; false when the file cannot be read further.
+  bool prefetch_chunk(File& f, uint64_t c, std::vector<unsigned char>& buffer,
+                      std::vector<unsigned char>& resident);
+
+  std::vector<std::string> paths_;
+  std::vector<std::unique_ptr<File>> files_;
   uint64_t max_bytes_ = 0;
   std::atomic<bool> stop_{false};
+  std::atomic<uint64_t> next_{0};  // the next chunk to take, counted over all files in order
   std::atomic<uint64_t> chunks_{0}, read_bytes_{0}, cached_bytes_{0};
   std::atomic<int> files_done_{0};
-  std::thread thread_;
+  std::vector<std::thread> threads_;
 };
 
 }  // namespace zimage
