@@ -7,7 +7,6 @@
 #include <filesystem>
 #include <mutex>
 #include <new>
-#include <system_error>
 #include <thread>
 #include <utility>
 
@@ -89,15 +88,19 @@ Result<std::unique_ptr<Engine>> Engine::load_impl(const EngineOptions& options) 
     if (!sp_devices.empty()) first.device = sp_devices[0];
     Result<std::unique_ptr<Backend>> backend = InternalError("backend not started");
     std::string precision;
-    auto start_backend = [&] {
-      backend = guarded("starting the backend", [&]() -> Result<std::unique_ptr<Backend>> {
-        return make_backend(first.device, first.precision, first.threads, precision);
-      });
+    auto start_backend = [&]() noexcept {
+      try {
+        backend = guarded("starting the backend", [&]() -> Result<std::unique_ptr<Backend>> {
+          return make_backend(first.device, first.precision, first.threads, precision);
+        });
+      } catch (...) {  // guarded's own message could not be allocated
+        backend = InternalError("starting the backend: out of host memory");
+      }
     };
-    std::thread starter;
+    std::jthread starter;  // joined on every way out of this scope, exceptions included
     try {
-      starter = std::thread(start_backend);
-    } catch (const std::system_error&) {
+      starter = std::jthread(start_backend);
+    } catch (const std::exception&) {
       start_backend();  // no thread to spare: one after the other
     }
     prepared = guarded("opening the model", [&] { return TextToImage::prepare(paths); });
@@ -132,7 +135,8 @@ Result<std::unique_ptr<Engine>> Engine::load_impl(const EngineOptions& options) 
     return InvalidArgument("host_memory_gib: must be a number of GiB >= 0 (0 = half of memory)");
   load_options.host_pinned_limit =
       options.host_memory_gib > 0
-          ? static_cast<uint64_t>(options.host_memory_gib * 1024.0 * 1024.0 * 1024.0)
+          ? std::max<uint64_t>(
+                1, static_cast<uint64_t>(options.host_memory_gib * 1024.0 * 1024.0 * 1024.0))
           : default_pinned_limit();
   load_options.fp8_weights = options.weights == "fp8";
   load_options.plan_width = load_options.plan_height = std::min(options.max_side, 1024);

@@ -125,20 +125,40 @@ TEST(PlanCache, ConcurrentFirstRunsKeepEachOthersEntries) {
   fs::remove_all(d);
 }
 
-// A merge never brings back what this process forgot (a hint found wrong), and a process learns
-// the entries another wrote after it loaded.
-TEST(PlanCache, ForgottenHintsStayForgottenAcrossMerges) {
-  const fs::path d = fresh_dir("zimage_plan_cache_forget");
+// A merge never brings back what this process forgot (a hint found wrong), a process learns the
+// entries another wrote after it loaded, and a hint it only loaded never overwrites a newer one
+// on disk: process A finds plan 3 wrong and learns plan 5; B, which loaded plan 3, then writes
+// something else, and plan 5 stays.
+TEST(PlanCache, MergesKeepTheNewestWordOnEachHint) {
+  const fs::path d = fresh_dir("zimage_plan_cache_merge");
+  PlanCache::open(d.string(), "GPU")->put("conv", 3);
   auto a = PlanCache::open(d.string(), "GPU");
   auto b = PlanCache::open(d.string(), "GPU");
+  EXPECT_EQ(a->get("conv"), 3);
+  EXPECT_EQ(b->get("conv"), 3);
+  a->forget("conv");
+  a->put("conv", 5);
+  b->put("other", 1);  // b only loaded "conv": the file's newer 5 wins
+  EXPECT_EQ(b->get("conv"), 5);
+  EXPECT_EQ(PlanCache::open(d.string(), "GPU")->get("conv"), 5);
+  EXPECT_EQ(PlanCache::open(d.string(), "GPU")->get("other"), 1);
+  // A hint forgotten by one process is not written back by another that only loaded it.
   a->put("stale", 4);
-  b->put("other", 1);  // b merges a's "stale" in
-  EXPECT_EQ(b->get("stale"), 4);
-  b->forget("stale");
-  a->put("more", 2);  // a still holds "stale" in memory and writes it back...
-  b->put("last", 3);  // ...but b's next write keeps it forgotten in b's view
-  EXPECT_FALSE(b->get("stale").has_value());
-  EXPECT_EQ(b->get("more"), 2);
+  auto c = PlanCache::open(d.string(), "GPU");
+  EXPECT_EQ(c->get("stale"), 4);
+  a->forget("stale");
+  c->put("more", 2);
+  EXPECT_FALSE(PlanCache::open(d.string(), "GPU")->get("stale").has_value());
+  EXPECT_FALSE(c->get("stale").has_value());
+  // The process that forgot a value keeps it out when it writes again; a different value
+  // another process learnt since is a new word, and kept.
+  b->put("stale", 4);
+  a->put("last", 3);
+  EXPECT_FALSE(PlanCache::open(d.string(), "GPU")->get("stale").has_value());
+  b->put("stale", 6);
+  a->put("later", 7);
+  EXPECT_EQ(PlanCache::open(d.string(), "GPU")->get("stale"), 6);
+  EXPECT_EQ(a->get("stale"), 6);
   fs::remove_all(d);
 }
 

@@ -135,13 +135,19 @@ size_t PlanCache::size() const {
 void PlanCache::put(const std::string& key, int64_t value) {
   std::lock_guard<std::mutex> lock(mu_);
   entries_[key] = value;
+  learnt_.insert(key);
+  forgotten_.erase(key);
   save_locked();
 }
 
 void PlanCache::forget(const std::string& key) {
   std::lock_guard<std::mutex> lock(mu_);
-  forgotten_.insert(key);
-  if (entries_.erase(key) > 0) save_locked();
+  auto it = entries_.find(key);
+  if (it == entries_.end()) return;
+  forgotten_[key] = it->second;
+  learnt_.erase(key);
+  entries_.erase(it);
+  save_locked();
 }
 
 void PlanCache::save_locked() {
@@ -151,12 +157,19 @@ void PlanCache::save_locked() {
     ZI_DEBUG("plan cache: cannot create the folder of %s: %s", path_.c_str(), ec.message().c_str());
     return;
   }
-  // Read, merge, write under the lock: what other processes wrote since this one loaded is kept
-  // (and learnt), this one's entries win for the same key, and what it forgot stays forgotten.
+  // Read, merge, write under the lock. What this process learnt (put) wins, and a hint it forgot
+  // stays forgotten while the file still holds that same value; for every other key the file is
+  // the newer word (another process may have replaced or forgotten a hint this one only loaded).
   FileLock file_lock(path_);
   if (auto on_disk = read_entries(path_, identity_, /*log=*/false)) {
-    for (auto& [k, v] : *on_disk)
-      if (!forgotten_.count(k)) entries_.emplace(k, v);
+    std::map<std::string, int64_t> merged;
+    for (auto& [k, v] : *on_disk) {
+      auto f = forgotten_.find(k);
+      if (learnt_.count(k) || (f != forgotten_.end() && f->second == v)) continue;
+      merged[k] = v;
+    }
+    for (const std::string& k : learnt_) merged[k] = entries_.at(k);
+    entries_ = std::move(merged);
   }
   nlohmann::json j{{"identity", identity_}, {"entries", entries_}};
   const Status st = write_output_file(path_, j.dump(1) + "\n");

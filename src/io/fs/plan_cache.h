@@ -46,7 +46,10 @@ class PlanCache {
   std::string path_, identity_;
   mutable std::mutex mu_;
   std::map<std::string, int64_t> entries_;
-  std::set<std::string> forgotten_;  // dropped by forget(): not merged back from the file
+  std::set<std::string> learnt_;  // set by put() in this process: wins over the file
+  // Dropped by forget(), with the value found wrong: not merged back from the file while it holds
+  // that value.
+  std::map<std::string, int64_t> forgotten_;
 };
 
 }  // namespace zimage

@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <cmath>
 #include <set>
-#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -121,20 +120,20 @@ Result<Tensor> dequantize_f32(const ScaledWeight& w, const std::string& name) {
   const int threads = static_cast<int>(
       std::min<int64_t>({std::min(hw, 16), rows, std::max<int64_t>(1, elems >> 20)}));
   const int64_t per = (rows + threads - 1) / threads;
-  std::vector<std::thread> pool;
-  int64_t handed = 0;  // rows [0, handed) run on the helper threads
+  std::vector<std::jthread> pool;  // joined however this function is left
+  int64_t handed = 0;              // rows [0, handed) run on the helper threads
   for (int t = 0; t + 1 < threads; ++t) {
     const int64_t r0 = handed, r1 = std::min(rows, r0 + per);
     if (r0 >= r1) break;
     try {
       pool.emplace_back(run_rows, r0, r1);
-    } catch (const std::system_error&) {
-      break;  // the rest on this thread
+    } catch (const std::exception&) {
+      break;  // no thread (or no memory for one): the rest on this thread
     }
     handed = r1;
   }
   run_rows(handed, rows);
-  for (std::thread& th : pool) th.join();
+  pool.clear();  // joins
   return out;
 }
 
