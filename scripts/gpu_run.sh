@@ -161,6 +161,13 @@ for f in glob.glob('build/carry/*.xz') + glob.glob('build/carry/lib/*.xz') + glo
         extra=(--dit "$ZF/z_image_turbo_fp8_scaled.safetensors" \
                --text-encoder "$ZF/qwen_3_4b_fp8_scaled.safetensors")
       fi
+      # A build before the change, carried xz-compressed as build/carry/zimage_before.xz
+      # (BEFORE_BIN=... scripts/stage_gpu_carry.sh), runs the same rows first.
+      if [ -f build/carry/zimage_before.xz ]; then
+        xz -dc build/carry/zimage_before.xz > /tmp/zimage_before && chmod +x /tmp/zimage_before
+        python3 tools/startup_bench.py --bin /tmp/zimage_before --model "$ZR" --out "$OUT" \
+          --rows "$rows" --iters ${STARTUP_ITERS:-3} --tag startup_before "${extra[@]}" || rc=1
+      fi
       python3 tools/startup_bench.py --bin "$BIN" --model "$ZR" --out "$OUT" --rows "$rows" \
         --iters ${STARTUP_ITERS:-3} "${extra[@]}" || rc=1 ;;
     warmup)

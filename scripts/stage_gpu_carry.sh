@@ -25,4 +25,8 @@ if [ -d "build/$PRESET/python" ]; then
     xz -T0 -c "build/$PRESET/libzimage_$a.a" > "build/carry/static/libzimage_$a.a.xz"
   done
 fi
+# BEFORE_BIN: a zimage built before a change, for before/after rows (gpu_run.sh startup).
+if [ -n "${BEFORE_BIN:-}" ]; then
+  xz -T0 -c "$BEFORE_BIN" > build/carry/zimage_before.xz
+fi
 du -sh build/carry

@@ -14,7 +14,9 @@ Rows (each a median of --iters processes unless said):
   cold          the model's files dropped from the page cache before every process
                 (posix_fadvise(POSIX_FADV_DONTNEED) on each file; the residency left is measured
                 with mincore), beside a `dd` read of the same files dropped the same way
-Writes startup.json and startup.md under --out, and each process's log as startup_<row>_<i>.log.
+Writes <tag>.json and <tag>.md under --out (--tag, default "startup"), and each process's log as
+<tag>_<row>_<i>.log; run it with --bin of a build before a change and --tag startup_before for the
+before/after pair.
 """
 import argparse
 import ctypes
@@ -123,7 +125,7 @@ def parse(log):
 
 
 def run_once(args, name, i, extra, env):
-    out_png = os.path.join(args.out, "startup_%s_%d.png" % (name, i))
+    out_png = os.path.join(args.out, "%s_%s_%d.png" % (args.tag, name, i))
     cmd = [args.bin, "generate", "--prompt", PROMPT, "--seed", "42", "--width", str(args.size),
            "--height", str(args.size), "--steps", "8", "--device", args.device, "--verbose",
            "--output", out_png] + extra
@@ -134,7 +136,7 @@ def run_once(args, name, i, extra, env):
     log = p.stdout.read().decode(errors="replace")
     _, status, ru = os.wait4(p.pid, 0)
     wall = time.monotonic() - t
-    with open(os.path.join(args.out, "startup_%s_%d.log" % (name, i)), "w") as f:
+    with open(os.path.join(args.out, "%s_%s_%d.log" % (args.tag, name, i)), "w") as f:
         f.write(" ".join(cmd) + "\n" + log)
     row = parse(log)
     row.update(wall_s=round(wall, 3), max_rss_gib=round(ru.ru_maxrss / 2**20, 2),
@@ -166,6 +168,7 @@ def main():
     ap.add_argument("--text-encoder")
     ap.add_argument("--iters", type=int, default=3)
     ap.add_argument("--label", default="")
+    ap.add_argument("--tag", default="startup")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--size", type=int, default=1024)
     args = ap.parse_args()
@@ -222,12 +225,12 @@ def main():
                                            "gbps": round(total / dd / 1e9, 2),
                                            "resident_before": round(before, 4)}
             read_into_page_cache(files)
-    with open(os.path.join(args.out, "startup.json"), "w") as f:
+    with open(os.path.join(args.out, args.tag + ".json"), "w") as f:
         json.dump(results, f, indent=1)
     cols = ["wall_s", "backend_s", "load_s", "text_encoder_load_s", "transformer_load_s",
             "text_encoder_s", "step0_s", "step1_s", "vae_decode_s", "image_s", "after_image_s",
             "max_rss_gib"]
-    with open(os.path.join(args.out, "startup.md"), "w") as f:
+    with open(os.path.join(args.out, args.tag + ".md"), "w") as f:
         f.write("| row | " + " | ".join(cols) + " |\n|" + " --- |" * (len(cols) + 1) + "\n")
         for name, r in results["rows"].items():
             m = r["median"]
@@ -238,7 +241,7 @@ def main():
             f.write("\ncold: dd of the same files after the same drop: %.2f s, %.2f GB/s "
                     "(resident before %.4f)\n" % (d["seconds"], d["gbps"], d["resident_before"]))
     shutil.rmtree(warm_cache, ignore_errors=True)
-    print(open(os.path.join(args.out, "startup.md")).read())
+    print(open(os.path.join(args.out, args.tag + ".md")).read())
 
 
 if __name__ == "__main__":
