@@ -137,14 +137,13 @@ Result<MemoryPlan> plan_memory(const MemoryPlanInput& in) {
   plan.te_stream_bytes = static_cast<uint64_t>(in.te_layers - c.te_resident) * in.te_layer_bytes;
   // Host copies of the streamed units: pinned while the limit allows, DiT blocks first.
   plan.host_pinned_limit = in.host_pinned_limit;
-  uint64_t pinned = 0;
   auto place_host = [&](const std::vector<bool>& streamed, uint64_t unit_bytes,
                         std::vector<bool>& pageable) {
     pageable.assign(streamed.size(), false);
     for (size_t i = 0; i < streamed.size(); ++i) {
       if (!streamed[i]) continue;
-      if (in.host_pinned_limit == 0 || pinned + unit_bytes <= in.host_pinned_limit) {
-        pinned += unit_bytes;
+      if (in.host_pinned_limit == 0 ||
+          plan.host_pinned_bytes + unit_bytes <= in.host_pinned_limit) {
         plan.host_pinned_bytes += unit_bytes;
       } else {
         pageable[i] = true;

@@ -131,9 +131,8 @@ struct PreparedLoad {
 
 class TextToImage {
  public:
-  // Everything load() does before it needs the backend (PreparedLoad). `prefetch`: start reading
-  // the weight files into the page cache.
-  static Result<PreparedLoad> prepare(const ModelPaths& paths, bool prefetch = true);
+  // Everything load() does before it needs the backend (PreparedLoad).
+  static Result<PreparedLoad> prepare(const ModelPaths& paths);
   // load() from a prepared source.
   static Result<std::unique_ptr<TextToImage>> load(PreparedLoad prepared, Backend& be,
                                                    const PipelineLoadOptions& options = {});

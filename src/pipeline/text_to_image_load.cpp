@@ -126,31 +126,28 @@ Result<std::unique_ptr<TextToImage>> TextToImage::load(const std::string& model_
   return load(paths, be, options);
 }
 
-Result<PreparedLoad> TextToImage::prepare(const ModelPaths& paths, bool prefetch) {
+Result<PreparedLoad> TextToImage::prepare(const ModelPaths& paths) {
   const auto start = std::chrono::steady_clock::now();
   PreparedLoad p;
   p.paths = paths;
   ZI_ASSIGN_OR_RETURN(ModelSource src, ModelSource::open(paths));
   p.source = std::make_unique<ModelSource>(std::move(src));
-  if (prefetch) {
-    // The files in the order load() reads them: text encoder, transformer, VAE.
-    std::vector<std::string> files;
-    for (Component c : {Component::kTextEncoder, Component::kTransformer, Component::kVae}) {
-      if (!p.source->file(c).empty()) {
-        files.push_back(p.source->file(c));
-        continue;
-      }
-      auto ws = p.source->open_weights(c);
-      if (!ws.ok()) continue;  // load() reports it
-      for (std::string& f : ws->files()) files.push_back(std::move(f));
+  // The files in the order load() reads them: text encoder, transformer, VAE.
+  std::vector<std::string> files;
+  for (Component c : {Component::kTextEncoder, Component::kTransformer, Component::kVae}) {
+    if (!p.source->file(c).empty()) {
+      files.push_back(p.source->file(c));
+      continue;
     }
-    // A file given for two components (an all-in-one checkpoint) is read once.
-    std::vector<std::string> unique;
-    for (std::string& f : files)
-      if (std::find(unique.begin(), unique.end(), f) == unique.end())
-        unique.push_back(std::move(f));
-    p.prefetch = FilePrefetcher::start(std::move(unique), FilePrefetcher::default_limit());
+    auto ws = p.source->open_weights(c);
+    if (!ws.ok()) continue;  // load() reports it
+    for (std::string& f : ws->files()) files.push_back(std::move(f));
   }
+  // A file given for two components (an all-in-one checkpoint) is read once.
+  std::vector<std::string> unique;
+  for (std::string& f : files)
+    if (std::find(unique.begin(), unique.end(), f) == unique.end()) unique.push_back(std::move(f));
+  p.prefetch = FilePrefetcher::start(std::move(unique), FilePrefetcher::default_limit());
   auto tok = Tokenizer::load(p.source->tokenizer_dir());
   if (!tok.ok()) return tok.status().with_context("loading tokenizer");
   p.tokenizer = std::make_unique<Tokenizer>(std::move(tok).value());

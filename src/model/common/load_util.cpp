@@ -24,6 +24,11 @@ Result<Tensor> upload_host(Backend& be, const Tensor& host, DType dtype) {
   return r;
 }
 
+void fill_row_scales(const Tensor& scale, int64_t rows, float* out) {
+  for (int64_t r = 0; r < rows; ++r)
+    out[r] = !scale.defined() ? 1.0f : scale.data_as<float>()[scale.numel() == 1 ? 0 : r];
+}
+
 Result<Tensor> widen_scaled_fp8(const WeightStore& ws, Backend& be, const std::string& name,
                                 const Shape& shape) {
   ZI_ASSIGN_OR_RETURN(Fp8StoredWeight s, ws.fp8(name));
@@ -37,8 +42,7 @@ Result<Tensor> widen_scaled_fp8(const WeightStore& ws, Backend& be, const std::s
                        std::to_string(rows) + "]");
   Tensor scale = Tensor::host(DType::kF32, {rows});
   if (!scale.defined()) return OutOfMemory("scales of " + name);
-  const float* in = s.scale.data_as<float>();
-  for (int64_t r = 0; r < rows; ++r) scale.data_as<float>()[r] = in[s.scale.numel() == 1 ? 0 : r];
+  fill_row_scales(s.scale, rows, scale.data_as<float>());
   ZI_ASSIGN_OR_RETURN(Tensor w8, upload_host(be, s.data, s.data.dtype()));
   ZI_ASSIGN_OR_RETURN(Tensor dscale, upload_host(be, scale, DType::kF32));
   auto out = be.alloc(be.act_dtype(), shape);

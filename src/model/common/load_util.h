@@ -23,6 +23,10 @@ Result<Tensor> host_f32(const WeightStore& ws, const std::string& name, const Sh
 Result<Tensor> weight(const WeightStore& ws, Backend& be, const std::string& name,
                       const Shape& shape);
 
+// One f32 scale per row from an FP8 weight's scale: f32 [1] (per tensor) or [rows], or undefined
+// (an unscaled FP8 weight: 1).
+void fill_row_scales(const Tensor& scale, int64_t rows, float* out);
+
 // A scaled-FP8 matrix [N, K] widened on the device: its stored FP8 bytes and one float32 scale per
 // row uploaded, multiplied there (Backend::dequantize_fp8_rows: the float32 product of
 // dequantize_f32 in io/weights/scaled_fp8.h, rounded once to the act dtype, the same values).

@@ -113,13 +113,11 @@ Result<LinearWeight> load_linear(const WeightStore& ws, Backend& be,
   const KeptForm f = kept_form(ws, parts, be.act_dtype(), keep_quantized);
   LinearWeight lw;
   if (f.kind == KeptForm::kWide) {
-    bool scaled = false;
-    for (const LinearPart& p : parts) scaled = scaled || ws.is_scaled_fp8(p.name);
     if (parts.size() == 1) {
       ZI_ASSIGN_OR_RETURN(lw.w, load::weight(ws, be, parts[0].name, parts[0].shape));
-    } else if (scaled) {
-      // Scaled-FP8 parts are widened on the device (load::widen_scaled_fp8), each copied into
-      // its rows there.
+    } else {
+      // Each part uploaded in the act dtype (a scaled-FP8 one widened on the device,
+      // load::widen_scaled_fp8) and copied into its rows there: no host staging.
       const int64_t k = parts[0].shape[1];
       int64_t rows = 0;
       for (const LinearPart& p : parts) rows += p.shape[0];
@@ -131,13 +129,6 @@ Result<LinearWeight> load_linear(const WeightStore& ws, Backend& be,
         r0 += p.shape[0];
       }
       lw.w = std::move(fused);
-    } else {
-      std::vector<Tensor> views;
-      for (const LinearPart& p : parts) {
-        ZI_ASSIGN_OR_RETURN(Tensor v, load::host_view(ws, p.name, p.shape));
-        views.push_back(std::move(v));
-      }
-      ZI_ASSIGN_OR_RETURN(lw.w, load::concat_rows(be, views, what));
     }
     if (stats) ++stats->widened;
     return lw;
@@ -170,9 +161,7 @@ Result<LinearWeight> load_linear(const WeightStore& ws, Backend& be,
         return FormatError(ws.path() + ": tensor " + p.name + " " + data.describe() +
                            " does not match its expected " + dtype_name(f.fp8_dtype) + " " +
                            shape_string(p.shape));
-      float* sp = scale.data_as<float>() + r0;
-      for (int64_t r = 0; r < p.shape[0]; ++r)
-        sp[r] = !sc.defined() ? 1.0f : sc.data_as<float>()[sc.numel() == 1 ? 0 : r];
+      load::fill_row_scales(sc, p.shape[0], scale.data_as<float>() + r0);
       views.push_back(std::move(data));
       r0 += p.shape[0];
     }
