@@ -18,7 +18,8 @@
 #   probe     host memory costs: page-locking, registering file mappings, H2D rates, CUDA start-up
 #             (tools/host_transfer_probe.cpp) -> $OUT/probe.{json,txt}
 #   startup   whole generate processes with a per-phase breakdown (tools/startup_bench.py):
-#             STARTUP_ROWS (warm,empty,budget12,...,cold,single_fp8) -> $OUT/startup.{json,md}
+#             STARTUP_ROWS (warm,empty,budget12,...,files4,...,cold,single_fp8)
+#             -> $OUT/startup.{json,md}
 #   warmup    a new process's first image with the plan cache empty, then filled -> $OUT/warmup.txt
 #   fp8q      --precision fp8 quality and speed per group of DiT linears against bf16, on $ZR and
 #             on a folder with outlier channels ($ZRO) -> $OUT/fp8_quality{,_outliers}.{json,md}
@@ -150,7 +151,7 @@ for f in glob.glob('build/carry/*.xz') + glob.glob('build/carry/lib/*.xz') + glo
       # Whole `zimage generate` processes, per-phase (tools/startup_bench.py): warm and empty
       # caches, the budgets, a cold page cache -> $OUT/startup.{json,md}; with the ComfyUI scaled
       # FP8 files converted first when STARTUP_ROWS names single_fp8.
-      rows=${STARTUP_ROWS:-warm,empty,budget12,budget8,budget4,fp8b8,fp8b4,cold}
+      rows=${STARTUP_ROWS:-warm,empty,budget12,budget8,budget4,files12,files8,files4,fp8b8,fp8b4,cold}
       extra=()
       if [[ ",$rows," == *",single_fp8,"* ]]; then
         mkdir -p "$ZF"
@@ -165,8 +166,10 @@ for f in glob.glob('build/carry/*.xz') + glob.glob('build/carry/lib/*.xz') + glo
       # (BEFORE_BIN=... scripts/stage_gpu_carry.sh), runs the same rows first.
       if [ -f build/carry/zimage_before.xz ]; then
         xz -dc build/carry/zimage_before.xz > /tmp/zimage_before && chmod +x /tmp/zimage_before
+        # That build has no --streamed-weights: the files rows are the new build's only.
+        before_rows=$(echo "$rows" | tr ',' '\n' | grep -v '^files' | paste -sd, -)
         python3 tools/startup_bench.py --bin /tmp/zimage_before --model "$ZR" --out "$OUT" \
-          --rows "$rows" --iters ${STARTUP_ITERS:-3} --tag startup_before "${extra[@]}" || rc=1
+          --rows "$before_rows" --iters ${STARTUP_ITERS:-3} --tag startup_before "${extra[@]}" || rc=1
       fi
       python3 tools/startup_bench.py --bin "$BIN" --model "$ZR" --out "$OUT" --rows "$rows" \
         --iters ${STARTUP_ITERS:-3} "${extra[@]}" || rc=1 ;;
@@ -231,7 +234,11 @@ for f in glob.glob('build/carry/*.xz') + glob.glob('build/carry/lib/*.xz') + glo
       "$BIN" bench --model "$ZR" --vram-budget ${BUDGETS:-0 24 16 12 8 4} --iters 3 \
         --json "$OUT/budget_bf16.json" 2>&1 | tee "$OUT/budget_bf16.md" | grep -v "^bench:" || rc=1
       "$BIN" bench --model "$ZR" --weights fp8 --vram-budget ${BUDGETS8:-0 12 8 4} --iters 3 \
-        --json "$OUT/budget_fp8.json" 2>&1 | tee "$OUT/budget_fp8.md" | grep -v "^bench:" || rc=1 ;;
+        --json "$OUT/budget_fp8.json" 2>&1 | tee "$OUT/budget_fp8.md" | grep -v "^bench:" || rc=1
+      # The same bf16 budgets streamed from the weight files (no load-time copy).
+      "$BIN" bench --model "$ZR" --streamed-weights files --vram-budget ${BUDGETS:-0 24 16 12 8 4} \
+        --iters 3 --json "$OUT/budget_files.json" 2>&1 | tee "$OUT/budget_files.md" \
+        | grep -v "^bench:" || rc=1 ;;
     weights8)
       # --weights fp8 against bf16 on the same seed: DiT output (step 0) cosine, image PSNR.
       rm -rf /tmp/zdumpw8

@@ -10,6 +10,8 @@ Rows (each a median of --iters processes unless said):
   empty         $XDG_CACHE_HOME and $CUDA_CACHE_PATH new empty folders for every process
   budget12/8/4  --vram-budget 12 / 8 / 4 (bf16 weights)
   fp8b8/fp8b4   --vram-budget 8 / 4 --weights fp8
+  files12/8/4   --vram-budget 12 / 8 / 4 --streamed-weights files (streamed blocks read from the
+                weight files at every step, no load-time copy)
   single_fp8    --dit FILE --text-encoder FILE (ComfyUI scaled-FP8 single files)
   cold          the model's files dropped from the page cache before every process
                 (posix_fadvise(POSIX_FADV_DONTNEED) on each file; the residency left is measured
@@ -163,7 +165,8 @@ def main():
     ap.add_argument("--bin", required=True)
     ap.add_argument("--model", required=True)
     ap.add_argument("--out", required=True)
-    ap.add_argument("--rows", default="warm,empty,budget12,budget8,budget4,fp8b8,fp8b4,cold")
+    ap.add_argument("--rows", default="warm,empty,budget12,budget8,budget4,files12,files8,"
+                    "files4,fp8b8,fp8b4,cold")
     ap.add_argument("--dit")
     ap.add_argument("--text-encoder")
     ap.add_argument("--iters", type=int, default=3)
@@ -185,6 +188,9 @@ def main():
         "budget4": ["--vram-budget", "4"],
         "fp8b8": ["--vram-budget", "8", "--weights", "fp8"],
         "fp8b4": ["--vram-budget", "4", "--weights", "fp8"],
+        "files12": ["--vram-budget", "12", "--streamed-weights", "files"],
+        "files8": ["--vram-budget", "8", "--streamed-weights", "files"],
+        "files4": ["--vram-budget", "4", "--streamed-weights", "files"],
         "single_fp8": ["--dit", args.dit or "", "--text-encoder", args.text_encoder or "",
                        "--model", args.model],
         "cold": [],

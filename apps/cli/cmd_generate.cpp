@@ -363,6 +363,10 @@ void register_generate_command(CLI::App& app) {
         "GPU memory the process may use, in GiB, CUDA context included (default 0 = no limit); "
         "what does not fit streams from host memory (--verbose shows the plan)"},
        EngineFlag::kHostMemory,
+       {EngineFlag::kStreamedWeights,
+        "Where weights streamed under --vram-budget come from: copy (host copies made at load: "
+        "faster steps, seconds more to load) or files (read from the weight files each step, no "
+        "load-time copy: the first image sooner) (default copy)"},
        {EngineFlag::kWeights,
         "bf16, or fp8: DiT and text-encoder linear weights stored as FP8 with per-channel "
         "scales (half the memory; small quality cost)"},

@@ -225,6 +225,7 @@ void register_serve_command(CLI::App& app) {
        {EngineFlag::kVramBudget,
         "GPU memory the process may use, in GiB, CUDA context included (0 = no limit)"},
        EngineFlag::kHostMemory,
+       EngineFlag::kStreamedWeights,
        {EngineFlag::kWeights, "bf16, or fp8 (FP8 weight rows; see zimage generate)"},
        EngineFlag::kThreads});
   cmd->add_option("--default-size", a->default_size,

@@ -111,7 +111,7 @@ void register_worker_command(CLI::App& app) {
   add_engine_flags(cmd, args->engine,
                    {EngineFlag::kDevice, EngineFlag::kPrecision, EngineFlag::kFp8Layers,
                     EngineFlag::kWeights, EngineFlag::kVaeTiling, EngineFlag::kVramBudget,
-                    EngineFlag::kHostMemory, EngineFlag::kThreads});
+                    EngineFlag::kHostMemory, EngineFlag::kStreamedWeights, EngineFlag::kThreads});
   add_lora_options(cmd, args->engine.lora);
   broker::WorkerOptions& w = args->worker;
   cmd->add_option("--stream", w.stream, "Jobs stream key (default zimage:jobs)");

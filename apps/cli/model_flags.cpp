@@ -93,6 +93,10 @@ const char* common_help(EngineFlag flag) {
     case EngineFlag::kHostMemory:
       return "Host memory in GiB that weights streamed under --vram-budget may page-lock "
              "(default 0 = half of the machine's); the rest stream from pageable memory";
+    case EngineFlag::kStreamedWeights:
+      return "Where weights streamed under --vram-budget come from: copy (host copies made at "
+             "load, the fastest steps) or files (read from the weight files each step, no "
+             "load-time copy) (default copy)";
     case EngineFlag::kThreads:
       return "CPU threads (default 0 = all)";
   }
@@ -131,6 +135,10 @@ void add_engine_flags(CLI::App* cmd, EngineFlags& f, std::initializer_list<Engin
         cmd->add_option("--host-memory", o.host_memory_gib, help)
             ->check(CLI::Range(0.0, 1e6))
             ->check(finite_number(false));
+        break;
+      case EngineFlag::kStreamedWeights:
+        cmd->add_option("--streamed-weights", o.streamed_weights, help)
+            ->check(CLI::IsMember({"copy", "files"}));
         break;
       case EngineFlag::kThreads:
         cmd->add_option("--threads,-t", o.threads, help);

@@ -56,6 +56,7 @@ enum class EngineFlag {
   kVaeTiling,
   kVramBudget,
   kHostMemory,
+  kStreamedWeights,
   kThreads
 };
 

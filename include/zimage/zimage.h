@@ -66,6 +66,15 @@ struct EngineOptions {
   // memory (or of the container's limit). Streamed weights beyond it are held in pageable memory:
   // the same images, streamed more slowly. Info-level logs show the split (the memory plan).
   double host_memory_gib = 0;
+  // Where weights streamed under vram_budget_gib come from at each step: "copy" (a host copy made
+  // at load, page-locked up to host_memory_gib: the fastest steps, but the copy costs seconds at
+  // load) or "files" (read again from the memory-mapped weight files through a small page-locked
+  // staging buffer: no load-time copy, so a first image comes sooner, each step reads the page
+  // cache; weights the files do not hold in the compute dtype, such as --weights fp8 rows, are
+  // still copied). "files" suits a process that makes a few images; a long-lived one (server)
+  // is better served by "copy", which also keeps working if a weight file is replaced while it
+  // runs.
+  std::string streamed_weights = "copy";
   // "bf16" (weights in the compute dtype) or "fp8": the DiT's and text encoder's big linear
   // weights stored as FP8 e4m3 with one scale per output channel (half the memory and the
   // streamed bytes; widened to bf16 just before each GEMM; a small quality cost, see

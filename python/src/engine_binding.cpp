@@ -100,8 +100,8 @@ void init_engine(PyEngine* self, const std::string& model_dir, const std::string
                  const std::string& tokenizer_dir, const std::string& device,
                  const std::string& precision, const std::string& fp8_layers,
                  const std::string& weights, double vram_budget_gib, double host_memory_gib,
-                 const std::string& vae_tiling, int threads, const LoraList& loras,
-                 bool lora_lenient, const std::string& controlnet) {
+                 const std::string& streamed_weights, const std::string& vae_tiling, int threads,
+                 const LoraList& loras, bool lora_lenient, const std::string& controlnet) {
   EngineOptions o;
   o.model_dir = model_dir;
   o.dit_file = dit_file;
@@ -114,6 +114,7 @@ void init_engine(PyEngine* self, const std::string& model_dir, const std::string
   o.weights = weights;
   o.vram_budget_gib = vram_budget_gib;
   o.host_memory_gib = host_memory_gib;
+  o.streamed_weights = streamed_weights;
   o.vae_tiling = vae_tiling;
   o.threads = threads;
   o.loras = to_loras(loras);
@@ -214,8 +215,9 @@ void bind_engine(nb::module_& m) {
       .def("__init__", &init_engine, nb::arg("model_dir"), nb::arg("dit_file"),
            nb::arg("text_encoder_file"), nb::arg("vae_file"), nb::arg("tokenizer_dir"),
            nb::arg("device"), nb::arg("precision"), nb::arg("fp8_layers"), nb::arg("weights"),
-           nb::arg("vram_budget_gib"), nb::arg("host_memory_gib"), nb::arg("vae_tiling"),
-           nb::arg("threads"), nb::arg("loras"), nb::arg("lora_lenient"), nb::arg("controlnet"))
+           nb::arg("vram_budget_gib"), nb::arg("host_memory_gib"), nb::arg("streamed_weights"),
+           nb::arg("vae_tiling"), nb::arg("threads"), nb::arg("loras"), nb::arg("lora_lenient"),
+           nb::arg("controlnet"))
       .def("generate", &generate, nb::arg("prompts"), nb::arg("negative_prompt").none(),
            nb::arg("width"), nb::arg("height"), nb::arg("steps"), nb::arg("guidance"),
            nb::arg("seed"), nb::arg("images_per_prompt"), nb::arg("cfg_truncation"),

@@ -197,6 +197,10 @@ def test_load_errors(tmp_path):
         with pytest.raises(zimage.InvalidArgument) as info:
             zimage.Engine(device="cpu", host_memory=bad)
         assert "host_memory" in str(info.value), info.value
+    for bad in ("file", 3):
+        with pytest.raises(zimage.InvalidArgument) as info:
+            zimage.Engine(device="cpu", streamed_weights=bad)
+        assert "streamed_weights" in str(info.value), info.value
 
 
 def test_two_threads_share_an_engine(engine):

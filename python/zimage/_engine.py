@@ -78,7 +78,9 @@ class Engine:
     "cpu", "cuda", "cuda:N". ``precision``: "auto", "bf16", "f32", "fp8". ``weights``: "bf16" or
     "fp8" storage. ``vram_budget``: GiB the process may hold on the GPU (0: no limit).
     ``host_memory``: GiB the weights streamed under a budget may page-lock (0: half of the
-    machine's memory); the rest stream from pageable memory.
+    machine's memory); the rest stream from pageable memory. ``streamed_weights``: "copy" (host
+    copies made at load: the fastest steps) or "files" (read from the weight files at each step:
+    no load-time copy, a first image sooner; for a short-lived engine).
     ``loras``: merged at load (see ``generate`` for the accepted forms). ``controlnet``: a Z-Image
     ControlNet folder or file. ``threads``: CPU threads (0: all).
 
@@ -90,7 +92,7 @@ class Engine:
     def __init__(self, model: Union[None, str, os.PathLike] = None, device: str = "auto", *,
                  dit=None, text_encoder=None, vae=None, tokenizer=None,
                  precision: str = "auto", weights: str = "bf16", vram_budget: float = 0,
-                 host_memory: float = 0, loras: LoraArg = None, controlnet=None, threads: int = 0,
+                 host_memory: float = 0, streamed_weights: str = "copy", loras: LoraArg = None, controlnet=None, threads: int = 0,
                  fp8_layers: str = "all", vae_tiling: str = "auto", lora_lenient: bool = False):
         files = {"dit": _path(dit, "dit"), "text_encoder": _path(text_encoder, "text_encoder"),
                  "vae": _path(vae, "vae")}
@@ -108,7 +110,8 @@ class Engine:
             else:
                 model_dir = builtin
                 self.builtin = True
-        for name in ("device", "precision", "weights", "fp8_layers", "vae_tiling"):
+        for name in ("device", "precision", "weights", "fp8_layers", "vae_tiling",
+                     "streamed_weights"):
             if not isinstance(locals()[name], str):
                 raise invalid(name, f"expected a string, got {locals()[name]!r}")
         self.model = model_dir
@@ -118,7 +121,8 @@ class Engine:
             vae_file=files["vae"], tokenizer_dir=tokenizer_dir, device=device,
             precision=precision, fp8_layers=fp8_layers, weights=weights,
             vram_budget_gib=_float(vram_budget, "vram_budget"),
-            host_memory_gib=_float(host_memory, "host_memory"), vae_tiling=vae_tiling,
+            host_memory_gib=_float(host_memory, "host_memory"),
+            streamed_weights=streamed_weights, vae_tiling=vae_tiling,
             threads=_int(threads, "threads"), loras=_loras(loras), lora_lenient=bool(lora_lenient),
             controlnet=_path(controlnet, "controlnet"))
 

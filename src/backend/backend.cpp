@@ -3,6 +3,8 @@
 #include <cstring>
 #include <string>
 
+#include "core/dtype.h"
+
 namespace zimage {
 
 Status Backend::quantize_fp8(const Tensor&, Tensor&, Tensor&) {
@@ -40,11 +42,16 @@ Status Backend::stream_in(int slot, const std::vector<std::pair<Tensor, Tensor>>
   if (slot < 0 || slot >= kStreamSlots)
     return InvalidArgument("stream_in: slot " + std::to_string(slot) + " out of range");
   for (const auto& [host, dev] : copies) {
-    if (!host.defined() || !dev.defined() || host.dtype() != dev.dtype() ||
-        host.shape() != dev.shape() || host.device() != Device::kCPU)
+    if (!host.defined() || !dev.defined() || !can_stream(host.dtype(), dev.dtype()) ||
+        host.numel() != dev.numel() || host.device() != Device::kCPU)
       return InvalidArgument("stream_in: " + host.describe() + " -> " + dev.describe());
     if (dev.device() != Device::kCPU) return Unsupported(name() + ": stream_in to the device");
-    std::memcpy(dev.data(), host.data(), host.nbytes());
+    if (host.dtype() == dev.dtype()) {
+      std::memcpy(dev.data(), host.data(), host.nbytes());
+    } else if (!convert_to_f32(host.dtype(), host.data(), dev.data_as<float>(),
+                               static_cast<size_t>(host.numel()))) {
+      return Unsupported("stream_in: cannot widen " + host.describe());
+    }
   }
   return Status::Ok();
 }

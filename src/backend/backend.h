@@ -120,12 +120,19 @@ class Backend {
   // A host tensor in page-locked memory, which the device copies from at full link speed (CUDA:
   // cudaHostAlloc). The default (CPU) is an ordinary host tensor.
   virtual Result<Tensor> alloc_pinned(DType dtype, const Shape& shape);
-  // Queues copies of host tensors into device tensors of the same dtype and shape (pairs: host,
+  // Queues copies of host tensors into device tensors of the same element count (pairs: host,
   // device) for weight slot `slot` (0..kStreamSlots-1): on CUDA on a separate copy stream, after
   // the compute that last used the slot (release_slot), so they overlap other compute. The CPU
-  // backend copies at once.
+  // backend copies at once. A host tensor may be page-locked (alloc_pinned) or ordinary memory,
+  // a view of a memory-mapped weight file included: CUDA copies the latter through page-locked
+  // staging of its own. When stream_in returns, the host bytes have been read. The dtypes must
+  // be equal, or a pair can_stream() accepts (the CPU widens to f32 as it copies).
   static constexpr int kStreamSlots = 4;
   virtual Status stream_in(int slot, const std::vector<std::pair<Tensor, Tensor>>& copies);
+  // Whether stream_in takes host elements of `host` into a device tensor of `device`.
+  virtual bool can_stream(DType host, DType device) const {
+    return host == device || (device == DType::kF32 && dtype_is_float(host));
+  }
   // Makes compute queued from now on wait until `slot`'s copies have landed (no host wait).
   virtual Status wait_slot(int slot) {
     (void)slot;

@@ -16,6 +16,7 @@ struct Options {
   std::string model;
   std::vector<double> budgets;  // --vram-budget rows (GiB; 0 = no limit)
   std::string weights = "bf16";
+  std::string streamed_weights = "copy";  // --streamed-weights for the --vram-budget rows
   // Single files replacing components of --model (--dit, --text-encoder, --vae; budget rows only).
   std::string dit_file, text_encoder_file, vae_file;
   bool keep_quantized = true;  // --widen-quantized: false

@@ -32,7 +32,8 @@ double link_rate_gbs(Backend& be) {
 
 // The row's identity: budget, weights and the single files replacing --model's.
 json row_header(const Options& o, double budget) {
-  json row = {{"budget_gib", budget}, {"weights", o.weights}};
+  json row = {
+      {"budget_gib", budget}, {"weights", o.weights}, {"streamed_weights", o.streamed_weights}};
   if (!o.dit_file.empty()) row["dit_file"] = o.dit_file;
   if (!o.text_encoder_file.empty()) row["text_encoder_file"] = o.text_encoder_file;
   if (!o.vae_file.empty()) row["vae_file"] = o.vae_file;
@@ -46,6 +47,7 @@ json budget_row(const Options& o, const std::string& dir, double budget, Backend
   PipelineLoadOptions lo;
   lo.vram_budget = static_cast<uint64_t>(budget * 1024.0 * 1024.0 * 1024.0);
   lo.fp8_weights = o.weights == "fp8";
+  lo.stream_from_files = o.streamed_weights == "files";
   lo.keep_quantized = o.keep_quantized;
   lo.plan_width = lo.plan_height = res;
   json row = row_header(o, budget);

@@ -88,11 +88,14 @@ std::string MemoryPlan::describe() const {
   s += "; streamed per DiT forward " + gib(dit_stream_bytes) + ", per text encoding " +
        gib(te_stream_bytes);
   if (host_pinned_bytes + host_pageable_bytes > 0) {
-    s += "; host memory " + gib(host_pinned_bytes) + " pinned";
+    s += "; host copies " + gib(host_pinned_bytes) + " pinned";
     if (host_pageable_bytes > 0)
       s += " + " + gib(host_pageable_bytes) + " pageable (over the host-memory limit of " +
            gib(host_pinned_limit) + ")";
   }
+  if (host_file_bytes > 0)
+    s += "; " + gib(host_file_bytes) + " streamed from the weight files through " +
+         gib(host_staging_bytes) + " of pinned staging";
   return s;
 }
 
@@ -138,10 +141,16 @@ Result<MemoryPlan> plan_memory(const MemoryPlanInput& in) {
   // Host copies of the streamed units: pinned while the limit allows, DiT blocks first.
   plan.host_pinned_limit = in.host_pinned_limit;
   auto place_host = [&](const std::vector<bool>& streamed, uint64_t unit_bytes,
-                        std::vector<bool>& pageable) {
+                        std::vector<bool>& pageable, bool from_files) {
     pageable.assign(streamed.size(), false);
+    int units = 0;
     for (size_t i = 0; i < streamed.size(); ++i) {
       if (!streamed[i]) continue;
+      ++units;
+      if (from_files) {
+        plan.host_file_bytes += unit_bytes;
+        continue;
+      }
       if (in.host_pinned_limit == 0 ||
           plan.host_pinned_bytes + unit_bytes <= in.host_pinned_limit) {
         plan.host_pinned_bytes += unit_bytes;
@@ -150,9 +159,10 @@ Result<MemoryPlan> plan_memory(const MemoryPlanInput& in) {
         plan.host_pageable_bytes += unit_bytes;
       }
     }
+    if (from_files) plan.host_staging_bytes += std::min<uint64_t>(units, in.slots) * unit_bytes;
   };
-  place_host(plan.dit_streamed, in.dit_block_bytes, plan.dit_pageable);
-  place_host(plan.te_streamed, in.te_layer_bytes, plan.te_pageable);
+  place_host(plan.dit_streamed, in.dit_block_bytes, plan.dit_pageable, in.dit_from_files);
+  place_host(plan.te_streamed, in.te_layer_bytes, plan.te_pageable, in.te_from_files);
   return plan;
 }
 

@@ -13,7 +13,9 @@
 //      compute of resident blocks; as many blocks resident as fit;
 //   4. the VAE decodes in tiles only when its untiled activations do not fit even then.
 // What streams is held in host memory: page-locked up to the host-memory limit (DiT blocks first:
-// they stream every step), pageable beyond it, so a budgeted load never pins more than allowed.
+// they stream every step), pageable beyond it, so a budgeted load never pins more than allowed;
+// or, streamed from the files, it is read from the memory-mapped weight files each time through
+// a slot-sized page-locked staging buffer (no copy at load).
 // A budget below the smallest workable plan (everything streamed, tiled VAE) is an error that
 // states that minimum.
 #pragma once
@@ -49,6 +51,10 @@ struct MemoryPlanInput {
   // swappable); 0 = no limit. Units beyond it are held in pageable memory and stream from there
   // (same bytes, a slower copy that holds the host thread).
   uint64_t host_pinned_limit = 0;
+  // Streamed units read from the weight files each time (WeightPlacement::stream_from_files, and
+  // the files hold them in the compute dtype): no host copy, only per-slot page-locked staging.
+  bool dit_from_files = false;
+  bool te_from_files = false;
 };
 
 struct MemoryPlan {
@@ -62,6 +68,10 @@ struct MemoryPlan {
   uint64_t host_pinned_bytes = 0;    // streamed units' host copies, page-locked
   uint64_t host_pageable_bytes = 0;  // the rest of them, pageable
   uint64_t host_pinned_limit = 0;    // as planned with (0: none)
+  // Units streamed from the weight files instead: bytes read from the files (the page cache) per
+  // pass over them, and the page-locked staging they stream through (a slot's worth per slot).
+  uint64_t host_file_bytes = 0;
+  uint64_t host_staging_bytes = 0;
   bool vae_tiled = false;
   uint64_t resident_bytes = 0;    // weights + slots + scratch held on the device for good
   uint64_t peak_bytes = 0;        // estimated peak: fixed + resident + largest phase

@@ -102,6 +102,9 @@ struct PipelineLoadOptions {
   uint64_t vram_budget = 0;
   // Host bytes streamed weights may page-lock (MemoryPlanInput::host_pinned_limit); 0 = no limit.
   uint64_t host_pinned_limit = 0;
+  // Streamed weights the files hold in the compute dtype are read from the memory-mapped files
+  // at each stream instead of copied into host memory at load (WeightPlacement).
+  bool stream_from_files = false;
   bool fp8_weights = false;  // big linear weights of the DiT and text encoder as FP8 rows
   // --precision fp8: these DiT linears (Fp8Layers bits, model/common/linear.h) run as W8A8 FP8
   // GEMMs.

@@ -41,6 +41,7 @@ Status load_part(const ModelSource& src, const std::string& part, Backend& be,
   te_place.fp8_weights = dit_place.fp8_weights = options.fp8_weights;
   dit_place.fp8_compute = options.dit_fp8_compute;
   te_place.keep_quantized = dit_place.keep_quantized = options.keep_quantized;
+  te_place.stream_from_files = dit_place.stream_from_files = options.stream_from_files;
   te_place.first_slot = 2;  // the DiT streams through slots 0-1, the text encoder 2-3
   const std::string what = "loading " + part;
   if (part == "tokenizer") {
@@ -304,6 +305,12 @@ MemoryPlanInput TextToImage::plan_input(const ZImageConfigs& configs, DType act,
   MemoryPlanInput in;
   in.budget = o.vram_budget;
   in.host_pinned_limit = o.host_pinned_limit;
+  // Streamed from the files unless the loader turns the linears into FP8 rows on the device
+  // (then they are copies). Files in another dtype than `act` (FP8 or GGUF files, bf16 files on
+  // an f32 GPU) stream copies too: the plan's host figures assume the usual bf16 folder.
+  in.dit_from_files =
+      o.stream_from_files && !o.fp8_weights && (o.dit_fp8_compute & kFp8AllLinears) == 0;
+  in.te_from_files = o.stream_from_files && !o.fp8_weights;
   in.fixed = fixed;
   const int64_t d = tc.dim, ad = tc.adaln_dim(), tf = tc.token_features(), fc = tc.cap_feat_dim;
   in.dit_blocks = 2 * tc.n_refiner_layers + tc.n_layers;

@@ -79,7 +79,8 @@ TEST(CudaFp8Rows, SameBytesAndScalesAsTheCpuOracle) {
 }
 
 // A streamed DiT (some or all blocks in pinned host memory, or pageable over the host-memory
-// limit, copied in on the copy stream) gives the resident DiT's output bit for bit: resident
+// limit, or read from the weight files through pinned staging, copied in on the copy stream)
+// gives the resident DiT's output bit for bit: resident
 // replays a CUDA graph, streamed runs eagerly with copies overlapping compute, FP8 weights or not.
 TEST(CudaStreaming, StreamedDitAndTextEncoderEqualResident) {
   ZI_REQUIRE_GPU();
@@ -103,6 +104,10 @@ TEST(CudaStreaming, StreamedDitAndTextEncoderEqualResident) {
         // Over a host-memory limit: every other streamed block in pageable memory.
         WeightPlacement pageable = all;
         for (int i = 0; i < n; ++i) pageable.pageable.push_back(i % 2 == 1);
+        // Read from the weight files at every stream (through the backend's pinned staging);
+        // only where the files hold the act dtype (bf16) and no FP8 rows are made.
+        WeightPlacement files_all = all, files_alt = alt;
+        files_all.stream_from_files = files_alt.stream_from_files = true;
         // Inputs: seeded latents and a caption of 40 tokens.
         const auto& tc = folder->transformer();
         Tensor lat = rand_host({2, tc.in_channels, 8, 8}, 3, DType::kF32);
@@ -119,11 +124,14 @@ TEST(CudaStreaming, StreamedDitAndTextEncoderEqualResident) {
           return outs;
         };
         const auto ref = run(**resident);
-        for (const WeightPlacement& p : {all, alt, pageable}) {
+        for (const WeightPlacement& p : {all, alt, pageable, files_all, files_alt}) {
           auto ws2 = folder->open_weights("transformer");
           ASSERT_TRUE(ws2.ok());
           auto streamed = ZImageDiT::load(tc, *ws2, *g, p);
           ASSERT_TRUE(streamed.ok()) << streamed.status().to_string();
+          const bool from_files = p.stream_from_files && act == DType::kBF16 && !fp8;
+          EXPECT_EQ((*streamed)->streamed_units_from_files(),
+                    from_files ? (*streamed)->streamed_units() : 0);
           const uint64_t h2d0 = g->streamed_bytes();
           const auto got = run(**streamed);
           // At least one full pass was copied; at most two and the next pass's prefetch.
@@ -133,8 +141,9 @@ TEST(CudaStreaming, StreamedDitAndTextEncoderEqualResident) {
           EXPECT_LE(moved, 2 * pass + (*streamed)->streaming_slot_bytes());
           for (size_t k = 0; k < ref.size(); ++k) {
             const double d = max_diff(got[k], ref[k]);
-            std::printf("  %s %s%s streamed DiT vs resident max|diff| %.3g\n", name,
-                        dtype_name(act), fp8 ? " fp8-weights" : "", d);
+            std::printf("  %s %s%s%s streamed DiT vs resident max|diff| %.3g\n", name,
+                        dtype_name(act), fp8 ? " fp8-weights" : "",
+                        p.stream_from_files ? " from-files" : "", d);
             EXPECT_EQ(d, 0.0) << name << " " << dtype_name(act) << (fp8 ? " fp8" : "");
           }
         }
@@ -158,17 +167,76 @@ TEST(CudaStreaming, StreamedDitAndTextEncoderEqualResident) {
         ASSERT_TRUE(te_ws3.ok());
         auto te_pg = Qwen3Encoder::load(folder->text_encoder(), *te_ws3, *g, te_pageable);
         ASSERT_TRUE(te_pg.ok()) << te_pg.status().to_string();
-        auto a = (*te_res)->encode(ids);
-        auto b = (*te_str)->encode(ids);
-        auto c = (*te_pg)->encode(ids);
-        ASSERT_TRUE(a.ok() && b.ok() && c.ok());
-        for (size_t i = 0; i < a->size(); ++i) {
-          EXPECT_EQ(max_diff(host_of(*g, (*a)[i]), host_of(*g, (*b)[i])), 0.0);
-          EXPECT_EQ(max_diff(host_of(*g, (*a)[i]), host_of(*g, (*c)[i])), 0.0) << "pageable";
+        WeightPlacement te_files = te_all;
+        te_files.stream_from_files = true;
+        auto te_ws4 = folder->open_weights("text_encoder");
+        ASSERT_TRUE(te_ws4.ok());
+        auto te_fl = Qwen3Encoder::load(folder->text_encoder(), *te_ws4, *g, te_files);
+        ASSERT_TRUE(te_fl.ok()) << te_fl.status().to_string();
+        EXPECT_EQ((*te_fl)->streamed_units_from_files(),
+                  act == DType::kBF16 && !fp8 ? (*te_fl)->streamed_units() : 0);
+        for (int pass = 0; pass < 2; ++pass) {  // the second pass refills the staging buffers
+          auto a = (*te_res)->encode(ids);
+          auto b = (*te_str)->encode(ids);
+          auto c = (*te_pg)->encode(ids);
+          auto f = (*te_fl)->encode(ids);
+          ASSERT_TRUE(a.ok() && b.ok() && c.ok() && f.ok());
+          for (size_t i = 0; i < a->size(); ++i) {
+            EXPECT_EQ(max_diff(host_of(*g, (*a)[i]), host_of(*g, (*b)[i])), 0.0);
+            EXPECT_EQ(max_diff(host_of(*g, (*a)[i]), host_of(*g, (*c)[i])), 0.0) << "pageable";
+            EXPECT_EQ(max_diff(host_of(*g, (*a)[i]), host_of(*g, (*f)[i])), 0.0) << "files";
+          }
         }
       }
     }
   }
+}
+
+// stream_in from ordinary memory (a file mapping's pages, a pageable copy) goes through the
+// slot's pinned staging in 16 MiB pieces, from pinned memory straight to the DMA; several parts
+// per slot land at their offsets, and a slot refilled with other bytes (its staging reused, then
+// grown for a larger unit) carries the new ones.
+TEST(CudaStreaming, StreamInThroughStagingAndPinnedSources) {
+  ZI_REQUIRE_GPU();
+  cuda::CudaBackend* g = gpu(DType::kBF16);
+  ASSERT_NE(g, nullptr);
+  auto pattern = [](int64_t n, uint32_t seed) {
+    Tensor t = Tensor::host(DType::kU8, {n});
+    uint32_t x = seed;
+    for (int64_t i = 0; i < n; ++i) {
+      x = x * 1664525u + 1013904223u;
+      t.data_as<uint8_t>()[i] = static_cast<uint8_t>(x >> 24);
+    }
+    return t;
+  };
+  for (int round = 0; round < 3; ++round) {
+    // Odd sizes: a 40 MiB + 3 part spans three pieces; round 2 grows the staging buffer.
+    const int64_t big = (int64_t{40} << 20) + 3 + (round == 2 ? (int64_t{24} << 20) : 0);
+    const int64_t small = 4097;
+    Tensor a = pattern(big, 1 + round), b = pattern(small, 7 + round);
+    Tensor pinned = take(g->alloc_pinned(DType::kU8, {small}), "alloc_pinned");
+    std::memcpy(pinned.data(), pattern(small, 11 + round).data(), small);
+    Tensor dev = take(g->alloc(DType::kU8, {big + 2 * small}), "alloc");
+    Tensor d0(dev.storage(), dev.byte_offset(), DType::kU8, {big});
+    Tensor d1(dev.storage(), dev.byte_offset() + big, DType::kU8, {small});
+    Tensor d2(dev.storage(), dev.byte_offset() + big + small, DType::kU8, {small});
+    const int slot = round % 2;
+    ZI_ASSERT_OK(g->stream_in(slot, {{a, d0}, {pinned, d1}, {b, d2}}));
+    ZI_ASSERT_OK(g->wait_slot(slot));
+    Tensor back = Tensor::host(DType::kU8, {big + 2 * small});
+    ZI_ASSERT_OK(g->download(dev, back));
+    const auto* h = back.data_as<uint8_t>();
+    EXPECT_EQ(std::memcmp(h, a.data(), big), 0) << "round " << round;
+    EXPECT_EQ(std::memcmp(h + big, pinned.data(), small), 0) << "round " << round;
+    EXPECT_EQ(std::memcmp(h + big + small, b.data(), small), 0) << "round " << round;
+    ZI_ASSERT_OK(g->release_slot(slot));
+  }
+  // A pair the backend cannot stream (dtypes differ) is an error, not a conversion.
+  Tensor f = Tensor::host(DType::kF32, {8});
+  Tensor d = take(g->alloc(DType::kBF16, {8}), "alloc");
+  EXPECT_FALSE(g->stream_in(0, {{f, d}}).ok());
+  EXPECT_FALSE(g->can_stream(DType::kF32, DType::kBF16));
+  EXPECT_TRUE(g->can_stream(DType::kBF16, DType::kBF16));
 }
 
 TEST(CudaStreaming, AllocatorCapAndImpossibleBudget) {

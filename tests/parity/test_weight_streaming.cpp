@@ -1,12 +1,15 @@
 // The memory planner's weight placements on the CPU oracle (golden tiny models):
 //  * a DiT / text encoder whose blocks stream in through the slots gives bit for bit the output
 //    of the resident model (the same ops on the same bytes; only where the weights live differs),
-//    for every pattern of streamed blocks;
+//    for every pattern of streamed blocks, from host copies or read from the weight files
+//    themselves (WeightPlacement::stream_from_files: the fused q|k|v and w1|w3 rows straight from
+//    their three and two file tensors);
 //  * FP8 weights with one scale per output channel: the quantiser's contract (scale = row max /
 //    448, round-trip error within e4m3's half step), and the DiT / text encoder with FP8 weights
 //    stay close to the full-precision ones (max error reported).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 
@@ -120,6 +123,81 @@ TEST(WeightStreaming, StreamedTextEncoderEqualsResidentBitForBit) {
     for (size_t i = 0; i < got->size(); ++i)
       EXPECT_EQ(max_abs(to_host((*got)[i]), to_host((*ref)[i])), 0.0);
   }
+}
+
+TEST(WeightStreaming, DitStreamedFromTheFilesEqualsResidentBitForBit) {
+  const Case c = load_case("v_turbo");
+  auto resident = dit_with(c, {});
+  ASSERT_NE(resident, nullptr);
+  const int n = resident->num_blocks();
+  const std::vector<Tensor> ref = dit_outputs(c, *resident);
+  ASSERT_EQ(ref.size(), 2u);
+  std::vector<std::vector<bool>> patterns = {std::vector<bool>(n, true), {}};
+  for (int i = 0; i < n; ++i) patterns[1].push_back(i % 2 == 0);
+  for (int slots : {1, 2}) {
+    for (const auto& pat : patterns) {
+      WeightPlacement p;
+      p.streamed = pat;
+      p.slots = slots;
+      p.stream_from_files = true;
+      auto dit = dit_with(c, p);
+      ASSERT_NE(dit, nullptr);
+      // The files are bf16, the CPU computes in f32: every tensor streams from its file view,
+      // widened as it is copied (Backend::can_stream).
+      const int streamed = static_cast<int>(std::count(pat.begin(), pat.end(), true));
+      EXPECT_EQ(dit->streamed_units(), streamed);
+      EXPECT_EQ(dit->streamed_units_from_files(), streamed);
+      const std::vector<Tensor> got = dit_outputs(c, *dit);
+      ASSERT_EQ(got.size(), 2u);
+      for (int k = 0; k < 2; ++k) EXPECT_EQ(max_abs(got[k], ref[k]), 0.0) << "slots " << slots;
+    }
+  }
+}
+
+TEST(WeightStreaming, TextEncoderStreamedFromTheFilesEqualsResidentBitForBit) {
+  const Case c = load_case("v_turbo");
+  auto resident = te_with(c, {});
+  ASSERT_NE(resident, nullptr);
+  auto ref = resident->encode(c.ids);
+  ASSERT_TRUE(ref.ok()) << ref.status().to_string();
+  const int n = resident->layers_run();
+  WeightPlacement p;
+  p.streamed.assign(n, true);
+  p.first_slot = 2;
+  p.stream_from_files = true;
+  auto streamed = te_with(c, p);
+  ASSERT_NE(streamed, nullptr);
+  EXPECT_EQ(streamed->streamed_units_from_files(), n);
+  for (int pass = 0; pass < 2; ++pass) {
+    auto got = streamed->encode(c.ids);
+    ASSERT_TRUE(got.ok()) << got.status().to_string();
+    ASSERT_EQ(got->size(), ref->size());
+    for (size_t i = 0; i < got->size(); ++i)
+      EXPECT_EQ(max_abs(to_host((*got)[i]), to_host((*ref)[i])), 0.0);
+  }
+}
+
+// FP8 weight rows are made on the device, so those linears cannot stream from the files: they
+// are host copies (the rest of each block still reads the files), and the output is the FP8
+// model's.
+TEST(WeightStreaming, Fp8RowsStreamFromCopiesUnderStreamFromFiles) {
+  const Case c = load_case("v_turbo");
+  WeightPlacement fp8;
+  fp8.fp8_weights = true;
+  auto resident = dit_with(c, fp8);
+  ASSERT_NE(resident, nullptr);
+  const std::vector<Tensor> ref = dit_outputs(c, *resident);
+  ASSERT_EQ(ref.size(), 2u);
+  WeightPlacement p = fp8;
+  p.streamed.assign(resident->num_blocks(), true);
+  p.stream_from_files = true;
+  auto dit = dit_with(c, p);
+  ASSERT_NE(dit, nullptr);
+  EXPECT_EQ(dit->streamed_units(), resident->num_blocks());
+  EXPECT_EQ(dit->streamed_units_from_files(), 0);  // every block holds copied FP8 rows
+  const std::vector<Tensor> got = dit_outputs(c, *dit);
+  ASSERT_EQ(got.size(), 2u);
+  for (int k = 0; k < 2; ++k) EXPECT_EQ(max_abs(got[k], ref[k]), 0.0);
 }
 
 TEST(WeightStreaming, BadPlacementIsAnError) {

@@ -348,6 +348,14 @@ TEST(ApiLoad, BadOptionsNameTheOption) {
     expect_field(e.status().message(), "host_memory_gib");
   }
   o.host_memory_gib = 0.5;  // no budget on the CPU: nothing streams, the limit is moot
+  for (const char* bad : {"", "file", "pinned", "COPY"}) {
+    o.streamed_weights = bad;
+    e = Engine::load(o);
+    ASSERT_FALSE(e.ok()) << bad;
+    EXPECT_EQ(e.status().code(), ErrorCode::kInvalidArgument);
+    expect_field(e.status().message(), "streamed_weights");
+  }
+  o.streamed_weights = "files";
   e = Engine::load(o);
   EXPECT_TRUE(e.ok()) << e.status().to_string();
 }

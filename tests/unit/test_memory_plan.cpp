@@ -183,3 +183,39 @@ TEST(MemoryPlan, HostMemoryLimitPinsDitBlocksFirstAndTheRestPageable) {
         << plan->describe();
   }
 }
+
+// Streamed from the weight files (MemoryPlanInput::dit_from_files / te_from_files): no host copy
+// at all, whatever the host-memory limit; what is held is a slot's worth of page-locked staging
+// per slot, and the files are read for every streamed byte. The device side is the same plan.
+TEST(MemoryPlan, StreamingFromTheFilesHoldsOnlyStagingInHostMemory) {
+  const MemoryPlanInput copy_in = full_size(4);
+  auto copies = plan_memory(copy_in);
+  ASSERT_TRUE(copies.ok());
+  for (double limit_gib : {0.0, 4.0}) {
+    MemoryPlanInput in = copy_in;
+    in.host_pinned_limit = static_cast<uint64_t>(limit_gib * static_cast<double>(kGiB));
+    in.dit_from_files = in.te_from_files = true;
+    auto plan = plan_memory(in);
+    ASSERT_TRUE(plan.ok());
+    EXPECT_EQ(plan->dit_streamed, copies->dit_streamed);
+    EXPECT_EQ(plan->te_streamed, copies->te_streamed);
+    EXPECT_EQ(plan->peak_bytes, copies->peak_bytes);
+    EXPECT_EQ(plan->host_pinned_bytes, 0u);
+    EXPECT_EQ(plan->host_pageable_bytes, 0u);
+    EXPECT_EQ(plan->host_file_bytes, copies->host_pinned_bytes);  // everything a copy held
+    EXPECT_EQ(plan->host_staging_bytes,
+              static_cast<uint64_t>(in.slots) * (in.dit_block_bytes + in.te_layer_bytes));
+    EXPECT_LT(plan->host_staging_bytes, 2 * kGiB) << plan->describe();
+    EXPECT_NE(plan->describe().find("streamed from the weight files through"), std::string::npos)
+        << plan->describe();
+    EXPECT_EQ(plan->describe().find("host copies"), std::string::npos) << plan->describe();
+  }
+  // Only the DiT from the files (the text encoder's layers copied): each part as its mode says.
+  MemoryPlanInput mixed = copy_in;
+  mixed.dit_from_files = true;
+  auto plan = plan_memory(mixed);
+  ASSERT_TRUE(plan.ok());
+  EXPECT_EQ(plan->host_file_bytes, plan->dit_stream_bytes);
+  EXPECT_EQ(plan->host_pinned_bytes + plan->host_pageable_bytes, plan->te_stream_bytes);
+  EXPECT_EQ(plan->host_staging_bytes, static_cast<uint64_t>(mixed.slots) * mixed.dit_block_bytes);
+}

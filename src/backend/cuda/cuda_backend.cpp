@@ -117,6 +117,7 @@ CudaBackend::CudaBackend(int device, DType act) : device_(device), act_(act) {}
 CudaBackend::~CudaBackend() {
   if (stream_) cudaStreamSynchronize(stream_);
   if (copy_stream_) cudaStreamSynchronize(copy_stream_);
+  stager_.reset();  // its buffers, once no DMA reads them
   for (int i = 0; i < kStreamSlots; ++i) {
     if (loaded_[i]) cudaEventDestroy(loaded_[i]);
     if (released_[i]) cudaEventDestroy(released_[i]);

@@ -29,6 +29,7 @@
 #include "backend/cuda/kernels/kernels.h"
 #include "backend/cuda/runtime/allocator.h"
 #include "backend/cuda/runtime/op_profiler.h"
+#include "backend/cuda/runtime/slot_stager.h"
 #include "backend/cuda/runtime/uploader.h"
 
 namespace zimage::cuda {
@@ -103,6 +104,7 @@ class CudaBackend final : public Backend {
   // Weight streaming (cuda_streaming.cpp): pinned host tensors, a copy stream, per-slot events.
   Result<Tensor> alloc_pinned(DType dtype, const Shape& shape) override;
   Status stream_in(int slot, const std::vector<std::pair<Tensor, Tensor>>& copies) override;
+  bool can_stream(DType host, DType device) const override { return host == device; }
   Status wait_slot(int slot) override;
   Status release_slot(int slot) override;
   uint64_t streamed_bytes() const override { return streamed_bytes_; }
@@ -236,6 +238,8 @@ class CudaBackend final : public Backend {
   cudaEvent_t loaded_[kStreamSlots] = {};
   cudaEvent_t released_[kStreamSlots] = {};
   uint64_t streamed_bytes_ = 0;
+  // Page-locked staging for streamed weights in ordinary memory (file views), per slot.
+  std::unique_ptr<SlotStager> stager_;
   // wait_for_stream / signal_stream: created on first use.
   Status check_external_stream(cudaStream_t s, const char* what);
   cudaEvent_t external_in_ = nullptr, external_out_ = nullptr;

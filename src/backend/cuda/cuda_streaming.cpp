@@ -46,6 +46,7 @@ Result<Tensor> CudaBackend::alloc_pinned(DType dtype, const Shape& shape) {
 Status CudaBackend::ensure_streaming() {
   if (copy_stream_) return Status::Ok();
   ZI_CUDA_TRY(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
+  stager_ = std::make_unique<SlotStager>(device_, kStreamSlots);
   for (int i = 0; i < kStreamSlots; ++i) {
     ZI_CUDA_TRY(cudaEventCreateWithFlags(&loaded_[i], cudaEventDisableTiming));
     ZI_CUDA_TRY(cudaEventCreateWithFlags(&released_[i], cudaEventDisableTiming));
@@ -60,15 +61,28 @@ Status CudaBackend::stream_in(int slot, const std::vector<std::pair<Tensor, Tens
   // The slot's previous contents may still be read by queued compute (release_slot recorded it);
   // an event never recorded is already complete.
   ZI_CUDA_TRY(cudaStreamWaitEvent(copy_stream_, released_[slot], 0));
+  // Page-locked sources (pinned host copies) go straight to the DMA engine; ordinary memory
+  // (views of the weight files, pageable copies) through the slot's staging buffer.
+  std::vector<SlotStager::Copy> staged;
   for (const auto& [host, dev] : copies) {
     if (!host.defined() || !dev.defined() || host.dtype() != dev.dtype() ||
-        host.shape() != dev.shape() || host.device() != Device::kCPU ||
+        host.numel() != dev.numel() || host.device() != Device::kCPU ||
         dev.device() != Device::kCUDA)
       return InvalidArgument("stream_in: " + host.describe() + " -> " + dev.describe());
-    ZI_CUDA_TRY(cudaMemcpyAsync(dev.data(), host.data(), host.nbytes(), cudaMemcpyHostToDevice,
-                                copy_stream_));
+    if (host.nbytes() == 0) continue;
+    cudaPointerAttributes attr{};
+    const bool locked = cudaPointerGetAttributes(&attr, host.data()) == cudaSuccess &&
+                        attr.type == cudaMemoryTypeHost;
+    cudaGetLastError();  // an unregistered pointer is not an error to keep
+    if (locked) {
+      ZI_CUDA_TRY(cudaMemcpyAsync(dev.data(), host.data(), host.nbytes(), cudaMemcpyHostToDevice,
+                                  copy_stream_));
+    } else {
+      staged.push_back({dev.data(), host.data(), host.nbytes()});
+    }
     streamed_bytes_ += host.nbytes();
   }
+  if (!staged.empty()) ZI_TRY(stager_->copy(slot, staged, copy_stream_));
   ZI_CUDA_TRY(cudaEventRecord(loaded_[slot], copy_stream_));
   return Status::Ok();
 }

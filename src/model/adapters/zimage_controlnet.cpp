@@ -288,7 +288,7 @@ Status ZImageControlNet::load_weights(const WeightStore& ws) {
     for (int i = 0; i < n; ++i) {
       const std::string p = prefix + std::to_string(i) + ".";
       ControlBlock cb;
-      ZI_TRY(dit_.load_block(ws, p, true, cb.blk));
+      ZI_TRY(dit_.load_block(ws, p, true, /*index=*/-1, cb.blk));  // resident
       if (control) {
         if (i == 0) {
           ZI_ASSIGN_OR_RETURN(cb.before_w, load::weight(ws, be_, p + "before_proj.weight", {d, d}));

@@ -84,6 +84,11 @@ struct WeightPlacement {
   bool is_pageable(int index) const {
     return index >= 0 && index < static_cast<int>(pageable.size()) && pageable[index];
   }
+  // Streamed weights the files hold in a form the backend streams as it is (bf16 files on a bf16
+  // GPU) stay views of the memory-mapped files: no load-time copy, and every stream reads the
+  // file pages (model/common/weight_streamer.h). False: every streamed weight is loaded and held
+  // as a host copy (pinned or pageable above), which streams faster but costs the copy at load.
+  bool stream_from_files = false;
   // The backend stream slots the model may use: [first_slot, first_slot + slots).
   int first_slot = 0;
   int slots = 2;

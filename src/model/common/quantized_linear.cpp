@@ -203,4 +203,29 @@ Result<LinearWeight> load_linear(const WeightStore& ws, Backend& be,
   return lw;
 }
 
+Result<StreamSource> stream_from_files(const WeightStore& ws, const Backend& be,
+                                       const std::vector<LinearPart>& parts) {
+  StreamSource none;
+  if (parts.empty()) return none;
+  const DType act = be.act_dtype();
+  int64_t rows = 0;
+  for (const LinearPart& p : parts) {
+    if (!ws.contains(p.name) || ws.is_packed(p.name) || ws.is_scaled_fp8(p.name)) return none;
+    ZI_ASSIGN_OR_RETURN(WeightInfo info, ws.info(p.name));
+    if (info.shape != p.shape || !dtype_is_float(info.dtype) || !be.can_stream(info.dtype, act))
+      return none;
+    if (parts.size() > 1 && (p.shape.size() != 2 || p.shape[1] != parts[0].shape[1])) return none;
+    rows += p.shape.empty() ? 1 : p.shape[0];
+  }
+  StreamSource src;
+  src.dtype = act;
+  src.from_file = true;
+  src.shape = parts.size() == 1 ? parts[0].shape : Shape{rows, parts[0].shape[1]};
+  for (const LinearPart& p : parts) {
+    ZI_ASSIGN_OR_RETURN(Tensor view, ws.get(p.name, p.shape));  // counts as used
+    src.parts.push_back(std::move(view));
+  }
+  return src;
+}
+
 }  // namespace zimage

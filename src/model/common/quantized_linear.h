@@ -1,9 +1,9 @@
 // Linear weights kept on the device in the form the file stores them, instead of widened to the
 // compute dtype at load: an FP8 checkpoint's weights stay FP8 bytes with one f32 scale per output
 // row (a per-tensor scale is broadcast to the rows), a GGUF file's block-quantised weights stay
-// their raw blocks (kU8 [N, row bytes]). linear() (model/common/linear.h) dequantises such a weight into
-// the model's scratch buffer just before its GEMM, with the same float32 arithmetic as the host
-// dequantisation at load (Backend::dequantize_fp8_rows, Backend::dequantize_packed), so the
+// their raw blocks (kU8 [N, row bytes]). linear() (model/common/linear.h) dequantises such a weight
+// into the model's scratch buffer just before its GEMM, with the same float32 arithmetic as the
+// host dequantisation at load (Backend::dequantize_fp8_rows, Backend::dequantize_packed), so the
 // weight the GEMM sees is the same value either way: only the resident and streamed bytes change.
 //
 // A weight the loader fuses from several stored tensors (q|k|v, w1|w3, gate|up) is kept only when
@@ -22,6 +22,7 @@
 #include "core/status.h"
 #include "io/weights/weights.h"
 #include "model/common/linear.h"
+#include "model/common/weight_streamer.h"
 
 namespace zimage {
 
@@ -61,5 +62,14 @@ KeptForm kept_form(const WeightStore& ws, const std::vector<LinearPart>& parts, 
 Result<LinearWeight> load_linear(const WeightStore& ws, Backend& be,
                                  const std::vector<LinearPart>& parts, const std::string& what,
                                  bool keep_quantized, KeptQuantStats* stats = nullptr);
+
+// The row-concatenation of `parts` (a single part: any rank) as the host side of a streamed
+// tensor in the act dtype, read from the weight files at every stream (WeightStreamer) instead of
+// loaded and copied: when every part is a plain float tensor of its expected shape that the
+// backend streams as stored (Backend::can_stream; on CUDA the act dtype itself), and the parts
+// share their row length. Otherwise an undefined source, with nothing marked used: the caller
+// loads the weight as usual.
+Result<StreamSource> stream_from_files(const WeightStore& ws, const Backend& be,
+                                       const std::vector<LinearPart>& parts);
 
 }  // namespace zimage

@@ -5,8 +5,28 @@
 
 namespace zimage {
 
+StreamSource StreamSource::of(const Tensor& host) {
+  StreamSource s;
+  if (!host.defined()) return s;
+  s.dtype = host.dtype();
+  s.shape = host.shape();
+  s.parts.push_back(host);
+  return s;
+}
+
+uint64_t StreamSource::device_bytes() const {
+  const int64_t n = shape_numel(shape);
+  return defined() && n > 0 ? static_cast<uint64_t>(n) * dtype_size(dtype) : 0;
+}
+
+uint64_t StreamSource::host_bytes() const {
+  uint64_t b = 0;
+  for (const Tensor& t : parts) b += t.nbytes();
+  return b;
+}
+
 Result<std::unique_ptr<WeightStreamer>> WeightStreamer::create(
-    Backend& be, std::vector<std::vector<Tensor>> units, int first_slot, int slots) {
+    Backend& be, std::vector<std::vector<StreamSource>> units, int first_slot, int slots) {
   if (units.empty()) return InvalidArgument("weight streamer: no units");
   slots = std::min<int>(slots, static_cast<int>(units.size()));
   if (slots < 1 || first_slot < 0 || first_slot + slots > Backend::kStreamSlots)
@@ -14,19 +34,33 @@ Result<std::unique_ptr<WeightStreamer>> WeightStreamer::create(
                            std::to_string(first_slot + slots) + ") outside the backend's " +
                            std::to_string(Backend::kStreamSlots));
   const size_t positions = units[0].size();
-  std::vector<size_t> max_bytes(positions, 0);
+  std::vector<uint64_t> max_bytes(positions, 0);
   std::unique_ptr<WeightStreamer> s(new WeightStreamer(be));
   for (const auto& u : units) {
     if (u.size() != positions)
       return InternalError("weight streamer: units with different numbers of tensors");
+    bool all_files = true;
     for (size_t p = 0; p < positions; ++p) {
-      if (!u[p].defined()) continue;
-      if (u[p].device() != Device::kCPU)
-        return InternalError("weight streamer: unit tensor " + u[p].describe() +
-                             " is not in host memory");
-      max_bytes[p] = std::max(max_bytes[p], u[p].nbytes());
-      s->stream_bytes_ += u[p].nbytes();
+      const StreamSource& src = u[p];
+      if (!src.defined()) continue;
+      int64_t elems = 0;
+      for (const Tensor& t : src.parts) {
+        if (!t.defined() || t.device() != Device::kCPU)
+          return InternalError("weight streamer: unit tensor " + t.describe() +
+                               " is not in host memory");
+        if (!be.can_stream(t.dtype(), src.dtype))
+          return InternalError("weight streamer: " + be.name() + " cannot stream " + t.describe() +
+                               " into " + dtype_name(src.dtype));
+        elems += t.numel();
+      }
+      if (elems != shape_numel(src.shape))
+        return InternalError("weight streamer: parts of " + std::to_string(elems) +
+                             " elements for a tensor of shape " + shape_string(src.shape));
+      all_files = all_files && src.from_file;
+      max_bytes[p] = std::max(max_bytes[p], src.device_bytes());
+      s->stream_bytes_ += src.device_bytes();
     }
+    if (all_files) ++s->from_files_;
   }
   s->units_ = std::move(units);
   s->first_slot_ = first_slot;
@@ -52,16 +86,26 @@ std::vector<Tensor> WeightStreamer::views(int slot, int unit) const {
   for (size_t p = 0; p < u.size(); ++p) {
     if (!u[p].defined()) continue;
     const Tensor& buf = buffers_[slot][p];
-    out[p] = Tensor(buf.storage(), buf.byte_offset(), u[p].dtype(), u[p].shape());
+    out[p] = Tensor(buf.storage(), buf.byte_offset(), u[p].dtype, u[p].shape);
   }
   return out;
 }
 
 Status WeightStreamer::load(int slot, int unit) {
-  const std::vector<Tensor> dev = views(slot, unit);
+  const auto& u = units_[unit];
   std::vector<std::pair<Tensor, Tensor>> copies;
-  for (size_t p = 0; p < dev.size(); ++p)
-    if (dev[p].defined()) copies.emplace_back(units_[unit][p], dev[p]);
+  for (size_t p = 0; p < u.size(); ++p) {
+    if (!u[p].defined()) continue;
+    // Each part lands on the elements after the previous one's, viewed flat in the slot.
+    const Tensor& buf = buffers_[slot][p];
+    const size_t es = dtype_size(u[p].dtype);
+    size_t offset = buf.byte_offset();
+    for (const Tensor& part : u[p].parts) {
+      const int64_t n = part.numel();
+      copies.emplace_back(part.view({n}), Tensor(buf.storage(), offset, u[p].dtype, {n}));
+      offset += static_cast<size_t>(n) * es;
+    }
+  }
   ZI_TRY(be_.stream_in(first_slot_ + slot, copies));
   in_slot_[slot] = unit;
   return Status::Ok();

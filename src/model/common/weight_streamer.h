@@ -8,8 +8,12 @@
 //
 // A unit is one block's tensors in fixed positions (undefined where a block has none); a slot
 // has, per position, one device buffer as large as the largest unit's tensor there, and a unit
-// in the slot sees views of it with its own dtypes and shapes. The bytes computed on are exactly
-// the host copies' bytes, so a streamed forward equals the resident one bit for bit.
+// in the slot sees views of it with its own dtypes and shapes. Each position's host side is one
+// or more host tensors whose elements, one after another, make the device tensor: a host copy
+// made at load (page-locked or not), or the views of the weight files themselves (the row blocks
+// of a fused q|k|v weight are three tensors of the file), so a block streamed from the files
+// needs no host copy and no load-time work. The bytes computed on are exactly those of the
+// resident model's weights, so a streamed forward equals the resident one bit for bit.
 #pragma once
 
 #include <cstdint>
@@ -22,13 +26,29 @@
 
 namespace zimage {
 
+// One tensor of a streamed block: the device tensor the model computes with (dtype, shape) and
+// the host tensors that make it, in order (their element counts add up to the shape's; each of
+// a dtype Backend::can_stream takes into `dtype`). No parts: the block has no such tensor.
+struct StreamSource {
+  DType dtype = DType::kF32;
+  Shape shape;
+  std::vector<Tensor> parts;
+  bool from_file = false;  // parts are views of the weight files, not copies made at load
+  bool defined() const { return !parts.empty(); }
+  // A host tensor as it is (a copy made at load).
+  static StreamSource of(const Tensor& host);
+  // Bytes on the device / bytes read from the host parts.
+  uint64_t device_bytes() const;
+  uint64_t host_bytes() const;
+};
+
 class WeightStreamer {
  public:
-  // `units`: host tensors per streamed block, in execution order, all with the same number of
-  // positions. Uses backend slots [first_slot, first_slot + slots) (at most as many as units).
-  static Result<std::unique_ptr<WeightStreamer>> create(Backend& be,
-                                                        std::vector<std::vector<Tensor>> units,
-                                                        int first_slot, int slots);
+  // `units`: per streamed block, in execution order, its tensors in fixed positions (the same
+  // number for every unit). Uses backend slots [first_slot, first_slot + slots) (at most as many
+  // as units).
+  static Result<std::unique_ptr<WeightStreamer>> create(
+      Backend& be, std::vector<std::vector<StreamSource>> units, int first_slot, int slots);
 
   // The device tensors of `unit` (same positions as given), valid until release(unit). Queues
   // its copy first if it is not in its slot yet; compute queued after this waits for the copy.
@@ -41,6 +61,8 @@ class WeightStreamer {
   int slots() const { return slots_; }
   uint64_t slot_bytes() const { return slot_bytes_; }      // device memory of all slots
   uint64_t stream_bytes() const { return stream_bytes_; }  // bytes of one pass over all units
+  // Units whose every tensor is read from the weight files (no host copy made at load).
+  int units_from_files() const { return from_files_; }
 
  private:
   WeightStreamer(Backend& be) : be_(be) {}
@@ -48,11 +70,12 @@ class WeightStreamer {
   std::vector<Tensor> views(int slot, int unit) const;
 
   Backend& be_;
-  std::vector<std::vector<Tensor>> units_;    // host
-  std::vector<std::vector<Tensor>> buffers_;  // per slot, per position: device bytes
-  std::vector<int> in_slot_;                  // per slot: unit loaded or being loaded, -1 none
+  std::vector<std::vector<StreamSource>> units_;  // host
+  std::vector<std::vector<Tensor>> buffers_;      // per slot, per position: device bytes
+  std::vector<int> in_slot_;                      // per slot: unit loaded or being loaded, -1 none
   int first_slot_ = 0;
   int slots_ = 0;
+  int from_files_ = 0;
   uint64_t slot_bytes_ = 0;
   uint64_t stream_bytes_ = 0;
 };

@@ -14,16 +14,16 @@
 #include "core/status.h"
 #include "io/model/model_config.h"
 #include "io/weights/weights.h"
+#include "model/adapters/lora_runtime.h"
 #include "model/common/debug.h"
 #include "model/common/linear.h"
-#include "model/adapters/lora_runtime.h"
 #include "model/common/quantized_linear.h"
 #include "model/common/weight_streamer.h"
 
 namespace zimage {
 
-// ControlNet residuals (model/adapters/zimage_controlnet.h): after main layer layers[k] the DiT adds
-// hints[k] ([B, S, D] in the act dtype, already scaled) to its unified sequence, as diffusers
+// ControlNet residuals (model/adapters/zimage_controlnet.h): after main layer layers[k] the DiT
+// adds hints[k] ([B, S, D] in the act dtype, already scaled) to its unified sequence, as diffusers
 // adds controlnet_block_samples.
 struct ControlResiduals {
   std::vector<int> layers;
@@ -59,6 +59,10 @@ class ZImageDiT {
   // What the load kept quantised.
   const KeptQuantStats& kept_quantized() const { return kept_; }
   uint64_t streaming_slot_bytes() const { return streamer_ ? streamer_->slot_bytes() : 0; }
+  // Streamed units read from the weight files at each stream, of streamed_units() (the rest from
+  // host copies made at load).
+  int streamed_units() const { return streamer_ ? streamer_->units() : 0; }
+  int streamed_units_from_files() const { return streamer_ ? streamer_->units_from_files() : 0; }
   uint64_t streamed_bytes_per_forward() const { return streamer_ ? streamer_->stream_bytes() : 0; }
 
   // latents [B, C, h, w] f32 on the backend; t_model: B host floats ((1000 - T)/1000, spec §6.1);
@@ -168,7 +172,11 @@ class ZImageDiT {
   ZImageDiT(const TransformerConfig& cfg, Backend& be) : cfg_(cfg), be_(be) {}
   // zimage_dit_weights.cpp
   Status load_weights(const WeightStore& ws);
-  Status load_block(const WeightStore& ws, const std::string& prefix, bool modulated, Block& b);
+  // Block `index` (execution order; -1: a block outside the placement, always loaded). A block
+  // the placement streams from the files records the file views of what the files hold as
+  // streamable (block_sources_) instead of loading it.
+  Status load_block(const WeightStore& ws, const std::string& prefix, bool modulated, int index,
+                    Block& b);
   Result<Tensor> load_pad_block(const WeightStore& ws, const std::string& name);
   void build_rope_tables();
   // Writes the Dh/2 (cos, sin) pairs of position (p0, p1, p2) to dst; false when out of range.
@@ -188,8 +196,8 @@ class ZImageDiT {
   Status compute(const Layout& L, const Tensor& latents, const Tensor& sinusoid,
                  const std::vector<Tensor>& caps, Tensor& out, DebugSink* dbg,
                  const std::string& pfx, const ControlResiduals* control = nullptr);
-  // The ControlNet (model/adapters/zimage_controlnet.cpp) runs this model's embedders, refiners, RoPE
-  // tables and block code on its own tokens.
+  // The ControlNet (model/adapters/zimage_controlnet.cpp) runs this model's embedders, refiners,
+  // RoPE tables and block code on its own tokens.
   friend class ZImageControlNet;
   Result<std::shared_ptr<Scratch>> make_scratch(int64_t b, int64_t s);
   Status check_control(const ControlResiduals& control, int64_t b, int64_t lh, int64_t lw,
@@ -251,6 +259,9 @@ class ZImageDiT {
   // Weight streaming: unit index per block (execution order), -1 = resident.
   std::vector<int> unit_of_block_;
   std::unique_ptr<WeightStreamer> streamer_;
+  // While loading: per streamed block, its tensors' host side in Block::tensors() order (file
+  // views, or the host copies place_block made); handed to the streamer by apply_placement.
+  std::vector<std::vector<StreamSource>> block_sources_;
   Tensor wide_scratch_;  // FP8 and packed weights are widened here before their GEMM
   KeptQuantStats kept_;  // linears kept quantised as the file stores them
   WeightPlacement placement_;

@@ -1,5 +1,6 @@
-// Runtime LoRAs on the DiT (zimage_dit.h set_loras, model/adapters/lora_runtime.h): the diffusers weight
-// names mapped onto the loaded blocks (q|k|v and w1|w3 are stored fused), and the set switched.
+// Runtime LoRAs on the DiT (zimage_dit.h set_loras, model/adapters/lora_runtime.h): the diffusers
+// weight names mapped onto the loaded blocks (q|k|v and w1|w3 are stored fused), and the set
+// switched.
 #include <cstdlib>
 #include <string>
 
@@ -25,6 +26,7 @@ Result<LoraSlot> ZImageDiT::lora_slot(const std::string& canonical) {
     s.name = "transformer weight " + name;
     s.linear = lw;
     s.tensor = &t;
+    if (!t.defined() || t.rank() != 2) return Unsupported(s.name + " is not held as a matrix");
     s.rows = s.full_rows = t.dim(0);
     s.cols = t.dim(1);
     return s;
@@ -60,27 +62,34 @@ Result<LoraSlot> ZImageDiT::lora_slot(const std::string& canonical) {
   if (index >= blocks->size()) return not_found;
   Block& b = (*blocks)[index];
   const std::string leaf = rest.substr(dot + 1);
-  // The linear weight and the part of its rows.
-  auto part = [&](LinearWeight& lw, int64_t row0, int64_t rows) -> Result<LoraSlot> {
+  // The linear weight [full_rows, cols] and the part of its rows. The sizes come from the config:
+  // a block streamed from the weight files holds no tensor between forwards (its slot views do).
+  auto part = [&](LinearWeight& lw, int64_t row0, int64_t rows, int64_t full_rows,
+                  int64_t cols) -> Result<LoraSlot> {
     LoraSlot s;
     s.name = "transformer weight " + canonical;
     s.linear = &lw;
     s.tensor = &lw.w;
     s.row0 = row0;
     s.rows = rows;
-    s.full_rows = lw.rows();
-    s.cols = lw.cols();  // K, also for packed GGUF rows
+    s.full_rows = full_rows;
+    s.cols = cols;
     return s;
   };
-  if (leaf == "attention.to_q.weight") return part(b.wqkv, 0, d);
-  if (leaf == "attention.to_k.weight") return part(b.wqkv, d, d);
-  if (leaf == "attention.to_v.weight") return part(b.wqkv, 2 * d, d);
-  if (leaf == "attention.to_out.0.weight") return part(b.wo, 0, d);
-  if (leaf == "feed_forward.w1.weight") return part(b.w13, 0, f);
-  if (leaf == "feed_forward.w3.weight") return part(b.w13, f, f);
-  if (leaf == "feed_forward.w2.weight") return part(b.w2, 0, d);
-  if (leaf == "adaLN_modulation.0.weight" && b.modulated)
+  if (leaf == "attention.to_q.weight") return part(b.wqkv, 0, d, 3 * d, d);
+  if (leaf == "attention.to_k.weight") return part(b.wqkv, d, d, 3 * d, d);
+  if (leaf == "attention.to_v.weight") return part(b.wqkv, 2 * d, d, 3 * d, d);
+  if (leaf == "attention.to_out.0.weight") return part(b.wo, 0, d, d, d);
+  if (leaf == "feed_forward.w1.weight") return part(b.w13, 0, f, 2 * f, d);
+  if (leaf == "feed_forward.w3.weight") return part(b.w13, f, f, 2 * f, d);
+  if (leaf == "feed_forward.w2.weight") return part(b.w2, 0, d, d, f);
+  if (leaf == "adaLN_modulation.0.weight" && b.modulated) {
+    if (!b.adaln_w.defined())  // streamed from the weight files: nothing to merge into
+      return Unsupported("transformer weight " + canonical +
+                         " streams from the weight files (--vram-budget) and has no side GEMM: "
+                         "a LoRA cannot patch it at runtime");
     return whole(canonical, b.adaln_w, nullptr);
+  }
   return not_found;
 }
 

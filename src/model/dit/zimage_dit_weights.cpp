@@ -5,6 +5,7 @@
 #include <cmath>
 #include <numeric>
 
+#include "core/log.h"
 #include "model/common/load_util.h"
 #include "model/dit/zimage_dit.h"
 
@@ -111,37 +112,72 @@ std::string dit_prefix(const WeightStore& ws) {
 
 }  // namespace
 
-Status ZImageDiT::load_block(const WeightStore& ws, const std::string& p, bool modulated,
+Status ZImageDiT::load_block(const WeightStore& ws, const std::string& p, bool modulated, int index,
                              Block& b) {
   const int64_t d = cfg_.dim, dh = cfg_.head_dim();
   b.modulated = modulated;
+  const bool streamed = index >= 0 && index < static_cast<int>(placement_.streamed.size()) &&
+                        placement_.streamed[index];
+  // Streamed from the files: every tensor the files hold as the backend streams it, except the
+  // linears this placement turns into FP8 rows on the device.
+  const bool from_files = streamed && placement_.stream_from_files;
+  std::vector<std::pair<const Tensor*, StreamSource>> sources;
+  auto from_file = [&](const std::vector<LinearPart>& parts, const Tensor& dst) -> Result<bool> {
+    if (!from_files) return false;
+    ZI_ASSIGN_OR_RETURN(StreamSource src, stream_from_files(ws, be_, parts));
+    if (!src.defined()) return false;
+    sources.emplace_back(&dst, std::move(src));
+    return true;
+  };
+  auto tensor = [&](const std::string& name, const Shape& shape, Tensor& dst) -> Status {
+    ZI_ASSIGN_OR_RETURN(bool streams, from_file({{name, shape}}, dst));
+    if (!streams) {
+      ZI_ASSIGN_OR_RETURN(dst, load::weight(ws, be_, name, shape));
+    }
+    return Status::Ok();
+  };
   const auto groups = block_linear_parts(cfg_, ws, p);
   const char* names[] = {"attention.qkv", "attention.out", "feed_forward.w13", "feed_forward.w2"};
+  const unsigned fp8_bits[] = {kFp8Qkv, kFp8Out, kFp8W13, kFp8W2};
+  const bool refiner = index < 2 * cfg_.n_refiner_layers;
+  const unsigned fp8 = placement_.fp8_compute;
   std::vector<LinearWeight*> dst = b.linears();
   for (size_t i = 0; i < groups.size(); ++i) {
+    const bool fp8_here =
+        placement_.fp8_weights || ((fp8 & fp8_bits[i]) && (!refiner || (fp8 & kFp8Refiners)));
+    bool streams = false;
+    if (!fp8_here) {
+      ZI_ASSIGN_OR_RETURN(streams, from_file(groups[i], dst[i]->w));
+    }
+    if (streams) continue;
     ZI_ASSIGN_OR_RETURN(
         *dst[i], load_linear(ws, be_, groups[i], p + names[i], placement_.keep_quantized, &kept_));
   }
   if (cfg_.qk_norm) {
     const bool comfy_norm = ws.contains(p + "attention.q_norm.weight");
-    ZI_ASSIGN_OR_RETURN(b.norm_q, load::weight(ws, be_,
-                                               p + (comfy_norm ? "attention.q_norm.weight"
-                                                               : "attention.norm_q.weight"),
-                                               {dh}));
-    ZI_ASSIGN_OR_RETURN(b.norm_k, load::weight(ws, be_,
-                                               p + (comfy_norm ? "attention.k_norm.weight"
-                                                               : "attention.norm_k.weight"),
-                                               {dh}));
+    ZI_TRY(tensor(p + (comfy_norm ? "attention.q_norm.weight" : "attention.norm_q.weight"), {dh},
+                  b.norm_q));
+    ZI_TRY(tensor(p + (comfy_norm ? "attention.k_norm.weight" : "attention.norm_k.weight"), {dh},
+                  b.norm_k));
   }
-  ZI_ASSIGN_OR_RETURN(b.attn_norm1, load::weight(ws, be_, p + "attention_norm1.weight", {d}));
-  ZI_ASSIGN_OR_RETURN(b.attn_norm2, load::weight(ws, be_, p + "attention_norm2.weight", {d}));
-  ZI_ASSIGN_OR_RETURN(b.ffn_norm1, load::weight(ws, be_, p + "ffn_norm1.weight", {d}));
-  ZI_ASSIGN_OR_RETURN(b.ffn_norm2, load::weight(ws, be_, p + "ffn_norm2.weight", {d}));
+  ZI_TRY(tensor(p + "attention_norm1.weight", {d}, b.attn_norm1));
+  ZI_TRY(tensor(p + "attention_norm2.weight", {d}, b.attn_norm2));
+  ZI_TRY(tensor(p + "ffn_norm1.weight", {d}, b.ffn_norm1));
+  ZI_TRY(tensor(p + "ffn_norm2.weight", {d}, b.ffn_norm2));
   if (modulated) {
     const int64_t ad = cfg_.adaln_dim();
-    ZI_ASSIGN_OR_RETURN(b.adaln_w,
-                        load::weight(ws, be_, p + "adaLN_modulation.0.weight", {4 * d, ad}));
-    ZI_ASSIGN_OR_RETURN(b.adaln_b, load::weight(ws, be_, p + "adaLN_modulation.0.bias", {4 * d}));
+    ZI_TRY(tensor(p + "adaLN_modulation.0.weight", {4 * d, ad}, b.adaln_w));
+    ZI_TRY(tensor(p + "adaLN_modulation.0.bias", {4 * d}, b.adaln_b));
+  }
+  if (streamed) {
+    // Positions as Block::tensors() lists them; the loaded ones are filled in by place_block.
+    if (block_sources_.size() <= static_cast<size_t>(index)) block_sources_.resize(index + 1);
+    std::vector<StreamSource>& u = block_sources_[index];
+    u.assign(b.tensors().size(), StreamSource());
+    const std::vector<Tensor*> ts = b.tensors();
+    for (auto& [t, src] : sources)
+      for (size_t k = 0; k < ts.size(); ++k)
+        if (ts[k] == t) u[k] = std::move(src);
   }
   return Status::Ok();
 }
@@ -177,7 +213,8 @@ Status ZImageDiT::load_weights(const WeightStore& ws) {
   auto blocks = [&](const std::string& name, int n, bool modulated, std::vector<Block>& out) {
     out.resize(n);
     for (int i = 0; i < n; ++i) {
-      ZI_TRY(load_block(ws, pre + name + "." + std::to_string(i) + ".", modulated, out[i]));
+      ZI_TRY(load_block(ws, pre + name + "." + std::to_string(i) + ".", modulated, loaded_blocks_,
+                        out[i]));
       ZI_TRY(place_block(out[i], loaded_blocks_++));
     }
     return Status::Ok();
@@ -260,7 +297,13 @@ Status ZImageDiT::place_block(Block& b, int index) {
   }
   const bool streamed =
       index < static_cast<int>(placement_.streamed.size()) && placement_.streamed[index];
-  if (streamed) ZI_TRY(move_to_host(be_, b.tensors(), !placement_.is_pageable(index)));
+  if (!streamed) return Status::Ok();
+  // What load_block loaded (everything not read from the files) becomes a host copy.
+  ZI_TRY(move_to_host(be_, b.tensors(), !placement_.is_pageable(index)));
+  std::vector<StreamSource>& u = block_sources_.at(index);
+  const std::vector<Tensor*> ts = b.tensors();
+  for (size_t k = 0; k < ts.size(); ++k)
+    if (!u[k].defined()) u[k] = StreamSource::of(*ts[k]);
   return Status::Ok();
 }
 
@@ -270,17 +313,23 @@ Status ZImageDiT::apply_placement(const WeightPlacement& placement) {
     return InternalError("weight placement for " + std::to_string(placement.streamed.size()) +
                          " blocks, the transformer has " + std::to_string(n));
   unit_of_block_.assign(n, -1);
-  std::vector<std::vector<Tensor>> units;
+  std::vector<std::vector<StreamSource>> units;
   for (int i = 0; i < n; ++i) {
     if (placement.streamed.empty() || !placement.streamed[i]) continue;
+    if (static_cast<size_t>(i) >= block_sources_.size())
+      return InternalError("transformer block " + std::to_string(i) + " has no stream sources");
     unit_of_block_[i] = static_cast<int>(units.size());
-    std::vector<Tensor> u;
-    for (Tensor* t : block_at(i).tensors()) u.push_back(*t);
-    units.push_back(std::move(u));
+    units.push_back(std::move(block_sources_[i]));
   }
+  block_sources_.clear();
   if (!units.empty()) {
     ZI_ASSIGN_OR_RETURN(streamer_, WeightStreamer::create(be_, std::move(units),
                                                           placement.first_slot, placement.slots));
+    if (placement.stream_from_files)
+      ZI_INFO(
+          "transformer: %d of %d streamed blocks read from the weight files at each step, "
+          "the rest from host copies",
+          streamer_->units_from_files(), streamer_->units());
   }
   if (placement.fp8_weights || kept_.kept > 0) {  // the widest weight: w1|w3 [2F, D]
     const int64_t elems =

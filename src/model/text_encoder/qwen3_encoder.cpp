@@ -11,6 +11,7 @@
 #include <string>
 
 #include "core/dtype.h"
+#include "core/log.h"
 #include "model/common/load_util.h"
 
 namespace zimage {
@@ -120,19 +121,56 @@ Status Qwen3Encoder::load_weights(const WeightStore& ws) {
   for (int i = 0; i < run; ++i) {
     const std::string p = pre + "layers." + std::to_string(i) + ".";
     Layer& l = layers_[i];
-    ZI_ASSIGN_OR_RETURN(l.input_norm, load::weight(ws, be_, p + "input_layernorm.weight", {hd}));
+    // A layer streamed from the files keeps views of what the files hold as the backend streams
+    // it (not the linears that become FP8 rows on the device); the rest is loaded.
+    const bool streamed =
+        i < static_cast<int>(placement_.streamed.size()) && placement_.streamed[i];
+    const bool from_files = streamed && placement_.stream_from_files;
+    std::vector<std::pair<const Tensor*, StreamSource>> sources;
+    auto from_file = [&](const std::vector<LinearPart>& parts, const Tensor& dst) -> Result<bool> {
+      if (!from_files) return false;
+      ZI_ASSIGN_OR_RETURN(StreamSource src, stream_from_files(ws, be_, parts));
+      if (!src.defined()) return false;
+      sources.emplace_back(&dst, std::move(src));
+      return true;
+    };
+    auto tensor = [&](const std::string& name, const Shape& shape, Tensor& dst) -> Status {
+      ZI_ASSIGN_OR_RETURN(bool streams, from_file({{name, shape}}, dst));
+      if (!streams) {
+        ZI_ASSIGN_OR_RETURN(dst, load::weight(ws, be_, name, shape));
+      }
+      return Status::Ok();
+    };
+    auto linear_weight = [&](const std::vector<LinearPart>& parts, const std::string& what,
+                             LinearWeight& dst) -> Status {
+      bool streams = false;
+      if (!placement_.fp8_weights) {
+        ZI_ASSIGN_OR_RETURN(streams, from_file(parts, dst.w));
+      }
+      if (!streams) {
+        ZI_ASSIGN_OR_RETURN(dst,
+                            load_linear(ws, be_, parts, what, placement_.keep_quantized, &kept_));
+      }
+      return Status::Ok();
+    };
     const auto groups = layer_linear_parts(cfg_, p);
-    const bool keep = placement_.keep_quantized;
-    ZI_ASSIGN_OR_RETURN(l.wqkv, load_linear(ws, be_, groups[0], p + "self_attn.qkv", keep, &kept_));
-    ZI_ASSIGN_OR_RETURN(l.q_norm, load::weight(ws, be_, p + "self_attn.q_norm.weight", {dh}));
-    ZI_ASSIGN_OR_RETURN(l.k_norm, load::weight(ws, be_, p + "self_attn.k_norm.weight", {dh}));
-    ZI_ASSIGN_OR_RETURN(l.wo,
-                        load_linear(ws, be_, groups[1], p + "self_attn.o_proj", keep, &kept_));
-    ZI_ASSIGN_OR_RETURN(l.post_norm,
-                        load::weight(ws, be_, p + "post_attention_layernorm.weight", {hd}));
-    ZI_ASSIGN_OR_RETURN(l.wgu, load_linear(ws, be_, groups[2], p + "mlp.gate_up", keep, &kept_));
-    ZI_ASSIGN_OR_RETURN(l.wdown,
-                        load_linear(ws, be_, groups[3], p + "mlp.down_proj", keep, &kept_));
+    ZI_TRY(tensor(p + "input_layernorm.weight", {hd}, l.input_norm));
+    ZI_TRY(linear_weight(groups[0], p + "self_attn.qkv", l.wqkv));
+    ZI_TRY(tensor(p + "self_attn.q_norm.weight", {dh}, l.q_norm));
+    ZI_TRY(tensor(p + "self_attn.k_norm.weight", {dh}, l.k_norm));
+    ZI_TRY(linear_weight(groups[1], p + "self_attn.o_proj", l.wo));
+    ZI_TRY(tensor(p + "post_attention_layernorm.weight", {hd}, l.post_norm));
+    ZI_TRY(linear_weight(groups[2], p + "mlp.gate_up", l.wgu));
+    ZI_TRY(linear_weight(groups[3], p + "mlp.down_proj", l.wdown));
+    if (streamed) {
+      if (layer_sources_.size() <= static_cast<size_t>(i)) layer_sources_.resize(i + 1);
+      std::vector<StreamSource>& u = layer_sources_[i];
+      const std::vector<Tensor*> ts = l.tensors();
+      u.assign(ts.size(), StreamSource());
+      for (auto& [t, src] : sources)
+        for (size_t k = 0; k < ts.size(); ++k)
+          if (ts[k] == t) u[k] = std::move(src);
+    }
     ZI_TRY(place_layer(l, i));
   }
   // Known and deliberately unused: the last layer, the final norm, a (tied) lm_head.
@@ -156,8 +194,14 @@ Status Qwen3Encoder::place_layer(Layer& l, int index) {
   if (placement_.fp8_weights) {
     for (LinearWeight* w : {&l.wqkv, &l.wo, &l.wgu, &l.wdown}) ZI_TRY(to_fp8_rows(be_, *w, what));
   }
-  if (index < static_cast<int>(placement_.streamed.size()) && placement_.streamed[index])
-    ZI_TRY(move_to_host(be_, l.tensors(), !placement_.is_pageable(index)));
+  if (index >= static_cast<int>(placement_.streamed.size()) || !placement_.streamed[index])
+    return Status::Ok();
+  // What was loaded (everything not read from the files) becomes a host copy.
+  ZI_TRY(move_to_host(be_, l.tensors(), !placement_.is_pageable(index)));
+  std::vector<StreamSource>& u = layer_sources_.at(index);
+  const std::vector<Tensor*> ts = l.tensors();
+  for (size_t k = 0; k < ts.size(); ++k)
+    if (!u[k].defined()) u[k] = StreamSource::of(*ts[k]);
   return Status::Ok();
 }
 
@@ -167,17 +211,23 @@ Status Qwen3Encoder::apply_placement() {
     return InternalError("weight placement for " + std::to_string(placement_.streamed.size()) +
                          " layers, the text encoder runs " + std::to_string(n));
   unit_of_layer_.assign(n, -1);
-  std::vector<std::vector<Tensor>> units;
+  std::vector<std::vector<StreamSource>> units;
   for (int i = 0; i < n; ++i) {
     if (placement_.streamed.empty() || !placement_.streamed[i]) continue;
+    if (static_cast<size_t>(i) >= layer_sources_.size())
+      return InternalError("text encoder layer " + std::to_string(i) + " has no stream sources");
     unit_of_layer_[i] = static_cast<int>(units.size());
-    std::vector<Tensor> u;
-    for (Tensor* t : layers_[i].tensors()) u.push_back(*t);
-    units.push_back(std::move(u));
+    units.push_back(std::move(layer_sources_[i]));
   }
+  layer_sources_.clear();
   if (!units.empty()) {
     ZI_ASSIGN_OR_RETURN(streamer_, WeightStreamer::create(be_, std::move(units),
                                                           placement_.first_slot, placement_.slots));
+    if (placement_.stream_from_files)
+      ZI_INFO(
+          "text encoder: %d of %d streamed layers read from the weight files at each use, "
+          "the rest from host copies",
+          streamer_->units_from_files(), streamer_->units());
   }
   if (placement_.fp8_weights || kept_.kept > 0) {
     const int64_t hd = cfg_.hidden_size, ff = cfg_.intermediate_size;

@@ -39,6 +39,10 @@ class Qwen3Encoder {
   const KeptQuantStats& kept_quantized() const { return kept_; }
   uint64_t streamed_bytes_per_forward() const { return streamer_ ? streamer_->stream_bytes() : 0; }
   uint64_t streaming_slot_bytes() const { return streamer_ ? streamer_->slot_bytes() : 0; }
+  // Streamed units read from the weight files at each stream, of streamed_units() (the rest from
+  // host copies made at load).
+  int streamed_units() const { return streamer_ ? streamer_->units() : 0; }
+  int streamed_units_from_files() const { return streamer_ ? streamer_->units_from_files() : 0; }
 
   // For each prompt, hidden_states[-2] on its real tokens: [L_i, hidden_size] in the backend's
   // act dtype, on the backend. Prompts of different lengths run as one right-padded batch
@@ -81,6 +85,9 @@ class Qwen3Encoder {
   WeightPlacement placement_;
   std::vector<int> unit_of_layer_;  // -1 = resident
   std::unique_ptr<WeightStreamer> streamer_;
+  // While loading: per streamed layer, its tensors' host side in Layer::tensors() order (views of
+  // the weight files, or the host copies place_layer made); handed to the streamer.
+  std::vector<std::vector<StreamSource>> layer_sources_;
   Tensor wide_scratch_;          // FP8 weights are widened here before their GEMM
   KeptQuantStats kept_;          // linears kept quantised as the file stores them
   std::vector<float> inv_freq_;  // [Dh / 2], float32 as in transformers

@@ -1,0 +1,112 @@
+// See slot_stager.h for why and how.
+#include "backend/cuda/runtime/slot_stager.h"
+
+#include <algorithm>
+#include <string>
+#include <thread>
+
+#include "backend/cuda/runtime/cuda_check.h"
+#include "backend/cuda/runtime/upload_plan.h"
+#include "core/log.h"
+
+namespace zimage::cuda {
+
+SlotStager::SlotStager(int device, int slots, int threads, size_t piece)
+    : device_(device), threads_(threads), piece_(std::max<size_t>(piece, size_t{1} << 20)) {
+  if (threads_ <= 0)
+    threads_ = std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 1, 16);
+  buffers_.resize(static_cast<size_t>(std::max(slots, 0)));
+}
+
+SlotStager::~SlotStager() {
+  // A destructor cannot report; it still waits for every DMA before freeing its buffer.
+  int prev = -1;
+  if (cudaGetDevice(&prev) == cudaSuccess && prev != device_) cudaSetDevice(device_);
+  for (Buffer& b : buffers_) {
+    if (b.done) {
+      cudaEventSynchronize(b.done);
+      cudaEventDestroy(b.done);
+    }
+    if (b.data) cudaFreeHost(b.data);
+  }
+  if (prev >= 0 && prev != device_) cudaSetDevice(prev);
+}
+
+uint64_t SlotStager::pinned_bytes() const {
+  uint64_t n = 0;
+  for (const Buffer& b : buffers_) n += b.bytes;
+  return n;
+}
+
+Result<bool> SlotStager::reserve(Buffer& b, size_t bytes) {
+  if (b.bytes >= bytes) return true;
+  if (unavailable_) return false;
+  if (!b.done) ZI_CUDA_TRY(cudaEventCreateWithFlags(&b.done, cudaEventDisableTiming));
+  ZI_CUDA_TRY(cudaEventSynchronize(b.done));  // no DMA may still read the old buffer
+  if (b.data) cudaFreeHost(b.data);
+  b.data = nullptr;
+  b.bytes = 0;
+  const size_t want = (bytes + (size_t{2} << 20) - 1) / (size_t{2} << 20) * (size_t{2} << 20);
+  void* p = nullptr;
+  const cudaError_t e = cudaHostAlloc(&p, want, cudaHostAllocDefault);
+  if (e != cudaSuccess) {
+    cudaGetLastError();  // a failed allocation must not poison the next call
+    unavailable_ = true;
+    ZI_WARN(
+        "cuda streaming: cannot page-lock %zu MiB of staging memory (%s); streaming weights "
+        "from pageable memory instead (slower)",
+        want >> 20, cudaGetErrorString(e));
+    return false;
+  }
+  b.data = static_cast<uint8_t*>(p);
+  b.bytes = want;
+  if (!pool_) {
+    pool_ = std::make_unique<ThreadPool>(threads_);
+    if (!pool_->start_status().ok())  // fewer copy threads only slow the copies down
+      ZI_WARN("cuda streaming: %s", pool_->start_status().message().c_str());
+  }
+  return true;
+}
+
+Status SlotStager::copy(int slot, const std::vector<Copy>& copies, cudaStream_t stream) {
+  if (slot < 0 || slot >= static_cast<int>(buffers_.size()))
+    return InvalidArgument("stream_in: staging slot " + std::to_string(slot) + " out of range");
+  size_t total = 0;
+  for (const Copy& c : copies) total += c.bytes;
+  if (total == 0) return Status::Ok();
+  Buffer& b = buffers_[static_cast<size_t>(slot)];
+  ZI_ASSIGN_OR_RETURN(bool staged, reserve(b, total));
+  if (!staged) {
+    for (const Copy& c : copies)
+      ZI_CUDA_TRY(cudaMemcpyAsync(c.dst, c.src, c.bytes, cudaMemcpyHostToDevice, stream));
+    return Status::Ok();
+  }
+  // The buffer's previous DMA ran before the slot's previous compute could start; it is done
+  // unless the link is behind.
+  ZI_CUDA_TRY(cudaEventSynchronize(b.done));
+  auto queue = [&]() -> Status {
+    size_t at = 0;
+    for (const Copy& c : copies) {
+      const auto* src = static_cast<const uint8_t*>(c.src);
+      auto* dst = static_cast<uint8_t*>(c.dst);
+      for (size_t o = 0; o < c.bytes; o += piece_) {
+        const size_t n = std::min(piece_, c.bytes - o);
+        parallel_copy(*pool_, b.data + at, src + o, n, size_t{256} << 10);
+        ZI_CUDA_TRY(cudaMemcpyAsync(dst + o, b.data + at, n, cudaMemcpyHostToDevice, stream));
+        at += n;
+      }
+    }
+    ZI_CUDA_TRY(cudaEventRecord(b.done, stream));
+    return Status::Ok();
+  };
+  const Status s = queue();
+  if (!s.ok()) {
+    // The event may not cover every DMA queued out of the buffer: wait for them here, so the
+    // next fill cannot overwrite bytes still being read.
+    cudaStreamSynchronize(stream);
+    cudaGetLastError();
+  }
+  return s;
+}
+
+}  // namespace zimage::cuda
