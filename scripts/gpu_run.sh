@@ -151,7 +151,7 @@ for f in glob.glob('build/carry/*.xz') + glob.glob('build/carry/lib/*.xz') + glo
       # Whole `zimage generate` processes, per-phase (tools/startup_bench.py): warm and empty
       # caches, the budgets, a cold page cache -> $OUT/startup.{json,md}; with the ComfyUI scaled
       # FP8 files converted first when STARTUP_ROWS names single_fp8.
-      rows=${STARTUP_ROWS:-warm,empty,budget12,budget8,budget4,files12,files8,files4,fp8b8,fp8b4,cold}
+      rows=${STARTUP_ROWS:-warm,empty,budget12,budget8,budget4,reg12,reg8,reg4,files12,files8,files4,fp8b8,fp8b4,cold}
       extra=()
       if [[ ",$rows," == *",single_fp8,"* ]]; then
         mkdir -p "$ZF"
@@ -166,8 +166,9 @@ for f in glob.glob('build/carry/*.xz') + glob.glob('build/carry/lib/*.xz') + glo
       # (BEFORE_BIN=... scripts/stage_gpu_carry.sh), runs the same rows first.
       if [ -f build/carry/zimage_before.xz ]; then
         xz -dc build/carry/zimage_before.xz > /tmp/zimage_before && chmod +x /tmp/zimage_before
-        # That build has no --streamed-weights: the files rows are the new build's only.
-        before_rows=$(echo "$rows" | tr ',' '\n' | grep -v '^files' | paste -sd, -)
+        # That build has no --streamed-weights nor ZIMAGE_HOST_PIN: those rows are the new
+        # build's only.
+        before_rows=$(echo "$rows" | tr ',' '\n' | grep -v '^files\|^reg' | paste -sd, -)
         python3 tools/startup_bench.py --bin /tmp/zimage_before --model "$ZR" --out "$OUT" \
           --rows "$before_rows" --iters ${STARTUP_ITERS:-3} --tag startup_before "${extra[@]}" || rc=1
       fi

@@ -184,6 +184,34 @@ int main(int argc, char** argv) {
     put("unregister_anon_s_per_gib", (now() - t) / gib);
     std::free(m);
   }
+  // 4. What host_copy does with ZIMAGE_HOST_PIN=register: the file copied on 16 threads into
+  //    fresh (untouched) memory, whose page faults then run in parallel, then registered; against
+  //    cudaHostAlloc on 4 threads at once (is the driver's zeroing and locking parallel?).
+  {
+    void* m = ::mmap(nullptr, n, PROT_READ, MAP_SHARED, fd, 0);
+    void* fresh = std::aligned_alloc(size_t{2} << 20, n);
+    put("file_to_fresh_anon_copy_gbps_threads_16",
+        parallel_copy(static_cast<char*>(fresh), static_cast<const char*>(m), n, 16));
+    t = now();
+    const cudaError_t e = cudaHostRegister(fresh, n, cudaHostRegisterDefault);
+    put("register_fresh_copy_s_per_gib", e == cudaSuccess ? (now() - t) / gib : -1);
+    if (e == cudaSuccess) cudaHostUnregister(fresh);
+    cudaGetLastError();
+    std::free(fresh);
+    ::munmap(m, n);
+  }
+  {
+    std::vector<void*> ps(4, nullptr);
+    t = now();
+    std::vector<std::thread> ts;
+    for (int i = 0; i < 4; ++i)
+      ts.emplace_back([&ps, i, n] { cudaHostAlloc(&ps[i], n / 4, cudaHostAllocDefault); });
+    for (auto& th : ts) th.join();
+    put("host_alloc_4threads_s_per_gib", (now() - t) / gib);
+    for (void* p : ps)
+      if (p) cudaFreeHost(p);
+    cudaGetLastError();
+  }
   t = now();
   cudaFreeHost(pinned);
   put("free_host_s_per_gib", (now() - t) / gib);

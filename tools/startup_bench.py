@@ -12,6 +12,8 @@ Rows (each a median of --iters processes unless said):
   fp8b8/fp8b4   --vram-budget 8 / 4 --weights fp8
   files12/8/4   --vram-budget 12 / 8 / 4 --streamed-weights files (streamed blocks read from the
                 weight files at every step, no load-time copy)
+  reg12/8/4     --vram-budget 12 / 8 / 4 with ZIMAGE_HOST_PIN=register (copies page-locked in
+                place by cudaHostRegister instead of cudaHostAlloc)
   single_fp8    --dit FILE --text-encoder FILE (ComfyUI scaled-FP8 single files)
   cold          the model's files dropped from the page cache before every process
                 (posix_fadvise(POSIX_FADV_DONTNEED) on each file; the residency left is measured
@@ -191,6 +193,9 @@ def main():
         "files12": ["--vram-budget", "12", "--streamed-weights", "files"],
         "files8": ["--vram-budget", "8", "--streamed-weights", "files"],
         "files4": ["--vram-budget", "4", "--streamed-weights", "files"],
+        "reg12": ["--vram-budget", "12"],
+        "reg8": ["--vram-budget", "8"],
+        "reg4": ["--vram-budget", "4"],
         "single_fp8": ["--dit", args.dit or "", "--text-encoder", args.text_encoder or "",
                        "--model", args.model],
         "cold": [],
@@ -202,6 +207,8 @@ def main():
         rows = []
         for i in range(args.iters):
             env = dict(base)
+            if name.startswith("reg"):
+                env["ZIMAGE_HOST_PIN"] = "register"
             if name == "empty":
                 env["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="zimage-startup-empty-")
                 env["CUDA_CACHE_PATH"] = tempfile.mkdtemp(prefix="zimage-startup-cuda-")

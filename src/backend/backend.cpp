@@ -38,6 +38,28 @@ Result<Tensor> Backend::alloc_pinned(DType dtype, const Shape& shape) {
   return t;
 }
 
+Result<Tensor> Backend::host_copy(const std::vector<Tensor>& parts, bool pinned) {
+  (void)pinned;  // no page-locked memory here
+  if (parts.empty()) return InvalidArgument("host_copy: no parts");
+  int64_t n = 0;
+  for (const Tensor& t : parts) {
+    if (!t.defined() || t.device() != Device::kCPU || t.dtype() != parts[0].dtype())
+      return InvalidArgument("host_copy: parts must be host tensors of one dtype, got " +
+                             t.describe());
+    n += t.numel();
+  }
+  const DType dt = parts[0].dtype();
+  auto st = HostStorage::allocate(static_cast<size_t>(n) * dtype_size(dt));
+  if (!st) return OutOfMemory("host copy of " + std::to_string(n) + " elements");
+  Tensor out(std::move(st), 0, dt, {n});
+  size_t at = 0;
+  for (const Tensor& t : parts) {
+    std::memcpy(static_cast<char*>(out.data()) + at, t.data(), t.nbytes());
+    at += t.nbytes();
+  }
+  return out;
+}
+
 Status Backend::stream_in(int slot, const std::vector<std::pair<Tensor, Tensor>>& copies) {
   if (slot < 0 || slot >= kStreamSlots)
     return InvalidArgument("stream_in: slot " + std::to_string(slot) + " out of range");

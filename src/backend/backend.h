@@ -120,6 +120,11 @@ class Backend {
   // A host tensor in page-locked memory, which the device copies from at full link speed (CUDA:
   // cudaHostAlloc). The default (CPU) is an ordinary host tensor.
   virtual Result<Tensor> alloc_pinned(DType dtype, const Shape& shape);
+  // A new host tensor [sum of numel] holding the elements of `parts` (host tensors of one dtype,
+  // e.g. views of a weight file) one after another: page-locked when `pinned` and the backend
+  // has such memory, else ordinary memory. CUDA copies on several threads (reading a file mapping
+  // is page faults, which run in parallel). The default copies on the calling thread.
+  virtual Result<Tensor> host_copy(const std::vector<Tensor>& parts, bool pinned);
   // Queues copies of host tensors into device tensors of the same element count (pairs: host,
   // device) for weight slot `slot` (0..kStreamSlots-1): on CUDA on a separate copy stream, after
   // the compute that last used the slot (release_slot), so they overlap other compute. The CPU

@@ -103,6 +103,12 @@ class CudaBackend final : public Backend {
   Status dequantize_packed(uint32_t ggml_type, const Tensor& blocks, Tensor& y) override;
   // Weight streaming (cuda_streaming.cpp): pinned host tensors, a copy stream, per-slot events.
   Result<Tensor> alloc_pinned(DType dtype, const Shape& shape) override;
+  Result<Tensor> host_copy(const std::vector<Tensor>& parts, bool pinned) override;
+  // How host_copy page-locks: false, cudaHostAlloc then the copy (the driver zeroes and locks
+  // every page first, on one thread); true, ordinary memory first touched by the parallel copy,
+  // then locked in place by cudaHostRegister. Which is faster is the host's answer
+  // (tools/host_transfer_probe.cpp times both): ZIMAGE_HOST_PIN=register picks the second.
+  void set_pin_by_register(bool on) { pin_by_register_ = on; }
   Status stream_in(int slot, const std::vector<std::pair<Tensor, Tensor>>& copies) override;
   bool can_stream(DType host, DType device) const override { return host == device; }
   Status wait_slot(int slot) override;
@@ -240,6 +246,9 @@ class CudaBackend final : public Backend {
   uint64_t streamed_bytes_ = 0;
   // Page-locked staging for streamed weights in ordinary memory (file views), per slot.
   std::unique_ptr<SlotStager> stager_;
+  // host_copy's copy threads, while loading (released by finish_uploads).
+  std::unique_ptr<ThreadPool> host_pool_;
+  bool pin_by_register_ = false;
   // wait_for_stream / signal_stream: created on first use.
   Status check_external_stream(cudaStream_t s, const char* what);
   cudaEvent_t external_in_ = nullptr, external_out_ = nullptr;

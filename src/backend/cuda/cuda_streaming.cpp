@@ -6,7 +6,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
+#include <memory>
 #include <string>
+#include <thread>
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/kernels/gguf_dequant.h"
@@ -14,8 +17,10 @@
 #include "backend/cuda/libs/gemm_cublaslt.h"
 #include "backend/cuda/libs/gemm_cutlass.h"
 #include "backend/cuda/runtime/cuda_check.h"
+#include "backend/cuda/runtime/upload_plan.h"
 #include "backend/cuda/validate.h"
 #include "core/log.h"
+#include "core/thread_pool.h"
 
 namespace zimage::cuda {
 namespace {
@@ -27,7 +32,86 @@ class PinnedStorage final : public Storage {
   ~PinnedStorage() override { cudaFreeHost(data_); }
 };
 
+// Page-aligned ordinary host memory from std::aligned_alloc, page-locked in place by
+// cudaHostRegister when `registered`; unregistered and freed with it.
+class AlignedHostStorage final : public Storage {
+ public:
+  AlignedHostStorage(void* p, size_t n, bool registered)
+      : Storage(p, n, Device::kCPU), registered_(registered) {}
+  ~AlignedHostStorage() override {
+    if (registered_) cudaHostUnregister(data_);
+    std::free(data_);
+  }
+
+ private:
+  bool registered_;
+};
+
 }  // namespace
+
+Result<Tensor> CudaBackend::host_copy(const std::vector<Tensor>& parts, bool pinned) {
+  if (parts.empty()) return InvalidArgument("host_copy: no parts");
+  int64_t n = 0;
+  for (const Tensor& t : parts) {
+    if (!t.defined() || t.device() != Device::kCPU || t.dtype() != parts[0].dtype())
+      return InvalidArgument("host_copy: parts must be host tensors of one dtype, got " +
+                             t.describe());
+    n += t.numel();
+  }
+  const DType dt = parts[0].dtype();
+  const size_t bytes = static_cast<size_t>(n) * dtype_size(dt);
+  constexpr size_t kAlign = size_t{2} << 20;  // whole pages: two registrations never share one
+  const size_t rounded = std::max(kAlign, (bytes + kAlign - 1) / kAlign * kAlign);
+  const bool reg = pinned && pin_by_register_;
+  void* p = nullptr;
+  if (pinned && !reg) {
+    const cudaError_t e = cudaHostAlloc(&p, std::max<size_t>(bytes, 1), cudaHostAllocDefault);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      return OutOfMemory("cannot pin " + std::to_string(bytes >> 20) +
+                         " MiB of host memory: " + cudaGetErrorString(e));
+    }
+  } else {
+    p = std::aligned_alloc(kAlign, rounded);
+    if (p == nullptr) return OutOfMemory("host copy of " + std::to_string(bytes >> 20) + " MiB");
+  }
+  // Owned here until a storage takes it: the pinned allocation at once, the ordinary one after
+  // the copy (registered or not).
+  std::shared_ptr<Storage> st;
+  std::unique_ptr<void, void (*)(void*)> owned(nullptr, std::free);
+  if (pinned && !reg) {
+    st = std::make_shared<PinnedStorage>(p, bytes);
+  } else {
+    owned.reset(p);
+  }
+  if (!host_pool_)  // as many copy threads as the uploader: more only add wake-up cost
+    host_pool_ = std::make_unique<ThreadPool>(
+        std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 1, 16));
+  size_t at = 0;
+  for (const Tensor& t : parts) {
+    parallel_copy(*host_pool_, static_cast<uint8_t*>(p) + at, t.data(), t.nbytes(),
+                  size_t{1} << 20);
+    at += t.nbytes();
+  }
+  if (!st) {
+    bool registered = false;
+    if (reg) {
+      const cudaError_t e = cudaHostRegister(p, rounded, cudaHostRegisterDefault);
+      registered = e == cudaSuccess;
+      if (!registered) {
+        cudaGetLastError();
+        static std::atomic<bool> warned{false};
+        if (!warned.exchange(true))
+          ZI_WARN(
+              "cuda: cannot page-lock host memory in place (%s); streamed weights stay in "
+              "pageable memory",
+              cudaGetErrorString(e));
+      }
+    }
+    st = std::make_shared<AlignedHostStorage>(owned.release(), bytes, registered);
+  }
+  return Tensor(std::move(st), 0, dt, {n});
+}
 
 Result<Tensor> CudaBackend::alloc_pinned(DType dtype, const Shape& shape) {
   const int64_t n = shape_numel(shape);

@@ -212,8 +212,11 @@ Result<StreamSource> stream_from_files(const WeightStore& ws, const Backend& be,
   for (const LinearPart& p : parts) {
     if (!ws.contains(p.name) || ws.is_packed(p.name) || ws.is_scaled_fp8(p.name)) return none;
     ZI_ASSIGN_OR_RETURN(WeightInfo info, ws.info(p.name));
-    if (info.shape != p.shape || !dtype_is_float(info.dtype) || !be.can_stream(info.dtype, act))
-      return none;
+    // The wide float dtypes only: an FP8 tensor has its own kept form (kept_form), which a
+    // widening stream would bypass.
+    const bool wide =
+        info.dtype == DType::kF32 || info.dtype == DType::kBF16 || info.dtype == DType::kF16;
+    if (info.shape != p.shape || !wide || !be.can_stream(info.dtype, act)) return none;
     if (parts.size() > 1 && (p.shape.size() != 2 || p.shape[1] != parts[0].shape[1])) return none;
     rows += p.shape.empty() ? 1 : p.shape[0];
   }

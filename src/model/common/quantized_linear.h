@@ -65,9 +65,9 @@ Result<LinearWeight> load_linear(const WeightStore& ws, Backend& be,
 
 // The row-concatenation of `parts` (a single part: any rank) as the host side of a streamed
 // tensor in the act dtype, read from the weight files at every stream (WeightStreamer) instead of
-// loaded and copied: when every part is a plain float tensor of its expected shape that the
-// backend streams as stored (Backend::can_stream; on CUDA the act dtype itself), and the parts
-// share their row length. Otherwise an undefined source, with nothing marked used: the caller
+// loaded and copied: when every part is a plain f32, bf16 or f16 tensor of its expected shape
+// that the backend streams as stored (Backend::can_stream; on CUDA the act dtype itself), and the
+// parts share their row length. Otherwise an undefined source, with nothing marked used: the caller
 // loads the weight as usual.
 Result<StreamSource> stream_from_files(const WeightStore& ws, const Backend& be,
                                        const std::vector<LinearPart>& parts);

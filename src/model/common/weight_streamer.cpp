@@ -25,6 +25,25 @@ uint64_t StreamSource::host_bytes() const {
   return b;
 }
 
+Status copy_to_host(Backend& be, StreamSource& src, bool pinned) {
+  if (!src.defined()) return Status::Ok();
+  bool one_dtype = true;
+  for (const Tensor& t : src.parts) one_dtype = one_dtype && t.dtype() == src.parts[0].dtype();
+  std::vector<Tensor> copies;
+  if (one_dtype) {
+    ZI_ASSIGN_OR_RETURN(Tensor c, be.host_copy(src.parts, pinned));
+    copies.push_back(std::move(c));
+  } else {
+    for (const Tensor& t : src.parts) {
+      ZI_ASSIGN_OR_RETURN(Tensor c, be.host_copy({t}, pinned));
+      copies.push_back(std::move(c));
+    }
+  }
+  src.parts = std::move(copies);
+  src.from_file = false;
+  return Status::Ok();
+}
+
 Result<std::unique_ptr<WeightStreamer>> WeightStreamer::create(
     Backend& be, std::vector<std::vector<StreamSource>> units, int first_slot, int slots) {
   if (units.empty()) return InvalidArgument("weight streamer: no units");

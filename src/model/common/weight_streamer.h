@@ -42,6 +42,12 @@ struct StreamSource {
   uint64_t host_bytes() const;
 };
 
+// Replaces `src`'s parts (views of the weight files) by a host copy of their bytes, page-locked
+// when `pinned` (Backend::host_copy): one copy when the parts share a dtype, else one per part.
+// The copy mode of streaming (WeightPlacement::stream_from_files false) for what the files hold
+// as it streams: no trip through the device.
+Status copy_to_host(Backend& be, StreamSource& src, bool pinned);
+
 class WeightStreamer {
  public:
   // `units`: per streamed block, in execution order, its tensors in fixed positions (the same

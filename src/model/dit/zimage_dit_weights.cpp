@@ -118,14 +118,17 @@ Status ZImageDiT::load_block(const WeightStore& ws, const std::string& p, bool m
   b.modulated = modulated;
   const bool streamed = index >= 0 && index < static_cast<int>(placement_.streamed.size()) &&
                         placement_.streamed[index];
-  // Streamed from the files: every tensor the files hold as the backend streams it, except the
-  // linears this placement turns into FP8 rows on the device.
-  const bool from_files = streamed && placement_.stream_from_files;
+  // A streamed block's tensors that the files hold as the backend streams them (all but the
+  // linears this placement turns into FP8 rows on the device) are taken from the files: kept as
+  // views (stream_from_files) or copied straight into host memory, without the trip through the
+  // device the rest of the block takes (load, then place_block's move_to_host).
   std::vector<std::pair<const Tensor*, StreamSource>> sources;
   auto from_file = [&](const std::vector<LinearPart>& parts, const Tensor& dst) -> Result<bool> {
-    if (!from_files) return false;
+    if (!streamed) return false;
     ZI_ASSIGN_OR_RETURN(StreamSource src, stream_from_files(ws, be_, parts));
     if (!src.defined()) return false;
+    if (!placement_.stream_from_files)
+      ZI_TRY(copy_to_host(be_, src, !placement_.is_pageable(index)));
     sources.emplace_back(&dst, std::move(src));
     return true;
   };

@@ -121,16 +121,17 @@ Status Qwen3Encoder::load_weights(const WeightStore& ws) {
   for (int i = 0; i < run; ++i) {
     const std::string p = pre + "layers." + std::to_string(i) + ".";
     Layer& l = layers_[i];
-    // A layer streamed from the files keeps views of what the files hold as the backend streams
-    // it (not the linears that become FP8 rows on the device); the rest is loaded.
+    // What a streamed layer's files hold as the backend streams it (not the linears that become
+    // FP8 rows on the device) is taken from the files: kept as views (stream_from_files) or
+    // copied straight into host memory; the rest is loaded, then moved to the host.
     const bool streamed =
         i < static_cast<int>(placement_.streamed.size()) && placement_.streamed[i];
-    const bool from_files = streamed && placement_.stream_from_files;
     std::vector<std::pair<const Tensor*, StreamSource>> sources;
     auto from_file = [&](const std::vector<LinearPart>& parts, const Tensor& dst) -> Result<bool> {
-      if (!from_files) return false;
+      if (!streamed) return false;
       ZI_ASSIGN_OR_RETURN(StreamSource src, stream_from_files(ws, be_, parts));
       if (!src.defined()) return false;
+      if (!placement_.stream_from_files) ZI_TRY(copy_to_host(be_, src, !placement_.is_pageable(i)));
       sources.emplace_back(&dst, std::move(src));
       return true;
     };
