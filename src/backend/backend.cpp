@@ -38,8 +38,7 @@ Result<Tensor> Backend::alloc_pinned(DType dtype, const Shape& shape) {
   return t;
 }
 
-Result<Tensor> Backend::host_copy(const std::vector<Tensor>& parts, bool pinned) {
-  (void)pinned;  // no page-locked memory here
+Result<int64_t> Backend::host_copy_elements(const std::vector<Tensor>& parts) {
   if (parts.empty()) return InvalidArgument("host_copy: no parts");
   int64_t n = 0;
   for (const Tensor& t : parts) {
@@ -48,6 +47,12 @@ Result<Tensor> Backend::host_copy(const std::vector<Tensor>& parts, bool pinned)
                              t.describe());
     n += t.numel();
   }
+  return n;
+}
+
+Result<Tensor> Backend::host_copy(const std::vector<Tensor>& parts, bool pinned) {
+  (void)pinned;  // no page-locked memory here
+  ZI_ASSIGN_OR_RETURN(const int64_t n, host_copy_elements(parts));
   const DType dt = parts[0].dtype();
   auto st = HostStorage::allocate(static_cast<size_t>(n) * dtype_size(dt));
   if (!st) return OutOfMemory("host copy of " + std::to_string(n) + " elements");

@@ -125,6 +125,8 @@ class Backend {
   // has such memory, else ordinary memory. CUDA copies on several threads (reading a file mapping
   // is page faults, which run in parallel). The default copies on the calling thread.
   virtual Result<Tensor> host_copy(const std::vector<Tensor>& parts, bool pinned);
+  // host_copy's argument check: the elements of `parts`, or the error naming the bad part.
+  static Result<int64_t> host_copy_elements(const std::vector<Tensor>& parts);
   // Queues copies of host tensors into device tensors of the same element count (pairs: host,
   // device) for weight slot `slot` (0..kStreamSlots-1): on CUDA on a separate copy stream, after
   // the compute that last used the slot (release_slot), so they overlap other compute. The CPU

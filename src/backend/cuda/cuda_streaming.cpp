@@ -50,14 +50,7 @@ class AlignedHostStorage final : public Storage {
 }  // namespace
 
 Result<Tensor> CudaBackend::host_copy(const std::vector<Tensor>& parts, bool pinned) {
-  if (parts.empty()) return InvalidArgument("host_copy: no parts");
-  int64_t n = 0;
-  for (const Tensor& t : parts) {
-    if (!t.defined() || t.device() != Device::kCPU || t.dtype() != parts[0].dtype())
-      return InvalidArgument("host_copy: parts must be host tensors of one dtype, got " +
-                             t.describe());
-    n += t.numel();
-  }
+  ZI_ASSIGN_OR_RETURN(const int64_t n, host_copy_elements(parts));
   const DType dt = parts[0].dtype();
   const size_t bytes = static_cast<size_t>(n) * dtype_size(dt);
   constexpr size_t kAlign = size_t{2} << 20;  // whole pages: two registrations never share one

@@ -231,4 +231,40 @@ Result<StreamSource> stream_from_files(const WeightStore& ws, const Backend& be,
   return src;
 }
 
+BlockSources::BlockSources(const WeightStore& ws, Backend& be, const WeightPlacement& placement,
+                           int index)
+    : ws_(ws),
+      be_(be),
+      placement_(placement),
+      index_(index),
+      streamed_(index >= 0 && index < static_cast<int>(placement.streamed.size()) &&
+                placement.streamed[index]) {}
+
+Result<bool> BlockSources::take(const std::vector<LinearPart>& parts, const Tensor& dst) {
+  if (!streamed_) return false;
+  ZI_ASSIGN_OR_RETURN(StreamSource src, stream_from_files(ws_, be_, parts));
+  if (!src.defined()) return false;
+  if (!placement_.stream_from_files)
+    ZI_TRY(copy_to_host(be_, src, !placement_.is_pageable(index_)));
+  taken_.emplace_back(&dst, std::move(src));
+  return true;
+}
+
+Status BlockSources::tensor(const std::string& name, const Shape& shape, Tensor& dst) {
+  ZI_ASSIGN_OR_RETURN(bool taken, take({{name, shape}}, dst));
+  if (!taken) {
+    ZI_ASSIGN_OR_RETURN(dst, load::weight(ws_, be_, name, shape));
+  }
+  return Status::Ok();
+}
+
+std::vector<StreamSource> BlockSources::unit(const std::vector<Tensor*>& tensors) {
+  std::vector<StreamSource> u(tensors.size());
+  for (auto& [t, src] : taken_)
+    for (size_t k = 0; k < tensors.size(); ++k)
+      if (tensors[k] == t) u[k] = std::move(src);
+  taken_.clear();
+  return u;
+}
+
 }  // namespace zimage

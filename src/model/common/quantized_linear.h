@@ -72,4 +72,30 @@ Result<LinearWeight> load_linear(const WeightStore& ws, Backend& be,
 Result<StreamSource> stream_from_files(const WeightStore& ws, const Backend& be,
                                        const std::vector<LinearPart>& parts);
 
+// Loading one block or layer that may stream (WeightPlacement::streamed[index]): the tensors its
+// files hold as the backend streams them are taken from the files instead of loaded, kept as
+// views (WeightPlacement::stream_from_files) or copied straight into host memory (copy_to_host;
+// page-locked unless the placement makes the unit pageable). The model loads the rest as usual
+// and moves it to the host; unit() gives the taken sources in the model's tensor positions.
+class BlockSources {
+ public:
+  BlockSources(const WeightStore& ws, Backend& be, const WeightPlacement& placement, int index);
+  bool streamed() const { return streamed_; }
+  // Takes `parts` (stream_from_files) as the host side of the tensor `dst`, which then stays
+  // undefined: true. False: not streamed, or not streamable as stored; the caller loads it.
+  Result<bool> take(const std::vector<LinearPart>& parts, const Tensor& dst);
+  // One stored tensor: taken, or loaded into `dst` (load::weight).
+  Status tensor(const std::string& name, const Shape& shape, Tensor& dst);
+  // The taken sources at the positions of `tensors` (undefined elsewhere).
+  std::vector<StreamSource> unit(const std::vector<Tensor*>& tensors);
+
+ private:
+  const WeightStore& ws_;
+  Backend& be_;
+  const WeightPlacement& placement_;
+  int index_;
+  bool streamed_;
+  std::vector<std::pair<const Tensor*, StreamSource>> taken_;
+};
+
 }  // namespace zimage

@@ -116,28 +116,13 @@ Status ZImageDiT::load_block(const WeightStore& ws, const std::string& p, bool m
                              Block& b) {
   const int64_t d = cfg_.dim, dh = cfg_.head_dim();
   b.modulated = modulated;
-  const bool streamed = index >= 0 && index < static_cast<int>(placement_.streamed.size()) &&
-                        placement_.streamed[index];
   // A streamed block's tensors that the files hold as the backend streams them (all but the
-  // linears this placement turns into FP8 rows on the device) are taken from the files: kept as
-  // views (stream_from_files) or copied straight into host memory, without the trip through the
-  // device the rest of the block takes (load, then place_block's move_to_host).
-  std::vector<std::pair<const Tensor*, StreamSource>> sources;
-  auto from_file = [&](const std::vector<LinearPart>& parts, const Tensor& dst) -> Result<bool> {
-    if (!streamed) return false;
-    ZI_ASSIGN_OR_RETURN(StreamSource src, stream_from_files(ws, be_, parts));
-    if (!src.defined()) return false;
-    if (!placement_.stream_from_files)
-      ZI_TRY(copy_to_host(be_, src, !placement_.is_pageable(index)));
-    sources.emplace_back(&dst, std::move(src));
-    return true;
-  };
-  auto tensor = [&](const std::string& name, const Shape& shape, Tensor& dst) -> Status {
-    ZI_ASSIGN_OR_RETURN(bool streams, from_file({{name, shape}}, dst));
-    if (!streams) {
-      ZI_ASSIGN_OR_RETURN(dst, load::weight(ws, be_, name, shape));
-    }
-    return Status::Ok();
+  // linears this placement turns into FP8 rows on the device) are taken from the files (views or
+  // host copies) without the trip through the device the rest of the block takes (loaded here,
+  // then moved to the host by place_block).
+  BlockSources sources(ws, be_, placement_, index);
+  auto tensor = [&](const std::string& name, const Shape& shape, Tensor& dst) {
+    return sources.tensor(name, shape, dst);
   };
   const auto groups = block_linear_parts(cfg_, ws, p);
   const char* names[] = {"attention.qkv", "attention.out", "feed_forward.w13", "feed_forward.w2"};
@@ -150,7 +135,7 @@ Status ZImageDiT::load_block(const WeightStore& ws, const std::string& p, bool m
         placement_.fp8_weights || ((fp8 & fp8_bits[i]) && (!refiner || (fp8 & kFp8Refiners)));
     bool streams = false;
     if (!fp8_here) {
-      ZI_ASSIGN_OR_RETURN(streams, from_file(groups[i], dst[i]->w));
+      ZI_ASSIGN_OR_RETURN(streams, sources.take(groups[i], dst[i]->w));
     }
     if (streams) continue;
     ZI_ASSIGN_OR_RETURN(
@@ -172,15 +157,10 @@ Status ZImageDiT::load_block(const WeightStore& ws, const std::string& p, bool m
     ZI_TRY(tensor(p + "adaLN_modulation.0.weight", {4 * d, ad}, b.adaln_w));
     ZI_TRY(tensor(p + "adaLN_modulation.0.bias", {4 * d}, b.adaln_b));
   }
-  if (streamed) {
+  if (sources.streamed()) {
     // Positions as Block::tensors() lists them; the loaded ones are filled in by place_block.
     if (block_sources_.size() <= static_cast<size_t>(index)) block_sources_.resize(index + 1);
-    std::vector<StreamSource>& u = block_sources_[index];
-    u.assign(b.tensors().size(), StreamSource());
-    const std::vector<Tensor*> ts = b.tensors();
-    for (auto& [t, src] : sources)
-      for (size_t k = 0; k < ts.size(); ++k)
-        if (ts[k] == t) u[k] = std::move(src);
+    block_sources_[index] = sources.unit(b.tensors());
   }
   return Status::Ok();
 }

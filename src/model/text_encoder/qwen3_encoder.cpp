@@ -122,31 +122,17 @@ Status Qwen3Encoder::load_weights(const WeightStore& ws) {
     const std::string p = pre + "layers." + std::to_string(i) + ".";
     Layer& l = layers_[i];
     // What a streamed layer's files hold as the backend streams it (not the linears that become
-    // FP8 rows on the device) is taken from the files: kept as views (stream_from_files) or
-    // copied straight into host memory; the rest is loaded, then moved to the host.
-    const bool streamed =
-        i < static_cast<int>(placement_.streamed.size()) && placement_.streamed[i];
-    std::vector<std::pair<const Tensor*, StreamSource>> sources;
-    auto from_file = [&](const std::vector<LinearPart>& parts, const Tensor& dst) -> Result<bool> {
-      if (!streamed) return false;
-      ZI_ASSIGN_OR_RETURN(StreamSource src, stream_from_files(ws, be_, parts));
-      if (!src.defined()) return false;
-      if (!placement_.stream_from_files) ZI_TRY(copy_to_host(be_, src, !placement_.is_pageable(i)));
-      sources.emplace_back(&dst, std::move(src));
-      return true;
-    };
-    auto tensor = [&](const std::string& name, const Shape& shape, Tensor& dst) -> Status {
-      ZI_ASSIGN_OR_RETURN(bool streams, from_file({{name, shape}}, dst));
-      if (!streams) {
-        ZI_ASSIGN_OR_RETURN(dst, load::weight(ws, be_, name, shape));
-      }
-      return Status::Ok();
+    // FP8 rows on the device) is taken from the files (views or host copies); the rest is
+    // loaded, then moved to the host by place_layer.
+    BlockSources sources(ws, be_, placement_, i);
+    auto tensor = [&](const std::string& name, const Shape& shape, Tensor& dst) {
+      return sources.tensor(name, shape, dst);
     };
     auto linear_weight = [&](const std::vector<LinearPart>& parts, const std::string& what,
                              LinearWeight& dst) -> Status {
       bool streams = false;
       if (!placement_.fp8_weights) {
-        ZI_ASSIGN_OR_RETURN(streams, from_file(parts, dst.w));
+        ZI_ASSIGN_OR_RETURN(streams, sources.take(parts, dst.w));
       }
       if (!streams) {
         ZI_ASSIGN_OR_RETURN(dst,
@@ -163,14 +149,9 @@ Status Qwen3Encoder::load_weights(const WeightStore& ws) {
     ZI_TRY(tensor(p + "post_attention_layernorm.weight", {hd}, l.post_norm));
     ZI_TRY(linear_weight(groups[2], p + "mlp.gate_up", l.wgu));
     ZI_TRY(linear_weight(groups[3], p + "mlp.down_proj", l.wdown));
-    if (streamed) {
+    if (sources.streamed()) {
       if (layer_sources_.size() <= static_cast<size_t>(i)) layer_sources_.resize(i + 1);
-      std::vector<StreamSource>& u = layer_sources_[i];
-      const std::vector<Tensor*> ts = l.tensors();
-      u.assign(ts.size(), StreamSource());
-      for (auto& [t, src] : sources)
-        for (size_t k = 0; k < ts.size(); ++k)
-          if (ts[k] == t) u[k] = std::move(src);
+      layer_sources_[i] = sources.unit(l.tensors());
     }
     ZI_TRY(place_layer(l, i));
   }
