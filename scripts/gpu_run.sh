@@ -168,7 +168,7 @@ for f in glob.glob('build/carry/*.xz') + glob.glob('build/carry/lib/*.xz') + glo
         xz -dc build/carry/zimage_before.xz > /tmp/zimage_before && chmod +x /tmp/zimage_before
         # That build has no --streamed-weights nor ZIMAGE_HOST_PIN: those rows are the new
         # build's only.
-        before_rows=$(echo "$rows" | tr ',' '\n' | grep -v '^files\|^reg' | paste -sd, -)
+        before_rows=$(echo "$rows" | tr ',' '\n' | grep -v '^files\|^reg\|^locked' | paste -sd, -)
         python3 tools/startup_bench.py --bin /tmp/zimage_before --model "$ZR" --out "$OUT" \
           --rows "$before_rows" --iters ${STARTUP_ITERS:-3} --tag startup_before "${extra[@]}" || rc=1
       fi
@@ -236,10 +236,13 @@ for f in glob.glob('build/carry/*.xz') + glob.glob('build/carry/lib/*.xz') + glo
         --json "$OUT/budget_bf16.json" 2>&1 | tee "$OUT/budget_bf16.md" | grep -v "^bench:" || rc=1
       "$BIN" bench --model "$ZR" --weights fp8 --vram-budget ${BUDGETS8:-0 12 8 4} --iters 3 \
         --json "$OUT/budget_fp8.json" 2>&1 | tee "$OUT/budget_fp8.md" | grep -v "^bench:" || rc=1
-      # The same bf16 budgets streamed from the weight files (no load-time copy).
-      "$BIN" bench --model "$ZR" --streamed-weights files --vram-budget ${BUDGETS:-0 24 16 12 8 4} \
-        --iters 3 --json "$OUT/budget_files.json" 2>&1 | tee "$OUT/budget_files.md" \
-        | grep -v "^bench:" || rc=1 ;;
+      # The same bf16 budgets streamed from the weight files (no load-time copy), their pages
+      # staged at every step, then page-locked in place.
+      for sw in files locked-files; do
+        "$BIN" bench --model "$ZR" --streamed-weights $sw --vram-budget ${BUDGETS:-0 24 16 12 8 4} \
+          --iters 3 --json "$OUT/budget_$sw.json" 2>&1 | tee "$OUT/budget_$sw.md" \
+          | grep -v "^bench:" || rc=1
+      done ;;
     weights8)
       # --weights fp8 against bf16 on the same seed: DiT output (step 0) cosine, image PSNR.
       rm -rf /tmp/zdumpw8

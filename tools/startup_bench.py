@@ -12,6 +12,8 @@ Rows (each a median of --iters processes unless said):
   fp8b8/fp8b4   --vram-budget 8 / 4 --weights fp8
   files12/8/4   --vram-budget 12 / 8 / 4 --streamed-weights files (streamed blocks read from the
                 weight files at every step, no load-time copy)
+  locked12/8/4  --vram-budget 12 / 8 / 4 --streamed-weights locked-files (the files' pages
+                page-locked in place)
   reg12/8/4     --vram-budget 12 / 8 / 4 with ZIMAGE_HOST_PIN=register (copies page-locked in
                 place by cudaHostRegister instead of cudaHostAlloc)
   single_fp8    --dit FILE --text-encoder FILE (ComfyUI scaled-FP8 single files)
@@ -193,6 +195,9 @@ def main():
         "files12": ["--vram-budget", "12", "--streamed-weights", "files"],
         "files8": ["--vram-budget", "8", "--streamed-weights", "files"],
         "files4": ["--vram-budget", "4", "--streamed-weights", "files"],
+        "locked12": ["--vram-budget", "12", "--streamed-weights", "locked-files"],
+        "locked8": ["--vram-budget", "8", "--streamed-weights", "locked-files"],
+        "locked4": ["--vram-budget", "4", "--streamed-weights", "locked-files"],
         "reg12": ["--vram-budget", "12"],
         "reg8": ["--vram-budget", "8"],
         "reg4": ["--vram-budget", "4"],

@@ -79,10 +79,11 @@ void register_bench_command(CLI::App& app) {
   cmd->add_option("--weights", o->weights,
                   "bf16 or fp8 weights for the --vram-budget and --lora rows")
       ->check(CLI::IsMember({"bf16", "fp8"}));
-  cmd->add_option("--streamed-weights", o->streamed_weights,
-                  "copy or files: where the --vram-budget rows' streamed weights come from "
-                  "(zimage generate --streamed-weights)")
-      ->check(CLI::IsMember({"copy", "files"}));
+  cmd->add_option(
+         "--streamed-weights", o->streamed_weights,
+         "copy, files or locked-files: where the --vram-budget rows' streamed weights come from "
+         "(zimage generate --streamed-weights)")
+      ->check(CLI::IsMember({"copy", "files", "locked-files"}));
   cmd->add_option("--dit", o->dit_file,
                   "Transformer single file (safetensors, FP8, GGUF) replacing --model's "
                   "(--vram-budget rows)")

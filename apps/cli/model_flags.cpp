@@ -95,8 +95,9 @@ const char* common_help(EngineFlag flag) {
              "(default 0 = half of the machine's); the rest stream from pageable memory";
     case EngineFlag::kStreamedWeights:
       return "Where weights streamed under --vram-budget come from: copy (host copies made at "
-             "load, the fastest steps) or files (read from the weight files each step, no "
-             "load-time copy) (default copy)";
+             "load, the fastest steps), files (read from the weight files each step, no "
+             "load-time copy) or locked-files (the files' pages page-locked in place up to "
+             "--host-memory) (default copy)";
     case EngineFlag::kThreads:
       return "CPU threads (default 0 = all)";
   }
@@ -138,7 +139,7 @@ void add_engine_flags(CLI::App* cmd, EngineFlags& f, std::initializer_list<Engin
         break;
       case EngineFlag::kStreamedWeights:
         cmd->add_option("--streamed-weights", o.streamed_weights, help)
-            ->check(CLI::IsMember({"copy", "files"}));
+            ->check(CLI::IsMember({"copy", "files", "locked-files"}));
         break;
       case EngineFlag::kThreads:
         cmd->add_option("--threads,-t", o.threads, help);

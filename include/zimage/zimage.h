@@ -71,9 +71,11 @@ struct EngineOptions {
   // load) or "files" (read again from the memory-mapped weight files through a small page-locked
   // staging buffer: no load-time copy, so a first image comes sooner, each step reads the page
   // cache; weights the files do not hold in the compute dtype, such as --weights fp8 rows, are
-  // still copied). "files" suits a process that makes a few images; a long-lived one (server)
-  // is better served by "copy", which also keeps working if a weight file is replaced while it
-  // runs.
+  // still copied), or "locked-files" (as "files", with the files' pages page-locked in place up
+  // to host_memory_gib, so they stream at the link's rate without a copy at load or per step;
+  // the page cache they hold cannot be reclaimed while the engine lives). "files" suits a process
+  // that makes a few images; a long-lived one (server) is better served by "copy", which also
+  // keeps working if a weight file is replaced while it runs.
   std::string streamed_weights = "copy";
   // "bf16" (weights in the compute dtype) or "fp8": the DiT's and text encoder's big linear
   // weights stored as FP8 e4m3 with one scale per output channel (half the memory and the

@@ -80,7 +80,8 @@ class Engine:
     ``host_memory``: GiB the weights streamed under a budget may page-lock (0: half of the
     machine's memory); the rest stream from pageable memory. ``streamed_weights``: "copy" (host
     copies made at load: the fastest steps) or "files" (read from the weight files at each step:
-    no load-time copy, a first image sooner; for a short-lived engine).
+    no load-time copy, a first image sooner; for a short-lived engine) or "locked-files" (those
+    file pages page-locked in place up to ``host_memory``).
     ``loras``: merged at load (see ``generate`` for the accepted forms). ``controlnet``: a Z-Image
     ControlNet folder or file. ``threads``: CPU threads (0: all).
 

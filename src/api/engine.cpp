@@ -138,10 +138,12 @@ Result<std::unique_ptr<Engine>> Engine::load_impl(const EngineOptions& options) 
           ? std::max<uint64_t>(
                 1, static_cast<uint64_t>(options.host_memory_gib * 1024.0 * 1024.0 * 1024.0))
           : default_pinned_limit();
-  if (options.streamed_weights != "copy" && options.streamed_weights != "files")
+  if (options.streamed_weights != "copy" && options.streamed_weights != "files" &&
+      options.streamed_weights != "locked-files")
     return InvalidArgument("streamed_weights: '" + options.streamed_weights +
-                           "' is not one of copy, files");
-  load_options.stream_from_files = options.streamed_weights == "files";
+                           "' is not one of copy, files, locked-files");
+  load_options.stream_from_files = options.streamed_weights != "copy";
+  load_options.lock_files = options.streamed_weights == "locked-files";
   load_options.fp8_weights = options.weights == "fp8";
   load_options.plan_width = load_options.plan_height = std::min(options.max_side, 1024);
   for (size_t i = 0; i < options.loras.size(); ++i) {

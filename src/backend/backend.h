@@ -125,6 +125,16 @@ class Backend {
   // has such memory, else ordinary memory. CUDA copies on several threads (reading a file mapping
   // is page faults, which run in parallel). The default copies on the calling thread.
   virtual Result<Tensor> host_copy(const std::vector<Tensor>& parts, bool pinned);
+  // Page-locks the host bytes [p, p + bytes) in place, read-only (CUDA: cudaHostRegister with
+  // cudaHostRegisterReadOnly; p and bytes page-aligned), so copies from them go straight to the
+  // DMA engine, for as long as the returned handle lives (its release waits for the device's work
+  // before unlocking). For the page cache behind a file mapping, the weights streamed from the
+  // files. A null handle: the backend has nothing to lock (the CPU). An error: not locked.
+  virtual Result<std::shared_ptr<void>> lock_host_range(const void* p, size_t bytes) {
+    (void)p;
+    (void)bytes;
+    return std::shared_ptr<void>();
+  }
   // host_copy's argument check: the elements of `parts`, or the error naming the bad part.
   static Result<int64_t> host_copy_elements(const std::vector<Tensor>& parts);
   // Queues copies of host tensors into device tensors of the same element count (pairs: host,

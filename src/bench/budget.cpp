@@ -47,7 +47,8 @@ json budget_row(const Options& o, const std::string& dir, double budget, Backend
   PipelineLoadOptions lo;
   lo.vram_budget = static_cast<uint64_t>(budget * 1024.0 * 1024.0 * 1024.0);
   lo.fp8_weights = o.weights == "fp8";
-  lo.stream_from_files = o.streamed_weights == "files";
+  lo.stream_from_files = o.streamed_weights != "copy";
+  lo.lock_files = o.streamed_weights == "locked-files";
   lo.keep_quantized = o.keep_quantized;
   lo.plan_width = lo.plan_height = res;
   json row = row_header(o, budget);

@@ -93,9 +93,11 @@ std::string MemoryPlan::describe() const {
       s += " + " + gib(host_pageable_bytes) + " pageable (over the host-memory limit of " +
            gib(host_pinned_limit) + ")";
   }
-  if (host_file_bytes > 0)
-    s += "; " + gib(host_file_bytes) + " streamed from the weight files through " +
-         gib(host_staging_bytes) + " of pinned staging";
+  if (host_file_bytes > 0) {
+    s += "; " + gib(host_file_bytes) + " streamed from the weight files";
+    if (host_locked_bytes > 0) s += " (" + gib(host_locked_bytes) + " of their pages locked)";
+    if (host_staging_bytes > 0) s += " through " + gib(host_staging_bytes) + " of pinned staging";
+  }
   return s;
 }
 
@@ -143,23 +145,31 @@ Result<MemoryPlan> plan_memory(const MemoryPlanInput& in) {
   auto place_host = [&](const std::vector<bool>& streamed, uint64_t unit_bytes,
                         std::vector<bool>& pageable, bool from_files) {
     pageable.assign(streamed.size(), false);
-    int units = 0;
+    int staged = 0;  // units streamed through the staging
     for (size_t i = 0; i < streamed.size(); ++i) {
       if (!streamed[i]) continue;
-      ++units;
+      // Page-locked memory (copies, or locked file pages) within the limit, DiT blocks first.
+      const bool fits =
+          in.host_pinned_limit == 0 ||
+          plan.host_pinned_bytes + plan.host_locked_bytes + unit_bytes <= in.host_pinned_limit;
       if (from_files) {
         plan.host_file_bytes += unit_bytes;
+        if (in.lock_files && fits) {
+          plan.host_locked_bytes += unit_bytes;
+        } else {
+          pageable[i] = in.lock_files;  // streams through the staging
+          ++staged;
+        }
         continue;
       }
-      if (in.host_pinned_limit == 0 ||
-          plan.host_pinned_bytes + unit_bytes <= in.host_pinned_limit) {
+      if (fits) {
         plan.host_pinned_bytes += unit_bytes;
       } else {
         pageable[i] = true;
         plan.host_pageable_bytes += unit_bytes;
       }
     }
-    if (from_files) plan.host_staging_bytes += std::min<uint64_t>(units, in.slots) * unit_bytes;
+    if (from_files) plan.host_staging_bytes += std::min<uint64_t>(staged, in.slots) * unit_bytes;
   };
   place_host(plan.dit_streamed, in.dit_block_bytes, plan.dit_pageable, in.dit_from_files);
   place_host(plan.te_streamed, in.te_layer_bytes, plan.te_pageable, in.te_from_files);

@@ -55,6 +55,9 @@ struct MemoryPlanInput {
   // the files hold them in the compute dtype): no host copy, only per-slot page-locked staging.
   bool dit_from_files = false;
   bool te_from_files = false;
+  // Those units' file pages page-locked in place (no copy), within host_pinned_limit like copies
+  // (DiT blocks first); units beyond it stream through the staging.
+  bool lock_files = false;
 };
 
 struct MemoryPlan {
@@ -72,6 +75,7 @@ struct MemoryPlan {
   // pass over them, and the page-locked staging they stream through (a slot's worth per slot).
   uint64_t host_file_bytes = 0;
   uint64_t host_staging_bytes = 0;
+  uint64_t host_locked_bytes = 0;  // of host_file_bytes, page-locked in place (lock_files)
   bool vae_tiled = false;
   uint64_t resident_bytes = 0;    // weights + slots + scratch held on the device for good
   uint64_t peak_bytes = 0;        // estimated peak: fixed + resident + largest phase

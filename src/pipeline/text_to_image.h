@@ -105,6 +105,8 @@ struct PipelineLoadOptions {
   // Streamed weights the files hold in the compute dtype are read from the memory-mapped files
   // at each stream instead of copied into host memory at load (WeightPlacement).
   bool stream_from_files = false;
+  // With stream_from_files: their file pages page-locked in place up to host_pinned_limit.
+  bool lock_files = false;
   bool fp8_weights = false;  // big linear weights of the DiT and text encoder as FP8 rows
   // --precision fp8: these DiT linears (Fp8Layers bits, model/common/linear.h) run as W8A8 FP8
   // GEMMs.

@@ -42,6 +42,7 @@ Status load_part(const ModelSource& src, const std::string& part, Backend& be,
   dit_place.fp8_compute = options.dit_fp8_compute;
   te_place.keep_quantized = dit_place.keep_quantized = options.keep_quantized;
   te_place.stream_from_files = dit_place.stream_from_files = options.stream_from_files;
+  te_place.lock_files = dit_place.lock_files = options.lock_files;
   te_place.first_slot = 2;  // the DiT streams through slots 0-1, the text encoder 2-3
   const std::string what = "loading " + part;
   if (part == "tokenizer") {
@@ -311,6 +312,7 @@ MemoryPlanInput TextToImage::plan_input(const ZImageConfigs& configs, DType act,
   in.dit_from_files =
       o.stream_from_files && !o.fp8_weights && (o.dit_fp8_compute & kFp8AllLinears) == 0;
   in.te_from_files = o.stream_from_files && !o.fp8_weights;
+  in.lock_files = o.lock_files;
   in.fixed = fixed;
   const int64_t d = tc.dim, ad = tc.adaln_dim(), tf = tc.token_features(), fc = tc.cap_feat_dim;
   in.dit_blocks = 2 * tc.n_refiner_layers + tc.n_layers;

@@ -108,6 +108,10 @@ TEST(CudaStreaming, StreamedDitAndTextEncoderEqualResident) {
         // only where the files hold the act dtype (bf16) and no FP8 rows are made.
         WeightPlacement files_all = all, files_alt = alt;
         files_all.stream_from_files = files_alt.stream_from_files = true;
+        // The files' pages page-locked in place: every other block (the rest staged).
+        WeightPlacement locked = files_all;
+        locked.lock_files = true;
+        for (int i = 0; i < n; ++i) locked.pageable.push_back(i % 2 == 1);
         // Inputs: seeded latents and a caption of 40 tokens.
         const auto& tc = folder->transformer();
         Tensor lat = rand_host({2, tc.in_channels, 8, 8}, 3, DType::kF32);
@@ -127,7 +131,7 @@ TEST(CudaStreaming, StreamedDitAndTextEncoderEqualResident) {
         // The copies of `all` once more, page-locked in place (cudaHostRegister) instead of by
         // cudaHostAlloc (CudaBackend::set_pin_by_register).
         int index = 0;
-        for (const WeightPlacement& p : {all, alt, pageable, files_all, files_alt, all}) {
+        for (const WeightPlacement& p : {all, alt, pageable, files_all, files_alt, all, locked}) {
           g->set_pin_by_register(index++ == 5);
           auto ws2 = folder->open_weights("transformer");
           ASSERT_TRUE(ws2.ok());
@@ -137,6 +141,11 @@ TEST(CudaStreaming, StreamedDitAndTextEncoderEqualResident) {
           const bool from_files = p.stream_from_files && act == DType::kBF16 && !fp8;
           EXPECT_EQ((*streamed)->streamed_units_from_files(),
                     from_files ? (*streamed)->streamed_units() : 0);
+          if (p.lock_files && from_files) {  // half the blocks' pages, whole pages each
+            EXPECT_GE((*streamed)->streamed_locked_bytes(),
+                      (*streamed)->streamed_bytes_per_forward() / 2 - (64u << 10))
+                << "registering a read-only file mapping (cudaHostRegisterReadOnly)";
+          }
           const uint64_t h2d0 = g->streamed_bytes();
           const auto got = run(**streamed);
           // At least one full pass was copied; at most two and the next pass's prefetch.

@@ -219,3 +219,46 @@ TEST(MemoryPlan, StreamingFromTheFilesHoldsOnlyStagingInHostMemory) {
   EXPECT_EQ(plan->host_pinned_bytes + plan->host_pageable_bytes, plan->te_stream_bytes);
   EXPECT_EQ(plan->host_staging_bytes, static_cast<uint64_t>(mixed.slots) * mixed.dit_block_bytes);
 }
+
+// Locked file pages (MemoryPlanInput::lock_files) count against the host-memory limit like
+// copies, DiT blocks first; the units beyond it stream through the staging (marked pageable),
+// and only those need staging.
+TEST(MemoryPlan, LockedFilePagesStayWithinTheHostMemoryLimit) {
+  MemoryPlanInput in = full_size(4);
+  in.dit_from_files = in.te_from_files = in.lock_files = true;
+  auto all = plan_memory(in);
+  ASSERT_TRUE(all.ok());
+  EXPECT_EQ(all->host_locked_bytes, all->host_file_bytes);  // no limit: everything locked
+  EXPECT_EQ(all->host_staging_bytes, 0u);
+  EXPECT_EQ(all->host_pinned_bytes + all->host_pageable_bytes, 0u);
+  EXPECT_NE(all->describe().find("of their pages locked"), std::string::npos) << all->describe();
+  in.host_pinned_limit = 6 * kGiB;
+  auto limited = plan_memory(in);
+  ASSERT_TRUE(limited.ok());
+  EXPECT_LE(limited->host_locked_bytes, in.host_pinned_limit);
+  EXPECT_GT(limited->host_locked_bytes + in.dit_block_bytes, in.host_pinned_limit);
+  EXPECT_EQ(limited->host_file_bytes, all->host_file_bytes);
+  // The DiT blocks are locked first (a text-encoder layer, smaller, may take what is left): the
+  // locked bytes are those of the units not marked pageable, and some of each part are staged.
+  uint64_t locked = 0;
+  int dit_staged = 0, te_staged = 0;
+  for (size_t i = 0; i < limited->dit_streamed.size(); ++i) {
+    if (!limited->dit_streamed[i]) continue;
+    if (limited->dit_pageable[i])
+      ++dit_staged;
+    else
+      locked += in.dit_block_bytes;
+  }
+  for (size_t i = 0; i < limited->te_streamed.size(); ++i) {
+    if (!limited->te_streamed[i]) continue;
+    if (limited->te_pageable[i])
+      ++te_staged;
+    else
+      locked += in.te_layer_bytes;
+  }
+  EXPECT_EQ(locked, limited->host_locked_bytes);
+  EXPECT_GT(dit_staged, 0);
+  EXPECT_GT(te_staged, 0);
+  EXPECT_EQ(limited->host_staging_bytes,
+            static_cast<uint64_t>(in.slots) * (in.dit_block_bytes + in.te_layer_bytes));
+}

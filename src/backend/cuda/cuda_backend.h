@@ -104,6 +104,7 @@ class CudaBackend final : public Backend {
   // Weight streaming (cuda_streaming.cpp): pinned host tensors, a copy stream, per-slot events.
   Result<Tensor> alloc_pinned(DType dtype, const Shape& shape) override;
   Result<Tensor> host_copy(const std::vector<Tensor>& parts, bool pinned) override;
+  Result<std::shared_ptr<void>> lock_host_range(const void* p, size_t bytes) override;
   // How host_copy page-locks: false, cudaHostAlloc then the copy (the driver zeroes and locks
   // every page first, on one thread); true, ordinary memory first touched by the parallel copy,
   // then locked in place by cudaHostRegister. Which is faster is the host's answer

@@ -106,6 +106,29 @@ Result<Tensor> CudaBackend::host_copy(const std::vector<Tensor>& parts, bool pin
   return Tensor(std::move(st), 0, dt, {n});
 }
 
+Result<std::shared_ptr<void>> CudaBackend::lock_host_range(const void* p, size_t bytes) {
+  if (p == nullptr || bytes == 0) return InvalidArgument("lock_host_range: empty range");
+  // The registration keeps no reference to the bytes: the caller's handle owner keeps the
+  // mapping alive at least as long as the handle.
+  void* q = const_cast<void*>(p);
+  const cudaError_t e = cudaHostRegister(q, bytes, cudaHostRegisterReadOnly);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return DeviceError(std::string("cannot page-lock ") + std::to_string(bytes >> 20) +
+                       " MiB of host memory in place: " + cudaGetErrorString(e));
+  }
+  const int device = device_;
+  return std::shared_ptr<void>(q, [device](void* r) {
+    // No copy may still read the range when it is unlocked.
+    int prev = -1;
+    if (cudaGetDevice(&prev) == cudaSuccess && prev != device) cudaSetDevice(device);
+    cudaDeviceSynchronize();
+    cudaHostUnregister(r);
+    cudaGetLastError();
+    if (prev >= 0 && prev != device) cudaSetDevice(prev);
+  });
+}
+
 Result<Tensor> CudaBackend::alloc_pinned(DType dtype, const Shape& shape) {
   const int64_t n = shape_numel(shape);
   if (n < 0) return InvalidArgument("alloc_pinned: bad shape " + shape_string(shape));

@@ -89,6 +89,10 @@ struct WeightPlacement {
   // file pages (model/common/weight_streamer.h). False: every streamed weight is loaded and held
   // as a host copy (pinned or pageable above), which streams faster but costs the copy at load.
   bool stream_from_files = false;
+  // With stream_from_files: the file pages of the streamed blocks not marked pageable are
+  // page-locked in place (WeightStreamer::lock_file_pages), so they stream at the link's rate
+  // with no host copy at load or per step; the pageable ones stream through staging.
+  bool lock_files = false;
   // The backend stream slots the model may use: [first_slot, first_slot + slots).
   int first_slot = 0;
   int slots = 2;

@@ -1,7 +1,13 @@
 #include "model/common/weight_streamer.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdint>
 #include <string>
+#include <utility>
+
+#include "core/log.h"
 
 namespace zimage {
 
@@ -97,6 +103,43 @@ Result<std::unique_ptr<WeightStreamer>> WeightStreamer::create(
     }
   }
   return s;
+}
+
+uint64_t WeightStreamer::lock_file_pages(const std::vector<bool>& lock) {
+  const long ps = ::sysconf(_SC_PAGESIZE);
+  const uintptr_t page = ps > 0 ? static_cast<uintptr_t>(ps) : 4096;
+  std::vector<std::pair<uintptr_t, uintptr_t>> ranges;  // [begin, end), whole pages
+  for (size_t u = 0; u < units_.size() && u < lock.size(); ++u) {
+    if (!lock[u]) continue;
+    for (const StreamSource& src : units_[u]) {
+      if (!src.from_file) continue;
+      for (const Tensor& t : src.parts) {
+        if (t.nbytes() == 0) continue;
+        const auto b = reinterpret_cast<uintptr_t>(t.data());
+        ranges.emplace_back(b / page * page, (b + t.nbytes() + page - 1) / page * page);
+      }
+    }
+  }
+  std::sort(ranges.begin(), ranges.end());
+  std::vector<std::pair<uintptr_t, uintptr_t>> merged;
+  for (const auto& r : ranges) {
+    if (!merged.empty() && r.first <= merged.back().second)
+      merged.back().second = std::max(merged.back().second, r.second);
+    else
+      merged.push_back(r);
+  }
+  for (const auto& [b, e] : merged) {
+    auto h = be_.lock_host_range(reinterpret_cast<const void*>(b), e - b);
+    if (!h.ok()) {
+      ZI_WARN("weight streaming: %s; the rest streams through staging",
+              h.status().message().c_str());
+      break;
+    }
+    if (!*h) break;  // nothing to lock on this backend
+    locks_.push_back(std::move(h).value());
+    locked_bytes_ += e - b;
+  }
+  return locked_bytes_;
 }
 
 std::vector<Tensor> WeightStreamer::views(int slot, int unit) const {

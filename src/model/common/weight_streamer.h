@@ -70,6 +70,15 @@ class WeightStreamer {
   // Units whose every tensor is read from the weight files (no host copy made at load).
   int units_from_files() const { return from_files_; }
 
+  // Page-locks in place the file pages the units marked in `lock` (unit order) read from
+  // (Backend::lock_host_range), so their streams go straight to the DMA engine instead of through
+  // the backend's staging, until the streamer goes. The pages shared by neighbouring tensors are
+  // locked once (ranges rounded to whole pages and merged). A range the backend cannot lock is
+  // reported once as a warning and the rest is left to the staging: the same bytes, copied.
+  // Returns the bytes locked.
+  uint64_t lock_file_pages(const std::vector<bool>& lock);
+  uint64_t locked_bytes() const { return locked_bytes_; }
+
  private:
   WeightStreamer(Backend& be) : be_(be) {}
   Status load(int slot, int unit);
@@ -82,6 +91,8 @@ class WeightStreamer {
   int first_slot_ = 0;
   int slots_ = 0;
   int from_files_ = 0;
+  std::vector<std::shared_ptr<void>> locks_;  // page-locked file ranges (lock_file_pages)
+  uint64_t locked_bytes_ = 0;
   uint64_t slot_bytes_ = 0;
   uint64_t stream_bytes_ = 0;
 };

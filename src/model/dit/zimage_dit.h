@@ -63,6 +63,8 @@ class ZImageDiT {
   // host copies made at load).
   int streamed_units() const { return streamer_ ? streamer_->units() : 0; }
   int streamed_units_from_files() const { return streamer_ ? streamer_->units_from_files() : 0; }
+  // Bytes of weight-file pages page-locked in place for streaming (WeightPlacement::lock_files).
+  uint64_t streamed_locked_bytes() const { return streamer_ ? streamer_->locked_bytes() : 0; }
   uint64_t streamed_bytes_per_forward() const { return streamer_ ? streamer_->stream_bytes() : 0; }
 
   // latents [B, C, h, w] f32 on the backend; t_model: B host floats ((1000 - T)/1000, spec §6.1);
