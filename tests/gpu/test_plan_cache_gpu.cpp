@@ -1,7 +1,8 @@
 // The plan cache on the GPU: a VAE decode (bf16: cuDNN convolution graphs) in a fresh backend
-// searches the convolution plans and records the winners; a second backend on the same cache
-// builds only the recorded plans and decodes the identical image; a corrupt cache file and bogus
-// plan indices are ignored (searched again) and the decode stays correct.
+// searches the convolution plans and records the winners and the built plans themselves; a second
+// backend on the same cache loads the saved plans (nothing built) and decodes the identical image,
+// as does one whose saved plans are damaged (dropped, the recorded winners built again); a corrupt
+// cache file and bogus plan indices are ignored (searched again) and the decode stays correct.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -43,11 +44,11 @@ Tensor decode_once(const std::string& dir) {
   return img.ok() ? *img : Tensor();
 }
 
-std::vector<fs::path> cache_files(const fs::path& root) {
+std::vector<fs::path> cache_files(const fs::path& root, const char* ext = ".json") {
   std::vector<fs::path> out;
   std::error_code ec;
   for (const auto& e : fs::recursive_directory_iterator(root, ec))
-    if (e.path().extension() == ".json") out.push_back(e.path());
+    if (e.path().extension() == ext) out.push_back(e.path());
   return out;
 }
 
@@ -70,9 +71,18 @@ TEST(PlanCacheGpu, CachedPlansDecodeTheSameImage) {
   const size_t n = j["entries"].size();
   std::printf("  plan cache %s: %zu convolution plans recorded\n", files[0].c_str(), n);
   EXPECT_GT(n, 0u);
-  const Tensor cached = decode_once(dir);
+  const auto blobs = cache_files(cache, ".plan");
+  std::printf("  %zu built plans saved\n", blobs.size());
+  EXPECT_GT(blobs.size(), 0u) << "the recorded winners are saved built (" << n << " recorded)";
+  const Tensor cached = decode_once(dir);  // the saved plans, loaded
   ASSERT_TRUE(searched.defined() && cached.defined());
   EXPECT_EQ(max_abs_diff(searched, cached), 0.0);  // the recorded plans are the searched ones
+  // Damaged saved plans: dropped, the recorded winners built again, then saved again.
+  for (const auto& b : blobs) std::ofstream(b, std::ios::trunc) << "zimage-plan 1 3 3\nxyz";
+  const Tensor rebuilt = decode_once(dir);
+  ASSERT_TRUE(rebuilt.defined());
+  EXPECT_EQ(max_abs_diff(searched, rebuilt), 0.0);
+  for (const auto& b : blobs) EXPECT_GT(fs::file_size(b), 64u) << b;
   // Bogus indices: ignored, searched again, the hints replaced.
   nlohmann::json bad = j;
   for (auto& [k, v] : bad["entries"].items()) v = 100000;

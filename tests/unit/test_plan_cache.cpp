@@ -1,7 +1,8 @@
 // The on-disk plan cache (io/fs/plan_cache.h): hints survive a new process (a new PlanCache on the
 // same folder), a file of another GPU / library version or a corrupt one is ignored and then
 // replaced, forget() drops a wrong hint, processes filling the cache at once keep each other's
-// entries, ZIMAGE_PLAN_CACHE=off disables the cache.
+// entries, ZIMAGE_PLAN_CACHE=off disables the cache; compiled plans (blobs) round-trip per key
+// and identity, and any damage to a blob file reads as no blob.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -181,6 +182,68 @@ TEST(PlanCache, OffSwitch) {
   EXPECT_EQ(PlanCache::open(fresh_dir("zimage_plan_cache_off").string(), "X"), nullptr);
   unsetenv("ZIMAGE_PLAN_CACHE");
   EXPECT_NE(PlanCache::open(fresh_dir("zimage_plan_cache_off").string(), "X"), nullptr);
+}
+
+// Compiled plans: a blob survives a new instance under its key and identity only; every kind of
+// damage to its file (truncated, a flipped byte, another key's file put in its place, a bad
+// header) reads as no blob, forget_blob removes it, and a new put replaces a damaged file.
+TEST(PlanCache, BlobsRoundTripAndDamageReadsAsNone) {
+  const fs::path d = fresh_dir("zimage_plan_cache_blob");
+  std::vector<uint8_t> plan(70000);
+  for (size_t i = 0; i < plan.size(); ++i) plan[i] = static_cast<uint8_t>(i * 131 + 7);
+  const std::string id = "H200 sm_90 cudnn 91000";
+  {
+    auto c = PlanCache::open(d.string(), id);
+    ASSERT_NE(c, nullptr);
+    EXPECT_FALSE(c->get_blob("conv,1").has_value());
+    c->put_blob("conv,1", plan);
+    c->put_blob("conv,2", {1, 2, 3});
+    c->put_blob("empty", {});
+  }
+  auto c = PlanCache::open(d.string(), id);
+  ASSERT_EQ(c->get_blob("conv,1"), plan);
+  EXPECT_EQ(c->get_blob("conv,2"), (std::vector<uint8_t>{1, 2, 3}));
+  EXPECT_EQ(c->get_blob("empty"), std::vector<uint8_t>{});
+  EXPECT_FALSE(PlanCache::open(d.string(), "another GPU")->get_blob("conv,1").has_value());
+
+  // The blob files: one per key, in the folder beside the hint file.
+  std::vector<fs::path> files;
+  for (const auto& e : fs::recursive_directory_iterator(d))
+    if (e.path().extension() == ".plan") files.push_back(e.path());
+  ASSERT_EQ(files.size(), 3u);
+  fs::path one, two;
+  for (const auto& f : files) {  // header line, key, payload, 8-byte checksum
+    if (fs::file_size(f) > 60000) one = f;
+    if (fs::file_size(f) == std::string("zimage-plan 1 6 3\n").size() + 6 + 3 + 8) two = f;
+  }
+  ASSERT_FALSE(one.empty());
+  ASSERT_FALSE(two.empty());
+  auto read = [](const fs::path& f) {
+    std::ifstream in(f, std::ios::binary);
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  };
+  auto write = [](const fs::path& f, const std::string& bytes) {
+    std::ofstream(f, std::ios::binary | std::ios::trunc) << bytes;
+  };
+  const std::string good = read(one);
+  write(one, good.substr(0, good.size() - 100));  // truncated
+  EXPECT_FALSE(c->get_blob("conv,1").has_value());
+  std::string flipped = good;
+  flipped[good.size() / 2] ^= 0x40;  // one byte of the payload
+  write(one, flipped);
+  EXPECT_FALSE(c->get_blob("conv,1").has_value());
+  write(one, read(two));  // another key's file under this key's name
+  EXPECT_FALSE(c->get_blob("conv,1").has_value());
+  write(one, "zimage-plan 1 x y\n");  // a bad header
+  EXPECT_FALSE(c->get_blob("conv,1").has_value());
+  write(one, "");
+  EXPECT_FALSE(c->get_blob("conv,1").has_value());
+  c->put_blob("conv,1", plan);  // rewritten whole
+  EXPECT_EQ(c->get_blob("conv,1"), plan);
+  c->forget_blob("conv,1");
+  EXPECT_FALSE(c->get_blob("conv,1").has_value());
+  EXPECT_FALSE(fs::exists(one));
+  fs::remove_all(d);
 }
 
 }  // namespace

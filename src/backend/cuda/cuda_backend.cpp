@@ -103,7 +103,7 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(int device_index, DType
   // What the cached run-time choices depend on (io/fs/plan_cache.h): the GPU and the libraries.
   const std::string identity = std::string(prop.name) + " sm_" + std::to_string(b->sm_) +
                                " cudnn " + std::to_string(cudnnGetVersion()) + " cublasLt " +
-                               std::to_string(cublasLtGetVersion()) + " conv-graphs v1";
+                               std::to_string(cublasLtGetVersion()) + " " + ConvGraphs::cache_tag();
   b->conv_graphs_ = ConvGraphs::create(b->stream_, PlanCache::open("", identity));
   b->profiler_ = std::make_unique<OpProfiler>(b->stream_);
   b->uploader_ = std::make_unique<PinnedUploader>(device_index, b->stream_);

@@ -6,7 +6,9 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <nlohmann/json.hpp>
@@ -148,6 +150,82 @@ void PlanCache::forget(const std::string& key) {
   learnt_.erase(key);
   entries_.erase(it);
   save_locked();
+}
+
+namespace {
+
+constexpr uint64_t kMaxBlobBytes = uint64_t{64} << 20;
+constexpr const char* kBlobMagic = "zimage-plan 1 ";
+
+uint64_t fnv1a_bytes(uint64_t h, const void* p, size_t n) {
+  const auto* b = static_cast<const unsigned char*>(p);
+  for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 1099511628211ull;
+  return h;
+}
+
+uint64_t blob_checksum(const std::string& key, const void* data, size_t n) {
+  return fnv1a_bytes(fnv1a_bytes(1469598103934665603ull, key.data(), key.size()), data, n);
+}
+
+std::string blob_path(const std::string& cache_path, const std::string& key) {
+  std::string base = cache_path;
+  if (base.size() > 5 && base.compare(base.size() - 5, 5, ".json") == 0)
+    base.resize(base.size() - 5);
+  return base + ".d/" + hex64(fnv1a(key)) + ".plan";
+}
+
+}  // namespace
+
+std::optional<std::vector<uint8_t>> PlanCache::get_blob(const std::string& key) const {
+  const std::string path = blob_path(path_, key);
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return std::nullopt;
+  auto text = read_input_file(path, kMaxBlobBytes + key.size() + 128);
+  auto bad = [&](const char* why) -> std::optional<std::vector<uint8_t>> {
+    ZI_DEBUG("plan cache: %s ignored (%s)", path.c_str(), why);
+    return std::nullopt;
+  };
+  if (!text.ok()) return bad("unreadable");
+  const std::string& t = *text;
+  const size_t eol = t.find('\n');
+  const std::string magic = kBlobMagic;
+  if (eol == std::string::npos || t.compare(0, magic.size(), magic) != 0) return bad("no header");
+  unsigned long long key_bytes = 0, data_bytes = 0;
+  if (std::sscanf(t.c_str() + magic.size(), "%llu %llu", &key_bytes, &data_bytes) != 2)
+    return bad("bad header");
+  const size_t start = eol + 1;
+  if (key_bytes != key.size() || data_bytes > kMaxBlobBytes ||
+      t.size() != start + key_bytes + data_bytes + 8)
+    return bad("truncated or another key's");
+  if (t.compare(start, key_bytes, key) != 0) return bad("another key's");
+  const char* data = t.data() + start + key_bytes;
+  uint64_t sum = 0;
+  std::memcpy(&sum, data + data_bytes, 8);
+  if (sum != blob_checksum(key, data, data_bytes)) return bad("checksum");
+  return std::vector<uint8_t>(data, data + data_bytes);
+}
+
+void PlanCache::put_blob(const std::string& key, const std::vector<uint8_t>& data) {
+  if (data.size() > kMaxBlobBytes) return;
+  const std::string path = blob_path(path_, key);
+  std::error_code ec;
+  std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
+  if (ec) {
+    ZI_DEBUG("plan cache: cannot create the folder of %s: %s", path.c_str(), ec.message().c_str());
+    return;
+  }
+  std::string out = std::string(kBlobMagic) + std::to_string(key.size()) + " " +
+                    std::to_string(data.size()) + "\n" + key;
+  out.append(reinterpret_cast<const char*>(data.data()), data.size());
+  const uint64_t sum = blob_checksum(key, data.data(), data.size());
+  out.append(reinterpret_cast<const char*>(&sum), 8);
+  const Status st = write_output_file(path, out);
+  if (!st.ok()) ZI_DEBUG("plan cache: plan not saved: %s", st.to_string().c_str());
+}
+
+void PlanCache::forget_blob(const std::string& key) {
+  std::error_code ec;
+  std::filesystem::remove(blob_path(path_, key), ec);
 }
 
 void PlanCache::save_locked() {

@@ -1,6 +1,6 @@
 // Run-time choices remembered on disk, so a new process does not search again: which of cuDNN's
-// candidate convolution plans won the timing for a shape (today), keyed by the shape, in one small
-// JSON file per GPU and library version:
+// candidate convolution plans won the timing for a shape, keyed by the shape, in one small JSON
+// file per GPU and library version, and the compiled plans themselves (get_blob / put_blob):
 //   $XDG_CACHE_HOME/zimage/plans/<identity hash>.json  (else ~/.cache/zimage/plans/...)
 //   {"identity": "<GPU, compute capability, cuDNN and cuBLAS versions, zimage version>",
 //    "entries": {"<key>": <value>, ...}}
@@ -20,6 +20,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <vector>
 
 namespace zimage {
 
@@ -34,6 +35,17 @@ class PlanCache {
   void put(const std::string& key, int64_t value);
   // Drops a hint that turned out wrong, and saves.
   void forget(const std::string& key);
+
+  // Compiled plans (cudnn-frontend's Graph::serialize), one file per key beside the hints:
+  // <cache file without ".json">.d/<hash of the key>.plan, holding a header line
+  // "zimage-plan 1 <key bytes> <payload bytes>", the key, the payload and an FNV-1a checksum of
+  // both. A missing, truncated, corrupt or another key's file reads as nothing (the caller builds
+  // the plan and puts it again); files are replaced by rename, so a reader never sees half of
+  // one. The identity of the hint file covers the blobs: another GPU or library version is
+  // another folder.
+  std::optional<std::vector<uint8_t>> get_blob(const std::string& key) const;
+  void put_blob(const std::string& key, const std::vector<uint8_t>& data);
+  void forget_blob(const std::string& key);  // a blob that no longer loads
 
   const std::string& path() const { return path_; }
   size_t size() const;

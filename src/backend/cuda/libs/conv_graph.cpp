@@ -5,9 +5,10 @@
 #include <optional>
 #include <string>
 #include <tuple>
+#include <vector>
 
-#include "backend/cuda/runtime/cuda_check.h"
 #include "backend/cuda/libs/cudnn_fe.h"
+#include "backend/cuda/runtime/cuda_check.h"
 #include "core/log.h"
 
 #if ZIMAGE_WITH_CUDNN_FRONTEND
@@ -41,7 +42,7 @@ struct ConvGraphs::Impl {
   struct Plan {
     bool supported = false;
     std::shared_ptr<fe::graph::Graph> graph;
-    int64_t index = 0;      // the fastest plan
+    int64_t index = 0;      // the fastest plan; -1: the graph's only one (loaded from the cache)
     int64_t workspace = 0;  // its workspace
     float ms = 0;           // its measured time
   };
@@ -80,7 +81,46 @@ struct ConvGraphs::Impl {
     return false;
   }
 
+  // The plan saved for `key` (put_blob), loaded without building anything; false (and the blob
+  // dropped) when there is none or it does not load.
+  bool load_saved(const std::string& key, Plan& p) {
+    if (!cache) return false;
+    const std::optional<std::vector<uint8_t>> blob = cache->get_blob(key);
+    if (!blob) return false;
+    auto g = std::make_shared<fe::graph::Graph>();
+    int64_t ws = 0;
+    fe::error_t e = g->deserialize(handle, *blob, /*enforce_precompiled=*/false,
+                                   /*run_warmup=*/false);
+    if (!e.is_good() || !g->get_workspace_size(ws).is_good()) {
+      ZI_INFO("plan cache: the saved plan of %s does not load (%s); planning again", key.c_str(),
+              e.is_good() ? "no workspace size" : e.get_message().c_str());
+      cache->forget_blob(key);
+      return false;
+    }
+    p.graph = std::move(g);
+    p.index = -1;
+    p.workspace = ws;
+    p.supported = true;
+    return true;
+  }
+
+  // Saves the plan `index` of `g` (built) for later processes. Failures only cost the saving.
+  void save(fe::graph::Graph& g, const std::string& key, int64_t index, bool rebuild) {
+    if (!cache) return;
+    // serialize() writes the graph's current candidate: the last plan built.
+    if (rebuild && !g.build_plan_at_index(index).is_good()) return;
+    std::vector<uint8_t> blob;
+    fe::error_t e = g.serialize(blob, /*serialize_structure=*/false);
+    if (!e.is_good()) {
+      ZI_DEBUG("plan cache: plan of %s not saved: %s", key.c_str(), e.get_message().c_str());
+      return;
+    }
+    cache->put_blob(key, blob);
+  }
+
   Status build(const ConvRequest& r, const void* bias, CachingAllocator& alloc, Plan& p) {
+    const std::string key = cache_key(r, bias != nullptr);
+    if (load_saved(key, p)) return Status::Ok();
     const fe::DataType_t io =
         r.dt == DType::kBF16 ? fe::DataType_t::BFLOAT16
                              : (r.dt == DType::kF16 ? fe::DataType_t::HALF : fe::DataType_t::FLOAT);
@@ -124,8 +164,8 @@ struct ConvGraphs::Impl {
     ZI_TRY(fe_status(g->build_operation_graph(handle), "build_operation_graph"));
     ZI_TRY(fe_status(g->create_execution_plans({fe::HeurMode_t::A}), "create_execution_plans"));
     ZI_TRY(fe_status(g->check_support(handle), "check_support"));
-    const std::string key = cache_key(r, bias != nullptr);
     if (build_cached(*g, key, p)) {
+      save(*g, key, p.index, /*rebuild=*/false);  // build_cached built exactly that plan
       p.graph = std::move(g);
       p.supported = true;
       return Status::Ok();
@@ -177,9 +217,10 @@ struct ConvGraphs::Impl {
     cudaEventDestroy(stop);
     if (p.index < 0) return Unsupported("cuDNN conv graph: no plan ran");
     p.ms /= kTimedRuns;
+    if (cache) cache->put(key, p.index);
+    save(*g, key, p.index, /*rebuild=*/true);
     p.graph = std::move(g);
     p.supported = true;
-    if (cache) cache->put(key, p.index);
     return Status::Ok();
   }
 };
@@ -204,6 +245,12 @@ std::unique_ptr<ConvGraphs> ConvGraphs::create(cudaStream_t stream,
 
 bool ConvGraphs::available() const {
   return impl_->handle != nullptr;
+}
+
+std::string ConvGraphs::cache_tag() {
+  return "conv-graphs v2 cudnn-frontend " + std::to_string(CUDNN_FRONTEND_MAJOR_VERSION) + "." +
+         std::to_string(CUDNN_FRONTEND_MINOR_VERSION) + "." +
+         std::to_string(CUDNN_FRONTEND_PATCH_VERSION);
 }
 
 Status ConvGraphs::run(const ConvRequest& r, const void* bias, CachingAllocator& alloc) {
@@ -244,8 +291,9 @@ Status ConvGraphs::run(const ConvRequest& r, const void* bias, CachingAllocator&
   if (p.workspace > 0) {
     ZI_ASSIGN_OR_RETURN(ws, alloc.allocate(static_cast<size_t>(p.workspace)));
   }
-  fe::error_t e =
-      p.graph->execute_plan_at_index(impl_->handle, pack, ws ? ws->data() : nullptr, p.index);
+  void* wp = ws ? ws->data() : nullptr;
+  fe::error_t e = p.index < 0 ? p.graph->execute(impl_->handle, pack, wp)
+                              : p.graph->execute_plan_at_index(impl_->handle, pack, wp, p.index);
   if (!e.is_good()) return DeviceError("cuDNN conv graph: execute: " + e.get_message());
   return Status::Ok();
 }
@@ -260,6 +308,9 @@ std::unique_ptr<ConvGraphs> ConvGraphs::create(cudaStream_t, std::shared_ptr<Pla
 }
 bool ConvGraphs::available() const {
   return false;
+}
+std::string ConvGraphs::cache_tag() {
+  return "conv-graphs v2";
 }
 Status ConvGraphs::run(const ConvRequest&, const void*, CachingAllocator&) {
   return Unsupported("built without cuDNN conv graphs (no cudnn-frontend headers)");

@@ -5,7 +5,10 @@
 // graph here is built once per shape, its candidate plans are timed on the real buffers (the
 // engine's own "cudnn.benchmark"), and the fastest is kept; running it afterwards is cheap. The
 // winner's index is remembered on disk (io/fs/plan_cache.h), so a new process builds only that plan
-// instead of building and timing every candidate.
+// instead of building and timing every candidate; and the built winner itself is saved
+// (cudnn-frontend's Graph::serialize, PlanCache::put_blob), so a later process loads it
+// (Graph::deserialize) without building the graph, querying the heuristics or compiling the plan.
+// A saved plan that no longer loads is dropped and the shape planned again.
 //
 // Unavailable without the frontend headers; shapes cuDNN cannot fuse are remembered and answered
 // with kUnsupported so conv2d falls back to the legacy path (conv_cudnn.h).
@@ -14,9 +17,10 @@
 #include <cuda_runtime_api.h>
 
 #include <memory>
+#include <string>
 
-#include "backend/cuda/runtime/allocator.h"
 #include "backend/cuda/libs/conv_cudnn.h"
+#include "backend/cuda/runtime/allocator.h"
 #include "core/status.h"
 #include "io/fs/plan_cache.h"
 
@@ -32,6 +36,9 @@ class ConvGraphs {
   ConvGraphs& operator=(const ConvGraphs&) = delete;
 
   bool available() const;
+  // What the saved plans depend on besides the GPU and cuDNN: this code's layout of the graphs and
+  // the frontend's serialisation (part of the plan cache's identity).
+  static std::string cache_tag();
   // y = conv(x, w) (+ bias[cout] broadcast, when bias is not null).
   Status run(const ConvRequest& r, const void* bias, CachingAllocator& alloc);
 
