@@ -50,4 +50,9 @@ Result<std::string> builtin_model_dir() {
   return g_folder->path();
 }
 
+void release_builtin_model() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  g_folder.reset();
+}
+
 }  // namespace zimage

@@ -17,4 +17,8 @@ namespace zimage {
 // path). A failure names both the cache and the temporary folder that were tried.
 Result<std::string> builtin_model_dir();
 
+// Removes a temporary copy now (the cache copy stays): for a program about to leave without
+// running destructors (the zimage CLI's fast exit). Later calls of builtin_model_dir unpack anew.
+void release_builtin_model();
+
 }  // namespace zimage
