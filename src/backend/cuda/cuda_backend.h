@@ -20,7 +20,9 @@
 
 #include <cuda_runtime_api.h>
 
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -28,6 +30,7 @@
 #include "backend/backend.h"
 #include "backend/cuda/kernels/kernels.h"
 #include "backend/cuda/runtime/allocator.h"
+#include "backend/cuda/runtime/locked_ranges.h"
 #include "backend/cuda/runtime/op_profiler.h"
 #include "backend/cuda/runtime/slot_stager.h"
 #include "backend/cuda/runtime/uploader.h"
@@ -250,6 +253,8 @@ class CudaBackend final : public Backend {
   // host_copy's copy threads, while loading (released by finish_uploads).
   std::unique_ptr<ThreadPool> host_pool_;
   bool pin_by_register_ = false;
+  // What lock_host_range locked (shared with the handles' release).
+  std::shared_ptr<LockedRanges> locked_ = std::make_shared<LockedRanges>();
   // wait_for_stream / signal_stream: created on first use.
   Status check_external_stream(cudaStream_t s, const char* what);
   cudaEvent_t external_in_ = nullptr, external_out_ = nullptr;

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <thread>
@@ -117,8 +118,11 @@ Result<std::shared_ptr<void>> CudaBackend::lock_host_range(const void* p, size_t
     return DeviceError(std::string("cannot page-lock ") + std::to_string(bytes >> 20) +
                        " MiB of host memory in place: " + cudaGetErrorString(e));
   }
+  locked_->add(p, bytes);
   const int device = device_;
-  return std::shared_ptr<void>(q, [device](void* r) {
+  std::shared_ptr<LockedRanges> ranges = locked_;
+  return std::shared_ptr<void>(q, [device, ranges](void* r) {
+    ranges->remove(r);
     // No copy may still read the range when it is unlocked.
     int prev = -1;
     if (cudaGetDevice(&prev) == cudaSuccess && prev != device) cudaSetDevice(device);
@@ -170,10 +174,16 @@ Status CudaBackend::stream_in(int slot, const std::vector<std::pair<Tensor, Tens
         dev.device() != Device::kCUDA)
       return InvalidArgument("stream_in: " + host.describe() + " -> " + dev.describe());
     if (host.nbytes() == 0) continue;
-    cudaPointerAttributes attr{};
-    const bool locked = cudaPointerGetAttributes(&attr, host.data()) == cudaSuccess &&
-                        attr.type == cudaMemoryTypeHost;
-    cudaGetLastError();  // an unregistered pointer is not an error to keep
+    // Locked file ranges (lock_host_range): direct only when the source lies inside one. Any
+    // other page-locked source is a whole allocation of ours (alloc_pinned, host_copy).
+    const LockedRanges::Cover cover = locked_->find(host.data(), host.nbytes());
+    bool locked = cover == LockedRanges::Cover::kInside;
+    if (cover == LockedRanges::Cover::kNone) {
+      cudaPointerAttributes attr{};
+      locked = cudaPointerGetAttributes(&attr, host.data()) == cudaSuccess &&
+               attr.type == cudaMemoryTypeHost;
+      cudaGetLastError();  // an unregistered pointer is not an error to keep
+    }
     if (locked) {
       ZI_CUDA_TRY(cudaMemcpyAsync(dev.data(), host.data(), host.nbytes(), cudaMemcpyHostToDevice,
                                   copy_stream_));
