@@ -38,6 +38,16 @@ Result<Tensor> Backend::alloc_pinned(DType dtype, const Shape& shape) {
   return t;
 }
 
+Status Backend::residual_norm_gate_then_norm(Tensor& x, const Tensor& y, const Tensor& w, float eps,
+                                             const Tensor& gate, const Tensor& w_next,
+                                             const Tensor& scale_next, Tensor& out) {
+  ZI_TRY(residual_rms_norm_gate(x, y, w, eps, gate));
+  const int64_t d = x.rank() > 0 ? x.dim(-1) : 0;
+  if (d <= 0 || x.numel() % d != 0)
+    return InvalidArgument("residual_norm_gate_then_norm: x " + x.describe());
+  return rms_norm(x.view({x.numel() / d, d}), w_next, eps, scale_next, out);
+}
+
 Result<int64_t> Backend::host_copy_elements(const std::vector<Tensor>& parts) {
   if (parts.empty()) return InvalidArgument("host_copy: no parts");
   int64_t n = 0;

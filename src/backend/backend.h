@@ -218,6 +218,13 @@ class Backend {
   // post-norm + tanh-gated residual (gate already tanh'ed).
   virtual Status residual_rms_norm_gate(Tensor& x, const Tensor& y, const Tensor& w, float eps,
                                         const Tensor& gate) = 0;
+  // residual_rms_norm_gate(x, y, w, eps, gate), then out[R, D] = rms_norm(x, w_next, eps,
+  // scale_next) of the x just updated: the DiT's gated residual and the next sub-block's
+  // modulated pre-norm. The default runs the two ops; a backend may fuse them (one pass over x),
+  // with the same roundings.
+  virtual Status residual_norm_gate_then_norm(Tensor& x, const Tensor& y, const Tensor& w,
+                                              float eps, const Tensor& gate, const Tensor& w_next,
+                                              const Tensor& scale_next, Tensor& out);
   // NHWC group norm: x[B, H, W, C], `groups` groups of C/groups channels, affine gamma/beta [C],
   // then SiLU if `silu`. In place allowed.
   virtual Status group_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, int groups,

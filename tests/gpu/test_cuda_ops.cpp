@@ -160,6 +160,58 @@ TEST(CudaOps, ResidualRmsNormGate) {
   }
 }
 
+// The gated residual and the next pre-norm fused (ZIMAGE_FUSED_NORM's kernel) against the CPU
+// oracle's two ops, and bit for bit against the GPU's own two kernels: both outputs (x updated,
+// out), every register-cached thread layout, with and without weights, gate and scale; rows the
+// fused form does not take (odd widths) and out == x fall back to the two kernels.
+TEST(CudaOps, ResidualNormGateThenNormFused) {
+  ZI_REQUIRE_GPU();
+  const Shape shapes[] = {{1, 1, 8},    {2, 17, 128},  {2, 33, 512},
+                          {1, 5, 3840}, {2, 3, 10240}, {1, 3, 7}};
+  for (DType dt : kDTypes) {
+    uint32_t seed = 250;
+    for (const Shape& s : shapes) {
+      const int64_t d = s.back(), rows = shape_numel(s) / d;
+      const Tensor xh = rand_host(s, seed++, dt);
+      Both y = both_rand(s, seed++, dt, -3.f, 3.f);
+      Both w = both_rand({d}, seed++, dt, 0.5f, 1.5f);
+      Both wn = both_rand({d}, seed++, dt, 0.5f, 1.5f);
+      Both gate = both_rand({s[0], d}, seed++, dt);
+      Both scale = both_rand({s[0], d}, seed++, dt, 0.5f, 1.5f);
+      for (int variant = 0; variant < 2; ++variant) {
+        auto pick = [&](const Both& b, bool cpu) {
+          return variant ? (cpu ? b.cpu : b.gpu) : Tensor();
+        };
+        const std::string tag =
+            label("residual_norm_gate_then_norm", s, variant ? " +all" : " plain");
+        // The CPU oracle's two ops.
+        Both x = both(xh, dt);
+        Both out = outputs({rows, d}, dt);
+        ZI_ASSERT_OK(cpu_oracle().residual_norm_gate_then_norm(x.cpu, y.cpu, pick(w, true), 1e-5f,
+                                                               pick(gate, true), pick(wn, true),
+                                                               pick(scale, true), out.cpu));
+        // The GPU's two kernels, then the fused one on a fresh x.
+        cuda::CudaBackend* g = gpu(dt);
+        g->set_fused_norm(false);
+        Both x2 = both(xh, dt);
+        Both out2 = outputs({rows, d}, dt);
+        ZI_ASSERT_OK(g->residual_norm_gate_then_norm(x2.gpu, y.gpu, pick(w, false), 1e-5f,
+                                                     pick(gate, false), pick(wn, false),
+                                                     pick(scale, false), out2.gpu));
+        g->set_fused_norm(true);
+        ZI_ASSERT_OK(g->residual_norm_gate_then_norm(x.gpu, y.gpu, pick(w, false), 1e-5f,
+                                                     pick(gate, false), pick(wn, false),
+                                                     pick(scale, false), out.gpu));
+        g->set_fused_norm(false);
+        expect_match(tag + " x", dt, x);
+        expect_match(tag + " out", dt, out);
+        EXPECT_EQ(fetch(*g, x.gpu), fetch(*g, x2.gpu)) << tag;  // the same bits
+        EXPECT_EQ(fetch(*g, out.gpu), fetch(*g, out2.gpu)) << tag;
+      }
+    }
+  }
+}
+
 TEST(CudaOps, GroupNorm) {
   ZI_REQUIRE_GPU();
   struct Case {

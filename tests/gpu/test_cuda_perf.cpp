@@ -167,6 +167,19 @@ TEST(CudaOpsPerf, ConvAndNormsBf16) {
     report("residual_rms_norm_gate 4224x3840",
            median_ms(g, [&] { return g->residual_rms_norm_gate(xr, r, w, 1e-6f, gate); }), 0,
            1.5 * bytes);
+    // The gated residual and the next pre-norm: two kernels against the fused one.
+    Tensor normed = take(g->alloc(DType::kBF16, {4224, 3840}), "normed");
+    for (bool fused : {false, true}) {
+      g->set_fused_norm(fused);
+      report(
+          fused ? "residual_norm_gate_then_norm 4224x3840 fused"
+                : "residual_norm_gate_then_norm 4224x3840 two kernels",
+          median_ms(
+              g,
+              [&] { return g->residual_norm_gate_then_norm(xr, r, w, 1e-6f, gate, w, s, normed); }),
+          0, 2.0 * bytes);
+    }
+    g->set_fused_norm(false);
     Tensor hw = rand_dev(g, {128}, seed++);
     Tensor qk = x.view({1, 4224, 30, 128});
     report("rms_norm q/k per head 126720x128 in place",

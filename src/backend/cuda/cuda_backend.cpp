@@ -107,6 +107,8 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(int device_index, DType
   b->conv_graphs_ = ConvGraphs::create(b->stream_, PlanCache::open("", identity));
   b->profiler_ = std::make_unique<OpProfiler>(b->stream_);
   b->uploader_ = std::make_unique<PinnedUploader>(device_index, b->stream_);
+  if (const char* fused = std::getenv("ZIMAGE_FUSED_NORM"))
+    b->fused_norm_ = std::string(fused) == "1";
   if (const char* pin = std::getenv("ZIMAGE_HOST_PIN"))
     b->pin_by_register_ = std::string(pin) == "register";
   ZI_INFO("cuda backend %s ready in %.3f s (context, cuBLASLt, cuDNN)", b->name_.c_str(),

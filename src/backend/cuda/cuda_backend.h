@@ -124,6 +124,12 @@ class CudaBackend final : public Backend {
                     const Tensor& scale, Tensor& y) override;
   Status residual_rms_norm_gate(Tensor& x, const Tensor& y, const Tensor& w, float eps,
                                 const Tensor& gate) override;
+  Status residual_norm_gate_then_norm(Tensor& x, const Tensor& y, const Tensor& w, float eps,
+                                      const Tensor& gate, const Tensor& w_next,
+                                      const Tensor& scale_next, Tensor& out) override;
+  // Whether residual_norm_gate_then_norm runs its fused kernel (ZIMAGE_FUSED_NORM=1) or the two
+  // kernels (the default until the fused one is measured on a GPU).
+  void set_fused_norm(bool on) { fused_norm_ = on; }
   Status group_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, int groups, float eps,
                     bool silu, Tensor& y) override;
   Status rope_half(Tensor& x, const Tensor& cos, const Tensor& sin) override;
@@ -253,6 +259,7 @@ class CudaBackend final : public Backend {
   // host_copy's copy threads, while loading (released by finish_uploads).
   std::unique_ptr<ThreadPool> host_pool_;
   bool pin_by_register_ = false;
+  bool fused_norm_ = false;
   // What lock_host_range locked (shared with the handles' release).
   std::shared_ptr<LockedRanges> locked_ = std::make_shared<LockedRanges>();
   // wait_for_stream / signal_stream: created on first use.

@@ -116,6 +116,38 @@ Status CudaBackend::residual_rms_norm_gate(Tensor& x, const Tensor& y, const Ten
   return Status::Ok();
 }
 
+Status CudaBackend::residual_norm_gate_then_norm(Tensor& x, const Tensor& y, const Tensor& w,
+                                                 float eps, const Tensor& gate,
+                                                 const Tensor& w_next, const Tensor& scale_next,
+                                                 Tensor& out) {
+  if (!fused_norm_)
+    return Backend::residual_norm_gate_then_norm(x, y, w, eps, gate, w_next, scale_next, out);
+  ZI_OP_SCOPE("residual_norm_gate_then_norm", &x);
+  constexpr const char* op = "residual_norm_gate_then_norm";
+  ZI_ASSIGN_OR_RETURN(contract::RowNorm a,
+                      contract::residual_rms_norm_gate(cuda_env(act_), x, y, w, gate));
+  const Tensor xr = x.view({a.rows, a.d});
+  ZI_ASSIGN_OR_RETURN(contract::RowNorm b,
+                      contract::rms_norm(cuda_env(act_), xr, w_next, scale_next, out));
+  // In place, or gate and scale of different groupings: the two kernels.
+  const bool fusable =
+      !overlaps(out, x) && !overlaps(out, y) &&
+      (!gate.defined() || !scale_next.defined() || rows_per_group(a) == rows_per_group(b));
+  ZI_ASSIGN_OR_RETURN(KType kt, ktype_of(op, act_));
+  const cudaError_t e =
+      fusable ? launch_residual_norm_then_norm(
+                    kt, x.data(), y.data(), ptr_or_null(w), ptr_or_null(gate), ptr_or_null(w_next),
+                    ptr_or_null(scale_next), out.data(), a.rows, a.d,
+                    gate.defined() ? rows_per_group(a) : rows_per_group(b), eps, stream_)
+              : cudaErrorNotSupported;
+  if (e == cudaErrorNotSupported) {  // or a row the fused form does not take
+    cudaGetLastError();
+    return Backend::residual_norm_gate_then_norm(x, y, w, eps, gate, w_next, scale_next, out);
+  }
+  ZI_LAUNCH_TRY(op, e);
+  return Status::Ok();
+}
+
 Status CudaBackend::group_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, int groups,
                                float eps, bool silu, Tensor& y) {
   ZI_OP_SCOPE("group_norm", &x);

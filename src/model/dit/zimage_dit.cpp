@@ -147,9 +147,10 @@ Status ZImageDiT::run_block(const Block& blk, Tensor& x, const Tensor& freqs, co
     ZI_TRY(be_.attention(s.q, s.k, s.v, ap, s.o));  // [B, S, H, Dh]
   }
   ZI_TRY(linear(be_, s.o.view({rows, d}), blk.wo, none, wide_scratch_, s.proj));  // [B*S, D]
-  ZI_TRY(be_.residual_rms_norm_gate(x, s.proj.view({b, sq, d}), blk.attn_norm2, eps, gate_a));
+  // x += gate_a * norm(proj), then the feed-forward's pre-norm of that x: [B*S, D]
+  ZI_TRY(be_.residual_norm_gate_then_norm(x, s.proj.view({b, sq, d}), blk.attn_norm2, eps, gate_a,
+                                          blk.ffn_norm1, scale_f, s.norm));
   // --- SwiGLU feed-forward ---
-  ZI_TRY(be_.rms_norm(xr, blk.ffn_norm1, eps, scale_f, s.norm));     // [B*S, D]
   ZI_TRY(linear(be_, s.norm, blk.w13, none, wide_scratch_, s.ffn));  // [B*S, 2F]
   ZI_TRY(be_.swiglu(s.ffn, s.act));                                  // [B*S, F]
   ZI_TRY(linear(be_, s.act, blk.w2, none, wide_scratch_, s.proj));   // [B*S, D]

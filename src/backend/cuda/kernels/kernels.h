@@ -97,6 +97,13 @@ cudaError_t launch_layer_norm(KType t, const void* x, const void* w, const void*
 cudaError_t launch_residual_rms_norm_gate(KType t, void* x, const void* y, const void* w,
                                           const void* gate, int64_t rows, int64_t d,
                                           int64_t rows_per_group, float eps, cudaStream_t s);
+// launch_residual_rms_norm_gate, then out = rms_norm(x) * w_next * scale[group] from the x just
+// stored, in one pass when the row fits the register-cached form (the same roundings as the two
+// launches); cudaErrorNotSupported when it does not (the caller launches the two).
+cudaError_t launch_residual_norm_then_norm(KType t, void* x, const void* y, const void* w,
+                                           const void* gate, const void* w_next, const void* scale,
+                                           void* out, int64_t rows, int64_t d,
+                                           int64_t rows_per_group, float eps, cudaStream_t s);
 // NHWC group norm (+ SiLU). `workspace` must hold group_norm_workspace_bytes(...) bytes.
 size_t group_norm_workspace_bytes(int64_t batch, int64_t hw, int64_t c, int groups);
 cudaError_t launch_group_norm(KType t, const void* x, const void* gamma, const void* beta, void* y,

@@ -215,6 +215,56 @@ __global__ void __launch_bounds__(1024)
   });
 }
 
+// residual_rms_norm_gate and the next rms_norm in one pass over x: x += gate * rms_norm(y) * w
+// (rms_norm_reg_kernel<kResidual>'s roundings, x rounded to T as it is stored), then out =
+// rms_norm(x) * w_next * scale from the x just stored, held in registers (the rms_norm's
+// roundings, the same thread layout and reduction order, so the same bits as the two kernels).
+template <typename T, int VEC, int PPT, bool kBlock>
+__global__ void __launch_bounds__(1024)
+    residual_norm_then_norm_reg_kernel(const T* y, const T* w, const T* gate, T* x, const T* w_next,
+                                       const T* scale, T* out, int64_t rows, int d,
+                                       int64_t rows_per_group, float eps, int tpr) {
+  __shared__ float scratch[32];
+  const RowSlot rs = row_slot<kBlock>(tpr, rows);
+  const int packs = d / VEC;
+  float v[PPT][VEC];
+  load_row<T, VEC, PPT>(y, d, rs, tpr, v);
+  const float ss =
+      row_sum_of<VEC, PPT, kBlock>(v, rs, tpr, packs, scratch, [](float e) { return e * e; });
+  if (rs.valid) {  // every thread still joins the second reduction
+    const float r = rsqrtf(ss / static_cast<float>(d) + eps);
+    const T* gr = gate ? gate + (rs.row / rows_per_group) * d : nullptr;
+    for_row_packs<PPT>(rs, tpr, packs, [&](int p, int pk) {
+      float o[VEC];
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) o[k] = round_to<T>(v[p][k] * r);
+      mul_pack<T, VEC, true>(w, pk * VEC, o);
+      mul_pack<T, VEC, true>(gr, pk * VEC, o);
+      T* xr = x + rs.row * d + pk * VEC;
+      float xv[VEC];
+      load_f32<T, VEC>(xr, xv);
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) xv[k] = round_to<T>(xv[k] + o[k]);
+      store_f32<T, VEC>(xr, xv);
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) v[p][k] = xv[k];
+    });
+  }
+  const float ss2 =
+      row_sum_of<VEC, PPT, kBlock>(v, rs, tpr, packs, scratch, [](float e) { return e * e; });
+  if (!rs.valid) return;
+  const float r2 = rsqrtf(ss2 / static_cast<float>(d) + eps);
+  const T* sr = scale ? scale + (rs.row / rows_per_group) * d : nullptr;
+  for_row_packs<PPT>(rs, tpr, packs, [&](int p, int pk) {
+    float o[VEC];
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) o[k] = round_to<T>(v[p][k] * r2);
+    mul_pack<T, VEC, true>(w_next, pk * VEC, o);
+    mul_pack<T, VEC, false>(sr, pk * VEC, o);
+    store_f32<T, VEC>(out + rs.row * d + pk * VEC, o);
+  });
+}
+
 template <typename T, int VEC, int PPT, bool kBlock>
 __global__ void __launch_bounds__(1024)
     layer_norm_reg_kernel(const T* x, const T* w, const T* b, const T* scale, T* y, int64_t rows,
@@ -399,6 +449,29 @@ cudaError_t launch_residual_rms_norm_gate(KType t, void* x, const void* y, const
                                           const void* gate, int64_t rows, int64_t d,
                                           int64_t rows_per_group, float eps, cudaStream_t s) {
   return launch_rms<true>(t, y, w, gate, x, rows, d, rows_per_group, eps, s);
+}
+
+cudaError_t launch_residual_norm_then_norm(KType t, void* x, const void* y, const void* w,
+                                           const void* gate, const void* w_next, const void* scale,
+                                           void* out, int64_t rows, int64_t d,
+                                           int64_t rows_per_group, float eps, cudaStream_t s) {
+  if (rows <= 0 || d <= 0) return cudaSuccess;
+  return dispatch_ktype(t, [&](auto tag) -> cudaError_t {
+    using T = decltype(tag);
+    constexpr int V = kVec16<T>;
+    RowCfg cfg;
+    if (d % V != 0 || !all_aligned({x, y, w, gate, w_next, scale, out}) || rows >= 0x7fffffff ||
+        !pick_row_cfg(d / V, &cfg))
+      return cudaErrorNotSupported;
+    return with_row_cfg(cfg, [&](auto ppt, auto blk) {
+      residual_norm_then_norm_reg_kernel<T, V, decltype(ppt)::value, decltype(blk)::value>
+          <<<row_cfg_grid(cfg, rows), row_cfg_block(cfg), 0, s>>>(
+              static_cast<const T*>(y), static_cast<const T*>(w), static_cast<const T*>(gate),
+              static_cast<T*>(x), static_cast<const T*>(w_next), static_cast<const T*>(scale),
+              static_cast<T*>(out), rows, static_cast<int>(d), rows_per_group, eps, cfg.tpr);
+      return cudaGetLastError();
+    });
+  });
 }
 
 }  // namespace zimage::cuda
