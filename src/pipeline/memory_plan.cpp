@@ -142,22 +142,26 @@ Result<MemoryPlan> plan_memory(const MemoryPlanInput& in) {
   plan.te_stream_bytes = static_cast<uint64_t>(in.te_layers - c.te_resident) * in.te_layer_bytes;
   // Host copies of the streamed units: pinned while the limit allows, DiT blocks first.
   plan.host_pinned_limit = in.host_pinned_limit;
+  // Units streamed from the files count against the limit too, as the page-locked copies they
+  // fall back to where a file does not hold a weight as it streams (FP8, LoRA-merged): the
+  // pageable flag then says which fallback copies stay pageable, or which locked-files units are
+  // staged instead of locked.
+  uint64_t within = 0;  // bytes of the units placed within the limit so far
   auto place_host = [&](const std::vector<bool>& streamed, uint64_t unit_bytes,
                         std::vector<bool>& pageable, bool from_files) {
     pageable.assign(streamed.size(), false);
     int staged = 0;  // units streamed through the staging
     for (size_t i = 0; i < streamed.size(); ++i) {
       if (!streamed[i]) continue;
-      // Page-locked memory (copies, or locked file pages) within the limit, DiT blocks first.
-      const bool fits =
-          in.host_pinned_limit == 0 ||
-          plan.host_pinned_bytes + plan.host_locked_bytes + unit_bytes <= in.host_pinned_limit;
+      // Page-locked memory within the limit, DiT blocks first.
+      const bool fits = in.host_pinned_limit == 0 || within + unit_bytes <= in.host_pinned_limit;
+      if (fits) within += unit_bytes;
       if (from_files) {
         plan.host_file_bytes += unit_bytes;
+        pageable[i] = !fits;
         if (in.lock_files && fits) {
           plan.host_locked_bytes += unit_bytes;
         } else {
-          pageable[i] = in.lock_files;  // streams through the staging
           ++staged;
         }
         continue;

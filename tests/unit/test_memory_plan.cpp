@@ -209,6 +209,11 @@ TEST(MemoryPlan, StreamingFromTheFilesHoldsOnlyStagingInHostMemory) {
     EXPECT_NE(plan->describe().find("streamed from the weight files through"), std::string::npos)
         << plan->describe();
     EXPECT_EQ(plan->describe().find("host copies"), std::string::npos) << plan->describe();
+    // The units beyond the limit are marked: a fallback copy of theirs (a weight the files do
+    // not hold as it streams) stays pageable.
+    int marked = 0;
+    for (size_t i = 0; i < plan->dit_streamed.size(); ++i) marked += plan->dit_pageable[i];
+    EXPECT_EQ(marked > 0, limit_gib > 0) << plan->describe();
   }
   // Only the DiT from the files (the text encoder's layers copied): each part as its mode says.
   MemoryPlanInput mixed = copy_in;
