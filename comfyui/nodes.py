@@ -94,16 +94,20 @@ class ZImageLoader:
                 "text_encoder": (_folder_files("text_encoders"), {"default": NONE}),
                 "vae": (_folder_files("vae"), {"default": NONE}),
                 "controlnet": ("STRING", {"default": ""}),
+                "streamed_weights": (["copy", "files", "locked-files"], {"default": "copy",
+                                     "tooltip": "under a VRAM budget, where the streamed layers "
+                                                "come from: host copies made at load, or the "
+                                                "weight files (no load-time copy)"}),
             },
         }
 
     def load(self, model_folder, device, precision, weights, vram_budget_gib, dit=NONE,
-             text_encoder=NONE, vae=NONE, controlnet=""):
+             text_encoder=NONE, vae=NONE, controlnet="", streamed_weights="copy"):
         engine = zimage.Engine(
             model_folder.strip() or None, device, dit=_full_path("diffusion_models", dit),
             text_encoder=_full_path("text_encoders", text_encoder), vae=_full_path("vae", vae),
             precision=precision, weights=weights, vram_budget=vram_budget_gib,
-            controlnet=controlnet.strip() or None)
+            streamed_weights=streamed_weights, controlnet=controlnet.strip() or None)
         return (engine,)
 
 

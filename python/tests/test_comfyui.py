@@ -64,7 +64,9 @@ def test_text_to_image_node(comfy, engine):
     t2i = nodes.NODE_CLASS_MAPPINGS["ZImageTextToImage"]
     assert "engine" in t2i.INPUT_TYPES()["required"]
     assert loader.INPUT_TYPES()["optional"]["dit"][0] == [nodes.nodes.NONE]  # no folder_paths
-    (eng,) = loader().load("", "cpu", "auto", "bf16", 0.0)
+    assert loader.INPUT_TYPES()["optional"]["streamed_weights"][0] == ["copy", "files",
+                                                                        "locked-files"]
+    (eng,) = loader().load("", "cpu", "auto", "bf16", 0.0, streamed_weights="files")
     utils.updates.clear()
     (images,) = t2i().generate(eng, "a red fox", "", 64, 48, 3, 0.0, 42, 2)
     assert images.shape == (2, 48, 64, 3) and images.dtype == np.float32  # IMAGE layout
