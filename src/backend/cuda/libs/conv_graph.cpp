@@ -170,11 +170,16 @@ struct ConvGraphs::Impl {
       p.supported = true;
       return Status::Ok();
     }
-    ZI_TRY(fe_status(g->build_plans(handle, fe::BuildPlanPolicy_t::ALL), "build_plans"));
+    // Build only the candidates that are timed: the first kMaxTimedPlans, in the heuristics'
+    // order, that build. Building every plan (BuildPlanPolicy_t::ALL) compiled engines that were
+    // never timed, runtime-compiled ones at a compile each.
+    std::vector<int64_t> candidates;
+    const int64_t total = g->get_execution_plan_count();
+    for (int64_t i = 0; i < total && static_cast<int>(candidates.size()) < kMaxTimedPlans; ++i)
+      if (g->build_plan_at_index(i).is_good()) candidates.push_back(i);
+    if (candidates.empty()) return Unsupported("cuDNN conv graph: no plan builds");
 
     // Time the candidates on the real buffers and keep the fastest.
-    const int64_t count = std::min<int64_t>(g->get_execution_plan_count(), kMaxTimedPlans);
-    if (count < 1) return Unsupported("cuDNN conv graph: no plan");
     std::unordered_map<int64_t, void*> pack{
         {kX, const_cast<void*>(r.x)}, {kW, const_cast<void*>(r.w)}, {kY, r.y}};
     if (bias) pack.emplace(kBias, const_cast<void*>(bias));
@@ -185,7 +190,7 @@ struct ConvGraphs::Impl {
       return DeviceError("cudaEventCreate failed");
     }
     p.index = -1;
-    for (int64_t i = 0; i < count; ++i) {
+    for (const int64_t i : candidates) {
       int64_t ws_bytes = 0;
       if (!g->get_workspace_size_plan_at_index(i, ws_bytes).is_good()) continue;
       std::shared_ptr<Storage> ws;
