@@ -168,7 +168,7 @@ for f in glob.glob('build/carry/*.xz') + glob.glob('build/carry/lib/*.xz') + glo
         xz -dc build/carry/zimage_before.xz > /tmp/zimage_before && chmod +x /tmp/zimage_before
         # That build has no --streamed-weights nor ZIMAGE_HOST_PIN: those rows are the new
         # build's only.
-        before_rows=$(echo "$rows" | tr ',' '\n' | grep -v '^files\|^reg\|^locked' | paste -sd, -)
+        before_rows=$(echo "$rows" | tr ',' '\n' | grep -v '^files\|^reg\|^locked\|^uplocked' | paste -sd, -)
         python3 tools/startup_bench.py --bin /tmp/zimage_before --model "$ZR" --out "$OUT" \
           --rows "$before_rows" --iters ${STARTUP_ITERS:-3} --tag startup_before "${extra[@]}" || rc=1
       fi

@@ -14,6 +14,8 @@ Rows (each a median of --iters processes unless said):
                 weight files at every step, no load-time copy)
   locked12/8/4  --vram-budget 12 / 8 / 4 --streamed-weights locked-files (the files' pages
                 page-locked in place)
+  uplocked      as warm, with ZIMAGE_UPLOAD=locked (each weight file's pages locked in place while
+                it uploads: no staging copies)
   reg12/8/4     --vram-budget 12 / 8 / 4 with ZIMAGE_HOST_PIN=register (copies page-locked in
                 place by cudaHostRegister instead of cudaHostAlloc)
   single_fp8    --dit FILE --text-encoder FILE (ComfyUI scaled-FP8 single files)
@@ -198,6 +200,7 @@ def main():
         "locked12": ["--vram-budget", "12", "--streamed-weights", "locked-files"],
         "locked8": ["--vram-budget", "8", "--streamed-weights", "locked-files"],
         "locked4": ["--vram-budget", "4", "--streamed-weights", "locked-files"],
+        "uplocked": [],
         "reg12": ["--vram-budget", "12"],
         "reg8": ["--vram-budget", "8"],
         "reg4": ["--vram-budget", "4"],
@@ -214,6 +217,8 @@ def main():
             env = dict(base)
             if name.startswith("reg"):
                 env["ZIMAGE_HOST_PIN"] = "register"
+            if name == "uplocked":
+                env["ZIMAGE_UPLOAD"] = "locked"
             if name == "empty":
                 env["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="zimage-startup-empty-")
                 env["CUDA_CACHE_PATH"] = tempfile.mkdtemp(prefix="zimage-startup-cuda-")

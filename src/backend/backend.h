@@ -135,6 +135,10 @@ class Backend {
     (void)bytes;
     return std::shared_ptr<void>();
   }
+  // Whether loading should page-lock each weight file's mapping in place (lock_host_range) while
+  // it uploads from it, so uploads go straight to the DMA engine instead of through staging
+  // copies (CUDA: ZIMAGE_UPLOAD=locked; off by default until measured).
+  virtual bool upload_from_locked_files() const { return false; }
   // host_copy's argument check: the elements of `parts`, or the error naming the bad part.
   static Result<int64_t> host_copy_elements(const std::vector<Tensor>& parts);
   // Queues copies of host tensors into device tensors of the same element count (pairs: host,

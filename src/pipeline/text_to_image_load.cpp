@@ -6,6 +6,8 @@
 // check_folder() runs the same code against the check-only backend (backend/check), which binds
 // every weight without holding it: `zimage info` then reports exactly what `generate` would reject,
 // and there is no second list of expected tensors that could drift from the loaders.
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <utility>
@@ -58,6 +60,22 @@ Status load_part(const ModelSource& src, const std::string& part, Backend& be,
   auto ws = src.open_weights(part);
   if (!ws.ok()) return ws.status().with_context(what);
   const ZImageConfigs& cfg = src.configs();
+  // Uploads straight from the files' pages (Backend::upload_from_locked_files): each mapping
+  // page-locked in place while this component loads, released (after the device is done with
+  // them) when it has. Not with weights streamed from the files, which lock their own pages.
+  std::vector<std::shared_ptr<void>> locks;
+  if (be.upload_from_locked_files() && !options.stream_from_files) {
+    const long ps = ::sysconf(_SC_PAGESIZE);
+    const uint64_t page = ps > 0 ? static_cast<uint64_t>(ps) : 4096;
+    for (const auto& [base, bytes] : ws->mappings()) {
+      auto lock = be.lock_host_range(base, (bytes + page - 1) / page * page);
+      if (!lock.ok()) {
+        ZI_WARN("%s: %s; uploading through staging", part.c_str(), lock.status().message().c_str());
+        break;
+      }
+      locks.push_back(std::move(lock).value());
+    }
+  }
   if (part == "text_encoder") {
     // The loaders name themselves ("loading text encoder: ..."): no second prefix.
     auto te = Qwen3Encoder::load(cfg.text_encoder, ws.value(), be, te_place);

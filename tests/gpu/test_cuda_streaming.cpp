@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -251,6 +252,42 @@ TEST(CudaStreaming, StreamInThroughStagingAndPinnedSources) {
   EXPECT_FALSE(g->stream_in(0, {{f, d}}).ok());
   EXPECT_FALSE(g->can_stream(DType::kF32, DType::kBF16));
   EXPECT_TRUE(g->can_stream(DType::kBF16, DType::kBF16));
+}
+
+// Uploads from a page-locked range (a weight file's mapping under ZIMAGE_UPLOAD=locked) go
+// straight to the DMA engine and land whole; a source only partly inside a locked range takes the
+// staging; the lock's release waits for the copies.
+TEST(CudaStreaming, UploadsFromLockedRanges) {
+  ZI_REQUIRE_GPU();
+  cuda::CudaBackend* g = gpu(DType::kBF16);
+  ASSERT_NE(g, nullptr);
+  constexpr size_t kPage = size_t{2} << 20, kBytes = size_t{48} << 20;
+  void* raw = std::aligned_alloc(kPage, kBytes + kPage);
+  ASSERT_NE(raw, nullptr);
+  auto* bytes = static_cast<uint8_t*>(raw);
+  for (size_t i = 0; i < kBytes + kPage; ++i) bytes[i] = static_cast<uint8_t>(i * 7 + (i >> 13));
+  {
+    auto lock = g->lock_host_range(raw, kBytes);
+    ASSERT_TRUE(lock.ok()) << lock.status().to_string();
+    const uint64_t direct0 = g->uploader().stats().locked_copies;
+    // Inside: direct (40 MiB, larger than the staging's start size).
+    Tensor inside = Tensor::wrap(bytes + 4096, DType::kU8, {int64_t{40} << 20});
+    Tensor d1 = take(g->upload(inside, DType::kU8), "upload inside");
+    EXPECT_EQ(g->uploader().stats().locked_copies, direct0 + 1);
+    // Running past the locked range: staged.
+    Tensor across = Tensor::wrap(bytes + kBytes - 4096, DType::kU8, {int64_t{1} << 20});
+    Tensor d2 = take(g->upload(across, DType::kU8), "upload across");
+    EXPECT_EQ(g->uploader().stats().locked_copies, direct0 + 1);
+    ZI_ASSERT_OK(g->finish_uploads());
+    Tensor h1 = Tensor::host(DType::kU8, inside.shape()),
+           h2 = Tensor::host(DType::kU8, across.shape());
+    ZI_ASSERT_OK(g->download(d1, h1));
+    ZI_ASSERT_OK(g->download(d2, h2));
+    EXPECT_EQ(std::memcmp(h1.data(), inside.data(), inside.nbytes()), 0);
+    EXPECT_EQ(std::memcmp(h2.data(), across.data(), across.nbytes()), 0);
+  }  // unlocked here
+  EXPECT_FALSE(g->lock_host_range(nullptr, 10).ok());
+  std::free(raw);
 }
 
 TEST(CudaStreaming, AllocatorCapAndImpossibleBudget) {

@@ -107,6 +107,9 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(int device_index, DType
   b->conv_graphs_ = ConvGraphs::create(b->stream_, PlanCache::open("", identity));
   b->profiler_ = std::make_unique<OpProfiler>(b->stream_);
   b->uploader_ = std::make_unique<PinnedUploader>(device_index, b->stream_);
+  b->uploader_->set_locked_ranges(b->locked_);
+  if (const char* up = std::getenv("ZIMAGE_UPLOAD"))
+    b->upload_locked_ = std::string(up) == "locked";
   if (const char* fused = std::getenv("ZIMAGE_FUSED_NORM"))
     b->fused_norm_ = std::string(fused) == "1";
   if (const char* pin = std::getenv("ZIMAGE_HOST_PIN"))

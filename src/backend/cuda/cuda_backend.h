@@ -108,6 +108,8 @@ class CudaBackend final : public Backend {
   Result<Tensor> alloc_pinned(DType dtype, const Shape& shape) override;
   Result<Tensor> host_copy(const std::vector<Tensor>& parts, bool pinned) override;
   Result<std::shared_ptr<void>> lock_host_range(const void* p, size_t bytes) override;
+  bool upload_from_locked_files() const override { return upload_locked_; }
+  void set_upload_from_locked_files(bool on) { upload_locked_ = on; }
   // How host_copy page-locks: false, cudaHostAlloc then the copy (the driver zeroes and locks
   // every page first, on one thread); true, ordinary memory first touched by the parallel copy,
   // then locked in place by cudaHostRegister. Which is faster is the host's answer
@@ -260,6 +262,7 @@ class CudaBackend final : public Backend {
   std::unique_ptr<ThreadPool> host_pool_;
   bool pin_by_register_ = false;
   bool fused_norm_ = false;
+  bool upload_locked_ = false;
   // What lock_host_range locked (shared with the handles' release).
   std::shared_ptr<LockedRanges> locked_ = std::make_shared<LockedRanges>();
   // wait_for_stream / signal_stream: created on first use.

@@ -65,6 +65,8 @@ class SafetensorsFile : public std::enable_shared_from_this<SafetensorsFile> {
 
   const std::string& path() const { return path_; }
   uint64_t file_size() const { return size_; }
+  // The read-only mapping of the whole file (nullptr for an empty file).
+  const void* mapping() const { return base_; }
   const SafetensorsHeader& header() const { return header_; }
   const std::vector<SafetensorsTensorInfo>& tensors() const { return header_.tensors; }
   const std::map<std::string, std::string>& metadata() const { return header_.metadata; }

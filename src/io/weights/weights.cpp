@@ -9,9 +9,9 @@
 #include <cstring>
 #include <filesystem>
 
+#include "io/fs/json_util.h"
 #include "io/gguf/gguf.h"
 #include "io/gguf/gguf_weights.h"
-#include "io/fs/json_util.h"
 #include "io/weights/safetensors.h"
 
 namespace zimage {
@@ -88,6 +88,13 @@ Result<std::map<std::string, std::string>> parse_weight_index(std::string_view t
     ZI_TRY(check_shard_name(s, name, file));
     out.emplace(name, s);
   }
+  return out;
+}
+
+std::vector<std::pair<const void*, uint64_t>> WeightStore::mappings() const {
+  std::vector<std::pair<const void*, uint64_t>> out;
+  for (const auto& f : files_)
+    if (f && f->mapping() != nullptr) out.emplace_back(f->mapping(), f->file_size());
   return out;
 }
 

@@ -16,6 +16,7 @@
 #include <set>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "core/status.h"
@@ -37,8 +38,9 @@ struct WeightInfo {
   std::string file;  // path of the safetensors file holding it
 };
 
-// A tensor as its file stores it, still quantised (a GGUF tensor): ggml type id (io/gguf/gguf_quants.h
-// GgmlType), logical shape and a host view of the raw blocks, for a device-side dequantisation.
+// A tensor as its file stores it, still quantised (a GGUF tensor): ggml type id
+// (io/gguf/gguf_quants.h GgmlType), logical shape and a host view of the raw blocks, for a
+// device-side dequantisation.
 struct PackedWeight {
   uint32_t ggml_type = 0;
   Shape shape;                 // PyTorch order
@@ -48,8 +50,8 @@ struct PackedWeight {
   std::shared_ptr<const void> keep;  // keeps `data` alive
 };
 
-// A weight an FP8 checkpoint stores with a dequantisation scale (io/weights/scaled_fp8.h), as stored:
-// W = float32(data) * scale, for a model that keeps it FP8 on the device.
+// A weight an FP8 checkpoint stores with a dequantisation scale (io/weights/scaled_fp8.h), as
+// stored: W = float32(data) * scale, for a model that keeps it FP8 on the device.
 struct Fp8StoredWeight {
   Tensor data;   // host view of the file, F8_E4M3 or F8_E5M2, [N, K]
   Tensor scale;  // host f32, [1] (per tensor) or [N] (per output row)
@@ -92,6 +94,9 @@ class WeightStore {
   std::map<DType, size_t> dtype_counts() const;  // number of tensors per dtype
   std::vector<std::string> files() const;        // the safetensors files, sorted
   uint64_t file_bytes() const;                   // their on-disk size
+  // The memory mappings of the safetensors files ({address, bytes}; not GGUF files), which the
+  // tensors of get() view; they live as long as a store or a tensor refers to them.
+  std::vector<std::pair<const void*, uint64_t>> mappings() const;
   // Names not returned by get() so far: the model loader reports them as unexpected tensors.
   std::vector<std::string> unused_names() const;
   // ---- building stores from other formats (GGUF, single files, LoRA) ----

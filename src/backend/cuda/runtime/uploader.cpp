@@ -68,6 +68,12 @@ Status PinnedUploader::copy(void* dst, const void* src, size_t bytes) {
   // that holds other bytes by then. The plain path keeps what uploads always did under capture:
   // the runtime refuses them.
   if (capture != cudaStreamCaptureStatusNone) return plain_copy(dst, src, bytes);
+  if (locked_ && locked_->find(src, bytes) == LockedRanges::Cover::kInside) {
+    ZI_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_));
+    ++stats_.locked_copies;
+    stats_.locked_bytes += bytes;
+    return Status::Ok();
+  }
   const bool staged = staging_ != nullptr || (bytes >= opt_.start_bytes && ensure_staging());
   if (!staged) return plain_copy(dst, src, bytes);
   const Status s = staged_copy(dst, src, bytes);

@@ -46,6 +46,7 @@
 #include <memory>
 #include <vector>
 
+#include "backend/cuda/runtime/locked_ranges.h"
 #include "backend/cuda/runtime/upload_plan.h"
 #include "core/status.h"
 #include "core/thread_pool.h"
@@ -71,7 +72,9 @@ class PinnedUploader {
     uint64_t staged_bytes = 0;
     uint64_t plain_copies = 0;
     uint64_t plain_bytes = 0;
-    uint64_t allocations = 0;  // times the staging buffers were allocated
+    uint64_t allocations = 0;    // times the staging buffers were allocated
+    uint64_t locked_copies = 0;  // straight from a locked file range
+    uint64_t locked_bytes = 0;
   };
 
   // `stream` belongs to the backend on `device`; both must outlive the uploader.
@@ -84,8 +87,14 @@ class PinnedUploader {
   // Copies `bytes` from host memory `src` (any kind: pageable, mapped, pinned) to device memory
   // `dst`, in stream order: work queued on the stream later sees the data. When copy() returns,
   // `src` has been read completely and may be overwritten or freed; only DMA out of the
-  // uploader's own pinned buffers may still be in flight.
+  // uploader's own pinned buffers may still be in flight. The one exception: a source lying
+  // inside a range of `set_locked_ranges` (a weight file's mapping, page-locked in place and
+  // immutable) is handed to the DMA engine directly, which reads it after copy() returns; the
+  // range's lock waits for the device before it is released.
   Status copy(void* dst, const void* src, size_t bytes);
+  void set_locked_ranges(std::shared_ptr<const LockedRanges> ranges) {
+    locked_ = std::move(ranges);
+  }
 
   // Waits for the DMA still reading the staging buffers, then frees them and the copy threads.
   // The next copy of at least start_bytes allocates them again.
@@ -112,6 +121,7 @@ class PinnedUploader {
   std::unique_ptr<ThreadPool> pool_;  // the host copy threads
   std::vector<StagePiece> pieces_;    // scratch for one copy's plan
   bool unavailable_ = false;          // pinned allocation failed; retried after release()
+  std::shared_ptr<const LockedRanges> locked_;
   Stats stats_;
 };
 
