@@ -6,6 +6,7 @@
 #include <cstring>
 #include <vector>
 
+#include "core/log.h"
 #include "io/gguf/gguf_quants.h"
 #include "model/common/load_util.h"
 
@@ -265,6 +266,22 @@ std::vector<StreamSource> BlockSources::unit(const std::vector<Tensor*>& tensors
       if (tensors[k] == t) u[k] = std::move(src);
   taken_.clear();
   return u;
+}
+
+void report_and_lock_files(WeightStreamer& streamer, const WeightPlacement& placement,
+                           const std::vector<int>& unit_of, const char* model, const char* units) {
+  if (!placement.stream_from_files) return;
+  ZI_INFO(
+      "%s: %d of %d streamed %s read from the weight files at each use, the rest from host "
+      "copies",
+      model, streamer.units_from_files(), streamer.units(), units);
+  if (!placement.lock_files) return;
+  std::vector<bool> lock;
+  for (size_t i = 0; i < unit_of.size(); ++i)
+    if (unit_of[i] >= 0) lock.push_back(!placement.is_pageable(static_cast<int>(i)));
+  const uint64_t locked = streamer.lock_file_pages(lock);
+  ZI_INFO("%s: %.2f GiB of weight-file pages page-locked in place", model,
+          static_cast<double>(locked) / (1024.0 * 1024.0 * 1024.0));
 }
 
 }  // namespace zimage

@@ -72,6 +72,13 @@ Result<LinearWeight> load_linear(const WeightStore& ws, Backend& be,
 Result<StreamSource> stream_from_files(const WeightStore& ws, const Backend& be,
                                        const std::vector<LinearPart>& parts);
 
+// After a model made its streamer (units in the order of `unit_of`, -1 = resident): with
+// stream_from_files, says how many units read the files, and with lock_files page-locks the file
+// pages of the units the placement keeps within the host-memory limit. `model` and `units` name
+// them in the log ("transformer", "blocks").
+void report_and_lock_files(WeightStreamer& streamer, const WeightPlacement& placement,
+                           const std::vector<int>& unit_of, const char* model, const char* units);
+
 // Loading one block or layer that may stream (WeightPlacement::streamed[index]): the tensors its
 // files hold as the backend streams them are taken from the files instead of loaded, kept as
 // views (WeightPlacement::stream_from_files) or copied straight into host memory (copy_to_host;

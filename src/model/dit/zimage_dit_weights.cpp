@@ -308,20 +308,7 @@ Status ZImageDiT::apply_placement(const WeightPlacement& placement) {
   if (!units.empty()) {
     ZI_ASSIGN_OR_RETURN(streamer_, WeightStreamer::create(be_, std::move(units),
                                                           placement.first_slot, placement.slots));
-    if (placement.stream_from_files) {
-      ZI_INFO(
-          "transformer: %d of %d streamed blocks read from the weight files at each step, "
-          "the rest from host copies",
-          streamer_->units_from_files(), streamer_->units());
-      if (placement.lock_files) {
-        std::vector<bool> lock;
-        for (int i = 0; i < n; ++i)
-          if (unit_of_block_[i] >= 0) lock.push_back(!placement.is_pageable(i));
-        const uint64_t locked = streamer_->lock_file_pages(lock);
-        ZI_INFO("transformer: %.2f GiB of weight-file pages page-locked in place",
-                static_cast<double>(locked) / (1024.0 * 1024.0 * 1024.0));
-      }
-    }
+    report_and_lock_files(*streamer_, placement, unit_of_block_, "transformer", "blocks");
   }
   if (placement.fp8_weights || kept_.kept > 0) {  // the widest weight: w1|w3 [2F, D]
     const int64_t elems =

@@ -205,20 +205,7 @@ Status Qwen3Encoder::apply_placement() {
   if (!units.empty()) {
     ZI_ASSIGN_OR_RETURN(streamer_, WeightStreamer::create(be_, std::move(units),
                                                           placement_.first_slot, placement_.slots));
-    if (placement_.stream_from_files) {
-      ZI_INFO(
-          "text encoder: %d of %d streamed layers read from the weight files at each use, "
-          "the rest from host copies",
-          streamer_->units_from_files(), streamer_->units());
-      if (placement_.lock_files) {
-        std::vector<bool> lock;
-        for (int i = 0; i < n; ++i)
-          if (unit_of_layer_[i] >= 0) lock.push_back(!placement_.is_pageable(i));
-        const uint64_t locked = streamer_->lock_file_pages(lock);
-        ZI_INFO("text encoder: %.2f GiB of weight-file pages page-locked in place",
-                static_cast<double>(locked) / (1024.0 * 1024.0 * 1024.0));
-      }
-    }
+    report_and_lock_files(*streamer_, placement_, unit_of_layer_, "text encoder", "layers");
   }
   if (placement_.fp8_weights || kept_.kept > 0) {
     const int64_t hd = cfg_.hidden_size, ff = cfg_.intermediate_size;
