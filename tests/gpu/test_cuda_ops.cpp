@@ -192,6 +192,7 @@ TEST(CudaOps, ResidualNormGateThenNormFused) {
                                                                pick(scale, true), out.cpu));
         // The GPU's two kernels, then the fused one on a fresh x.
         cuda::CudaBackend* g = gpu(dt);
+        const bool was = g->fused_norm();
         g->set_fused_norm(false);
         Both x2 = both(xh, dt);
         Both out2 = outputs({rows, d}, dt);
@@ -202,7 +203,7 @@ TEST(CudaOps, ResidualNormGateThenNormFused) {
         ZI_ASSERT_OK(g->residual_norm_gate_then_norm(x.gpu, y.gpu, pick(w, false), 1e-5f,
                                                      pick(gate, false), pick(wn, false),
                                                      pick(scale, false), out.gpu));
-        g->set_fused_norm(false);
+        g->set_fused_norm(was);
         expect_match(tag + " x", dt, x);
         expect_match(tag + " out", dt, out);
         EXPECT_EQ(fetch(*g, x.gpu), fetch(*g, x2.gpu)) << tag;  // the same bits

@@ -169,6 +169,7 @@ TEST(CudaOpsPerf, ConvAndNormsBf16) {
            1.5 * bytes);
     // The gated residual and the next pre-norm: two kernels against the fused one.
     Tensor normed = take(g->alloc(DType::kBF16, {4224, 3840}), "normed");
+    const bool was = g->fused_norm();
     for (bool fused : {false, true}) {
       g->set_fused_norm(fused);
       report(
@@ -179,7 +180,7 @@ TEST(CudaOpsPerf, ConvAndNormsBf16) {
               [&] { return g->residual_norm_gate_then_norm(xr, r, w, 1e-6f, gate, w, s, normed); }),
           0, 2.0 * bytes);
     }
-    g->set_fused_norm(false);
+    g->set_fused_norm(was);
     Tensor hw = rand_dev(g, {128}, seed++);
     Tensor qk = x.view({1, 4224, 30, 128});
     report("rms_norm q/k per head 126720x128 in place",

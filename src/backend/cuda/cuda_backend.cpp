@@ -111,7 +111,7 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(int device_index, DType
   if (const char* up = std::getenv("ZIMAGE_UPLOAD"))
     b->upload_locked_ = std::string(up) == "locked";
   if (const char* fused = std::getenv("ZIMAGE_FUSED_NORM"))
-    b->fused_norm_ = std::string(fused) == "1";
+    b->fused_norm_ = std::string(fused) != "0";
   if (const char* pin = std::getenv("ZIMAGE_HOST_PIN"))
     b->pin_by_register_ = std::string(pin) == "register";
   ZI_INFO("cuda backend %s ready in %.3f s (context, cuBLASLt, cuDNN)", b->name_.c_str(),

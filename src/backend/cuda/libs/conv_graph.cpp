@@ -42,7 +42,11 @@ struct ConvGraphs::Impl {
   struct Plan {
     bool supported = false;
     std::shared_ptr<fe::graph::Graph> graph;
-    int64_t index = 0;      // the fastest plan; -1: the graph's only one (loaded from the cache)
+    int64_t index = 0;  // the fastest plan; -1: the graph's only one (loaded from the cache)
+    // Still to be saved (PlanCache::put_blob) after its first run, and whether the graph's
+    // current plan is another one (built after it while timing): rebuilt then before saving.
+    std::string save_key;
+    bool save_rebuild = false;
     int64_t workspace = 0;  // its workspace
     float ms = 0;           // its measured time
   };
@@ -165,7 +169,7 @@ struct ConvGraphs::Impl {
     ZI_TRY(fe_status(g->create_execution_plans({fe::HeurMode_t::A}), "create_execution_plans"));
     ZI_TRY(fe_status(g->check_support(handle), "check_support"));
     if (build_cached(*g, key, p)) {
-      save(*g, key, p.index, /*rebuild=*/false);  // build_cached built exactly that plan
+      p.save_key = key;  // build_cached built exactly that plan: saved after its first run
       p.graph = std::move(g);
       p.supported = true;
       return Status::Ok();
@@ -223,7 +227,8 @@ struct ConvGraphs::Impl {
     if (p.index < 0) return Unsupported("cuDNN conv graph: no plan ran");
     p.ms /= kTimedRuns;
     if (cache) cache->put(key, p.index);
-    save(*g, key, p.index, /*rebuild=*/true);
+    p.save_key = key;
+    p.save_rebuild = true;  // the last candidate timed is the graph's current plan
     p.graph = std::move(g);
     p.supported = true;
     return Status::Ok();
@@ -300,6 +305,12 @@ Status ConvGraphs::run(const ConvRequest& r, const void* bias, CachingAllocator&
   fe::error_t e = p.index < 0 ? p.graph->execute(impl_->handle, pack, wp)
                               : p.graph->execute_plan_at_index(impl_->handle, pack, wp, p.index);
   if (!e.is_good()) return DeviceError("cuDNN conv graph: execute: " + e.get_message());
+  // Saved once it has run: a plan serialised before its first execution did not load again on
+  // the GPU (measured: PlanCacheGpu), presumably for state cudnn-frontend fills at execution.
+  if (!p.save_key.empty()) {
+    impl_->save(*p.graph, p.save_key, p.index, p.save_rebuild);
+    p.save_key.clear();
+  }
   return Status::Ok();
 }
 

@@ -68,14 +68,27 @@ Status PinnedUploader::copy(void* dst, const void* src, size_t bytes) {
   // that holds other bytes by then. The plain path keeps what uploads always did under capture:
   // the runtime refuses them.
   if (capture != cudaStreamCaptureStatusNone) return plain_copy(dst, src, bytes);
-  if (locked_ && locked_->find(src, bytes) == LockedRanges::Cover::kInside) {
+  const LockedRanges::Cover cover =
+      locked_ ? locked_->find(src, bytes) : LockedRanges::Cover::kNone;
+  if (cover == LockedRanges::Cover::kInside) {
     ZI_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_));
     ++stats_.locked_copies;
     stats_.locked_bytes += bytes;
     return Status::Ok();
   }
-  const bool staged = staging_ != nullptr || (bytes >= opt_.start_bytes && ensure_staging());
-  if (!staged) return plain_copy(dst, src, bytes);
+  // A source that starts or ends in a locked range but does not lie inside it: the driver takes
+  // its start for page-locked memory and refuses the copy (cudaErrorInvalidValue, measured), so
+  // it always goes through the staging.
+  const bool must_stage = cover == LockedRanges::Cover::kPartly;
+  const bool staged =
+      staging_ != nullptr || ((bytes >= opt_.start_bytes || must_stage) && ensure_staging());
+  if (!staged) {
+    if (must_stage)
+      return DeviceError(
+          "upload: a copy partly inside a page-locked range needs pinned staging, "
+          "which could not be allocated");
+    return plain_copy(dst, src, bytes);
+  }
   const Status s = staged_copy(dst, src, bytes);
   if (!s.ok()) {
     // Leave no DMA reading a buffer the ring no longer tracks: drain the stream (its own error,
