@@ -374,8 +374,9 @@ void register_generate_command(CLI::App& app) {
        {EngineFlag::kStreamedWeights,
         "Where weights streamed under --vram-budget come from: copy (host copies made at load: "
         "faster steps, seconds more to load), files (read from the weight files each step, no "
-        "load-time copy: the first image sooner) or locked-files (the files' pages page-locked "
-        "in place up to --host-memory: no copy at load nor per step) (default copy)"},
+        "load-time copy: the first image sooner) or locked-files (experimental: the files' pages "
+        "page-locked in place up to --host-memory; very slow to lock on some hosts) (default "
+        "copy)"},
        {EngineFlag::kWeights,
         "bf16, or fp8: DiT and text-encoder linear weights stored as FP8 with per-channel "
         "scales (half the memory; small quality cost)"},

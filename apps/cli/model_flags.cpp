@@ -96,8 +96,8 @@ const char* common_help(EngineFlag flag) {
     case EngineFlag::kStreamedWeights:
       return "Where weights streamed under --vram-budget come from: copy (host copies made at "
              "load, the fastest steps), files (read from the weight files each step, no "
-             "load-time copy) or locked-files (the files' pages page-locked in place up to "
-             "--host-memory) (default copy)";
+             "load-time copy) or locked-files (experimental: the files' pages page-locked in place "
+             "up to --host-memory; very slow to lock on some hosts) (default copy)";
     case EngineFlag::kThreads:
       return "CPU threads (default 0 = all)";
   }
