@@ -48,6 +48,26 @@ Status Backend::residual_norm_gate_then_norm(Tensor& x, const Tensor& y, const T
   return rms_norm(x.view({x.numel() / d, d}), w_next, eps, scale_next, out);
 }
 
+Status Backend::matmul_swiglu(const Tensor& x, const Tensor& w13, int64_t block, Tensor& y) {
+  const char* op = "matmul_swiglu";
+  if (!x.defined() || !w13.defined() || !y.defined() || x.rank() < 1 || w13.rank() != 2)
+    return InvalidArgument(std::string(op) + ": x, w13 [2F, K] and y must be defined");
+  const int64_t k = x.dim(-1), n = w13.dim(0), f = n / 2;
+  if (k <= 0 || w13.dim(1) != k || n % 2 != 0 || (block < 0 || (block > 0 && f % block != 0)))
+    return InvalidArgument(std::string(op) + ": x " + x.describe() + ", w13 " + w13.describe() +
+                           ", row block " + std::to_string(block));
+  const int64_t m = x.numel() / k;
+  if (y.numel() != m * f)
+    return InvalidArgument(std::string(op) + ": y " + y.describe() + " must hold " +
+                           std::to_string(m) + " rows of " + std::to_string(f));
+  ZI_ASSIGN_OR_RETURN(Tensor h, alloc(y.dtype(), {m, n}));
+  ZI_TRY(matmul(x.view({m, k}), w13, Tensor(), h));
+  // In blocks, each run of 2B values of a row is [gate | up] for B outputs, in order.
+  const int64_t width = block > 0 ? 2 * block : n;
+  Tensor out = y.view({m * n / width, width / 2});
+  return swiglu(h.view({m * n / width, width}), out);
+}
+
 Result<int64_t> Backend::host_copy_elements(const std::vector<Tensor>& parts) {
   if (parts.empty()) return InvalidArgument("host_copy: no parts");
   int64_t n = 0;

@@ -267,6 +267,21 @@ class Backend {
   virtual Status clamp(const Tensor& x, float lo, float hi, Tensor& y) = 0;
   // x[M, 2F] holds [gate | up] per row; y[M, F] = silu(gate) * up.
   virtual Status swiglu(const Tensor& x, Tensor& y) = 0;
+  // A feed-forward's gate and up linears and their SwiGLU in one op:
+  //   y[M, F] = silu(x[M, K] · w1ᵀ) * (x · w3ᵀ)
+  // with w13 [2F, K] holding w1's rows and w3's: gate rows first (block 0), or interleaved in
+  // blocks of `block` rows, gate block t at rows [2tB, 2tB + B) and up block t right after it
+  // (block > 0 divides F; the layout swiglu_block() asks for). The default runs matmul into an
+  // [M, 2F] buffer and swiglu on it (an [M, 2F] row in blocks is M·F/B rows of [gate | up]), the
+  // rounding of two ops; a backend may fuse the two, with the same roundings.
+  virtual Status matmul_swiglu(const Tensor& x, const Tensor& w13, int64_t block, Tensor& y);
+  // The row block in which this backend runs matmul_swiglu fused, for w13 weights of width K
+  // and 2F rows in the act dtype: a model reorders such a weight once at load
+  // (set_swiglu_block, model/common/linear.h). 0: no fused path, keep gate rows first.
+  virtual int64_t swiglu_block(int64_t f, int64_t k) const {
+    (void)f, (void)k;
+    return 0;
+  }
   // out = a*x + b*y (+ c). Any dtype, all three tensors same dtype.
   virtual Status axpby(float a, const Tensor& x, float b, const Tensor& y, Tensor& out) = 0;
   // out = x + y where y may broadcast over leading dims: y.numel() divides x.numel().

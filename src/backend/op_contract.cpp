@@ -588,6 +588,33 @@ Status matmul(const OpEnv& env, const Tensor& x, const Tensor& w, const Tensor& 
   return check_alias(op, "w", w, "y", y, false);
 }
 
+Status matmul_swiglu(const OpEnv& env, const Tensor& x, const Tensor& w13, int64_t block,
+                     const Tensor& y) {
+  const char* op = "matmul_swiglu";
+  ZI_TRY(float_tensor(env, op, "x", x));
+  ZI_TRY(like(env, op, "w13", w13, "x", x));
+  ZI_TRY(like(env, op, "y", y, "x", x));
+  if (x.rank() < 1) return InvalidArgument(prefix(op, "x", x) + " must have rank >= 1");
+  ZI_TRY(check_rank(op, "w13", w13, 2));
+  const int64_t k = x.dim(-1), n = w13.dim(0), f = n / 2;
+  if (w13.dim(1) != k || n % 2 != 0) {
+    return InvalidArgument(prefix(op, "w13", w13) + " must be [2F, " + std::to_string(k) +
+                           "] for x " + desc(x));
+  }
+  if (block < 0 || (block > 0 && f % block != 0)) {
+    return InvalidArgument(std::string(op) + ": row block " + std::to_string(block) +
+                           " does not divide F = " + std::to_string(f));
+  }
+  Shape want = x.shape();
+  want.back() = f;
+  if (y.rank() < 1 || y.dim(-1) != f || y.numel() != shape_numel(want)) {
+    return InvalidArgument(prefix(op, "y", y) + " must be " + shape_string(want) + " for x " +
+                           desc(x) + " and w13 " + desc(w13));
+  }
+  ZI_TRY(check_alias(op, "x", x, "y", y, false));
+  return check_alias(op, "w13", w13, "y", y, false);
+}
+
 namespace {
 
 // The FP8 weight [N, K] of an FP8 GEMM and its scales: one f32 (`rows` false) or f32 [N].

@@ -85,6 +85,8 @@ Status unary(const OpEnv& env, const char* op, const Tensor& x, const Tensor& y)
 Status clamp(const OpEnv& env, const Tensor& x, float lo, float hi, const Tensor& y);
 // x[.., 2F] = [gate | up] -> y[.., F] of x's dtype; y may start at x's address (in place).
 Status swiglu(const OpEnv& env, const Tensor& x, const Tensor& y);
+Status matmul_swiglu(const OpEnv& env, const Tensor& x, const Tensor& w13, int64_t block,
+                     const Tensor& y);
 // x, y, out of one float dtype and element count; out is x or y, or disjoint from both.
 Status axpby(const OpEnv& env, const Tensor& x, const Tensor& y, const Tensor& out);
 // out of x's shape; y's element count divides x's; out is x, or disjoint from x and y.

@@ -1,5 +1,6 @@
 // CPU matmul against a double-precision reference: y = x · wᵀ + b over odd shapes, rank-3
 // activations, with and without bias, and the validation errors the op must return.
+#include "model/common/linear.h"
 #include "test_cpu_util.h"
 
 namespace zimage::test {
@@ -76,6 +77,63 @@ TEST(CpuOps, MatmulEmptyK) {
   Tensor x = f32({3, 0}), w = f32({4, 0}), b = rand_f32({4}, 9), y = rand_f32({3, 4}, 10);
   ASSERT_TRUE(cpu().matmul(x, w, b, y).ok());
   for (int64_t i = 0; i < 12; ++i) EXPECT_EQ(at(y, i), at(b, i % 4));
+}
+
+// silu(x · w1ᵀ) * (x · w3ᵀ) in double, w13 [2F, K] with gate rows first.
+std::vector<double> ref_swiglu(const Tensor& x, const Tensor& w13) {
+  const int64_t k = w13.dim(1), f = w13.dim(0) / 2, m = x.numel() / k;
+  const std::vector<double> h = ref_matmul(x, w13, nullptr);  // [M, 2F]
+  std::vector<double> y(static_cast<size_t>(m * f));
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < f; ++j) {
+      const double g = h[i * 2 * f + j], u = h[i * 2 * f + f + j];
+      y[i * f + j] = g / (1.0 + std::exp(-g)) * u;
+    }
+  return y;
+}
+
+// The fused feed-forward op's contract, on the oracle (Backend's GEMM + swiglu): gate rows first
+// and every row block that divides F, after set_swiglu_block reordered the weight, which also
+// puts every row where the block layout says and restores the files' order bit for bit.
+TEST(CpuOps, MatmulSwigluInRowBlocks) {
+  const int64_t shapes[][3] = {{1, 8, 16}, {7, 12, 24}, {33, 16, 5}};  // m, f, k
+  uint32_t seed = 40;
+  for (const auto& s : shapes) {
+    const int64_t m = s[0], f = s[1], k = s[2];
+    Tensor x = rand_f32({m, k}, seed++);
+    const Tensor w13 = rand_f32({2 * f, k}, seed++);
+    const std::vector<double> ref = ref_swiglu(x, w13);
+    for (int64_t block : {int64_t{0}, int64_t{1}, int64_t{4}, f}) {
+      if (block > 0 && f % block != 0) continue;
+      LinearWeight lw;
+      lw.w = copy_of(w13);
+      ASSERT_TRUE(set_swiglu_block(cpu(), lw, block).ok());
+      EXPECT_EQ(lw.swiglu_block, block);
+      for (int64_t r = 0; r < 2 * f; ++r) {  // blocked row r holds files' row `src`
+        const int64_t b = block > 0 ? block : f, t = r / (2 * b), p = (r / b) % 2;
+        const int64_t src = block > 0 ? p * f + t * b + r % b : r;
+        ASSERT_EQ(std::memcmp(lw.w.data_as<float>() + r * k, w13.data_as<float>() + src * k,
+                              k * sizeof(float)),
+                  0)
+            << "row " << r << " of blocks of " << block;
+      }
+      Tensor y = f32({m, f});
+      ASSERT_TRUE(cpu().matmul_swiglu(x, lw.w, block, y).ok());
+      expect_close("matmul_swiglu " + std::to_string(m) + "x" + std::to_string(f) + "x" +
+                       std::to_string(k) + " blocks of " + std::to_string(block),
+                   y, ref, 1e-5, 1e-5);
+      ASSERT_TRUE(set_swiglu_block(cpu(), lw, 0).ok());
+      EXPECT_EQ(std::memcmp(lw.w.data(), w13.data(), w13.nbytes()), 0);
+    }
+  }
+  Tensor x = rand_f32({3, 8}, 1), w = rand_f32({12, 8}, 2), y = f32({3, 6});
+  expect_invalid(cpu().matmul_swiglu(x, w, 4, y), "row block 4 does not divide F = 6");
+  Tensor bad_y = f32({3, 12});
+  expect_invalid(cpu().matmul_swiglu(x, w, 0, bad_y), "y f32[3, 12] must be [3, 6]");
+  LinearWeight lw;
+  lw.w = copy_of(w);
+  EXPECT_EQ(set_swiglu_block(cpu(), lw, 4).code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(lw.swiglu_block, 0);
 }
 
 }  // namespace

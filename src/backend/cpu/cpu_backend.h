@@ -28,6 +28,14 @@ class CpuBackend final : public Backend {
   // length (the VAE's mid-block attends over every latent pixel). Tests lower it.
   void set_attention_score_floats(int64_t n) { attention_score_floats_ = n; }
   int64_t attention_score_floats() const { return attention_score_floats_; }
+  // The row-block layout of w1|w3 weights on the oracle: with a block set, models put their
+  // feed-forward weights in blocks of it (where it divides F) and matmul_swiglu runs Backend's
+  // GEMM + swiglu over them, so the CPU suite covers the layout code the GPU's fused GEMM relies
+  // on (loading, runtime LoRAs). 0 (the default): gate rows first.
+  void set_swiglu_block(int64_t block) { swiglu_block_ = block; }
+  int64_t swiglu_block(int64_t f, int64_t k) const override {
+    return swiglu_block_ > 0 && f > 0 && k > 0 && f % swiglu_block_ == 0 ? swiglu_block_ : 0;
+  }
 
   // memory (cpu_backend.cpp)
   Result<Tensor> alloc(DType dtype, const Shape& shape) override;
@@ -66,6 +74,8 @@ class CpuBackend final : public Backend {
   Status tanh(const Tensor& x, Tensor& y) override;
   Status clamp(const Tensor& x, float lo, float hi, Tensor& y) override;
   Status swiglu(const Tensor& x, Tensor& y) override;
+  // The oracle of the fused op: the contract, then Backend's GEMM + swiglu.
+  Status matmul_swiglu(const Tensor& x, const Tensor& w13, int64_t block, Tensor& y) override;
   Status axpby(float a, const Tensor& x, float b, const Tensor& y, Tensor& out) override;
   Status add(const Tensor& x, const Tensor& y, Tensor& out) override;
   Result<std::vector<double>> sum_squares(const Tensor& x) override;
@@ -91,6 +101,7 @@ class CpuBackend final : public Backend {
  private:
   int threads_;
   ThreadPool pool_;
+  int64_t swiglu_block_ = 0;
   int64_t attention_score_floats_ = int64_t{1} << 24;
 };
 

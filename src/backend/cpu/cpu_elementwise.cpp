@@ -98,6 +98,11 @@ Status CpuBackend::swiglu(const Tensor& x, Tensor& y) {
   return Status::Ok();
 }
 
+Status CpuBackend::matmul_swiglu(const Tensor& x, const Tensor& w13, int64_t block, Tensor& y) {
+  ZI_TRY(contract::matmul_swiglu(cpu_env(), x, w13, block, y));
+  return Backend::matmul_swiglu(x, w13, block, y);
+}
+
 Status CpuBackend::axpby(float a, const Tensor& x, float b, const Tensor& y, Tensor& out) {
   ZI_TRY(contract::axpby(cpu_env(), x, y, out));
   const DType dt = x.dtype();

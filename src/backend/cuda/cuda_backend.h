@@ -149,6 +149,14 @@ class CudaBackend final : public Backend {
   Status tanh(const Tensor& x, Tensor& y) override;
   Status clamp(const Tensor& x, float lo, float hi, Tensor& y) override;
   Status swiglu(const Tensor& x, Tensor& y) override;
+  // Fused on sm_90 (CUTLASS's Hopper GEMM with the SwiGLU in its epilogue, gemm_cutlass.h) for
+  // bf16 weights in blocks of kSwigluBlock rows; otherwise Backend's GEMM + swiglu.
+  Status matmul_swiglu(const Tensor& x, const Tensor& w13, int64_t block, Tensor& y) override;
+  int64_t swiglu_block(int64_t f, int64_t k) const override;
+  // Whether matmul_swiglu may fuse (the default; ZIMAGE_FUSED_SWIGLU=0: cuBLASLt + swiglu), and
+  // its schedule (ZIMAGE_SWIGLU_SCHEDULE=pingpong: ping-pong warp groups, else cooperative).
+  void set_fused_swiglu(bool on) { fused_swiglu_ = on; }
+  void set_swiglu_pingpong(bool on) { swiglu_pingpong_ = on; }
   Status axpby(float a, const Tensor& x, float b, const Tensor& y, Tensor& out) override;
   Status add(const Tensor& x, const Tensor& y, Tensor& out) override;
   Result<std::vector<double>> sum_squares(const Tensor& x) override;
@@ -264,6 +272,8 @@ class CudaBackend final : public Backend {
   std::unique_ptr<ThreadPool> host_pool_;
   bool pin_by_register_ = false;
   bool fused_norm_ = true;
+  bool fused_swiglu_ = true;
+  bool swiglu_pingpong_ = false;
   bool upload_locked_ = false;
   // What lock_host_range locked (shared with the handles' release).
   std::shared_ptr<LockedRanges> locked_ = std::make_shared<LockedRanges>();

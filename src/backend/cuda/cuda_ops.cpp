@@ -7,6 +7,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/kernels/kernels.h"
 #include "backend/cuda/libs/gemm_cublaslt.h"
+#include "backend/cuda/libs/gemm_cutlass.h"
 #include "backend/cuda/runtime/cuda_check.h"
 #include "backend/cuda/validate.h"
 
@@ -297,6 +298,36 @@ Status CudaBackend::swiglu(const Tensor& x, Tensor& y) {
   ZI_ASSIGN_OR_RETURN(KType kt, ktype_of(op, x.dtype()));
   ZI_LAUNCH_TRY(op, launch_swiglu(kt, x.data(), y.data(), m, f, stream_));
   return Status::Ok();
+}
+
+int64_t CudaBackend::swiglu_block(int64_t f, int64_t k) const {
+  const bool fits =
+      f > 0 && f % kSwigluBlock == 0 && k > 0 && k % 8 == 0 && 2 * f <= INT32_MAX && k <= INT32_MAX;
+  return fused_swiglu_ && use_cutlass_ && act_ == DType::kBF16 && sm_ == 90 &&
+                 cutlass_available() && fits
+             ? kSwigluBlock
+             : 0;
+}
+
+Status CudaBackend::matmul_swiglu(const Tensor& x, const Tensor& w13, int64_t block, Tensor& y) {
+  constexpr const char* op = "matmul_swiglu";
+  ZI_TRY(contract::matmul_swiglu(cuda_env(act_), x, w13, block, y));
+  const int64_t k = x.dim(-1), f = w13.dim(0) / 2, m = x.numel() / std::max<int64_t>(k, 1);
+  if (block != kSwigluBlock || swiglu_block(f, k) != block || x.dtype() != DType::kBF16 ||
+      m > INT32_MAX)
+    return Backend::matmul_swiglu(x, w13, block, y);
+  if (m == 0) return Status::Ok();
+  ZI_OP_SCOPE("matmul_swiglu", &x, &w13);
+  const size_t ws_bytes = cutlass_bf16_swiglu_workspace(m, f, k);
+  Tensor ws;
+  if (ws_bytes > 0) {
+    ZI_ASSIGN_OR_RETURN(ws, alloc(DType::kU8, {static_cast<int64_t>(ws_bytes)}));
+  }
+  const Status st = cutlass_bf16_swiglu(
+      x.data(), w13.data(), y.data(), m, f, k, ws_bytes ? ws.data() : nullptr, ws_bytes, stream_,
+      swiglu_pingpong_ ? SwigluSchedule::kPingpong : SwigluSchedule::kCooperative);
+  if (st.code() == ErrorCode::kUnsupported) return Backend::matmul_swiglu(x, w13, block, y);
+  return st.with_context(op);
 }
 
 Status CudaBackend::axpby(float a, const Tensor& x, float b, const Tensor& y, Tensor& out) {

@@ -289,6 +289,7 @@ Status ZImageControlNet::load_weights(const WeightStore& ws) {
       const std::string p = prefix + std::to_string(i) + ".";
       ControlBlock cb;
       ZI_TRY(dit_.load_block(ws, p, true, /*index=*/-1, cb.blk));  // resident
+      ZI_TRY(dit_.block_ffn_weight(cb.blk));  // its feed-forward fused where the backend can
       if (control) {
         if (i == 0) {
           ZI_ASSIGN_OR_RETURN(cb.before_w, load::weight(ws, be_, p + "before_proj.weight", {d, d}));

@@ -33,6 +33,50 @@ Status linear(Backend& be, const Tensor& x, const LinearWeight& w, const Tensor&
   return Status::Ok();
 }
 
+Status linear_swiglu(Backend& be, const Tensor& x, const LinearWeight& w13, const Tensor& scratch,
+                     const Tensor& wide, Tensor& y) {
+  if (w13.swiglu_block > 0) {
+    if (w13.lora || w13.quantized())
+      return InternalError("feed-forward w1|w3 in row blocks with a LoRA side or quantised");
+    return be.matmul_swiglu(x, w13.w, w13.swiglu_block, y);
+  }
+  const int64_t k = x.dim(-1), n = w13.rows();
+  const int64_t m = k > 0 ? x.numel() / k : 0;
+  Tensor h = wide;
+  if (!h.defined()) {
+    auto t = be.alloc(be.act_dtype(), {m, n});
+    if (!t.ok()) return t.status().with_context("feed-forward [" + std::to_string(m) + ", 2F]");
+    h = std::move(t).value();
+  }
+  ZI_TRY(linear(be, x.view({m, k}), w13, Tensor(), scratch, h));
+  return be.swiglu(h, y);
+}
+
+Status set_swiglu_block(Backend& be, LinearWeight& w, int64_t block) {
+  if (w.swiglu_block == block) return Status::Ok();
+  const int64_t n = w.rows(), k = w.cols(), f = n / 2;
+  if (w.quantized() || w.lora || !w.w.defined() || w.w.rank() != 2 || n % 2 != 0 || block < 0 ||
+      (block > 0 && f % block != 0))
+    return InvalidArgument("w1|w3 weight " + (w.w.defined() ? w.w.describe() : "(none)") +
+                           " cannot be put in row blocks of " + std::to_string(block));
+  if (w.swiglu_block > 0 && block > 0) ZI_TRY(set_swiglu_block(be, w, 0));  // via gate-first
+  auto t = be.alloc(w.w.dtype(), w.w.shape());
+  if (!t.ok()) return t.status().with_context("reordering a w1|w3 weight");
+  Tensor tmp = std::move(t).value();
+  ZI_TRY(be.copy_2d(w.w, 0, k, tmp, 0, k, n, k));
+  // Gate-first half p, row block t (B rows of K) <-> blocked rows [2tB + pB, 2tB + pB + B).
+  const int64_t b = block > 0 ? block : w.swiglu_block, chunk = b * k;
+  for (int64_t p = 0; p < 2; ++p) {
+    if (block > 0) {
+      ZI_TRY(be.copy_2d(tmp, p * f * k, chunk, w.w, p * chunk, 2 * chunk, f / b, chunk));
+    } else {
+      ZI_TRY(be.copy_2d(tmp, p * chunk, 2 * chunk, w.w, p * f * k, chunk, f / b, chunk));
+    }
+  }
+  w.swiglu_block = block;
+  return Status::Ok();
+}
+
 Status apply_lora_side(Backend& be, const Tensor& x, const LoraSide& side, Tensor& y) {
   const int64_t r = side.a.dim(0), k = side.a.dim(1), n = side.b.dim(0);
   if (side.b.dim(1) != r || x.dim(-1) != k || y.dim(-1) != n)

@@ -40,6 +40,9 @@ struct LinearWeight {
   // elements per row; dequantised into the scratch before the GEMM (Backend::dequantize_packed).
   uint32_t ggml_type = 0;
   int64_t packed_cols = 0;
+  // A feed-forward's w1|w3 weight [2F, K] with its rows interleaved in blocks of this many
+  // (Backend::matmul_swiglu, set_swiglu_block); 0: gate rows first, as the files hold them.
+  int64_t swiglu_block = 0;
   bool fp8() const { return scale.defined(); }
   bool packed() const { return packed_cols > 0; }
   bool quantized() const { return fp8() || packed(); }
@@ -107,6 +110,19 @@ struct WeightPlacement {
 // (act dtype, at least N*K elements; its leading N*K elements are overwritten).
 Status linear(Backend& be, const Tensor& x, const LinearWeight& w, const Tensor& bias,
               const Tensor& scratch, Tensor& y);
+
+// A feed-forward's gate and up linears and SwiGLU: y[M, F] = silu(x · w1ᵀ) * (x · w3ᵀ) for a
+// w1|w3 weight [2F, K]. A weight in blocks (swiglu_block > 0, no LoRA side) runs as one fused op
+// (Backend::matmul_swiglu); any other goes through linear() into `wide` ([M, 2F] act dtype, taken
+// from the backend when undefined) and Backend::swiglu, in the weight's row order.
+Status linear_swiglu(Backend& be, const Tensor& x, const LinearWeight& w13, const Tensor& scratch,
+                     const Tensor& wide, Tensor& y);
+
+// Reorders the rows of a w1|w3 weight [2F, K] in the act dtype, in place (through a temporary
+// copy): into blocks of `block` rows (gate block t at rows [2tB, 2tB + B), its up block next),
+// or with `block` 0 back to gate rows first. The addresses of w.w stay; a recorded forward that
+// used the old order must be recorded again.
+Status set_swiglu_block(Backend& be, LinearWeight& w, int64_t block);
 
 // y[M, N] += (x[M, K] · side.aᵀ) · side.bᵀ through two act-dtype buffers ([M, R] and [M, N]) taken
 // from the backend's allocator (a recorded forward keeps them in its private pool).

@@ -151,9 +151,8 @@ Status ZImageDiT::run_block(const Block& blk, Tensor& x, const Tensor& freqs, co
   ZI_TRY(be_.residual_norm_gate_then_norm(x, s.proj.view({b, sq, d}), blk.attn_norm2, eps, gate_a,
                                           blk.ffn_norm1, scale_f, s.norm));
   // --- SwiGLU feed-forward ---
-  ZI_TRY(linear(be_, s.norm, blk.w13, none, wide_scratch_, s.ffn));  // [B*S, 2F]
-  ZI_TRY(be_.swiglu(s.ffn, s.act));                                  // [B*S, F]
-  ZI_TRY(linear(be_, s.act, blk.w2, none, wide_scratch_, s.proj));   // [B*S, D]
+  ZI_TRY(linear_swiglu(be_, s.norm, blk.w13, wide_scratch_, s.ffn, s.act));  // [B*S, F]
+  ZI_TRY(linear(be_, s.act, blk.w2, none, wide_scratch_, s.proj));           // [B*S, D]
   return be_.residual_rms_norm_gate(x, s.proj.view({b, sq, d}), blk.ffn_norm2, eps, gate_f);
 }
 

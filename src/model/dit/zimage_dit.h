@@ -247,6 +247,10 @@ class ZImageDiT {
   // After loading: FP8 rows and host placement as `placement` says; the streamer.
   Status apply_placement(const WeightPlacement& placement);
   Status place_block(Block& b, int index);
+  // A resident block's w1|w3 put in the row blocks the backend fuses (Backend::swiglu_block),
+  // when it can; block_ffn_weights does it for every resident block (after LoRAs come off).
+  Status block_ffn_weight(Block& b);
+  Status block_ffn_weights();
 
   TransformerConfig cfg_;
   Backend& be_;

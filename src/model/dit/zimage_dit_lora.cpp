@@ -101,9 +101,20 @@ Status ZImageDiT::set_loras(const std::vector<RuntimeLora>& loras, LoraMethod me
   Status st = remove_runtime_loras(be_, lora_applied_);
   if (had_side) release_graphs();
   if (!st.ok()) return st.with_context("taking the previous LoRAs off the transformer");
-  if (loras.empty()) return Status::Ok();
-  auto applied = apply_runtime_loras(be_, loras, method, lenient,
-                                     [this](const std::string& c) { return lora_slot(c); });
+  if (loras.empty()) return block_ffn_weights();  // the base model: every w1|w3 fused again
+  // A LoRA's w1 and w3 rows are in the files' order: a w1|w3 weight it patches goes back to gate
+  // rows first (and its feed-forward to the unfused path) before the merge or side GEMM.
+  bool reordered = false;
+  auto slot = [this, &reordered](const std::string& c) -> Result<LoraSlot> {
+    ZI_ASSIGN_OR_RETURN(LoraSlot s, lora_slot(c));
+    if (s.linear != nullptr && s.linear->swiglu_block > 0) {
+      ZI_TRY(set_swiglu_block(be_, *s.linear, 0));
+      reordered = true;
+    }
+    return s;
+  };
+  auto applied = apply_runtime_loras(be_, loras, method, lenient, slot);
+  if (reordered) release_graphs();
   if (!applied.ok()) {
     release_graphs();  // a failed apply may have set and dropped side GEMMs
     return applied.status();

@@ -280,13 +280,35 @@ Status ZImageDiT::place_block(Block& b, int index) {
   }
   const bool streamed =
       index < static_cast<int>(placement_.streamed.size()) && placement_.streamed[index];
-  if (!streamed) return Status::Ok();
+  if (!streamed) return block_ffn_weight(b);
   // What load_block loaded (everything not read from the files) becomes a host copy.
   ZI_TRY(move_to_host(be_, b.tensors(), !placement_.is_pageable(index)));
   std::vector<StreamSource>& u = block_sources_.at(index);
   const std::vector<Tensor*> ts = b.tensors();
   for (size_t k = 0; k < ts.size(); ++k)
     if (!u[k].defined()) u[k] = StreamSource::of(*ts[k]);
+  return Status::Ok();
+}
+
+Status ZImageDiT::block_ffn_weight(Block& b) {
+  LinearWeight& w = b.w13;
+  if (w.swiglu_block > 0 || w.quantized() || w.lora || !w.w.defined() ||
+      w.w.device() != be_.device() || w.w.dtype() != be_.act_dtype())
+    return Status::Ok();
+  const int64_t block = be_.swiglu_block(w.rows() / 2, w.cols());
+  return block > 0 ? set_swiglu_block(be_, w, block) : Status::Ok();
+}
+
+Status ZImageDiT::block_ffn_weights() {
+  bool changed = false;
+  for (int i = 0; i < num_blocks(); ++i) {
+    const bool streamed = !unit_of_block_.empty() && unit_of_block_[i] >= 0;
+    Block& b = block_at(i);
+    if (streamed || b.w13.swiglu_block > 0) continue;
+    ZI_TRY(block_ffn_weight(b));
+    changed = changed || b.w13.swiglu_block > 0;
+  }
+  if (changed) release_graphs();
   return Status::Ok();
 }
 

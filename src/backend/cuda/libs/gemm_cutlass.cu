@@ -154,7 +154,9 @@ struct Fp8Rows {
 
 }  // namespace fp8rows
 
-bool device_is_sm90() {
+}  // namespace
+
+bool cutlass_device_is_sm90() {
   int dev = 0, major = 0, minor = 0;
   if (cudaGetDevice(&dev) != cudaSuccess) return false;
   if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
@@ -162,6 +164,8 @@ bool device_is_sm90() {
     return false;
   return major == 9 && minor == 0;
 }
+
+namespace {
 
 bool aligned16(const void* p) {
   return (reinterpret_cast<uintptr_t>(p) & 15u) == 0;
@@ -183,7 +187,7 @@ size_t cutlass_fp8_rows_workspace(int64_t m, int64_t n, int64_t k) {
 Status cutlass_fp8_rows(const void* x8, const void* w8, const float* sx, const float* sw,
                         const void* bias, void* y, int64_t m, int64_t n, int64_t k, void* workspace,
                         size_t workspace_bytes, cudaStream_t stream, bool fast_accum) {
-  static const bool sm90 = device_is_sm90();
+  static const bool sm90 = cutlass_device_is_sm90();
   if (!sm90) return Unsupported("CUTLASS FP8 GEMM: the device is not sm_90");
   if (m <= 0 || n <= 0 || k <= 0 || m > INT32_MAX || n > INT32_MAX || k > INT32_MAX ||
       k % 16 != 0 || n % 8 != 0)
@@ -207,6 +211,10 @@ Status cutlass_fp8_rows(const void* x8, const void* w8, const float* sx, const f
 namespace zimage::cuda {
 
 bool cutlass_available() {
+  return false;
+}
+
+bool cutlass_device_is_sm90() {
   return false;
 }
 

@@ -16,6 +16,8 @@ namespace zimage::cuda {
 
 // True when this build carries the CUTLASS kernels.
 bool cutlass_available();
+// True when the current device is sm_90 (the CUTLASS kernels' target); used by their units.
+bool cutlass_device_is_sm90();
 
 // W8A8 FP8 linear with its scales in the epilogue: row-major bf16
 //   y[m, n] = bf16( sx[m] · (sw[n] · Σ_k x8[m, k] · w8[n, k]) + bias[n] )
@@ -31,5 +33,20 @@ Status cutlass_fp8_rows(const void* x8, const void* w8, const float* sx, const f
                         const void* bias, void* y, int64_t m, int64_t n, int64_t k, void* workspace,
                         size_t workspace_bytes, cudaStream_t stream, bool fast_accum = false);
 size_t cutlass_fp8_rows_workspace(int64_t m, int64_t n, int64_t k);
+
+// bf16 linear with SwiGLU in the epilogue, row-major:
+//   y[m, j] = silu(x · w1[j]) · (x · w3[j]),  j < f
+// where w13 [2f, k] holds w1 and w3 with their rows interleaved in blocks of kSwigluBlock (gate
+// block t at rows 2·t·B.., up block t at 2·t·B + B..; backend.h matmul_swiglu). The sums are
+// rounded to bf16, silu rounded to bf16, the product rounded once: the roundings of a GEMM
+// followed by Backend::swiglu. x [m, k], y [m, f]. kUnsupported when the build has no
+// CUTLASS, the device is not sm_90, f % kSwigluBlock != 0, k % 8 != 0 or an operand is not
+// 16-byte aligned. `workspace` of cutlass_bf16_swiglu_workspace(m, f, k) bytes at least.
+constexpr int64_t kSwigluBlock = 128;
+enum class SwigluSchedule { kCooperative, kPingpong };
+Status cutlass_bf16_swiglu(const void* x, const void* w13, void* y, int64_t m, int64_t f, int64_t k,
+                           void* workspace, size_t workspace_bytes, cudaStream_t stream,
+                           SwigluSchedule schedule = SwigluSchedule::kCooperative);
+size_t cutlass_bf16_swiglu_workspace(int64_t m, int64_t f, int64_t k);
 
 }  // namespace zimage::cuda
