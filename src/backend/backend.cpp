@@ -149,6 +149,20 @@ Status Backend::qkv_split_norm_rope(const Tensor& qkv, const Tensor& norm_q, con
   return Status::Ok();
 }
 
+Status Backend::matmul_qkv_norm_rope(const Tensor& x, const Tensor& wqkv, const Tensor& norm_q,
+                                     const Tensor& norm_k, float eps, const Tensor& freqs,
+                                     Tensor& qkv, Tensor& q, Tensor& k, Tensor& v) {
+  if (!x.defined() || !wqkv.defined() || x.rank() < 1 || wqkv.rank() != 2 || x.dim(-1) <= 0)
+    return InvalidArgument("matmul_qkv_norm_rope: x [rows, K] and wqkv [N, K] must be defined");
+  const int64_t rows = x.numel() / x.dim(-1), n = wqkv.dim(0);
+  Tensor t = qkv;
+  if (!t.defined()) {
+    ZI_ASSIGN_OR_RETURN(t, alloc(act_dtype(), {rows, n}));
+  }
+  ZI_TRY(matmul(x.view({rows, x.dim(-1)}), wqkv, Tensor(), t));
+  return qkv_split_norm_rope(t, norm_q, norm_k, eps, freqs, q, k, v);
+}
+
 Status Backend::dit_modulation(const Tensor& mod, Tensor& scale_a, Tensor& gate_a, Tensor& scale_f,
                                Tensor& gate_f) {
   if (!mod.defined() || mod.rank() != 2 || mod.dim(1) % 4 != 0)

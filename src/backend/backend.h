@@ -250,6 +250,13 @@ class Backend {
   virtual Status qkv_split_norm_rope(const Tensor& qkv, const Tensor& norm_q, const Tensor& norm_k,
                                      float eps, const Tensor& freqs, Tensor& q, Tensor& k,
                                      Tensor& v);
+  // The block's q|k|v linear and that prologue in one op: qkv = x[rows, K] · wqkvᵀ, then
+  // qkv_split_norm_rope(qkv, ...). `qkv` ([rows, (Hq + 2·Hkv)·Dh], act dtype) holds the projection
+  // where the op is not fused (undefined: taken from alloc). The default runs the two ops; a
+  // backend may fuse them with the same roundings.
+  virtual Status matmul_qkv_norm_rope(const Tensor& x, const Tensor& wqkv, const Tensor& norm_q,
+                                      const Tensor& norm_k, float eps, const Tensor& freqs,
+                                      Tensor& qkv, Tensor& q, Tensor& k, Tensor& v);
   // The DiT's adaLN modulation: mod[B, 4D] = [s_a | g_a | s_f | g_f] ->
   // scale_a = 1 + s_a, gate_a = tanh(g_a), scale_f = 1 + s_f, gate_f = tanh(g_f), each [B, D].
   virtual Status dit_modulation(const Tensor& mod, Tensor& scale_a, Tensor& gate_a, Tensor& scale_f,

@@ -130,6 +130,40 @@ TEST(CudaOpsPerf, MatmulSwiglu) {
   }
 }
 
+// The DiT's q|k|v linear and attention prologue at 1024², 1536² and 2048²: cuBLASLt's GEMM + the
+// prologue kernel against the GEMM with the prologue in its epilogue (both schedules).
+TEST(CudaOpsPerf, MatmulQkvNormRope) {
+  ZI_REQUIRE_GPU();
+  cuda::CudaBackend* g = gpu(DType::kBF16);
+  if (g->swiglu_block(10240, 3840) != cuda::kSwigluBlock) GTEST_SKIP() << "no fused GEMMs here";
+  const int64_t h = 30, dh = 128, k = 3840, n = 3 * h * dh;
+  Tensor w = rand_dev(g, {n, k}, 3100, -0.05f, 0.05f);
+  Tensor nq = rand_dev(g, {dh}, 3101, 0.5f, 1.5f), nk = rand_dev(g, {dh}, 3102, 0.5f, 1.5f);
+  for (int64_t m : {int64_t{4160}, int64_t{9280}, int64_t{16448}}) {
+    Tensor x = rand_dev(g, {m, k}, 3103);
+    Tensor f = take(g->upload(rand_host({1, m, dh / 2, 2}, 3104, DType::kF32), DType::kF32), "f");
+    Tensor qkv = take(g->alloc(DType::kBF16, {m, n}), "qkv");
+    Tensor q = take(g->alloc(DType::kBF16, {1, m, h, dh}), "q");
+    Tensor kk = take(g->alloc(DType::kBF16, {1, m, h, dh}), "k");
+    Tensor v = take(g->alloc(DType::kBF16, {1, m, h, dh}), "v");
+    auto op = [&] { return g->matmul_qkv_norm_rope(x, w, nq, nk, 1e-6f, f, qkv, q, kk, v); };
+    const double flop = 2.0 * m * n * k;
+    g->set_fused_qkv(false);
+    const double t_two = sustained_ms(g, op);
+    g->set_fused_qkv(true);
+    const double t_coop = sustained_ms(g, op);
+    g->set_qkv_pingpong(true);
+    const double t_ping = sustained_ms(g, op);
+    g->set_qkv_pingpong(false);
+    report(cat("q|k|v GEMM + prologue (two kernels) ", m, "x", n, "x", k), t_two, flop, 0);
+    report(cat("fused, cooperative 128x128 ", m), t_coop, flop, 0);
+    report(cat("fused, ping-pong 128x128 ", m), t_ping, flop, 0);
+    std::printf("  PERF fused/two kernels at M %lld: cooperative %.3fx, ping-pong %.3fx\n",
+                static_cast<long long>(m), t_two / t_coop, t_two / t_ping);
+    EXPECT_GT(t_coop, 0);
+  }
+}
+
 TEST(CudaOpsPerf, AttentionBf16) {
   ZI_REQUIRE_GPU();
   cuda::CudaBackend* g = gpu(DType::kBF16);

@@ -116,6 +116,10 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(int device_index, DType
     b->fused_swiglu_ = std::string(fused) != "0";
   if (const char* sched = std::getenv("ZIMAGE_SWIGLU_SCHEDULE"))
     b->swiglu_pingpong_ = std::string(sched) == "pingpong";
+  if (const char* fused = std::getenv("ZIMAGE_FUSED_QKV"))
+    b->fused_qkv_ = std::string(fused) != "0";
+  if (const char* sched = std::getenv("ZIMAGE_QKV_SCHEDULE"))
+    b->qkv_pingpong_ = std::string(sched) == "pingpong";
   if (const char* pin = std::getenv("ZIMAGE_HOST_PIN"))
     b->pin_by_register_ = std::string(pin) == "register";
   ZI_INFO("cuda backend %s ready in %.3f s (context, cuBLASLt, cuDNN)", b->name_.c_str(),

@@ -141,6 +141,14 @@ class CudaBackend final : public Backend {
   Status qkv_split_norm_rope(const Tensor& qkv, const Tensor& norm_q, const Tensor& norm_k,
                              float eps, const Tensor& freqs, Tensor& q, Tensor& k,
                              Tensor& v) override;
+  // Fused on sm_90 for head_dim 128 in bf16 (CUTLASS's Hopper GEMM with the prologue in its
+  // epilogue, gemm_cutlass.h); otherwise Backend's two ops. ZIMAGE_FUSED_QKV=0: never fused;
+  // ZIMAGE_QKV_SCHEDULE=pingpong: ping-pong warp groups, else cooperative.
+  Status matmul_qkv_norm_rope(const Tensor& x, const Tensor& wqkv, const Tensor& norm_q,
+                              const Tensor& norm_k, float eps, const Tensor& freqs, Tensor& qkv,
+                              Tensor& q, Tensor& k, Tensor& v) override;
+  void set_fused_qkv(bool on) { fused_qkv_ = on; }
+  void set_qkv_pingpong(bool on) { qkv_pingpong_ = on; }
   Status dit_modulation(const Tensor& mod, Tensor& scale_a, Tensor& gate_a, Tensor& scale_f,
                         Tensor& gate_f) override;
   Status attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& p,
@@ -274,6 +282,8 @@ class CudaBackend final : public Backend {
   bool fused_norm_ = true;
   bool fused_swiglu_ = true;
   bool swiglu_pingpong_ = false;
+  bool fused_qkv_ = true;
+  bool qkv_pingpong_ = false;
   bool upload_locked_ = false;
   // What lock_host_range locked (shared with the handles' release).
   std::shared_ptr<LockedRanges> locked_ = std::make_shared<LockedRanges>();

@@ -241,6 +241,63 @@ Status CudaBackend::qkv_split_norm_rope(const Tensor& qkv, const Tensor& norm_q,
   return Status::Ok();
 }
 
+Status CudaBackend::matmul_qkv_norm_rope(const Tensor& x, const Tensor& wqkv, const Tensor& norm_q,
+                                         const Tensor& norm_k, float eps, const Tensor& freqs,
+                                         Tensor& qkv, Tensor& q, Tensor& k, Tensor& v) {
+  auto unfused = [&] {
+    return Backend::matmul_qkv_norm_rope(x, wqkv, norm_q, norm_k, eps, freqs, qkv, q, k, v);
+  };
+  if (!fused_qkv_ || !fused_ || !use_cutlass_ || act_ != DType::kBF16 || sm_ != 90 ||
+      !cutlass_available())
+    return unfused();
+  // Anything this kernel does not take goes the unfused way, whose ops validate and explain.
+  auto bf16_here = [&](const Tensor& t) {
+    return t.defined() && t.dtype() == DType::kBF16 && check_cuda_tensor("", "", t).ok();
+  };
+  for (const Tensor* t : std::initializer_list<const Tensor*>{&x, &wqkv, &q, &k, &v})
+    if (!bf16_here(*t)) return unfused();
+  if (x.rank() < 1 || wqkv.rank() != 2 || q.rank() != 4 || k.rank() != 4) return unfused();
+  const int64_t b = q.dim(0), s = q.dim(1), hq = q.dim(2), dh = q.dim(3), hkv = k.dim(2);
+  const int64_t rows = b * s, kd = x.dim(-1);
+  if (dh != kQkvHeadDim || k.shape() != Shape{b, s, hkv, dh} || v.shape() != k.shape() || kd <= 0 ||
+      x.numel() != rows * kd || wqkv.dim(0) != (hq + 2 * hkv) * dh || wqkv.dim(1) != kd ||
+      hq > INT32_MAX || hkv > INT32_MAX)
+    return unfused();
+  if (norm_q.defined() != norm_k.defined()) return unfused();
+  if (norm_q.defined() && (!bf16_here(norm_q) || !bf16_here(norm_k) ||
+                           norm_q.shape() != Shape{dh} || norm_k.shape() != Shape{dh}))
+    return unfused();
+  bool shared = false;
+  if (freqs.defined()) {
+    if (freqs.dtype() != DType::kF32 || !check_cuda_tensor("", "", freqs).ok() || freqs.rank() != 4)
+      return unfused();
+    shared = freqs.dim(0) == 1 && b != 1;
+    if (freqs.shape() != Shape{shared ? 1 : b, s, dh / 2, 2}) return unfused();
+  }
+  for (const Tensor* o : std::initializer_list<const Tensor*>{&q, &k, &v})
+    for (const Tensor* i : std::initializer_list<const Tensor*>{&x, &wqkv, &q, &k, &v})
+      if (o != i && overlaps(*o, *i)) return unfused();
+  ZI_OP_SCOPE("matmul_qkv_norm_rope", &x, &wqkv);
+  const size_t ws_bytes = cutlass_bf16_qkv_norm_rope_workspace(rows, wqkv.dim(0), kd);
+  Tensor ws;
+  if (ws_bytes > 0) {
+    ZI_ASSIGN_OR_RETURN(ws, alloc(DType::kU8, {static_cast<int64_t>(ws_bytes)}));
+  }
+  QkvPrologue p;
+  p.q = q.data(), p.k = k.data(), p.v = v.data();
+  p.norm_q = norm_q.defined() ? norm_q.data() : nullptr;
+  p.norm_k = norm_k.defined() ? norm_k.data() : nullptr;
+  p.freqs = freqs.defined() ? freqs.data_as<float>() : nullptr;
+  p.seq_if_shared = shared ? s : 0;
+  p.hq = static_cast<int>(hq), p.hkv = static_cast<int>(hkv);
+  p.eps = eps;
+  const Status st = cutlass_bf16_qkv_norm_rope(
+      x.data(), wqkv.data(), p, rows, kd, ws_bytes ? ws.data() : nullptr, ws_bytes, stream_,
+      qkv_pingpong_ ? GemmSchedule::kPingpong : GemmSchedule::kCooperative);
+  if (st.code() == ErrorCode::kUnsupported) return unfused();
+  return st.with_context("matmul_qkv_norm_rope");
+}
+
 Status CudaBackend::dit_modulation(const Tensor& mod, Tensor& scale_a, Tensor& gate_a,
                                    Tensor& scale_f, Tensor& gate_f) {
   if (!fused_) return Backend::dit_modulation(mod, scale_a, gate_a, scale_f, gate_f);
@@ -325,7 +382,7 @@ Status CudaBackend::matmul_swiglu(const Tensor& x, const Tensor& w13, int64_t bl
   }
   const Status st = cutlass_bf16_swiglu(
       x.data(), w13.data(), y.data(), m, f, k, ws_bytes ? ws.data() : nullptr, ws_bytes, stream_,
-      swiglu_pingpong_ ? SwigluSchedule::kPingpong : SwigluSchedule::kCooperative);
+      swiglu_pingpong_ ? GemmSchedule::kPingpong : GemmSchedule::kCooperative);
   if (st.code() == ErrorCode::kUnsupported) return Backend::matmul_swiglu(x, w13, block, y);
   return st.with_context(op);
 }

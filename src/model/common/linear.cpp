@@ -52,6 +52,16 @@ Status linear_swiglu(Backend& be, const Tensor& x, const LinearWeight& w13, cons
   return be.swiglu(h, y);
 }
 
+Status linear_qkv_norm_rope(Backend& be, const Tensor& x, const LinearWeight& wqkv,
+                            const Tensor& norm_q, const Tensor& norm_k, float eps,
+                            const Tensor& freqs, const Tensor& scratch, Tensor& qkv, Tensor& q,
+                            Tensor& k, Tensor& v) {
+  if (!wqkv.quantized() && !wqkv.lora && wqkv.w.dtype() == be.act_dtype())
+    return be.matmul_qkv_norm_rope(x, wqkv.w, norm_q, norm_k, eps, freqs, qkv, q, k, v);
+  ZI_TRY(linear(be, x, wqkv, Tensor(), scratch, qkv));
+  return be.qkv_split_norm_rope(qkv, norm_q, norm_k, eps, freqs, q, k, v);
+}
+
 Status set_swiglu_block(Backend& be, LinearWeight& w, int64_t block) {
   if (w.swiglu_block == block) return Status::Ok();
   const int64_t n = w.rows(), k = w.cols(), f = n / 2;

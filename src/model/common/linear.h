@@ -118,6 +118,14 @@ Status linear(Backend& be, const Tensor& x, const LinearWeight& w, const Tensor&
 Status linear_swiglu(Backend& be, const Tensor& x, const LinearWeight& w13, const Tensor& scratch,
                      const Tensor& wide, Tensor& y);
 
+// A block's q|k|v linear and attention prologue (Backend::qkv_split_norm_rope): one fused op
+// (Backend::matmul_qkv_norm_rope) for a weight in the act dtype with no LoRA side; otherwise
+// linear() into `qkv` ([rows, N] act dtype) and the prologue.
+Status linear_qkv_norm_rope(Backend& be, const Tensor& x, const LinearWeight& wqkv,
+                            const Tensor& norm_q, const Tensor& norm_k, float eps,
+                            const Tensor& freqs, const Tensor& scratch, Tensor& qkv, Tensor& q,
+                            Tensor& k, Tensor& v);
+
 // Reorders the rows of a w1|w3 weight [2F, K] in the act dtype, in place (through a temporary
 // copy): into blocks of `block` rows (gate block t at rows [2tB, 2tB + B), its up block next),
 // or with `block` 0 back to gate rows first. The addresses of w.w stay; a recorded forward that

@@ -137,10 +137,11 @@ Status ZImageDiT::run_block(const Block& blk, Tensor& x, const Tensor& freqs, co
     scale_a = s.scale_a, gate_a = s.gate_a, scale_f = s.scale_f, gate_f = s.gate_f;
   }
   // --- attention ---
-  ZI_TRY(be_.rms_norm(xr, blk.attn_norm1, eps, scale_a, s.norm));     // [B*S, D]
-  ZI_TRY(linear(be_, s.norm, blk.wqkv, none, wide_scratch_, s.qkv));  // [B*S, 3D]
-  // q, k, v [B, S, H, Dh]: per-head RMS norm of q and k (when qk_norm), then RoPE
-  ZI_TRY(be_.qkv_split_norm_rope(s.qkv, blk.norm_q, blk.norm_k, kQkNormEps, freqs, s.q, s.k, s.v));
+  ZI_TRY(be_.rms_norm(xr, blk.attn_norm1, eps, scale_a, s.norm));  // [B*S, D]
+  // q|k|v [B*S, 3D] split into q, k, v [B, S, H, Dh]: per-head RMS norm of q and k (when
+  // qk_norm), then RoPE
+  ZI_TRY(linear_qkv_norm_rope(be_, s.norm, blk.wqkv, blk.norm_q, blk.norm_k, kQkNormEps, freqs,
+                              wide_scratch_, s.qkv, s.q, s.k, s.v));
   if (attn != nullptr) {
     ZI_TRY((*attn)(s.q, s.k, s.v, ap, s.o));  // sequence parallel: Ulysses
   } else {

@@ -43,10 +43,40 @@ size_t cutlass_fp8_rows_workspace(int64_t m, int64_t n, int64_t k);
 // CUTLASS, the device is not sm_90, f % kSwigluBlock != 0, k % 8 != 0 or an operand is not
 // 16-byte aligned. `workspace` of cutlass_bf16_swiglu_workspace(m, f, k) bytes at least.
 constexpr int64_t kSwigluBlock = 128;
-enum class SwigluSchedule { kCooperative, kPingpong };
+// The Hopper kernel schedules of the GEMMs with an epilogue of ours: cooperative (two consumer
+// warp groups split each tile) or ping-pong (each owns a tile; one's epilogue overlaps the other's
+// MMAs).
+enum class GemmSchedule { kCooperative, kPingpong };
 Status cutlass_bf16_swiglu(const void* x, const void* w13, void* y, int64_t m, int64_t f, int64_t k,
                            void* workspace, size_t workspace_bytes, cudaStream_t stream,
-                           SwigluSchedule schedule = SwigluSchedule::kCooperative);
+                           GemmSchedule schedule = GemmSchedule::kCooperative);
 size_t cutlass_bf16_swiglu_workspace(int64_t m, int64_t f, int64_t k);
+
+// bf16 q|k|v linear with the attention prologue in its epilogue (Backend::qkv_split_norm_rope
+// for head_dim kQkvHeadDim): t = x · wqkvᵀ, rounded to bf16, [m, (hq + 2·hkv)·128], split per
+// 128-wide head into q [m, hq·128], k and v [m, hkv·128]; the heads of q and k RMS-normalised
+// with norm_q / norm_k [128] bf16 (both null: none) and rotated by the interleaved RoPE with
+// freqs (f32, 64 (cos, sin) pairs per token row; row r takes row r % seq_if_shared when that is
+// > 0; null: none). The same roundings as the GEMM followed by the prologue kernel.
+// kUnsupported when the build has no CUTLASS, the device is not sm_90, k % 8 != 0 or an operand
+// is misaligned (16 bytes; freqs 8). `workspace` of cutlass_bf16_qkv_norm_rope_workspace(m,
+// n, k) bytes at least, n = (hq + 2·hkv)·128.
+constexpr int kQkvHeadDim = 128;
+struct QkvPrologue {
+  void* q = nullptr;
+  void* k = nullptr;
+  void* v = nullptr;
+  const void* norm_q = nullptr;
+  const void* norm_k = nullptr;
+  const float* freqs = nullptr;
+  int64_t seq_if_shared = 0;
+  int hq = 0, hkv = 0;
+  float eps = 0.f;
+};
+Status cutlass_bf16_qkv_norm_rope(const void* x, const void* wqkv, const QkvPrologue& p, int64_t m,
+                                  int64_t k, void* workspace, size_t workspace_bytes,
+                                  cudaStream_t stream,
+                                  GemmSchedule schedule = GemmSchedule::kCooperative);
+size_t cutlass_bf16_qkv_norm_rope_workspace(int64_t m, int64_t n, int64_t k);
 
 }  // namespace zimage::cuda

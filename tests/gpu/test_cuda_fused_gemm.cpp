@@ -1,9 +1,11 @@
-// The feed-forward's GEMM with SwiGLU in its epilogue (Backend::matmul_swiglu; CUTLASS on sm_90,
-// gemm_cutlass.h): against the CPU oracle and against the two-kernel path it replaces (cuBLASLt
-// GEMM + swiglu, the same roundings, another order of summation), both schedules, recorded
-// (CUDA graph) against eager, a misaligned operand falling back, and a transformer whose
-// feed-forward weights are in row blocks (the path that ships) against the same transformer
-// unfused and against the CPU. Timed in CudaOpsPerf.MatmulSwiglu (test_cuda_perf.cpp).
+// The GEMMs with an epilogue of ours (CUTLASS on sm_90, gemm_cutlass.h): the feed-forward's with
+// SwiGLU (Backend::matmul_swiglu) and the attention's q|k|v with the per-head norm and RoPE
+// (Backend::matmul_qkv_norm_rope). Each against the CPU oracle and against the two-kernel path
+// it replaces (cuBLASLt GEMM + the elementwise kernel: the same roundings, another order of
+// summation), both schedules, recorded (CUDA graph) against eager, a misaligned operand falling
+// back; and a transformer running both (the path that ships) against the same transformer
+// unfused and against the CPU. Timed in CudaOpsPerf.MatmulSwiglu / MatmulQkvNormRope
+// (test_cuda_perf.cpp).
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -28,11 +30,11 @@ bool fused_here(cuda::CudaBackend* g, int64_t f, int64_t k) {
   return g != nullptr && g->swiglu_block(f, k) == cuda::kSwigluBlock;
 }
 
-#define ZI_REQUIRE_FUSED_SWIGLU(g)                                                       \
-  do {                                                                                   \
-    ZI_REQUIRE_GPU();                                                                    \
-    if (!fused_here(g, 256, 64))                                                         \
-      GTEST_SKIP() << "no fused SwiGLU GEMM here (needs sm_90 and the CUTLASS kernels)"; \
+#define ZI_REQUIRE_FUSED_GEMMS(g)                                                 \
+  do {                                                                            \
+    ZI_REQUIRE_GPU();                                                             \
+    if (!fused_here(g, 256, 64))                                                  \
+      GTEST_SKIP() << "no fused GEMMs here (need sm_90 and the CUTLASS kernels)"; \
   } while (0)
 
 struct Case {
@@ -57,9 +59,9 @@ std::vector<float> run_gpu(cuda::CudaBackend* g, const Tensor& x, const Tensor& 
   return fetch(*g, y);
 }
 
-TEST(CudaSwiglu, FusedAgainstOracleAndTwoKernels) {
+TEST(CudaFusedGemm, SwigluFusedAgainstOracleAndTwoKernels) {
   cuda::CudaBackend* g = gpu(DType::kBF16);
-  ZI_REQUIRE_FUSED_SWIGLU(g);
+  ZI_REQUIRE_FUSED_GEMMS(g);
   // Rows past a tile (M % 128, M % 64), one tile of F, several, K of one and many 64-deep steps,
   // the DiT's K.
   const Case cases[] = {
@@ -88,9 +90,9 @@ TEST(CudaSwiglu, FusedAgainstOracleAndTwoKernels) {
   }
 }
 
-TEST(CudaSwiglu, RecordedEqualsEagerAndMisalignedFallsBack) {
+TEST(CudaFusedGemm, SwigluRecordedEqualsEagerAndMisalignedFallsBack) {
   cuda::CudaBackend* g = gpu(DType::kBF16);
-  ZI_REQUIRE_FUSED_SWIGLU(g);
+  ZI_REQUIRE_FUSED_GEMMS(g);
   const int64_t m = 300, f = 512, k = 768;
   const Tensor xh = rand_host({m + 1, k}, 900, DType::kBF16);
   const Tensor wh = rand_host({2 * f, k}, 901, DType::kBF16, -0.06f, 0.06f);
@@ -122,6 +124,99 @@ TEST(CudaSwiglu, RecordedEqualsEagerAndMisalignedFallsBack) {
   const std::vector<float> ref(cy.data_as<float>(), cy.data_as<float>() + cy.numel());
   expect_close("matmul_swiglu misaligned x (fallback)", DType::kBF16, run_gpu(g, x, wsh, true, xm),
                ref);
+}
+
+// q, k, v of the q|k|v linear and prologue for x on the GPU, fused or as the two ops.
+struct Qkv {
+  std::vector<float> q, k, v;
+};
+Qkv run_qkv(cuda::CudaBackend* g, Backend& be, const Tensor& xh, const Tensor& wh, int64_t b,
+            int64_t s, int64_t hq, int64_t hkv, bool norm, bool rope, bool shared, bool fused) {
+  const int64_t dh = 128;
+  const Tensor nq = rand_host({dh}, 801, DType::kBF16, 0.5f, 1.5f);
+  const Tensor nk = rand_host({dh}, 802, DType::kBF16, 0.5f, 1.5f);
+  const Tensor fh = rand_host({shared ? 1 : b, s, dh / 2, 2}, 803, DType::kF32);
+  const DType dt = be.act_dtype();
+  auto up = [&](const Tensor& h, DType d) { return take(be.upload(h, d), "upload"); };
+  Tensor x = up(xh, dt), w = up(wh, dt);
+  Tensor q = take(be.alloc(dt, {b, s, hq, dh}), "q"), k = take(be.alloc(dt, {b, s, hkv, dh}), "k");
+  Tensor v = take(be.alloc(dt, {b, s, hkv, dh}), "v");
+  for (Tensor* t : {&q, &k, &v})
+    EXPECT_TRUE(be.fill(*t, std::numeric_limits<float>::quiet_NaN()).ok());
+  Tensor qkv;  // taken from the backend where the op is not fused
+  if (g != nullptr) g->set_fused_qkv(fused);
+  const Status st =
+      be.matmul_qkv_norm_rope(x, w, norm ? up(nq, dt) : Tensor(), norm ? up(nk, dt) : Tensor(),
+                              1e-6f, rope ? up(fh, DType::kF32) : Tensor(), qkv, q, k, v);
+  if (g != nullptr) g->set_fused_qkv(true);
+  EXPECT_TRUE(st.ok()) << st.to_string();
+  return {fetch(be, q), fetch(be, k), fetch(be, v)};
+}
+
+TEST(CudaFusedGemm, QkvNormRopeAgainstOracleAndTwoKernels) {
+  cuda::CudaBackend* g = gpu(DType::kBF16);
+  ZI_REQUIRE_FUSED_GEMMS(g);
+  struct QCase {
+    int64_t b, s, hq, hkv, k;
+    bool norm, rope, shared;
+  };
+  // A partial row tile, grouped k/v heads, freqs shared by a batch of two, no norm, no RoPE,
+  // the DiT's heads and K.
+  const QCase cases[] = {{1, 37, 2, 2, 64, true, true, false},
+                         {2, 70, 3, 1, 256, true, true, true},
+                         {1, 200, 2, 2, 136, false, true, false},
+                         {1, 130, 1, 2, 128, true, false, false},
+                         {1, 1040, 30, 30, 3840, true, true, false}};
+  uint32_t seed = 820;
+  for (const QCase& c : cases) {
+    const int64_t rows = c.b * c.s, n = (c.hq + 2 * c.hkv) * 128;
+    const Tensor xh = rand_host({rows, c.k}, seed++, DType::kBF16, -2.f, 2.f);
+    const Tensor wh = rand_host({n, c.k}, seed++, DType::kBF16, -0.06f, 0.06f);
+    const std::string tag =
+        cat("matmul_qkv_norm_rope b", c.b, " s", c.s, " heads ", c.hq, "+2x", c.hkv, " k", c.k,
+            c.norm ? " norm" : "", c.rope ? " rope" : "", c.shared ? " shared" : "");
+    const Qkv ref = run_qkv(nullptr, cpu_oracle(), xh, wh, c.b, c.s, c.hq, c.hkv, c.norm, c.rope,
+                            c.shared, false);
+    const Qkv two = run_qkv(g, *g, xh, wh, c.b, c.s, c.hq, c.hkv, c.norm, c.rope, c.shared, false);
+    const Qkv coop = run_qkv(g, *g, xh, wh, c.b, c.s, c.hq, c.hkv, c.norm, c.rope, c.shared, true);
+    g->set_qkv_pingpong(true);
+    const Qkv ping = run_qkv(g, *g, xh, wh, c.b, c.s, c.hq, c.hkv, c.norm, c.rope, c.shared, true);
+    g->set_qkv_pingpong(false);
+    const std::pair<const char*, std::vector<float> Qkv::*> parts[] = {
+        {" q", &Qkv::q}, {" k", &Qkv::k}, {" v", &Qkv::v}};
+    for (const auto& [name, part] : parts) {
+      expect_close(tag + name + " two kernels vs CPU", DType::kBF16, two.*part, ref.*part);
+      expect_close(tag + name + " fused vs CPU", DType::kBF16, coop.*part, ref.*part);
+      expect_close(tag + name + " fused vs two kernels", DType::kBF16, coop.*part, two.*part, 4e-3);
+      EXPECT_EQ(coop.*part, ping.*part) << tag << name << ": the schedules sum in one order";
+    }
+  }
+}
+
+TEST(CudaFusedGemm, QkvRecordedEqualsEager) {
+  cuda::CudaBackend* g = gpu(DType::kBF16);
+  ZI_REQUIRE_FUSED_GEMMS(g);
+  const int64_t s = 300, h = 2, kd = 256, dh = 128;
+  Tensor x = take(g->upload(rand_host({s, kd}, 850, DType::kBF16), DType::kBF16), "x");
+  Tensor w = take(
+      g->upload(rand_host({3 * h * dh, kd}, 851, DType::kBF16, -0.06f, 0.06f), DType::kBF16), "w");
+  Tensor nq = take(g->upload(rand_host({dh}, 852, DType::kBF16), DType::kBF16), "nq");
+  Tensor nk = take(g->upload(rand_host({dh}, 853, DType::kBF16), DType::kBF16), "nk");
+  Tensor f = take(g->upload(rand_host({1, s, dh / 2, 2}, 854, DType::kF32), DType::kF32), "f");
+  auto outs = [&] {
+    std::vector<Tensor> o;
+    for (int i = 0; i < 3; ++i) o.push_back(take(g->alloc(DType::kBF16, {1, s, h, dh}), "o"));
+    return o;
+  };
+  std::vector<Tensor> e = outs(), r = outs();
+  Tensor none;
+  ZI_ASSERT_OK(g->matmul_qkv_norm_rope(x, w, nq, nk, 1e-6f, f, none, e[0], e[1], e[2]));
+  auto work = g->record(
+      [&] { return g->matmul_qkv_norm_rope(x, w, nq, nk, 1e-6f, f, none, r[0], r[1], r[2]); });
+  ASSERT_TRUE(work.ok()) << work.status().to_string();
+  for (Tensor& t : r) ZI_ASSERT_OK(g->fill(t, std::numeric_limits<float>::quiet_NaN()));
+  ZI_ASSERT_OK((*work)->replay());
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(fetch(*g, r[i]), fetch(*g, e[i])) << "output " << i;
 }
 
 // A transformer whose F is a multiple of the block (dim 384: F = 1024, head_dim 128 as the
@@ -164,9 +259,9 @@ std::vector<float> values(const Tensor& t) {
                      : std::vector<float>();
 }
 
-TEST(CudaSwiglu, TransformerInRowBlocksAgainstUnfusedAndCpu) {
+TEST(CudaFusedGemm, TransformerAgainstUnfusedAndCpu) {
   cuda::CudaBackend* g = gpu(DType::kBF16);
-  ZI_REQUIRE_FUSED_SWIGLU(g);
+  ZI_REQUIRE_FUSED_GEMMS(g);
   TransformerConfig cfg;
   const std::string dir = write_wide_dit(cfg);
   ASSERT_EQ(g->swiglu_block(cfg.ffn_hidden(), cfg.dim), cuda::kSwigluBlock);
@@ -180,6 +275,13 @@ TEST(CudaSwiglu, TransformerInRowBlocksAgainstUnfusedAndCpu) {
   g->set_fused_swiglu(false);
   auto plain = ZImageDiT::load(cfg, *ws, *g);
   g->set_fused_swiglu(true);
+  // The unfused transformer runs the q|k|v GEMM and the prologue as two kernels too.
+  auto run_plain = [&] {
+    g->set_fused_qkv(false);
+    Tensor t = forward(**plain, *g, lat, cap);
+    g->set_fused_qkv(true);
+    return t;
+  };
   ASSERT_TRUE(plain.ok()) << plain.status().to_string();
   auto cpu_dit = ZImageDiT::load(cfg, *ws, cpu_oracle());
   ASSERT_TRUE(cpu_dit.ok()) << cpu_dit.status().to_string();
@@ -191,21 +293,24 @@ TEST(CudaSwiglu, TransformerInRowBlocksAgainstUnfusedAndCpu) {
   auto prof = g->op_profile();
   g->set_profiling(false);
   ASSERT_TRUE(prof.ok()) << prof.status().to_string();
-  int64_t fused_calls = 0;
-  for (const auto& e : *prof)
-    if (e.op.rfind("matmul_swiglu", 0) == 0) fused_calls += e.calls;
-  EXPECT_EQ(fused_calls, 4) << "feed-forwards that ran fused";
+  int64_t swiglu_calls = 0, qkv_calls = 0;
+  for (const auto& e : *prof) {
+    if (e.op.rfind("matmul_swiglu", 0) == 0) swiglu_calls += e.calls;
+    if (e.op.rfind("matmul_qkv_norm_rope", 0) == 0) qkv_calls += e.calls;
+  }
+  EXPECT_EQ(swiglu_calls, 4) << "feed-forwards that ran fused";
+  EXPECT_EQ(qkv_calls, 4) << "attention prologues that ran fused";
   (*fused)->set_use_graphs(true);
   const Tensor recorded = forward(**fused, *g, lat, cap);
   const Tensor replayed = forward(**fused, *g, lat, cap);
-  const Tensor unfused = forward(**plain, *g, lat, cap);
+  (*plain)->set_use_graphs(false);
+  const Tensor unfused = run_plain();
   const Tensor ref = forward(**cpu_dit, cpu_oracle(), lat, cap);
   ASSERT_TRUE(eager.defined() && recorded.defined() && replayed.defined() && unfused.defined() &&
               ref.defined());
   EXPECT_EQ(values(recorded), values(eager)) << "recorded forward differs from eager";
   EXPECT_EQ(values(replayed), values(eager)) << "replayed forward differs from eager";
-  expect_close("transformer, fused feed-forward vs CPU", DType::kBF16, values(eager), values(ref),
-               3e-2);
+  expect_close("transformer, fused GEMMs vs CPU", DType::kBF16, values(eager), values(ref), 3e-2);
   expect_close("transformer, unfused vs CPU", DType::kBF16, values(unfused), values(ref), 3e-2);
   expect_close("transformer, fused vs unfused", DType::kBF16, values(eager), values(unfused), 2e-2);
   fused->reset();

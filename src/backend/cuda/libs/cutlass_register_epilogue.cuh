@@ -1,0 +1,140 @@
+// What the CUTLASS GEMMs with an epilogue of ours share (gemm_swiglu.cu, gemm_qkv.cu): CUTLASS
+// 3.x's Hopper mainloop (TMA loads, warp-specialised wgmma, a persistent tile scheduler) and a
+// collective epilogue that takes each thread's accumulators straight from its registers, run
+// through CUTLASS's Sm90 adapter for such epilogues (what its NoSmemWarpSpecialized schedule
+// does with DefaultEpilogue). Such an epilogue sees every value of a thread's rows at once, which
+// the elementwise epilogue visitor trees do not offer: SwiGLU pairs two columns, the attention
+// prologue normalises 128-wide rows. Included only by the sm_90a CUTLASS units.
+#pragma once
+
+#include <cutlass/cutlass.h>
+#include <cutlass/epilogue/thread/linear_combination.h>
+#include <cutlass/gemm/device/gemm_universal_adapter.h>
+
+#include <cute/tensor.hpp>
+#include <cutlass/epilogue/collective/detail.hpp>
+#include <cutlass/gemm/collective/collective_builder.hpp>
+#include <cutlass/gemm/dispatch_policy.hpp>
+#include <cutlass/gemm/kernel/gemm_universal.hpp>
+#include <string>
+
+#include "core/status.h"
+
+namespace zimage::cuda::register_epilogue {
+
+using Bf16 = cutlass::bfloat16_t;
+
+__device__ __forceinline__ float round_bf16(float v) {
+  return static_cast<float>(Bf16(v));
+}
+
+// The interface CUTLASS's DefaultEpilogue has (types, arguments, workspace) for a bf16-output
+// epilogue with `Args` as its arguments and no source tensor C; a derived class adds
+// can_implement and the operator() that writes the tile.
+template <class Args>
+class Base {
+ public:
+  using EpilogueSchedule = cutlass::gemm::EpilogueDefault;
+  using DispatchPolicy = EpilogueSchedule;
+  using ThreadEpilogueOp = cutlass::epilogue::thread::LinearCombination<Bf16, 1, float, float>;
+  using ElementOutput = Bf16;
+  using ElementAccumulator = float;
+  using ElementCompute = float;
+  using ElementScalar = float;
+  using ElementC = void;
+  using ElementD = Bf16;
+  using StrideC = cute::Stride<int64_t, cute::Int<1>, int64_t>;
+  using StrideD = StrideC;
+  using GmemElementC = Bf16;
+  using GmemTiledCopyC = void;
+  using GmemTiledCopyD = void;
+  struct SharedStorage {};
+  using TensorStorage = SharedStorage;
+  using Arguments = Args;
+  using Params = Args;
+
+  template <class ProblemShape>
+  static constexpr Params to_underlying_arguments(ProblemShape const&, Arguments const& args,
+                                                  void*) {
+    return args;
+  }
+  template <class ProblemShape>
+  static size_t get_workspace_size(ProblemShape const&, Arguments const&) {
+    return 0;
+  }
+  template <class ProblemShape>
+  static cutlass::Status initialize_workspace(ProblemShape const&, Arguments const&, void*,
+                                              cudaStream_t, cutlass::CudaHostAdapter* = nullptr) {
+    return cutlass::Status::kSuccess;
+  }
+
+  CUTLASS_HOST_DEVICE
+  Base(Params const& params, SharedStorage const& = SharedStorage()) : params_(params) {}
+
+  CUTLASS_DEVICE bool is_source_needed() { return false; }
+
+ protected:
+  Params params_;
+};
+
+// A bf16 GEMM y = x · wᵀ (x [m, k] row-major, w [n, k] row-major) with epilogue `Epi` and the
+// mainloop CUTLASS's builder makes for `TileShape`, `ClusterShape` and `KernelSchedule`.
+template <class TileShape, class ClusterShape, class KernelSchedule, class Epi>
+struct Gemm {
+  static constexpr int kAlign = 8;  // elements: 16 bytes
+  using CollectiveEpilogue =
+      cutlass::epilogue::collective::detail::Sm90TmaWarpSpecializedAdapter<Epi>;
+  using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Bf16, cutlass::layout::RowMajor, kAlign,
+      Bf16, cutlass::layout::ColumnMajor, kAlign, float, TileShape, ClusterShape,
+      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
+          sizeof(typename CollectiveEpilogue::SharedStorage))>,
+      KernelSchedule>::CollectiveOp;
+  using Kernel = cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>,
+                                                      CollectiveMainloop, CollectiveEpilogue>;
+  using Adapter = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+
+  static typename Adapter::Arguments arguments(const void* x, const void* w, int m, int n, int k,
+                                               typename Epi::Arguments const& epi) {
+    using StrideA = typename Adapter::GemmKernel::StrideA;
+    using StrideB = typename Adapter::GemmKernel::StrideB;
+    StrideA sa =
+        cute::make_stride(static_cast<int64_t>(k), cute::Int<1>{}, static_cast<int64_t>(m) * k);
+    StrideB sb =
+        cute::make_stride(static_cast<int64_t>(k), cute::Int<1>{}, static_cast<int64_t>(n) * k);
+    return typename Adapter::Arguments{
+        cutlass::gemm::GemmUniversalMode::kGemm,
+        {m, n, k, 1},
+        {static_cast<const Bf16*>(x), sa, static_cast<const Bf16*>(w), sb},
+        epi};
+  }
+
+  static size_t workspace(int m, int n, int k) {
+    return Adapter::get_workspace_size(arguments(nullptr, nullptr, m, n, k, {}));
+  }
+
+  static Status run(const char* what, const void* x, const void* w, int m, int n, int k,
+                    typename Epi::Arguments const& epi, void* ws, size_t ws_bytes,
+                    cudaStream_t stream) {
+    const auto args = arguments(x, w, m, n, k, epi);
+    Adapter gemm;
+    if (gemm.can_implement(args) != cutlass::Status::kSuccess)
+      return Unsupported(std::string(what) + ": cannot implement " + std::to_string(m) + "x" +
+                         std::to_string(n) + "x" + std::to_string(k));
+    if (Adapter::get_workspace_size(args) > ws_bytes)
+      return InternalError(std::string(what) + ": workspace too small");
+    cutlass::Status st = gemm.initialize(args, ws, stream);
+    if (st == cutlass::Status::kSuccess) st = gemm.run(stream);
+    if (st != cutlass::Status::kSuccess)
+      return DeviceError(std::string(what) + ": " + cutlassGetStatusString(st));
+    const cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return DeviceError(std::string(what) + ": " + cudaGetErrorString(e));
+    return Status::Ok();
+  }
+};
+
+inline bool aligned16(const void* p) {
+  return (reinterpret_cast<uintptr_t>(p) & 15u) == 0;
+}
+
+}  // namespace zimage::cuda::register_epilogue
