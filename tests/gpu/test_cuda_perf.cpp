@@ -93,18 +93,52 @@ double sustained_ms(cuda::CudaBackend* g, const std::function<Status()>& f) {
   return ms[ms.size() / 2];
 }
 
-// The DiT's feed-forward w1|w3 at 1024², 1536² and 2048²: cuBLASLt's GEMM + the swiglu kernel
-// against the GEMM with SwiGLU in its epilogue (both schedules).
+constexpr std::pair<cuda::GemmSchedule, const char*> kSchedules[] = {
+    {cuda::GemmSchedule::kCooperative, "coop"},
+    {cuda::GemmSchedule::kCooperativeTall, "coop-tall"},
+    {cuda::GemmSchedule::kPingpong, "pingpong"},
+    {cuda::GemmSchedule::kPingpongNarrow, "pingpong-narrow"}};
+constexpr std::pair<cuda::GemmRaster, const char*> kRasters[] = {
+    {cuda::GemmRaster::kHeuristic, "auto"},
+    {cuda::GemmRaster::kAlongM, "m"},
+    {cuda::GemmRaster::kAlongN, "n"}};
+
+// Times `op` under every tuning (schedule, raster, swizzle) `set` applies; prints each and the
+// best, as the ZIMAGE_*_GEMM setting that gives it.
+void sweep(cuda::CudaBackend* g, const std::string& what, double flop, double t_two,
+           const std::function<void(const cuda::GemmTuning&)>& set,
+           const std::function<Status()>& op) {
+  double best = 1e30;
+  std::string best_name;
+  for (auto [schedule, sname] : kSchedules)
+    for (auto [raster, rname] : kRasters)
+      for (int swizzle : {1, 2, 4, 8}) {
+        set({schedule, raster, swizzle});
+        const double t = sustained_ms(g, op);
+        const std::string name = cat(sname, ",", rname, ",", swizzle);
+        report(cat(what, " fused ", name), t, flop, 0);
+        if (t < best) best = t, best_name = name;
+      }
+  set({});
+  std::printf("  PERF %s: best %s %.3f ms, %.3fx the two kernels (%.3f ms)\n", what.c_str(),
+              best_name.c_str(), best, t_two / best, t_two);
+}
+
+// The DiT's feed-forward w1|w3 at 1024² and 2048²: cuBLASLt's GEMM + the swiglu kernel against
+// the GEMM with SwiGLU in its epilogue, every tuning.
 TEST(CudaOpsPerf, MatmulSwiglu) {
   ZI_REQUIRE_GPU();
   cuda::CudaBackend* g = gpu(DType::kBF16);
   const int64_t f = 10240, k = 3840;
-  if (g->swiglu_block(f, k) != cuda::kSwigluBlock) GTEST_SKIP() << "no fused SwiGLU GEMM here";
-  LinearWeight plain, blocked;
+  if (g->swiglu_block(f, k) <= 0) GTEST_SKIP() << "no fused SwiGLU GEMM here";
+  LinearWeight plain;
   plain.w = rand_dev(g, {2 * f, k}, 3000, -0.05f, 0.05f);
-  blocked.w = rand_dev(g, {2 * f, k}, 3000, -0.05f, 0.05f);
-  ZI_ASSERT_OK(set_swiglu_block(*g, blocked, cuda::kSwigluBlock));
-  for (int64_t m : {int64_t{4160}, int64_t{9280}, int64_t{16448}}) {
+  LinearWeight blocked[2];  // blocks of 128 and of 64
+  for (int i = 0; i < 2; ++i) {
+    blocked[i].w = rand_dev(g, {2 * f, k}, 3000, -0.05f, 0.05f);
+    ZI_ASSERT_OK(set_swiglu_block(*g, blocked[i], i == 0 ? 128 : 64));
+  }
+  for (int64_t m : {int64_t{4160}, int64_t{16448}}) {
     Tensor x = rand_dev(g, {m, k}, 3001);
     Tensor h = take(g->alloc(DType::kBF16, {m, 2 * f}), "h");
     Tensor y = take(g->alloc(DType::kBF16, {m, f}), "y");
@@ -114,32 +148,28 @@ TEST(CudaOpsPerf, MatmulSwiglu) {
       Status s = g->matmul(x, plain.w, Tensor(), h);
       return s.ok() ? g->swiglu(h, y) : s;
     });
-    const double t_coop =
-        sustained_ms(g, [&] { return g->matmul_swiglu(x, blocked.w, blocked.swiglu_block, y); });
-    g->set_swiglu_pingpong(true);
-    const double t_ping =
-        sustained_ms(g, [&] { return g->matmul_swiglu(x, blocked.w, blocked.swiglu_block, y); });
-    g->set_swiglu_pingpong(false);
     report(cat("w1|w3 GEMM alone (cuBLASLt) ", m, "x", 2 * f, "x", k), t_gemm, flop, 0);
     report(cat("GEMM + swiglu (two kernels) ", m), t_two, flop, 0);
-    report(cat("fused, cooperative 128x256 ", m), t_coop, flop, 0);
-    report(cat("fused, ping-pong 64x256 ", m), t_ping, flop, 0);
-    std::printf("  PERF fused/two kernels at M %lld: cooperative %.3fx, ping-pong %.3fx\n",
-                static_cast<long long>(m), t_two / t_coop, t_two / t_ping);
-    EXPECT_GT(t_coop, 0);
+    sweep(
+        g, cat("swiglu ", m), flop, t_two,
+        [&](const cuda::GemmTuning& t) { g->set_swiglu_tuning(t); },
+        [&] {
+          const LinearWeight& w = blocked[g->swiglu_block(f, k) == 128 ? 0 : 1];
+          return g->matmul_swiglu(x, w.w, w.swiglu_block, y);
+        });
   }
 }
 
-// The DiT's q|k|v linear and attention prologue at 1024², 1536² and 2048²: cuBLASLt's GEMM + the
-// prologue kernel against the GEMM with the prologue in its epilogue (both schedules).
+// The DiT's q|k|v linear and attention prologue at 1024² and 2048²: cuBLASLt's GEMM + the prologue
+// kernel against the GEMM with the prologue in its epilogue, every tuning.
 TEST(CudaOpsPerf, MatmulQkvNormRope) {
   ZI_REQUIRE_GPU();
   cuda::CudaBackend* g = gpu(DType::kBF16);
-  if (g->swiglu_block(10240, 3840) != cuda::kSwigluBlock) GTEST_SKIP() << "no fused GEMMs here";
+  if (g->swiglu_block(10240, 3840) <= 0) GTEST_SKIP() << "no fused GEMMs here";
   const int64_t h = 30, dh = 128, k = 3840, n = 3 * h * dh;
   Tensor w = rand_dev(g, {n, k}, 3100, -0.05f, 0.05f);
   Tensor nq = rand_dev(g, {dh}, 3101, 0.5f, 1.5f), nk = rand_dev(g, {dh}, 3102, 0.5f, 1.5f);
-  for (int64_t m : {int64_t{4160}, int64_t{9280}, int64_t{16448}}) {
+  for (int64_t m : {int64_t{4160}, int64_t{16448}}) {
     Tensor x = rand_dev(g, {m, k}, 3103);
     Tensor f = take(g->upload(rand_host({1, m, dh / 2, 2}, 3104, DType::kF32), DType::kF32), "f");
     Tensor qkv = take(g->alloc(DType::kBF16, {m, n}), "qkv");
@@ -151,16 +181,10 @@ TEST(CudaOpsPerf, MatmulQkvNormRope) {
     g->set_fused_qkv(false);
     const double t_two = sustained_ms(g, op);
     g->set_fused_qkv(true);
-    const double t_coop = sustained_ms(g, op);
-    g->set_qkv_pingpong(true);
-    const double t_ping = sustained_ms(g, op);
-    g->set_qkv_pingpong(false);
     report(cat("q|k|v GEMM + prologue (two kernels) ", m, "x", n, "x", k), t_two, flop, 0);
-    report(cat("fused, cooperative 128x128 ", m), t_coop, flop, 0);
-    report(cat("fused, ping-pong 128x128 ", m), t_ping, flop, 0);
-    std::printf("  PERF fused/two kernels at M %lld: cooperative %.3fx, ping-pong %.3fx\n",
-                static_cast<long long>(m), t_two / t_coop, t_two / t_ping);
-    EXPECT_GT(t_coop, 0);
+    sweep(
+        g, cat("qkv ", m), flop, t_two, [&](const cuda::GemmTuning& t) { g->set_qkv_tuning(t); },
+        op);
   }
 }
 

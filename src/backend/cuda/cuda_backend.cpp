@@ -114,12 +114,18 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(int device_index, DType
     b->fused_norm_ = std::string(fused) != "0";
   if (const char* fused = std::getenv("ZIMAGE_FUSED_SWIGLU"))
     b->fused_swiglu_ = std::string(fused) != "0";
-  if (const char* sched = std::getenv("ZIMAGE_SWIGLU_SCHEDULE"))
-    b->swiglu_pingpong_ = std::string(sched) == "pingpong";
+  if (const char* t = std::getenv("ZIMAGE_SWIGLU_GEMM")) {
+    auto tuning = parse_gemm_tuning(t);
+    if (!tuning.ok()) return tuning.status().with_context("ZIMAGE_SWIGLU_GEMM");
+    b->swiglu_tuning_ = *tuning;
+  }
   if (const char* fused = std::getenv("ZIMAGE_FUSED_QKV"))
     b->fused_qkv_ = std::string(fused) != "0";
-  if (const char* sched = std::getenv("ZIMAGE_QKV_SCHEDULE"))
-    b->qkv_pingpong_ = std::string(sched) == "pingpong";
+  if (const char* t = std::getenv("ZIMAGE_QKV_GEMM")) {
+    auto tuning = parse_gemm_tuning(t);
+    if (!tuning.ok()) return tuning.status().with_context("ZIMAGE_QKV_GEMM");
+    b->qkv_tuning_ = *tuning;
+  }
   if (const char* pin = std::getenv("ZIMAGE_HOST_PIN"))
     b->pin_by_register_ = std::string(pin) == "register";
   ZI_INFO("cuda backend %s ready in %.3f s (context, cuBLASLt, cuDNN)", b->name_.c_str(),

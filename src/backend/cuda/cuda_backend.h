@@ -29,6 +29,7 @@
 
 #include "backend/backend.h"
 #include "backend/cuda/kernels/kernels.h"
+#include "backend/cuda/libs/gemm_cutlass.h"
 #include "backend/cuda/runtime/allocator.h"
 #include "backend/cuda/runtime/locked_ranges.h"
 #include "backend/cuda/runtime/op_profiler.h"
@@ -143,12 +144,13 @@ class CudaBackend final : public Backend {
                              Tensor& v) override;
   // Fused on sm_90 for head_dim 128 in bf16 (CUTLASS's Hopper GEMM with the prologue in its
   // epilogue, gemm_cutlass.h); otherwise Backend's two ops. ZIMAGE_FUSED_QKV=0: never fused;
-  // ZIMAGE_QKV_SCHEDULE=pingpong: ping-pong warp groups, else cooperative.
+  // ZIMAGE_QKV_GEMM: how (parse_gemm_tuning).
   Status matmul_qkv_norm_rope(const Tensor& x, const Tensor& wqkv, const Tensor& norm_q,
                               const Tensor& norm_k, float eps, const Tensor& freqs, Tensor& qkv,
                               Tensor& q, Tensor& k, Tensor& v) override;
   void set_fused_qkv(bool on) { fused_qkv_ = on; }
-  void set_qkv_pingpong(bool on) { qkv_pingpong_ = on; }
+  void set_qkv_tuning(const GemmTuning& t) { qkv_tuning_ = t; }
+  const GemmTuning& qkv_tuning() const { return qkv_tuning_; }
   Status dit_modulation(const Tensor& mod, Tensor& scale_a, Tensor& gate_a, Tensor& scale_f,
                         Tensor& gate_f) override;
   Status attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& p,
@@ -158,13 +160,15 @@ class CudaBackend final : public Backend {
   Status clamp(const Tensor& x, float lo, float hi, Tensor& y) override;
   Status swiglu(const Tensor& x, Tensor& y) override;
   // Fused on sm_90 (CUTLASS's Hopper GEMM with the SwiGLU in its epilogue, gemm_cutlass.h) for
-  // bf16 weights in blocks of kSwigluBlock rows; otherwise Backend's GEMM + swiglu.
+  // bf16 weights in the row blocks swiglu_block() asks for; otherwise Backend's GEMM + swiglu.
   Status matmul_swiglu(const Tensor& x, const Tensor& w13, int64_t block, Tensor& y) override;
   int64_t swiglu_block(int64_t f, int64_t k) const override;
   // Whether matmul_swiglu may fuse (the default; ZIMAGE_FUSED_SWIGLU=0: cuBLASLt + swiglu), and
-  // its schedule (ZIMAGE_SWIGLU_SCHEDULE=pingpong: ping-pong warp groups, else cooperative).
+  // how (ZIMAGE_SWIGLU_GEMM, parse_gemm_tuning). A weight blocked under one tuning falls back to
+  // the unfused path under a tuning of another block.
   void set_fused_swiglu(bool on) { fused_swiglu_ = on; }
-  void set_swiglu_pingpong(bool on) { swiglu_pingpong_ = on; }
+  void set_swiglu_tuning(const GemmTuning& t) { swiglu_tuning_ = t; }
+  const GemmTuning& swiglu_tuning() const { return swiglu_tuning_; }
   Status axpby(float a, const Tensor& x, float b, const Tensor& y, Tensor& out) override;
   Status add(const Tensor& x, const Tensor& y, Tensor& out) override;
   Result<std::vector<double>> sum_squares(const Tensor& x) override;
@@ -281,9 +285,9 @@ class CudaBackend final : public Backend {
   bool pin_by_register_ = false;
   bool fused_norm_ = true;
   bool fused_swiglu_ = true;
-  bool swiglu_pingpong_ = false;
+  GemmTuning swiglu_tuning_;
   bool fused_qkv_ = true;
-  bool qkv_pingpong_ = false;
+  GemmTuning qkv_tuning_;
   bool upload_locked_ = false;
   // What lock_host_range locked (shared with the handles' release).
   std::shared_ptr<LockedRanges> locked_ = std::make_shared<LockedRanges>();

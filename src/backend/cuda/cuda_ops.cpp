@@ -291,9 +291,9 @@ Status CudaBackend::matmul_qkv_norm_rope(const Tensor& x, const Tensor& wqkv, co
   p.seq_if_shared = shared ? s : 0;
   p.hq = static_cast<int>(hq), p.hkv = static_cast<int>(hkv);
   p.eps = eps;
-  const Status st = cutlass_bf16_qkv_norm_rope(
-      x.data(), wqkv.data(), p, rows, kd, ws_bytes ? ws.data() : nullptr, ws_bytes, stream_,
-      qkv_pingpong_ ? GemmSchedule::kPingpong : GemmSchedule::kCooperative);
+  const Status st =
+      cutlass_bf16_qkv_norm_rope(x.data(), wqkv.data(), p, rows, kd, ws_bytes ? ws.data() : nullptr,
+                                 ws_bytes, stream_, qkv_tuning_);
   if (st.code() == ErrorCode::kUnsupported) return unfused();
   return st.with_context("matmul_qkv_norm_rope");
 }
@@ -358,11 +358,12 @@ Status CudaBackend::swiglu(const Tensor& x, Tensor& y) {
 }
 
 int64_t CudaBackend::swiglu_block(int64_t f, int64_t k) const {
+  const int64_t block = gemm_swiglu_block(swiglu_tuning_.schedule);
   const bool fits =
-      f > 0 && f % kSwigluBlock == 0 && k > 0 && k % 8 == 0 && 2 * f <= INT32_MAX && k <= INT32_MAX;
+      f > 0 && f % block == 0 && k > 0 && k % 8 == 0 && 2 * f <= INT32_MAX && k <= INT32_MAX;
   return fused_swiglu_ && use_cutlass_ && act_ == DType::kBF16 && sm_ == 90 &&
                  cutlass_available() && fits
-             ? kSwigluBlock
+             ? block
              : 0;
 }
 
@@ -370,8 +371,7 @@ Status CudaBackend::matmul_swiglu(const Tensor& x, const Tensor& w13, int64_t bl
   constexpr const char* op = "matmul_swiglu";
   ZI_TRY(contract::matmul_swiglu(cuda_env(act_), x, w13, block, y));
   const int64_t k = x.dim(-1), f = w13.dim(0) / 2, m = x.numel() / std::max<int64_t>(k, 1);
-  if (block != kSwigluBlock || swiglu_block(f, k) != block || x.dtype() != DType::kBF16 ||
-      m > INT32_MAX)
+  if (block <= 0 || swiglu_block(f, k) != block || x.dtype() != DType::kBF16 || m > INT32_MAX)
     return Backend::matmul_swiglu(x, w13, block, y);
   if (m == 0) return Status::Ok();
   ZI_OP_SCOPE("matmul_swiglu", &x, &w13);
@@ -380,9 +380,9 @@ Status CudaBackend::matmul_swiglu(const Tensor& x, const Tensor& w13, int64_t bl
   if (ws_bytes > 0) {
     ZI_ASSIGN_OR_RETURN(ws, alloc(DType::kU8, {static_cast<int64_t>(ws_bytes)}));
   }
-  const Status st = cutlass_bf16_swiglu(
-      x.data(), w13.data(), y.data(), m, f, k, ws_bytes ? ws.data() : nullptr, ws_bytes, stream_,
-      swiglu_pingpong_ ? GemmSchedule::kPingpong : GemmSchedule::kCooperative);
+  const Status st =
+      cutlass_bf16_swiglu(x.data(), w13.data(), y.data(), m, f, k, ws_bytes ? ws.data() : nullptr,
+                          ws_bytes, stream_, swiglu_tuning_);
   if (st.code() == ErrorCode::kUnsupported) return Backend::matmul_swiglu(x, w13, block, y);
   return st.with_context(op);
 }

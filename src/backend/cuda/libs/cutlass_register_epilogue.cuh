@@ -18,6 +18,7 @@
 #include <cutlass/gemm/kernel/gemm_universal.hpp>
 #include <string>
 
+#include "backend/cuda/libs/gemm_cutlass.h"
 #include "core/status.h"
 
 namespace zimage::cuda::register_epilogue {
@@ -95,18 +96,25 @@ struct Gemm {
   using Adapter = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 
   static typename Adapter::Arguments arguments(const void* x, const void* w, int m, int n, int k,
-                                               typename Epi::Arguments const& epi) {
+                                               typename Epi::Arguments const& epi,
+                                               const GemmTuning& tuning = {}) {
     using StrideA = typename Adapter::GemmKernel::StrideA;
     using StrideB = typename Adapter::GemmKernel::StrideB;
     StrideA sa =
         cute::make_stride(static_cast<int64_t>(k), cute::Int<1>{}, static_cast<int64_t>(m) * k);
     StrideB sb =
         cute::make_stride(static_cast<int64_t>(k), cute::Int<1>{}, static_cast<int64_t>(n) * k);
-    return typename Adapter::Arguments{
+    typename Adapter::Arguments args{
         cutlass::gemm::GemmUniversalMode::kGemm,
         {m, n, k, 1},
         {static_cast<const Bf16*>(x), sa, static_cast<const Bf16*>(w), sb},
         epi};
+    using Raster = cutlass::gemm::kernel::detail::RasterOrderOptions;
+    args.scheduler.raster_order = tuning.raster == GemmRaster::kAlongM   ? Raster::AlongM
+                                  : tuning.raster == GemmRaster::kAlongN ? Raster::AlongN
+                                                                         : Raster::Heuristic;
+    args.scheduler.max_swizzle_size = tuning.swizzle;
+    return args;
   }
 
   static size_t workspace(int m, int n, int k) {
@@ -114,9 +122,9 @@ struct Gemm {
   }
 
   static Status run(const char* what, const void* x, const void* w, int m, int n, int k,
-                    typename Epi::Arguments const& epi, void* ws, size_t ws_bytes,
-                    cudaStream_t stream) {
-    const auto args = arguments(x, w, m, n, k, epi);
+                    typename Epi::Arguments const& epi, const GemmTuning& tuning, void* ws,
+                    size_t ws_bytes, cudaStream_t stream) {
+    const auto args = arguments(x, w, m, n, k, epi, tuning);
     Adapter gemm;
     if (gemm.can_implement(args) != cutlass::Status::kSuccess)
       return Unsupported(std::string(what) + ": cannot implement " + std::to_string(m) + "x" +

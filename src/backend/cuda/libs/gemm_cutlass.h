@@ -9,6 +9,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "core/status.h"
 
@@ -34,22 +36,88 @@ Status cutlass_fp8_rows(const void* x8, const void* w8, const float* sx, const f
                         size_t workspace_bytes, cudaStream_t stream, bool fast_accum = false);
 size_t cutlass_fp8_rows_workspace(int64_t m, int64_t n, int64_t k);
 
+// How the GEMMs with an epilogue of ours are run on Hopper (CudaOpsPerf.MatmulSwiglu and
+// MatmulQkvNormRope time the choices):
+//  * the tile and kernel schedule: cooperative (two consumer warp groups split each tile) or
+//    ping-pong (each owns a tile; one's epilogue overlaps the other's MMAs), in two tile shapes
+//    each (the SwiGLU GEMM's tile is as wide as two of its row blocks: gemm_swiglu_block);
+//  * the persistent scheduler's order over the output tiles (along M or N, or CUTLASS's heuristic)
+//    and its swizzle (1, 2, 4 or 8 tiles), which decide how often the operands come back from
+//    memory rather than L2.
+enum class GemmSchedule {
+  kCooperative,      // SwiGLU 128 x 256, q|k|v 128 x 128
+  kCooperativeTall,  // SwiGLU 256 x 128, q|k|v 256 x 128
+  kPingpong,         // SwiGLU 64 x 256,  q|k|v 128 x 128
+  kPingpongNarrow,   // SwiGLU 128 x 128, q|k|v 64 x 128
+};
+enum class GemmRaster { kHeuristic, kAlongM, kAlongN };
+struct GemmTuning {
+  GemmSchedule schedule = GemmSchedule::kCooperative;
+  GemmRaster raster = GemmRaster::kHeuristic;
+  int swizzle = 1;
+};
+// "SCHEDULE[,RASTER[,SWIZZLE]]": coop, coop-tall, pingpong or pingpong-narrow; auto, m or n; 1,
+// 2, 4 or 8 (the ZIMAGE_SWIGLU_GEMM / ZIMAGE_QKV_GEMM settings). An error names what is wrong.
+inline Result<GemmTuning> parse_gemm_tuning(const std::string& text) {
+  GemmTuning t;
+  std::vector<std::string> parts;
+  for (size_t pos = 0;;) {
+    const size_t comma = text.find(',', pos);
+    parts.push_back(text.substr(pos, comma == std::string::npos ? comma : comma - pos));
+    if (comma == std::string::npos) break;
+    pos = comma + 1;
+  }
+  const auto bad = [&](const std::string& what) {
+    return InvalidArgument("GEMM tuning '" + text + "': " + what +
+                           " (SCHEDULE[,RASTER[,SWIZZLE]]: coop|coop-tall|pingpong|"
+                           "pingpong-narrow, auto|m|n, 1|2|4|8)");
+  };
+  if (parts.size() > 3) return bad("too many parts");
+  const std::string& s = parts[0];
+  if (s == "coop") {
+    t.schedule = GemmSchedule::kCooperative;
+  } else if (s == "coop-tall") {
+    t.schedule = GemmSchedule::kCooperativeTall;
+  } else if (s == "pingpong") {
+    t.schedule = GemmSchedule::kPingpong;
+  } else if (s == "pingpong-narrow") {
+    t.schedule = GemmSchedule::kPingpongNarrow;
+  } else {
+    return bad("unknown schedule '" + s + "'");
+  }
+  if (parts.size() > 1) {
+    const std::string& r = parts[1];
+    if (r == "auto") {
+      t.raster = GemmRaster::kHeuristic;
+    } else if (r == "m") {
+      t.raster = GemmRaster::kAlongM;
+    } else if (r == "n") {
+      t.raster = GemmRaster::kAlongN;
+    } else {
+      return bad("unknown raster order '" + r + "'");
+    }
+  }
+  if (parts.size() > 2) {
+    const std::string& z = parts[2];
+    if (z != "1" && z != "2" && z != "4" && z != "8") return bad("swizzle '" + z + "'");
+    t.swizzle = z[0] - '0';
+  }
+  return t;
+}
+
 // bf16 linear with SwiGLU in the epilogue, row-major:
 //   y[m, j] = silu(x · w1[j]) · (x · w3[j]),  j < f
-// where w13 [2f, k] holds w1 and w3 with their rows interleaved in blocks of kSwigluBlock (gate
-// block t at rows 2·t·B.., up block t at 2·t·B + B..; backend.h matmul_swiglu). The sums are
+// where w13 [2f, k] holds w1 and w3 with their rows interleaved in blocks of B rows (gate
+// block t at rows 2·t·B.., up block t at 2·t·B + B..; backend.h matmul_swiglu; B =
+// gemm_swiglu_block(tuning.schedule)). The sums are
 // rounded to bf16, silu rounded to bf16, the product rounded once: the roundings of a GEMM
 // followed by Backend::swiglu. x [m, k], y [m, f]. kUnsupported when the build has no
-// CUTLASS, the device is not sm_90, f % kSwigluBlock != 0, k % 8 != 0 or an operand is not
+// CUTLASS, the device is not sm_90, f % B != 0, k % 8 != 0 or an operand is not
 // 16-byte aligned. `workspace` of cutlass_bf16_swiglu_workspace(m, f, k) bytes at least.
-constexpr int64_t kSwigluBlock = 128;
-// The Hopper kernel schedules of the GEMMs with an epilogue of ours: cooperative (two consumer
-// warp groups split each tile) or ping-pong (each owns a tile; one's epilogue overlaps the other's
-// MMAs).
-enum class GemmSchedule { kCooperative, kPingpong };
+int64_t gemm_swiglu_block(GemmSchedule schedule);
 Status cutlass_bf16_swiglu(const void* x, const void* w13, void* y, int64_t m, int64_t f, int64_t k,
                            void* workspace, size_t workspace_bytes, cudaStream_t stream,
-                           GemmSchedule schedule = GemmSchedule::kCooperative);
+                           const GemmTuning& tuning = {});
 size_t cutlass_bf16_swiglu_workspace(int64_t m, int64_t f, int64_t k);
 
 // bf16 q|k|v linear with the attention prologue in its epilogue (Backend::qkv_split_norm_rope
@@ -75,8 +143,7 @@ struct QkvPrologue {
 };
 Status cutlass_bf16_qkv_norm_rope(const void* x, const void* wqkv, const QkvPrologue& p, int64_t m,
                                   int64_t k, void* workspace, size_t workspace_bytes,
-                                  cudaStream_t stream,
-                                  GemmSchedule schedule = GemmSchedule::kCooperative);
+                                  cudaStream_t stream, const GemmTuning& tuning = {});
 size_t cutlass_bf16_qkv_norm_rope_workspace(int64_t m, int64_t n, int64_t k);
 
 }  // namespace zimage::cuda

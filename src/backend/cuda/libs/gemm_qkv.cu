@@ -130,27 +130,31 @@ class QkvEpilogue : public register_epilogue::Base<QkvArgs> {
   }
 };
 
-// Cooperative: two consumer warp groups split a 128×128 tile. Ping-pong: one warp group owns a
-// 128×128 tile and its epilogue overlaps the other's MMAs. CudaOpsPerf.MatmulQkvNormRope times
-// both.
+// The four tile configurations (gemm_cutlass.h GemmSchedule).
+using Cluster = Shape<_2, _1, _1>;
+using Coop = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
+using Ping = cutlass::gemm::KernelTmaWarpSpecializedPingpong;
 using Cooperative =
-    register_epilogue::Gemm<Shape<_128, Int<kHead>, _64>, Shape<_2, _1, _1>,
-                            cutlass::gemm::KernelTmaWarpSpecializedCooperative, QkvEpilogue<128>>;
+    register_epilogue::Gemm<Shape<_128, Int<kHead>, _64>, Cluster, Coop, QkvEpilogue<128>>;
+using CooperativeTall =
+    register_epilogue::Gemm<Shape<_256, Int<kHead>, _64>, Cluster, Coop, QkvEpilogue<256>>;
 using Pingpong =
-    register_epilogue::Gemm<Shape<_128, Int<kHead>, _64>, Shape<_2, _1, _1>,
-                            cutlass::gemm::KernelTmaWarpSpecializedPingpong, QkvEpilogue<128>>;
+    register_epilogue::Gemm<Shape<_128, Int<kHead>, _64>, Cluster, Ping, QkvEpilogue<128>>;
+using PingpongNarrow =
+    register_epilogue::Gemm<Shape<_64, Int<kHead>, _64>, Cluster, Ping, QkvEpilogue<64>>;
 
 }  // namespace
 
 size_t cutlass_bf16_qkv_norm_rope_workspace(int64_t m, int64_t n, int64_t k) {
   if (m <= 0 || n <= 0 || k <= 0 || m > INT32_MAX || n > INT32_MAX || k > INT32_MAX) return 0;
   const int mi = static_cast<int>(m), ni = static_cast<int>(n), ki = static_cast<int>(k);
-  return std::max(Cooperative::workspace(mi, ni, ki), Pingpong::workspace(mi, ni, ki));
+  return std::max({Cooperative::workspace(mi, ni, ki), CooperativeTall::workspace(mi, ni, ki),
+                   Pingpong::workspace(mi, ni, ki), PingpongNarrow::workspace(mi, ni, ki)});
 }
 
 Status cutlass_bf16_qkv_norm_rope(const void* x, const void* wqkv, const QkvPrologue& p, int64_t m,
                                   int64_t k, void* workspace, size_t workspace_bytes,
-                                  cudaStream_t stream, GemmSchedule schedule) {
+                                  cudaStream_t stream, const GemmTuning& tuning) {
   constexpr const char* what = "CUTLASS q|k|v GEMM";
   static const bool sm90 = cutlass_device_is_sm90();
   if (!sm90) return Unsupported(std::string(what) + ": the device is not sm_90");
@@ -175,9 +179,20 @@ Status cutlass_bf16_qkv_norm_rope(const void* x, const void* wqkv, const QkvProl
                      p.hkv,
                      p.eps};
   const int mi = static_cast<int>(m), ni = static_cast<int>(n), ki = static_cast<int>(k);
-  if (schedule == GemmSchedule::kPingpong)
-    return Pingpong::run(what, x, wqkv, mi, ni, ki, args, workspace, workspace_bytes, stream);
-  return Cooperative::run(what, x, wqkv, mi, ni, ki, args, workspace, workspace_bytes, stream);
+  auto go = [&](auto gemm) {
+    return decltype(gemm)::run(what, x, wqkv, mi, ni, ki, args, tuning, workspace, workspace_bytes,
+                               stream);
+  };
+  switch (tuning.schedule) {
+    case GemmSchedule::kCooperativeTall:
+      return go(CooperativeTall{});
+    case GemmSchedule::kPingpong:
+      return go(Pingpong{});
+    case GemmSchedule::kPingpongNarrow:
+      return go(PingpongNarrow{});
+    default:
+      return go(Cooperative{});
+  }
 }
 
 }  // namespace zimage::cuda
@@ -191,7 +206,7 @@ size_t cutlass_bf16_qkv_norm_rope_workspace(int64_t, int64_t, int64_t) {
 }
 
 Status cutlass_bf16_qkv_norm_rope(const void*, const void*, const QkvPrologue&, int64_t, int64_t,
-                                  void*, size_t, cudaStream_t, GemmSchedule) {
+                                  void*, size_t, cudaStream_t, const GemmTuning&) {
   return Unsupported("this build has no CUTLASS kernels (run scripts/setup.sh, target sm_90a)");
 }
 

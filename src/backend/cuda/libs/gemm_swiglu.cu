@@ -1,7 +1,8 @@
 // The bf16 GEMM with SwiGLU in its epilogue (gemm_cutlass.h cutlass_bf16_swiglu).
 //
 // y[m, j] = silu(x·w1[j]) · (x·w3[j]) for a w1|w3 weight whose rows are interleaved in blocks of
-// kSwigluBlock: gate block t at rows [2·t·B, 2·t·B + B), up block t at [2·t·B + B, 2·(t+1)·B).
+// B (half the tile's width): gate block t at rows [2·t·B, 2·t·B + B), up block t at
+// [2·t·B + B, 2·(t+1)·B).
 // An output tile of 2·B columns then holds a gate block and its up block, so every thread of the
 // epilogue owns both sums of each of its outputs (below) and the [m, 2f] intermediate never
 // reaches memory. Why not cuBLASLt: it has no epilogue that pairs two output columns.
@@ -20,8 +21,6 @@ using namespace cute;
 using register_epilogue::Bf16;
 using register_epilogue::round_bf16;
 
-constexpr int kBlock = kSwigluBlock;
-
 struct SwigluArgs {
   Bf16* y = nullptr;
   int64_t ld = 0;  // elements between rows of y (f for a packed y)
@@ -37,7 +36,7 @@ template <int kTileM, int kTileN>
 class SwigluEpilogue : public register_epilogue::Base<SwigluArgs> {
  public:
   using register_epilogue::Base<SwigluArgs>::Base;
-  static_assert(kTileN == 2 * kBlock, "a tile holds one gate block and its up block");
+  static constexpr int kBlock = kTileN / 2;  // a tile holds one gate block and its up block
 
   template <class ProblemShape>
   static bool can_implement(ProblemShape const& problem_shape, SwigluArgs const& args) {
@@ -92,43 +91,63 @@ class SwigluEpilogue : public register_epilogue::Base<SwigluArgs> {
   }
 };
 
-// Two schedules over the same 2·B-wide tiles: cooperative (two consumer warp groups split a
-// 128×256 tile) and ping-pong (each consumer warp group owns a 64×256 tile; one's epilogue
-// overlaps the other's MMAs). CudaOpsPerf.MatmulSwiglu times both.
-using Cooperative = register_epilogue::Gemm<Shape<_128, Int<2 * kBlock>, _64>, Shape<_2, _1, _1>,
-                                            cutlass::gemm::KernelTmaWarpSpecializedCooperative,
-                                            SwigluEpilogue<128, 2 * kBlock>>;
-using Pingpong = register_epilogue::Gemm<Shape<_64, Int<2 * kBlock>, _64>, Shape<_2, _1, _1>,
-                                         cutlass::gemm::KernelTmaWarpSpecializedPingpong,
-                                         SwigluEpilogue<64, 2 * kBlock>>;
+// The four tile configurations (gemm_cutlass.h GemmSchedule).
+using Cluster = Shape<_2, _1, _1>;
+using Coop = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
+using Ping = cutlass::gemm::KernelTmaWarpSpecializedPingpong;
+using Cooperative =
+    register_epilogue::Gemm<Shape<_128, _256, _64>, Cluster, Coop, SwigluEpilogue<128, 256>>;
+using CooperativeTall =
+    register_epilogue::Gemm<Shape<_256, _128, _64>, Cluster, Coop, SwigluEpilogue<256, 128>>;
+using Pingpong =
+    register_epilogue::Gemm<Shape<_64, _256, _64>, Cluster, Ping, SwigluEpilogue<64, 256>>;
+using PingpongNarrow =
+    register_epilogue::Gemm<Shape<_128, _128, _64>, Cluster, Ping, SwigluEpilogue<128, 128>>;
 
 }  // namespace
+
+int64_t gemm_swiglu_block(GemmSchedule schedule) {
+  return schedule == GemmSchedule::kCooperative || schedule == GemmSchedule::kPingpong ? 128 : 64;
+}
 
 size_t cutlass_bf16_swiglu_workspace(int64_t m, int64_t f, int64_t k) {
   if (m <= 0 || f <= 0 || k <= 0 || m > INT32_MAX || 2 * f > INT32_MAX || k > INT32_MAX) return 0;
   const int mi = static_cast<int>(m), ni = static_cast<int>(2 * f), ki = static_cast<int>(k);
-  return std::max(Cooperative::workspace(mi, ni, ki), Pingpong::workspace(mi, ni, ki));
+  return std::max({Cooperative::workspace(mi, ni, ki), CooperativeTall::workspace(mi, ni, ki),
+                   Pingpong::workspace(mi, ni, ki), PingpongNarrow::workspace(mi, ni, ki)});
 }
 
 Status cutlass_bf16_swiglu(const void* x, const void* w13, void* y, int64_t m, int64_t f, int64_t k,
                            void* workspace, size_t workspace_bytes, cudaStream_t stream,
-                           GemmSchedule schedule) {
+                           const GemmTuning& tuning) {
   constexpr const char* what = "CUTLASS SwiGLU GEMM";
   static const bool sm90 = cutlass_device_is_sm90();
   if (!sm90) return Unsupported(std::string(what) + ": the device is not sm_90");
+  const int64_t block = gemm_swiglu_block(tuning.schedule);
   if (m <= 0 || f <= 0 || k <= 0 || m > INT32_MAX || 2 * f > INT32_MAX || k > INT32_MAX ||
-      f % kSwigluBlock != 0 || k % 8 != 0)
+      f % block != 0 || k % 8 != 0)
     return Unsupported(std::string(what) + ": shape m " + std::to_string(m) + ", f " +
                        std::to_string(f) + ", k " + std::to_string(k) + " (needs f % " +
-                       std::to_string(kSwigluBlock) + " == 0, k % 8 == 0)");
+                       std::to_string(block) + " == 0, k % 8 == 0)");
   using register_epilogue::aligned16;
   if (!aligned16(x) || !aligned16(w13) || !aligned16(y))
     return Unsupported(std::string(what) + ": operands not 16-byte aligned");
   const int mi = static_cast<int>(m), ni = static_cast<int>(2 * f), ki = static_cast<int>(k);
   const SwigluArgs args{static_cast<Bf16*>(y), f};
-  if (schedule == GemmSchedule::kPingpong)
-    return Pingpong::run(what, x, w13, mi, ni, ki, args, workspace, workspace_bytes, stream);
-  return Cooperative::run(what, x, w13, mi, ni, ki, args, workspace, workspace_bytes, stream);
+  auto go = [&](auto gemm) {
+    return decltype(gemm)::run(what, x, w13, mi, ni, ki, args, tuning, workspace, workspace_bytes,
+                               stream);
+  };
+  switch (tuning.schedule) {
+    case GemmSchedule::kCooperativeTall:
+      return go(CooperativeTall{});
+    case GemmSchedule::kPingpong:
+      return go(Pingpong{});
+    case GemmSchedule::kPingpongNarrow:
+      return go(PingpongNarrow{});
+    default:
+      return go(Cooperative{});
+  }
 }
 
 }  // namespace zimage::cuda
@@ -137,12 +156,16 @@ Status cutlass_bf16_swiglu(const void* x, const void* w13, void* y, int64_t m, i
 
 namespace zimage::cuda {
 
+int64_t gemm_swiglu_block(GemmSchedule schedule) {
+  return schedule == GemmSchedule::kCooperative || schedule == GemmSchedule::kPingpong ? 128 : 64;
+}
+
 size_t cutlass_bf16_swiglu_workspace(int64_t, int64_t, int64_t) {
   return 0;
 }
 
 Status cutlass_bf16_swiglu(const void*, const void*, void*, int64_t, int64_t, int64_t, void*,
-                           size_t, cudaStream_t, GemmSchedule) {
+                           size_t, cudaStream_t, const GemmTuning&) {
   return Unsupported("this build has no CUTLASS kernels (run scripts/setup.sh, target sm_90a)");
 }
 
