@@ -11,6 +11,8 @@
 
 #if defined(ZIMAGE_WITH_CUTLASS)
 
+#include <cuda_bf16.h>
+
 #include <algorithm>
 
 #include "backend/cuda/libs/cutlass_register_epilogue.cuh"
@@ -79,10 +81,35 @@ class QkvEpilogue : public register_epilogue::Base<QkvArgs> {
 
     Tensor coords = make_identity_tensor(make_shape(Int<kTileM>{}, Int<kHead>{}));
     Tensor tc = tiled_mma.get_thread_slice(thread_idx).partition_C(coords);
+    // The norm weights of this thread's columns, loaded first (read-only path) so their latency
+    // is paid once and overlaps the rounding below; the columns are the same in every row.
+    float wv[2 * V];
+    if (w != nullptr) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int v = 0; v < V; ++v) {
+        const int col = get<1>(tc(make_coord(make_coord(0, 0, v), 0, 0)));
+        const __nv_bfloat162 pair = __ldg(reinterpret_cast<const __nv_bfloat162*>(w + col));
+        wv[2 * v] = __low2float(pair);
+        wv[2 * v + 1] = __high2float(pair);
+      }
+    }
     CUTLASS_PRAGMA_UNROLL
     for (int mm = 0; mm < MM; ++mm) {
       CUTLASS_PRAGMA_UNROLL
       for (int r = 0; r < 2; ++r) {
+        const int row = get<0>(tc(make_coord(make_coord(0, r, 0), mm, 0)));
+        const int64_t grow = static_cast<int64_t>(m_blk) * kTileM + row;
+        const bool in = grow < rows;
+        // This row's RoPE pairs, requested before the norm needs the shuffles.
+        float2 cs[V];
+        if (rope) {
+          const int64_t token = a.seq_if_shared > 0 ? grow % a.seq_if_shared : grow;
+          const float2* f =
+              reinterpret_cast<const float2*>(a.freqs) + (in ? token : 0) * (kHead / 2);
+          CUTLASS_PRAGMA_UNROLL
+          for (int v = 0; v < V; ++v)
+            cs[v] = __ldg(f + get<1>(tc(make_coord(make_coord(0, r, v), mm, 0))) / 2);
+        }
         float e[2 * V];
         CUTLASS_PRAGMA_UNROLL
         for (int v = 0; v < V; ++v) {
@@ -97,27 +124,16 @@ class QkvEpilogue : public register_epilogue::Base<QkvArgs> {
           ss += __shfl_xor_sync(0xffffffffu, ss, 2);
           const float inv = rsqrtf(ss / static_cast<float>(kHead) + a.eps);
           CUTLASS_PRAGMA_UNROLL
-          for (int v = 0; v < V; ++v) {
-            const int col = get<1>(tc(make_coord(make_coord(0, r, v), mm, 0)));
-            e[2 * v] = round_bf16(round_bf16(e[2 * v] * inv) * static_cast<float>(w[col]));
-            e[2 * v + 1] =
-                round_bf16(round_bf16(e[2 * v + 1] * inv) * static_cast<float>(w[col + 1]));
-          }
+          for (int i = 0; i < 2 * V; ++i) e[i] = round_bf16(round_bf16(e[i] * inv) * wv[i]);
         }
-        const int row = get<0>(tc(make_coord(make_coord(0, r, 0), mm, 0)));
-        const int64_t grow = static_cast<int64_t>(m_blk) * kTileM + row;
-        if (grow >= rows) continue;
-        const int64_t token = a.seq_if_shared > 0 ? grow % a.seq_if_shared : grow;
-        const float2* f =
-            rope ? reinterpret_cast<const float2*>(a.freqs) + token * (kHead / 2) : nullptr;
+        if (!in) continue;
         Bf16* out = dst + (grow * heads + local) * kHead;
         CUTLASS_PRAGMA_UNROLL
         for (int v = 0; v < V; ++v) {
           const int col = get<1>(tc(make_coord(make_coord(0, r, v), mm, 0)));
           float x0 = e[2 * v], x1 = e[2 * v + 1];
           if (rope) {
-            const float2 cs = f[col / 2];
-            const float y0 = x0 * cs.x - x1 * cs.y, y1 = x0 * cs.y + x1 * cs.x;
+            const float y0 = x0 * cs[v].x - x1 * cs[v].y, y1 = x0 * cs[v].y + x1 * cs[v].x;
             x0 = y0, x1 = y1;
           }
           cutlass::Array<Bf16, 2> pair;
