@@ -30,6 +30,19 @@ bool fused_here(cuda::CudaBackend* g, int64_t f, int64_t k) {
   return g != nullptr && g->swiglu_block(f, k) > 0;
 }
 
+// Both fused GEMMs switched on (they are opt-in) for a test's scope.
+struct FusedOn {
+  cuda::CudaBackend* g;
+  bool swiglu, qkv;
+  explicit FusedOn(cuda::CudaBackend* be)
+      : g(be), swiglu(be && be->fused_swiglu()), qkv(be && be->fused_qkv()) {
+    if (g) g->set_fused_swiglu(true), g->set_fused_qkv(true);
+  }
+  ~FusedOn() {
+    if (g) g->set_fused_swiglu(swiglu), g->set_fused_qkv(qkv);
+  }
+};
+
 // Runs `f` with the backend's SwiGLU / q|k|v GEMMs tuned as `t`, then the defaults again.
 template <typename F>
 auto with_tuning(cuda::CudaBackend* g, cuda::GemmSchedule schedule, F&& f) {
@@ -43,6 +56,7 @@ auto with_tuning(cuda::CudaBackend* g, cuda::GemmSchedule schedule, F&& f) {
 }
 
 #define ZI_REQUIRE_FUSED_GEMMS(g)                                                 \
+  FusedOn fused_on_(g);                                                           \
   do {                                                                            \
     ZI_REQUIRE_GPU();                                                             \
     if (!fused_here(g, 256, 64))                                                  \

@@ -130,7 +130,11 @@ TEST(CudaOpsPerf, MatmulSwiglu) {
   ZI_REQUIRE_GPU();
   cuda::CudaBackend* g = gpu(DType::kBF16);
   const int64_t f = 10240, k = 3840;
-  if (g->swiglu_block(f, k) <= 0) GTEST_SKIP() << "no fused SwiGLU GEMM here";
+  g->set_fused_swiglu(true);  // opt-in; off again at the end
+  if (g->swiglu_block(f, k) <= 0) {
+    g->set_fused_swiglu(false);
+    GTEST_SKIP() << "no fused SwiGLU GEMM here";
+  }
   LinearWeight plain;
   plain.w = rand_dev(g, {2 * f, k}, 3000, -0.05f, 0.05f);
   LinearWeight blocked[2];  // blocks of 128 and of 64
@@ -158,6 +162,7 @@ TEST(CudaOpsPerf, MatmulSwiglu) {
           return g->matmul_swiglu(x, w.w, w.swiglu_block, y);
         });
   }
+  g->set_fused_swiglu(false);
 }
 
 // The DiT's q|k|v linear and attention prologue at 1024² and 2048²: cuBLASLt's GEMM + the prologue
@@ -165,7 +170,10 @@ TEST(CudaOpsPerf, MatmulSwiglu) {
 TEST(CudaOpsPerf, MatmulQkvNormRope) {
   ZI_REQUIRE_GPU();
   cuda::CudaBackend* g = gpu(DType::kBF16);
-  if (g->swiglu_block(10240, 3840) <= 0) GTEST_SKIP() << "no fused GEMMs here";
+  g->set_fused_swiglu(true);
+  const bool fused = g->swiglu_block(10240, 3840) > 0;
+  g->set_fused_swiglu(false);
+  if (!fused) GTEST_SKIP() << "no fused GEMMs here";
   const int64_t h = 30, dh = 128, k = 3840, n = 3 * h * dh;
   Tensor w = rand_dev(g, {n, k}, 3100, -0.05f, 0.05f);
   Tensor nq = rand_dev(g, {dh}, 3101, 0.5f, 1.5f), nk = rand_dev(g, {dh}, 3102, 0.5f, 1.5f);
@@ -185,6 +193,7 @@ TEST(CudaOpsPerf, MatmulQkvNormRope) {
     sweep(
         g, cat("qkv ", m), flop, t_two, [&](const cuda::GemmTuning& t) { g->set_qkv_tuning(t); },
         op);
+    g->set_fused_qkv(false);  // opt-in: off again
   }
 }
 

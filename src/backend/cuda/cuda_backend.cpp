@@ -113,14 +113,14 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(int device_index, DType
   if (const char* fused = std::getenv("ZIMAGE_FUSED_NORM"))
     b->fused_norm_ = std::string(fused) != "0";
   if (const char* fused = std::getenv("ZIMAGE_FUSED_SWIGLU"))
-    b->fused_swiglu_ = std::string(fused) != "0";
+    b->fused_swiglu_ = std::string(fused) == "1";
   if (const char* t = std::getenv("ZIMAGE_SWIGLU_GEMM")) {
     auto tuning = parse_gemm_tuning(t);
     if (!tuning.ok()) return tuning.status().with_context("ZIMAGE_SWIGLU_GEMM");
     b->swiglu_tuning_ = *tuning;
   }
   if (const char* fused = std::getenv("ZIMAGE_FUSED_QKV"))
-    b->fused_qkv_ = std::string(fused) != "0";
+    b->fused_qkv_ = std::string(fused) == "1";
   if (const char* t = std::getenv("ZIMAGE_QKV_GEMM")) {
     auto tuning = parse_gemm_tuning(t);
     if (!tuning.ok()) return tuning.status().with_context("ZIMAGE_QKV_GEMM");

@@ -142,13 +142,15 @@ class CudaBackend final : public Backend {
   Status qkv_split_norm_rope(const Tensor& qkv, const Tensor& norm_q, const Tensor& norm_k,
                              float eps, const Tensor& freqs, Tensor& q, Tensor& k,
                              Tensor& v) override;
-  // Fused on sm_90 for head_dim 128 in bf16 (CUTLASS's Hopper GEMM with the prologue in its
-  // epilogue, gemm_cutlass.h); otherwise Backend's two ops. ZIMAGE_FUSED_QKV=0: never fused;
-  // ZIMAGE_QKV_GEMM: how (parse_gemm_tuning).
+  // Fused, when switched on (ZIMAGE_FUSED_QKV=1; off by default: on the H200 the fused GEMM has
+  // not yet beaten cuBLASLt's GEMM + the prologue kernel, docs/BENCHMARKS.md "Session 12"), on
+  // sm_90 for head_dim 128 in bf16 (CUTLASS's Hopper GEMM with the prologue in its epilogue,
+  // gemm_cutlass.h); otherwise Backend's two ops. ZIMAGE_QKV_GEMM: how (parse_gemm_tuning).
   Status matmul_qkv_norm_rope(const Tensor& x, const Tensor& wqkv, const Tensor& norm_q,
                               const Tensor& norm_k, float eps, const Tensor& freqs, Tensor& qkv,
                               Tensor& q, Tensor& k, Tensor& v) override;
   void set_fused_qkv(bool on) { fused_qkv_ = on; }
+  bool fused_qkv() const { return fused_qkv_; }
   void set_qkv_tuning(const GemmTuning& t) { qkv_tuning_ = t; }
   const GemmTuning& qkv_tuning() const { return qkv_tuning_; }
   Status dit_modulation(const Tensor& mod, Tensor& scale_a, Tensor& gate_a, Tensor& scale_f,
@@ -163,10 +165,11 @@ class CudaBackend final : public Backend {
   // bf16 weights in the row blocks swiglu_block() asks for; otherwise Backend's GEMM + swiglu.
   Status matmul_swiglu(const Tensor& x, const Tensor& w13, int64_t block, Tensor& y) override;
   int64_t swiglu_block(int64_t f, int64_t k) const override;
-  // Whether matmul_swiglu may fuse (the default; ZIMAGE_FUSED_SWIGLU=0: cuBLASLt + swiglu), and
-  // how (ZIMAGE_SWIGLU_GEMM, parse_gemm_tuning). A weight blocked under one tuning falls back to
-  // the unfused path under a tuning of another block.
+  // Whether matmul_swiglu may fuse (ZIMAGE_FUSED_SWIGLU=1; off by default for the same reason as
+  // the q|k|v GEMM's), and how (ZIMAGE_SWIGLU_GEMM, parse_gemm_tuning). A weight blocked under
+  // one tuning falls back to the unfused path under a tuning of another block.
   void set_fused_swiglu(bool on) { fused_swiglu_ = on; }
+  bool fused_swiglu() const { return fused_swiglu_; }
   void set_swiglu_tuning(const GemmTuning& t) { swiglu_tuning_ = t; }
   const GemmTuning& swiglu_tuning() const { return swiglu_tuning_; }
   Status axpby(float a, const Tensor& x, float b, const Tensor& y, Tensor& out) override;
@@ -284,9 +287,9 @@ class CudaBackend final : public Backend {
   std::unique_ptr<ThreadPool> host_pool_;
   bool pin_by_register_ = false;
   bool fused_norm_ = true;
-  bool fused_swiglu_ = true;
+  bool fused_swiglu_ = false;
   GemmTuning swiglu_tuning_;
-  bool fused_qkv_ = true;
+  bool fused_qkv_ = false;
   GemmTuning qkv_tuning_;
   bool upload_locked_ = false;
   // What lock_host_range locked (shared with the handles' release).
