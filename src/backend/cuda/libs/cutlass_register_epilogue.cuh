@@ -11,6 +11,7 @@
 #include <cutlass/epilogue/thread/linear_combination.h>
 #include <cutlass/gemm/device/gemm_universal_adapter.h>
 
+#include <algorithm>
 #include <cute/tensor.hpp>
 #include <cutlass/epilogue/collective/detail.hpp>
 #include <cutlass/gemm/collective/collective_builder.hpp>
@@ -138,6 +139,30 @@ struct Gemm {
     const cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return DeviceError(std::string(what) + ": " + cudaGetErrorString(e));
     return Status::Ok();
+  }
+};
+
+// The four tile configurations of one fused GEMM (gemm_cutlass.h GemmSchedule), picked per call.
+template <class Coop, class CoopTall, class Ping, class PingNarrow>
+struct Configs {
+  static size_t workspace(int m, int n, int k) {
+    return std::max({Coop::workspace(m, n, k), CoopTall::workspace(m, n, k),
+                     Ping::workspace(m, n, k), PingNarrow::workspace(m, n, k)});
+  }
+  template <class Args>
+  static Status run(const char* what, const void* x, const void* w, int m, int n, int k,
+                    const Args& args, const GemmTuning& tuning, void* ws, size_t ws_bytes,
+                    cudaStream_t stream) {
+    switch (tuning.schedule) {
+      case GemmSchedule::kCooperativeTall:
+        return CoopTall::run(what, x, w, m, n, k, args, tuning, ws, ws_bytes, stream);
+      case GemmSchedule::kPingpong:
+        return Ping::run(what, x, w, m, n, k, args, tuning, ws, ws_bytes, stream);
+      case GemmSchedule::kPingpongNarrow:
+        return PingNarrow::run(what, x, w, m, n, k, args, tuning, ws, ws_bytes, stream);
+      default:
+        return Coop::run(what, x, w, m, n, k, args, tuning, ws, ws_bytes, stream);
+    }
   }
 };
 

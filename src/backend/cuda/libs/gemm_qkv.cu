@@ -159,13 +159,14 @@ using Pingpong =
 using PingpongNarrow =
     register_epilogue::Gemm<Shape<_64, Int<kHead>, _64>, Cluster, Ping, QkvEpilogue<64>>;
 
+using Fused = register_epilogue::Configs<Cooperative, CooperativeTall, Pingpong, PingpongNarrow>;
+
 }  // namespace
 
 size_t cutlass_bf16_qkv_norm_rope_workspace(int64_t m, int64_t n, int64_t k) {
   if (m <= 0 || n <= 0 || k <= 0 || m > INT32_MAX || n > INT32_MAX || k > INT32_MAX) return 0;
   const int mi = static_cast<int>(m), ni = static_cast<int>(n), ki = static_cast<int>(k);
-  return std::max({Cooperative::workspace(mi, ni, ki), CooperativeTall::workspace(mi, ni, ki),
-                   Pingpong::workspace(mi, ni, ki), PingpongNarrow::workspace(mi, ni, ki)});
+  return Fused::workspace(mi, ni, ki);
 }
 
 Status cutlass_bf16_qkv_norm_rope(const void* x, const void* wqkv, const QkvPrologue& p, int64_t m,
@@ -195,20 +196,7 @@ Status cutlass_bf16_qkv_norm_rope(const void* x, const void* wqkv, const QkvProl
                      p.hkv,
                      p.eps};
   const int mi = static_cast<int>(m), ni = static_cast<int>(n), ki = static_cast<int>(k);
-  auto go = [&](auto gemm) {
-    return decltype(gemm)::run(what, x, wqkv, mi, ni, ki, args, tuning, workspace, workspace_bytes,
-                               stream);
-  };
-  switch (tuning.schedule) {
-    case GemmSchedule::kCooperativeTall:
-      return go(CooperativeTall{});
-    case GemmSchedule::kPingpong:
-      return go(Pingpong{});
-    case GemmSchedule::kPingpongNarrow:
-      return go(PingpongNarrow{});
-    default:
-      return go(Cooperative{});
-  }
+  return Fused::run(what, x, wqkv, mi, ni, ki, args, tuning, workspace, workspace_bytes, stream);
 }
 
 }  // namespace zimage::cuda

@@ -104,6 +104,8 @@ using Pingpong =
 using PingpongNarrow =
     register_epilogue::Gemm<Shape<_128, _128, _64>, Cluster, Ping, SwigluEpilogue<128, 128>>;
 
+using Fused = register_epilogue::Configs<Cooperative, CooperativeTall, Pingpong, PingpongNarrow>;
+
 }  // namespace
 
 int64_t gemm_swiglu_block(GemmSchedule schedule) {
@@ -113,8 +115,7 @@ int64_t gemm_swiglu_block(GemmSchedule schedule) {
 size_t cutlass_bf16_swiglu_workspace(int64_t m, int64_t f, int64_t k) {
   if (m <= 0 || f <= 0 || k <= 0 || m > INT32_MAX || 2 * f > INT32_MAX || k > INT32_MAX) return 0;
   const int mi = static_cast<int>(m), ni = static_cast<int>(2 * f), ki = static_cast<int>(k);
-  return std::max({Cooperative::workspace(mi, ni, ki), CooperativeTall::workspace(mi, ni, ki),
-                   Pingpong::workspace(mi, ni, ki), PingpongNarrow::workspace(mi, ni, ki)});
+  return Fused::workspace(mi, ni, ki);
 }
 
 Status cutlass_bf16_swiglu(const void* x, const void* w13, void* y, int64_t m, int64_t f, int64_t k,
@@ -134,20 +135,7 @@ Status cutlass_bf16_swiglu(const void* x, const void* w13, void* y, int64_t m, i
     return Unsupported(std::string(what) + ": operands not 16-byte aligned");
   const int mi = static_cast<int>(m), ni = static_cast<int>(2 * f), ki = static_cast<int>(k);
   const SwigluArgs args{static_cast<Bf16*>(y), f};
-  auto go = [&](auto gemm) {
-    return decltype(gemm)::run(what, x, w13, mi, ni, ki, args, tuning, workspace, workspace_bytes,
-                               stream);
-  };
-  switch (tuning.schedule) {
-    case GemmSchedule::kCooperativeTall:
-      return go(CooperativeTall{});
-    case GemmSchedule::kPingpong:
-      return go(Pingpong{});
-    case GemmSchedule::kPingpongNarrow:
-      return go(PingpongNarrow{});
-    default:
-      return go(Cooperative{});
-  }
+  return Fused::run(what, x, w13, mi, ni, ki, args, tuning, workspace, workspace_bytes, stream);
 }
 
 }  // namespace zimage::cuda
