@@ -138,3 +138,37 @@ TEST(CpuOps, MatmulSwigluInRowBlocks) {
 
 }  // namespace
 }  // namespace zimage::test
+
+#if defined(ZIMAGE_WITH_CUDA)
+#include "backend/cuda/libs/gemm_cutlass.h"
+
+namespace zimage::test {
+namespace {
+
+// ZIMAGE_SWIGLU_GEMM / ZIMAGE_QKV_GEMM: every part parsed, and a bad value named in the error.
+TEST(GemmTuning, ParsesAndNamesWhatIsWrong) {
+  auto t = cuda::parse_gemm_tuning("pingpong-narrow,m,4");
+  ASSERT_TRUE(t.ok()) << t.status().to_string();
+  EXPECT_EQ(t->schedule, cuda::GemmSchedule::kPingpongNarrow);
+  EXPECT_EQ(t->raster, cuda::GemmRaster::kAlongM);
+  EXPECT_EQ(t->swizzle, 4);
+  auto d = cuda::parse_gemm_tuning("coop-tall");
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->schedule, cuda::GemmSchedule::kCooperativeTall);
+  EXPECT_EQ(d->raster, cuda::GemmRaster::kHeuristic);
+  EXPECT_EQ(d->swizzle, 1);
+  for (const auto& [text, needle] :
+       {std::pair<std::string, std::string>{"fast", "unknown schedule 'fast'"},
+        {"coop,x", "unknown raster order 'x'"},
+        {"coop,n,3", "swizzle '3'"},
+        {"coop,n,2,1", "too many parts"},
+        {"", "unknown schedule ''"}}) {
+    auto r = cuda::parse_gemm_tuning(text);
+    EXPECT_FALSE(r.ok()) << text;
+    EXPECT_NE(r.status().message().find(needle), std::string::npos) << r.status().to_string();
+  }
+}
+
+}  // namespace
+}  // namespace zimage::test
+#endif
