@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cuda/kernels/kernels.h"
 #include "cuda_test_util.h"
 
 namespace zimage::test {
@@ -15,6 +16,19 @@ namespace {
 
 std::string label(const char* op, const Shape& s, const std::string& extra = "") {
   return cat(op, " ", shape_str(s), extra);
+}
+
+// Runs `body` under each setting of the row kernels' tuning (1, 2 and 4 packs per thread / items
+// per warp, cuda::RowKernelTuning), then restores the setting: each layout is a path that ships.
+template <typename F>
+void for_each_row_tuning(F&& body) {
+  const cuda::RowKernelTuning was = cuda::row_kernel_tuning();
+  for (int t : {1, 2, 4}) {
+    SCOPED_TRACE(cat("RowKernelTuning ", t));
+    cuda::set_row_kernel_tuning({t, t});
+    body();
+  }
+  cuda::set_row_kernel_tuning(was);
 }
 
 TEST(CudaOps, Matmul) {
@@ -103,61 +117,65 @@ TEST(CudaOps, RmsNormAndLayerNorm) {
   // packs per thread, whole-block rows with 1, 2 and 4 packs) and the loop fallback (odd widths).
   const Shape shapes[] = {{1, 1},   {3, 17},   {17, 100},  {129, 128}, {4, 3840}, {2, 5, 64},
                           {5, 512}, {3, 1024}, {2, 10240}, {3, 16384}, {2, 40000}};
-  for (DType dt : kDTypes) {
-    uint32_t seed = 100;
-    for (const Shape& s : shapes) {
-      const int64_t d = s.back(), rows = shape_numel(s) / d;
-      const int64_t groups = rows % 2 == 0 ? 2 : 1;
-      Both x = both_rand(s, seed++, dt, -2.f, 2.f);
-      Both w = both_rand({d}, seed++, dt, 0.5f, 1.5f);
-      Both bias = both_rand({d}, seed++, dt);
-      Both scale = both_rand({groups, d}, seed++, dt, 0.5f, 1.5f);
-      for (int variant = 0; variant < 3; ++variant) {
-        const Tensor wc = variant == 0 ? Tensor() : w.cpu, wg = variant == 0 ? Tensor() : w.gpu;
-        const Tensor sc = variant == 2 ? scale.cpu : Tensor(),
-                     sg = variant == 2 ? scale.gpu : Tensor();
-        const char* tag = variant == 0 ? " plain" : variant == 1 ? " +w" : " +w +scale";
-        Both y = outputs(s, dt);
-        ZI_ASSERT_OK(cpu_oracle().rms_norm(x.cpu, wc, 1e-6f, sc, y.cpu));
-        ZI_ASSERT_OK(gpu(dt)->rms_norm(x.gpu, wg, 1e-6f, sg, y.gpu));
-        expect_match(label("rms_norm", s, tag), dt, y);
-        Both z = outputs(s, dt);
-        const Tensor bc = variant == 0 ? Tensor() : bias.cpu;
-        const Tensor bg = variant == 0 ? Tensor() : bias.gpu;
-        ZI_ASSERT_OK(cpu_oracle().layer_norm(x.cpu, wc, bc, 1e-6f, sc, z.cpu));
-        ZI_ASSERT_OK(gpu(dt)->layer_norm(x.gpu, wg, bg, 1e-6f, sg, z.gpu));
-        expect_match(label("layer_norm", s, tag), dt, z);
+  for_each_row_tuning([&] {
+    for (DType dt : kDTypes) {
+      uint32_t seed = 100;
+      for (const Shape& s : shapes) {
+        const int64_t d = s.back(), rows = shape_numel(s) / d;
+        const int64_t groups = rows % 2 == 0 ? 2 : 1;
+        Both x = both_rand(s, seed++, dt, -2.f, 2.f);
+        Both w = both_rand({d}, seed++, dt, 0.5f, 1.5f);
+        Both bias = both_rand({d}, seed++, dt);
+        Both scale = both_rand({groups, d}, seed++, dt, 0.5f, 1.5f);
+        for (int variant = 0; variant < 3; ++variant) {
+          const Tensor wc = variant == 0 ? Tensor() : w.cpu, wg = variant == 0 ? Tensor() : w.gpu;
+          const Tensor sc = variant == 2 ? scale.cpu : Tensor(),
+                       sg = variant == 2 ? scale.gpu : Tensor();
+          const char* tag = variant == 0 ? " plain" : variant == 1 ? " +w" : " +w +scale";
+          Both y = outputs(s, dt);
+          ZI_ASSERT_OK(cpu_oracle().rms_norm(x.cpu, wc, 1e-6f, sc, y.cpu));
+          ZI_ASSERT_OK(gpu(dt)->rms_norm(x.gpu, wg, 1e-6f, sg, y.gpu));
+          expect_match(label("rms_norm", s, tag), dt, y);
+          Both z = outputs(s, dt);
+          const Tensor bc = variant == 0 ? Tensor() : bias.cpu;
+          const Tensor bg = variant == 0 ? Tensor() : bias.gpu;
+          ZI_ASSERT_OK(cpu_oracle().layer_norm(x.cpu, wc, bc, 1e-6f, sc, z.cpu));
+          ZI_ASSERT_OK(gpu(dt)->layer_norm(x.gpu, wg, bg, 1e-6f, sg, z.gpu));
+          expect_match(label("layer_norm", s, tag), dt, z);
+        }
+        // In place.
+        Both ip = both(rand_host(s, seed++, dt), dt);
+        ZI_ASSERT_OK(cpu_oracle().rms_norm(ip.cpu, w.cpu, 1e-5f, Tensor(), ip.cpu));
+        ZI_ASSERT_OK(gpu(dt)->rms_norm(ip.gpu, w.gpu, 1e-5f, Tensor(), ip.gpu));
+        expect_match(label("rms_norm in place", s), dt, ip);
       }
-      // In place.
-      Both ip = both(rand_host(s, seed++, dt), dt);
-      ZI_ASSERT_OK(cpu_oracle().rms_norm(ip.cpu, w.cpu, 1e-5f, Tensor(), ip.cpu));
-      ZI_ASSERT_OK(gpu(dt)->rms_norm(ip.gpu, w.gpu, 1e-5f, Tensor(), ip.gpu));
-      expect_match(label("rms_norm in place", s), dt, ip);
     }
-  }
+  });
 }
 
 TEST(CudaOps, ResidualRmsNormGate) {
   ZI_REQUIRE_GPU();
   const Shape shapes[] = {{1, 1, 7}, {2, 17, 100}, {2, 33, 128}, {1, 5, 3840}, {2, 3, 10240}};
-  for (DType dt : kDTypes) {
-    uint32_t seed = 200;
-    for (const Shape& s : shapes) {
-      const int64_t d = s.back();
-      const Tensor xh = rand_host(s, seed++, dt);
-      Both y = both_rand(s, seed++, dt, -3.f, 3.f);
-      Both w = both_rand({d}, seed++, dt, 0.5f, 1.5f);
-      Both gate = both_rand({s[0], d}, seed++, dt);
-      for (int variant = 0; variant < 2; ++variant) {
-        Both x = both(xh, dt);
-        const Tensor wc = variant ? w.cpu : Tensor(), wg = variant ? w.gpu : Tensor();
-        const Tensor gc = variant ? gate.cpu : Tensor(), gg = variant ? gate.gpu : Tensor();
-        ZI_ASSERT_OK(cpu_oracle().residual_rms_norm_gate(x.cpu, y.cpu, wc, 1e-5f, gc));
-        ZI_ASSERT_OK(gpu(dt)->residual_rms_norm_gate(x.gpu, y.gpu, wg, 1e-5f, gg));
-        expect_match(label("residual_rms_norm_gate", s, variant ? " +w +gate" : " plain"), dt, x);
+  for_each_row_tuning([&] {
+    for (DType dt : kDTypes) {
+      uint32_t seed = 200;
+      for (const Shape& s : shapes) {
+        const int64_t d = s.back();
+        const Tensor xh = rand_host(s, seed++, dt);
+        Both y = both_rand(s, seed++, dt, -3.f, 3.f);
+        Both w = both_rand({d}, seed++, dt, 0.5f, 1.5f);
+        Both gate = both_rand({s[0], d}, seed++, dt);
+        for (int variant = 0; variant < 2; ++variant) {
+          Both x = both(xh, dt);
+          const Tensor wc = variant ? w.cpu : Tensor(), wg = variant ? w.gpu : Tensor();
+          const Tensor gc = variant ? gate.cpu : Tensor(), gg = variant ? gate.gpu : Tensor();
+          ZI_ASSERT_OK(cpu_oracle().residual_rms_norm_gate(x.cpu, y.cpu, wc, 1e-5f, gc));
+          ZI_ASSERT_OK(gpu(dt)->residual_rms_norm_gate(x.gpu, y.gpu, wg, 1e-5f, gg));
+          expect_match(label("residual_rms_norm_gate", s, variant ? " +w +gate" : " plain"), dt, x);
+        }
       }
     }
-  }
+  });
 }
 
 // The gated residual and the next pre-norm fused (ZIMAGE_FUSED_NORM's kernel) against the CPU
@@ -168,49 +186,51 @@ TEST(CudaOps, ResidualNormGateThenNormFused) {
   ZI_REQUIRE_GPU();
   const Shape shapes[] = {{1, 1, 8},    {2, 17, 128},  {2, 33, 512},
                           {1, 5, 3840}, {2, 3, 10240}, {1, 3, 7}};
-  for (DType dt : kDTypes) {
-    uint32_t seed = 250;
-    for (const Shape& s : shapes) {
-      const int64_t d = s.back(), rows = shape_numel(s) / d;
-      const Tensor xh = rand_host(s, seed++, dt);
-      Both y = both_rand(s, seed++, dt, -3.f, 3.f);
-      Both w = both_rand({d}, seed++, dt, 0.5f, 1.5f);
-      Both wn = both_rand({d}, seed++, dt, 0.5f, 1.5f);
-      Both gate = both_rand({s[0], d}, seed++, dt);
-      Both scale = both_rand({s[0], d}, seed++, dt, 0.5f, 1.5f);
-      for (int variant = 0; variant < 2; ++variant) {
-        auto pick = [&](const Both& b, bool cpu) {
-          return variant ? (cpu ? b.cpu : b.gpu) : Tensor();
-        };
-        const std::string tag =
-            label("residual_norm_gate_then_norm", s, variant ? " +all" : " plain");
-        // The CPU oracle's two ops.
-        Both x = both(xh, dt);
-        Both out = outputs({rows, d}, dt);
-        ZI_ASSERT_OK(cpu_oracle().residual_norm_gate_then_norm(x.cpu, y.cpu, pick(w, true), 1e-5f,
-                                                               pick(gate, true), pick(wn, true),
-                                                               pick(scale, true), out.cpu));
-        // The GPU's two kernels, then the fused one on a fresh x.
-        cuda::CudaBackend* g = gpu(dt);
-        const bool was = g->fused_norm();
-        g->set_fused_norm(false);
-        Both x2 = both(xh, dt);
-        Both out2 = outputs({rows, d}, dt);
-        ZI_ASSERT_OK(g->residual_norm_gate_then_norm(x2.gpu, y.gpu, pick(w, false), 1e-5f,
-                                                     pick(gate, false), pick(wn, false),
-                                                     pick(scale, false), out2.gpu));
-        g->set_fused_norm(true);
-        ZI_ASSERT_OK(g->residual_norm_gate_then_norm(x.gpu, y.gpu, pick(w, false), 1e-5f,
-                                                     pick(gate, false), pick(wn, false),
-                                                     pick(scale, false), out.gpu));
-        g->set_fused_norm(was);
-        expect_match(tag + " x", dt, x);
-        expect_match(tag + " out", dt, out);
-        EXPECT_EQ(fetch(*g, x.gpu), fetch(*g, x2.gpu)) << tag;  // the same bits
-        EXPECT_EQ(fetch(*g, out.gpu), fetch(*g, out2.gpu)) << tag;
+  for_each_row_tuning([&] {
+    for (DType dt : kDTypes) {
+      uint32_t seed = 250;
+      for (const Shape& s : shapes) {
+        const int64_t d = s.back(), rows = shape_numel(s) / d;
+        const Tensor xh = rand_host(s, seed++, dt);
+        Both y = both_rand(s, seed++, dt, -3.f, 3.f);
+        Both w = both_rand({d}, seed++, dt, 0.5f, 1.5f);
+        Both wn = both_rand({d}, seed++, dt, 0.5f, 1.5f);
+        Both gate = both_rand({s[0], d}, seed++, dt);
+        Both scale = both_rand({s[0], d}, seed++, dt, 0.5f, 1.5f);
+        for (int variant = 0; variant < 2; ++variant) {
+          auto pick = [&](const Both& b, bool cpu) {
+            return variant ? (cpu ? b.cpu : b.gpu) : Tensor();
+          };
+          const std::string tag =
+              label("residual_norm_gate_then_norm", s, variant ? " +all" : " plain");
+          // The CPU oracle's two ops.
+          Both x = both(xh, dt);
+          Both out = outputs({rows, d}, dt);
+          ZI_ASSERT_OK(cpu_oracle().residual_norm_gate_then_norm(x.cpu, y.cpu, pick(w, true), 1e-5f,
+                                                                 pick(gate, true), pick(wn, true),
+                                                                 pick(scale, true), out.cpu));
+          // The GPU's two kernels, then the fused one on a fresh x.
+          cuda::CudaBackend* g = gpu(dt);
+          const bool was = g->fused_norm();
+          g->set_fused_norm(false);
+          Both x2 = both(xh, dt);
+          Both out2 = outputs({rows, d}, dt);
+          ZI_ASSERT_OK(g->residual_norm_gate_then_norm(x2.gpu, y.gpu, pick(w, false), 1e-5f,
+                                                       pick(gate, false), pick(wn, false),
+                                                       pick(scale, false), out2.gpu));
+          g->set_fused_norm(true);
+          ZI_ASSERT_OK(g->residual_norm_gate_then_norm(x.gpu, y.gpu, pick(w, false), 1e-5f,
+                                                       pick(gate, false), pick(wn, false),
+                                                       pick(scale, false), out.gpu));
+          g->set_fused_norm(was);
+          expect_match(tag + " x", dt, x);
+          expect_match(tag + " out", dt, out);
+          EXPECT_EQ(fetch(*g, x.gpu), fetch(*g, x2.gpu)) << tag;  // the same bits
+          EXPECT_EQ(fetch(*g, out.gpu), fetch(*g, out2.gpu)) << tag;
+        }
       }
     }
-  }
+  });
 }
 
 TEST(CudaOps, GroupNorm) {
@@ -291,46 +311,48 @@ TEST(CudaOps, QkvSplitNormRope) {
       {2, 33, 30, 30, 128, true, true, true},
       {1, 17, 4, 2, 128, false, true, false},
       {2, 5, 32, 8, 128, true, false, false}};
-  for (DType dt : kDTypes) {
-    uint32_t seed = 900;
-    for (const Case& c : cases) {
-      const int64_t rows = c.b * c.s, f = (c.hq + 2 * c.hkv) * c.dh;
-      Both qkv = both_rand({rows, f}, seed++, dt, -3.f, 3.f);
-      Both wq = both_rand({c.dh}, seed++, dt, 0.5f, 1.5f);
-      Both wk = both_rand({c.dh}, seed++, dt, 0.5f, 1.5f);
-      Both fr = both_as(rand_host({c.shared ? 1 : c.b, c.s, c.dh / 2, 2}, seed++, DType::kF32), dt,
-                        DType::kF32);
-      Both q = outputs({c.b, c.s, c.hq, c.dh}, dt), k = outputs({c.b, c.s, c.hkv, c.dh}, dt),
-           v = outputs({c.b, c.s, c.hkv, c.dh}, dt);
-      const Tensor none;
-      const Tensor& wqc = c.norm ? wq.cpu : none;
-      const Tensor& wkc = c.norm ? wk.cpu : none;
-      const Tensor& wqg = c.norm ? wq.gpu : none;
-      const Tensor& wkg = c.norm ? wk.gpu : none;
-      ZI_ASSERT_OK(cpu_oracle().qkv_split_norm_rope(qkv.cpu, wqc, wkc, 1e-5f,
-                                                    c.rope ? fr.cpu : none, q.cpu, k.cpu, v.cpu));
-      cuda::CudaBackend* g = gpu(dt);
-      ZI_ASSERT_OK(g->qkv_split_norm_rope(qkv.gpu, wqg, wkg, 1e-5f, c.rope ? fr.gpu : none, q.gpu,
-                                          k.gpu, v.gpu));
-      const std::string tag = cat(" hq", c.hq, " hkv", c.hkv, c.norm ? " norm" : "",
-                                  c.rope ? " rope" : "", c.shared ? " shared" : "");
-      expect_match(label("qkv_split_norm_rope q", {c.b, c.s, c.hq, c.dh}, tag), dt, q);
-      expect_match(label("qkv_split_norm_rope k", {c.b, c.s, c.hkv, c.dh}, tag), dt, k);
-      expect_match(label("qkv_split_norm_rope v", {c.b, c.s, c.hkv, c.dh}, tag), dt, v);
-      // Fused vs the composed ops on the GPU: the same roundings, so they agree to within an ulp
-      // where FMA contraction or the reduction order differs.
-      Both q2 = outputs({c.b, c.s, c.hq, c.dh}, dt), k2 = outputs({c.b, c.s, c.hkv, c.dh}, dt),
-           v2 = outputs({c.b, c.s, c.hkv, c.dh}, dt);
-      g->set_fused(false);
-      const Status st = g->qkv_split_norm_rope(qkv.gpu, wqg, wkg, 1e-5f, c.rope ? fr.gpu : none,
-                                               q2.gpu, k2.gpu, v2.gpu);
-      g->set_fused(true);
-      ZI_ASSERT_OK(st);
-      expect_close("fused vs composed q" + tag, dt, fetch(*g, q.gpu), fetch(*g, q2.gpu));
-      expect_close("fused vs composed k" + tag, dt, fetch(*g, k.gpu), fetch(*g, k2.gpu));
-      expect_close("fused vs composed v" + tag, dt, fetch(*g, v.gpu), fetch(*g, v2.gpu), 0.0);
+  for_each_row_tuning([&] {
+    for (DType dt : kDTypes) {
+      uint32_t seed = 900;
+      for (const Case& c : cases) {
+        const int64_t rows = c.b * c.s, f = (c.hq + 2 * c.hkv) * c.dh;
+        Both qkv = both_rand({rows, f}, seed++, dt, -3.f, 3.f);
+        Both wq = both_rand({c.dh}, seed++, dt, 0.5f, 1.5f);
+        Both wk = both_rand({c.dh}, seed++, dt, 0.5f, 1.5f);
+        Both fr = both_as(rand_host({c.shared ? 1 : c.b, c.s, c.dh / 2, 2}, seed++, DType::kF32),
+                          dt, DType::kF32);
+        Both q = outputs({c.b, c.s, c.hq, c.dh}, dt), k = outputs({c.b, c.s, c.hkv, c.dh}, dt),
+             v = outputs({c.b, c.s, c.hkv, c.dh}, dt);
+        const Tensor none;
+        const Tensor& wqc = c.norm ? wq.cpu : none;
+        const Tensor& wkc = c.norm ? wk.cpu : none;
+        const Tensor& wqg = c.norm ? wq.gpu : none;
+        const Tensor& wkg = c.norm ? wk.gpu : none;
+        ZI_ASSERT_OK(cpu_oracle().qkv_split_norm_rope(qkv.cpu, wqc, wkc, 1e-5f,
+                                                      c.rope ? fr.cpu : none, q.cpu, k.cpu, v.cpu));
+        cuda::CudaBackend* g = gpu(dt);
+        ZI_ASSERT_OK(g->qkv_split_norm_rope(qkv.gpu, wqg, wkg, 1e-5f, c.rope ? fr.gpu : none, q.gpu,
+                                            k.gpu, v.gpu));
+        const std::string tag = cat(" hq", c.hq, " hkv", c.hkv, c.norm ? " norm" : "",
+                                    c.rope ? " rope" : "", c.shared ? " shared" : "");
+        expect_match(label("qkv_split_norm_rope q", {c.b, c.s, c.hq, c.dh}, tag), dt, q);
+        expect_match(label("qkv_split_norm_rope k", {c.b, c.s, c.hkv, c.dh}, tag), dt, k);
+        expect_match(label("qkv_split_norm_rope v", {c.b, c.s, c.hkv, c.dh}, tag), dt, v);
+        // Fused vs the composed ops on the GPU: the same roundings, so they agree to within an ulp
+        // where FMA contraction or the reduction order differs.
+        Both q2 = outputs({c.b, c.s, c.hq, c.dh}, dt), k2 = outputs({c.b, c.s, c.hkv, c.dh}, dt),
+             v2 = outputs({c.b, c.s, c.hkv, c.dh}, dt);
+        g->set_fused(false);
+        const Status st = g->qkv_split_norm_rope(qkv.gpu, wqg, wkg, 1e-5f, c.rope ? fr.gpu : none,
+                                                 q2.gpu, k2.gpu, v2.gpu);
+        g->set_fused(true);
+        ZI_ASSERT_OK(st);
+        expect_close("fused vs composed q" + tag, dt, fetch(*g, q.gpu), fetch(*g, q2.gpu));
+        expect_close("fused vs composed k" + tag, dt, fetch(*g, k.gpu), fetch(*g, k2.gpu));
+        expect_close("fused vs composed v" + tag, dt, fetch(*g, v.gpu), fetch(*g, v2.gpu), 0.0);
+      }
     }
-  }
+  });
 }
 
 TEST(CudaOps, DitModulation) {

@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "backend/cuda/kernels/kernels.h"
+#include "backend/cuda/libs/gemm_cublaslt.h"
 #include "backend/cuda/libs/gemm_cutlass.h"
 #include "cuda_test_util.h"
 #include "model/common/linear.h"
@@ -195,6 +197,95 @@ TEST(CudaOpsPerf, MatmulQkvNormRope) {
         op);
     g->set_fused_qkv(false);  // opt-in: off again
   }
+}
+
+// cuBLASLt's heuristic candidates at the DiT's four main GEMM shapes (1024² and 2048²), each
+// timed under sustained load: whether another candidate than the heuristic's first is faster.
+TEST(CudaOpsPerf, GemmCandidates) {
+  ZI_REQUIRE_GPU();
+  cuda::CudaBackend* g = gpu(DType::kBF16);
+  cuda::LtGemm* lt = g->lt_gemm();
+  ASSERT_NE(lt, nullptr);
+  struct Nk {
+    int64_t n, k;
+  };
+  const Nk shapes[] = {{20480, 3840}, {11520, 3840}, {3840, 10240}, {3840, 3840}};
+  uint32_t seed = 3200;
+  for (int64_t m : {int64_t{4160}, int64_t{16448}}) {
+    for (const Nk& s : shapes) {
+      Tensor x = rand_dev(g, {m, s.k}, seed++);
+      Tensor w = rand_dev(g, {s.n, s.k}, seed++, -0.05f, 0.05f);
+      Tensor y = take(g->alloc(DType::kBF16, {m, s.n}), "y");
+      const double flop = 2.0 * m * s.n * s.k;
+      auto op = [&] { return g->matmul(x, w, Tensor(), y); };
+      const std::string shape = cat(m, "x", s.n, "x", s.k);
+      lt->set_candidate(-1);
+      const double t0 = sustained_ms(g, op);
+      report(cat("gemm ", shape, " default [", take(lt->describe(m, s.n, s.k, DType::kBF16), "d"),
+                 "]"),
+             t0, flop, 0);
+      double best = t0;
+      int best_i = -1;
+      for (int i = 0; i < cuda::LtGemm::kMaxCandidates; ++i) {
+        lt->set_candidate(i);
+        if (!op().ok()) break;  // no further candidates
+        const double t = sustained_ms(g, op);
+        report(cat("gemm ", shape, " candidate ", i, " [",
+                   take(lt->describe(m, s.n, s.k, DType::kBF16), "d"), "]"),
+               t, flop, 0);
+        if (t < best) best = t, best_i = i;
+      }
+      lt->set_candidate(-1);
+      std::printf("  PERF gemm %s: best candidate %d %.3f ms, %.3fx the default (%.3f ms)\n",
+                  shape.c_str(), best_i, best, t0 / best, t0);
+      EXPECT_GT(t0, 0);
+    }
+  }
+}
+
+// The DiT's memory-bound row kernels at 1024² and 2048² (4160 and 16448 rows of 3840, the
+// prologue on 90 heads of 128) under each RowKernelTuning, back to back; bytes are each kernel's
+// reads and writes of activations.
+TEST(CudaOpsPerf, RowKernelTuning) {
+  ZI_REQUIRE_GPU();
+  cuda::CudaBackend* g = gpu(DType::kBF16);
+  const int64_t d = 3840, h = 30, dh = 128;
+  uint32_t seed = 3300;
+  Tensor w = rand_dev(g, {d}, seed++);
+  Tensor gate = rand_dev(g, {1, d}, seed++);
+  Tensor scale = rand_dev(g, {1, d}, seed++);
+  Tensor nq = rand_dev(g, {dh}, seed++, 0.5f, 1.5f), nk = rand_dev(g, {dh}, seed++, 0.5f, 1.5f);
+  const cuda::RowKernelTuning was = cuda::row_kernel_tuning();
+  for (int64_t m : {int64_t{4160}, int64_t{16448}}) {
+    Tensor x = rand_dev(g, {1, m, d}, seed++);
+    Tensor y = rand_dev(g, {1, m, d}, seed++);
+    Tensor out = take(g->alloc(DType::kBF16, {1, m, d}), "out");
+    Tensor qkv = rand_dev(g, {m, 3 * h * dh}, seed++);
+    Tensor f = take(g->upload(rand_host({1, m, dh / 2, 2}, seed++, DType::kF32), DType::kF32), "f");
+    Tensor q = take(g->alloc(DType::kBF16, {1, m, h, dh}), "q");
+    Tensor k = take(g->alloc(DType::kBF16, {1, m, h, dh}), "k");
+    Tensor v = take(g->alloc(DType::kBF16, {1, m, h, dh}), "v");
+    const double row = 2.0 * m * d;  // bytes of one [m, d] bf16 tensor
+    for (int t : {1, 2, 4}) {
+      cuda::set_row_kernel_tuning({t, t});
+      report(cat("rms_norm ", m, "x", d, " ppt ", t),
+             sustained_ms(g, [&] { return g->rms_norm(x, w, 1e-6f, scale, out); }), 0, 2 * row);
+      report(cat("residual_rms_norm_gate ", m, " ppt ", t),
+             sustained_ms(g, [&] { return g->residual_rms_norm_gate(x, y, w, 1e-6f, gate); }), 0,
+             3 * row);
+      report(
+          cat("residual_norm_gate_then_norm ", m, " ppt ", t),
+          sustained_ms(
+              g,
+              [&] { return g->residual_norm_gate_then_norm(x, y, w, 1e-6f, gate, w, scale, out); }),
+          0, 4 * row);
+      report(
+          cat("qkv_split_norm_rope ", m, "x", 3 * h * dh, " items ", t),
+          sustained_ms(g, [&] { return g->qkv_split_norm_rope(qkv, nq, nk, 1e-6f, f, q, k, v); }),
+          0, 2.0 * m * 3 * h * dh * 2);
+    }
+  }
+  cuda::set_row_kernel_tuning(was);
 }
 
 TEST(CudaOpsPerf, AttentionBf16) {

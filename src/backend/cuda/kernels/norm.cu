@@ -7,11 +7,30 @@
 // narrow rows such as the 128-wide q/k norms, a whole block for wide rows such as the DiT's
 // 3840), reduced with shuffles or shared memory, and written from the registers: one read and one
 // write of the row. Other shapes use a warp-per-row loop kernel that reads the row twice.
+#include <atomic>
 #include <type_traits>
 
 #include "backend/cuda/kernels/device_utils.cuh"
+#include "backend/cuda/kernels/kernels.h"
 
 namespace zimage::cuda {
+
+namespace {
+std::atomic<int> g_norm_ppt{0}, g_prologue_items{0};
+}  // namespace
+
+void set_row_kernel_tuning(const RowKernelTuning& t) {
+  auto pick = [](int v) { return v == 1 || v == 2 || v == 4 ? v : 0; };
+  g_norm_ppt.store(pick(t.norm_ppt));
+  g_prologue_items.store(pick(t.prologue_items));
+}
+RowKernelTuning row_kernel_tuning() {
+  return {g_norm_ppt.load(), g_prologue_items.load()};
+}
+RowKernelTuning row_kernel_defaults() {
+  return {1, 1};
+}
+
 namespace {
 
 constexpr int kThreads = 256;
@@ -200,6 +219,9 @@ __global__ void __launch_bounds__(1024)
   const int packs = d / VEC;
   float v[PPT][VEC];
   load_row<T, VEC, PPT>(src, d, rs, tpr, v);
+  // The residual x is read before the reduction, so its loads are in flight with src's.
+  float res[kResidual ? PPT : 1][VEC];
+  if constexpr (kResidual) load_row<T, VEC, PPT>(dst, d, rs, tpr, res);
   const float ss =
       row_sum_of<VEC, PPT, kBlock>(v, rs, tpr, packs, scratch, [](float x) { return x * x; });
   if (!rs.valid) return;
@@ -211,7 +233,11 @@ __global__ void __launch_bounds__(1024)
     for (int k = 0; k < VEC; ++k) o[k] = round_to<T>(v[p][k] * r);
     mul_pack<T, VEC, true>(w, pk * VEC, o);
     mul_pack<T, VEC, kResidual>(mr, pk * VEC, o);
-    store_norm_pack<T, VEC, kResidual>(dst + rs.row * d + pk * VEC, o);
+    if constexpr (kResidual) {
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) o[k] += res[p][k];
+    }
+    store_f32<T, VEC>(dst + rs.row * d + pk * VEC, o);
   });
 }
 
@@ -229,6 +255,8 @@ __global__ void __launch_bounds__(1024)
   const int packs = d / VEC;
   float v[PPT][VEC];
   load_row<T, VEC, PPT>(y, d, rs, tpr, v);
+  float xs[PPT][VEC];  // x, read before the reduction so its loads are in flight with y's
+  load_row<T, VEC, PPT>(x, d, rs, tpr, xs);
   const float ss =
       row_sum_of<VEC, PPT, kBlock>(v, rs, tpr, packs, scratch, [](float e) { return e * e; });
   if (rs.valid) {  // every thread still joins the second reduction
@@ -241,11 +269,10 @@ __global__ void __launch_bounds__(1024)
       mul_pack<T, VEC, true>(w, pk * VEC, o);
       mul_pack<T, VEC, true>(gr, pk * VEC, o);
       T* xr = x + rs.row * d + pk * VEC;
-      float xv[VEC];
-      load_f32<T, VEC>(xr, xv);
+      float* xv = xs[p];
 #pragma unroll
       for (int k = 0; k < VEC; ++k) xv[k] = round_to<T>(xv[k] + o[k]);
-      store_f32<T, VEC>(xr, xv);
+      store_f32<T, VEC>(xr, xs[p]);
 #pragma unroll
       for (int k = 0; k < VEC; ++k) v[p][k] = xv[k];
     });
@@ -317,9 +344,12 @@ bool pick_row_cfg(int64_t packs, RowCfg* c) {
   } else if (packs <= 128) {
     *c = {false, 4, 32};
   } else if (packs <= 1024) {
-    *c = {true, 1, round32(packs)};
+    const int t = g_norm_ppt.load();
+    const int ppt = t != 0 ? t : row_kernel_defaults().norm_ppt;
+    *c = {true, ppt, round32((packs + ppt - 1) / ppt)};
   } else if (packs <= 2048) {
-    *c = {true, 2, round32((packs + 1) / 2)};
+    const int ppt = g_norm_ppt.load() == 4 ? 4 : 2;
+    *c = {true, ppt, round32((packs + ppt - 1) / ppt)};
   } else if (packs <= 4096) {
     *c = {true, 4, round32((packs + 3) / 4)};
   } else {

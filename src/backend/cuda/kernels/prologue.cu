@@ -5,6 +5,8 @@
 // pass and one launch. Roundings match the composed ops (norm -> round -> * weight -> round ->
 // RoPE in f32 -> round), so fused and unfused results agree to an ulp (FMA contraction and the
 // order of the sum of squares may differ).
+#include <type_traits>
+
 #include "backend/cuda/kernels/device_utils.cuh"
 #include "backend/cuda/kernels/kernels.h"
 
@@ -87,7 +89,7 @@ struct alignas(4 * sizeof(T)) Vec4 {
   T v[4];
 };
 
-template <typename T>
+template <typename T, int kItems>
 __global__ void qkv_norm_rope_d128_kernel(const T* __restrict__ qkv, const T* __restrict__ wq,
                                           const T* __restrict__ wk, const float* __restrict__ freqs,
                                           T* __restrict__ q, T* __restrict__ k, T* __restrict__ v,
@@ -96,40 +98,63 @@ __global__ void qkv_norm_rope_d128_kernel(const T* __restrict__ qkv, const T* __
   const int lane = static_cast<int>(threadIdx.x & 31);
   const int heads = hq + 2 * hkv;
   const int64_t total = rows * heads;
-  const int64_t stride = int64_t{gridDim.x} * kWarps;
-  for (int64_t item = int64_t{blockIdx.x} * kWarps + (threadIdx.x >> 5); item < total;
-       item += stride) {
-    const int64_t row = item / heads;
-    const int h = static_cast<int>(item - row * heads);
-    const bool is_q = h < hq, is_v = h >= hq + hkv;
-    T* dst = is_q ? q + (row * hq + h) * kD128
-                  : (is_v ? v + (row * hkv + (h - hq - hkv)) * kD128
-                          : k + (row * hkv + (h - hq)) * kD128);
-    const Vec4<T> in = reinterpret_cast<const Vec4<T>*>(qkv + item * kD128)[lane];
-    float e[4];
+  const int64_t stride = int64_t{gridDim.x} * kWarps * kItems;
+  // The norm weights are the same for every item: loaded once.
+  Vec4<T> wqv{}, wkv{};
+  if (wq) wqv = reinterpret_cast<const Vec4<T>*>(wq)[lane];
+  if (wk) wkv = reinterpret_cast<const Vec4<T>*>(wk)[lane];
+  // A warp takes kItems consecutive items (kItems * 256 bytes of one or two rows) and issues all
+  // their loads before it computes: more bytes in flight per multiprocessor.
+  for (int64_t base = (int64_t{blockIdx.x} * kWarps + (threadIdx.x >> 5)) * kItems; base < total;
+       base += stride) {
+    Vec4<T> in[kItems];
+    float4 f[kItems];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) e[i] = to_f32<T>(in.v[i]);
-    const T* w = is_v ? nullptr : (is_q ? wq : wk);
-    if (w) {  // warp-uniform: the whole warp holds one head
-      float ss = 0.f;
-#pragma unroll
-      for (int i = 0; i < 4; ++i) ss += e[i] * e[i];
-      const float r = rsqrtf(warp_sum(ss) / static_cast<float>(kD128) + eps);
-      const Vec4<T> wv = reinterpret_cast<const Vec4<T>*>(w)[lane];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) e[i] = round_to<T>(round_to<T>(e[i] * r) * to_f32<T>(wv.v[i]));
+    for (int j = 0; j < kItems; ++j) {
+      const int64_t item = base + j;
+      if (item >= total) break;
+      in[j] = reinterpret_cast<const Vec4<T>*>(qkv + item * kD128)[lane];
+      const int64_t row = item / heads;
+      const int h = static_cast<int>(item - row * heads);
+      if (freqs && h < hq + hkv) {
+        const int64_t token = seq_if_shared > 0 ? row % seq_if_shared : row;
+        f[j] = reinterpret_cast<const float4*>(freqs + token * kD128)[lane];
+      }
     }
-    if (!is_v && freqs) {
-      const int64_t token = seq_if_shared > 0 ? row % seq_if_shared : row;
-      const float4 f = reinterpret_cast<const float4*>(freqs + token * kD128)[lane];
-      const float y0 = e[0] * f.x - e[1] * f.y, y1 = e[0] * f.y + e[1] * f.x;
-      const float y2 = e[2] * f.z - e[3] * f.w, y3 = e[2] * f.w + e[3] * f.z;
-      e[0] = y0, e[1] = y1, e[2] = y2, e[3] = y3;
-    }
-    Vec4<T> out;
 #pragma unroll
-    for (int i = 0; i < 4; ++i) out.v[i] = from_f32<T>(e[i]);
-    reinterpret_cast<Vec4<T>*>(dst)[lane] = out;
+    for (int j = 0; j < kItems; ++j) {
+      const int64_t item = base + j;
+      if (item >= total) break;  // warp-uniform
+      const int64_t row = item / heads;
+      const int h = static_cast<int>(item - row * heads);
+      const bool is_q = h < hq, is_v = h >= hq + hkv;
+      T* dst = is_q ? q + (row * hq + h) * kD128
+                    : (is_v ? v + (row * hkv + (h - hq - hkv)) * kD128
+                            : k + (row * hkv + (h - hq)) * kD128);
+      float e[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) e[i] = to_f32<T>(in[j].v[i]);
+      const bool norm = is_v ? false : (is_q ? wq != nullptr : wk != nullptr);
+      if (norm) {  // warp-uniform: the whole warp holds one head
+        const Vec4<T>& wv = is_q ? wqv : wkv;
+        float ss = 0.f;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) ss += e[i] * e[i];
+        const float r = rsqrtf(warp_sum(ss) / static_cast<float>(kD128) + eps);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) e[i] = round_to<T>(round_to<T>(e[i] * r) * to_f32<T>(wv.v[i]));
+      }
+      if (!is_v && freqs) {
+        const float4 c = f[j];
+        const float y0 = e[0] * c.x - e[1] * c.y, y1 = e[0] * c.y + e[1] * c.x;
+        const float y2 = e[2] * c.z - e[3] * c.w, y3 = e[2] * c.w + e[3] * c.z;
+        e[0] = y0, e[1] = y1, e[2] = y2, e[3] = y3;
+      }
+      Vec4<T> out;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) out.v[i] = from_f32<T>(e[i]);
+      reinterpret_cast<Vec4<T>*>(dst)[lane] = out;
+    }
   }
 }
 
@@ -161,14 +186,21 @@ cudaError_t launch_qkv_norm_rope(KType t, const void* qkv, const void* wq, const
   return dispatch_ktype(t, [&](auto tag) {
     using T = decltype(tag);
     if (d128) {
-      const int64_t warps = rows * (hq + 2 * hkv);
+      const int tuned = row_kernel_tuning().prologue_items;
+      const int items = tuned != 0 ? tuned : row_kernel_defaults().prologue_items;
+      const int64_t warps = (rows * (hq + 2 * hkv) + items - 1) / items;
       const int64_t blocks = (warps + kWarps - 1) / kWarps;
       const unsigned grid = static_cast<unsigned>(blocks < (int64_t{1} << 30) ? blocks : 1 << 30);
-      qkv_norm_rope_d128_kernel<T><<<grid, kWarps * 32, 0, s>>>(
-          static_cast<const T*>(qkv), static_cast<const T*>(wq), static_cast<const T*>(wk), freqs,
-          static_cast<T*>(q), static_cast<T*>(k), static_cast<T*>(v), rows, seq_if_shared, hq, hkv,
-          eps);
-      return cudaGetLastError();
+      auto launch = [&](auto n) {
+        qkv_norm_rope_d128_kernel<T, decltype(n)::value><<<grid, kWarps * 32, 0, s>>>(
+            static_cast<const T*>(qkv), static_cast<const T*>(wq), static_cast<const T*>(wk), freqs,
+            static_cast<T*>(q), static_cast<T*>(k), static_cast<T*>(v), rows, seq_if_shared, hq,
+            hkv, eps);
+        return cudaGetLastError();
+      };
+      if (items == 4) return launch(std::integral_constant<int, 4>{});
+      if (items == 2) return launch(std::integral_constant<int, 2>{});
+      return launch(std::integral_constant<int, 1>{});
     }
     const unsigned grid = static_cast<unsigned>(rows < 65535 * 16 ? rows : 65535 * 16);
     qkv_norm_rope_kernel<T><<<grid, kWarps * 32, 0, s>>>(

@@ -3,10 +3,11 @@
 // column-major k×m matrix): A = w with op T, B = x with op N, C = D = y with leading dim n.
 #include "backend/cuda/libs/gemm_cublaslt.h"
 
+#include <algorithm>
 #include <string>
 
-#include "backend/cuda/runtime/cuda_check.h"
 #include "backend/cuda/kernels/kernels.h"
+#include "backend/cuda/runtime/cuda_check.h"
 
 namespace zimage::cuda {
 namespace {
@@ -118,11 +119,19 @@ Result<LtGemm::Plan*> LtGemm::plan(const Key& key) {
         pref.p, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &ay, sizeof(ay)));
     ZI_CUBLAS_TRY(cublasLtMatmulPreferenceSetAttribute(
         pref.p, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ay, sizeof(ay)));
-    cublasLtMatmulHeuristicResult_t results[4];
+    cublasLtMatmulHeuristicResult_t results[kMaxCandidates];
     int returned = 0;
+    const int wanted = candidate_ < 0 ? 4 : kMaxCandidates;
     const cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(lt_, p.op, p.a, p.b, p.c, p.c, pref.p,
-                                                             4, results, &returned);
-    for (int i = 0; hs == CUBLAS_STATUS_SUCCESS && i < returned; ++i) {
+                                                             wanted, results, &returned);
+    if (hs != CUBLAS_STATUS_SUCCESS) returned = 0;
+    if (candidate_ >= 0) {
+      p.missing = candidate_ >= returned || results[candidate_].state != CUBLAS_STATUS_SUCCESS;
+      if (!p.missing) p.algo = results[candidate_].algo;
+      p.has_algo = !p.missing;
+      return Status::Ok();
+    }
+    for (int i = 0; i < returned; ++i) {
       if (results[i].state == CUBLAS_STATUS_SUCCESS) {
         p.algo = results[i].algo;
         p.has_algo = true;
@@ -141,6 +150,32 @@ Result<LtGemm::Plan*> LtGemm::plan(const Key& key) {
   return &pos->second;
 }
 
+void LtGemm::set_candidate(int i) {
+  candidate_ = i < 0 ? -1 : std::min(i, kMaxCandidates - 1);
+  for (auto& [key, p] : plans_) destroy(p);
+  plans_.clear();
+}
+
+Result<std::string> LtGemm::describe(int64_t m, int64_t n, int64_t k, DType dt) {
+  const Key key{m, n, k, static_cast<int>(dt), false, 16, 16, 16, kNoFp8};
+  ZI_ASSIGN_OR_RETURN(Plan * p, plan(key));
+  if (!p->has_algo) return std::string("none");
+  auto attr = [&](cublasLtMatmulAlgoConfigAttributes_t a) {
+    int32_t v = -1;  // every attribute read here fits 32 bits (uint16 ones are zero-extended)
+    size_t written = 0;
+    if (cublasLtMatmulAlgoConfigGetAttribute(&p->algo, a, &v, sizeof(v), &written) !=
+        CUBLAS_STATUS_SUCCESS)
+      return std::string("?");
+    return std::to_string(v);
+  };
+  return "algo " + attr(CUBLASLT_ALGO_CONFIG_ID) + " tile " + attr(CUBLASLT_ALGO_CONFIG_TILE_ID) +
+         " stages " + attr(CUBLASLT_ALGO_CONFIG_STAGES_ID) + " cluster " +
+         attr(CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID) + " splitk " +
+         attr(CUBLASLT_ALGO_CONFIG_SPLITK_NUM) + " swizzle " +
+         attr(CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING) + " inner " +
+         attr(CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID);
+}
+
 Status LtGemm::linear(const void* x, const void* w, const void* bias, void* y, int64_t m, int64_t n,
                       int64_t k, DType dt) {
   if (m == 0 || n == 0) return Status::Ok();
@@ -154,6 +189,7 @@ Status LtGemm::linear(const void* x, const void* w, const void* bias, void* y, i
   const Key key{
       m, n, k, static_cast<int>(dt), fuse_bias, alignment(x), alignment(w), alignment(y), kNoFp8};
   ZI_ASSIGN_OR_RETURN(Plan * p, plan(key));
+  if (p->missing) return Unsupported("matmul: no cuBLASLt candidate " + std::to_string(candidate_));
   const float alpha = 1.f, beta = 0.f;
   if (p->has_algo) {
     if (fuse_bias)

@@ -47,12 +47,24 @@ class LtGemm {
 
   cublasHandle_t blas() const { return blas_; }
 
+  // Which of cuBLASLt's heuristic candidates (best first, at most kMaxCandidates) the plans use:
+  // -1, the default, takes the first that works. For measuring the candidates against each
+  // other (CudaOpsPerf.GemmCandidates); changing it drops the plans made so far.
+  static constexpr int kMaxCandidates = 16;
+  void set_candidate(int i);
+  int candidate() const { return candidate_; }
+  // The algorithm the plan for a bias-free, 16-byte aligned linear of this shape uses, as cuBLASLt
+  // describes it ("algo 66 tile 21 stages 19 cluster 2 ..."; the ids are cublasLt.h's enums), or
+  // "none" where this candidate does not exist.
+  Result<std::string> describe(int64_t m, int64_t n, int64_t k, DType dt);
+
  private:
   struct Plan {
     cublasLtMatmulDesc_t op = nullptr;
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
     cublasLtMatmulAlgo_t algo{};
     bool has_algo = false;  // false: no cuBLASLt algorithm, use cublasGemmEx
+    bool missing = false;   // the candidate set_candidate asked for does not exist
   };
   // FP8 operand scaling: none (bf16/f32 operands), one scale per tensor, one per row.
   enum Fp8Mode : int { kNoFp8 = 0, kFp8Tensor = 1, kFp8Rows = 2 };
@@ -68,6 +80,7 @@ class LtGemm {
   cublasHandle_t blas_ = nullptr;
   std::shared_ptr<Storage> workspace_;
   std::map<Key, Plan> plans_;
+  int candidate_ = -1;
 };
 
 }  // namespace zimage::cuda
