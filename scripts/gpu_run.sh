@@ -15,6 +15,8 @@
 #             (tools/diffusers_dit_bench.py) -> $OUT/diffusers_dit.json
 #   parity8, compare8   the same with --precision fp8 -> $OUT/parity_fp8.json
 #   lorabench per-request LoRA: merge/unmerge vs side GEMM on the full-size model -> $OUT/lora_bench.*
+#   ncu       hardware counters of the w1|w3 GEMM at M 4160: cuBLASLt, CUTLASS with its own
+#             epilogue, CUTLASS with SwiGLU in ours -> $OUT/ncu_{cublaslt,cutlass,fused}.txt
 #   probe     host memory costs: page-locking, registering file mappings, H2D rates, CUDA start-up
 #             (tools/host_transfer_probe.cpp) -> $OUT/probe.{json,txt}
 #   startup   whole generate processes with a per-phase breakdown (tools/startup_bench.py):
@@ -139,6 +141,18 @@ for f in glob.glob('build/carry/*.xz') + glob.glob('build/carry/lib/*.xz') + glo
       python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
       PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 python3 tools/diffusers_dit_bench.py --model "$ZR" \
         --sizes ${DIT_SIZES:-1024,1536,2048} --json "$OUT/diffusers_dit.json" 2>&1 | grep -v Warning | tail -20 || rc=1 ;;
+    ncu)
+      # Hardware counters (ncu, clocks left alone) of the feed-forward's w1|w3 GEMM at M 4160, one
+      # launch each: cuBLASLt's kernel, CUTLASS's with its own TMA epilogue, and ours with SwiGLU
+      # in the epilogue (CudaOpsPerf.MatmulSwiglu launches all three) -> $OUT/ncu_*.txt
+      n="ncu --clock-control none --kernel-name-base demangled --section SpeedOfLight --section Occupancy"
+      n="$n --section LaunchStats --section WarpStateStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis"
+      for k in cublaslt:'nvjet|xmma|sm90_gemm' cutlass:'CollectiveEpilogue' fused:'SwigluEpilogue'; do
+        timeout 200 $n -k regex:"${k#*:}" --launch-skip 2 --launch-count 1 "$TESTS" \
+          --gtest_filter=CudaOpsPerf.MatmulSwiglu > "$OUT/ncu_${k%%:*}.txt" 2>&1 || rc=1
+        grep -E "Duration|SM Frequency|Compute \(SM\) Throughput|Memory Throughput|L2 Cache Throughput|Registers Per|Achieved Occupancy|Grid Size|Block Size|Dynamic Shared" \
+          "$OUT/ncu_${k%%:*}.txt" | sed "s/^/${k%%:*}: /"
+      done ;;
     probe)
       # Host memory and transfer costs on this machine (tools/host_transfer_probe.cpp, carried
       # built as build/carry/host_transfer_probe) on the DiT's largest file -> $OUT/probe.json

@@ -184,6 +184,13 @@ Status Backend::dit_modulation(const Tensor& mod, Tensor& scale_a, Tensor& gate_
   return tanh(gate_f, gate_f);
 }
 
+Status Backend::matmul_dit_modulation(const Tensor& c, const Tensor& w, const Tensor& bias,
+                                      Tensor& mod, Tensor& scale_a, Tensor& gate_a, Tensor& scale_f,
+                                      Tensor& gate_f) {
+  ZI_TRY(matmul(c, w, bias, mod));
+  return dit_modulation(mod, scale_a, gate_a, scale_f, gate_f);
+}
+
 #ifndef ZIMAGE_WITH_CUDA
 Result<std::unique_ptr<Backend>> make_cuda_backend(int, DType) {
   return Unsupported("this zimage was built without CUDA (configure with nvcc on PATH)");

@@ -261,6 +261,13 @@ class Backend {
   // scale_a = 1 + s_a, gate_a = tanh(g_a), scale_f = 1 + s_f, gate_f = tanh(g_f), each [B, D].
   virtual Status dit_modulation(const Tensor& mod, Tensor& scale_a, Tensor& gate_a, Tensor& scale_f,
                                 Tensor& gate_f);
+  // The block's adaLN projection and that modulation in one op: mod = c[B, K] · wᵀ + bias (w
+  // [4D, K], bias [4D] or undefined; mod rounded to the act dtype as matmul rounds it), then
+  // dit_modulation(mod, ...). `mod` ([B, 4D]) holds the projection where the op is not fused.
+  // The default runs the two ops; a backend may fuse them with the same roundings.
+  virtual Status matmul_dit_modulation(const Tensor& c, const Tensor& w, const Tensor& bias,
+                                       Tensor& mod, Tensor& scale_a, Tensor& gate_a,
+                                       Tensor& scale_f, Tensor& gate_f);
 
   // ---- attention ----
   // q[B, Sq, Hq, D], k/v[B, Sk, Hkv, D] (Hq a multiple of Hkv: GQA), out[B, Sq, Hq, D].

@@ -5,7 +5,8 @@
 // summation), both schedules, recorded (CUDA graph) against eager, a misaligned operand falling
 // back; and a transformer running both (the path that ships) against the same transformer
 // unfused and against the CPU. Timed in CudaOpsPerf.MatmulSwiglu / MatmulQkvNormRope
-// (test_cuda_perf.cpp).
+// (test_cuda_perf.cpp). Also the adaLN projection with its modulation fused (a GEMV, not a
+// CUTLASS GEMM: CudaFusedAdaln), in the same small transformer.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -350,6 +351,51 @@ TEST(CudaFusedGemm, TransformerAgainstUnfusedAndCpu) {
   expect_close("transformer, fused vs unfused", DType::kBF16, values(eager), values(unfused), 2e-2);
   fused->reset();
   plain->reset();
+  std::filesystem::remove_all(dir);
+}
+
+// The fused adaLN projection + modulation (ZIMAGE_FUSED_ADALN) in a transformer: every modulated
+// block takes it, recorded equals eager, and the output stays with the two-op model and the CPU.
+TEST(CudaFusedAdaln, TransformerAgainstTwoOpsAndCpu) {
+  ZI_REQUIRE_GPU();
+  cuda::CudaBackend* g = gpu(DType::kBF16);
+  TransformerConfig cfg;
+  const std::string dir = write_wide_dit(cfg);
+  auto ws = WeightStore::open(dir);
+  ASSERT_TRUE(ws.ok()) << ws.status().to_string();
+  const Tensor lat = rand_host({1, 16, 32, 32}, 41, DType::kBF16);
+  const Tensor cap = rand_host({20, cfg.cap_feat_dim}, 42, DType::kBF16);
+  auto dit = ZImageDiT::load(cfg, *ws, *g);
+  ASSERT_TRUE(dit.ok()) << dit.status().to_string();
+  auto cpu_dit = ZImageDiT::load(cfg, *ws, cpu_oracle());
+  ASSERT_TRUE(cpu_dit.ok()) << cpu_dit.status().to_string();
+  const bool was = g->fused_adaln();
+
+  (*dit)->set_use_graphs(false);
+  const Tensor two_ops = forward(**dit, *g, lat, cap);
+  g->set_fused_adaln(true);
+  g->set_profiling(true);
+  const Tensor eager = forward(**dit, *g, lat, cap);
+  auto prof = g->op_profile();
+  g->set_profiling(false);
+  ASSERT_TRUE(prof.ok()) << prof.status().to_string();
+  int64_t calls = 0;
+  for (const auto& e : *prof)
+    if (e.op.rfind("matmul_dit_modulation", 0) == 0) calls += e.calls;
+  EXPECT_EQ(calls, cfg.n_layers + cfg.n_refiner_layers) << "modulated blocks that ran fused";
+  (*dit)->set_use_graphs(true);
+  const Tensor recorded = forward(**dit, *g, lat, cap);
+  const Tensor replayed = forward(**dit, *g, lat, cap);
+  g->set_fused_adaln(was);
+  const Tensor ref = forward(**cpu_dit, cpu_oracle(), lat, cap);
+  ASSERT_TRUE(two_ops.defined() && eager.defined() && recorded.defined() && replayed.defined() &&
+              ref.defined());
+  EXPECT_EQ(values(recorded), values(eager)) << "recorded forward differs from eager";
+  EXPECT_EQ(values(replayed), values(eager)) << "replayed forward differs from eager";
+  expect_close("transformer, fused adaLN vs CPU", DType::kBF16, values(eager), values(ref), 3e-2);
+  expect_close("transformer, fused adaLN vs two ops", DType::kBF16, values(eager), values(two_ops),
+               2e-2);
+  dit->reset();
   std::filesystem::remove_all(dir);
 }
 

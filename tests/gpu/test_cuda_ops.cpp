@@ -4,6 +4,7 @@
 // comparison prints its measured errors. Attention, convolution and the memory/graph machinery
 // have their own files (test_cuda_attention.cpp, test_cuda_memory.cpp); timings are in
 // test_cuda_perf.cpp. Without a CUDA device every test is skipped.
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -372,6 +373,58 @@ TEST(CudaOps, DitModulation) {
         expect_match(label("dit_modulation gate_f", s), dt, gf);
       }
     }
+  }
+}
+
+// The adaLN projection + modulation (ZIMAGE_FUSED_ADALN's kernel) against the CPU oracle's two
+// ops and the GPU's own two; `mod` (poisoned with NaN) shows which path ran: left unwritten by the
+// fused kernel (batches up to 4, K a multiple of the 16-byte pack), written by the fallback.
+TEST(CudaOps, MatmulDitModulation) {
+  ZI_REQUIRE_GPU();
+  struct Case {
+    int64_t b, d, k;
+    bool bias;
+  };
+  const Case cases[] = {{1, 7, 256, true},   {2, 3840, 256, true}, {3, 33, 64, false},
+                        {4, 100, 264, true}, {1, 5, 1024, false},  {5, 16, 256, true},
+                        {1, 8, 12, true}};
+  for (DType dt : kDTypes) {
+    cuda::CudaBackend* g = gpu(dt);
+    const bool was = g->fused_adaln();
+    uint32_t seed = 970;
+    for (const Case& c : cases) {
+      Both cv = both_rand({c.b, c.k}, seed++, dt, -2.f, 2.f);
+      Both w = both_rand({4 * c.d, c.k}, seed++, dt, -0.2f, 0.2f);
+      Both bias = both_rand({4 * c.d}, seed++, dt, -0.5f, 0.5f);
+      const Tensor bc = c.bias ? bias.cpu : Tensor(), bg = c.bias ? bias.gpu : Tensor();
+      const Shape s{c.b, c.d};
+      Both mod = outputs({c.b, 4 * c.d}, dt);
+      Both sa = outputs(s, dt), ga = outputs(s, dt), sf = outputs(s, dt), gf = outputs(s, dt);
+      ZI_ASSERT_OK(cpu_oracle().matmul_dit_modulation(cv.cpu, w.cpu, bc, mod.cpu, sa.cpu, ga.cpu,
+                                                      sf.cpu, gf.cpu));
+      g->set_fused_adaln(true);
+      const Status st =
+          g->matmul_dit_modulation(cv.gpu, w.gpu, bg, mod.gpu, sa.gpu, ga.gpu, sf.gpu, gf.gpu);
+      g->set_fused_adaln(false);
+      ZI_ASSERT_OK(st);
+      const std::string tag = cat(" k", c.k, c.bias ? " +bias" : "");
+      expect_match(label("matmul_dit_modulation scale_a", s, tag), dt, sa);
+      expect_match(label("matmul_dit_modulation gate_a", s, tag), dt, ga);
+      expect_match(label("matmul_dit_modulation scale_f", s, tag), dt, sf);
+      expect_match(label("matmul_dit_modulation gate_f", s, tag), dt, gf);
+      const int64_t pack = 16 / static_cast<int64_t>(dtype_size(dt));
+      const bool fits = c.b <= 4 && c.k % pack == 0;
+      const std::vector<float> m = fetch(*g, mod.gpu);
+      const bool untouched = std::all_of(m.begin(), m.end(), [](float v) { return std::isnan(v); });
+      EXPECT_EQ(untouched, fits) << tag << (fits ? ": fell back to the two ops" : ": not composed");
+      // Against the GPU's two ops: the same roundings, sums in another order.
+      Both sa2 = outputs(s, dt), ga2 = outputs(s, dt), sf2 = outputs(s, dt), gf2 = outputs(s, dt);
+      ZI_ASSERT_OK(
+          g->matmul_dit_modulation(cv.gpu, w.gpu, bg, mod.gpu, sa2.gpu, ga2.gpu, sf2.gpu, gf2.gpu));
+      expect_close("fused vs two ops scale_a" + tag, dt, fetch(*g, sa.gpu), fetch(*g, sa2.gpu));
+      expect_close("fused vs two ops gate_f" + tag, dt, fetch(*g, gf.gpu), fetch(*g, gf2.gpu));
+    }
+    g->set_fused_adaln(was);
   }
 }
 

@@ -126,6 +126,34 @@ void sweep(cuda::CudaBackend* g, const std::string& what, double flop, double t_
               best_name.c_str(), best, t_two / best, t_two);
 }
 
+// The same product through CUTLASS with its own (TMA, shared-memory staged) epilogue in each tile
+// configuration of the fused GEMMs: whether they lose to cuBLASLt in the mainloop or in their
+// register epilogue.
+void plain_cutlass_rows(cuda::CudaBackend* g, const std::string& what, const Tensor& x,
+                        const Tensor& w, Tensor& y, double flop) {
+  const int64_t m = x.dim(0), k = x.dim(1), n = w.dim(0);
+  const size_t ws_bytes = cuda::cutlass_bf16_gemm_workspace(m, n, k);
+  Tensor ws;
+  if (ws_bytes > 0) ws = take(g->alloc(DType::kU8, {static_cast<int64_t>(ws_bytes)}), "ws");
+  for (auto [schedule, sname] : kSchedules) {
+    for (auto [raster, rname] : kRasters) {
+      if (raster == cuda::GemmRaster::kAlongM) continue;  // auto and n: what the sweeps favour
+      const cuda::GemmTuning t{schedule, raster, 1};
+      auto op = [&] {
+        return cuda::cutlass_bf16_gemm(x.data(), w.data(), y.data(), m, n, k,
+                                       ws_bytes ? ws.data() : nullptr, ws_bytes, g->stream(), t);
+      };
+      const Status st = op();
+      if (!st.ok()) {
+        std::printf("  PERF %s CUTLASS %s: %s\n", what.c_str(), sname, st.to_string().c_str());
+        return;
+      }
+      report(cat(what, " CUTLASS ", sname, ",", rname, " (TMA epilogue)"), sustained_ms(g, op),
+             flop, 0);
+    }
+  }
+}
+
 // The DiT's feed-forward w1|w3 at 1024² and 2048²: cuBLASLt's GEMM + the swiglu kernel against
 // the GEMM with SwiGLU in its epilogue, every tuning.
 TEST(CudaOpsPerf, MatmulSwiglu) {
@@ -155,6 +183,7 @@ TEST(CudaOpsPerf, MatmulSwiglu) {
       return s.ok() ? g->swiglu(h, y) : s;
     });
     report(cat("w1|w3 GEMM alone (cuBLASLt) ", m, "x", 2 * f, "x", k), t_gemm, flop, 0);
+    plain_cutlass_rows(g, cat("w1|w3 GEMM alone ", m), x, plain.w, h, flop);
     report(cat("GEMM + swiglu (two kernels) ", m), t_two, flop, 0);
     sweep(
         g, cat("swiglu ", m), flop, t_two,
@@ -192,6 +221,9 @@ TEST(CudaOpsPerf, MatmulQkvNormRope) {
     const double t_two = sustained_ms(g, op);
     g->set_fused_qkv(true);
     report(cat("q|k|v GEMM + prologue (two kernels) ", m, "x", n, "x", k), t_two, flop, 0);
+    report(cat("q|k|v GEMM alone (cuBLASLt) ", m),
+           sustained_ms(g, [&] { return g->matmul(x, w, Tensor(), qkv); }), flop, 0);
+    plain_cutlass_rows(g, cat("q|k|v GEMM alone ", m), x, w, qkv, flop);
     sweep(
         g, cat("qkv ", m), flop, t_two, [&](const cuda::GemmTuning& t) { g->set_qkv_tuning(t); },
         op);
@@ -286,6 +318,28 @@ TEST(CudaOpsPerf, RowKernelTuning) {
     }
   }
   cuda::set_row_kernel_tuning(was);
+}
+
+// The DiT block's adaLN projection + modulation (batch 1, 256 -> 4 x 3840): cuBLASLt's GEMV and
+// the modulation kernel against the fused GEMV, back to back; bytes are the weight's.
+TEST(CudaOpsPerf, AdalnModulation) {
+  ZI_REQUIRE_GPU();
+  cuda::CudaBackend* g = gpu(DType::kBF16);
+  const int64_t d = 3840, k = 256;
+  Tensor c = rand_dev(g, {1, k}, 3400);
+  Tensor w = rand_dev(g, {4 * d, k}, 3401, -0.05f, 0.05f);
+  Tensor bias = rand_dev(g, {4 * d}, 3402);
+  Tensor mod = take(g->alloc(DType::kBF16, {1, 4 * d}), "mod");
+  Tensor o[4];
+  for (Tensor& t : o) t = take(g->alloc(DType::kBF16, {1, d}), "o");
+  auto op = [&] { return g->matmul_dit_modulation(c, w, bias, mod, o[0], o[1], o[2], o[3]); };
+  const bool was = g->fused_adaln();
+  for (bool fused : {false, true}) {
+    g->set_fused_adaln(fused);
+    report(fused ? "adaln 1x256 -> 4x3840 fused" : "adaln 1x256 -> 4x3840 GEMV + kernel",
+           sustained_ms(g, op), 0, 2.0 * 4 * d * k);
+  }
+  g->set_fused_adaln(was);
 }
 
 TEST(CudaOpsPerf, AttentionBf16) {

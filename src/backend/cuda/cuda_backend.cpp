@@ -112,6 +112,8 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(int device_index, DType
     b->upload_locked_ = std::string(up) == "locked";
   if (const char* fused = std::getenv("ZIMAGE_FUSED_NORM"))
     b->fused_norm_ = std::string(fused) != "0";
+  if (const char* fused = std::getenv("ZIMAGE_FUSED_ADALN"))
+    b->fused_adaln_ = std::string(fused) == "1";
   if (const char* fused = std::getenv("ZIMAGE_FUSED_SWIGLU"))
     b->fused_swiglu_ = std::string(fused) == "1";
   if (const char* t = std::getenv("ZIMAGE_SWIGLU_GEMM")) {

@@ -319,6 +319,38 @@ Status CudaBackend::dit_modulation(const Tensor& mod, Tensor& scale_a, Tensor& g
   return Status::Ok();
 }
 
+Status CudaBackend::matmul_dit_modulation(const Tensor& c, const Tensor& w, const Tensor& bias,
+                                          Tensor& mod, Tensor& scale_a, Tensor& gate_a,
+                                          Tensor& scale_f, Tensor& gate_f) {
+  auto composed = [&] {
+    return Backend::matmul_dit_modulation(c, w, bias, mod, scale_a, gate_a, scale_f, gate_f);
+  };
+  if (!fused_ || !fused_adaln_) return composed();
+  // The fused GEMV takes plain act-dtype operands of a small batch; anything else (quantised or
+  // FP8 weights, other dtypes, wide batches, odd widths) runs the two ops.
+  auto plain = [&](const Tensor& t) {
+    return check_cuda_tensor("matmul_dit_modulation", "operand", t).ok() && t.dtype() == act_;
+  };
+  if (!plain(c) || !plain(w) || (bias.defined() && !plain(bias)) || c.rank() != 2 ||
+      w.rank() != 2 || w.dim(1) != c.dim(1) || w.dim(0) % 4 != 0 ||
+      (bias.defined() && bias.shape() != Shape{w.dim(0)}))
+    return composed();
+  const int64_t b = c.dim(0), k = c.dim(1), d = w.dim(0) / 4;
+  for (const Tensor* t : {&scale_a, &gate_a, &scale_f, &gate_f})
+    if (!plain(*t) || t->shape() != Shape{b, d}) return composed();
+  if (!adaln_modulation_fits(b, k, c.data(), w.data(), bias.defined() ? bias.data() : nullptr,
+                             dtype_size(act_)))
+    return composed();
+  ZI_OP_SCOPE("matmul_dit_modulation", &c, &w);
+  constexpr const char* op = "matmul_dit_modulation";
+  ZI_ASSIGN_OR_RETURN(KType kt, ktype_of(op, act_));
+  ZI_LAUNCH_TRY(
+      op, launch_adaln_modulation(kt, c.data(), w.data(), bias.defined() ? bias.data() : nullptr,
+                                  scale_a.data(), gate_a.data(), scale_f.data(), gate_f.data(), b,
+                                  d, k, stream_));
+  return Status::Ok();
+}
+
 Status CudaBackend::silu(const Tensor& x, Tensor& y) {
   ZI_OP_SCOPE("silu", &x);
   ZI_TRY(contract::unary(cuda_env(act_), "silu", x, y));

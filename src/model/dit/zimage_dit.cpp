@@ -131,9 +131,9 @@ Status ZImageDiT::run_block(const Block& blk, Tensor& x, const Tensor& freqs, co
   Tensor xr = x.view({rows, d});            // [B*S, D]
   Tensor scale_a, gate_a, scale_f, gate_f;  // undefined = unmodulated (s = 1, g = 1)
   if (blk.modulated) {
-    ZI_TRY(be_.matmul(c, blk.adaln_w, blk.adaln_b, s.mod));  // [B, 4D]
-    // 1 + s_a, tanh(g_a), 1 + s_f, tanh(g_f): [B, D] each
-    ZI_TRY(be_.dit_modulation(s.mod, s.scale_a, s.gate_a, s.scale_f, s.gate_f));
+    // mod = c · adaLNᵀ [B, 4D] -> 1 + s_a, tanh(g_a), 1 + s_f, tanh(g_f): [B, D] each
+    ZI_TRY(be_.matmul_dit_modulation(c, blk.adaln_w, blk.adaln_b, s.mod, s.scale_a, s.gate_a,
+                                     s.scale_f, s.gate_f));
     scale_a = s.scale_a, gate_a = s.gate_a, scale_f = s.scale_f, gate_f = s.gate_f;
   }
   // --- attention ---

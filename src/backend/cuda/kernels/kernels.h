@@ -94,6 +94,14 @@ cudaError_t launch_qkv_norm_rope(KType t, const void* qkv, const void* wq, const
                                  const float* freqs, void* q, void* k, void* v, int64_t rows,
                                  int64_t seq_if_shared, int hq, int hkv, int dh, float eps,
                                  cudaStream_t s);
+// mod = c[b, k] · w[4d, k]ᵀ + bias[4d] (bias may be null; fp32 sums, rounded to the type), then
+// launch_dit_modulation's outputs from it, without mod in memory. For b <= 4, k a multiple of
+// the 16-byte pack, c and w 16-byte aligned (adaln_modulation_fits); cudaErrorInvalidValue else.
+bool adaln_modulation_fits(int64_t b, int64_t k, const void* c, const void* w, const void* bias,
+                           size_t elem);
+cudaError_t launch_adaln_modulation(KType t, const void* c, const void* w, const void* bias,
+                                    void* scale_a, void* gate_a, void* scale_f, void* gate_f,
+                                    int64_t b, int64_t d, int64_t k, cudaStream_t s);
 // mod[b, 4d] -> 1 + mod[:, 0:d], tanh(mod[:, d:2d]), 1 + mod[:, 2d:3d], tanh(mod[:, 3d:4d]).
 cudaError_t launch_dit_modulation(KType t, const void* mod, void* scale_a, void* gate_a,
                                   void* scale_f, void* gate_f, int64_t b, int64_t d,

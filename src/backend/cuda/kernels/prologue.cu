@@ -173,7 +173,100 @@ __global__ void dit_modulation_kernel(const T* __restrict__ mod, T* __restrict__
   }
 }
 
+// The adaLN projection and modulation for a small batch: mod[b, j] = c[b, :] · w[j, :] + bias[j]
+// (fp32 sums, rounded to T as the GEMM's output), then 1 + mod or tanh(mod) by the quarter of 4D
+// j falls in, written to that output. A GEMV (B rows of c, a few KB) reading w once: each warp
+// takes kAdaRows rows of w, its lanes 16-byte packs of each row, all loads issued first.
+constexpr int kAdaRows = 4;
+constexpr int kAdaMaxBatch = 4;
+
+template <typename T, int kB>
+__global__ void adaln_modulation_kernel(const T* __restrict__ c, const T* __restrict__ w,
+                                        const T* __restrict__ bias, T* __restrict__ scale_a,
+                                        T* __restrict__ gate_a, T* __restrict__ scale_f,
+                                        T* __restrict__ gate_f, int64_t d, int k) {
+  constexpr int V = kVec16<T>;
+  const int lane = static_cast<int>(threadIdx.x & 31);
+  const int64_t n = 4 * d;
+  const int64_t j0 = (int64_t{blockIdx.x} * kWarps + (threadIdx.x >> 5)) * kAdaRows;
+  if (j0 >= n) return;  // warp-uniform
+  float acc[kAdaRows][kB];
+#pragma unroll
+  for (int r = 0; r < kAdaRows; ++r)
+#pragma unroll
+    for (int bi = 0; bi < kB; ++bi) acc[r][bi] = 0.f;
+  for (int k0 = lane * V; k0 < k; k0 += 32 * V) {
+    float wv[kAdaRows][V];
+#pragma unroll
+    for (int r = 0; r < kAdaRows; ++r)
+      if (j0 + r < n) load_f32<T, V>(w + (j0 + r) * k + k0, wv[r]);
+    float cv[kB][V];
+#pragma unroll
+    for (int bi = 0; bi < kB; ++bi) load_f32<T, V>(c + int64_t{bi} * k + k0, cv[bi]);
+#pragma unroll
+    for (int r = 0; r < kAdaRows; ++r) {
+      if (j0 + r >= n) continue;
+#pragma unroll
+      for (int bi = 0; bi < kB; ++bi)
+#pragma unroll
+        for (int e = 0; e < V; ++e) acc[r][bi] = fmaf(wv[r][e], cv[bi][e], acc[r][bi]);
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < kAdaRows; ++r) {
+    const int64_t j = j0 + r;
+    if (j >= n) break;  // warp-uniform
+    const int q = static_cast<int>(j / d);
+    const int64_t col = j - q * d;
+    T* dst = q == 0 ? scale_a : q == 1 ? gate_a : q == 2 ? scale_f : gate_f;
+    const float bj = bias ? to_f32<T>(bias[j]) : 0.f;
+#pragma unroll
+    for (int bi = 0; bi < kB; ++bi) {
+      const float m = round_to<T>(warp_sum(acc[r][bi]) + bj);  // the GEMM's output, rounded
+      if (lane == bi) dst[bi * d + col] = from_f32<T>(q % 2 == 0 ? m + 1.0f : tanhf(m));
+    }
+  }
+}
+
 }  // namespace
+
+bool adaln_modulation_fits(int64_t b, int64_t k, const void* c, const void* w, const void* bias,
+                           size_t elem) {
+  const int64_t v = static_cast<int64_t>(16 / elem);
+  return b >= 1 && b <= kAdaMaxBatch && k > 0 && k % v == 0 && aligned16(c) && aligned16(w) &&
+         (bias == nullptr || reinterpret_cast<uintptr_t>(bias) % elem == 0);
+}
+
+cudaError_t launch_adaln_modulation(KType t, const void* c, const void* w, const void* bias,
+                                    void* scale_a, void* gate_a, void* scale_f, void* gate_f,
+                                    int64_t b, int64_t d, int64_t k, cudaStream_t s) {
+  if (b <= 0 || d <= 0) return cudaSuccess;
+  if (b > kAdaMaxBatch || k <= 0 || k > (int64_t{1} << 30)) return cudaErrorInvalidValue;
+  const int64_t warps = (4 * d + kAdaRows - 1) / kAdaRows;
+  const int64_t blocks = (warps + kWarps - 1) / kWarps;
+  if (blocks >= (int64_t{1} << 31)) return cudaErrorInvalidValue;
+  return dispatch_ktype(t, [&](auto tag) {
+    using T = decltype(tag);
+    auto launch = [&](auto nb) {
+      adaln_modulation_kernel<T, decltype(nb)::value>
+          <<<static_cast<unsigned>(blocks), kWarps * 32, 0, s>>>(
+              static_cast<const T*>(c), static_cast<const T*>(w), static_cast<const T*>(bias),
+              static_cast<T*>(scale_a), static_cast<T*>(gate_a), static_cast<T*>(scale_f),
+              static_cast<T*>(gate_f), d, static_cast<int>(k));
+      return cudaGetLastError();
+    };
+    switch (b) {
+      case 1:
+        return launch(std::integral_constant<int, 1>{});
+      case 2:
+        return launch(std::integral_constant<int, 2>{});
+      case 3:
+        return launch(std::integral_constant<int, 3>{});
+      default:
+        return launch(std::integral_constant<int, 4>{});
+    }
+  });
+}
 
 cudaError_t launch_qkv_norm_rope(KType t, const void* qkv, const void* wq, const void* wk,
                                  const float* freqs, void* q, void* k, void* v, int64_t rows,

@@ -120,6 +120,15 @@ Status cutlass_bf16_swiglu(const void* x, const void* w13, void* y, int64_t m, i
                            const GemmTuning& tuning = {});
 size_t cutlass_bf16_swiglu_workspace(int64_t m, int64_t f, int64_t k);
 
+// Plain bf16 y[m, n] = x[m, k] · w[n, k]ᵀ through CUTLASS with its own TMA epilogue, in the four
+// tile configurations of the fused GEMMs (tuning.schedule, raster, swizzle): a measuring stick
+// for them against cuBLASLt (CudaOpsPerf), not a path the engine takes. kUnsupported without
+// CUTLASS, off sm_90, for n or k not a multiple of 8 or operands not 16-byte aligned.
+Status cutlass_bf16_gemm(const void* x, const void* w, void* y, int64_t m, int64_t n, int64_t k,
+                         void* workspace, size_t workspace_bytes, cudaStream_t stream,
+                         const GemmTuning& tuning = {});
+size_t cutlass_bf16_gemm_workspace(int64_t m, int64_t n, int64_t k);
+
 // bf16 q|k|v linear with the attention prologue in its epilogue (Backend::qkv_split_norm_rope
 // for head_dim kQkvHeadDim): t = x · wqkvᵀ, rounded to bf16, [m, (hq + 2·hkv)·128], split per
 // 128-wide head into q [m, hq·128], k and v [m, hkv·128]; the heads of q and k RMS-normalised
