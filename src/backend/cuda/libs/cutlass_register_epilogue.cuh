@@ -4,7 +4,8 @@
 // through CUTLASS's Sm90 adapter for such epilogues (what its NoSmemWarpSpecialized schedule
 // does with DefaultEpilogue). Such an epilogue sees every value of a thread's rows at once, which
 // the elementwise epilogue visitor trees do not offer: SwiGLU pairs two columns, the attention
-// prologue normalises 128-wide rows. Included only by the sm_90a CUTLASS units.
+// prologue normalises 128-wide rows. Also the launch and tuning helpers gemm_plain.cu shares.
+// Included only by the sm_90a CUTLASS units.
 #pragma once
 
 #include <cutlass/cutlass.h>
@@ -28,6 +29,36 @@ using Bf16 = cutlass::bfloat16_t;
 
 __device__ __forceinline__ float round_bf16(float v) {
   return static_cast<float>(Bf16(v));
+}
+
+// The raster order and swizzle of a GemmTuning on a persistent kernel's arguments.
+template <class Arguments>
+void apply_tuning(Arguments& args, const GemmTuning& tuning) {
+  using Raster = cutlass::gemm::kernel::detail::RasterOrderOptions;
+  args.scheduler.raster_order = tuning.raster == GemmRaster::kAlongM   ? Raster::AlongM
+                                : tuning.raster == GemmRaster::kAlongN ? Raster::AlongN
+                                                                       : Raster::Heuristic;
+  args.scheduler.max_swizzle_size = tuning.swizzle;
+}
+
+// Checks, initialises and launches a CUTLASS 3.x GEMM (a GemmUniversalAdapter) on `stream`;
+// kUnsupported where the kernel cannot take the problem, the error named after `what`.
+template <class Adapter>
+Status run_adapter(const char* what, const typename Adapter::Arguments& args, int m, int n, int k,
+                   void* ws, size_t ws_bytes, cudaStream_t stream) {
+  Adapter gemm;
+  if (gemm.can_implement(args) != cutlass::Status::kSuccess)
+    return Unsupported(std::string(what) + ": cannot implement " + std::to_string(m) + "x" +
+                       std::to_string(n) + "x" + std::to_string(k));
+  if (Adapter::get_workspace_size(args) > ws_bytes)
+    return InternalError(std::string(what) + ": workspace too small");
+  cutlass::Status st = gemm.initialize(args, ws, stream);
+  if (st == cutlass::Status::kSuccess) st = gemm.run(stream);
+  if (st != cutlass::Status::kSuccess)
+    return DeviceError(std::string(what) + ": " + cutlassGetStatusString(st));
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) return DeviceError(std::string(what) + ": " + cudaGetErrorString(e));
+  return Status::Ok();
 }
 
 // The interface CUTLASS's DefaultEpilogue has (types, arguments, workspace) for a bf16-output
@@ -110,11 +141,7 @@ struct Gemm {
         {m, n, k, 1},
         {static_cast<const Bf16*>(x), sa, static_cast<const Bf16*>(w), sb},
         epi};
-    using Raster = cutlass::gemm::kernel::detail::RasterOrderOptions;
-    args.scheduler.raster_order = tuning.raster == GemmRaster::kAlongM   ? Raster::AlongM
-                                  : tuning.raster == GemmRaster::kAlongN ? Raster::AlongN
-                                                                         : Raster::Heuristic;
-    args.scheduler.max_swizzle_size = tuning.swizzle;
+    apply_tuning(args, tuning);
     return args;
   }
 
@@ -125,20 +152,8 @@ struct Gemm {
   static Status run(const char* what, const void* x, const void* w, int m, int n, int k,
                     typename Epi::Arguments const& epi, const GemmTuning& tuning, void* ws,
                     size_t ws_bytes, cudaStream_t stream) {
-    const auto args = arguments(x, w, m, n, k, epi, tuning);
-    Adapter gemm;
-    if (gemm.can_implement(args) != cutlass::Status::kSuccess)
-      return Unsupported(std::string(what) + ": cannot implement " + std::to_string(m) + "x" +
-                         std::to_string(n) + "x" + std::to_string(k));
-    if (Adapter::get_workspace_size(args) > ws_bytes)
-      return InternalError(std::string(what) + ": workspace too small");
-    cutlass::Status st = gemm.initialize(args, ws, stream);
-    if (st == cutlass::Status::kSuccess) st = gemm.run(stream);
-    if (st != cutlass::Status::kSuccess)
-      return DeviceError(std::string(what) + ": " + cutlassGetStatusString(st));
-    const cudaError_t e = cudaGetLastError();
-    if (e != cudaSuccess) return DeviceError(std::string(what) + ": " + cudaGetErrorString(e));
-    return Status::Ok();
+    return run_adapter<Adapter>(what, arguments(x, w, m, n, k, epi, tuning), m, n, k, ws, ws_bytes,
+                                stream);
   }
 };
 

@@ -19,6 +19,8 @@
 #include <cutlass/gemm/kernel/gemm_universal.hpp>
 #include <string>
 
+#include "backend/cuda/libs/cutlass_register_epilogue.cuh"
+
 namespace zimage::cuda {
 namespace {
 
@@ -57,11 +59,7 @@ struct Plain {
         {m, n, k, 1},
         {static_cast<const Bf16*>(x), sa, static_cast<const Bf16*>(w), sb},
         {{1.f, 0.f}, nullptr, StrideC{}, static_cast<Bf16*>(y), sd}};
-    using Raster = cutlass::gemm::kernel::detail::RasterOrderOptions;
-    args.scheduler.raster_order = tuning.raster == GemmRaster::kAlongM   ? Raster::AlongM
-                                  : tuning.raster == GemmRaster::kAlongN ? Raster::AlongN
-                                                                         : Raster::Heuristic;
-    args.scheduler.max_swizzle_size = tuning.swizzle;
+    register_epilogue::apply_tuning(args, tuning);
     return args;
   }
 
@@ -71,21 +69,8 @@ struct Plain {
 
   static Status run(const void* x, const void* w, void* y, int m, int n, int k,
                     const GemmTuning& tuning, void* ws, size_t ws_bytes, cudaStream_t stream) {
-    constexpr const char* what = "CUTLASS bf16 GEMM";
-    const auto args = arguments(x, w, y, m, n, k, tuning);
-    Gemm gemm;
-    if (gemm.can_implement(args) != cutlass::Status::kSuccess)
-      return Unsupported(std::string(what) + ": cannot implement " + std::to_string(m) + "x" +
-                         std::to_string(n) + "x" + std::to_string(k));
-    if (Gemm::get_workspace_size(args) > ws_bytes)
-      return InternalError(std::string(what) + ": workspace too small");
-    cutlass::Status st = gemm.initialize(args, ws, stream);
-    if (st == cutlass::Status::kSuccess) st = gemm.run(stream);
-    if (st != cutlass::Status::kSuccess)
-      return DeviceError(std::string(what) + ": " + cutlassGetStatusString(st));
-    const cudaError_t e = cudaGetLastError();
-    if (e != cudaSuccess) return DeviceError(std::string(what) + ": " + cudaGetErrorString(e));
-    return Status::Ok();
+    return register_epilogue::run_adapter<Gemm>(
+        "CUTLASS bf16 GEMM", arguments(x, w, y, m, n, k, tuning), m, n, k, ws, ws_bytes, stream);
   }
 };
 
