@@ -104,7 +104,10 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(int device_index, DType
   const std::string identity = std::string(prop.name) + " sm_" + std::to_string(b->sm_) +
                                " cudnn " + std::to_string(cudnnGetVersion()) + " cublasLt " +
                                std::to_string(cublasLtGetVersion()) + " " + ConvGraphs::cache_tag();
-  b->conv_graphs_ = ConvGraphs::create(b->stream_, PlanCache::open("", identity));
+  std::shared_ptr<PlanCache> plan_cache = PlanCache::open("", identity);
+  b->conv_graphs_ = ConvGraphs::create(b->stream_, plan_cache);
+  if (const char* tune = std::getenv("ZIMAGE_GEMM_AUTOTUNE"))
+    if (std::string(tune) == "1") b->gemm_->set_autotune(true, plan_cache);
   b->profiler_ = std::make_unique<OpProfiler>(b->stream_);
   b->uploader_ = std::make_unique<PinnedUploader>(device_index, b->stream_);
   b->uploader_->set_locked_ranges(b->locked_);

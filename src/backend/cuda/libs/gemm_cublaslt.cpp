@@ -8,6 +8,7 @@
 
 #include "backend/cuda/kernels/kernels.h"
 #include "backend/cuda/runtime/cuda_check.h"
+#include "core/log.h"
 
 namespace zimage::cuda {
 namespace {
@@ -121,21 +122,33 @@ Result<LtGemm::Plan*> LtGemm::plan(const Key& key) {
         pref.p, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ay, sizeof(ay)));
     cublasLtMatmulHeuristicResult_t results[kMaxCandidates];
     int returned = 0;
-    const int wanted = candidate_ < 0 ? 4 : kMaxCandidates;
+    const int wanted = candidate_ >= 0 || autotune_ ? kMaxCandidates : 4;
     const cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(lt_, p.op, p.a, p.b, p.c, p.c, pref.p,
                                                              wanted, results, &returned);
     if (hs != CUBLAS_STATUS_SUCCESS) returned = 0;
     if (candidate_ >= 0) {
       p.missing = candidate_ >= returned || results[candidate_].state != CUBLAS_STATUS_SUCCESS;
-      if (!p.missing) p.algo = results[candidate_].algo;
+      if (!p.missing) p.algo = results[candidate_].algo, p.index = candidate_;
       p.has_algo = !p.missing;
       return Status::Ok();
     }
     for (int i = 0; i < returned; ++i) {
-      if (results[i].state == CUBLAS_STATUS_SUCCESS) {
-        p.algo = results[i].algo;
-        p.has_algo = true;
-        break;
+      if (results[i].state != CUBLAS_STATUS_SUCCESS) continue;
+      if (!p.has_algo) p.algo = results[i].algo, p.index = i, p.has_algo = true;
+      if (autotune_ && static_cast<int>(p.candidates.size()) < kTuneCandidates) {
+        p.candidates.push_back(results[i].algo);
+        p.candidate_index.push_back(i);
+      }
+    }
+    if (autotune_ && p.has_algo && cache_) {
+      // A remembered choice is a hint: taken when that candidate is still offered, else dropped.
+      if (const auto hint = cache_->get(cache_key(key))) {
+        bool found = false;
+        for (size_t c = 0; c < p.candidates.size(); ++c) {
+          if (p.candidate_index[c] != *hint) continue;
+          p.algo = p.candidates[c], p.index = p.candidate_index[c], p.tuned = found = true;
+        }
+        if (!found) cache_->forget(cache_key(key));
       }
     }
     return Status::Ok();
@@ -148,6 +161,86 @@ Result<LtGemm::Plan*> LtGemm::plan(const Key& key) {
   auto [pos, inserted] = plans_.emplace(key, p);
   (void)inserted;
   return &pos->second;
+}
+
+std::string LtGemm::cache_key(int64_t m, int64_t n, int64_t k, DType dt, bool bias, int al_x,
+                              int al_w, int al_y) {
+  return "gemm " + std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) + " " +
+         dtype_name(dt) + (bias ? " bias" : "") + " align " + std::to_string(al_x) + "/" +
+         std::to_string(al_w) + "/" + std::to_string(al_y);
+}
+
+std::string LtGemm::cache_key(const Key& key) {
+  const auto [m, n, k, dti, has_bias, al_x, al_w, al_y, fp8] = key;
+  std::string s = cache_key(m, n, k, static_cast<DType>(dti), has_bias, al_x, al_w, al_y);
+  if (fp8 != kNoFp8) s += fp8 == kFp8Rows ? " fp8rows" : " fp8";
+  return s;
+}
+
+void LtGemm::set_autotune(bool on, std::shared_ptr<PlanCache> cache) {
+  autotune_ = on;
+  cache_ = std::move(cache);
+  for (auto& [key, p] : plans_) destroy(p);
+  plans_.clear();
+}
+
+Result<std::pair<int, bool>> LtGemm::tuned_choice(int64_t m, int64_t n, int64_t k, DType dt) {
+  const Key key{m, n, k, static_cast<int>(dt), false, 16, 16, 16, kNoFp8};
+  ZI_ASSIGN_OR_RETURN(Plan * p, plan(key));
+  if (!p->has_algo) return NotFound("no cuBLASLt algorithm for this shape");
+  return std::make_pair(p->index, p->tuned);
+}
+
+Status LtGemm::tune(Plan& p, const Key& key, const void* x, const void* w, void* y) {
+  p.tuned = true;  // once, whatever the timing gives
+  if (p.candidates.size() < 2) {
+    if (cache_) cache_->put(cache_key(key), p.index);
+    return Status::Ok();
+  }
+  struct Events {
+    cudaEvent_t a = nullptr, b = nullptr;
+    ~Events() {
+      if (a) cudaEventDestroy(a);
+      if (b) cudaEventDestroy(b);
+    }
+  } ev;
+  ZI_CUDA_TRY(cudaEventCreate(&ev.a));
+  ZI_CUDA_TRY(cudaEventCreate(&ev.b));
+  const float alpha = 1.f, beta = 0.f;
+  auto run = [&](const cublasLtMatmulAlgo_t& algo) {
+    return cublasLtMatmul(lt_, p.op, &alpha, w, p.a, x, p.b, &beta, y, p.c, y, p.c, &algo,
+                          workspace_->data(), kWorkspaceBytes, stream_);
+  };
+  constexpr int kWarm = 2, kTimed = 5;
+  double first_ms = -1, best_ms = 0;
+  size_t best = 0;
+  bool any = false;
+  for (size_t c = 0; c < p.candidates.size(); ++c) {
+    bool ok = true;
+    for (int i = 0; i < kWarm && ok; ++i) ok = run(p.candidates[c]) == CUBLAS_STATUS_SUCCESS;
+    ok = ok && cudaEventRecord(ev.a, stream_) == cudaSuccess;
+    for (int i = 0; i < kTimed && ok; ++i) ok = run(p.candidates[c]) == CUBLAS_STATUS_SUCCESS;
+    ok = ok && cudaEventRecord(ev.b, stream_) == cudaSuccess &&
+         cudaEventSynchronize(ev.b) == cudaSuccess;
+    float ms = 0;
+    ok = ok && cudaEventElapsedTime(&ms, ev.a, ev.b) == cudaSuccess;
+    if (!ok) {  // a candidate that does not run here is passed over
+      (void)cudaGetLastError();
+      continue;
+    }
+    const double t = ms / kTimed;
+    if (p.candidate_index[c] == p.index) first_ms = t;
+    if (!any || t < best_ms) best_ms = t, best = c, any = true;
+  }
+  if (any && p.candidate_index[best] != p.index &&
+      (first_ms < 0 || best_ms <= first_ms * (1.0 - kTuneMargin))) {
+    ZI_DEBUG("gemm autotune %s: candidate %d %.3f ms over the heuristic's %d %.3f ms",
+             cache_key(key).c_str(), p.candidate_index[best], best_ms, p.index, first_ms);
+    p.algo = p.candidates[best];
+    p.index = p.candidate_index[best];
+  }
+  if (cache_) cache_->put(cache_key(key), p.index);
+  return Status::Ok();
 }
 
 void LtGemm::set_candidate(int i) {
@@ -195,6 +288,11 @@ Status LtGemm::linear(const void* x, const void* w, const void* bias, void* y, i
     if (fuse_bias)
       ZI_CUBLAS_TRY(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
                                                    sizeof(bias)));
+    if (autotune_ && !p->tuned && m >= kTuneMinRows) {
+      cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+      ZI_CUDA_TRY(cudaStreamIsCapturing(stream_, &capture));
+      if (capture == cudaStreamCaptureStatusNone) ZI_TRY(tune(*p, key, x, w, y));
+    }
     ZI_CUBLAS_TRY(cublasLtMatmul(lt_, p->op, &alpha, w, p->a, x, p->b, &beta, y, p->c, y, p->c,
                                  &p->algo, workspace_->data(), kWorkspaceBytes, stream_));
     if (bias && !fuse_bias)

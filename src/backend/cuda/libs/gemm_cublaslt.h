@@ -11,11 +11,15 @@
 
 #include <map>
 #include <memory>
+#include <string>
 #include <tuple>
+#include <utility>
+#include <vector>
 
 #include "backend/cuda/runtime/allocator.h"
 #include "core/status.h"
 #include "core/tensor.h"
+#include "io/fs/plan_cache.h"
 
 namespace zimage::cuda {
 
@@ -47,6 +51,23 @@ class LtGemm {
 
   cublasHandle_t blas() const { return blas_; }
 
+  // Autotuning (opt-in: ZIMAGE_GEMM_AUTOTUNE=1): the first time a plan for a product of at least
+  // kTuneMinRows rows runs outside a graph capture, its first kTuneCandidates heuristic
+  // candidates are timed on the call's own operands (the output is written again each time) and
+  // the fastest is kept where it beats the heuristic's first by kTuneMargin or more; the choice is
+  // remembered in `cache` (io/fs/plan_cache.h, keyed by the plan's shape and alignments; null: in
+  // this process only), so a later process takes it without timing.
+  static constexpr int64_t kTuneMinRows = 256;
+  static constexpr int kTuneCandidates = 8;
+  static constexpr double kTuneMargin = 0.02;
+  void set_autotune(bool on, std::shared_ptr<PlanCache> cache);
+  bool autotune() const { return autotune_; }
+  // The candidate index the plan for a bias-free, 16-byte aligned linear of this shape uses, and
+  // whether it was chosen by timing (or read from the cache); for tests.
+  Result<std::pair<int, bool>> tuned_choice(int64_t m, int64_t n, int64_t k, DType dt);
+  static std::string cache_key(int64_t m, int64_t n, int64_t k, DType dt, bool bias, int al_x,
+                               int al_w, int al_y);
+
   // Which of cuBLASLt's heuristic candidates (best first, at most kMaxCandidates) the plans use:
   // -1, the default, takes the first that works. For measuring the candidates against each
   // other (CudaOpsPerf.GemmCandidates); changing it drops the plans made so far.
@@ -65,6 +86,10 @@ class LtGemm {
     cublasLtMatmulAlgo_t algo{};
     bool has_algo = false;  // false: no cuBLASLt algorithm, use cublasGemmEx
     bool missing = false;   // the candidate set_candidate asked for does not exist
+    int index = 0;          // which heuristic candidate `algo` is
+    bool tuned = false;     // chosen by timing or from the cache (autotune)
+    std::vector<cublasLtMatmulAlgo_t> candidates;  // the first kTuneCandidates (autotune)
+    std::vector<int> candidate_index;              // their places in the heuristic's list
   };
   // FP8 operand scaling: none (bf16/f32 operands), one scale per tensor, one per row.
   enum Fp8Mode : int { kNoFp8 = 0, kFp8Tensor = 1, kFp8Rows = 2 };
@@ -74,6 +99,9 @@ class LtGemm {
   LtGemm(cudaStream_t stream) : stream_(stream) {}
   Result<Plan*> plan(const Key& key);
   static void destroy(Plan& p);
+  static std::string cache_key(const Key& key);
+  // Times p's candidates on these operands and keeps the fastest (autotune).
+  Status tune(Plan& p, const Key& key, const void* x, const void* w, void* y);
 
   cudaStream_t stream_;
   cublasLtHandle_t lt_ = nullptr;
@@ -81,6 +109,8 @@ class LtGemm {
   std::shared_ptr<Storage> workspace_;
   std::map<Key, Plan> plans_;
   int candidate_ = -1;
+  bool autotune_ = false;
+  std::shared_ptr<PlanCache> cache_;
 };
 
 }  // namespace zimage::cuda
