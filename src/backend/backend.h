@@ -345,6 +345,12 @@ class Backend {
     double host_ms = 0;   // host time inside the op call (planning, library overhead)
   };
   virtual void set_profiling(bool on) { (void)on; }
+  // Profile what runs inside recorded work (CUDA graphs) instead of what runs eagerly: ops
+  // recorded while this is on carry timing marks into the recording, the report gives their times
+  // in its latest replay, plus a "(between ops)" entry for the time the replay spent between one
+  // op's end and the next op's start. Release the recordings made this way afterwards (their marks
+  // cost a little each replay). A no-op without a profiler.
+  virtual void set_profile_recorded(bool on) { (void)on; }
   virtual Result<std::vector<OpProfileEntry>> op_profile() {
     return Unsupported(name() + " has no op profiler");
   }

@@ -4,6 +4,8 @@
 // backend still works) and CUDA graph capture/replay of a planned op sequence, also with its
 // temporaries in a private pool while other code allocates.
 #include <algorithm>
+#include <limits>
+#include <map>
 #include <memory>
 #include <random>
 #include <string>
@@ -237,6 +239,60 @@ TEST(CudaOps, GraphCaptureReplay) {
     ZI_ASSERT_OK(step());
     std::vector<float> eager = fetch(*g, y);
     expect_close("graph replay vs eager (matmul, rms_norm, silu)", dt, replayed, eager, 0.0);
+  }
+}
+
+// The op profiler inside a recording (set_profile_recorded): the recorded ops are reported once
+// each from the latest replay, with the time between them; eager ops around the recording are
+// not; without recorded mode, captured ops are not timed at all.
+TEST(CudaOps, ProfilerTimesOpsInsideARecording) {
+  ZI_REQUIRE_GPU();
+  cuda::CudaBackend* g = gpu(DType::kBF16);
+  const int64_t m = 512, k = 256, n = 384;
+  Tensor x = take(g->upload(rand_host({m, k}, 1310, DType::kBF16), DType::kBF16), "x");
+  Tensor w = take(g->upload(rand_host({n, k}, 1311, DType::kBF16), DType::kBF16), "w");
+  Tensor nw = take(g->upload(rand_host({n}, 1312, DType::kBF16, 0.5f, 1.5f), DType::kBF16), "nw");
+  Tensor y = take(g->alloc(DType::kBF16, {m, n}), "y");
+  auto step = [&]() -> Status {
+    ZI_TRY(g->matmul(x, w, Tensor(), y));
+    ZI_TRY(g->rms_norm(y, nw, 1e-6f, Tensor(), y));
+    return g->silu(y, y);
+  };
+  for (bool recorded : {true, false}) {
+    ZI_ASSERT_OK(step());  // plans outside the capture
+    ZI_ASSERT_OK(g->synchronize());
+    g->set_profile_recorded(recorded);
+    g->set_profiling(true);
+    ZI_ASSERT_OK(g->begin_capture());
+    const Status captured = step();
+    auto graph = g->end_capture();
+    ZI_ASSERT_OK(captured);
+    ASSERT_TRUE(graph.ok()) << graph.status().to_string();
+    ZI_ASSERT_OK(g->fill(y, 0.f));  // an eager op beside the recording
+    for (int i = 0; i < 3; ++i) ZI_ASSERT_OK(g->replay(graph.value()));
+    g->set_profiling(false);
+    g->set_profile_recorded(false);
+    auto rows = g->op_profile();
+    ASSERT_TRUE(rows.ok()) << rows.status().to_string();
+    std::map<std::string, Backend::OpProfileEntry> by;
+    for (const auto& r : *rows) by[r.op.substr(0, r.op.find(' '))] = r;
+    if (!recorded) {
+      // Eager mode: only the fill (captured ops cannot be timed there).
+      EXPECT_EQ(by.count("matmul"), 0u);
+      EXPECT_EQ(by.count("fill"), 1u);
+      continue;
+    }
+    for (const char* op : {"matmul", "rms_norm", "silu", "(between"}) {
+      ASSERT_EQ(by.count(op), 1u) << op;
+      EXPECT_GE(by[op].total_ms, 0.0) << op;
+    }
+    EXPECT_EQ(by.count("fill"), 0u) << "eager ops are not part of the recorded report";
+    EXPECT_EQ(by["matmul"].calls, 1) << "the latest replay, not the sum of three";
+    EXPECT_GT(by["matmul"].total_ms, 0.0);
+    EXPECT_EQ(by["(between"].calls, 2);
+    std::printf("  recorded: matmul %.4f ms, rms_norm %.4f, silu %.4f, between ops %.4f\n",
+                by["matmul"].total_ms, by["rms_norm"].total_ms, by["silu"].total_ms,
+                by["(between"].total_ms);
   }
 }
 

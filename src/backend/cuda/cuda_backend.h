@@ -230,6 +230,7 @@ class CudaBackend final : public Backend {
   FlashVariant flash_variant() const { return flash_variant_; }
   // Per-op GPU timing (see op_profiler.h): switch on, run, then report (sorted, clears).
   void set_profiling(bool on) override { profiler_->set_enabled(on); }
+  void set_profile_recorded(bool on) override { profiler_->set_recorded(on); }
   Result<std::vector<OpProfileRow>> profile_report() { return profiler_->report(); }
   // profile_report() as Backend's rows.
   Result<std::vector<OpProfileEntry>> op_profile() override;

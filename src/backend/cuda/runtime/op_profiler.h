@@ -3,7 +3,11 @@
 // operand shapes; report() waits for the stream, sums the elapsed times per key and clears. The
 // breakdown of a DiT forward or a VAE decode then reads like a kernel profile without an external
 // tool (nsys does not run on the GPU machine). Off, an op pays one branch. Ops recorded while the
-// stream is being captured into a CUDA graph are skipped (captured events cannot be timed).
+// stream is being captured into a CUDA graph are skipped, unless set_recorded(true): then their
+// events become event-record nodes of the graph (cudaEventRecordExternal), each replay writes
+// their timestamps, and report() gives the ops of the latest replay alone, with a
+// "(between ops)" row: the replay's span from its first op's start to its last op's end, less the
+// ops' own times (launch gaps and the drain of one kernel before the next starts).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -36,6 +40,7 @@ class OpProfiler {
 
   bool enabled() const { return enabled_; }
   void set_enabled(bool on) { enabled_ = on; }
+  void set_recorded(bool on) { recorded_ = on; }
   // Returns a token for end(), or -1 when not recording. Ops called by another op (nesting) are
   // part of the outer op's time, not recorded on their own.
   int begin(std::string key);
@@ -49,12 +54,17 @@ class OpProfiler {
     cudaEvent_t start = nullptr, stop = nullptr;
     double host_ms = 0;
     std::chrono::steady_clock::time_point t0;
+    bool captured = false;  // recorded into a graph: its events belong to graph nodes
   };
   Result<cudaEvent_t> event();
 
   cudaStream_t stream_;
   bool enabled_ = false;
+  bool recorded_ = false;
   int depth_ = 0;  // ops in progress (an op calling another)
+  // Events that graph nodes refer to: never reused for other marks (a later replay would write
+  // them), destroyed with the profiler.
+  std::vector<cudaEvent_t> graph_events_;
   std::vector<Mark> marks_;
   std::vector<cudaEvent_t> spare_;  // events of reported marks, reused
 };
