@@ -24,13 +24,14 @@ std::string label(const char* op, const Shape& s, const std::string& extra = "")
 }
 
 // Runs `body` under each setting of the row kernels' tuning (1, 2 and 4 packs per thread / items
-// per warp, cuda::RowKernelTuning), then restores the setting: each layout is a path that ships.
+// per warp; the general and the row-walking group norm; cuda::RowKernelTuning), then restores the
+// setting: each layout is a path that ships.
 template <typename F>
 void for_each_row_tuning(F&& body) {
   const cuda::RowKernelTuning was = cuda::row_kernel_tuning();
   for (int t : {1, 2, 4}) {
     SCOPED_TRACE(cat("RowKernelTuning ", t));
-    cuda::set_row_kernel_tuning({t, t});
+    cuda::set_row_kernel_tuning({t, t, t == 1 ? 1 : 2});
     body();
   }
   cuda::set_row_kernel_tuning(was);
@@ -303,27 +304,37 @@ TEST(CudaOps, GroupNorm) {
     int groups;
     bool silu, affine;
   };
-  const Case cases[] = {{{1, 5, 7, 64}, 32, false, true},   {{2, 3, 3, 17}, 1, true, true},
-                        {{1, 16, 16, 128}, 32, true, true}, {{2, 9, 5, 24}, 6, false, false},
-                        {{1, 64, 64, 512}, 32, true, true}, {{3, 1, 1, 8}, 4, true, true}};
-  for (DType dt : kDTypes) {
-    uint32_t seed = 300;
-    for (const Case& c : cases) {
-      const int64_t ch = c.s[3];
-      Both x = both_rand(c.s, seed++, dt, -1.f, 3.f);
-      Both g = c.affine ? both_rand({ch}, seed++, dt, 0.5f, 1.5f) : Both{};
-      Both b = c.affine ? both_rand({ch}, seed++, dt) : Both{};
-      Both y = outputs(c.s, dt);
-      ZI_ASSERT_OK(cpu_oracle().group_norm(x.cpu, g.cpu, b.cpu, c.groups, 1e-6f, c.silu, y.cpu));
-      ZI_ASSERT_OK(gpu(dt)->group_norm(x.gpu, g.gpu, b.gpu, c.groups, 1e-6f, c.silu, y.gpu));
-      expect_match(label("group_norm", c.s, c.silu ? " +silu" : ""), dt, y);
+  const Case cases[] = {{{1, 5, 7, 64}, 32, false, true},
+                        {{2, 3, 3, 17}, 1, true, true},
+                        {{1, 16, 16, 128}, 32, true, true},
+                        {{2, 9, 5, 24}, 6, false, false},
+                        {{1, 64, 64, 512}, 32, true, true},
+                        {{3, 1, 1, 8}, 4, true, true},
+                        // The row-walking kernels (channels a power-of-two count of packs): a
+                        // batch of two, several rows per thread, a short last chunk.
+                        {{2, 7, 9, 256}, 32, true, true},
+                        {{1, 256, 256, 128}, 32, true, true},
+                        {{1, 255, 257, 64}, 32, false, true}};
+  for_each_row_tuning([&] {
+    for (DType dt : kDTypes) {
+      uint32_t seed = 300;
+      for (const Case& c : cases) {
+        const int64_t ch = c.s[3];
+        Both x = both_rand(c.s, seed++, dt, -1.f, 3.f);
+        Both g = c.affine ? both_rand({ch}, seed++, dt, 0.5f, 1.5f) : Both{};
+        Both b = c.affine ? both_rand({ch}, seed++, dt) : Both{};
+        Both y = outputs(c.s, dt);
+        ZI_ASSERT_OK(cpu_oracle().group_norm(x.cpu, g.cpu, b.cpu, c.groups, 1e-6f, c.silu, y.cpu));
+        ZI_ASSERT_OK(gpu(dt)->group_norm(x.gpu, g.gpu, b.gpu, c.groups, 1e-6f, c.silu, y.gpu));
+        expect_match(label("group_norm", c.s, c.silu ? " +silu" : ""), dt, y);
+      }
+      // In place.
+      Both x = both_rand({1, 8, 8, 32}, seed++, dt);
+      ZI_ASSERT_OK(cpu_oracle().group_norm(x.cpu, Tensor(), Tensor(), 8, 1e-6f, true, x.cpu));
+      ZI_ASSERT_OK(gpu(dt)->group_norm(x.gpu, Tensor(), Tensor(), 8, 1e-6f, true, x.gpu));
+      expect_match("group_norm in place [1, 8, 8, 32]", dt, x);
     }
-    // In place.
-    Both x = both_rand({1, 8, 8, 32}, seed++, dt);
-    ZI_ASSERT_OK(cpu_oracle().group_norm(x.cpu, Tensor(), Tensor(), 8, 1e-6f, true, x.cpu));
-    ZI_ASSERT_OK(gpu(dt)->group_norm(x.gpu, Tensor(), Tensor(), 8, 1e-6f, true, x.gpu));
-    expect_match("group_norm in place [1, 8, 8, 32]", dt, x);
-  }
+  });
 }
 
 TEST(CudaOps, Rope) {

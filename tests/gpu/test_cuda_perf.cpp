@@ -299,7 +299,7 @@ TEST(CudaOpsPerf, RowKernelTuning) {
     Tensor v = take(g->alloc(DType::kBF16, {1, m, h, dh}), "v");
     const double row = 2.0 * m * d;  // bytes of one [m, d] bf16 tensor
     for (int t : {1, 2, 4}) {
-      cuda::set_row_kernel_tuning({t, t});
+      cuda::set_row_kernel_tuning({t, t, t == 1 ? 1 : 2});
       report(cat("rms_norm ", m, "x", d, " ppt ", t),
              sustained_ms(g, [&] { return g->rms_norm(x, w, 1e-6f, scale, out); }), 0, 2 * row);
       report(cat("residual_rms_norm_gate ", m, " ppt ", t),
@@ -315,6 +315,20 @@ TEST(CudaOpsPerf, RowKernelTuning) {
           cat("qkv_split_norm_rope ", m, "x", 3 * h * dh, " items ", t),
           sustained_ms(g, [&] { return g->qkv_split_norm_rope(qkv, nq, nk, 1e-6f, f, q, k, v); }),
           0, 2.0 * m * 3 * h * dh * 2);
+    }
+  }
+  // The VAE's group norm + SiLU at its widest activations (1024², 2048²: 128 channels), the
+  // general kernels (1) against the row-walking ones (2): one read for the statistics, one read and
+  // one write to apply.
+  for (int64_t side : {int64_t{1024}, int64_t{2048}}) {
+    Tensor x = rand_dev(g, {1, side, side, 128}, seed++);
+    Tensor y = take(g->alloc(DType::kBF16, {1, side, side, 128}), "y");
+    Tensor gam = rand_dev(g, {128}, seed++, 0.5f, 1.5f), bet = rand_dev(g, {128}, seed++);
+    for (int t : {1, 2}) {
+      cuda::set_row_kernel_tuning({0, 0, t});
+      report(cat("group_norm+silu ", side, "^2 x 128, kernels ", t == 1 ? "general" : "rows"),
+             sustained_ms(g, [&] { return g->group_norm(x, gam, bet, 32, 1e-6f, true, y); }), 0,
+             3.0 * side * side * 128 * 2);
     }
   }
   cuda::set_row_kernel_tuning(was);

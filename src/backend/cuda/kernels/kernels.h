@@ -79,9 +79,13 @@ cudaError_t launch_scale_rows_cols(KType t, void* y, const float* sx, const floa
 // threads per row). prologue_items: (token, head) items one warp of the head_dim-128 attention
 // prologue loads before it computes (1, 2 or 4). Both change which thread sums what, so the
 // last bit of a bf16 result may move; every launch in the process uses the same setting.
+// group_norm: 1 = the general NHWC kernels, 2 = the row-walking kernels for channel counts of a
+// power-of-two number of 16-byte packs (the same sums and expression, no per-element index
+// arithmetic).
 struct RowKernelTuning {
   int norm_ppt = 0;
   int prologue_items = 0;
+  int group_norm = 0;
 };
 void set_row_kernel_tuning(const RowKernelTuning& t);
 RowKernelTuning row_kernel_tuning();  // as set (zeros for the defaults)
