@@ -140,6 +140,7 @@ TEST(CpuOps, MatmulSwigluInRowBlocks) {
 }  // namespace zimage::test
 
 #if defined(ZIMAGE_WITH_CUDA)
+#include "backend/cuda/kernels/row_tuning.h"
 #include "backend/cuda/libs/gemm_cutlass.h"
 
 namespace zimage::test {
@@ -164,6 +165,28 @@ TEST(GemmTuning, ParsesAndNamesWhatIsWrong) {
         {"coop,n,2,1", "too many parts"},
         {"", "unknown schedule ''"}}) {
     auto r = cuda::parse_gemm_tuning(text);
+    EXPECT_FALSE(r.ok()) << text;
+    EXPECT_NE(r.status().message().find(needle), std::string::npos) << r.status().to_string();
+  }
+}
+
+// ZIMAGE_ROW_KERNELS: three parts, each checked, a bad one named.
+TEST(RowKernelTuning, ParsesAndNamesWhatIsWrong) {
+  auto t = cuda::parse_row_kernel_tuning("2,4,2");
+  ASSERT_TRUE(t.ok()) << t.status().to_string();
+  EXPECT_EQ(t->norm_ppt, 2);
+  EXPECT_EQ(t->prologue_items, 4);
+  EXPECT_EQ(t->group_norm, 2);
+  auto d = cuda::parse_row_kernel_tuning("0,0,0");
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->norm_ppt, 0);
+  for (const auto& [text, needle] :
+       {std::pair<std::string, std::string>{"2,4", "expected three parts"},
+        {"3,1,1", "packs per thread '3'"},
+        {"1,8,1", "items per warp '8'"},
+        {"1,1,4", "group norm kernels '4'"},
+        {"1,1,", "group norm kernels ''"}}) {
+    auto r = cuda::parse_row_kernel_tuning(text);
     EXPECT_FALSE(r.ok()) << text;
     EXPECT_NE(r.status().message().find(needle), std::string::npos) << r.status().to_string();
   }

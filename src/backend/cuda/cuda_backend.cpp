@@ -115,6 +115,11 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(int device_index, DType
     b->upload_locked_ = std::string(up) == "locked";
   if (const char* fused = std::getenv("ZIMAGE_FUSED_NORM"))
     b->fused_norm_ = std::string(fused) != "0";
+  if (const char* t = std::getenv("ZIMAGE_ROW_KERNELS")) {
+    auto tuning = parse_row_kernel_tuning(t);
+    if (!tuning.ok()) return tuning.status().with_context("ZIMAGE_ROW_KERNELS");
+    set_row_kernel_tuning(*tuning);
+  }
   if (const char* fused = std::getenv("ZIMAGE_FUSED_ADALN"))
     b->fused_adaln_ = std::string(fused) == "1";
   if (const char* fused = std::getenv("ZIMAGE_FUSED_SWIGLU"))

@@ -9,6 +9,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "backend/cuda/kernels/row_tuning.h"
+
 namespace zimage::cuda {
 
 enum class KType : uint8_t { kF32, kBF16, kF16 };
@@ -73,20 +75,7 @@ cudaError_t launch_dequantize_fp8_rows(KType t, const void* q, const float* scal
 cudaError_t launch_scale_rows_cols(KType t, void* y, const float* sx, const float* sw,
                                    const void* bias, int64_t m, int64_t n, cudaStream_t s);
 
-// ---- tuning of the memory-bound row kernels (norm.cu) ----
-// Process-wide; 0 = the measured default. norm_ppt: 16-byte packs each thread of a block-per-row
-// norm holds (1, 2 or 4; more packs per thread = more loads in flight per multiprocessor, fewer
-// threads per row). prologue_items: (token, head) items one warp of the head_dim-128 attention
-// prologue loads before it computes (1, 2 or 4). Both change which thread sums what, so the
-// last bit of a bf16 result may move; every launch in the process uses the same setting.
-// group_norm: 1 = the general NHWC kernels, 2 = the row-walking kernels for channel counts of a
-// power-of-two number of 16-byte packs (the same sums and expression, no per-element index
-// arithmetic).
-struct RowKernelTuning {
-  int norm_ppt = 0;
-  int prologue_items = 0;
-  int group_norm = 0;
-};
+// ---- tuning of the memory-bound row kernels (norm.cu; the fields: row_tuning.h) ----
 void set_row_kernel_tuning(const RowKernelTuning& t);
 RowKernelTuning row_kernel_tuning();  // as set (zeros for the defaults)
 RowKernelTuning row_kernel_defaults();

@@ -1,0 +1,52 @@
+// How the CUDA backend's memory-bound row kernels lay out their work (kernels.h
+// set_row_kernel_tuning), and its text form, the ZIMAGE_ROW_KERNELS setting. Kept apart from the
+// launchers so the parser builds and is tested without CUDA.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+
+namespace zimage::cuda {
+
+// 0 in a field = the measured default. norm_ppt: 16-byte packs each thread of a block-per-row
+// norm holds (1, 2 or 4; more packs per thread = more loads in flight per multiprocessor, fewer
+// threads per row). prologue_items: (token, head) items one warp of the head_dim-128 attention
+// prologue loads before it computes (1, 2 or 4). Both change which thread sums what, so the last
+// bit of a bf16 result may move; every launch in the process uses the same setting. group_norm:
+// 1 = the general NHWC kernels, 2 = the row-walking kernels for channel counts of a power-of-two
+// number of 16-byte packs (the same sums and expression, no per-element index arithmetic).
+struct RowKernelTuning {
+  int norm_ppt = 0;
+  int prologue_items = 0;
+  int group_norm = 0;
+};
+
+// "NORM_PPT,PROLOGUE_ITEMS,GROUP_NORM", each 0 (default) or as above, e.g. "2,4,2". An error names
+// the part that is wrong.
+inline Result<RowKernelTuning> parse_row_kernel_tuning(const std::string& text) {
+  std::vector<std::string> parts;
+  for (size_t pos = 0;;) {
+    const size_t comma = text.find(',', pos);
+    parts.push_back(text.substr(pos, comma == std::string::npos ? comma : comma - pos));
+    if (comma == std::string::npos) break;
+    pos = comma + 1;
+  }
+  const auto bad = [&](const std::string& what) {
+    return InvalidArgument("row kernel tuning '" + text + "': " + what +
+                           " (NORM_PPT,PROLOGUE_ITEMS,GROUP_NORM: 0|1|2|4, 0|1|2|4, 0|1|2)");
+  };
+  if (parts.size() != 3) return bad("expected three parts");
+  const char* names[] = {"packs per thread", "items per warp", "group norm kernels"};
+  int v[3] = {};
+  for (int i = 0; i < 3; ++i) {
+    const std::string& p = parts[static_cast<size_t>(i)];
+    const bool ok = p == "0" || p == "1" || p == "2" || (i < 2 && p == "4");
+    if (!ok) return bad(std::string(names[i]) + " '" + p + "'");
+    v[i] = p[0] - '0';
+  }
+  return RowKernelTuning{v[0], v[1], v[2]};
+}
+
+}  // namespace zimage::cuda
