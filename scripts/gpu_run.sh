@@ -15,6 +15,7 @@
 #             (tools/diffusers_dit_bench.py) -> $OUT/diffusers_dit.json
 #   parity8, compare8   the same with --precision fp8 -> $OUT/parity_fp8.json
 #   lorabench per-request LoRA: merge/unmerge vs side GEMM on the full-size model -> $OUT/lora_bench.*
+#   variants  zimage bench under each opt-in setting (VARIANTS) against the defaults -> $OUT/variants.md
 #   ncu       hardware counters of the w1|w3 GEMM at M 4160: cuBLASLt, CUTLASS with its own
 #             epilogue, CUTLASS with SwiGLU in ours -> $OUT/ncu_{cublaslt,cutlass,fused}.txt
 #   probe     host memory costs: page-locking, registering file mappings, H2D rates, CUDA start-up
@@ -141,6 +142,20 @@ for f in glob.glob('build/carry/*.xz') + glob.glob('build/carry/lib/*.xz') + glo
       python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
       PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 python3 tools/diffusers_dit_bench.py --model "$ZR" \
         --sizes ${DIT_SIZES:-1024,1536,2048} --json "$OUT/diffusers_dit.json" 2>&1 | grep -v Warning | tail -20 || rc=1 ;;
+    variants)
+      # zimage bench (DiT forward 1024² and 2048², VAE decode, image) under each opt-in setting
+      # against the defaults, first and last, same machine -> $OUT/variants.md (all of it) and a
+      # line per setting on the terminal. VARIANTS: "name:VAR=value ..." items, ';'-separated.
+      : > "$OUT/variants.md"
+      IFS=';' read -ra vs <<< "${VARIANTS:-base:;rows222:ZIMAGE_ROW_KERNELS=2,2,2;rows442:ZIMAGE_ROW_KERNELS=4,4,2;adaln:ZIMAGE_FUSED_ADALN=1;autotune:ZIMAGE_GEMM_AUTOTUNE=1;base2:}"
+      for v in "${vs[@]}"; do
+        name=${v%%:*}; envs=${v#*:}
+        echo "### $name ($envs)" >> "$OUT/variants.md"
+        env $envs "$BIN" bench --model "$ZR" ${VARIANT_ARGS:---iters 5 --sizes 1024,2048 --batch 1} \
+          >> "$OUT/variants.md" 2>&1 || rc=1
+        echo "$name ($envs): $(sed -n '/^### '"$name"' /,$p' "$OUT/variants.md" |
+          grep -E '^bench: DiT|^\| vae_decode|^bench: pipeline' | tr '\n' ' ')"
+      done ;;
     ncu)
       # Hardware counters (ncu, clocks left alone) of the feed-forward's w1|w3 GEMM at M 4160, one
       # launch each: cuBLASLt's kernel, CUTLASS's with its own TMA epilogue, and ours with SwiGLU
