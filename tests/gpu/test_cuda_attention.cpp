@@ -4,6 +4,7 @@
 // the VAE's single 512-wide head; FlashInfer's Hopper (FA3) kernel where the GPU has it, at the
 // DiT's 1024^2 shape too. A DiT-sized case (30 heads x 4224 x 128) checks the flash
 // kernel against the general path on the GPU alone.
+#include <cmath>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -178,6 +179,46 @@ TEST(CudaOps, LibraryAttentionAtModelShapes) {
       ASSERT_TRUE(st.ok()) << describe(c) << " " << name << ": " << st.to_string();
       expect_close(describe(c) + " " + name + " vs general", DType::kBF16, fetch(*g, oc),
                    fetch(*g, og));
+    }
+  }
+}
+
+// The general path's query chunks (the score budget): forced to several chunks (one, a few and
+// an odd remainder of rows), the output matches the CPU oracle and the one-chunk run, for the
+// VAE's single 512-wide head and a GQA case with padded keys.
+TEST(CudaOps, AttentionGeneralChunksMatchOneChunk) {
+  ZI_REQUIRE_GPU();
+  const AttnCase cases[] = {{1, 1000, 1000, 1, 1, 512, false, {}},
+                            {2, 301, 257, 4, 2, 64, false, {257, 100}}};
+  for (DType dt : kDTypes) {
+    cuda::CudaBackend* g = gpu(dt);
+    uint32_t seed = 2500;
+    for (const AttnCase& c : cases) {
+      Both q = both_rand({c.b, c.sq, c.hq, c.d}, seed++, dt);
+      Both k = both_rand({c.b, c.sk, c.hkv, c.d}, seed++, dt);
+      Both v = both_rand({c.b, c.sk, c.hkv, c.d}, seed++, dt);
+      AttentionParams p;
+      p.scale = 1.0f / std::sqrt(static_cast<float>(c.d));
+      p.key_len = c.key_len;
+      Both one = outputs({c.b, c.sq, c.hq, c.d}, dt);
+      ZI_ASSERT_OK(cpu_oracle().attention(q.cpu, k.cpu, v.cpu, p, one.cpu));
+      g->set_attention_path(cuda::AttentionPath::kGeneral);
+      ZI_ASSERT_OK(g->attention(q.gpu, k.gpu, v.gpu, p, one.gpu));  // the default budget
+      expect_match(describe(c) + " [general, one chunk]", dt, one);
+      const std::vector<float> whole = fetch(*g, one.gpu);
+      // Bytes per query row: hkv * sk scores in f32, plus the probabilities in bf16.
+      const int64_t per_row = c.hkv * c.sk * (4 + (dt == DType::kF32 ? 0 : 2));
+      for (int64_t rows : {int64_t{1}, int64_t{7}, int64_t{128}}) {
+        Both o = outputs({c.b, c.sq, c.hq, c.d}, dt);
+        g->set_attention_score_budget(rows * per_row);
+        const Status st = g->attention(q.gpu, k.gpu, v.gpu, p, o.gpu);
+        g->set_attention_score_budget(0);
+        ZI_ASSERT_OK(st);
+        expect_match(describe(c) + cat(" [general, chunks of ", rows, " rows]"), dt, o);
+        expect_close(describe(c) + cat(" chunks of ", rows, " vs one chunk"), dt, fetch(*g, o.gpu),
+                     whole);
+      }
+      g->set_attention_path(cuda::AttentionPath::kAuto);
     }
   }
 }

@@ -219,6 +219,10 @@ class CudaBackend final : public Backend {
   // Which attention implementation to use (tests and benchmarks force one; see AttentionPath).
   void set_attention_path(AttentionPath p) { attention_path_ = p; }
   AttentionPath attention_path() const { return attention_path_; }
+  // Bytes of scores (and probabilities) the general attention path computes at once; 0, the
+  // default, = a quarter of available_memory() within [256 MiB, 1 GiB]. Tests fix it to force
+  // several chunks.
+  void set_attention_score_budget(int64_t bytes) { score_budget_ = bytes; }
   // Backend's choice: kAuto, kOwn, kGeneral as the AttentionPath of the same name.
   void set_attention_choice(AttentionChoice c) override;
   // Whether cuDNN's fused attention is built in and loaded.
@@ -297,6 +301,7 @@ class CudaBackend final : public Backend {
   std::unique_ptr<ThreadPool> host_pool_;
   bool pin_by_register_ = false;
   bool fused_norm_ = true;
+  int64_t score_budget_ = 0;
   bool fused_adaln_ = false;
   bool fused_swiglu_ = false;
   GemmTuning swiglu_tuning_;
