@@ -220,9 +220,11 @@ __global__ void __launch_bounds__(1024)
   const int packs = d / VEC;
   float v[PPT][VEC];
   load_row<T, VEC, PPT>(src, d, rs, tpr, v);
-  // The residual x is read before the reduction, so its loads are in flight with src's.
-  float res[kResidual ? PPT : 1][VEC];
-  if constexpr (kResidual) load_row<T, VEC, PPT>(dst, d, rs, tpr, res);
+  // The residual x is read before the reduction, so its loads are in flight with src's; not at 4
+  // packs per thread, where the second row copy would spill registers (launch bounds of 1024).
+  constexpr bool kEarly = kResidual && PPT <= 2;
+  float res[kEarly ? PPT : 1][VEC];
+  if constexpr (kEarly) load_row<T, VEC, PPT>(dst, d, rs, tpr, res);
   const float ss =
       row_sum_of<VEC, PPT, kBlock>(v, rs, tpr, packs, scratch, [](float x) { return x * x; });
   if (!rs.valid) return;
@@ -234,11 +236,13 @@ __global__ void __launch_bounds__(1024)
     for (int k = 0; k < VEC; ++k) o[k] = round_to<T>(v[p][k] * r);
     mul_pack<T, VEC, true>(w, pk * VEC, o);
     mul_pack<T, VEC, kResidual>(mr, pk * VEC, o);
-    if constexpr (kResidual) {
+    if constexpr (kEarly) {
 #pragma unroll
       for (int k = 0; k < VEC; ++k) o[k] += res[p][k];
+      store_f32<T, VEC>(dst + rs.row * d + pk * VEC, o);
+    } else {
+      store_norm_pack<T, VEC, kResidual>(dst + rs.row * d + pk * VEC, o);
     }
-    store_f32<T, VEC>(dst + rs.row * d + pk * VEC, o);
   });
 }
 
@@ -256,8 +260,11 @@ __global__ void __launch_bounds__(1024)
   const int packs = d / VEC;
   float v[PPT][VEC];
   load_row<T, VEC, PPT>(y, d, rs, tpr, v);
-  float xs[PPT][VEC];  // x, read before the reduction so its loads are in flight with y's
-  load_row<T, VEC, PPT>(x, d, rs, tpr, xs);
+  // x, read before the reduction so its loads are in flight with y's; at 4 packs per thread after
+  // it (a second row copy would spill registers under the launch bounds of 1024).
+  constexpr bool kEarly = PPT <= 2;
+  float xs[PPT][VEC];
+  if constexpr (kEarly) load_row<T, VEC, PPT>(x, d, rs, tpr, xs);
   const float ss =
       row_sum_of<VEC, PPT, kBlock>(v, rs, tpr, packs, scratch, [](float e) { return e * e; });
   if (rs.valid) {  // every thread still joins the second reduction
@@ -270,6 +277,7 @@ __global__ void __launch_bounds__(1024)
       mul_pack<T, VEC, true>(w, pk * VEC, o);
       mul_pack<T, VEC, true>(gr, pk * VEC, o);
       T* xr = x + rs.row * d + pk * VEC;
+      if constexpr (!kEarly) load_f32<T, VEC>(xr, xs[p]);
       float* xv = xs[p];
 #pragma unroll
       for (int k = 0; k < VEC; ++k) xv[k] = round_to<T>(xv[k] + o[k]);

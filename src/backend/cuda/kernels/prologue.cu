@@ -233,7 +233,8 @@ __global__ void adaln_modulation_kernel(const T* __restrict__ c, const T* __rest
 bool adaln_modulation_fits(int64_t b, int64_t k, const void* c, const void* w, const void* bias,
                            size_t elem) {
   const int64_t v = static_cast<int64_t>(16 / elem);
-  return b >= 1 && b <= kAdaMaxBatch && k > 0 && k % v == 0 && aligned16(c) && aligned16(w) &&
+  return b >= 1 && b <= kAdaMaxBatch && k > 0 && k <= (int64_t{1} << 30) && k % v == 0 &&
+         aligned16(c) && aligned16(w) &&
          (bias == nullptr || reinterpret_cast<uintptr_t>(bias) % elem == 0);
 }
 

@@ -253,13 +253,19 @@ Result<std::string> LtGemm::describe(int64_t m, int64_t n, int64_t k, DType dt) 
   const Key key{m, n, k, static_cast<int>(dt), false, 16, 16, 16, kNoFp8};
   ZI_ASSIGN_OR_RETURN(Plan * p, plan(key));
   if (!p->has_algo) return std::string("none");
+  // Each attribute is read at its own size (cuBLASLt refuses another): the cluster and inner
+  // shape ids are uint16, the rest 32-bit.
   auto attr = [&](cublasLtMatmulAlgoConfigAttributes_t a) {
-    int32_t v = -1;  // every attribute read here fits 32 bits (uint16 ones are zero-extended)
+    const bool narrow =
+        a == CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID || a == CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID;
+    uint16_t v16 = 0;
+    int32_t v32 = -1;
     size_t written = 0;
-    if (cublasLtMatmulAlgoConfigGetAttribute(&p->algo, a, &v, sizeof(v), &written) !=
-        CUBLAS_STATUS_SUCCESS)
-      return std::string("?");
-    return std::to_string(v);
+    const cublasStatus_t st =
+        narrow ? cublasLtMatmulAlgoConfigGetAttribute(&p->algo, a, &v16, sizeof(v16), &written)
+               : cublasLtMatmulAlgoConfigGetAttribute(&p->algo, a, &v32, sizeof(v32), &written);
+    if (st != CUBLAS_STATUS_SUCCESS) return std::string("?");
+    return std::to_string(narrow ? static_cast<int32_t>(v16) : v32);
   };
   return "algo " + attr(CUBLASLT_ALGO_CONFIG_ID) + " tile " + attr(CUBLASLT_ALGO_CONFIG_TILE_ID) +
          " stages " + attr(CUBLASLT_ALGO_CONFIG_STAGES_ID) + " cluster " +
@@ -288,7 +294,7 @@ Status LtGemm::linear(const void* x, const void* w, const void* bias, void* y, i
     if (fuse_bias)
       ZI_CUBLAS_TRY(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
                                                    sizeof(bias)));
-    if (autotune_ && !p->tuned && m >= kTuneMinRows) {
+    if (autotune_ && candidate_ < 0 && !p->tuned && m >= kTuneMinRows) {
       cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
       ZI_CUDA_TRY(cudaStreamIsCapturing(stream_, &capture));
       if (capture == cudaStreamCaptureStatusNone) ZI_TRY(tune(*p, key, x, w, y));

@@ -10,6 +10,7 @@ namespace zimage::cuda {
 
 OpProfiler::~OpProfiler() {
   for (Mark& m : marks_) {
+    if (m.captured) continue;  // graph_events_ holds those
     if (m.start) cudaEventDestroy(m.start);
     if (m.stop) cudaEventDestroy(m.stop);
   }
@@ -81,7 +82,11 @@ Result<std::vector<OpProfileRow>> OpProfiler::report() {
   for (Mark& m : marks_) {
     if (m.captured == recorded_) {
       float ms = 0;
-      if (cudaEventElapsedTime(&ms, m.start, m.stop) == cudaSuccess) {
+      const cudaError_t e = cudaEventElapsedTime(&ms, m.start, m.stop);
+      // A mark whose events never completed (a recording abandoned or released before a
+      // replay) is left out; its error must not stay behind for the next launch.
+      if (e != cudaSuccess) (void)cudaGetLastError();
+      if (e == cudaSuccess) {
         OpProfileRow& r = by_key[m.key];
         r.key = m.key;
         ++r.count;
@@ -98,7 +103,12 @@ Result<std::vector<OpProfileRow>> OpProfiler::report() {
     if (!m.captured) spare_.push_back(m.start), spare_.push_back(m.stop);
   }
   float span = 0;
-  if (first && cudaEventElapsedTime(&span, first->start, last->stop) == cudaSuccess) {
+  cudaError_t span_err = cudaSuccess;
+  if (first) {
+    span_err = cudaEventElapsedTime(&span, first->start, last->stop);
+    if (span_err != cudaSuccess) (void)cudaGetLastError();
+  }
+  if (first && span_err == cudaSuccess) {
     OpProfileRow& r = by_key["(between ops)"];
     r.key = "(between ops)";
     r.count = n_ops > 0 ? n_ops - 1 : 0;
