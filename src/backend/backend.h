@@ -61,7 +61,10 @@ class Backend {
 
   virtual Device device() const = 0;
   virtual std::string name() const = 0;  // "cpu (OpenBLAS, 16 threads)", "cuda:0 NVIDIA H200"
-  virtual DType act_dtype() const = 0;   // compute dtype of activations and weights
+  // The device's PCI bus id ("0000:18:00.0"), for tools that read it elsewhere (NVML); "" for
+  // the CPU.
+  virtual std::string pci_bus_id() const { return {}; }
+  virtual DType act_dtype() const = 0;  // compute dtype of activations and weights
 
   // ---- memory ----
   virtual Result<Tensor> alloc(DType dtype, const Shape& shape) = 0;  // contents unspecified

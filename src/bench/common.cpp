@@ -40,9 +40,11 @@ void emit_json(const Options& o, const json& R, const char* who) {
 }
 
 // Runs fn `warm` times, then `iters` timed times (the backend synchronised around each).
-Stats timed(Backend& be, int warm, int iters, const std::function<Status()>& fn) {
+Stats timed(Backend& be, int warm, int iters, const std::function<Status()>& fn,
+            GpuSampler* sampler) {
   for (int i = 0; i < warm; ++i) check(fn());
   check(be.synchronize());
+  if (sampler) sampler->start();
   std::vector<double> ms;
   for (int i = 0; i < iters; ++i) {
     const double t0 = now_s();
@@ -51,7 +53,17 @@ Stats timed(Backend& be, int warm, int iters, const std::function<Status()>& fn)
     ms.push_back((now_s() - t0) * 1e3);
   }
   std::sort(ms.begin(), ms.end());
-  return Stats{ms[ms.size() / 2], ms.front(), ms.back()};
+  Stats st{ms[ms.size() / 2], ms.front(), ms.back(), {}};
+  if (sampler) st.gpu = sampler->stop();
+  return st;
+}
+
+std::string Stats::clock_note() const {
+  if (gpu.samples == 0) return "";
+  char buf[96];
+  std::snprintf(buf, sizeof buf, " (SM %.0f MHz, %.0f W of %.0f)", gpu.sm_mhz_median,
+                gpu.power_w_mean, gpu.power_limit_w);
+  return buf;
 }
 
 // The caching allocator keeps what it took, so sampling after a phase gives the peak of that

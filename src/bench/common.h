@@ -14,6 +14,7 @@
 
 #include "backend/backend.h"
 #include "bench/bench.h"
+#include "bench/gpu_sampler.h"
 #include "model/common/linear.h"
 #include "model/dit/zimage_dit.h"
 #include "model/text_encoder/qwen3_encoder.h"
@@ -32,9 +33,20 @@ double now_s();
 
 struct Stats {
   double median_ms = 0, min_ms = 0, max_ms = 0;
+  GpuSampler::Reading gpu;  // SM clock and board power over the timed runs (samples 0: none)
   json to_json() const {
-    return {{"median_ms", median_ms}, {"min_ms", min_ms}, {"max_ms", max_ms}};
+    json j = {{"median_ms", median_ms}, {"min_ms", min_ms}, {"max_ms", max_ms}};
+    if (gpu.samples > 0) {
+      j["sm_mhz_median"] = gpu.sm_mhz_median;
+      j["sm_mhz_min"] = gpu.sm_mhz_min;
+      j["power_w_mean"] = gpu.power_w_mean;
+      j["power_w_max"] = gpu.power_w_max;
+      j["power_limit_w"] = gpu.power_limit_w;
+    }
+    return j;
   }
+  // " (SM 1575 MHz, 690 W of 700)", or "" without samples.
+  std::string clock_note() const;
 };
 
 // Thrown by fail() once the message is printed; run() (bench.cpp) catches it and returns the
@@ -52,7 +64,10 @@ void check(const Status& s);
 void emit_json(const Options& o, const json& R, const char* who = "zimage bench");
 
 // Runs fn `warm` times, then `iters` timed times (the backend synchronised around each).
-Stats timed(Backend& be, int warm, int iters, const std::function<Status()>& fn);
+// Runs fn warm times, then iters timed times (each to completion); with a sampler, the GPU's
+// clock and power over the timed runs too.
+Stats timed(Backend& be, int warm, int iters, const std::function<Status()>& fn,
+            GpuSampler* sampler = nullptr);
 
 // Memory used on the current CUDA device (device total - free), GiB; 0 without one.
 double gpu_used_gib();

@@ -40,6 +40,9 @@ void load_phase(StandardRun& s) {
   s.R["gpu_gib_after_load"] = gpu_used_gib() - s.mem0;
   s.R["alloc_in_use_gib_after_load"] = alloc_counters(be).in_use_gib;
   std::fprintf(stderr, "bench: loaded in %.2f s on %s\n", s.L.load_s, be.name().c_str());
+  s.sampler = GpuSampler::open(be.pci_bus_id());
+  if (!s.sampler->active() && !be.pci_bus_id().empty())
+    std::fprintf(stderr, "bench: no clock or power readings (%s)\n", s.sampler->why().c_str());
   s.fac = s.L.pipe->vae_factor();
   s.res0 = s.o.sizes.front();
 }
@@ -68,13 +71,15 @@ void dit_phase(StandardRun& s) {
       std::vector<Tensor> cb(bs, s.caps[0]);
       Tensor out;
       be.reset_peak_memory();
-      Stats st = timed(be, 2, s.o.iters, [&] {
-        return s.L.dit->forward(lat, std::vector<float>(bs, 0.5f), cb, out);
-      });
+      Stats st = timed(
+          be, 2, s.o.iters,
+          [&] { return s.L.dit->forward(lat, std::vector<float>(bs, 0.5f), cb, out); },
+          s.sampler.get());
       json j = st.to_json();
       memory_figures(s, j);
       s.R["dit_forward_" + std::to_string(res) + "_bs" + std::to_string(bs)] = j;
-      std::fprintf(stderr, "bench: DiT %d bs%d %.1f ms\n", res, bs, st.median_ms);
+      std::fprintf(stderr, "bench: DiT %d bs%d %.1f ms%s\n", res, bs, st.median_ms,
+                   st.clock_note().c_str());
     }
   }
 }
@@ -90,8 +95,10 @@ void vae_phase(StandardRun& s) {
     };
     check(decode());  // warm-up: plans the convolutions
     const uint64_t calls0 = alloc_counters(be).device_calls;
-    Stats st = timed(be, 0, std::max(3, s.o.iters - 2), decode);
+    Stats st = timed(be, 0, std::max(3, s.o.iters - 2), decode, s.sampler.get());
     json j = st.to_json();
+    std::fprintf(stderr, "bench: VAE decode %d %.1f ms%s\n", res, st.median_ms,
+                 st.clock_note().c_str());
     j["device_alloc_calls_steady"] = alloc_counters(be).device_calls - calls0;
     memory_figures(s, j);
     s.R["vae_decode_" + std::to_string(res)] = j;
@@ -115,12 +122,15 @@ void whole_image_phase(StandardRun& s) {
     auto first = s.L.pipe->run(req, {});
     if (!first.ok()) fail(first.status());
     const double first_s = now_s() - t0;
-    Stats st = timed(be, 0, 3, [&]() -> Status {
-      auto r = s.L.pipe->run(req, {});
-      if (!r.ok()) return r.status();
-      last = r->timings;
-      return Status::Ok();
-    });
+    Stats st = timed(
+        be, 0, 3,
+        [&]() -> Status {
+          auto r = s.L.pipe->run(req, {});
+          if (!r.ok()) return r.status();
+          last = r->timings;
+          return Status::Ok();
+        },
+        s.sampler.get());
     json j = st.to_json();
     j["first_call_s"] = first_s;
     memory_figures(s, j);
@@ -128,8 +138,8 @@ void whole_image_phase(StandardRun& s) {
     j["denoise_s"] = last.denoise_s();
     j["vae_s"] = last.vae_s;
     s.R["pipeline_" + std::to_string(s.res0) + "_bs" + std::to_string(bs)] = j;
-    std::fprintf(stderr, "bench: pipeline %d bs%d %.0f ms (first call %.2f s)\n", s.res0, bs,
-                 st.median_ms, first_s);
+    std::fprintf(stderr, "bench: pipeline %d bs%d %.0f ms (first call %.2f s)%s\n", s.res0, bs,
+                 st.median_ms, first_s, st.clock_note().c_str());
   }
   s.R["gpu_gib_peak"] = gpu_used_gib() - s.mem0;
 }

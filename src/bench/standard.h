@@ -15,11 +15,12 @@ struct StandardRun {
   const std::string& dir;
   json& R;
   Loaded L;
-  double mem0 = 0;           // device memory used before the load (GiB)
-  std::vector<int32_t> ids;  // the prompt's tokens
-  std::vector<Tensor> caps;  // its caption features (text encoder output)
-  int fac = 8;               // VAE factor
-  int res0 = 0;              // the first --sizes: whole images, profile, ablation
+  double mem0 = 0;                      // device memory used before the load (GiB)
+  std::vector<int32_t> ids;             // the prompt's tokens
+  std::vector<Tensor> caps;             // its caption features (text encoder output)
+  int fac = 8;                          // VAE factor
+  int res0 = 0;                         // the first --sizes: whole images, profile, ablation
+  std::unique_ptr<GpuSampler> sampler;  // the GPU's clock and power (inert without NVML)
 };
 
 // --profile: device time per op of one DiT forward, one VAE decode and one text encoding, a

@@ -305,6 +305,15 @@ Status CudaBackend::bind_thread() {
   return Status::Ok();
 }
 
+std::string CudaBackend::pci_bus_id() const {
+  char id[32] = {};
+  if (cudaDeviceGetPCIBusId(id, sizeof id, device_) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return {};
+  }
+  return id;
+}
+
 std::optional<uint64_t> CudaBackend::available_memory() const {
   // The engine binds this device in the calling thread (bind_thread) before it decodes.
   auto mem = device_memory();  // {total, free}

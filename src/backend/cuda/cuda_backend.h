@@ -198,6 +198,7 @@ class CudaBackend final : public Backend {
   cudaStream_t stream() const { return stream_; }
   int device_index() const { return device_; }
   LtGemm* lt_gemm() { return gemm_.get(); }
+  std::string pci_bus_id() const override;
   AllocatorStats memory_stats() const { return allocator_->stats(); }
   MemoryUse memory_use() const override {
     const AllocatorStats s = memory_stats();

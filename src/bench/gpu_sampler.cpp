@@ -1,0 +1,136 @@
+// GpuSampler: see gpu_sampler.h.
+#include "bench/gpu_sampler.h"
+
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <chrono>
+#include <numeric>
+
+namespace zimage::bench {
+namespace {
+
+// The part of NVML's C ABI used here (nvml.h, stable since the _v2 entry points of 2015):
+// functions return an int status, NVML_SUCCESS being 0; a device is an opaque pointer; clock
+// type 1 is NVML_CLOCK_SM; power is in milliwatts.
+using NvmlInit = int (*)();
+using NvmlByPci = int (*)(const char*, void**);
+using NvmlClock = int (*)(void*, int, unsigned*);
+using NvmlPower = int (*)(void*, unsigned*);
+constexpr int kNvmlSuccess = 0;
+constexpr int kNvmlClockSm = 1;
+
+struct Nvml {
+  bool ok = false;
+  std::string why;
+  NvmlClock clock = nullptr;
+  NvmlPower power = nullptr;
+  NvmlPower limit = nullptr;
+  NvmlByPci by_pci = nullptr;
+};
+
+// Loaded and initialised once per process; never unloaded (other threads may still sample).
+const Nvml& nvml() {
+  static const Nvml n = [] {
+    Nvml r;
+    void* lib = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!lib) {
+      r.why = "NVML (libnvidia-ml.so.1) not found";
+      return r;
+    }
+    auto init = reinterpret_cast<NvmlInit>(dlsym(lib, "nvmlInit_v2"));
+    r.by_pci = reinterpret_cast<NvmlByPci>(dlsym(lib, "nvmlDeviceGetHandleByPciBusId_v2"));
+    r.clock = reinterpret_cast<NvmlClock>(dlsym(lib, "nvmlDeviceGetClockInfo"));
+    r.power = reinterpret_cast<NvmlPower>(dlsym(lib, "nvmlDeviceGetPowerUsage"));
+    r.limit = reinterpret_cast<NvmlPower>(dlsym(lib, "nvmlDeviceGetEnforcedPowerLimit"));
+    if (!init || !r.by_pci || !r.clock || !r.power || !r.limit) {
+      r.why = "NVML lacks the functions used";
+      return r;
+    }
+    if (init() != kNvmlSuccess) {
+      r.why = "NVML did not initialise";
+      return r;
+    }
+    r.ok = true;
+    return r;
+  }();
+  return n;
+}
+
+}  // namespace
+
+std::unique_ptr<GpuSampler> GpuSampler::open(const std::string& pci_bus_id) {
+  std::unique_ptr<GpuSampler> s(new GpuSampler());
+  if (pci_bus_id.empty()) {
+    s->why_ = "no GPU";
+    return s;
+  }
+  const Nvml& n = nvml();
+  if (!n.ok) {
+    s->why_ = n.why;
+    return s;
+  }
+  void* dev = nullptr;
+  if (n.by_pci(pci_bus_id.c_str(), &dev) != kNvmlSuccess || dev == nullptr) {
+    s->why_ = "NVML has no device " + pci_bus_id;
+    return s;
+  }
+  s->device_ = dev;
+  unsigned mw = 0;
+  if (n.limit(dev, &mw) == kNvmlSuccess) s->limit_w_ = mw / 1000.0;
+  return s;
+}
+
+GpuSampler::~GpuSampler() {
+  (void)stop();
+}
+
+void GpuSampler::sample() {
+  const Nvml& n = nvml();
+  unsigned mhz = 0, mw = 0;
+  const bool c = n.clock(device_, kNvmlClockSm, &mhz) == kNvmlSuccess;
+  const bool p = n.power(device_, &mw) == kNvmlSuccess;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (c) mhz_.push_back(mhz);
+  if (p) watts_.push_back(mw / 1000.0);
+}
+
+void GpuSampler::start(int period_ms) {
+  (void)stop();
+  if (!active()) return;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    mhz_.clear();
+    watts_.clear();
+  }
+  running_ = true;
+  thread_ = std::thread([this, period_ms] {
+    while (running_) {
+      sample();
+      std::this_thread::sleep_for(std::chrono::milliseconds(std::max(1, period_ms)));
+    }
+  });
+}
+
+GpuSampler::Reading GpuSampler::stop() {
+  Reading r;
+  if (!thread_.joinable()) return r;
+  running_ = false;
+  thread_.join();
+  std::lock_guard<std::mutex> lock(mu_);
+  r.samples = static_cast<int>(std::min(mhz_.size(), watts_.size()));
+  r.power_limit_w = limit_w_;
+  if (!mhz_.empty()) {
+    std::vector<double> m = mhz_;
+    std::sort(m.begin(), m.end());
+    r.sm_mhz_median = m[m.size() / 2];
+    r.sm_mhz_min = m.front();
+  }
+  if (!watts_.empty()) {
+    r.power_w_mean = std::accumulate(watts_.begin(), watts_.end(), 0.0) / watts_.size();
+    r.power_w_max = *std::max_element(watts_.begin(), watts_.end());
+  }
+  return r;
+}
+
+}  // namespace zimage::bench

@@ -1,0 +1,58 @@
+// The GPU's SM clock and board power while a measurement runs, read from the driver's management
+// library (NVML). An H100 or H200 runs the DiT at its 700 W limit, where the SM clock drops from
+// 1980 to ~1575 MHz (docs/BENCHMARKS.md, session 12): a timing says more beside the clock and
+// power it ran at, and a change that moves fewer bytes can win by letting the clock rise.
+//
+// NVML (libnvidia-ml.so.1) ships with the driver, not with the CUDA toolkit, and has no Debian
+// -dev package here; it is opened at run time (dlopen) through the few functions of its stable C
+// ABI declared in gpu_sampler.cpp, so the program builds and runs where there is no driver
+// (a CPU machine): the sampler is then inert and says so.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace zimage::bench {
+
+class GpuSampler {
+ public:
+  struct Reading {
+    int samples = 0;           // 0: nothing read (no NVML, no such device, or not started)
+    double sm_mhz_median = 0;  // SM clock, median of the samples
+    double sm_mhz_min = 0;
+    double power_w_mean = 0;  // board power draw
+    double power_w_max = 0;
+    double power_limit_w = 0;  // the enforced limit
+  };
+
+  // The device with this PCI bus id ("0000:18:00.0", as cudaDeviceGetPCIBusId writes it); an
+  // empty id or a machine without NVML gives an inert sampler (why() says which).
+  static std::unique_ptr<GpuSampler> open(const std::string& pci_bus_id);
+  ~GpuSampler();
+  GpuSampler(const GpuSampler&) = delete;
+  GpuSampler& operator=(const GpuSampler&) = delete;
+
+  bool active() const { return device_ != nullptr; }
+  const std::string& why() const { return why_; }
+  // Samples every `period_ms` on a thread of its own until stop(); a second start() restarts.
+  void start(int period_ms = 20);
+  Reading stop();
+
+ private:
+  GpuSampler() = default;
+  void sample();
+
+  void* device_ = nullptr;  // nvmlDevice_t
+  std::string why_;
+  double limit_w_ = 0;
+  std::thread thread_;
+  std::atomic<bool> running_{false};
+  std::mutex mu_;
+  std::vector<double> mhz_, watts_;
+};
+
+}  // namespace zimage::bench
