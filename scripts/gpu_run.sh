@@ -154,7 +154,7 @@ for f in glob.glob('build/carry/*.xz') + glob.glob('build/carry/lib/*.xz') + glo
         env $envs "$BIN" bench --model "$ZR" ${VARIANT_ARGS:---iters 5 --sizes 1024,2048 --batch 1} \
           >> "$OUT/variants.md" 2>&1 || rc=1
         echo "$name ($envs): $(sed -n '/^### '"$name"' /,$p' "$OUT/variants.md" |
-          grep -E '^bench: DiT|^\| vae_decode|^bench: pipeline' | tr '\n' ' ')"
+          grep -E '^bench: (DiT|VAE decode|pipeline)' | tr '\n' ' ')"
       done ;;
     ncu)
       # Hardware counters (ncu, clocks left alone) of the feed-forward's w1|w3 GEMM at M 4160, one
