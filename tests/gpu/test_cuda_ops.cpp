@@ -24,7 +24,8 @@ std::string label(const char* op, const Shape& s, const std::string& extra = "")
 }
 
 // Runs `body` under each setting of the row kernels' tuning (1, 2 and 4 packs per thread / items
-// per warp; the general and the row-walking group norm; cuda::RowKernelTuning), then restores the
+// per warp; the flat and the row-walking group norm and SwiGLU; cuda::RowKernelTuning), then
+// restores the
 // setting: each layout is a path that ships.
 template <typename F>
 void for_each_row_tuning(F&& body) {
@@ -545,17 +546,20 @@ TEST(CudaOps, ElementwiseOps) {
       ZI_ASSERT_OK(gpu(dt)->add(x.gpu, y.gpu, o.gpu));
       expect_match(label("add broadcast", xs, cat(" + ", shape_str(ys))), dt, o);
     }
-    // SwiGLU.
-    const Shape sw[] = {{1, 2}, {17, 200}, {3, 258}, {4, 2, 128}};
-    for (const Shape& s : sw) {
-      Shape ys = s;
-      ys.back() /= 2;
-      Both x = both_rand(s, seed++, dt, -4.f, 4.f);
-      Both o = outputs(ys, dt);
-      ZI_ASSERT_OK(cpu_oracle().swiglu(x.cpu, o.cpu));
-      ZI_ASSERT_OK(gpu(dt)->swiglu(x.gpu, o.gpu));
-      expect_match(label("swiglu", s), dt, o);
-    }
+    // SwiGLU, under each row layout (the row-walking kernel takes widths of whole 16-byte packs:
+    // 2x128, 2x264, 2x24000, and 2x100 in f32; the rest stay on the flat kernels).
+    const Shape sw[] = {{1, 2}, {17, 200}, {3, 258}, {4, 2, 256}, {5, 528}, {2, 48000}};
+    for_each_row_tuning([&] {
+      for (const Shape& s : sw) {
+        Shape ys = s;
+        ys.back() /= 2;
+        Both x = both_rand(s, seed++, dt, -4.f, 4.f);
+        Both o = outputs(ys, dt);
+        ZI_ASSERT_OK(cpu_oracle().swiglu(x.cpu, o.cpu));
+        ZI_ASSERT_OK(gpu(dt)->swiglu(x.gpu, o.gpu));
+        expect_match(label("swiglu", s), dt, o);
+      }
+    });
   }
 }
 

@@ -317,6 +317,16 @@ TEST(CudaOpsPerf, RowKernelTuning) {
           0, 2.0 * m * 3 * h * dh * 2);
     }
   }
+  // The DiT's SwiGLU (4160 and 16448 rows of 2 x 10240), flat (1) against row-walking (2).
+  for (int64_t m : {int64_t{4160}, int64_t{16448}}) {
+    Tensor up = rand_dev(g, {m, 20480}, seed++);
+    Tensor act = take(g->alloc(DType::kBF16, {m, 10240}), "act");
+    for (int t : {1, 2}) {
+      cuda::set_row_kernel_tuning({0, 0, t});
+      report(cat("swiglu ", m, " x 2x10240, kernel ", t == 1 ? "flat" : "rows"),
+             sustained_ms(g, [&] { return g->swiglu(up, act); }), 0, 3.0 * m * 10240 * 2);
+    }
+  }
   // The VAE's group norm + SiLU at its widest activations (1024², 2048²: 128 channels), the
   // general kernels (1) against the row-walking ones (2): one read for the statistics, one read and
   // one write to apply.

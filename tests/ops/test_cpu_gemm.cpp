@@ -176,7 +176,7 @@ TEST(RowKernelTuning, ParsesAndNamesWhatIsWrong) {
   ASSERT_TRUE(t.ok()) << t.status().to_string();
   EXPECT_EQ(t->norm_ppt, 2);
   EXPECT_EQ(t->prologue_items, 4);
-  EXPECT_EQ(t->group_norm, 2);
+  EXPECT_EQ(t->row_walk, 2);
   auto d = cuda::parse_row_kernel_tuning("0,0,0");
   ASSERT_TRUE(d.ok());
   EXPECT_EQ(d->norm_ppt, 0);
@@ -184,8 +184,8 @@ TEST(RowKernelTuning, ParsesAndNamesWhatIsWrong) {
        {std::pair<std::string, std::string>{"2,4", "expected three parts"},
         {"3,1,1", "packs per thread '3'"},
         {"1,8,1", "items per warp '8'"},
-        {"1,1,4", "group norm kernels '4'"},
-        {"1,1,", "group norm kernels ''"}}) {
+        {"1,1,4", "row walk '4'"},
+        {"1,1,", "row walk ''"}}) {
     auto r = cuda::parse_row_kernel_tuning(text);
     EXPECT_FALSE(r.ok()) << text;
     EXPECT_NE(r.status().message().find(needle), std::string::npos) << r.status().to_string();

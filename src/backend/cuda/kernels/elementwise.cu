@@ -2,6 +2,9 @@
 // Memory-bound, so each thread moves one 16-byte pack when every pointer is 16-byte aligned (and
 // the broadcast period is a whole number of packs); otherwise the same kernel runs with packs of
 // one element. A pack that straddles the end is finished element by element (tails).
+#include <algorithm>
+#include <climits>
+
 #include "backend/cuda/kernels/device_utils.cuh"
 
 namespace zimage::cuda {
@@ -113,6 +116,24 @@ __global__ void swiglu_kernel(const T* x, T* y, int64_t m, int64_t f) {
       for (int64_t c = c0; c < f; ++c)
         o[c] = from_f32<T>(round_to<T>(silu_f(to_f32<T>(g[c]))) * to_f32<T>(u[c]));
     }
+  }
+}
+
+// The same for f a multiple of VEC, laid out as (packs of a row) × (rows): grid.x covers a row's
+// packs, grid.y walks the rows, so no thread divides a flat index (two 64-bit divisions per pack
+// above, which with SiLU's exp and division make that kernel compute-bound).
+template <typename T, int VEC>
+__global__ void swiglu_rows_kernel(const T* x, T* y, int64_t m, int64_t f) {
+  const int64_t c0 = (int64_t{blockIdx.x} * blockDim.x + threadIdx.x) * VEC;
+  if (c0 >= f) return;
+  for (int64_t row = blockIdx.y; row < m; row += gridDim.y) {
+    const T* g = x + row * 2 * f;
+    float gv[VEC], uv[VEC];
+    load_f32<T, VEC>(g + c0, gv);
+    load_f32<T, VEC>(g + f + c0, uv);
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) gv[k] = round_to<T>(silu_f(gv[k])) * uv[k];
+    store_f32<T, VEC>(y + row * f + c0, gv);
   }
 }
 
@@ -322,7 +343,16 @@ cudaError_t launch_swiglu(KType t, const void* x, void* y, int64_t m, int64_t f,
     constexpr int V = kVec16<T>;
     const T* xp = static_cast<const T*>(x);
     T* yp = static_cast<T*>(y);
-    if (aligned16(x) && aligned16(y) && f % V == 0) {
+    const int walk = row_kernel_tuning().row_walk;
+    if (aligned16(x) && aligned16(y) && f % V == 0 &&
+        (walk != 0 ? walk : row_kernel_defaults().row_walk) == 2) {
+      const int64_t bx = (f / V + kThreads - 1) / kThreads;
+      const int64_t by = std::min<int64_t>(m, 65535);
+      if (bx > INT32_MAX) return cudaErrorInvalidValue;
+      swiglu_rows_kernel<T, V>
+          <<<dim3(static_cast<unsigned>(bx), static_cast<unsigned>(by)), kThreads, 0, s>>>(xp, yp,
+                                                                                           m, f);
+    } else if (aligned16(x) && aligned16(y) && f % V == 0) {
       swiglu_kernel<T, V><<<grid_for(m * (f / V), kThreads), kThreads, 0, s>>>(xp, yp, m, f);
     } else {
       swiglu_kernel<T, 1><<<grid_for(m * f, kThreads), kThreads, 0, s>>>(xp, yp, m, f);

@@ -266,9 +266,9 @@ cudaError_t launch_group_norm(KType t, const void* x, const void* gamma, const v
     auto gp = static_cast<const T*>(gamma);
     auto bp = static_cast<const T*>(beta);
     const bool vec = c % V == 0 && all_aligned({x, y});
-    const int tuned = row_kernel_tuning().group_norm;
+    const int tuned = row_kernel_tuning().row_walk;
     const bool rows = vec && kThreads % (c / V) == 0 &&  // a thread keeps one pack position
-                      (tuned != 0 ? tuned : row_kernel_defaults().group_norm) == 2;
+                      (tuned != 0 ? tuned : row_kernel_defaults().row_walk) == 2;
     const dim3 pgrid(static_cast<unsigned>(chunks), static_cast<unsigned>(batch));
     const size_t smem = 2 * static_cast<size_t>(c) * sizeof(double);
     if (rows)

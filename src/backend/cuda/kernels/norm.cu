@@ -16,17 +16,17 @@
 namespace zimage::cuda {
 
 namespace {
-std::atomic<int> g_norm_ppt{0}, g_prologue_items{0}, g_group_norm{0};
+std::atomic<int> g_norm_ppt{0}, g_prologue_items{0}, g_row_walk{0};
 }  // namespace
 
 void set_row_kernel_tuning(const RowKernelTuning& t) {
   auto pick = [](int v) { return v == 1 || v == 2 || v == 4 ? v : 0; };
   g_norm_ppt.store(pick(t.norm_ppt));
   g_prologue_items.store(pick(t.prologue_items));
-  g_group_norm.store(t.group_norm == 1 || t.group_norm == 2 ? t.group_norm : 0);
+  g_row_walk.store(t.row_walk == 1 || t.row_walk == 2 ? t.row_walk : 0);
 }
 RowKernelTuning row_kernel_tuning() {
-  return {g_norm_ppt.load(), g_prologue_items.load(), g_group_norm.load()};
+  return {g_norm_ppt.load(), g_prologue_items.load(), g_row_walk.load()};
 }
 RowKernelTuning row_kernel_defaults() {
   return {1, 1, 1};

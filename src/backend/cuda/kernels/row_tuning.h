@@ -14,16 +14,17 @@ namespace zimage::cuda {
 // norm holds (1, 2 or 4; more packs per thread = more loads in flight per multiprocessor, fewer
 // threads per row). prologue_items: (token, head) items one warp of the head_dim-128 attention
 // prologue loads before it computes (1, 2 or 4). Both change which thread sums what, so the last
-// bit of a bf16 result may move; every launch in the process uses the same setting. group_norm:
-// 1 = the general NHWC kernels, 2 = the row-walking kernels for channel counts of a power-of-two
-// number of 16-byte packs (the same sums and expression, no per-element index arithmetic).
+// bit of a bf16 result may move; every launch in the process uses the same setting. row_walk:
+// 1 = the flat-index kernels, 2 = the row-walking kernels of the VAE's group norm (channel counts
+// of a power-of-two number of 16-byte packs) and of SwiGLU (widths a multiple of the pack): the
+// same sums and expressions, without per-element 64-bit index arithmetic.
 struct RowKernelTuning {
   int norm_ppt = 0;
   int prologue_items = 0;
-  int group_norm = 0;
+  int row_walk = 0;
 };
 
-// "NORM_PPT,PROLOGUE_ITEMS,GROUP_NORM", each 0 (default) or as above, e.g. "2,4,2". An error names
+// "NORM_PPT,PROLOGUE_ITEMS,ROW_WALK", each 0 (default) or as above, e.g. "2,4,2". An error names
 // the part that is wrong.
 inline Result<RowKernelTuning> parse_row_kernel_tuning(const std::string& text) {
   std::vector<std::string> parts;
@@ -35,10 +36,10 @@ inline Result<RowKernelTuning> parse_row_kernel_tuning(const std::string& text) 
   }
   const auto bad = [&](const std::string& what) {
     return InvalidArgument("row kernel tuning '" + text + "': " + what +
-                           " (NORM_PPT,PROLOGUE_ITEMS,GROUP_NORM: 0|1|2|4, 0|1|2|4, 0|1|2)");
+                           " (NORM_PPT,PROLOGUE_ITEMS,ROW_WALK: 0|1|2|4, 0|1|2|4, 0|1|2)");
   };
   if (parts.size() != 3) return bad("expected three parts");
-  const char* names[] = {"packs per thread", "items per warp", "group norm kernels"};
+  const char* names[] = {"packs per thread", "items per warp", "row walk"};
   int v[3] = {};
   for (int i = 0; i < 3; ++i) {
     const std::string& p = parts[static_cast<size_t>(i)];
