@@ -1,6 +1,7 @@
 // Convolutions as cuDNN graphs: see conv_graph.h.
 #include "backend/cuda/libs/conv_graph.h"
 
+#include <chrono>
 #include <map>
 #include <optional>
 #include <string>
@@ -280,9 +281,21 @@ Status ConvGraphs::run(const ConvRequest& r, const void* bias, CachingAllocator&
                       static_cast<int>(r.dt),
                       bias != nullptr};
   auto it = impl_->plans.find(key);
-  if (it == impl_->plans.end()) {
+  using Clock = std::chrono::steady_clock;
+  const bool first_use = it == impl_->plans.end();
+  Clock::time_point t0 = Clock::now();
+  if (first_use) {
     Impl::Plan p;
     const Status s = impl_->build(r, bias, alloc, p);
+    // Where a first decode's time goes (issue 24: a new process's first decode costs ~0.27 s
+    // over a steady one): the plan (loaded, rebuilt from the cached index, or searched) here, its
+    // first execution below.
+    ZI_DEBUG("conv plan %s: %s in %.1f ms", Impl::cache_key(r, bias != nullptr).c_str(),
+             !s.ok()       ? "unsupported"
+             : p.index < 0 ? "loaded"
+                           : "built",
+             std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+    t0 = Clock::now();
     if (!s.ok()) {
       ZI_DEBUG("%s; conv %lldx%lldx%lldx%lld -> %lld uses the legacy cuDNN call",
                s.message().c_str(), static_cast<long long>(r.n), static_cast<long long>(r.h),
@@ -305,6 +318,10 @@ Status ConvGraphs::run(const ConvRequest& r, const void* bias, CachingAllocator&
   fe::error_t e = p.index < 0 ? p.graph->execute(impl_->handle, pack, wp)
                               : p.graph->execute_plan_at_index(impl_->handle, pack, wp, p.index);
   if (!e.is_good()) return DeviceError("cuDNN conv graph: execute: " + e.get_message());
+  if (first_use)  // host time of the first launch (module loading, lazy kernel loading)
+    ZI_DEBUG("conv plan %s: first execute queued in %.1f ms",
+             Impl::cache_key(r, bias != nullptr).c_str(),
+             std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
   // Saved once it has run: a plan serialised before its first execution did not load again on
   // the GPU (measured: PlanCacheGpu), presumably for state cudnn-frontend fills at execution.
   if (!p.save_key.empty()) {
