@@ -216,6 +216,12 @@ for f in glob.glob('build/carry/*.xz') + glob.glob('build/carry/lib/*.xz') + glo
           | grep -E "^(text encoder|  step 0 |  step 1 |vae decode|total)" | tr '\n' ' '
         echo "| plan cache $run: process $(python3 -c "print(round($(date +%s.%N) - $s, 2))") s"
       done | tee "$OUT/warmup.txt"
+      # Once more with debug lines: each convolution plan's load and first launch, the decode's
+      # queued / device-done split (where the first decode's extra time goes).
+      ZIMAGE_LOG=debug "$BIN" generate --model "$ZR" --device cuda --prompt "$PROMPT" --seed 42 \
+        --width 1024 --height 1024 --steps 8 --output "$OUT/warmup_debug.png" 2>&1 |
+        grep -E "conv plan|vae decode|cuda backend|loaded" > "$OUT/warmup_debug.txt"
+      tail -5 "$OUT/warmup_debug.txt"
       unset XDG_CACHE_HOME ;;
     lorabench)
       # Per-request LoRA on the full-size model: merge/unmerge against the side GEMM (rank 32,
