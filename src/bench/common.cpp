@@ -59,10 +59,15 @@ Stats timed(Backend& be, int warm, int iters, const std::function<Status()>& fn,
 }
 
 std::string Stats::clock_note() const {
-  if (gpu.samples == 0) return "";
   char buf[96];
-  std::snprintf(buf, sizeof buf, " (SM %.0f MHz, %.0f W of %.0f)", gpu.sm_mhz_median,
-                gpu.power_w_mean, gpu.power_limit_w);
+  if (gpu.samples > 0 && gpu.power_samples > 0) {
+    std::snprintf(buf, sizeof buf, " (SM %.0f MHz, %.0f W of %.0f)", gpu.sm_mhz_median,
+                  gpu.power_w_mean, gpu.power_limit_w);
+  } else if (gpu.samples > 0) {
+    std::snprintf(buf, sizeof buf, " (SM %.0f MHz)", gpu.sm_mhz_median);
+  } else {
+    return "";
+  }
   return buf;
 }
 

@@ -39,7 +39,9 @@ struct Stats {
     if (gpu.samples > 0) {
       j["sm_mhz_median"] = gpu.sm_mhz_median;
       j["sm_mhz_min"] = gpu.sm_mhz_min;
-      j["power_w_mean"] = gpu.power_w_mean;
+    }
+    if (gpu.power_samples > 0) {
+      j["power_w_mean"] = gpu.power_w_mean;  // NVML's reading: a 1 s running average on Hopper
       j["power_w_max"] = gpu.power_w_max;
       j["power_limit_w"] = gpu.power_limit_w;
     }

@@ -106,8 +106,8 @@ void GpuSampler::start(int period_ms) {
   running_ = true;
   thread_ = std::thread([this, period_ms] {
     while (running_) {
-      sample();
       std::this_thread::sleep_for(std::chrono::milliseconds(std::max(1, period_ms)));
+      if (running_) sample();
     }
   });
 }
@@ -118,7 +118,8 @@ GpuSampler::Reading GpuSampler::stop() {
   running_ = false;
   thread_.join();
   std::lock_guard<std::mutex> lock(mu_);
-  r.samples = static_cast<int>(std::min(mhz_.size(), watts_.size()));
+  r.samples = static_cast<int>(mhz_.size());
+  r.power_samples = static_cast<int>(watts_.size());
   r.power_limit_w = limit_w_;
   if (!mhz_.empty()) {
     std::vector<double> m = mhz_;

@@ -21,11 +21,12 @@ namespace zimage::bench {
 class GpuSampler {
  public:
   struct Reading {
-    int samples = 0;           // 0: nothing read (no NVML, no such device, or not started)
+    int samples = 0;           // clock samples; 0: none (no NVML, no such device, not started)
     double sm_mhz_median = 0;  // SM clock, median of the samples
     double sm_mhz_min = 0;
-    double power_w_mean = 0;  // board power draw
-    double power_w_max = 0;
+    int power_samples = 0;     // power samples (a driver may read clocks but not power)
+    double power_w_mean = 0;   // board power draw as NVML reports it: on Hopper a running
+    double power_w_max = 0;    // average over the last second, so a short window reads late
     double power_limit_w = 0;  // the enforced limit
   };
 
@@ -38,7 +39,8 @@ class GpuSampler {
 
   bool active() const { return device_ != nullptr; }
   const std::string& why() const { return why_; }
-  // Samples every `period_ms` on a thread of its own until stop(); a second start() restarts.
+  // Samples every `period_ms` on a thread of its own until stop(), the first sample one period
+  // after the start (not the idle moment before the work); a second start() restarts.
   void start(int period_ms = 20);
   Reading stop();
 

@@ -4,11 +4,13 @@
 // strided-batched GEMM over the KV heads for the scores (fp32), the masked softmax kernel, and a
 // second batched GEMM for P·V written straight into out's [B, S, H, D] layout. Queries are
 // chunked so the score buffer stays under a budget (the VAE's 16384- and 65536-token single
-// head): a quarter of the memory available to the allocator, between 256 MiB and 1 GiB (measured
+// head): a quarter of the memory available to the allocator at a shape's first call, between
+// 256 MiB and 1 GiB (measured
 // on the H200 at 65536 tokens: 50.1 ms with 256 MiB of scores, 40.5 with 1 GiB; session 7), or
 // what set_attention_score_budget fixed.
 #include <algorithm>
 #include <string>
+#include <tuple>
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/kernels/kernels.h"
@@ -114,14 +116,23 @@ Status CudaBackend::attention_general(const Tensor& q, const Tensor& k, const Te
   const size_t es = dtype_size(dt);
   const bool probs_in_place = dt == DType::kF32;
   const int64_t per_row = hkv * sk * static_cast<int64_t>(4 + (probs_in_place ? 0 : es));
-  int64_t budget = score_budget_;
-  if (budget <= 0) {
+  // The chunk is chosen once per shape and kept: a recorded forward's capture then allocates what
+  // its warm-up did, and repeated calls split the rows the same way (the same bits).
+  const std::tuple<int64_t, int64_t, int64_t, int64_t, int> shape{hkv, sq, sk, d,
+                                                                  static_cast<int>(dt)};
+  int64_t chunk = 0;
+  if (score_budget_ > 0) {
+    chunk = std::clamp<int64_t>(score_budget_ / std::max<int64_t>(per_row, 1), 1, sq);
+  } else if (auto known = score_chunks_.find(shape); known != score_chunks_.end()) {
+    chunk = known->second;
+  } else {
     const std::optional<uint64_t> avail = available_memory();
-    budget = avail ? std::clamp<int64_t>(static_cast<int64_t>(*avail / 4), kScoreBudgetMin,
-                                         kScoreBudgetMax)
-                   : kScoreBudgetMin;
+    const int64_t budget = avail ? std::clamp<int64_t>(static_cast<int64_t>(*avail / 4),
+                                                       kScoreBudgetMin, kScoreBudgetMax)
+                                 : kScoreBudgetMin;
+    chunk = std::clamp<int64_t>(budget / std::max<int64_t>(per_row, 1), 1, sq);
+    score_chunks_[shape] = chunk;
   }
-  const int64_t chunk = std::clamp<int64_t>(budget / std::max<int64_t>(per_row, 1), 1, sq);
   ZI_ASSIGN_OR_RETURN(Tensor scores, alloc(DType::kF32, {hkv, chunk, sk}));
   Tensor probs = scores;
   if (!probs_in_place) {

@@ -24,6 +24,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -221,8 +222,8 @@ class CudaBackend final : public Backend {
   void set_attention_path(AttentionPath p) { attention_path_ = p; }
   AttentionPath attention_path() const { return attention_path_; }
   // Bytes of scores (and probabilities) the general attention path computes at once; 0, the
-  // default, = a quarter of available_memory() within [256 MiB, 1 GiB]. Tests fix it to force
-  // several chunks.
+  // default, = a quarter of available_memory() within [256 MiB, 1 GiB] at a shape's first call,
+  // kept for that shape. Tests fix it to force several chunks.
   void set_attention_score_budget(int64_t bytes) { score_budget_ = bytes; }
   // Backend's choice: kAuto, kOwn, kGeneral as the AttentionPath of the same name.
   void set_attention_choice(AttentionChoice c) override;
@@ -303,6 +304,8 @@ class CudaBackend final : public Backend {
   bool pin_by_register_ = false;
   bool fused_norm_ = true;
   int64_t score_budget_ = 0;
+  // The general attention path's query chunk per (kv heads, queries, keys, head dim, dtype).
+  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int>, int64_t> score_chunks_;
   bool fused_adaln_ = false;
   bool fused_swiglu_ = false;
   GemmTuning swiglu_tuning_;
