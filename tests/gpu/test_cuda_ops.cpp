@@ -648,15 +648,17 @@ TEST(CudaOps, LayoutOps) {
   ZI_REQUIRE_GPU();
   for (DType dt : kDTypes) {
     uint32_t seed = 800;
-    // Upsample.
-    const Shape us[] = {{2, 3, 5, 17}, {1, 4, 4, 64}, {1, 1, 1, 1}};
-    for (const Shape& s : us) {
-      Both x = both_rand(s, seed++, dt);
-      Both y = outputs({s[0], 2 * s[1], 2 * s[2], s[3]}, dt);
-      ZI_ASSERT_OK(cpu_oracle().upsample_nearest2x(x.cpu, y.cpu));
-      ZI_ASSERT_OK(gpu(dt)->upsample_nearest2x(x.gpu, y.gpu));
-      expect_match(label("upsample_nearest2x", s), dt, y, 0.0);
-    }
+    // Upsample, flat and row-walking (channels of whole packs: batch 2, rows wider than a block).
+    const Shape us[] = {{2, 3, 5, 17}, {1, 4, 4, 64}, {1, 1, 1, 1}, {2, 7, 300, 32}};
+    for_each_row_tuning([&] {
+      for (const Shape& s : us) {
+        Both x = both_rand(s, seed++, dt);
+        Both y = outputs({s[0], 2 * s[1], 2 * s[2], s[3]}, dt);
+        ZI_ASSERT_OK(cpu_oracle().upsample_nearest2x(x.cpu, y.cpu));
+        ZI_ASSERT_OK(gpu(dt)->upsample_nearest2x(x.gpu, y.gpu));
+        expect_match(label("upsample_nearest2x", s), dt, y, 0.0);
+      }
+    });
     // Embedding (ids include both ends of the table).
     for (const auto& [v, d] : {std::pair<int64_t, int64_t>{1000, 100}, {50, 64}, {7, 3}}) {
       Both table = both_rand({v, d}, seed++, dt);

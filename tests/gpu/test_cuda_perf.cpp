@@ -327,6 +327,17 @@ TEST(CudaOpsPerf, RowKernelTuning) {
              sustained_ms(g, [&] { return g->swiglu(up, act); }), 0, 3.0 * m * 10240 * 2);
     }
   }
+  // The VAE's widest upsampling (512² × 256 -> 1024²), flat against row-walking.
+  {
+    Tensor x = rand_dev(g, {1, 512, 512, 256}, seed++);
+    Tensor y = take(g->alloc(DType::kBF16, {1, 1024, 1024, 256}), "y");
+    for (int t : {1, 2}) {
+      cuda::set_row_kernel_tuning({0, 0, t});
+      report(cat("upsample_nearest2x 512^2 x 256, kernel ", t == 1 ? "flat" : "rows"),
+             sustained_ms(g, [&] { return g->upsample_nearest2x(x, y); }), 0,
+             5.0 * 512 * 512 * 256 * 2);
+    }
+  }
   // The VAE's group norm + SiLU at its widest activations (1024², 2048²: 128 channels), the
   // general kernels (1) against the row-walking ones (2): one read for the statistics, one read and
   // one write to apply.

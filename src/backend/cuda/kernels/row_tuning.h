@@ -16,8 +16,8 @@ namespace zimage::cuda {
 // prologue loads before it computes (1, 2 or 4). Both change which thread sums what, so the last
 // bit of a bf16 result may move; every launch in the process uses the same setting. row_walk:
 // 1 = the flat-index kernels, 2 = the row-walking kernels of the VAE's group norm (channel counts
-// of a power-of-two number of 16-byte packs) and of SwiGLU (widths a multiple of the pack): the
-// same sums and expressions, without per-element 64-bit index arithmetic.
+// of a power-of-two number of 16-byte packs), its nearest upsampling and SwiGLU (widths a multiple
+// of the pack): the same sums and expressions, without per-element 64-bit index arithmetic.
 struct RowKernelTuning {
   int norm_ppt = 0;
   int prologue_items = 0;
