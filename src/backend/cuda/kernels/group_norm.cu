@@ -19,6 +19,41 @@ int64_t gn_chunks(int64_t batch, int64_t hw) {
   return (hw + rows_per_chunk - 1) / rows_per_chunk;
 }
 
+// Adds one pack's values and squares to the running fp64 sums.
+template <typename T, int VEC>
+__device__ __forceinline__ void gn_accumulate(const T* p, double (&s)[VEC], double (&q)[VEC]) {
+  float v[VEC];
+  load_f32<T, VEC>(p, v);
+#pragma unroll
+  for (int k = 0; k < VEC; ++k) {
+    s[k] += v[k];
+    q[k] += static_cast<double>(v[k]) * v[k];
+  }
+}
+
+// The end of a statistics block: each thread adds its sums for pack position `pk` (when it saw
+// rows) into the block's shared sums, then the block writes them to partial[b][chunk]. Every
+// thread of the block calls it.
+template <int VEC>
+__device__ __forceinline__ void gn_finish_chunk(double* ssum, double* ssq, int64_t pk, bool saw,
+                                                const double (&s)[VEC], const double (&q)[VEC],
+                                                double* partial, int64_t b, int64_t chunk,
+                                                int64_t c) {
+  if (saw) {
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) {
+      atomicAdd(ssum + pk * VEC + k, s[k]);
+      atomicAdd(ssq + pk * VEC + k, q[k]);
+    }
+  }
+  __syncthreads();
+  double* out = partial + (b * gridDim.x + chunk) * c * 2;
+  for (int64_t i = threadIdx.x; i < c; i += blockDim.x) {
+    out[2 * i] = ssum[i];
+    out[2 * i + 1] = ssq[i];
+  }
+}
+
 // Grid (chunks, batch). Per-channel sum and sum of squares of one chunk of rows, in fp64,
 // written to partial[b][chunk][c][2]. Dynamic shared memory: 2 * c doubles.
 template <typename T, int VEC>
@@ -52,27 +87,9 @@ __global__ void gn_partial_kernel(const T* x, int64_t hw, int64_t c, int64_t row
       }
       cur = pk;
     }
-    float v[VEC];
-    load_f32<T, VEC>(xb + p * VEC, v);
-#pragma unroll
-    for (int k = 0; k < VEC; ++k) {
-      s[k] += v[k];
-      q[k] += static_cast<double>(v[k]) * v[k];
-    }
+    gn_accumulate<T, VEC>(xb + p * VEC, s, q);
   }
-  if (cur >= 0) {
-#pragma unroll
-    for (int k = 0; k < VEC; ++k) {
-      atomicAdd(ssum + cur * VEC + k, s[k]);
-      atomicAdd(ssq + cur * VEC + k, q[k]);
-    }
-  }
-  __syncthreads();
-  double* out = partial + (b * gridDim.x + chunk) * c * 2;
-  for (int64_t i = threadIdx.x; i < c; i += blockDim.x) {
-    out[2 * i] = ssum[i];
-    out[2 * i + 1] = ssq[i];
-  }
+  gn_finish_chunk<VEC>(ssum, ssq, cur, cur >= 0, s, q, partial, b, chunk, c);
 }
 
 // Grid (groups, batch): combines the partials into mean and rstd per (b, g).
@@ -153,44 +170,14 @@ __global__ void gn_partial_rows_kernel(const T* x, int64_t hw, int64_t c, int64_
 #pragma unroll
   for (int k = 0; k < VEC; ++k) s[k] = q[k] = 0.0;
   int64_t r = r0 + static_cast<int>(threadIdx.x) / ppr;
-  // Two rows a step, both loads issued before the sums (more bytes in flight).
+  // Two rows a step, unrolled so both loads can be issued before the sums.
   for (; r + rstep < r1; r += 2 * int64_t{rstep}) {
-    float v0[VEC], v1[VEC];
-    load_f32<T, VEC>(xb + r * c, v0);
-    load_f32<T, VEC>(xb + (r + rstep) * c, v1);
-#pragma unroll
-    for (int k = 0; k < VEC; ++k) {
-      s[k] += v0[k];
-      q[k] += static_cast<double>(v0[k]) * v0[k];
-    }
-#pragma unroll
-    for (int k = 0; k < VEC; ++k) {
-      s[k] += v1[k];
-      q[k] += static_cast<double>(v1[k]) * v1[k];
-    }
+    gn_accumulate<T, VEC>(xb + r * c, s, q);
+    gn_accumulate<T, VEC>(xb + (r + rstep) * c, s, q);
   }
-  if (r < r1) {
-    float v[VEC];
-    load_f32<T, VEC>(xb + r * c, v);
-#pragma unroll
-    for (int k = 0; k < VEC; ++k) {
-      s[k] += v[k];
-      q[k] += static_cast<double>(v[k]) * v[k];
-    }
-  }
-  if (r0 + static_cast<int>(threadIdx.x) / ppr < r1) {  // this thread saw rows
-#pragma unroll
-    for (int k = 0; k < VEC; ++k) {
-      atomicAdd(ssum + pk * VEC + k, s[k]);
-      atomicAdd(ssq + pk * VEC + k, q[k]);
-    }
-  }
-  __syncthreads();
-  double* out = partial + (b * gridDim.x + chunk) * c * 2;
-  for (int64_t i = threadIdx.x; i < c; i += blockDim.x) {
-    out[2 * i] = ssum[i];
-    out[2 * i + 1] = ssq[i];
-  }
+  if (r < r1) gn_accumulate<T, VEC>(xb + r * c, s, q);
+  gn_finish_chunk<VEC>(ssum, ssq, pk, r0 + static_cast<int>(threadIdx.x) / ppr < r1, s, q, partial,
+                       b, chunk, c);
 }
 
 // Grid (blocks, batch); each thread one pack position of the rows of batch item blockIdx.y.

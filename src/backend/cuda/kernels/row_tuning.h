@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "core/text.h"
 
 namespace zimage::cuda {
 
@@ -27,13 +28,7 @@ struct RowKernelTuning {
 // "NORM_PPT,PROLOGUE_ITEMS,ROW_WALK", each 0 (default) or as above, e.g. "2,4,2". An error names
 // the part that is wrong.
 inline Result<RowKernelTuning> parse_row_kernel_tuning(const std::string& text) {
-  std::vector<std::string> parts;
-  for (size_t pos = 0;;) {
-    const size_t comma = text.find(',', pos);
-    parts.push_back(text.substr(pos, comma == std::string::npos ? comma : comma - pos));
-    if (comma == std::string::npos) break;
-    pos = comma + 1;
-  }
+  const std::vector<std::string> parts = split(text, ',');
   const auto bad = [&](const std::string& what) {
     return InvalidArgument("row kernel tuning '" + text + "': " + what +
                            " (NORM_PPT,PROLOGUE_ITEMS,ROW_WALK: 0|1|2|4, 0|1|2|4, 0|1|2)");

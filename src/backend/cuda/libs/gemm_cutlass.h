@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "core/text.h"
 
 namespace zimage::cuda {
 
@@ -60,13 +61,7 @@ struct GemmTuning {
 // 2, 4 or 8 (the ZIMAGE_SWIGLU_GEMM / ZIMAGE_QKV_GEMM settings). An error names what is wrong.
 inline Result<GemmTuning> parse_gemm_tuning(const std::string& text) {
   GemmTuning t;
-  std::vector<std::string> parts;
-  for (size_t pos = 0;;) {
-    const size_t comma = text.find(',', pos);
-    parts.push_back(text.substr(pos, comma == std::string::npos ? comma : comma - pos));
-    if (comma == std::string::npos) break;
-    pos = comma + 1;
-  }
+  const std::vector<std::string> parts = split(text, ',');
   const auto bad = [&](const std::string& what) {
     return InvalidArgument("GEMM tuning '" + text + "': " + what +
                            " (SCHEDULE[,RASTER[,SWIZZLE]]: coop|coop-tall|pingpong|"
