@@ -147,7 +147,7 @@ for f in glob.glob('build/carry/*.xz') + glob.glob('build/carry/lib/*.xz') + glo
       # against the defaults, first and last, same machine -> $OUT/variants.md (all of it) and a
       # line per setting on the terminal. VARIANTS: "name:VAR=value ..." items, ';'-separated.
       : > "$OUT/variants.md"
-      IFS=';' read -ra vs <<< "${VARIANTS:-base:;rows222:ZIMAGE_ROW_KERNELS=2,2,2;rows442:ZIMAGE_ROW_KERNELS=4,4,2;adaln:ZIMAGE_FUSED_ADALN=1;autotune:ZIMAGE_GEMM_AUTOTUNE=1;base2:}"
+      IFS=';' read -ra vs <<< "${VARIANTS:-base:;walk:ZIMAGE_ROW_KERNELS=0,0,2;rows222:ZIMAGE_ROW_KERNELS=2,2,2;rows442:ZIMAGE_ROW_KERNELS=4,4,2;adaln:ZIMAGE_FUSED_ADALN=1;autotune:ZIMAGE_GEMM_AUTOTUNE=1;base2:}"
       for v in "${vs[@]}"; do
         name=${v%%:*}; envs=${v#*:}
         echo "### $name ($envs)" >> "$OUT/variants.md"
