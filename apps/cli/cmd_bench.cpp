@@ -58,8 +58,9 @@ void register_bench_command(CLI::App& app) {
   cmd->add_flag("--ablation", o->ablation,
                 "Also time with techniques switched off (fp32, general attention)");
   cmd->add_flag("--profile", o->profile,
-                "Also print GPU time per op (name and shapes) for one DiT forward, one VAE decode "
-                "and one text encoding");
+                "Also print GPU time per op (name and shapes) for one DiT forward (eager, and "
+                "inside its recorded CUDA graph with the time between ops), one VAE decode and "
+                "one text encoding");
   cmd->add_option("--json", o->json_path, "Write all figures as JSON to this file");
   cmd->add_option("--vram-budget", o->budgets,
                   "Whole-image rows under these device-memory budgets (GiB, context included; "

@@ -23,7 +23,8 @@ struct StandardRun {
   std::unique_ptr<GpuSampler> sampler;  // the GPU's clock and power (inert without NVML)
 };
 
-// --profile: device time per op of one DiT forward, one VAE decode and one text encoding, a
+// --profile: device time per op of one DiT forward (eager, then inside its recorded CUDA graph with
+// the time between ops), one VAE decode and one text encoding, a
 // table each and R["profile"].
 void profile_ops(StandardRun& s);
 

@@ -1,8 +1,10 @@
-// Small text helpers shared by the settings parsers.
+// Small text helpers shared by the settings parsers (environment variables, option lists).
 #pragma once
 
 #include <string>
 #include <vector>
+
+#include "core/status.h"
 
 namespace zimage {
 
@@ -15,6 +17,14 @@ inline std::vector<std::string> split(const std::string& text, char sep) {
     if (at == std::string::npos) return parts;
     pos = at + 1;
   }
+}
+
+// An on/off setting's text: "1" or "0"; anything else is an error naming the setting and the value
+// (a misspelt "ture" must not quietly mean off).
+inline Result<bool> parse_switch(const std::string& name, const std::string& text) {
+  if (text == "1") return true;
+  if (text == "0") return false;
+  return InvalidArgument(name + "='" + text + "': expected 1 (on) or 0 (off)");
 }
 
 }  // namespace zimage

@@ -19,6 +19,7 @@
 #include "backend/cuda/runtime/cuda_check.h"
 #include "backend/cuda/validate.h"
 #include "core/log.h"
+#include "core/text.h"
 
 namespace zimage {
 
@@ -106,36 +107,40 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(int device_index, DType
                                std::to_string(cublasLtGetVersion()) + " " + ConvGraphs::cache_tag();
   std::shared_ptr<PlanCache> plan_cache = PlanCache::open("", identity);
   b->conv_graphs_ = ConvGraphs::create(b->stream_, plan_cache);
-  if (const char* tune = std::getenv("ZIMAGE_GEMM_AUTOTUNE"))
-    if (std::string(tune) == "1") b->gemm_->set_autotune(true, plan_cache);
   b->profiler_ = std::make_unique<OpProfiler>(b->stream_);
   b->uploader_ = std::make_unique<PinnedUploader>(device_index, b->stream_);
   b->uploader_->set_locked_ranges(b->locked_);
   if (const char* up = std::getenv("ZIMAGE_UPLOAD"))
     b->upload_locked_ = std::string(up) == "locked";
-  if (const char* fused = std::getenv("ZIMAGE_FUSED_NORM"))
-    b->fused_norm_ = std::string(fused) != "0";
   if (const char* t = std::getenv("ZIMAGE_ROW_KERNELS")) {
     auto tuning = parse_row_kernel_tuning(t);
     if (!tuning.ok()) return tuning.status().with_context("ZIMAGE_ROW_KERNELS");
     set_row_kernel_tuning(*tuning);
   }
-  if (const char* fused = std::getenv("ZIMAGE_FUSED_ADALN"))
-    b->fused_adaln_ = std::string(fused) == "1";
-  if (const char* fused = std::getenv("ZIMAGE_FUSED_SWIGLU"))
-    b->fused_swiglu_ = std::string(fused) == "1";
   if (const char* t = std::getenv("ZIMAGE_SWIGLU_GEMM")) {
     auto tuning = parse_gemm_tuning(t);
     if (!tuning.ok()) return tuning.status().with_context("ZIMAGE_SWIGLU_GEMM");
     b->swiglu_tuning_ = *tuning;
   }
-  if (const char* fused = std::getenv("ZIMAGE_FUSED_QKV"))
-    b->fused_qkv_ = std::string(fused) == "1";
   if (const char* t = std::getenv("ZIMAGE_QKV_GEMM")) {
     auto tuning = parse_gemm_tuning(t);
     if (!tuning.ok()) return tuning.status().with_context("ZIMAGE_QKV_GEMM");
     b->qkv_tuning_ = *tuning;
   }
+  // On/off switches: "1" or "0", anything else an error naming the variable.
+  auto env_switch = [](const char* name, bool& flag) -> Status {
+    const char* v = std::getenv(name);
+    if (!v) return Status::Ok();
+    ZI_ASSIGN_OR_RETURN(flag, parse_switch(name, v));
+    return Status::Ok();
+  };
+  ZI_TRY(env_switch("ZIMAGE_FUSED_NORM", b->fused_norm_));
+  ZI_TRY(env_switch("ZIMAGE_FUSED_ADALN", b->fused_adaln_));
+  ZI_TRY(env_switch("ZIMAGE_FUSED_SWIGLU", b->fused_swiglu_));
+  ZI_TRY(env_switch("ZIMAGE_FUSED_QKV", b->fused_qkv_));
+  bool autotune = false;
+  ZI_TRY(env_switch("ZIMAGE_GEMM_AUTOTUNE", autotune));
+  if (autotune) b->gemm_->set_autotune(true, plan_cache);
   if (const char* pin = std::getenv("ZIMAGE_HOST_PIN"))
     b->pin_by_register_ = std::string(pin) == "register";
   ZI_INFO("cuda backend %s ready in %.3f s (context, cuBLASLt, cuDNN)", b->name_.c_str(),

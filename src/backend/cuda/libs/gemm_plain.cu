@@ -105,7 +105,7 @@ Status cutlass_bf16_gemm(const void* x, const void* w, void* y, int64_t m, int64
   if (!fits(m, n, k))
     return Unsupported("CUTLASS bf16 GEMM: shape " + std::to_string(m) + "x" + std::to_string(n) +
                        "x" + std::to_string(k) + " (needs n % 8 == 0, k % 8 == 0)");
-  auto aligned16 = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; };
+  using register_epilogue::aligned16;
   if (!aligned16(x) || !aligned16(w) || !aligned16(y))
     return Unsupported("CUTLASS bf16 GEMM: operands not 16-byte aligned");
   const int mi = static_cast<int>(m), ni = static_cast<int>(n), ki = static_cast<int>(k);
