@@ -156,7 +156,7 @@ Image read_input(const std::string& flag, const std::string& path, bool is_mask)
 }
 
 void run_generate(const GenerateArgs& a, const CLI::App& cmd) {
-  set_log_verbosity(a.verbose ? 2 : a.quiet ? 0 : 1);
+  apply_log_flags(a.verbose, a.quiet);
   EngineOptions eo = engine_options(a.engine);
   GenerateRequest req;
   req.width = a.width;

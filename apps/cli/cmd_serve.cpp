@@ -99,7 +99,7 @@ class SignalWaiter {
 };
 
 void run_serve(ServeArgs& a) {
-  set_log_verbosity(a.verbose ? 2 : a.quiet ? 0 : 1);
+  apply_log_flags(a.verbose, a.quiet);
   std::signal(SIGPIPE, SIG_IGN);  // a client that hangs up must not kill the server
   if (!a.api_key_file.empty()) {  // not in `ps`, unlike --api-key (excluded by CLI11)
     auto key = read_secret_file("--api-key-file", a.api_key_file);

@@ -49,7 +49,7 @@ extern "C" void on_worker_signal(int sig) {
 }
 
 void run_worker_command(WorkerArgs& a) {
-  set_log_verbosity(a.verbose ? 2 : a.quiet ? 0 : 1);
+  apply_log_flags(a.verbose, a.quiet);
   auto url = broker_url(a.broker);
   if (!url.ok())
     fail(url.status().code() == ErrorCode::kInvalidArgument ? 2 : 1, url.status().message());

@@ -6,7 +6,19 @@
 
 #include <CLI/CLI.hpp>
 
+#include "zimage/zimage.h"
+
 namespace zimage::cli {
+
+// The engine's messages for a command's --verbose / --quiet: --quiet shows errors only,
+// --verbose at least the info lines (ZIMAGE_LOG=debug keeps the debug lines too), neither leaves
+// the level ZIMAGE_LOG sets (warnings when it is unset).
+inline void apply_log_flags(bool verbose, bool quiet) {
+  if (quiet)
+    set_log_verbosity(0);
+  else if (verbose && log_verbosity() < 2)
+    set_log_verbosity(2);
+}
 
 // zimage generate --prompt TEXT ... --output FILE.png (text to image).
 void register_generate_command(CLI::App& app);

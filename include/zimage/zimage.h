@@ -410,5 +410,7 @@ Status check_writable_path(const std::string& path, const std::string& what);
 // Engine messages on stderr: 0 errors only, 1 warnings (default; env ZIMAGE_LOG overrides),
 // 2 info (load and per-phase times), 3 debug.
 void set_log_verbosity(int level);
+// The level in force (0-3, as above).
+int log_verbosity();
 
 }  // namespace zimage

@@ -199,4 +199,8 @@ void set_log_verbosity(int level) {
   set_log_level(static_cast<LogLevel>(std::clamp(level, 0, 3)));
 }
 
+int log_verbosity() {
+  return static_cast<int>(log_level());
+}
+
 }  // namespace zimage

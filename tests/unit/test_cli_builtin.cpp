@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -207,6 +208,37 @@ TEST_F(CliBuiltin, TwoFirstRunsAtOnceBothSucceed) {
   const auto names = entries(root_ / "cache" / "zimage");
   ASSERT_EQ(names.size(), 1u) << "leftovers: " << ::testing::PrintToString(names);
   EXPECT_EQ(names[0].rfind("builtin-", 0), 0u);
+}
+
+// --verbose raises the engine's messages to info without lowering what ZIMAGE_LOG asks for
+// (the debug lines the start-up measurements read), --quiet shows errors only, and with neither
+// flag ZIMAGE_LOG decides. --verbose used to set info, dropping ZIMAGE_LOG=debug's lines.
+TEST_F(CliBuiltin, LogLevelComesFromTheFlagsAndTheEnvironment) {
+  auto stderr_of = [&](const std::string& flag, std::optional<std::string> env) {
+    std::vector<std::string> args = generate_args((root_ / "out" / "log.png").string());
+    args.erase(std::find(args.begin(), args.end(), "--quiet"));
+    if (!flag.empty()) args.push_back(flag);
+    ProgramSpec s = spec(std::move(args));
+    s.env["ZIMAGE_LOG"] = std::move(env);
+    const ProgramRun r = test::run_program(s);
+    EXPECT_EQ(r.exit_code, 0) << flag << ": " << r.err;
+    return r.err;
+  };
+  auto has = [](const std::string& err, const char* what) {
+    return err.find(what) != std::string::npos;
+  };
+  const std::string verbose_debug = stderr_of("--verbose", "debug");
+  EXPECT_TRUE(has(verbose_debug, "[zimage debug ")) << verbose_debug;
+  EXPECT_TRUE(has(verbose_debug, "[zimage info ")) << verbose_debug;
+  const std::string verbose = stderr_of("--verbose", std::nullopt);
+  EXPECT_TRUE(has(verbose, "[zimage info ")) << verbose;
+  EXPECT_FALSE(has(verbose, "[zimage debug ")) << verbose;
+  const std::string env_debug = stderr_of("", "debug");
+  EXPECT_TRUE(has(env_debug, "[zimage debug ")) << env_debug;
+  const std::string plain = stderr_of("", std::nullopt);
+  EXPECT_FALSE(has(plain, "[zimage info ")) << plain;
+  const std::string quiet = stderr_of("--quiet", "debug");
+  EXPECT_FALSE(has(quiet, "[zimage debug ") || has(quiet, "[zimage info ")) << quiet;
 }
 
 TEST_F(CliBuiltin, InfoAndTokenizeDefaultToTheBuiltinModel) {
