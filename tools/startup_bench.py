@@ -104,6 +104,8 @@ def read_into_page_cache(files):
 PHASES = [
     ("backend_s", re.compile(r"cuda backend .* ready in ([0-9.]+) s")),
     ("tokenizer_load_s", re.compile(r"tokenizer loaded in ([0-9.]+) s")),
+    ("opened_s", re.compile(r"model sources opened (?:and tokenizer parsed )?in ([0-9.]+) s")),
+    ("tokenizer_wait_s", re.compile(r"tokenizer ready \(waited ([0-9.]+) s")),
     ("text_encoder_load_s", re.compile(r"text_encoder loaded in ([0-9.]+) s")),
     ("transformer_load_s", re.compile(r"transformer loaded in ([0-9.]+) s")),
     ("vae_load_s", re.compile(r"vae loaded in ([0-9.]+) s")),

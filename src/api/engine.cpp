@@ -91,7 +91,10 @@ Result<std::unique_ptr<Engine>> Engine::load_impl(const EngineOptions& options) 
     auto start_backend = [&]() noexcept {
       try {
         backend = guarded("starting the backend", [&]() -> Result<std::unique_ptr<Backend>> {
-          return make_backend(first.device, first.precision, first.threads, precision);
+          auto be = make_backend(first.device, first.precision, first.threads, precision);
+          // The upload staging too (CUDA: page-locked buffers, ~0.15 s), while the files open.
+          if (be.ok()) (*be)->prepare_uploads();
+          return be;
         });
       } catch (...) {  // guarded's own message could not be allocated
         backend = InternalError("starting the backend: out of host memory");

@@ -84,13 +84,21 @@ class Backend {
   virtual Status fill(Tensor& t, float value) = 0;
   virtual Status synchronize() = 0;
   // Records the device work `work` queues (only ops of this interface on tensors that stay
-  // alive) for replay. Runs `work` to record it; the results of that run are not defined. The
-  // default answers kUnsupported: the caller then runs eagerly.
+  // alive) for replay. `work` runs twice: once for real (the warm-up: plans, heuristics and
+  // allocations that cannot be recorded happen here, and its results are those of an eager run),
+  // then once while it is recorded, which runs nothing on the device. So the call that records
+  // needs no replay: its results are already there. The default answers kUnsupported: the caller
+  // then runs eagerly.
   virtual Result<std::unique_ptr<RecordedWork>> record(const std::function<Status()>& work);
   // Waits until every upload so far is on the device and drops memory kept only to speed up bulk
   // uploads (CUDA: pinned staging buffers). Loaders call it once at the end, so a measured load
   // time includes every copy.
   virtual Status finish_uploads() { return synchronize(); }
+  // Readies what bulk uploads use before the first weight arrives (CUDA: the page-locked staging
+  // buffers and copy threads that finish_uploads frees), so that a caller can overlap it with
+  // other start-up work. Optional: the first large upload does it otherwise. Never fails (a
+  // backend that cannot stage uploads copies without staging).
+  virtual void prepare_uploads() {}
   // Device memory the backend's allocator holds (0 on the CPU). Safe from any thread.
   struct MemoryUse {
     uint64_t in_use = 0;       // live tensors

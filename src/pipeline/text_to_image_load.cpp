@@ -10,6 +10,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <exception>
+#include <future>
+#include <new>
+#include <string_view>
+#include <system_error>
 #include <utility>
 
 #include "backend/check/check_backend.h"
@@ -31,8 +36,7 @@ constexpr const char* kParts[] = {"tokenizer", "text_encoder", "transformer", "v
 // Loads one component of `src` onto `be` into `parts`; errors carry "loading <part>: ".
 Status load_part(const ModelSource& src, const std::string& part, Backend& be,
                  TextToImageComponents& parts, const MemoryPlan* plan = nullptr,
-                 const PipelineLoadOptions& options = {},
-                 std::unique_ptr<Tokenizer>* prepared_tokenizer = nullptr) {
+                 const PipelineLoadOptions& options = {}) {
   WeightPlacement te_place, dit_place;
   if (plan) {
     te_place.streamed = plan->te_streamed;
@@ -48,10 +52,6 @@ Status load_part(const ModelSource& src, const std::string& part, Backend& be,
   te_place.first_slot = 2;  // the DiT streams through slots 0-1, the text encoder 2-3
   const std::string what = "loading " + part;
   if (part == "tokenizer") {
-    if (prepared_tokenizer && *prepared_tokenizer) {  // parsed by prepare()
-      parts.tokenizer = std::move(*prepared_tokenizer);
-      return Status::Ok();
-    }
     auto tok = Tokenizer::load(src.tokenizer_dir());
     if (!tok.ok()) return tok.status().with_context(what);
     parts.tokenizer = std::make_unique<Tokenizer>(std::move(tok).value());
@@ -168,11 +168,26 @@ Result<PreparedLoad> TextToImage::prepare(const ModelPaths& paths) {
   for (std::string& f : files)
     if (std::find(unique.begin(), unique.end(), f) == unique.end()) unique.push_back(std::move(f));
   p.prefetch = FilePrefetcher::start(std::move(unique), FilePrefetcher::default_limit());
-  auto tok = Tokenizer::load(p.source->tokenizer_dir());
-  if (!tok.ok()) return tok.status().with_context("loading tokenizer");
-  p.tokenizer = std::make_unique<Tokenizer>(std::move(tok).value());
+  p.started = start;
+  auto parse = [dir = p.source->tokenizer_dir()]() noexcept -> Result<std::unique_ptr<Tokenizer>> {
+    try {
+      ZI_ASSIGN_OR_RETURN(Tokenizer tok, Tokenizer::load(dir));
+      return std::make_unique<Tokenizer>(std::move(tok));
+    } catch (const std::bad_alloc&) {
+      return OutOfMemory("parsing the tokenizer: out of host memory");
+    } catch (const std::exception& e) {
+      return InternalError(std::string("parsing the tokenizer: ") + e.what());
+    }
+  };
+  try {
+    p.tokenizer = std::async(std::launch::async, parse);
+  } catch (const std::system_error&) {  // no thread to spare: parsed here, as before
+    std::promise<Result<std::unique_ptr<Tokenizer>>> now;
+    now.set_value(parse());
+    p.tokenizer = now.get_future();
+  }
   p.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  ZI_INFO("model sources opened and tokenizer parsed in %.3f s", p.seconds);
+  ZI_INFO("model sources opened in %.3f s (the tokenizer is parsed beside the load)", p.seconds);
   return p;
 }
 
@@ -211,12 +226,31 @@ Result<std::unique_ptr<TextToImage>> TextToImage::load(PreparedLoad prepared, Ba
                                                             : 1);
   TextToImageComponents parts;
   parts.scheduler = src.configs().scheduler;
-  for (const char* part : kParts) {
+  // The tokenizer prepare() parses on its own thread is taken after the weights, so its parse
+  // overlaps theirs; a component's error waits for it, so that the error reported is the first
+  // in kParts' order whatever the timing (a bad tokenizer before a bad text encoder).
+  auto take_tokenizer = [&]() -> Status {
     const auto t0 = std::chrono::steady_clock::now();
-    ZI_TRY(load_part(src, part, be, parts, &plan, options, &prepared.tokenizer));
+    Result<std::unique_ptr<Tokenizer>> tok = prepared.tokenizer.get();
+    if (!tok.ok()) return tok.status().with_context("loading tokenizer");
+    parts.tokenizer = std::move(tok).value();
+    ZI_INFO(
+        "tokenizer ready (waited %.3f s, %.3f s after the load began)",
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - prepared.started).count());
+    return Status::Ok();
+  };
+  for (const char* part : kParts) {
+    if (std::string_view(part) == "tokenizer" && prepared.tokenizer.valid()) continue;
+    const auto t0 = std::chrono::steady_clock::now();
+    if (Status s = load_part(src, part, be, parts, &plan, options); !s.ok()) {
+      if (prepared.tokenizer.valid()) ZI_TRY(take_tokenizer());
+      return s;
+    }
     ZI_INFO("%s loaded in %.3f s", part,
             std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
+  if (prepared.tokenizer.valid()) ZI_TRY(take_tokenizer());
   // Uploads may still be in flight (the CUDA backend's DMA is asynchronous): wait for them, so
   // the time below is the real load time, and free the upload staging memory.
   if (Status s = be.finish_uploads(); !s.ok()) return s.with_context("loading " + what);
@@ -228,8 +262,8 @@ Result<std::unique_ptr<TextToImage>> TextToImage::load(PreparedLoad prepared, Ba
     ZI_INFO("prefetch: %.2f GB read ahead, %.2f GB found in the page cache",
             static_cast<double>(ps.read_bytes) / 1e9, static_cast<double>(ps.cached_bytes) / 1e9);
   }
-  ZI_INFO("loaded %s on %s in %.2f s (+ %.2f s opening and tokenizer)", what.c_str(),
-          be.name().c_str(), seconds, prepared.seconds);
+  ZI_INFO("loaded %s on %s in %.2f s (+ %.2f s opening)", what.c_str(), be.name().c_str(), seconds,
+          prepared.seconds);
   if (options.vram_budget != 0) parts.transformer->set_max_graphs(1);
   ZI_ASSIGN_OR_RETURN(auto pipeline, create(std::move(parts), be));
   pipeline->paths_ = paths;

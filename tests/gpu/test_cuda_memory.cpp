@@ -242,6 +242,36 @@ TEST(CudaOps, GraphCaptureReplay) {
   }
 }
 
+// Backend::record's contract, which the DiT relies on to skip the replay on the call that
+// records: the warm-up run is a real run (its results are there when record returns) and the
+// recording itself runs nothing, so work that adds 1 has added 1 once after record, and once
+// more per replay.
+TEST(CudaOps, RecordRunsTheWorkOnceAndTheRecordingNothing) {
+  ZI_REQUIRE_GPU();
+  cuda::CudaBackend* g = gpu(DType::kF32);
+  const int64_t n = 1000;
+  Tensor acc = take(g->alloc(DType::kF32, {n}), "acc");
+  Tensor one = take(g->alloc(DType::kF32, {n}), "one");
+  ZI_ASSERT_OK(g->fill(acc, 0.f));
+  ZI_ASSERT_OK(g->fill(one, 1.f));
+  int runs = 0;
+  auto work = g->record([&]() -> Status {
+    ++runs;
+    return g->add(acc, one, acc);
+  });
+  ASSERT_TRUE(work.ok()) << work.status().to_string();
+  EXPECT_EQ(runs, 2) << "a warm-up run and the recorded one";
+  auto values_are = [&](float want) {
+    const std::vector<float> v = fetch(*g, acc);
+    return std::all_of(v.begin(), v.end(), [want](float x) { return x == want; });
+  };
+  EXPECT_TRUE(values_are(1.f)) << "after record: the warm-up's result, once";
+  ZI_ASSERT_OK((*work)->replay());
+  ZI_ASSERT_OK((*work)->replay());
+  EXPECT_TRUE(values_are(3.f)) << "after two replays";
+  EXPECT_EQ(runs, 2) << "a replay does not call the work";
+}
+
 // The op profiler inside a recording (set_profile_recorded): the recorded ops are reported once
 // each from the latest replay, with the time between them; eager ops around the recording are
 // not; without recorded mode, captured ops are not timed at all.

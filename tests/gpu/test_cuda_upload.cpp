@@ -1,9 +1,10 @@
-// Uploads through the CUDA backend's pinned staging buffers (backend/cuda/runtime/uploader.h): contents
-// exact around the buffer boundaries and across many wraps of the ring, with the host source
-// overwritten as soon as upload() returns (the contract of backend.h), with on-device dtype
+// Uploads through the CUDA backend's pinned staging buffers (backend/cuda/runtime/uploader.h):
+// contents exact around the buffer boundaries and across many wraps of the ring, with the host
+// source overwritten as soon as upload() returns (the contract of backend.h), with on-device dtype
 // conversion, through concat_rows (uploaded parts freed while their row copy is still queued), and
-// the fallback when pinned memory cannot be allocated. CudaUploadPerf times a 1 GiB tensor from a
-// freshly mapped file in the page cache, which is what model loading does.
+// the fallback when pinned memory cannot be allocated, and the staging readied ahead of a load.
+// CudaUploadPerf times a 1 GiB tensor from a freshly mapped file in the page cache, which is what
+// model loading does.
 #include <cuda_runtime_api.h>
 #include <unistd.h>
 
@@ -168,6 +169,37 @@ TEST(CudaUpload, BackendUploadAroundChunkSizes) {
           << dtype_name(c.from) << " -> " << dtype_name(c.to) << ", " << counts[i] << " elements";
     }
   }
+}
+
+// prepare_uploads (what Engine::create calls on the thread that starts the backend, while the
+// files open): the staging is allocated once, there, and the load's copies use it, the small
+// ones included, with exact contents; finish_uploads frees it as before.
+TEST(CudaUpload, PreparedStagingServesTheLoadsCopies) {
+  ZI_REQUIRE_GPU();
+  cuda::CudaBackend* g = gpu(DType::kBF16);
+  ASSERT_NE(g, nullptr);
+  ZI_ASSERT_OK(g->finish_uploads());
+  ASSERT_FALSE(g->uploader().has_staging());
+  const uint64_t allocations0 = g->uploader().stats().allocations;
+  std::thread([g] { g->prepare_uploads(); }).join();
+  EXPECT_TRUE(g->uploader().has_staging());
+  EXPECT_EQ(g->uploader().stats().allocations, allocations0 + 1);
+  const uint64_t staged0 = g->uploader().stats().staged_copies;
+  const int64_t per = static_cast<int64_t>(g->uploader().options().buffer_bytes / 2);
+  std::vector<Tensor> hosts, dev;
+  std::vector<std::vector<uint8_t>> want;
+  for (const int64_t n : {int64_t{4096}, per * 3 + 5}) {  // below start_bytes, then a large one
+    hosts.push_back(random_host(DType::kBF16, n, static_cast<uint32_t>(500 + n % 7)));
+    want.push_back(expected_bytes(hosts.back(), DType::kBF16));
+    dev.push_back(take(g->upload(hosts.back(), DType::kBF16), "upload"));
+    std::memset(hosts.back().data(), 0xFF, hosts.back().nbytes());  // NaNs if read late
+  }
+  EXPECT_EQ(g->uploader().stats().staged_copies, staged0 + 2) << "both went through the staging";
+  EXPECT_EQ(g->uploader().stats().allocations, allocations0 + 1) << "allocated once";
+  ZI_ASSERT_OK(g->finish_uploads());
+  EXPECT_FALSE(g->uploader().has_staging());
+  for (size_t i = 0; i < dev.size(); ++i)
+    EXPECT_EQ(first_difference(device_bytes(g, dev[i]), want[i]), -1) << "upload " << i;
 }
 
 // concat_rows uploads each part, queues its row copy into the fused tensor and drops the part;

@@ -340,6 +340,10 @@ Status CudaBackend::finish_uploads() {
   return uploader_->release();
 }
 
+void CudaBackend::prepare_uploads() {
+  uploader_->prepare();
+}
+
 Status CudaBackend::begin_capture() {
   ZI_CUDA_TRY(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
   return Status::Ok();
@@ -389,6 +393,7 @@ Result<std::unique_ptr<RecordedWork>> CudaBackend::record(const std::function<St
   };
   // Warm-up: the first run of new shapes plans GEMMs and builds cuDNN graphs (host work and
   // allocations that cannot be captured) and leaves the pool holding every block the work needs.
+  // It is a real run, whose results the caller keeps; the capture below queues nothing.
   if (Status w = work(); !w.ok()) return abandon(w);
   if (Status c = begin_capture(); !c.ok()) return abandon(c);
   const Status during = work();

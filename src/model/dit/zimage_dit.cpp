@@ -456,6 +456,9 @@ Status ZImageDiT::forward(const Tensor& latents, const std::vector<float>& t_mod
     ZI_ASSIGN_OR_RETURN(Tensor sinusoid, load::upload_host(be_, sin_host, be_.act_dtype()));
     ZI_TRY(be_.convert(sinusoid, g.sinusoid));
   }
+  // The call that records has its results from the recording's warm-up run (Backend::record):
+  // replaying too would compute the forward a second time.
+  bool recorded_now = false;
   if (!g.work) {
     const ControlResiduals* gc = control != nullptr ? &g.control : nullptr;
     auto rec = be_.record(
@@ -468,8 +471,9 @@ Status ZImageDiT::forward(const Tensor& latents, const std::vector<float>& t_mod
       return run_eagerly();
     }
     g.work = std::move(*rec);
+    recorded_now = true;
   }
-  ZI_TRY(g.work->replay());
+  if (!recorded_now) ZI_TRY(g.work->replay());
   return be_.convert(g.out, out);
 }
 
