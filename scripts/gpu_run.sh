@@ -219,8 +219,8 @@ for f in glob.glob('build/carry/*.xz') + glob.glob('build/carry/lib/*.xz') + glo
       # Once more with debug lines: each convolution plan's load and first launch, the decode's
       # queued / device-done split (where the first decode's extra time goes).
       ZIMAGE_LOG=debug "$BIN" generate --model "$ZR" --device cuda --prompt "$PROMPT" --seed 42 \
-        --width 1024 --height 1024 --steps 8 --output "$OUT/warmup_debug.png" 2>&1 |
-        grep -E "conv plan|vae decode|cuda backend|loaded" > "$OUT/warmup_debug.txt"
+        --width 1024 --height 1024 --steps 8 --output "$OUT/warmup_debug.png" --verbose 2>&1 |
+        grep -E "^\[zimage (info|debug)|^(text encoder|  step [01] |vae decode|total)" > "$OUT/warmup_debug.txt"
       tail -5 "$OUT/warmup_debug.txt"
       unset XDG_CACHE_HOME ;;
     lorabench)
