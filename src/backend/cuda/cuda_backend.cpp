@@ -335,8 +335,23 @@ std::optional<uint64_t> CudaBackend::available_memory() const {
 }
 
 Status CudaBackend::finish_uploads() {
+  const auto t0 = std::chrono::steady_clock::now();
   ZI_CUDA_TRY(cudaStreamSynchronize(stream_));  // the uploads' DMA runs on stream_
   host_pool_.reset();
+  // What the load's copies took (to tell the staged path from the driver's pageable one when a
+  // load is slower than its bytes), counted since the last call.
+  const PinnedUploader::Stats& st = uploader_->stats();
+  ZI_DEBUG(
+      "uploads: %.2f GB staged in %llu copies, %.2f GB plain in %llu, %.2f GB from locked "
+      "files; staging allocated %llu times; %.1f ms waiting for the last DMA",
+      static_cast<double>(st.staged_bytes - upload_stats_seen_.staged_bytes) / 1e9,
+      static_cast<unsigned long long>(st.staged_copies - upload_stats_seen_.staged_copies),
+      static_cast<double>(st.plain_bytes - upload_stats_seen_.plain_bytes) / 1e9,
+      static_cast<unsigned long long>(st.plain_copies - upload_stats_seen_.plain_copies),
+      static_cast<double>(st.locked_bytes - upload_stats_seen_.locked_bytes) / 1e9,
+      static_cast<unsigned long long>(st.allocations - upload_stats_seen_.allocations),
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  upload_stats_seen_ = st;
   return uploader_->release();
 }
 

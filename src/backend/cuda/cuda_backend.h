@@ -300,6 +300,8 @@ class CudaBackend final : public Backend {
   uint64_t streamed_bytes_ = 0;
   // Page-locked staging for streamed weights in ordinary memory (file views), per slot.
   std::unique_ptr<SlotStager> stager_;
+  // The uploader's counters at the last finish_uploads (its debug line counts from there).
+  PinnedUploader::Stats upload_stats_seen_;
   // host_copy's copy threads, while loading (released by finish_uploads).
   std::unique_ptr<ThreadPool> host_pool_;
   bool pin_by_register_ = false;

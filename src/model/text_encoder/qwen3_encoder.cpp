@@ -6,6 +6,7 @@
 #include "model/text_encoder/qwen3_encoder.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -113,10 +114,14 @@ Status Qwen3Encoder::load_weights(const WeightStore& ws) {
     // 0.73 GiB (page faults on both sides, ~2 GB/s), at the head of every load.
     ZI_ASSIGN_OR_RETURN(Tensor view, load::host_view(ws, pre + "embed_tokens.weight",
                                                      {cfg_.vocab_size, hd}));  // [vocab, hidden]
+    const auto t0 = std::chrono::steady_clock::now();
     auto copy = be_.host_copy({view}, /*pinned=*/false);
     if (!copy.ok())
       return copy.status().with_context("host copy of the text encoder's embedding table");
     embed_ = copy->view(view.shape());
+    ZI_DEBUG("text encoder: embedding table (%.2f GB) copied to host memory in %.3f s",
+             static_cast<double>(view.nbytes()) / 1e9,
+             std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   const int run = cfg_.num_hidden_layers - 1;  // hidden_states[-2] = output of layer N-2
   layers_.resize(run);
