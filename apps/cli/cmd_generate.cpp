@@ -58,6 +58,7 @@ struct GenerateArgs {
   float cfg_normalization = 0.0f;
   int max_sequence_length = 512;
   std::string output = "zimage.png";
+  int png_compression = kPngCompression;
   std::string init_image;  // img2img / inpainting inputs (PNG, JPEG, WebP)
   std::string mask;
   double strength = 0.0;
@@ -307,7 +308,7 @@ void run_generate(const GenerateArgs& a, const CLI::App& cmd) {
   // leaves no half-written batch and no damaged file behind.
   std::vector<std::vector<uint8_t>> encoded;
   for (size_t i = 0; i < paths.size(); ++i) {
-    auto png = png_encode(result->images[i], png_metadata(req, i));
+    auto png = png_encode(result->images[i], png_metadata(req, i), a.png_compression);
     if (!png.ok()) fail(1, png.status().to_string());
     encoded.push_back(std::move(png).value());
   }
@@ -393,6 +394,11 @@ void register_generate_command(CLI::App& app) {
   cmd->add_option("--output,-o", args->output,
                   "Output PNG; with several images FILE_0.png, FILE_1.png, ... (default "
                   "zimage.png)");
+  cmd->add_option("--png-compression", args->png_compression,
+                  "zlib level of the PNG, 0 (stored) to 9 (smallest, slowest); the default 1 "
+                  "writes a 1024x1024 image ~6x faster than 6 (PIL's default) for ~12 % more "
+                  "bytes (default 1)")
+      ->check(CLI::Range(0, 9));
   cmd->add_option("--init-image", args->init_image,
                   "Image-to-image: start from this PNG, JPEG or WebP (EXIF orientation applied, as "
                   "diffusers' load_image); the output size defaults to the image's, rounded down "

@@ -362,10 +362,15 @@ using PngTextChunks = std::vector<std::pair<std::string, std::string>>;
 // options when set, size and software version. Never a path or a key.
 PngTextChunks png_metadata(const GenerateRequest& req, size_t image_index);
 // Encodes `image` as a PNG in memory (for a server response). kInvalidArgument for an image whose
-// rgb size does not match width*height*3 or a keyword PNG does not allow.
-Result<std::vector<uint8_t>> png_encode(const Image& image, const PngTextChunks& text = {});
+// rgb size does not match width*height*3, a keyword PNG does not allow, or a compression level
+// outside 0..9 (zlib's levels; the default 1 is ~6x faster than zlib's default 6 on a generated
+// 1024x1024 image for ~12 % more bytes).
+inline constexpr int kPngCompression = 1;
+Result<std::vector<uint8_t>> png_encode(const Image& image, const PngTextChunks& text = {},
+                                        int compression = kPngCompression);
 // png_encode, then writes `path` (replacing it); kIo names the path when it cannot be written.
-Status png_save(const std::string& path, const Image& image, const PngTextChunks& text = {});
+Status png_save(const std::string& path, const Image& image, const PngTextChunks& text = {},
+                int compression = kPngCompression);
 // Reads a PNG file as 8-bit RGB (alpha dropped); its text chunks into `text` when non-null.
 Result<Image> png_load(const std::string& path, PngTextChunks* text = nullptr);
 

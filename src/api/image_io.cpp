@@ -63,17 +63,21 @@ PngTextChunks png_metadata(const GenerateRequest& req, size_t image_index) {
   return t;
 }
 
-Result<std::vector<uint8_t>> png_encode(const Image& image, const PngTextChunks& text) {
+static_assert(kPngCompression == kPngDefaultCompression, "one default PNG level");
+
+Result<std::vector<uint8_t>> png_encode(const Image& image, const PngTextChunks& text,
+                                        int compression) {
   return guarded("png_encode", [&]() -> Result<std::vector<uint8_t>> {
     ZI_TRY(check_image(image));
-    return encode_png(image.rgb.data(), image.width, image.height, text);
+    return encode_png(image.rgb.data(), image.width, image.height, text, compression);
   });
 }
 
-Status png_save(const std::string& path, const Image& image, const PngTextChunks& text) {
+Status png_save(const std::string& path, const Image& image, const PngTextChunks& text,
+                int compression) {
   return guarded("png_save", [&]() -> Status {
     ZI_TRY(check_image(image));
-    return write_png(path, image.rgb.data(), image.width, image.height, text);
+    return write_png(path, image.rgb.data(), image.width, image.height, text, compression);
   });
 }
 

@@ -17,6 +17,7 @@
 
 #include "common/cli_run.h"
 #include "common/npy.h"
+#include "io/image/png.h"
 
 namespace zimage {
 namespace {
@@ -239,6 +240,30 @@ TEST_F(CliBuiltin, LogLevelComesFromTheFlagsAndTheEnvironment) {
   EXPECT_FALSE(has(plain, "[zimage info ")) << plain;
   const std::string quiet = stderr_of("--quiet", "debug");
   EXPECT_FALSE(has(quiet, "[zimage debug ") || has(quiet, "[zimage info ")) << quiet;
+}
+
+// --png-compression picks zlib's level: the same image at every level (the pixels decode
+// equal), stored at 0, smaller at 9; outside 0..9 a usage error naming the flag.
+TEST_F(CliBuiltin, PngCompressionKeepsThePixels) {
+  auto run = [&](const std::string& level, const std::string& name) {
+    std::vector<std::string> args = generate_args((root_ / "out" / name).string());
+    args.push_back("--png-compression");
+    args.push_back(level);
+    return test::run_program(spec(std::move(args)));
+  };
+  ASSERT_EQ(run("0", "stored.png").exit_code, 0);
+  ASSERT_EQ(run("9", "small.png").exit_code, 0);
+  const std::string stored = read_file_bytes((root_ / "out" / "stored.png").string());
+  const std::string small = read_file_bytes((root_ / "out" / "small.png").string());
+  EXPECT_GT(stored.size(), small.size());
+  auto a = decode_png(reinterpret_cast<const uint8_t*>(stored.data()), stored.size());
+  auto b = decode_png(reinterpret_cast<const uint8_t*>(small.data()), small.size());
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(a->rgb, b->rgb);
+  EXPECT_EQ(a->text, b->text);
+  const ProgramRun bad = run("10", "bad.png");
+  EXPECT_EQ(bad.exit_code, 2) << bad.err;
+  EXPECT_NE(bad.err.find("--png-compression"), std::string::npos) << bad.err;
 }
 
 TEST_F(CliBuiltin, InfoAndTokenizeDefaultToTheBuiltinModel) {

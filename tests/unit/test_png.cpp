@@ -63,6 +63,41 @@ TEST(Png, RoundTripRandomPixelsOddSizes) {
   std::printf("  %zu bytes round-tripped, 0 mismatches\n", total);
 }
 
+// Every zlib level writes the same pixels; a smooth image gets smaller as the level rises (0 is
+// stored: larger than the raw pixels), and a level outside 0..9 is refused naming it.
+TEST(Png, CompressionLevelsKeepThePixels) {
+  const int w = 96, h = 64;
+  std::vector<uint8_t> px(static_cast<size_t>(w) * h * 3);
+  for (int y = 0; y < h; ++y)
+    for (int x = 0; x < w; ++x)
+      for (int c = 0; c < 3; ++c)
+        px[(static_cast<size_t>(y) * w + x) * 3 + c] =
+            static_cast<uint8_t>((x * 3 + y * 2 + c * 40) & 0xFF);
+  std::vector<size_t> sizes;
+  for (int level = 0; level <= 9; ++level) {
+    auto png = encode_png(px.data(), w, h, {}, level);
+    ASSERT_TRUE(png.ok()) << level << ": " << png.status().to_string();
+    auto img = decode_png(png->data(), png->size());
+    ASSERT_TRUE(img.ok()) << img.status().to_string();
+    EXPECT_EQ(img->rgb, px) << "level " << level;
+    sizes.push_back(png->size());
+  }
+  EXPECT_GT(sizes[0], px.size()) << "level 0 stores";
+  EXPECT_LT(sizes[9], sizes[1]);
+  EXPECT_LT(sizes[1], sizes[0]);
+  auto fast = encode_png(px.data(), w, h, {});
+  ASSERT_TRUE(fast.ok());
+  EXPECT_EQ(fast->size(), sizes[kPngDefaultCompression]) << "the default is level 1";
+  for (int bad : {-1, 10}) {
+    auto r = encode_png(px.data(), w, h, {}, bad);
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(r.status().message().find("compression level " + std::to_string(bad)),
+              std::string::npos)
+        << r.status().message();
+  }
+}
+
 TEST(Png, Utf8MetadataInUncompressedItxt) {
   const std::string prompt =
       "冰雪女王，坐在冰冻的王座上，精致细节 🐱❄️ «café» naïve";

@@ -84,6 +84,7 @@ struct WriteJob {
   int height;
   png_text* texts;
   int num_texts;
+  int compression;            // zlib level, 0-9
   std::vector<uint8_t>* out;  // owned by encode_png's frame
   bool out_of_memory;
   PngError error;
@@ -110,6 +111,7 @@ void on_png_flush(png_structp /*png*/) {}
 
 void write_body(png_structp png, png_infop info, WriteJob* job) {
   png_set_write_fn(png, job, on_png_write, on_png_flush);
+  png_set_compression_level(png, job->compression);
   png_set_IHDR(png, info, static_cast<png_uint_32>(job->width),
                static_cast<png_uint_32>(job->height), 8, PNG_COLOR_TYPE_RGB, PNG_INTERLACE_NONE,
                PNG_COMPRESSION_TYPE_DEFAULT, PNG_FILTER_TYPE_DEFAULT);
@@ -293,9 +295,14 @@ Result<PngPixels> decode_png_pixels(const uint8_t* data, size_t size, const std:
   return decode_native(data, size, name, /*gray16_high_byte=*/false);
 }
 
-Result<std::vector<uint8_t>> encode_png(const uint8_t* rgb, int w, int h, const PngText& text) {
+Result<std::vector<uint8_t>> encode_png(const uint8_t* rgb, int w, int h, const PngText& text,
+                                        int compression) {
   ZI_TRY(check_dims(w, h, "encode_png"));
   if (rgb == nullptr) return InvalidArgument("encode_png: null pixel buffer");
+  if (compression < 0 || compression > 9) {
+    return InvalidArgument("encode_png: compression level " + std::to_string(compression) +
+                           " is not in 0..9");
+  }
   if (text.size() > 1000) {
     return InvalidArgument("encode_png: " + std::to_string(text.size()) +
                            " text chunks (at most 1000)");
@@ -326,6 +333,7 @@ Result<std::vector<uint8_t>> encode_png(const uint8_t* rgb, int w, int h, const 
   job.height = h;
   job.texts = chunks.data();
   job.num_texts = static_cast<int>(chunks.size());
+  job.compression = compression;
   job.out = &out;
   std::snprintf(job.error.message, sizeof(job.error.message), "unknown libpng error");
 
@@ -346,8 +354,9 @@ Result<std::vector<uint8_t>> encode_png(const uint8_t* rgb, int w, int h, const 
   return out;
 }
 
-Status write_png(const std::string& path, const uint8_t* rgb, int w, int h, const PngText& text) {
-  auto encoded = encode_png(rgb, w, h, text);
+Status write_png(const std::string& path, const uint8_t* rgb, int w, int h, const PngText& text,
+                 int compression) {
+  auto encoded = encode_png(rgb, w, h, text, compression);
   if (!encoded.ok()) return encoded.status().with_context("writing " + path);
   // Temporary file + fsync + rename: a failed write never removes or truncates what was there.
   return write_output_file(path, encoded.value().data(), encoded.value().size());

@@ -34,11 +34,18 @@ struct PngImage {
 // beyond the limits above, a null pointer, a keyword that PNG does not allow (1-79 printable
 // Latin-1 characters, no leading/trailing/double spaces), a value that is not valid UTF-8 or
 // holds a NUL byte. Internal libpng failures come back as kInternal / kOutOfMemory.
-Result<std::vector<uint8_t>> encode_png(const uint8_t* rgb, int w, int h, const PngText& text);
+// `compression` is zlib's level, 0 (stored) to 9 (smallest, slowest); InvalidArgument outside.
+// The default, 1, encodes a 1024x1024 picture ~6x faster than zlib's default 6 (libpng's and
+// PIL's) for ~12 % more bytes (docs/BENCHMARKS.md, "Session 14"): at 6 the encoding of one
+// generated image took about as long as its eight DiT forwards.
+inline constexpr int kPngDefaultCompression = 1;
+Result<std::vector<uint8_t>> encode_png(const uint8_t* rgb, int w, int h, const PngText& text,
+                                        int compression = kPngDefaultCompression);
 
 // encode_png, then writes the file (replacing it). Errors as encode_png, plus IoError naming
 // `path` when it cannot be created or written (a partial file is removed).
-Status write_png(const std::string& path, const uint8_t* rgb, int w, int h, const PngText& text);
+Status write_png(const std::string& path, const uint8_t* rgb, int w, int h, const PngText& text,
+                 int compression = kPngDefaultCompression);
 
 // Decodes a PNG of any colour type / bit depth to 8-bit RGB (alpha dropped, gray expanded,
 // 16-bit reduced to the high byte, 16-bit grayscale included) plus its text chunks:
