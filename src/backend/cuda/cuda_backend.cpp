@@ -8,12 +8,14 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backend/cuda/kernels/kernels.h"
 #include "backend/cuda/libs/attention_fa3.h"
 #include "backend/cuda/libs/conv_cudnn.h"
 #include "backend/cuda/libs/conv_graph.h"
+#include "backend/cuda/libs/gemm_cutlass.h"
 #include "backend/cuda/libs/gemm_cublaslt.h"
 #include "backend/cuda/libs/sdpa_cudnn.h"
 #include "backend/cuda/runtime/cuda_check.h"
@@ -138,6 +140,12 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(int device_index, DType
   ZI_TRY(env_switch("ZIMAGE_FUSED_ADALN", b->fused_adaln_));
   ZI_TRY(env_switch("ZIMAGE_FUSED_SWIGLU", b->fused_swiglu_));
   ZI_TRY(env_switch("ZIMAGE_FUSED_QKV", b->fused_qkv_));
+  for (const auto& [name, on] : {std::pair{"ZIMAGE_FUSED_SWIGLU", b->fused_swiglu_},
+                                 std::pair{"ZIMAGE_FUSED_QKV", b->fused_qkv_}})
+    if (on && !fused_gemms_available())
+      return InvalidArgument(std::string(name) +
+                             "=1: this build has no fused GEMMs (configure with "
+                             "-DZIMAGE_FUSED_GEMMS=ON, which needs CUTLASS and sm_90a)");
   bool autotune = false;
   ZI_TRY(env_switch("ZIMAGE_GEMM_AUTOTUNE", autotune));
   if (autotune) b->gemm_->set_autotune(true, plan_cache);

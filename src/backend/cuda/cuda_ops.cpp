@@ -248,7 +248,7 @@ Status CudaBackend::matmul_qkv_norm_rope(const Tensor& x, const Tensor& wqkv, co
     return Backend::matmul_qkv_norm_rope(x, wqkv, norm_q, norm_k, eps, freqs, qkv, q, k, v);
   };
   if (!fused_qkv_ || !fused_ || !use_cutlass_ || act_ != DType::kBF16 || sm_ != 90 ||
-      !cutlass_available())
+      !fused_gemms_available())
     return unfused();
   // Anything this kernel does not take goes the unfused way, whose ops validate and explain.
   auto bf16_here = [&](const Tensor& t) {
@@ -394,7 +394,7 @@ int64_t CudaBackend::swiglu_block(int64_t f, int64_t k) const {
   const bool fits =
       f > 0 && f % block == 0 && k > 0 && k % 8 == 0 && 2 * f <= INT32_MAX && k <= INT32_MAX;
   return fused_swiglu_ && use_cutlass_ && act_ == DType::kBF16 && sm_ == 90 &&
-                 cutlass_available() && fits
+                 fused_gemms_available() && fits
              ? block
              : 0;
 }

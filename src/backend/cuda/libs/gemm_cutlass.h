@@ -19,6 +19,9 @@ namespace zimage::cuda {
 
 // True when this build carries the CUTLASS kernels.
 bool cutlass_available();
+// Whether this build has the fused GEMMs (gemm_swiglu.cu, gemm_qkv.cu; the ZIMAGE_FUSED_GEMMS
+// build option): false, their entry points answer kUnsupported.
+bool fused_gemms_available();
 // True when the current device is sm_90 (the CUTLASS kernels' target); used by their units.
 bool cutlass_device_is_sm90();
 

@@ -108,6 +108,10 @@ using Fused = register_epilogue::Configs<Cooperative, CooperativeTall, Pingpong,
 
 }  // namespace
 
+bool fused_gemms_available() {
+  return true;
+}
+
 int64_t gemm_swiglu_block(GemmSchedule schedule) {
   return schedule == GemmSchedule::kCooperative || schedule == GemmSchedule::kPingpong ? 128 : 64;
 }
@@ -143,6 +147,10 @@ Status cutlass_bf16_swiglu(const void* x, const void* w13, void* y, int64_t m, i
 #else  // !ZIMAGE_WITH_CUTLASS
 
 namespace zimage::cuda {
+
+bool fused_gemms_available() {
+  return false;
+}
 
 int64_t gemm_swiglu_block(GemmSchedule schedule) {
   return schedule == GemmSchedule::kCooperative || schedule == GemmSchedule::kPingpong ? 128 : 64;
