@@ -10,14 +10,15 @@
 
 namespace zimage::cli {
 
-// The engine's messages for a command's --verbose / --quiet: --quiet shows errors only,
-// --verbose at least the info lines (ZIMAGE_LOG=debug keeps the debug lines too), neither leaves
-// the level ZIMAGE_LOG sets (warnings when it is unset).
+// The engine's messages for a command's --verbose / --quiet: --verbose shows at least the info
+// lines (ZIMAGE_LOG=debug keeps the debug lines too; it wins over --quiet, as it always did),
+// --quiet errors only, neither leaves the level ZIMAGE_LOG sets (warnings when it is unset).
 inline void apply_log_flags(bool verbose, bool quiet) {
-  if (quiet)
+  if (verbose) {
+    if (log_verbosity() < 2) set_log_verbosity(2);
+  } else if (quiet) {
     set_log_verbosity(0);
-  else if (verbose && log_verbosity() < 2)
-    set_log_verbosity(2);
+  }
 }
 
 // zimage generate --prompt TEXT ... --output FILE.png (text to image).

@@ -98,7 +98,7 @@ class Backend {
   // buffers and copy threads that finish_uploads frees), so that a caller can overlap it with
   // other start-up work. Optional: the first large upload does it otherwise. Never fails (a
   // backend that cannot stage uploads copies without staging).
-  virtual void prepare_uploads() {}
+  virtual void prepare_uploads() noexcept {}
   // Device memory the backend's allocator holds (0 on the CPU). Safe from any thread.
   struct MemoryUse {
     uint64_t in_use = 0;       // live tensors

@@ -13,6 +13,7 @@
 #include <exception>
 #include <future>
 #include <new>
+#include <optional>
 #include <string_view>
 #include <system_error>
 #include <utility>
@@ -104,14 +105,18 @@ Status count_stored_weights(const ModelSource& src, DType act, const PipelineLoa
   place.fp8_weights = o.fp8_weights;
   bool kept = false;
   {
-    ZI_ASSIGN_OR_RETURN(WeightStore ws, src.open_weights(Component::kTextEncoder));
+    auto opened = src.open_weights(Component::kTextEncoder);
+    if (!opened.ok()) return opened.status().with_context("loading text_encoder");
+    const WeightStore& ws = *opened;
     const auto b = static_cast<uint64_t>(
         Qwen3Encoder::stored_layer_weight_bytes(src.configs().text_encoder, ws, act, place));
     kept = kept || b != in.te_layer_bytes;
     in.te_layer_bytes = b;
   }
   if (o.loras.empty()) {
-    ZI_ASSIGN_OR_RETURN(WeightStore ws, src.open_weights(Component::kTransformer));
+    auto opened = src.open_weights(Component::kTransformer);
+    if (!opened.ok()) return opened.status().with_context("loading transformer");
+    const WeightStore& ws = *opened;
     const auto b = static_cast<uint64_t>(
         ZImageDiT::stored_block_weight_bytes(src.configs().transformer, ws, act, place));
     kept = kept || b != in.dit_block_bytes;
@@ -169,7 +174,9 @@ Result<PreparedLoad> TextToImage::prepare(const ModelPaths& paths) {
     if (std::find(unique.begin(), unique.end(), f) == unique.end()) unique.push_back(std::move(f));
   p.prefetch = FilePrefetcher::start(std::move(unique), FilePrefetcher::default_limit());
   p.started = start;
-  auto parse = [dir = p.source->tokenizer_dir()]() noexcept -> Result<std::unique_ptr<Tokenizer>> {
+  // Not noexcept: an exception these handlers cannot turn into a Status (a second bad_alloc)
+  // travels in the future, and load() reports it.
+  auto parse = [dir = p.source->tokenizer_dir()]() -> Result<std::unique_ptr<Tokenizer>> {
     try {
       ZI_ASSIGN_OR_RETURN(Tokenizer tok, Tokenizer::load(dir));
       return std::make_unique<Tokenizer>(std::move(tok));
@@ -181,13 +188,13 @@ Result<PreparedLoad> TextToImage::prepare(const ModelPaths& paths) {
   };
   try {
     p.tokenizer = std::async(std::launch::async, parse);
-  } catch (const std::system_error&) {  // no thread to spare: parsed here, as before
+  } catch (const std::exception&) {  // no thread (or memory) to spare: parsed here, as before
     std::promise<Result<std::unique_ptr<Tokenizer>>> now;
     now.set_value(parse());
     p.tokenizer = now.get_future();
   }
   p.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  ZI_INFO("model sources opened in %.3f s (the tokenizer is parsed beside the load)", p.seconds);
+  ZI_INFO("model sources opened in %.3f s", p.seconds);
   return p;
 }
 
@@ -204,34 +211,24 @@ Result<std::unique_ptr<TextToImage>> TextToImage::load(PreparedLoad prepared, Ba
   const ModelPaths& paths = prepared.paths;
   const std::string what = paths.describe();
   const ModelSource& src = *prepared.source;
-  for (Component c : {Component::kTransformer, Component::kTextEncoder, Component::kVae}) {
-    if (src.file(c).empty()) continue;
-    const std::string fp8 = src.fp8(c).describe();
-    ZI_INFO("%s from %s: config %s%s%s", component_name(c), src.file(c).c_str(),
-            src.config_origin(c).c_str(), fp8.empty() ? "" : "; ", fp8.c_str());
-  }
-  ZI_ASSIGN_OR_RETURN(uint64_t fixed, fixed_device_bytes(be));
-  uint64_t vae_params = 0;
-  {
-    auto vae_ws = src.open_weights("vae");
-    if (!vae_ws.ok()) return vae_ws.status().with_context("loading vae");
-    vae_params = static_cast<uint64_t>(vae_ws->total_params());
-  }
-  MemoryPlanInput plan_in = plan_input(src.configs(), be.act_dtype(), options, vae_params, fixed);
-  ZI_TRY(count_stored_weights(src, be.act_dtype(), options, plan_in));
-  ZI_ASSIGN_OR_RETURN(MemoryPlan plan, plan_memory(plan_in));
-  ZI_INFO("%s", plan.describe().c_str());
-  if (options.vram_budget != 0)  // the allocator's share: the budget less the context's
-    be.set_memory_limit(options.vram_budget > plan_in.fixed ? options.vram_budget - plan_in.fixed
-                                                            : 1);
   TextToImageComponents parts;
   parts.scheduler = src.configs().scheduler;
-  // The tokenizer prepare() parses on its own thread is taken after the weights, so its parse
-  // overlaps theirs; a component's error waits for it, so that the error reported is the first
-  // in kParts' order whatever the timing (a bad tokenizer before a bad text encoder).
+  // The tokenizer prepare() parses on its own thread (PreparedLoad::tokenizer): taken at the first
+  // boundary between parts where it is ready, so a broken one stops the load there; at the
+  // latest after the weights. And before any other error is reported, so the first error is a
+  // bad tokenizer's whatever the timing, as when it was parsed first (kParts' order, which
+  // check_folder keeps).
   auto take_tokenizer = [&]() -> Status {
+    if (!prepared.tokenizer.valid()) return Status::Ok();
     const auto t0 = std::chrono::steady_clock::now();
-    Result<std::unique_ptr<Tokenizer>> tok = prepared.tokenizer.get();
+    Result<std::unique_ptr<Tokenizer>> tok = InternalError("the tokenizer was not parsed");
+    try {
+      tok = prepared.tokenizer.get();
+    } catch (const std::bad_alloc&) {
+      tok = OutOfMemory("parsing the tokenizer: out of host memory");
+    } catch (const std::exception& e) {
+      tok = InternalError(std::string("parsing the tokenizer: ") + e.what());
+    }
     if (!tok.ok()) return tok.status().with_context("loading tokenizer");
     parts.tokenizer = std::move(tok).value();
     ZI_INFO(
@@ -240,17 +237,45 @@ Result<std::unique_ptr<TextToImage>> TextToImage::load(PreparedLoad prepared, Ba
         std::chrono::duration<double>(std::chrono::steady_clock::now() - prepared.started).count());
     return Status::Ok();
   };
-  for (const char* part : kParts) {
-    if (std::string_view(part) == "tokenizer" && prepared.tokenizer.valid()) continue;
-    const auto t0 = std::chrono::steady_clock::now();
-    if (Status s = load_part(src, part, be, parts, &plan, options); !s.ok()) {
-      if (prepared.tokenizer.valid()) ZI_TRY(take_tokenizer());
-      return s;
+  auto tokenizer_ready = [&] {
+    return prepared.tokenizer.valid() &&
+           prepared.tokenizer.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
+  };
+  std::optional<MemoryPlan> plan;
+  const Status loaded = [&]() -> Status {
+    for (Component c : {Component::kTransformer, Component::kTextEncoder, Component::kVae}) {
+      if (src.file(c).empty()) continue;
+      const std::string fp8 = src.fp8(c).describe();
+      ZI_INFO("%s from %s: config %s%s%s", component_name(c), src.file(c).c_str(),
+              src.config_origin(c).c_str(), fp8.empty() ? "" : "; ", fp8.c_str());
     }
-    ZI_INFO("%s loaded in %.3f s", part,
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
-  if (prepared.tokenizer.valid()) ZI_TRY(take_tokenizer());
+    ZI_ASSIGN_OR_RETURN(uint64_t fixed, fixed_device_bytes(be));
+    uint64_t vae_params = 0;
+    {
+      auto vae_ws = src.open_weights("vae");
+      if (!vae_ws.ok()) return vae_ws.status().with_context("loading vae");
+      vae_params = static_cast<uint64_t>(vae_ws->total_params());
+    }
+    MemoryPlanInput plan_in = plan_input(src.configs(), be.act_dtype(), options, vae_params, fixed);
+    ZI_TRY(count_stored_weights(src, be.act_dtype(), options, plan_in));
+    ZI_ASSIGN_OR_RETURN(plan, plan_memory(plan_in));
+    ZI_INFO("%s", plan->describe().c_str());
+    if (options.vram_budget != 0)  // the allocator's share: the budget less the context's
+      be.set_memory_limit(options.vram_budget > plan_in.fixed ? options.vram_budget - plan_in.fixed
+                                                              : 1);
+    for (const char* part : kParts) {
+      if (tokenizer_ready()) ZI_TRY(take_tokenizer());
+      if (std::string_view(part) == "tokenizer" && prepared.tokenizer.valid()) continue;
+      if (std::string_view(part) == "tokenizer" && parts.tokenizer) continue;  // taken above
+      const auto t0 = std::chrono::steady_clock::now();
+      ZI_TRY(load_part(src, part, be, parts, &*plan, options));
+      ZI_INFO("%s loaded in %.3f s", part,
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+    return Status::Ok();
+  }();
+  ZI_TRY(take_tokenizer());  // its error first, whatever else failed
+  ZI_TRY(loaded);
   // Uploads may still be in flight (the CUDA backend's DMA is asynchronous): wait for them, so
   // the time below is the real load time, and free the upload staging memory.
   if (Status s = be.finish_uploads(); !s.ok()) return s.with_context("loading " + what);
@@ -267,7 +292,7 @@ Result<std::unique_ptr<TextToImage>> TextToImage::load(PreparedLoad prepared, Ba
   if (options.vram_budget != 0) parts.transformer->set_max_graphs(1);
   ZI_ASSIGN_OR_RETURN(auto pipeline, create(std::move(parts), be));
   pipeline->paths_ = paths;
-  pipeline->plan_ = std::move(plan);
+  pipeline->plan_ = std::move(*plan);
   return pipeline;
 }
 

@@ -19,10 +19,10 @@
 #include "common/gguf_builder.h"
 #include "common/npy.h"
 #include "io/model/model_folder.h"
-#include "io/writers/random_controlnet.h"
-#include "io/writers/random_model.h"
 #include "io/weights/safetensors.h"
 #include "io/weights/weights.h"
+#include "io/writers/random_controlnet.h"
+#include "io/writers/random_model.h"
 #include "pipeline/text_to_image.h"
 #include "zimage/zimage.h"
 
@@ -220,6 +220,24 @@ TEST_F(InfoChecks, EveryProblemIsListedTheFirstAsGenerateReportsIt) {
   ASSERT_EQ(j["errors"].size(), 2u) << j["errors"];
   EXPECT_EQ(j["errors"][0], first);
   EXPECT_NE(j["errors"][1].get<std::string>().find("decoder.conv_out.bias"), std::string::npos);
+}
+
+// The tokenizer is parsed beside the weights now, but a broken one is still the first error,
+// before a weight file that does not even open (which fails before the components load) and
+// before one whose tensors are wrong, whatever the timing; a truncated weight file alone names
+// its component.
+TEST_F(InfoChecks, BrokenTokenizerIsReportedBeforeBrokenWeightFiles) {
+  for (const char* part : {"vae", "text_encoder"}) {
+    const fs::path model = copy_model(std::string("tok_and_") + part);
+    fs::resize_file(model / "tokenizer" / "tokenizer.json", 1000);
+    for (const auto& f : fs::directory_iterator(model / part))
+      if (f.path().extension() == ".safetensors") fs::resize_file(f.path(), 100);
+    expect_rejected(model, {"loading tokenizer"});
+    const fs::path weights_only = copy_model(std::string("only_") + part);
+    for (const auto& f : fs::directory_iterator(weights_only / part))
+      if (f.path().extension() == ".safetensors") fs::resize_file(f.path(), 100);
+    expect_rejected(weights_only, {std::string("loading ") + part});
+  }
 }
 
 // Issue "security hardening", item 16: `info` on what is not a model folder runs the checks the

@@ -15,8 +15,8 @@
 #include "backend/cuda/libs/attention_fa3.h"
 #include "backend/cuda/libs/conv_cudnn.h"
 #include "backend/cuda/libs/conv_graph.h"
-#include "backend/cuda/libs/gemm_cutlass.h"
 #include "backend/cuda/libs/gemm_cublaslt.h"
+#include "backend/cuda/libs/gemm_cutlass.h"
 #include "backend/cuda/libs/sdpa_cudnn.h"
 #include "backend/cuda/runtime/cuda_check.h"
 #include "backend/cuda/validate.h"
@@ -345,9 +345,11 @@ std::optional<uint64_t> CudaBackend::available_memory() const {
 Status CudaBackend::finish_uploads() {
   const auto t0 = std::chrono::steady_clock::now();
   ZI_CUDA_TRY(cudaStreamSynchronize(stream_));  // the uploads' DMA runs on stream_
+  const double waited =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   host_pool_.reset();
-  // What the load's copies took (to tell the staged path from the driver's pageable one when a
-  // load is slower than its bytes), counted since the last call.
+  // What the copies took since the last call (a load's, and any uploads between loads), to tell
+  // the staged path from the driver's pageable one when a load is slower than its bytes.
   const PinnedUploader::Stats& st = uploader_->stats();
   ZI_DEBUG(
       "uploads: %.2f GB staged in %llu copies, %.2f GB plain in %llu, %.2f GB from locked "
@@ -357,14 +359,14 @@ Status CudaBackend::finish_uploads() {
       static_cast<double>(st.plain_bytes - upload_stats_seen_.plain_bytes) / 1e9,
       static_cast<unsigned long long>(st.plain_copies - upload_stats_seen_.plain_copies),
       static_cast<double>(st.locked_bytes - upload_stats_seen_.locked_bytes) / 1e9,
-      static_cast<unsigned long long>(st.allocations - upload_stats_seen_.allocations),
-      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+      static_cast<unsigned long long>(st.allocations - upload_stats_seen_.allocations), waited);
   upload_stats_seen_ = st;
   return uploader_->release();
 }
 
-void CudaBackend::prepare_uploads() {
-  uploader_->prepare();
+void CudaBackend::prepare_uploads() noexcept {
+  // Page-locked file mappings (ZIMAGE_UPLOAD=locked) take no staging.
+  if (!upload_locked_) uploader_->prepare();
 }
 
 Status CudaBackend::begin_capture() {

@@ -94,7 +94,7 @@ class CudaBackend final : public Backend {
   // Waits for every upload and frees the pinned staging buffers (uploader.h) until the next bulk
   // upload. Loaders call it once at the end.
   Status finish_uploads() override;
-  void prepare_uploads() override;
+  void prepare_uploads() noexcept override;
   Status bind_thread() override;
   // A caller's stream (cuda_streaming.cpp): one event each way, recorded and waited on the device.
   Status wait_for_stream(void* stream) override;

@@ -102,7 +102,13 @@ Result<Tensor> CudaBackend::host_copy(const std::vector<Tensor>& parts, bool pin
               cudaGetErrorString(e));
       }
     }
-    st = std::make_shared<AlignedHostStorage>(owned.release(), bytes, registered);
+    try {  // the storage owns the bytes once it exists; until then `owned` does
+      st = std::make_shared<AlignedHostStorage>(owned.get(), bytes, registered);
+    } catch (...) {
+      if (registered) cudaHostUnregister(owned.get());
+      throw;
+    }
+    owned.release();
   }
   return Tensor(std::move(st), 0, dt, {n});
 }

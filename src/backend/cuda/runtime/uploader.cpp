@@ -2,6 +2,7 @@
 #include "backend/cuda/runtime/uploader.h"
 
 #include <algorithm>
+#include <exception>
 #include <string>
 #include <thread>
 
@@ -131,17 +132,21 @@ bool PinnedUploader::ensure_staging() {
   if (unavailable_) return false;
   const size_t total = opt_.buffer_bytes * static_cast<size_t>(opt_.buffers);
   Status s = Status::Ok();
-  {
+  try {  // all or nothing: a half-made staging (buffers without threads) is never left behind
     DeviceScope scope(device_);
     void* p = nullptr;
     s = cuda_status(cudaHostAlloc(&p, total, cudaHostAllocDefault), "cudaHostAlloc");
     if (s.ok()) staging_ = static_cast<uint8_t*>(p);
+    events_.reserve(static_cast<size_t>(opt_.buffers));
     for (int i = 0; s.ok() && i < opt_.buffers; ++i) {
       cudaEvent_t e = nullptr;
       s = cuda_status(cudaEventCreateWithFlags(&e, cudaEventDisableTiming),
                       "cudaEventCreateWithFlags");
       if (s.ok()) events_.push_back(e);
     }
+    if (s.ok()) pool_ = std::make_unique<ThreadPool>(opt_.threads);
+  } catch (const std::exception&) {
+    s = OutOfMemory("host memory for the copy threads");
   }
   if (!s.ok()) {
     free_staging();
@@ -153,7 +158,6 @@ bool PinnedUploader::ensure_staging() {
         mib(total).c_str(), s.message().c_str());
     return false;
   }
-  pool_ = std::make_unique<ThreadPool>(opt_.threads);
   if (!pool_->start_status().ok()) {  // fewer copy threads only slow the upload down
     ZI_WARN("cuda upload: %s; copying with %d threads", pool_->start_status().message().c_str(),
             pool_->size());

@@ -100,7 +100,12 @@ class PinnedUploader {
   // that a load can have them ready before its first weight (page-locking 256 MiB costs
   // ~0.15 s on the H200's host). Not an error when pinned memory is refused: copies then take
   // the plain path, as they would have.
-  void prepare() { (void)ensure_staging(); }
+  void prepare() noexcept {
+    try {
+      (void)ensure_staging();
+    } catch (...) {  // its warning could not be allocated: copies take the plain path
+    }
+  }
 
   // Waits for the DMA still reading the staging buffers, then frees them and the copy threads.
   // The next copy of at least start_bytes allocates them again.
