@@ -9,6 +9,7 @@
 // on the H200 at 65536 tokens: 50.1 ms with 256 MiB of scores, 40.5 with 1 GiB; session 7), or
 // what set_attention_score_budget fixed.
 #include <algorithm>
+#include <chrono>
 #include <string>
 #include <tuple>
 
@@ -19,6 +20,7 @@
 #include "backend/cuda/libs/sdpa_cudnn.h"
 #include "backend/cuda/runtime/cuda_check.h"
 #include "backend/cuda/validate.h"
+#include "core/log.h"
 
 namespace zimage::cuda {
 namespace {
@@ -121,6 +123,8 @@ Status CudaBackend::attention_general(const Tensor& q, const Tensor& k, const Te
   const std::tuple<int64_t, int64_t, int64_t, int64_t, int> shape{hkv, sq, sk, d,
                                                                   static_cast<int>(dt)};
   int64_t chunk = 0;
+  bool first_of_shape = false;  // its host time is a debug line (the VAE's first decode)
+  const auto t0 = std::chrono::steady_clock::now();
   if (score_budget_ > 0) {
     chunk = std::clamp<int64_t>(score_budget_ / std::max<int64_t>(per_row, 1), 1, sq);
   } else if (auto known = score_chunks_.find(shape); known != score_chunks_.end()) {
@@ -132,6 +136,7 @@ Status CudaBackend::attention_general(const Tensor& q, const Tensor& k, const Te
                                  : kScoreBudgetMin;
     chunk = std::clamp<int64_t>(budget / std::max<int64_t>(per_row, 1), 1, sq);
     score_chunks_[shape] = chunk;
+    first_of_shape = true;
   }
   ZI_ASSIGN_OR_RETURN(Tensor scores, alloc(DType::kF32, {hkv, chunk, sk}));
   Tensor probs = scores;
@@ -173,6 +178,13 @@ Status CudaBackend::attention_general(const Tensor& q, const Tensor& k, const Te
       }
     }
   }
+  if (first_of_shape)
+    ZI_DEBUG(
+        "attention (general) %lld x %lld heads of %lld, %lld keys: %lld rows a chunk; first "
+        "call queued in %.1f ms",
+        static_cast<long long>(sq), static_cast<long long>(hq), static_cast<long long>(d),
+        static_cast<long long>(sk), static_cast<long long>(chunk),
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
   return Status::Ok();
 }
 

@@ -28,8 +28,12 @@ void set_row_kernel_tuning(const RowKernelTuning& t) {
 RowKernelTuning row_kernel_tuning() {
   return {g_norm_ppt.load(), g_prologue_items.load(), g_row_walk.load()};
 }
+// Measured in session 14 (docs/BENCHMARKS.md, one H100, `scripts/gpu_run.sh variants`): the
+// row-walking kernels took the VAE decode from 33.8 to 30.5 ms at 1024² and from 198 to 191 ms at
+// 2048², the DiT forward unchanged within the run-to-run spread; 2 packs per thread and 2 items
+// per warp (2,2,2) gained nothing more.
 RowKernelTuning row_kernel_defaults() {
-  return {1, 1, 1};
+  return {1, 1, 2};
 }
 
 namespace {
