@@ -133,7 +133,8 @@ struct PreparedLoad {
   std::unique_ptr<ModelSource> source;
   // The tokenizer, parsed on a thread of its own (0.35-0.6 s for Qwen3's 11 MB tokenizer.json,
   // longer than the CUDA start it used to extend) while the backend starts and the weights load;
-  // load() takes it last. Not valid: parse it in load().
+  // load() takes it between components once it is ready, at the latest after the weights. Not
+  // valid: load() parses it itself.
   std::future<Result<std::unique_ptr<Tokenizer>>> tokenizer;
   std::chrono::steady_clock::time_point started;  // when prepare() began
   std::unique_ptr<FilePrefetcher> prefetch;       // null: no prefetch

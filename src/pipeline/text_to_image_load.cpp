@@ -265,8 +265,9 @@ Result<std::unique_ptr<TextToImage>> TextToImage::load(PreparedLoad prepared, Ba
                                                               : 1);
     for (const char* part : kParts) {
       if (tokenizer_ready()) ZI_TRY(take_tokenizer());
-      if (std::string_view(part) == "tokenizer" && prepared.tokenizer.valid()) continue;
-      if (std::string_view(part) == "tokenizer" && parts.tokenizer) continue;  // taken above
+      // The prepared tokenizer is taken as above; only a load without one parses it here.
+      if (std::string_view(part) == "tokenizer" && (prepared.tokenizer.valid() || parts.tokenizer))
+        continue;
       const auto t0 = std::chrono::steady_clock::now();
       ZI_TRY(load_part(src, part, be, parts, &*plan, options));
       ZI_INFO("%s loaded in %.3f s", part,

@@ -124,12 +124,13 @@ Status CudaBackend::attention_general(const Tensor& q, const Tensor& k, const Te
                                                                   static_cast<int>(dt)};
   int64_t chunk = 0;
   bool first_of_shape = false;  // its host time is a debug line (the VAE's first decode)
-  const auto t0 = std::chrono::steady_clock::now();
+  std::chrono::steady_clock::time_point t0;  // read on a shape's first call only
   if (score_budget_ > 0) {
     chunk = std::clamp<int64_t>(score_budget_ / std::max<int64_t>(per_row, 1), 1, sq);
   } else if (auto known = score_chunks_.find(shape); known != score_chunks_.end()) {
     chunk = known->second;
   } else {
+    t0 = std::chrono::steady_clock::now();
     const std::optional<uint64_t> avail = available_memory();
     const int64_t budget = avail ? std::clamp<int64_t>(static_cast<int64_t>(*avail / 4),
                                                        kScoreBudgetMin, kScoreBudgetMax)

@@ -35,9 +35,9 @@ struct PngImage {
 // Latin-1 characters, no leading/trailing/double spaces), a value that is not valid UTF-8 or
 // holds a NUL byte. Internal libpng failures come back as kInternal / kOutOfMemory.
 // `compression` is zlib's level, 0 (stored) to 9 (smallest, slowest); InvalidArgument outside.
-// The default, 1, encodes a 1024x1024 picture ~6x faster than zlib's default 6 (libpng's and
-// PIL's) for ~12 % more bytes (docs/BENCHMARKS.md, "Session 14"): at 6 the encoding of one
-// generated image took about as long as its eight DiT forwards.
+// The default, 1, encodes a 1024x1024 picture 4-9x faster than zlib's default 6 (libpng's and
+// PIL's) for 12-17 % more bytes (docs/BENCHMARKS.md, "Session 14"): at 6 the encoding of one
+// generated image took 0.23-0.48 s on one core, a third to two thirds of its eight DiT forwards.
 inline constexpr int kPngDefaultCompression = 1;
 Result<std::vector<uint8_t>> encode_png(const uint8_t* rgb, int w, int h, const PngText& text,
                                         int compression = kPngDefaultCompression);
