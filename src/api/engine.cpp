@@ -160,8 +160,18 @@ Result<std::unique_ptr<Engine>> Engine::load_impl(const EngineOptions& options) 
   load_options.lora_lenient = options.lora_lenient;
   load_options.lora_threads = options.threads;
   if (!prepared.ok()) return prepared.status();
-  ZI_ASSIGN_OR_RETURN(impl->pipeline,
-                      TextToImage::load(std::move(prepared).value(), *impl->backend, load_options));
+  {
+    // Library start-up the first image would otherwise wait for (Backend::warm_up) runs beside
+    // the load, which is host copies and DMA, and is joined before anything computes.
+    Backend& be = *impl->backend;
+    std::jthread warmer;
+    try {
+      warmer = std::jthread([&be]() noexcept { be.warm_up(); });
+    } catch (const std::exception&) {  // no thread to spare: the first image pays for it
+    }
+    ZI_ASSIGN_OR_RETURN(impl->pipeline, TextToImage::load(std::move(prepared).value(),
+                                                          *impl->backend, load_options));
+  }
   if (!options.controlnet.empty()) ZI_TRY(impl->pipeline->load_controlnet(options.controlnet));
   for (size_t r = 1; r < sp_devices.size(); ++r) {  // ranks 1..P-1 (docs/PARALLEL.md)
     EngineOptions o = options;

@@ -99,6 +99,12 @@ class Backend {
   // other start-up work. Optional: the first large upload does it otherwise. Never fails (a
   // backend that cannot stage uploads copies without staging).
   virtual void prepare_uploads() noexcept {}
+  // Starts what the first image would otherwise start on its critical path (CUDA: cuDNN's
+  // libraries, the saved convolution plans and their kernels, cuBLAS's kernels for the VAE's
+  // attention), for a caller to run on a thread of its own while the weights load. It must
+  // return before the first op that it warms runs (the engine joins it at the end of the load).
+  // Optional and never fails: what it does not warm starts at its first use, as without it.
+  virtual void warm_up() noexcept {}
   // Device memory the backend's allocator holds (0 on the CPU). Safe from any thread.
   struct MemoryUse {
     uint64_t in_use = 0;       // live tensors

@@ -249,7 +249,10 @@ Result<std::unique_ptr<TextToImage>> TextToImage::load(PreparedLoad prepared, Ba
       ZI_INFO("%s from %s: config %s%s%s", component_name(c), src.file(c).c_str(),
               src.config_origin(c).c_str(), fp8.empty() ? "" : "; ", fp8.c_str());
     }
+    using Clock = std::chrono::steady_clock;
+    const Clock::time_point p0 = Clock::now();
     ZI_ASSIGN_OR_RETURN(uint64_t fixed, fixed_device_bytes(be));
+    const Clock::time_point p1 = Clock::now();
     uint64_t vae_params = 0;
     {
       auto vae_ws = src.open_weights("vae");
@@ -260,6 +263,13 @@ Result<std::unique_ptr<TextToImage>> TextToImage::load(PreparedLoad prepared, Ba
     ZI_TRY(count_stored_weights(src, be.act_dtype(), options, plan_in));
     ZI_ASSIGN_OR_RETURN(plan, plan_memory(plan_in));
     ZI_INFO("%s", plan->describe().c_str());
+    auto ms = [](Clock::time_point a, Clock::time_point b) {
+      return std::chrono::duration<double, std::milli>(b - a).count();
+    };
+    ZI_DEBUG(
+        "memory plan made in %.1f ms (the device's fixed bytes %.1f ms, the weights counted "
+        "%.1f ms)",
+        ms(p0, Clock::now()), ms(p0, p1), ms(p1, Clock::now()));
     if (options.vram_budget != 0)  // the allocator's share: the budget less the context's
       be.set_memory_limit(options.vram_budget > plan_in.fixed ? options.vram_budget - plan_in.fixed
                                                               : 1);

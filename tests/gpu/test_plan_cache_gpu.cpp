@@ -3,6 +3,8 @@
 // backend on the same cache loads the saved plans (nothing built) and decodes the identical image,
 // as does one whose saved plans are damaged (dropped, the recorded winners built again); a corrupt
 // cache file and bogus plan indices are ignored (searched again) and the decode stays correct.
+// A backend warmed up beside the load (Backend::warm_up) loads every saved plan ahead and decodes
+// the identical image.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -10,7 +12,9 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <thread>
 
+#include "backend/cuda/cuda_backend.h"
 #include "common/npy.h"
 #include "gpu/cuda_test_util.h"
 #include "io/model/model_folder.h"
@@ -24,7 +28,9 @@ namespace {
 
 namespace fs = std::filesystem;
 
-Tensor decode_once(const std::string& dir) {
+// `warmed`: the backend's warm_up() runs on another thread while the VAE loads, as the engine
+// runs it, and what it did is returned there.
+Tensor decode_once(const std::string& dir, cuda::CudaBackend::WarmUp* warmed = nullptr) {
   auto be = make_cuda_backend(0, DType::kBF16);
   EXPECT_TRUE(be.ok()) << be.status().to_string();
   if (!be.ok()) return Tensor();
@@ -32,7 +38,11 @@ Tensor decode_once(const std::string& dir) {
   auto ws = WeightStore::open(dir + "/model/vae");
   EXPECT_TRUE(folder.ok() && ws.ok());
   if (!folder.ok() || !ws.ok()) return Tensor();
+  std::thread warmer;
+  if (warmed) warmer = std::thread([&be] { (*be)->warm_up(); });
   auto vae = VaeDecoder::load(folder->configs().vae, *ws, **be);
+  if (warmer.joinable()) warmer.join();
+  if (warmed) *warmed = dynamic_cast<cuda::CudaBackend&>(**be).last_warm_up();
   EXPECT_TRUE(vae.ok()) << vae.status().to_string();
   auto lat = load_npy(dir + "/debug/latents_after_step2.npy");
   EXPECT_TRUE(lat.ok());
@@ -77,6 +87,14 @@ TEST(PlanCacheGpu, CachedPlansDecodeTheSameImage) {
   const Tensor cached = decode_once(dir);  // the saved plans, loaded
   ASSERT_TRUE(searched.defined() && cached.defined());
   EXPECT_EQ(max_abs_diff(searched, cached), 0.0);  // the recorded plans are the searched ones
+  // Loaded ahead by the warm-up, beside the VAE's load (issue 24): every saved plan, the same
+  // image.
+  cuda::CudaBackend::WarmUp warmed;
+  const Tensor preloaded = decode_once(dir, &warmed);
+  ASSERT_TRUE(preloaded.defined());
+  EXPECT_EQ(static_cast<size_t>(warmed.plans), blobs.size());
+  EXPECT_TRUE(warmed.attention);
+  EXPECT_EQ(max_abs_diff(searched, preloaded), 0.0);
   // Damaged saved plans: dropped, the recorded winners built again, then saved again.
   for (const auto& b : blobs) std::ofstream(b, std::ios::trunc) << "zimage-plan 1 3 3\nxyz";
   const Tensor rebuilt = decode_once(dir);

@@ -2,7 +2,7 @@
 // same folder), a file of another GPU / library version or a corrupt one is ignored and then
 // replaced, forget() drops a wrong hint, processes filling the cache at once keep each other's
 // entries, ZIMAGE_PLAN_CACHE=off disables the cache; compiled plans (blobs) round-trip per key
-// and identity, and any damage to a blob file reads as no blob.
+// and identity, and any damage to a blob file reads as no blob; keys() lists hints by prefix.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -45,6 +45,24 @@ TEST(PlanCache, HintsSurviveANewInstance) {
   EXPECT_FALSE(c->get("conv,1,2").has_value());
   auto again = PlanCache::open(d.string(), "H200 sm_90 cudnn 91000");
   EXPECT_EQ(again->size(), 1u);
+  fs::remove_all(d);
+}
+
+TEST(PlanCache, KeysByPrefixInOrder) {
+  const fs::path d = fresh_dir("zimage_plan_cache_keys");
+  auto c = PlanCache::open(d.string(), "H200 sm_90 cudnn 91000");
+  ASSERT_NE(c, nullptr);
+  EXPECT_TRUE(c->keys("conv,").empty());
+  c->put("conv,2,1", 1);
+  c->put("gemm,1", 0);
+  c->put("conv,1,9", 2);
+  c->put("conv", 5);     // not "conv," itself
+  c->put("convx,1", 5);  // another prefix
+  EXPECT_EQ(c->keys("conv,"), (std::vector<std::string>{"conv,1,9", "conv,2,1"}));
+  EXPECT_EQ(c->keys("gemm,"), (std::vector<std::string>{"gemm,1"}));
+  EXPECT_EQ(c->keys("").size(), 5u);
+  c->forget("conv,1,9");
+  EXPECT_EQ(c->keys("conv,"), (std::vector<std::string>{"conv,2,1"}));
   fs::remove_all(d);
 }
 

@@ -189,6 +189,48 @@ Status CudaBackend::attention_general(const Tensor& q, const Tensor& k, const Te
   return Status::Ok();
 }
 
+bool CudaBackend::warm_general_attention(cudaStream_t side) noexcept {
+  // The VAE decoder's mid-block attention at 1024² (16384 tokens, one head of 512, bf16) with the
+  // largest score budget, the chunk attention_general picks on a large GPU, and the last chunk's
+  // rows: cuBLAS chooses its kernels by shape, and recording a call makes the driver load them.
+  // A handle of its own (with its own workspace, as gemm_'s has) so the compute stream is never
+  // touched; nothing recorded ever runs.
+  constexpr int kTokens = 16384, kDim = 512;
+  const int64_t per_row = int64_t{kTokens} * (4 + 2);
+  const int chunk = static_cast<int>(std::min<int64_t>(kScoreBudgetMax / per_row, kTokens));
+  cublasHandle_t h = nullptr;
+  if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) return false;
+  void* mem = nullptr;
+  bool ok = cublasSetStream(h, side) == CUBLAS_STATUS_SUCCESS &&
+            cudaMallocAsync(&mem, LtGemm::kWorkspaceBytes, side) == cudaSuccess &&
+            cublasSetWorkspace(h, mem, LtGemm::kWorkspaceBytes) == CUBLAS_STATUS_SUCCESS;
+  if (ok && cudaStreamBeginCapture(side, cudaStreamCaptureModeRelaxed) == cudaSuccess) {
+    const float one = 1.f, zero = 0.f;
+    for (const int rows : {chunk, kTokens - chunk}) {
+      if (rows <= 0) continue;
+      ok = ok &&
+           cublasGemmStridedBatchedEx(h, CUBLAS_OP_T, CUBLAS_OP_N, kTokens, rows, kDim, &one, mem,
+                                      CUDA_R_16BF, kDim, kDim, mem, CUDA_R_16BF, kDim, kDim, &zero,
+                                      mem, CUDA_R_32F, kTokens, int64_t{rows} * kTokens, 1,
+                                      CUBLAS_COMPUTE_32F,
+                                      CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS &&
+           cublasGemmStridedBatchedEx(
+               h, CUBLAS_OP_N, CUBLAS_OP_N, kDim, rows, kTokens, &one, mem, CUDA_R_16BF, kDim, kDim,
+               mem, CUDA_R_16BF, kTokens, int64_t{rows} * kTokens, &zero, mem, CUDA_R_16BF, kDim,
+               kDim, 1, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS;
+    }
+    cudaGraph_t graph = nullptr;
+    if (cudaStreamEndCapture(side, &graph) != cudaSuccess) ok = false;
+    if (graph) cudaGraphDestroy(graph);
+  } else {
+    ok = false;
+  }
+  cublasDestroy(h);
+  if (mem) cudaFreeAsync(mem, side);
+  cudaGetLastError();
+  return ok;
+}
+
 bool CudaBackend::has_cudnn_attention() const {
   return sdpa_ && sdpa_->available();
 }

@@ -83,7 +83,14 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(int device_index, DType
   if (device_index < 0 || device_index >= count)
     return InvalidArgument("cuda backend: device " + std::to_string(device_index) +
                            " does not exist (" + std::to_string(count) + " present)");
+  using Clock = std::chrono::steady_clock;
+  auto ms_since = [](Clock::time_point t) {
+    return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
+  };
+  Clock::time_point tp = Clock::now();
   ZI_CUDA_TRY(cudaSetDevice(device_index));
+  ZI_CUDA_TRY(cudaFree(nullptr));  // the context, made here so its time is its own below
+  const double context_ms = ms_since(tp);
   cudaDeviceProp prop{};
   ZI_CUDA_TRY(cudaGetDeviceProperties(&prop, device_index));
   if (prop.major < 8)
@@ -99,16 +106,22 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(int device_index, DType
       "cuda:" + std::to_string(device_index) + " " + prop.name + " (" + dtype_name(act_dtype) + ")";
   ZI_CUDA_TRY(cudaStreamCreateWithFlags(&b->stream_, cudaStreamNonBlocking));
   b->allocator_ = CachingAllocator::create(device_index);
+  tp = Clock::now();
   ZI_ASSIGN_OR_RETURN(b->gemm_, LtGemm::create(b->stream_, *b->allocator_));
+  const double blas_ms = ms_since(tp);
+  tp = Clock::now();
   b->conv_ = ConvPlanner::create(b->stream_);
   b->sdpa_ = CudnnSdpa::create(b->stream_);
+  const double cudnn_ms = ms_since(tp);
   b->fa3_ = fa3_available(device_index);
   // What the cached run-time choices depend on (io/fs/plan_cache.h): the GPU and the libraries.
   const std::string identity = std::string(prop.name) + " sm_" + std::to_string(b->sm_) +
                                " cudnn " + std::to_string(cudnnGetVersion()) + " cublasLt " +
                                std::to_string(cublasLtGetVersion()) + " " + ConvGraphs::cache_tag();
   std::shared_ptr<PlanCache> plan_cache = PlanCache::open("", identity);
+  tp = Clock::now();
   b->conv_graphs_ = ConvGraphs::create(b->stream_, plan_cache);
+  const double graphs_ms = ms_since(tp);
   b->profiler_ = std::make_unique<OpProfiler>(b->stream_);
   b->uploader_ = std::make_unique<PinnedUploader>(device_index, b->stream_);
   b->uploader_->set_locked_ranges(b->locked_);
@@ -146,6 +159,7 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(int device_index, DType
       return InvalidArgument(std::string(name) +
                              "=1: this build has no fused GEMMs (configure with "
                              "-DZIMAGE_FUSED_GEMMS=ON, which needs CUTLASS and sm_90a)");
+  ZI_TRY(env_switch("ZIMAGE_WARM_UP", b->warm_up_));
   bool autotune = false;
   ZI_TRY(env_switch("ZIMAGE_GEMM_AUTOTUNE", autotune));
   if (autotune) b->gemm_->set_autotune(true, plan_cache);
@@ -153,6 +167,10 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(int device_index, DType
     b->pin_by_register_ = std::string(pin) == "register";
   ZI_INFO("cuda backend %s ready in %.3f s (context, cuBLASLt, cuDNN)", b->name_.c_str(),
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  ZI_DEBUG(
+      "cuda backend start: context %.1f ms, cuBLAS/cuBLASLt handles %.1f ms, cuDNN handles "
+      "(convolutions, attention) %.1f ms, cuDNN graph handle %.1f ms",
+      context_ms, blas_ms, cudnn_ms, graphs_ms);
   return b;
 }
 
@@ -367,6 +385,34 @@ Status CudaBackend::finish_uploads() {
 void CudaBackend::prepare_uploads() noexcept {
   // Page-locked file mappings (ZIMAGE_UPLOAD=locked) take no staging.
   if (!upload_locked_) uploader_->prepare();
+}
+
+void CudaBackend::warm_up() noexcept {
+  if (!warm_up_) return;
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point t0 = Clock::now();
+  if (cudaSetDevice(device_) != cudaSuccess) {
+    cudaGetLastError();
+    return;
+  }
+  cudaStream_t side = nullptr;
+  if (cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking) != cudaSuccess) {
+    cudaGetLastError();
+    return;
+  }
+  const int plans = conv_graphs_ ? conv_graphs_->preload_saved(side) : 0;
+  const Clock::time_point t1 = Clock::now();
+  const bool blas = warm_general_attention(side);
+  cudaStreamSynchronize(side);
+  cudaStreamDestroy(side);
+  cudaGetLastError();
+  last_warm_up_ = WarmUp{plans, blas};
+  ZI_DEBUG(
+      "warm-up: %d saved convolution plans loaded in %.1f ms; the general attention's GEMMs "
+      "%s in %.1f ms",
+      plans, std::chrono::duration<double, std::milli>(t1 - t0).count(),
+      blas ? "loaded" : "not loaded",
+      std::chrono::duration<double, std::milli>(Clock::now() - t1).count());
 }
 
 Status CudaBackend::begin_capture() {

@@ -95,6 +95,17 @@ class CudaBackend final : public Backend {
   // upload. Loaders call it once at the end.
   Status finish_uploads() override;
   void prepare_uploads() noexcept override;
+  // On the caller's thread, with a stream of its own: ConvGraphs::preload_saved, then the
+  // general attention's GEMMs recorded (not run) at the VAE decoder's 1024² shape. A debug line
+  // says what it loaded and how long it took. ZIMAGE_WARM_UP=0 turns it off (measurements).
+  void warm_up() noexcept override;
+  // What the last warm_up() did (tests): the saved plans it loaded, whether cuBLAS recorded the
+  // attention's GEMMs.
+  struct WarmUp {
+    int plans = 0;
+    bool attention = false;
+  };
+  WarmUp last_warm_up() const { return last_warm_up_; }
   Status bind_thread() override;
   // A caller's stream (cuda_streaming.cpp): one event each way, recorded and waited on the device.
   Status wait_for_stream(void* stream) override;
@@ -307,6 +318,10 @@ class CudaBackend final : public Backend {
   bool pin_by_register_ = false;
   bool fused_norm_ = true;
   int64_t score_budget_ = 0;
+  bool warm_up_ = true;  // ZIMAGE_WARM_UP
+  WarmUp last_warm_up_;
+  // warm_up()'s part for attention_general: true when cuBLAS recorded both GEMMs.
+  bool warm_general_attention(cudaStream_t side) noexcept;
   // The general attention path's query chunk per (kv heads, queries, keys, head dim, dtype).
   std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int>, int64_t> score_chunks_;
   bool fused_adaln_ = false;

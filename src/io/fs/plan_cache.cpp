@@ -129,6 +129,15 @@ std::optional<int64_t> PlanCache::get(const std::string& key) const {
   return it->second;
 }
 
+std::vector<std::string> PlanCache::keys(const std::string& prefix) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::string> out;
+  for (auto it = entries_.lower_bound(prefix);
+       it != entries_.end() && it->first.compare(0, prefix.size(), prefix) == 0; ++it)
+    out.push_back(it->first);
+  return out;
+}
+
 size_t PlanCache::size() const {
   std::lock_guard<std::mutex> lock(mu_);
   return entries_.size();

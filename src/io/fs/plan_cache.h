@@ -49,6 +49,8 @@ class PlanCache {
 
   const std::string& path() const { return path_; }
   size_t size() const;
+  // The keys of the hints that start with `prefix`, in order (a warm-up loads their plans).
+  std::vector<std::string> keys(const std::string& prefix) const;
 
  private:
   PlanCache() = default;

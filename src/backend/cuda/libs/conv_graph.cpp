@@ -2,7 +2,9 @@
 #include "backend/cuda/libs/conv_graph.h"
 
 #include <chrono>
+#include <cstdio>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -56,6 +58,7 @@ struct ConvGraphs::Impl {
 
   cudaStream_t stream = nullptr;
   cudnnHandle_t handle = nullptr;
+  std::mutex mu;  // plans: run() and preload_saved() may be called from different threads
   std::map<Key, Plan> plans;
   std::shared_ptr<PlanCache> cache;
 
@@ -66,6 +69,29 @@ struct ConvGraphs::Impl {
                       static_cast<int64_t>(r.dt), static_cast<int64_t>(bias)})
       k += "," + std::to_string(v);
     return k;
+  }
+
+  // The map key of a cache key written by cache_key(); false for anything else.
+  static bool parse_cache_key(const std::string& k, Key& out) {
+    long long v[12];
+    char tail = 0;
+    if (std::sscanf(k.c_str(), "conv,%lld,%lld,%lld,%lld,%lld,%lld,%lld,%lld,%lld,%lld,%lld,%lld%c",
+                    &v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6], &v[7], &v[8], &v[9], &v[10],
+                    &v[11], &tail) != 12)
+      return false;
+    out = Key{v[0],
+              v[1],
+              v[2],
+              v[3],
+              v[4],
+              v[5],
+              v[6],
+              static_cast<int>(v[7]),
+              static_cast<int>(v[8]),
+              static_cast<int>(v[9]),
+              static_cast<int>(v[10]),
+              v[11] != 0};
+    return true;
   }
 
   // The plan the cache names, built alone; false (and the hint forgotten) when it does not build.
@@ -87,15 +113,16 @@ struct ConvGraphs::Impl {
   }
 
   // The plan saved for `key` (put_blob), loaded without building anything; false (and the blob
-  // dropped) when there is none or it does not load.
-  bool load_saved(const std::string& key, Plan& p) {
+  // dropped) when there is none or it does not load. `warm`: cudnn-frontend's warm-up, which
+  // records (never runs) one execution into a throwaway CUDA graph on the handle's stream, so
+  // that the driver loads the plan's kernels now rather than at its first real execution.
+  bool load_saved(const std::string& key, Plan& p, bool warm = false) {
     if (!cache) return false;
     const std::optional<std::vector<uint8_t>> blob = cache->get_blob(key);
     if (!blob) return false;
     auto g = std::make_shared<fe::graph::Graph>();
     int64_t ws = 0;
-    fe::error_t e = g->deserialize(handle, *blob, /*enforce_precompiled=*/false,
-                                   /*run_warmup=*/false);
+    fe::error_t e = g->deserialize(handle, *blob, /*enforce_precompiled=*/false, warm);
     if (!e.is_good() || !g->get_workspace_size(ws).is_good()) {
       ZI_INFO("plan cache: the saved plan of %s does not load (%s); planning again", key.c_str(),
               e.is_good() ? "no workspace size" : e.get_message().c_str());
@@ -280,6 +307,7 @@ Status ConvGraphs::run(const ConvRequest& r, const void* bias, CachingAllocator&
                       r.pad_w,
                       static_cast<int>(r.dt),
                       bias != nullptr};
+  std::lock_guard<std::mutex> lock(impl_->mu);
   auto it = impl_->plans.find(key);
   using Clock = std::chrono::steady_clock;
   const bool first_use = it == impl_->plans.end();
@@ -332,6 +360,30 @@ Status ConvGraphs::run(const ConvRequest& r, const void* bias, CachingAllocator&
   return Status::Ok();
 }
 
+int ConvGraphs::preload_saved(cudaStream_t side_stream) noexcept {
+  if (!available() || !impl_->cache) return 0;
+  int loaded = 0;
+  try {
+    // The warm-up records on the handle's stream: a side stream, so nothing queued on the
+    // compute stream (the uploads) meets a capture. run() takes the handle back afterwards.
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    if (cudnnSetStream(impl_->handle, side_stream) != CUDNN_STATUS_SUCCESS) return 0;
+    for (const std::string& k : impl_->cache->keys("conv,")) {
+      Impl::Key key;
+      if (!Impl::parse_cache_key(k, key) || impl_->plans.count(key)) continue;
+      Impl::Plan p;
+      if (!impl_->load_saved(k, p, /*warm=*/true)) continue;
+      impl_->plans.emplace(key, std::move(p));
+      ++loaded;
+    }
+    cudnnSetStream(impl_->handle, impl_->stream);
+    cudaGetLastError();  // a failed warm-up capture leaves nothing behind but its error
+  } catch (...) {        // out of host memory: the plans not loaded here load at their first use
+    cudnnSetStream(impl_->handle, impl_->stream);
+  }
+  return loaded;
+}
+
 #else  // built without the cudnn-frontend headers
 
 struct ConvGraphs::Impl {};
@@ -348,6 +400,9 @@ std::string ConvGraphs::cache_tag() {
 }
 Status ConvGraphs::run(const ConvRequest&, const void*, CachingAllocator&) {
   return Unsupported("built without cuDNN conv graphs (no cudnn-frontend headers)");
+}
+int ConvGraphs::preload_saved(cudaStream_t) noexcept {
+  return 0;
 }
 
 #endif
