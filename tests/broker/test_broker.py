@@ -162,8 +162,11 @@ def main():
 
     # References: what `zimage generate` writes alone for each seed.
     jobs = [(1000 + i, 8) for i in range(7)]  # (seed, steps)
-    long_job = (4242, 160)  # long enough to be killed mid-job
-    term_job = (777, 120)  # for the SIGTERM check
+    # Long enough to be caught mid-job by a poll every 20 ms even on a loaded machine (~5 ms a
+    # step on an idle core: 160 steps gave a 0.4 s window, which a 2-core CI running other tests
+    # beside this one missed once).
+    long_job = (4242, 600)  # long enough to be killed mid-job
+    term_job = (777, 400)  # for the SIGTERM check
     refs, gens = {}, []
     for seed, steps in jobs + [long_job, term_job]:  # all at once: mostly model loading
         path = os.path.join(tmp, "ref_%d.png" % seed)
@@ -212,7 +215,7 @@ def main():
         text = r.text("GET", pkey)
         if text:
             p = json.loads(text)
-            if p["phase"] == "denoise" and 1 <= p["step"] < p["total"] // 2:
+            if p["phase"] == "denoise" and 1 <= p["step"] < p["total"] - 20:
                 victim = p["worker"]
                 pending = r.text("XPENDING", "zimage:jobs", "zimage", ids[long_job[0]],
                                  ids[long_job[0]], "1").split("\n")
