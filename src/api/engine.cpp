@@ -166,8 +166,9 @@ Result<std::unique_ptr<Engine>> Engine::load_impl(const EngineOptions& options) 
     Backend& be = *impl->backend;
     std::jthread warmer;
     try {
-      warmer = std::jthread([&be]() noexcept { be.warm_up(); });
-    } catch (const std::exception&) {  // no thread to spare: the first image pays for it
+      warmer = std::jthread([&be](Backend::WarmUpHints hints) noexcept { be.warm_up(hints); },
+                            TextToImage::warm_up_hints(prepared->source->configs(), load_options));
+    } catch (const std::exception&) {  // no thread or memory to spare: the first image pays
     }
     ZI_ASSIGN_OR_RETURN(impl->pipeline, TextToImage::load(std::move(prepared).value(),
                                                           *impl->backend, load_options));

@@ -12,6 +12,7 @@
 //  * Every op validates shapes and dtypes and returns a Status; none aborts.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -99,12 +100,20 @@ class Backend {
   // other start-up work. Optional: the first large upload does it otherwise. Never fails (a
   // backend that cannot stage uploads copies without staging).
   virtual void prepare_uploads() noexcept {}
+  // What the first image will run, as far as a load knows it (the model's shapes at its planned
+  // size): warm_up loads the kernels of these products ahead.
+  struct WarmUpHints {
+    // Row-major y[m, n] = x[m, k] · w[n, k]ᵀ in the activation dtype ({m, n, k}).
+    std::vector<std::array<int64_t, 3>> linears;
+  };
   // Starts what the first image would otherwise start on its critical path (CUDA: cuDNN's
   // libraries, the saved convolution plans and their kernels, cuBLAS's kernels for the VAE's
-  // attention), for a caller to run on a thread of its own while the weights load. It must
-  // return before the first op that it warms runs (the engine joins it at the end of the load).
-  // Optional and never fails: what it does not warm starts at its first use, as without it.
-  virtual void warm_up() noexcept {}
+  // attention and, where asked, the hinted products'), for a caller to run on a thread of its own
+  // while the weights load. It must return before the first op that it warms runs (the engine
+  // joins it at the end of the load). Optional and never fails: what it does not warm starts at
+  // its first use, as without it.
+  virtual void warm_up(const WarmUpHints& hints) noexcept { (void)hints; }
+  void warm_up() noexcept { warm_up(WarmUpHints{}); }
   // Device memory the backend's allocator holds (0 on the CPU). Safe from any thread.
   struct MemoryUse {
     uint64_t in_use = 0;       // live tensors

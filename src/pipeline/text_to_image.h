@@ -174,6 +174,11 @@ class TextToImage {
   static MemoryPlanInput plan_input(const ZImageConfigs& configs, DType act,
                                     const PipelineLoadOptions& o, uint64_t vae_params,
                                     uint64_t fixed);
+  // The products the first image at the planned size will run (Backend::warm_up): the text
+  // encoder's four linears at a few prompt lengths, the DiT's at its main, image-only and
+  // caption-only sequence lengths, and its adaLN projection.
+  static Backend::WarmUpHints warm_up_hints(const ZImageConfigs& configs,
+                                            const PipelineLoadOptions& o);
   // Assembles a pipeline from loaded components (all non-null, consistent with each other).
   static Result<std::unique_ptr<TextToImage>> create(TextToImageComponents parts, Backend& be);
 

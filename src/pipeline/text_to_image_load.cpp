@@ -383,6 +383,38 @@ std::vector<Status> TextToImage::check_file(const std::string& path) {
   return errors;
 }
 
+Backend::WarmUpHints TextToImage::warm_up_hints(const ZImageConfigs& configs,
+                                                const PipelineLoadOptions& o) {
+  Backend::WarmUpHints h;
+  const TextEncoderConfig& ec = configs.text_encoder;
+  const int64_t hd = ec.hidden_size, ff = ec.intermediate_size;
+  const int64_t q = int64_t{ec.num_attention_heads} * ec.head_dim;
+  const int64_t kv = int64_t{ec.num_key_value_heads} * ec.head_dim;
+  // A prompt's length is not known at load: the usual ones (cuBLASLt picks by ranges of M).
+  for (const int64_t m : {16, 32, 48, 64, 128}) {
+    h.linears.push_back({m, q + 2 * kv, hd});
+    h.linears.push_back({m, hd, q});
+    h.linears.push_back({m, 2 * ff, hd});
+    h.linears.push_back({m, hd, ff});
+  }
+  const TransformerConfig& tc = configs.transformer;
+  const int64_t d = tc.dim, f = tc.ffn_hidden();
+  const int64_t fac = int64_t{configs.vae.spatial_factor()} * tc.patch_size;
+  auto up = [](int64_t n) {
+    return (n + ZImageDiT::kSeqMultiple - 1) / ZImageDiT::kSeqMultiple * ZImageDiT::kSeqMultiple;
+  };
+  const int64_t img = up((o.plan_height / fac) * (o.plan_width / fac));
+  const int64_t cap = 64;  // a prompt of 33-64 tokens
+  for (const int64_t m : {img + cap, img, cap}) {
+    h.linears.push_back({m, 3 * d, d});
+    h.linears.push_back({m, d, d});
+    h.linears.push_back({m, 2 * f, d});
+    h.linears.push_back({m, d, f});
+  }
+  h.linears.push_back({1, 4 * d, tc.adaln_dim()});
+  return h;
+}
+
 // The planner's inputs: weight sizes from the configs, activations for the largest planned
 // request, the device memory the context and libraries hold from the driver's view.
 MemoryPlanInput TextToImage::plan_input(const ZImageConfigs& configs, DType act,

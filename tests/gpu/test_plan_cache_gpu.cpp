@@ -39,7 +39,9 @@ Tensor decode_once(const std::string& dir, cuda::CudaBackend::WarmUp* warmed = n
   EXPECT_TRUE(folder.ok() && ws.ok());
   if (!folder.ok() || !ws.ok()) return Tensor();
   std::thread warmer;
-  if (warmed) warmer = std::thread([&be] { (*be)->warm_up(); });
+  Backend::WarmUpHints hints;  // a text encoder's and a DiT's products (ZIMAGE_WARM_UP=2)
+  hints.linears = {{35, 6144, 2560}, {4160, 11520, 3840}, {1, 15360, 256}};
+  if (warmed) warmer = std::thread([&be, &hints] { (*be)->warm_up(hints); });
   auto vae = VaeDecoder::load(folder->configs().vae, *ws, **be);
   if (warmer.joinable()) warmer.join();
   if (warmed) *warmed = dynamic_cast<cuda::CudaBackend&>(**be).last_warm_up();
@@ -90,10 +92,13 @@ TEST(PlanCacheGpu, CachedPlansDecodeTheSameImage) {
   // Loaded ahead by the warm-up, beside the VAE's load (issue 24): every saved plan, the same
   // image.
   cuda::CudaBackend::WarmUp warmed;
+  setenv("ZIMAGE_WARM_UP", "2", 1);  // the hinted linears too
   const Tensor preloaded = decode_once(dir, &warmed);
+  unsetenv("ZIMAGE_WARM_UP");
   ASSERT_TRUE(preloaded.defined());
   EXPECT_EQ(static_cast<size_t>(warmed.plans), blobs.size());
   EXPECT_TRUE(warmed.attention);
+  EXPECT_EQ(warmed.linears, 3);
   EXPECT_EQ(max_abs_diff(searched, preloaded), 0.0);
   // Damaged saved plans: dropped, the recorded winners built again, then saved again.
   for (const auto& b : blobs) std::ofstream(b, std::ios::trunc) << "zimage-plan 1 3 3\nxyz";

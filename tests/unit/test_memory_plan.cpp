@@ -267,3 +267,33 @@ TEST(MemoryPlan, LockedFilePagesStayWithinTheHostMemoryLimit) {
   EXPECT_EQ(limited->host_staging_bytes,
             static_cast<uint64_t>(in.slots) * (in.dit_block_bytes + in.te_layer_bytes));
 }
+
+// The warm-up's products (Backend::warm_up) are the ones the full-size model runs at 1024²: the
+// profile's q|k|v, out, w1|w3 and w2 at 4160 rows (4096 image + 64 caption tokens), the
+// refiners' 4096 and 64 rows, the adaLN projection, and the text encoder's four linears.
+TEST(MemoryPlan, WarmUpHintsAreTheFullSizeModelsProducts) {
+  PipelineLoadOptions o;
+  o.plan_width = o.plan_height = 1024;
+  const Backend::WarmUpHints h = TextToImage::warm_up_hints(zimage_turbo_reference_configs(), o);
+  auto has = [&](int64_t m, int64_t n, int64_t k) {
+    for (const auto& l : h.linears)
+      if (l[0] == m && l[1] == n && l[2] == k) return true;
+    return false;
+  };
+  for (const int64_t m : {4160, 4096, 64}) {
+    EXPECT_TRUE(has(m, 11520, 3840)) << m;
+    EXPECT_TRUE(has(m, 3840, 3840)) << m;
+    EXPECT_TRUE(has(m, 20480, 3840)) << m;
+    EXPECT_TRUE(has(m, 3840, 10240)) << m;
+  }
+  EXPECT_TRUE(has(1, 15360, 256));
+  EXPECT_TRUE(has(32, 6144, 2560));   // q | k | v: 32 + 2 x 8 heads of 128
+  EXPECT_TRUE(has(32, 2560, 4096));   // o
+  EXPECT_TRUE(has(32, 19456, 2560));  // gate | up
+  EXPECT_TRUE(has(32, 2560, 9728));   // down
+  o.plan_width = 512;                 // 1024 x 512: 2048 image tokens
+  const Backend::WarmUpHints wide = TextToImage::warm_up_hints(zimage_turbo_reference_configs(), o);
+  bool found = false;
+  for (const auto& l : wide.linears) found = found || (l[0] == 2048 + 64 && l[1] == 11520);
+  EXPECT_TRUE(found);
+}

@@ -159,7 +159,12 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(int device_index, DType
       return InvalidArgument(std::string(name) +
                              "=1: this build has no fused GEMMs (configure with "
                              "-DZIMAGE_FUSED_GEMMS=ON, which needs CUTLASS and sm_90a)");
-  ZI_TRY(env_switch("ZIMAGE_WARM_UP", b->warm_up_));
+  if (const char* v = std::getenv("ZIMAGE_WARM_UP")) {
+    const std::string w(v);
+    if (w != "0" && w != "1" && w != "2")
+      return InvalidArgument("ZIMAGE_WARM_UP: '" + w + "' is not one of 0, 1, 2");
+    b->warm_up_ = w[0] - '0';
+  }
   bool autotune = false;
   ZI_TRY(env_switch("ZIMAGE_GEMM_AUTOTUNE", autotune));
   if (autotune) b->gemm_->set_autotune(true, plan_cache);
@@ -387,8 +392,8 @@ void CudaBackend::prepare_uploads() noexcept {
   if (!upload_locked_) uploader_->prepare();
 }
 
-void CudaBackend::warm_up() noexcept {
-  if (!warm_up_) return;
+void CudaBackend::warm_up(const WarmUpHints& hints) noexcept {
+  if (warm_up_ == 0) return;
   using Clock = std::chrono::steady_clock;
   const Clock::time_point t0 = Clock::now();
   if (cudaSetDevice(device_) != cudaSuccess) {
@@ -400,19 +405,25 @@ void CudaBackend::warm_up() noexcept {
     cudaGetLastError();
     return;
   }
-  const int plans = conv_graphs_ ? conv_graphs_->preload_saved(side) : 0;
+  WarmUp done;
+  done.plans = conv_graphs_ ? conv_graphs_->preload_saved(side) : 0;
   const Clock::time_point t1 = Clock::now();
-  const bool blas = warm_general_attention(side);
+  done.attention = warm_general_attention(side);
+  const Clock::time_point t2 = Clock::now();
+  if (warm_up_ >= 2 && !hints.linears.empty())
+    done.linears = LtGemm::warm_up(side, hints.linears, act_);
   cudaStreamSynchronize(side);
   cudaStreamDestroy(side);
   cudaGetLastError();
-  last_warm_up_ = WarmUp{plans, blas};
+  last_warm_up_ = done;
+  auto ms = [](Clock::time_point a, Clock::time_point b) {
+    return std::chrono::duration<double, std::milli>(b - a).count();
+  };
   ZI_DEBUG(
       "warm-up: %d saved convolution plans loaded in %.1f ms; the general attention's GEMMs "
-      "%s in %.1f ms",
-      plans, std::chrono::duration<double, std::milli>(t1 - t0).count(),
-      blas ? "loaded" : "not loaded",
-      std::chrono::duration<double, std::milli>(Clock::now() - t1).count());
+      "%s in %.1f ms; %d of %zu linears in %.1f ms",
+      done.plans, ms(t0, t1), done.attention ? "loaded" : "not loaded", ms(t1, t2), done.linears,
+      warm_up_ >= 2 ? hints.linears.size() : size_t{0}, ms(t2, Clock::now()));
 }
 
 Status CudaBackend::begin_capture() {

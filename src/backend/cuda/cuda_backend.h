@@ -96,14 +96,18 @@ class CudaBackend final : public Backend {
   Status finish_uploads() override;
   void prepare_uploads() noexcept override;
   // On the caller's thread, with a stream of its own: ConvGraphs::preload_saved, then the
-  // general attention's GEMMs recorded (not run) at the VAE decoder's 1024² shape. A debug line
-  // says what it loaded and how long it took. ZIMAGE_WARM_UP=0 turns it off (measurements).
-  void warm_up() noexcept override;
+  // general attention's GEMMs recorded (not run) at the VAE decoder's 1024² shape, then (level 2)
+  // the hinted linears recorded on a cuBLASLt handle of their own. A debug line says what it
+  // loaded and how long it took. ZIMAGE_WARM_UP: 0 off, 1 (default) convolutions and attention,
+  // 2 also the linears.
+  using Backend::warm_up;
+  void warm_up(const WarmUpHints& hints) noexcept override;
   // What the last warm_up() did (tests): the saved plans it loaded, whether cuBLAS recorded the
   // attention's GEMMs.
   struct WarmUp {
     int plans = 0;
     bool attention = false;
+    int linears = 0;  // hinted products recorded
   };
   WarmUp last_warm_up() const { return last_warm_up_; }
   Status bind_thread() override;
@@ -318,7 +322,7 @@ class CudaBackend final : public Backend {
   bool pin_by_register_ = false;
   bool fused_norm_ = true;
   int64_t score_budget_ = 0;
-  bool warm_up_ = true;  // ZIMAGE_WARM_UP
+  int warm_up_ = 1;  // ZIMAGE_WARM_UP
   WarmUp last_warm_up_;
   // warm_up()'s part for attention_general: true when cuBLAS recorded both GEMMs.
   bool warm_general_attention(cudaStream_t side) noexcept;

@@ -45,9 +45,39 @@ Result<std::unique_ptr<LtGemm>> LtGemm::create(cudaStream_t stream, CachingAlloc
   ZI_CUBLAS_TRY(cublasCreate(&g->blas_));
   ZI_CUBLAS_TRY(cublasSetStream(g->blas_, stream));
   ZI_ASSIGN_OR_RETURN(g->workspace_, alloc.allocate(kWorkspaceBytes));
+  g->ws_ = g->workspace_->data();
   // cuBLAS would otherwise allocate its own workspace lazily, which graph capture forbids.
-  ZI_CUBLAS_TRY(cublasSetWorkspace(g->blas_, g->workspace_->data(), kWorkspaceBytes));
+  ZI_CUBLAS_TRY(cublasSetWorkspace(g->blas_, g->ws_, kWorkspaceBytes));
   return g;
+}
+
+int LtGemm::warm_up(cudaStream_t side, const std::vector<std::array<int64_t, 3>>& linears,
+                    DType dt) noexcept {
+  int recorded = 0;
+  void* mem = nullptr;  // the workspace, and every operand: nothing recorded ever runs
+  if (cudaMallocAsync(&mem, kWorkspaceBytes, side) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  try {
+    std::unique_ptr<LtGemm> g(new LtGemm(side));
+    g->ws_ = mem;
+    if (cublasLtCreate(&g->lt_) == CUBLAS_STATUS_SUCCESS &&
+        cublasCreate(&g->blas_) == CUBLAS_STATUS_SUCCESS &&
+        cublasSetStream(g->blas_, side) == CUBLAS_STATUS_SUCCESS &&
+        cublasSetWorkspace(g->blas_, mem, kWorkspaceBytes) == CUBLAS_STATUS_SUCCESS &&
+        cudaStreamBeginCapture(side, cudaStreamCaptureModeRelaxed) == cudaSuccess) {
+      for (const auto& [m, n, k] : linears)
+        if (g->linear(mem, mem, nullptr, mem, m, n, k, dt).ok()) ++recorded;
+      cudaGraph_t graph = nullptr;
+      if (cudaStreamEndCapture(side, &graph) != cudaSuccess) recorded = 0;
+      if (graph) cudaGraphDestroy(graph);
+    }
+  } catch (...) {  // out of host memory: what was not recorded loads at its first use
+  }
+  cudaFreeAsync(mem, side);
+  cudaGetLastError();
+  return recorded;
 }
 
 void LtGemm::destroy(Plan& p) {
@@ -208,8 +238,8 @@ Status LtGemm::tune(Plan& p, const Key& key, const void* x, const void* w, void*
   ZI_CUDA_TRY(cudaEventCreate(&ev.b));
   const float alpha = 1.f, beta = 0.f;
   auto run = [&](const cublasLtMatmulAlgo_t& algo) {
-    return cublasLtMatmul(lt_, p.op, &alpha, w, p.a, x, p.b, &beta, y, p.c, y, p.c, &algo,
-                          workspace_->data(), kWorkspaceBytes, stream_);
+    return cublasLtMatmul(lt_, p.op, &alpha, w, p.a, x, p.b, &beta, y, p.c, y, p.c, &algo, ws_,
+                          kWorkspaceBytes, stream_);
   };
   constexpr int kWarm = 2, kTimed = 5;
   double first_ms = -1, best_ms = 0;
@@ -300,7 +330,7 @@ Status LtGemm::linear(const void* x, const void* w, const void* bias, void* y, i
       if (capture == cudaStreamCaptureStatusNone) ZI_TRY(tune(*p, key, x, w, y));
     }
     ZI_CUBLAS_TRY(cublasLtMatmul(lt_, p->op, &alpha, w, p->a, x, p->b, &beta, y, p->c, y, p->c,
-                                 &p->algo, workspace_->data(), kWorkspaceBytes, stream_));
+                                 &p->algo, ws_, kWorkspaceBytes, stream_));
     if (bias && !fuse_bias)
       ZI_LAUNCH_TRY("linear bias", launch_add(ktype(dt), y, bias, y, m * n, n, stream_));
     return Status::Ok();
@@ -334,7 +364,7 @@ Status LtGemm::linear_fp8(const void* x8, const void* w8, const float* sx, const
       cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sx, sizeof(sx)));
   const float alpha = 1.f, beta = 0.f;
   ZI_CUBLAS_TRY(cublasLtMatmul(lt_, p->op, &alpha, w8, p->a, x8, p->b, &beta, y, p->c, y, p->c,
-                               &p->algo, workspace_->data(), kWorkspaceBytes, stream_));
+                               &p->algo, ws_, kWorkspaceBytes, stream_));
   return Status::Ok();
 }
 
@@ -358,7 +388,7 @@ Status LtGemm::linear_fp8_rows(const void* x8, const void* w8, const float* sx, 
       cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sx, sizeof(sx)));
   const float alpha = 1.f, beta = 0.f;
   ZI_CUBLAS_TRY(cublasLtMatmul(lt_, p->op, &alpha, w8, p->a, x8, p->b, &beta, y, p->c, y, p->c,
-                               &p->algo, workspace_->data(), kWorkspaceBytes, stream_));
+                               &p->algo, ws_, kWorkspaceBytes, stream_));
   return Status::Ok();
 }
 

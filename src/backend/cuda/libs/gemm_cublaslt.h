@@ -9,6 +9,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
+#include <array>
 #include <map>
 #include <memory>
 #include <string>
@@ -28,6 +29,13 @@ class LtGemm {
   static constexpr size_t kWorkspaceBytes = size_t{32} << 20;
 
   static Result<std::unique_ptr<LtGemm>> create(cudaStream_t stream, CachingAllocator& alloc);
+
+  // Records (never runs) linear() for each {m, n, k} of `dt` on `side`, on handles of its own,
+  // into a throwaway CUDA graph: the heuristics are asked and the driver loads the kernels they
+  // choose, which the backend's own handles then find loaded (a process's first products of a
+  // shape, issue 24). Returns how many were recorded; never fails.
+  static int warm_up(cudaStream_t side, const std::vector<std::array<int64_t, 3>>& linears,
+                     DType dt) noexcept;
   ~LtGemm();
   LtGemm(const LtGemm&) = delete;
   LtGemm& operator=(const LtGemm&) = delete;
@@ -106,7 +114,8 @@ class LtGemm {
   cudaStream_t stream_;
   cublasLtHandle_t lt_ = nullptr;
   cublasHandle_t blas_ = nullptr;
-  std::shared_ptr<Storage> workspace_;
+  std::shared_ptr<Storage> workspace_;  // null where the caller owns it (warm_up)
+  void* ws_ = nullptr;                  // the workspace's bytes
   std::map<Key, Plan> plans_;
   int candidate_ = -1;
   bool autotune_ = false;
