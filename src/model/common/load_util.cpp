@@ -109,16 +109,29 @@ Result<Tensor> conv_weight(const WeightStore& ws, Backend& be, const std::string
     ZI_ASSIGN_OR_RETURN(WeightInfo probe, ws.info(name));
     if (probe.shape.size() == 2) oihw = {cout, cin};
   }
+  // [cout, cin, k, k] -> [cout, k, k, cin], element by element.
+  auto to_ohwi = [&](const auto* s, auto* d) {
+    for (int64_t o = 0; o < cout; ++o)
+      for (int64_t i = 0; i < cin; ++i)
+        for (int64_t y = 0; y < k; ++y)
+          for (int64_t x = 0; x < k; ++x)
+            d[((o * k + y) * k + x) * cin + i] = s[((o * cin + i) * k + y) * k + x];
+  };
+  ZI_ASSIGN_OR_RETURN(Tensor stored, ws.get(name, oihw));
+  if (stored.dtype() == be.act_dtype() && dtype_size(stored.dtype()) == 2) {
+    // Stored as computed (a bf16 VAE on a bf16 GPU): moved as it is, no widening to f32 and back
+    // (the same bits; the VAE's load took 0.15 s of host work before, mostly those two passes).
+    Tensor ohwi = Tensor::host(stored.dtype(), {cout, k, k, cin});
+    if (!ohwi.defined()) return OutOfMemory("host buffer for " + name);
+    to_ohwi(static_cast<const uint16_t*>(stored.data()), static_cast<uint16_t*>(ohwi.data()));
+    auto r = be.upload(ohwi, stored.dtype());
+    if (!r.ok()) return r.status().with_context("uploading " + name);
+    return r;
+  }
   ZI_ASSIGN_OR_RETURN(Tensor w, host_f32(ws, name, oihw));     // [cout, cin, k, k] f32
   Tensor ohwi = Tensor::host(DType::kF32, {cout, k, k, cin});  // [cout, k, k, cin]
   if (!ohwi.defined()) return OutOfMemory("host buffer for " + name);
-  const float* s = w.data_as<float>();
-  float* d = ohwi.data_as<float>();
-  for (int64_t o = 0; o < cout; ++o)
-    for (int64_t i = 0; i < cin; ++i)
-      for (int64_t y = 0; y < k; ++y)
-        for (int64_t x = 0; x < k; ++x)
-          d[((o * k + y) * k + x) * cin + i] = s[((o * cin + i) * k + y) * k + x];
+  to_ohwi(w.data_as<float>(), ohwi.data_as<float>());
   auto r = be.upload(ohwi, be.act_dtype());
   if (!r.ok()) return r.status().with_context("uploading " + name);
   return r;
