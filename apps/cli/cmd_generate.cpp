@@ -19,8 +19,6 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
-#include <ctime>
 #include <filesystem>
 #include <memory>
 #include <optional>
@@ -29,6 +27,7 @@
 #include <vector>
 
 #include "builtin/builtin_model.h"
+#include "core/log.h"
 #include "commands.h"
 #include "generate_devices.h"
 #include "lora_args.h"
@@ -79,31 +78,6 @@ std::atomic<bool> g_cancel{false};
 // First Ctrl-C: stop at the next step or VAE block and write nothing. A second: leave now.
 extern "C" void on_sigint(int) {
   if (g_cancel.exchange(true)) ::_exit(130);
-}
-
-// Seconds since the kernel started this process (Linux; 10 ms resolution; -1 where unknown):
-// with ZIMAGE_LOG=debug the first and last lines of `generate` print it, so that a start-up
-// breakdown covers what happens before the log's clock starts (loading the shared libraries) and
-// after the last file is written (the process's teardown: the shell's time minus the last one).
-double process_age() {
-  std::FILE* f = std::fopen("/proc/self/stat", "r");
-  if (!f) return -1;
-  char buf[1024];
-  const size_t n = std::fread(buf, 1, sizeof buf - 1, f);
-  std::fclose(f);
-  buf[n] = 0;
-  const char* p = std::strrchr(buf, ')');  // the name may hold spaces; fields follow its ')'
-  if (!p) return -1;
-  unsigned long long start = 0;
-  // Field 22 (starttime) is the 20th after the name.
-  for (int field = 0; field < 19 && p; ++field) p = std::strchr(p + 1, ' ');
-  if (!p || std::sscanf(p + 1, "%llu", &start) != 1) return -1;
-  timespec now{};
-  if (clock_gettime(CLOCK_BOOTTIME, &now) != 0) return -1;
-  const long hz = sysconf(_SC_CLK_TCK);
-  if (hz <= 0) return -1;
-  return static_cast<double>(now.tv_sec) + now.tv_nsec * 1e-9 -
-         static_cast<double>(start) / static_cast<double>(hz);
 }
 
 [[noreturn]] void fail(int code, const std::string& message) {
@@ -185,8 +159,6 @@ Image read_input(const std::string& flag, const std::string& path, bool is_mask)
 
 void run_generate(const GenerateArgs& a, const CLI::App& cmd) {
   apply_log_flags(a.verbose, a.quiet);
-  if (log_verbosity() >= 3)
-    std::fprintf(stderr, "[zimage debug] generate: the process is %.3f s old\n", process_age());
   EngineOptions eo = engine_options(a.engine);
   GenerateRequest req;
   req.width = a.width;
@@ -354,9 +326,9 @@ void run_generate(const GenerateArgs& a, const CLI::App& cmd) {
   // weight files) would only make the user wait for what the OS reclaims at exit anyway; the one
   // thing left to do is removing a temporary copy of the built-in model.
   release_builtin_model();
-  if (log_verbosity() >= 3)
-    std::fprintf(stderr, "[zimage debug] generate: files written; the process is %.3f s old\n",
-                 process_age());
+  // The log's clock at the end: against the shell's time for the whole process, what the exit
+  // and the shared libraries' loading before the log's clock started cost.
+  ZI_DEBUG("generate: %zu file(s) written", paths.size());
   std::fflush(nullptr);
   std::_Exit(0);
 }
