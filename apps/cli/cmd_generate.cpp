@@ -27,8 +27,8 @@
 #include <vector>
 
 #include "builtin/builtin_model.h"
-#include "core/log.h"
 #include "commands.h"
+#include "core/log.h"
 #include "generate_devices.h"
 #include "lora_args.h"
 #include "model_flags.h"
@@ -337,6 +337,11 @@ void run_generate(const GenerateArgs& a, const CLI::App& cmd) {
 
 void register_generate_command(CLI::App& app) {
   auto args = std::make_shared<GenerateArgs>();
+  // One process, a few images: the streamed weights come from the files (no load-time copy).
+  // Measured on an H100 (docs/BENCHMARKS.md, "Session 15"), whole processes of one 1024² image:
+  // 3.1 / 4.6 / 4.1 s under --vram-budget 12 / 8 / 4 against 7.9 / 12.7 / 14.7 s with copies,
+  // which win only from about 9 / 6 / 14 images a process on. The server and workers keep copy.
+  args->engine.options.streamed_weights = "files";
   CLI::App* cmd = app.add_subcommand(
       "generate",
       "Generate images from text prompts. Defaults are the Z-Image-Turbo recipe (1024x1024, 8 "
@@ -381,7 +386,7 @@ void register_generate_command(CLI::App& app) {
         "faster steps, seconds more to load), files (read from the weight files each step, no "
         "load-time copy: the first image sooner) or locked-files (experimental: the files' pages "
         "page-locked in place up to --host-memory; very slow to lock on some hosts) (default "
-        "copy)"},
+        "files: copies pay off from about 6-14 images a process on)"},
        {EngineFlag::kWeights,
         "bf16, or fp8: DiT and text-encoder linear weights stored as FP8 with per-channel "
         "scales (half the memory; small quality cost)"},
