@@ -162,19 +162,8 @@ Result<std::unique_ptr<Engine>> Engine::load_impl(const EngineOptions& options) 
   load_options.lora_lenient = options.lora_lenient;
   load_options.lora_threads = options.threads;
   if (!prepared.ok()) return prepared.status();
-  {
-    // Library start-up the first image would otherwise wait for (Backend::warm_up) runs beside
-    // the load, which is host copies and DMA, and is joined before anything computes.
-    Backend& be = *impl->backend;
-    std::jthread warmer;
-    try {
-      warmer = std::jthread([&be](Backend::WarmUpHints hints) noexcept { be.warm_up(hints); },
-                            TextToImage::warm_up_hints(prepared->source->configs(), load_options));
-    } catch (const std::exception&) {  // no thread or memory to spare: the first image pays
-    }
-    ZI_ASSIGN_OR_RETURN(impl->pipeline, TextToImage::load(std::move(prepared).value(),
-                                                          *impl->backend, load_options));
-  }
+  ZI_ASSIGN_OR_RETURN(impl->pipeline,
+                      TextToImage::load(std::move(prepared).value(), *impl->backend, load_options));
   if (!options.controlnet.empty()) ZI_TRY(impl->pipeline->load_controlnet(options.controlnet));
   for (size_t r = 1; r < sp_devices.size(); ++r) {  // ranks 1..P-1 (docs/PARALLEL.md)
     EngineOptions o = options;

@@ -16,6 +16,7 @@
 #include <optional>
 #include <string_view>
 #include <system_error>
+#include <thread>
 #include <utility>
 
 #include "backend/check/check_backend.h"
@@ -242,6 +243,10 @@ Result<std::unique_ptr<TextToImage>> TextToImage::load(PreparedLoad prepared, Ba
            prepared.tokenizer.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
   };
   std::optional<MemoryPlan> plan;
+  // Library start-up the first image would otherwise wait for (Backend::warm_up) runs beside the
+  // uploads from the memory plan on, and is joined before the last upload is waited for. Started
+  // after the plan so that the plan's reading of the device's memory sees none of it.
+  std::jthread warmer;
   const Status loaded = [&]() -> Status {
     for (Component c : {Component::kTransformer, Component::kTextEncoder, Component::kVae}) {
       if (src.file(c).empty()) continue;
@@ -270,6 +275,11 @@ Result<std::unique_ptr<TextToImage>> TextToImage::load(PreparedLoad prepared, Ba
         "memory plan made in %.1f ms (the device's fixed bytes %.1f ms, the weights counted "
         "%.1f ms)",
         ms(p0, Clock::now()), ms(p0, p1), ms(p1, Clock::now()));
+    try {
+      warmer = std::jthread([&be](Backend::WarmUpHints hints) noexcept { be.warm_up(hints); },
+                            warm_up_hints(src.configs(), options));
+    } catch (const std::exception&) {  // no thread or memory to spare: the first image pays
+    }
     if (options.vram_budget != 0)  // the allocator's share: the budget less the context's
       be.set_memory_limit(options.vram_budget > plan_in.fixed ? options.vram_budget - plan_in.fixed
                                                               : 1);
@@ -285,6 +295,7 @@ Result<std::unique_ptr<TextToImage>> TextToImage::load(PreparedLoad prepared, Ba
     }
     return Status::Ok();
   }();
+  if (warmer.joinable()) warmer.join();
   ZI_TRY(take_tokenizer());  // its error first, whatever else failed
   ZI_TRY(loaded);
   // Uploads may still be in flight (the CUDA backend's DMA is asynchronous): wait for them, so

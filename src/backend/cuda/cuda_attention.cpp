@@ -10,6 +10,7 @@
 // what set_attention_score_budget fixed.
 #include <algorithm>
 #include <chrono>
+#include <mutex>
 #include <string>
 #include <tuple>
 
@@ -18,6 +19,7 @@
 #include "backend/cuda/libs/attention_fa3.h"
 #include "backend/cuda/libs/gemm_cublaslt.h"
 #include "backend/cuda/libs/sdpa_cudnn.h"
+#include "backend/cuda/runtime/capture_guard.h"
 #include "backend/cuda/runtime/cuda_check.h"
 #include "backend/cuda/validate.h"
 #include "core/log.h"
@@ -204,7 +206,10 @@ bool CudaBackend::warm_general_attention(cudaStream_t side) noexcept {
   bool ok = cublasSetStream(h, side) == CUBLAS_STATUS_SUCCESS &&
             cudaMallocAsync(&mem, LtGemm::kWorkspaceBytes, side) == cudaSuccess &&
             cublasSetWorkspace(h, mem, LtGemm::kWorkspaceBytes) == CUBLAS_STATUS_SUCCESS;
+  std::unique_lock<std::mutex> sync_lock(device_sync_mutex(), std::defer_lock);
+  if (ok) sync_lock.lock();  // no device-wide synchronisation meets the capture (capture_guard.h)
   if (ok && cudaStreamBeginCapture(side, cudaStreamCaptureModeRelaxed) == cudaSuccess) {
+    OpenCaptureGuard close_capture(side);  // closed below; on any other way out, here
     const float one = 1.f, zero = 0.f;
     for (const int rows : {chunk, kTokens - chunk}) {
       if (rows <= 0) continue;
@@ -225,6 +230,7 @@ bool CudaBackend::warm_general_attention(cudaStream_t side) noexcept {
   } else {
     ok = false;
   }
+  if (sync_lock.owns_lock()) sync_lock.unlock();
   cublasDestroy(h);
   if (mem) cudaFreeAsync(mem, side);
   cudaGetLastError();

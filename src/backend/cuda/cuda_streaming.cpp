@@ -17,6 +17,7 @@
 #include "backend/cuda/kernels/kernels.h"
 #include "backend/cuda/libs/gemm_cublaslt.h"
 #include "backend/cuda/libs/gemm_cutlass.h"
+#include "backend/cuda/runtime/capture_guard.h"
 #include "backend/cuda/runtime/cuda_check.h"
 #include "backend/cuda/runtime/upload_plan.h"
 #include "backend/cuda/validate.h"
@@ -30,7 +31,10 @@ namespace {
 class PinnedStorage final : public Storage {
  public:
   PinnedStorage(void* p, size_t n) : Storage(p, n, Device::kCPU) {}
-  ~PinnedStorage() override { cudaFreeHost(data_); }
+  ~PinnedStorage() override {
+    std::lock_guard<std::mutex> sync_lock(device_sync_mutex());  // capture_guard.h
+    cudaFreeHost(data_);
+  }
 };
 
 // Page-aligned ordinary host memory from std::aligned_alloc, page-locked in place by
@@ -40,7 +44,10 @@ class AlignedHostStorage final : public Storage {
   AlignedHostStorage(void* p, size_t n, bool registered)
       : Storage(p, n, Device::kCPU), registered_(registered) {}
   ~AlignedHostStorage() override {
-    if (registered_) cudaHostUnregister(data_);
+    if (registered_) {
+      std::lock_guard<std::mutex> sync_lock(device_sync_mutex());  // capture_guard.h
+      cudaHostUnregister(data_);
+    }
     std::free(data_);
   }
 
@@ -105,7 +112,10 @@ Result<Tensor> CudaBackend::host_copy(const std::vector<Tensor>& parts, bool pin
     try {  // the storage owns the bytes once it exists; until then `owned` does
       st = std::make_shared<AlignedHostStorage>(owned.get(), bytes, registered);
     } catch (...) {
-      if (registered) cudaHostUnregister(owned.get());
+      if (registered) {
+        std::lock_guard<std::mutex> sync_lock(device_sync_mutex());  // capture_guard.h
+        cudaHostUnregister(owned.get());
+      }
       throw;
     }
     owned.release();
@@ -132,8 +142,11 @@ Result<std::shared_ptr<void>> CudaBackend::lock_host_range(const void* p, size_t
     // No copy may still read the range when it is unlocked.
     int prev = -1;
     if (cudaGetDevice(&prev) == cudaSuccess && prev != device) cudaSetDevice(device);
-    cudaDeviceSynchronize();
-    cudaHostUnregister(r);
+    {
+      std::lock_guard<std::mutex> sync_lock(device_sync_mutex());  // capture_guard.h
+      cudaDeviceSynchronize();
+      cudaHostUnregister(r);
+    }
     cudaGetLastError();
     if (prev >= 0 && prev != device) cudaSetDevice(prev);
   });

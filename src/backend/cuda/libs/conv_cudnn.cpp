@@ -4,6 +4,7 @@
 
 #include <string>
 
+#include "backend/cuda/runtime/capture_guard.h"
 #include "backend/cuda/runtime/cuda_check.h"
 #include "core/log.h"
 
@@ -93,7 +94,10 @@ Status ConvPlanner::make_plan(const ConvRequest& r, Plan& p) {
   const cudnnStatus_t fs = cudnnFindConvolutionForwardAlgorithmEx(
       handle_, p.x, r.x, p.w, r.w, p.conv, p.y, r.y, CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &returned,
       perf, ws_ptr, ws_bytes);
-  if (ws_ptr) cudaFree(ws_ptr);
+  if (ws_ptr) {
+    std::lock_guard<std::mutex> sync_lock(device_sync_mutex());  // capture_guard.h
+    cudaFree(ws_ptr);
+  }
   ZI_TRY(cudnn_status(fs, "cudnnFindConvolutionForwardAlgorithmEx"));
   for (int i = 0; i < returned; ++i) {
     if (perf[i].status != CUDNN_STATUS_SUCCESS) continue;

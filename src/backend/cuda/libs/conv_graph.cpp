@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "backend/cuda/libs/cudnn_fe.h"
+#include "backend/cuda/runtime/capture_guard.h"
 #include "backend/cuda/runtime/cuda_check.h"
 #include "core/log.h"
 
@@ -113,16 +114,15 @@ struct ConvGraphs::Impl {
   }
 
   // The plan saved for `key` (put_blob), loaded without building anything; false (and the blob
-  // dropped) when there is none or it does not load. `warm`: cudnn-frontend's warm-up, which
-  // records (never runs) one execution into a throwaway CUDA graph on the handle's stream, so
-  // that the driver loads the plan's kernels now rather than at its first real execution.
-  bool load_saved(const std::string& key, Plan& p, bool warm = false) {
+  // dropped) when there is none or it does not load.
+  bool load_saved(const std::string& key, Plan& p) {
     if (!cache) return false;
     const std::optional<std::vector<uint8_t>> blob = cache->get_blob(key);
     if (!blob) return false;
     auto g = std::make_shared<fe::graph::Graph>();
     int64_t ws = 0;
-    fe::error_t e = g->deserialize(handle, *blob, /*enforce_precompiled=*/false, warm);
+    fe::error_t e = g->deserialize(handle, *blob, /*enforce_precompiled=*/false,
+                                   /*run_warmup=*/false);
     if (!e.is_good() || !g->get_workspace_size(ws).is_good()) {
       ZI_INFO("plan cache: the saved plan of %s does not load (%s); planning again", key.c_str(),
               e.is_good() ? "no workspace size" : e.get_message().c_str());
@@ -360,27 +360,39 @@ Status ConvGraphs::run(const ConvRequest& r, const void* bias, CachingAllocator&
   return Status::Ok();
 }
 
-int ConvGraphs::preload_saved(cudaStream_t side_stream) noexcept {
+int ConvGraphs::preload_saved(cudaStream_t side_stream, DType dt) noexcept {
   if (!available() || !impl_->cache) return 0;
+  constexpr int kMaxPlans = 64;  // a cache of many models and sizes: the load does not wait long
   int loaded = 0;
+  std::lock_guard<std::mutex> lock(impl_->mu);
   try {
     // The warm-up records on the handle's stream: a side stream, so nothing queued on the
     // compute stream (the uploads) meets a capture. run() takes the handle back afterwards.
-    std::lock_guard<std::mutex> lock(impl_->mu);
     if (cudnnSetStream(impl_->handle, side_stream) != CUDNN_STATUS_SUCCESS) return 0;
     for (const std::string& k : impl_->cache->keys("conv,")) {
+      if (loaded >= kMaxPlans) break;
       Impl::Key key;
-      if (!Impl::parse_cache_key(k, key) || impl_->plans.count(key)) continue;
+      if (!Impl::parse_cache_key(k, key) || std::get<10>(key) != static_cast<int>(dt) ||
+          impl_->plans.count(key))
+        continue;
       Impl::Plan p;
-      if (!impl_->load_saved(k, p, /*warm=*/true)) continue;
+      if (!impl_->load_saved(k, p)) continue;
+      {
+        // cudnn-frontend's warm-up records (never runs) one execution into a throwaway CUDA
+        // graph on the side stream, so the driver loads the plan's kernels now rather than at
+        // its first real execution. Its failure costs only that (the plan stays, and so does
+        // its saved copy); a capture it left open is closed.
+        std::lock_guard<std::mutex> sync_lock(device_sync_mutex());
+        OpenCaptureGuard close_capture(side_stream);
+        (void)p.graph->warmup(impl_->handle);
+      }
       impl_->plans.emplace(key, std::move(p));
       ++loaded;
     }
-    cudnnSetStream(impl_->handle, impl_->stream);
-    cudaGetLastError();  // a failed warm-up capture leaves nothing behind but its error
-  } catch (...) {        // out of host memory: the plans not loaded here load at their first use
-    cudnnSetStream(impl_->handle, impl_->stream);
+  } catch (...) {  // out of host memory: the plans not loaded here load at their first use
   }
+  cudnnSetStream(impl_->handle, impl_->stream);
+  cudaGetLastError();
   return loaded;
 }
 
@@ -401,7 +413,7 @@ std::string ConvGraphs::cache_tag() {
 Status ConvGraphs::run(const ConvRequest&, const void*, CachingAllocator&) {
   return Unsupported("built without cuDNN conv graphs (no cudnn-frontend headers)");
 }
-int ConvGraphs::preload_saved(cudaStream_t) noexcept {
+int ConvGraphs::preload_saved(cudaStream_t, DType) noexcept {
   return 0;
 }
 

@@ -41,14 +41,14 @@ class ConvGraphs {
   static std::string cache_tag();
   // y = conv(x, w) (+ bias[cout] broadcast, when bias is not null).
   Status run(const ConvRequest& r, const void* bias, CachingAllocator& alloc);
-  // Loads every plan the cache has a saved copy of, ahead of its first run(), and has the driver
-  // load their kernels (a recorded, never executed, warm-up on `side_stream`). What a new
-  // process's first decode paid (issue 24, measured on an H100: 76-99 ms for cuDNN's start at the
-  // first plan, up to 80 ms for a plan's first launch) moves to whichever thread calls this, off
-  // the critical path. Returns the plans loaded. Safe beside run() on another thread, but meant
-  // for the load, before the first convolution; never fails (a plan not loaded here loads at its
-  // first use as before).
-  int preload_saved(cudaStream_t side_stream) noexcept;
+  // Loads the plans of `dt` the cache has a saved copy of (at most 64), ahead of their first
+  // run(), and has the driver load their kernels (a recorded, never executed, warm-up on
+  // `side_stream`, under capture_guard.h's lock). What a new process's first decode paid (issue
+  // 24, measured on an H100: 76-99 ms for cuDNN's start at the first plan, up to 80 ms for a
+  // plan's first launch) moves to whichever thread calls this, off the critical path. Returns
+  // the plans loaded. Safe beside run() on another thread, but meant for the load, before the
+  // first convolution; never fails (a plan not loaded here loads at its first use as before).
+  int preload_saved(cudaStream_t side_stream, DType dt) noexcept;
 
  private:
   struct Impl;

@@ -4,9 +4,11 @@
 #include "backend/cuda/libs/gemm_cublaslt.h"
 
 #include <algorithm>
+#include <mutex>
 #include <string>
 
 #include "backend/cuda/kernels/kernels.h"
+#include "backend/cuda/runtime/capture_guard.h"
 #include "backend/cuda/runtime/cuda_check.h"
 #include "core/log.h"
 
@@ -65,13 +67,18 @@ int LtGemm::warm_up(cudaStream_t side, const std::vector<std::array<int64_t, 3>>
     if (cublasLtCreate(&g->lt_) == CUBLAS_STATUS_SUCCESS &&
         cublasCreate(&g->blas_) == CUBLAS_STATUS_SUCCESS &&
         cublasSetStream(g->blas_, side) == CUBLAS_STATUS_SUCCESS &&
-        cublasSetWorkspace(g->blas_, mem, kWorkspaceBytes) == CUBLAS_STATUS_SUCCESS &&
-        cudaStreamBeginCapture(side, cudaStreamCaptureModeRelaxed) == cudaSuccess) {
-      for (const auto& [m, n, k] : linears)
-        if (g->linear(mem, mem, nullptr, mem, m, n, k, dt).ok()) ++recorded;
-      cudaGraph_t graph = nullptr;
-      if (cudaStreamEndCapture(side, &graph) != cudaSuccess) recorded = 0;
-      if (graph) cudaGraphDestroy(graph);
+        cublasSetWorkspace(g->blas_, mem, kWorkspaceBytes) == CUBLAS_STATUS_SUCCESS) {
+      // No device-wide synchronisation meets the capture (capture_guard.h); an exception
+      // (out of host memory in plan()) closes it on the way out.
+      std::lock_guard<std::mutex> sync_lock(device_sync_mutex());
+      if (cudaStreamBeginCapture(side, cudaStreamCaptureModeRelaxed) == cudaSuccess) {
+        OpenCaptureGuard close_capture(side);
+        for (const auto& [m, n, k] : linears)
+          if (g->linear(mem, mem, nullptr, mem, m, n, k, dt).ok()) ++recorded;
+        cudaGraph_t graph = nullptr;
+        if (cudaStreamEndCapture(side, &graph) != cudaSuccess) recorded = 0;
+        if (graph) cudaGraphDestroy(graph);
+      }
     }
   } catch (...) {  // out of host memory: what was not recorded loads at its first use
   }

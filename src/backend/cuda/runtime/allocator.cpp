@@ -6,6 +6,7 @@
 #include <string>
 #include <utility>
 
+#include "backend/cuda/runtime/capture_guard.h"
 #include "backend/cuda/runtime/cuda_check.h"
 #include "core/log.h"
 
@@ -43,7 +44,10 @@ CachingAllocator::CachingAllocator(int device, BlockAllocatorOptions options) : 
     return p;
   };
   auto segment_free = [this](void* p, size_t bytes) -> Status {
-    ZI_TRY(cuda_status(cudaFree(p), "cudaFree"));
+    {
+      std::lock_guard<std::mutex> sync_lock(device_sync_mutex());  // capture_guard.h
+      ZI_TRY(cuda_status(cudaFree(p), "cudaFree"));
+    }
     held_ -= bytes;
     return Status::Ok();
   };

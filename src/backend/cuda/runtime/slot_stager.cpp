@@ -5,6 +5,7 @@
 #include <string>
 #include <thread>
 
+#include "backend/cuda/runtime/capture_guard.h"
 #include "backend/cuda/runtime/cuda_check.h"
 #include "backend/cuda/runtime/upload_plan.h"
 #include "core/log.h"
@@ -27,7 +28,10 @@ SlotStager::~SlotStager() {
       cudaEventSynchronize(b.done);
       cudaEventDestroy(b.done);
     }
-    if (b.data) cudaFreeHost(b.data);
+    if (b.data) {
+      std::lock_guard<std::mutex> sync_lock(device_sync_mutex());  // capture_guard.h
+      cudaFreeHost(b.data);
+    }
   }
   if (prev >= 0 && prev != device_) cudaSetDevice(prev);
 }
@@ -43,7 +47,10 @@ Result<bool> SlotStager::reserve(Buffer& b, size_t bytes) {
   if (unavailable_) return false;
   if (!b.done) ZI_CUDA_TRY(cudaEventCreateWithFlags(&b.done, cudaEventDisableTiming));
   ZI_CUDA_TRY(cudaEventSynchronize(b.done));  // no DMA may still read the old buffer
-  if (b.data) cudaFreeHost(b.data);
+  if (b.data) {
+    std::lock_guard<std::mutex> sync_lock(device_sync_mutex());  // capture_guard.h
+    cudaFreeHost(b.data);
+  }
   b.data = nullptr;
   b.bytes = 0;
   const size_t want = (bytes + (size_t{2} << 20) - 1) / (size_t{2} << 20) * (size_t{2} << 20);

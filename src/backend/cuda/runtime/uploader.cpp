@@ -6,6 +6,7 @@
 #include <string>
 #include <thread>
 
+#include "backend/cuda/runtime/capture_guard.h"
 #include "backend/cuda/runtime/cuda_check.h"
 #include "core/log.h"
 
@@ -190,7 +191,10 @@ void PinnedUploader::free_staging() {
   pool_.reset();
   for (cudaEvent_t e : events_) cudaEventDestroy(e);
   events_.clear();
-  if (staging_ != nullptr) cudaFreeHost(staging_);
+  if (staging_ != nullptr) {
+    std::lock_guard<std::mutex> sync_lock(device_sync_mutex());  // capture_guard.h
+    cudaFreeHost(staging_);
+  }
   staging_ = nullptr;
   ring_.reset();
 }
