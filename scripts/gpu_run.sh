@@ -24,6 +24,10 @@
 #             STARTUP_ROWS (warm,empty,budget12,...,files4,...,cold,single_fp8)
 #             -> $OUT/startup.{json,md}
 #   warmup    a new process's first image with the plan cache empty, then filled -> $OUT/warmup.txt
+#   warmvariants  new processes (plan cache filled) under each of WARM_VARIANTS (';'-separated
+#             "VAR=value ..." settings, default the warm-up levels 1, 0, 2 twice), with the
+#             phases and the debug lines that explain them -> $OUT/warm_variants.txt
+#   exec      EXEC_CMD run with this script's environment (the CUDA library path, $BIN, $ZR)
 #   fp8q      --precision fp8 quality and speed per group of DiT linears against bf16, on $ZR and
 #             on a folder with outlier channels ($ZRO) -> $OUT/fp8_quality{,_outliers}.{json,md}
 #   serve     zimage serve on that folder with --batching on, then off: tools/serve_bench.py
@@ -203,6 +207,21 @@ for f in glob.glob('build/carry/*.xz') + glob.glob('build/carry/lib/*.xz') + glo
       fi
       python3 tools/startup_bench.py --bin "$BIN" --model "$ZR" --out "$OUT" --rows "$rows" \
         --iters ${STARTUP_ITERS:-3} "${extra[@]}" || rc=1 ;;
+    warmvariants)
+      export XDG_CACHE_HOME=/tmp/zimage-xdg-warmup
+      "$BIN" generate --model "$ZR" --device cuda --prompt "$PROMPT" --seed 42 --output /tmp/wv.png -q  # the plan cache
+      IFS=';' read -ra wvs <<< "${WARM_VARIANTS:-ZIMAGE_WARM_UP=1;ZIMAGE_WARM_UP=0;ZIMAGE_WARM_UP=2;ZIMAGE_WARM_UP=1;ZIMAGE_WARM_UP=0;ZIMAGE_WARM_UP=2}"
+      for v in "${wvs[@]}"; do
+        s=$(date +%s.%N)
+        env $v ZIMAGE_LOG=debug "$BIN" generate --model "$ZR" --device cuda --prompt "$PROMPT" --seed 42 \
+          --width 1024 --height 1024 --steps 8 --output /tmp/wv.png --verbose > /tmp/wv.txt 2>&1 || rc=1
+        echo "=== $v: process $(python3 -c "print(round($(date +%s.%N) - $s, 3))") s"
+        grep -E "backend start|ready in|memory plan made|loaded in [0-9.]+ s|warm-up|loaded /|first call|first execute|written|^(text encoder|  step 0 |  step 1 |vae decode|total)" /tmp/wv.txt
+      done | tee "$OUT/warm_variants.txt"
+      rm -f /tmp/wv.png
+      unset XDG_CACHE_HOME ;;
+    exec)
+      BIN="$BIN" ZR="$ZR" OUT="$OUT" PROMPT="$PROMPT" bash -c "${EXEC_CMD:?EXEC_CMD: the command to run}" || rc=1 ;;
     warmup)
       # A new process's first image, plan cache empty then filled by the first run (the CUDA
       # kernel cache warm for both, as for a user's second start): whole-process wall time and
