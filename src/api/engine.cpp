@@ -92,9 +92,7 @@ Result<std::unique_ptr<Engine>> Engine::load_impl(const EngineOptions& options) 
       try {
         backend = guarded("starting the backend", [&]() -> Result<std::unique_ptr<Backend>> {
           auto be = make_backend(first.device, first.precision, first.threads, precision);
-          // The upload staging too (CUDA: page-locked buffers, 0.09-0.15 s), on a thread of its
-          // own until the first upload that needs it: the load plans and copies the embedding
-          // table meanwhile.
+          // The upload staging too (CUDA: page-locked buffers, 0.09-0.15 s), while the files open.
           if (be.ok()) (*be)->prepare_uploads();
           return be;
         });

@@ -97,9 +97,8 @@ class Backend {
   virtual Status finish_uploads() { return synchronize(); }
   // Readies what bulk uploads use before the first weight arrives (CUDA: the page-locked staging
   // buffers and copy threads that finish_uploads frees), so that a caller can overlap it with
-  // other start-up work; it may return before they are ready (CUDA: they are made on a thread of
-  // their own, which the first upload waits for). Optional: the first large upload does it
-  // otherwise. Never fails (a backend that cannot stage uploads copies without staging).
+  // other start-up work. Optional: the first large upload does it otherwise. Never fails (a
+  // backend that cannot stage uploads copies without staging).
   virtual void prepare_uploads() noexcept {}
   // What the first image will run, as far as a load knows it (the model's shapes at its planned
   // size): warm_up loads the kernels of these products ahead.

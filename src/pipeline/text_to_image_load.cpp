@@ -275,10 +275,12 @@ Result<std::unique_ptr<TextToImage>> TextToImage::load(PreparedLoad prepared, Ba
         "memory plan made in %.1f ms (the device's fixed bytes %.1f ms, the weights counted "
         "%.1f ms)",
         ms(p0, Clock::now()), ms(p0, p1), ms(p1, Clock::now()));
-    try {
-      warmer = std::jthread([&be](Backend::WarmUpHints hints) noexcept { be.warm_up(hints); },
-                            warm_up_hints(src.configs(), options));
-    } catch (const std::exception&) {  // no thread or memory to spare: the first image pays
+    if (be.device() != Device::kCPU) {  // the CPU has nothing to warm
+      try {
+        warmer = std::jthread([&be](Backend::WarmUpHints hints) noexcept { be.warm_up(hints); },
+                              warm_up_hints(src.configs(), options));
+      } catch (const std::exception&) {  // no thread or memory to spare: the first image pays
+      }
     }
     if (options.vram_budget != 0)  // the allocator's share: the budget less the context's
       be.set_memory_limit(options.vram_budget > plan_in.fixed ? options.vram_budget - plan_in.fixed

@@ -55,11 +55,10 @@ PinnedUploader::PinnedUploader(int device, cudaStream_t stream, Options options)
 
 PinnedUploader::~PinnedUploader() {
   // Errors cannot be reported from here; release() still waits before freeing anything.
-  (void)release();  // joins prepare()'s thread first
+  (void)release();
 }
 
 Status PinnedUploader::copy(void* dst, const void* src, size_t bytes) {
-  wait_prepared();
   if (bytes == 0) return Status::Ok();
   if (dst == nullptr || src == nullptr)
     return InvalidArgument("upload: null pointer for a copy of " + std::to_string(bytes) +
@@ -170,7 +169,6 @@ bool PinnedUploader::ensure_staging() {
 }
 
 Status PinnedUploader::release() {
-  wait_prepared();
   Status s = Status::Ok();
   if (staging_ != nullptr) {
     // Every DMA out of a buffer was followed by a record of that buffer's event.
