@@ -2,9 +2,11 @@
 // path (any head_dim, f32, forced for bf16 too), with GQA, causal masks (Sq != Sk included),
 // key_len padding (a fully masked batch item must give zeros), S > 1000 with head_dim 128, and
 // the VAE's single 512-wide head; FlashInfer's Hopper (FA3) kernel where the GPU has it, at the
-// DiT's 1024^2 shape too. A DiT-sized case (30 heads x 4224 x 128) checks the flash
-// kernel against the general path on the GPU alone.
+// DiT's 1024^2 shape too; long key rows for the general path's softmax (kept on chip up to 65536
+// keys, read three times past it, and with the hook off). A DiT-sized case (30 heads x 4224 x 128)
+// checks the flash kernel against the general path on the GPU alone.
 #include <cmath>
+#include <limits>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -88,6 +90,12 @@ TEST(CudaOps, AttentionAgainstCpu) {
       {2, 600, 600, 30, 30, 128, false, {600, 544}},  // a ragged DiT batch (padded caption)
       {1, 77, 77, 32, 8, 128, true, {}},              // Qwen3: causal, grouped KV heads
       {1, 200, 200, 4, 4, 256, false, {}},
+      // The general path's softmax with the row on chip: in registers (up to 16384 keys), half in
+      // shared memory (up to 65536), masked; and past it (65540 keys: read three times).
+      {1, 24, 16384, 1, 1, 16, false, {}},
+      {2, 24, 20000, 2, 1, 8, true, {20000, 12345}},
+      {1, 8, 65536, 1, 1, 8, false, {}},
+      {1, 8, 65540, 1, 1, 8, false, {}},
   };
   uint32_t seed = 1000;
   for (DType dt : kDTypes) {
@@ -224,6 +232,42 @@ TEST(CudaOps, AttentionGeneralChunksMatchOneChunk) {
         expect_close(describe(c) + cat(" chunks of ", rows, " vs one chunk"), dt, got, whole);
       }
       g->set_attention_path(cuda::AttentionPath::kAuto);
+    }
+  }
+}
+
+// The general path's softmax kept on chip against the same rows read three times (the kernel it
+// replaced): the same expression per element, only the order of the block's sums differs. Rows of
+// 16384 keys (registers) and 40000 (half in shared memory), with padded keys.
+TEST(CudaOps, AttentionSoftmaxOnChipMatchesThreePass) {
+  ZI_REQUIRE_GPU();
+  const AttnCase cases[] = {{1, 48, 16384, 1, 1, 64, false, {}},
+                            {2, 40, 40000, 2, 2, 32, false, {40000, 30001}}};
+  for (DType dt : kDTypes) {
+    cuda::CudaBackend* g = gpu(dt);
+    uint32_t seed = 2700;
+    for (const AttnCase& c : cases) {
+      Tensor q = take(g->upload(rand_host({c.b, c.sq, c.hq, c.d}, seed++, dt, -2.f, 2.f), dt), "q");
+      Tensor k =
+          take(g->upload(rand_host({c.b, c.sk, c.hkv, c.d}, seed++, dt, -2.f, 2.f), dt), "k");
+      Tensor v = take(g->upload(rand_host({c.b, c.sk, c.hkv, c.d}, seed++, dt), dt), "v");
+      AttentionParams p;
+      p.scale = 1.0f / std::sqrt(static_cast<float>(c.d));
+      p.key_len = c.key_len;
+      std::vector<float> got[2];
+      for (int on = 0; on < 2; ++on) {
+        Tensor o = take(g->alloc(dt, {c.b, c.sq, c.hq, c.d}), "o");
+        ZI_ASSERT_OK(g->fill(o, std::numeric_limits<float>::quiet_NaN()));
+        cuda::set_masked_softmax_on_chip(on == 1);
+        g->set_attention_path(cuda::AttentionPath::kGeneral);
+        const Status st = g->attention(q, k, v, p, o);
+        g->set_attention_path(cuda::AttentionPath::kAuto);
+        cuda::set_masked_softmax_on_chip(true);
+        ZI_ASSERT_OK(st);
+        got[on] = fetch(*g, o);
+      }
+      expect_close(describe(c) + cat(" ", dtype_name(dt), " on chip vs three passes"), dt, got[1],
+                   got[0]);
     }
   }
 }

@@ -436,6 +436,12 @@ TEST(CudaOpsPerf, AttentionBf16) {
     } else {
       report(cat("attention ", c.name), median_ms(g, [&] { return g->attention(q, k, v, p, o); }),
              flop, 0);
+      if (c.path == cuda::AttentionPath::kGeneral && c.d == 512) {  // the softmax's two kernels
+        cuda::set_masked_softmax_on_chip(false);
+        report(cat("attention ", c.name, " [three-pass softmax]"),
+               median_ms(g, [&] { return g->attention(q, k, v, p, o); }), flop, 0);
+        cuda::set_masked_softmax_on_chip(true);
+      }
     }
     g->set_attention_path(cuda::AttentionPath::kAuto);
   }

@@ -1,12 +1,35 @@
 // The masked softmax of the general attention path (any head_dim, f32, and the VAE's single
 // 512-wide head): scores come from a cuBLAS batched GEMM as fp32 rows; one block per row finds the
 // max, the sum of exponentials and writes probabilities in the type of the second GEMM's inputs.
+//
+// The path is bound by memory traffic: at the VAE's 2048² mid-block (65536 keys) the scores are
+// 17 GB of fp32 per decode. So where the row fits on chip (keys a multiple of 4, up to 16384 in
+// registers, up to 65536 with the rest in shared memory) it is read from memory once, kept, and
+// its exponentials computed once; otherwise (odd lengths, longer rows, GPUs with less shared
+// memory) the row is read three times. Both compute the same expression per element
+// (expf(s * scale - max) * (1 / sum)); only the order of the block's sums differs.
+#include <atomic>
+
 #include "backend/cuda/kernels/device_utils.cuh"
 
 namespace zimage::cuda {
 namespace {
 
+std::atomic<bool> g_on_chip{true};  // set_masked_softmax_on_chip (tests and measurements)
+
 constexpr int kThreads = 256;
+
+// Keys of row `row` (of `rows` per head) that take part: those below key_len and, if causal, up
+// to the row's own query position.
+__device__ __forceinline__ int64_t softmax_limit(int64_t row, int64_t rows, int64_t seq_k,
+                                                 int64_t q0, bool causal, int64_t key_len) {
+  int64_t limit = key_len >= 0 && key_len < seq_k ? key_len : seq_k;
+  if (causal) {
+    const int64_t q = q0 + row % rows;
+    if (q + 1 < limit) limit = q + 1;
+  }
+  return limit;
+}
 
 template <typename P>
 __global__ void masked_softmax_kernel(const float* scores, P* probs, int64_t rows, int64_t seq_k,
@@ -15,11 +38,7 @@ __global__ void masked_softmax_kernel(const float* scores, P* probs, int64_t row
   const int64_t row = blockIdx.x;  // over heads * rows
   const float* sr = scores + row * seq_k;
   P* pr = probs + row * seq_k;
-  int64_t limit = key_len >= 0 && key_len < seq_k ? key_len : seq_k;
-  if (causal) {
-    const int64_t q = q0 + row % rows;
-    if (q + 1 < limit) limit = q + 1;
-  }
+  const int64_t limit = softmax_limit(row, rows, seq_k, q0, causal, key_len);
   float mx = -INFINITY;
   for (int64_t j = threadIdx.x; j < limit; j += blockDim.x) mx = fmaxf(mx, sr[j] * scale);
   mx = block_max(mx, scratch);
@@ -33,7 +52,113 @@ __global__ void masked_softmax_kernel(const float* scores, P* probs, int64_t row
   }
 }
 
+// The row on chip: pack i (4 keys) of the row is held by thread i % T, the first kRegPacks * T
+// packs in registers, the rest in dynamic shared memory (each thread reads back only what it
+// wrote, so no barrier guards it). The probabilities may overwrite the scores (p_t f32): every
+// read happens before the block's first reduction.
+__device__ __forceinline__ float masked_max4(const float4 v, int64_t j, int64_t limit, float scale,
+                                             float mx) {
+  if (j < limit) mx = fmaxf(mx, v.x * scale);
+  if (j + 1 < limit) mx = fmaxf(mx, v.y * scale);
+  if (j + 2 < limit) mx = fmaxf(mx, v.z * scale);
+  if (j + 3 < limit) mx = fmaxf(mx, v.w * scale);
+  return mx;
+}
+
+__device__ __forceinline__ float4 masked_exp4(const float4 v, int64_t j, int64_t limit, float scale,
+                                              float mx, float& sum) {
+  float4 e;
+  e.x = j < limit ? expf(v.x * scale - mx) : 0.f;
+  e.y = j + 1 < limit ? expf(v.y * scale - mx) : 0.f;
+  e.z = j + 2 < limit ? expf(v.z * scale - mx) : 0.f;
+  e.w = j + 3 < limit ? expf(v.w * scale - mx) : 0.f;
+  sum += (e.x + e.y) + (e.z + e.w);
+  return e;
+}
+
+template <typename P>
+__device__ __forceinline__ void store4(P* p, const float4 e, float inv) {
+  const float v[4] = {e.x * inv, e.y * inv, e.z * inv, e.w * inv};
+  store_f32<P, 4>(p, v);
+}
+
+template <typename P, int T, int kRegPacks>
+__global__ void __launch_bounds__(T)
+    masked_softmax_onchip_kernel(const float* scores, P* probs, int64_t rows, int64_t seq_k,
+                                 int64_t q0, float scale, bool causal, int64_t key_len) {
+  extern __shared__ float4 spill[];
+  __shared__ float scratch[32];
+  const int64_t row = blockIdx.x;
+  const float4* sr = reinterpret_cast<const float4*>(scores + row * seq_k);
+  P* pr = probs + row * seq_k;
+  const int npacks = static_cast<int>(seq_k / 4);
+  const int t = static_cast<int>(threadIdx.x);
+  const int64_t limit = softmax_limit(row, rows, seq_k, q0, causal, key_len);
+  constexpr int kFirstSpill = kRegPacks * T;
+
+  float4 reg[kRegPacks];
+  float mx = -INFINITY;
+#pragma unroll
+  for (int i = 0; i < kRegPacks; ++i) {
+    const int pk = i * T + t;
+    if (pk < npacks) reg[i] = sr[pk];
+  }
+  for (int pk = kFirstSpill + t; pk < npacks; pk += T) {
+    const float4 v = sr[pk];
+    spill[pk - kFirstSpill] = v;
+    mx = masked_max4(v, int64_t{pk} * 4, limit, scale, mx);
+  }
+#pragma unroll
+  for (int i = 0; i < kRegPacks; ++i) {
+    const int pk = i * T + t;
+    if (pk < npacks) mx = masked_max4(reg[i], int64_t{pk} * 4, limit, scale, mx);
+  }
+  mx = block_max(mx, scratch);
+
+  float sum = 0.f;
+#pragma unroll
+  for (int i = 0; i < kRegPacks; ++i) {
+    const int pk = i * T + t;
+    if (pk < npacks) reg[i] = masked_exp4(reg[i], int64_t{pk} * 4, limit, scale, mx, sum);
+  }
+  for (int pk = kFirstSpill + t; pk < npacks; pk += T)
+    spill[pk - kFirstSpill] =
+        masked_exp4(spill[pk - kFirstSpill], int64_t{pk} * 4, limit, scale, mx, sum);
+  sum = block_sum(sum, scratch);
+  const float inv = sum > 0.f ? 1.f / sum : 0.f;
+
+#pragma unroll
+  for (int i = 0; i < kRegPacks; ++i) {
+    const int pk = i * T + t;
+    if (pk < npacks) store4(pr + int64_t{pk} * 4, reg[i], inv);
+  }
+  for (int pk = kFirstSpill + t; pk < npacks; pk += T)
+    store4(pr + int64_t{pk} * 4, spill[pk - kFirstSpill], inv);
+}
+
+// Up to 16384 keys in registers (64 floats a thread, two blocks an SM); up to 65536 with half
+// the row in 128 KiB of shared memory (one block an SM, 16 warps with 16 loads each in flight).
+constexpr int kSmallThreads = 256, kLargeThreads = 512, kRegPacksPerThread = 16;
+constexpr int64_t kSmallKeys = int64_t{4} * kRegPacksPerThread * kSmallThreads;     // 16384
+constexpr int64_t kLargeRegKeys = int64_t{4} * kRegPacksPerThread * kLargeThreads;  // 32768
+constexpr int64_t kLargeMaxKeys = 2 * kLargeRegKeys;                                // 65536
+
+// Shared memory the large kernel may take on the current device (0 if unknown).
+int64_t optin_shared_bytes() {
+  int dev = 0, bytes = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return bytes;
+}
+
 }  // namespace
+
+void set_masked_softmax_on_chip(bool on) {
+  g_on_chip.store(on, std::memory_order_relaxed);
+}
 
 cudaError_t launch_masked_softmax(KType p_t, const float* scores, void* probs, int64_t heads,
                                   int64_t rows, int64_t seq_k, int64_t q0, float scale, bool causal,
@@ -41,10 +166,33 @@ cudaError_t launch_masked_softmax(KType p_t, const float* scores, void* probs, i
   const int64_t total = heads * rows;
   if (total <= 0 || seq_k <= 0) return cudaSuccess;
   if (total > 0x7fffffff) return cudaErrorInvalidValue;
+  const auto grid = static_cast<unsigned>(total);
   return dispatch_ktype(p_t, [&](auto tag) {
     using P = decltype(tag);
-    masked_softmax_kernel<P><<<static_cast<unsigned>(total), kThreads, 0, s>>>(
-        scores, static_cast<P*>(probs), rows, seq_k, q0, scale, causal, key_len);
+    P* out = static_cast<P*>(probs);
+    // float4 loads need 16-byte rows; the probabilities are stored 4 at a time.
+    const bool packs = seq_k % 4 == 0 && aligned16(scores) &&
+                       reinterpret_cast<uintptr_t>(probs) % (4 * sizeof(P)) == 0;
+    const bool on_chip = packs && g_on_chip.load(std::memory_order_relaxed);
+    if (on_chip && seq_k <= kSmallKeys) {
+      masked_softmax_onchip_kernel<P, kSmallThreads, kRegPacksPerThread>
+          <<<grid, kSmallThreads, 0, s>>>(scores, out, rows, seq_k, q0, scale, causal, key_len);
+      return cudaGetLastError();
+    }
+    if (on_chip && seq_k <= kLargeMaxKeys) {
+      const int64_t spill_bytes = (seq_k - kLargeRegKeys) * 4;  // fp32
+      auto* kernel = masked_softmax_onchip_kernel<P, kLargeThreads, kRegPacksPerThread>;
+      if (spill_bytes + 1024 <= optin_shared_bytes() &&
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               static_cast<int>(spill_bytes)) == cudaSuccess) {
+        kernel<<<grid, kLargeThreads, static_cast<size_t>(spill_bytes), s>>>(
+            scores, out, rows, seq_k, q0, scale, causal, key_len);
+        return cudaGetLastError();
+      }
+      cudaGetLastError();  // a refused attribute: the three-pass kernel below
+    }
+    masked_softmax_kernel<P>
+        <<<grid, kThreads, 0, s>>>(scores, out, rows, seq_k, q0, scale, causal, key_len);
     return cudaGetLastError();
   });
 }

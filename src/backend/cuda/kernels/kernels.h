@@ -183,6 +183,9 @@ cudaError_t launch_flash_attention(const FlashArgs& a, cudaStream_t s);
 cudaError_t launch_masked_softmax(KType p_t, const float* scores, void* probs, int64_t heads,
                                   int64_t rows, int64_t seq_k, int64_t q0, float scale, bool causal,
                                   int64_t key_len, cudaStream_t s);
+// Test and measurement hook: false makes launch_masked_softmax read every row three times from
+// memory (the kernel before rows were kept on chip). Process-wide; default true.
+void set_masked_softmax_on_chip(bool on);
 
 // ---- GGUF dequantisation (gguf_dequant.cu; call it through gguf_dequant.h) ----
 // Packed ggml blocks of `ggml_type` (io/gguf/gguf_quants.h GgmlType id), rows x row_bytes bytes,
