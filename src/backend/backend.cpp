@@ -3,6 +3,7 @@
 #include <cstring>
 #include <string>
 
+#include "backend/op_contract.h"
 #include "core/dtype.h"
 
 namespace zimage {
@@ -46,6 +47,18 @@ Status Backend::residual_norm_gate_then_norm(Tensor& x, const Tensor& y, const T
   if (d <= 0 || x.numel() % d != 0)
     return InvalidArgument("residual_norm_gate_then_norm: x " + x.describe());
   return rms_norm(x.view({x.numel() / d, d}), w_next, eps, scale_next, out);
+}
+
+Status Backend::conv2d_add(const Tensor& x, const Tensor& w, const Tensor& bias,
+                           const Tensor& residual, const Conv2dParams& p, Tensor& y) {
+  if (!residual.defined()) return InvalidArgument("conv2d_add: residual is undefined");
+  ZI_TRY(contract::check_same_shape("conv2d_add", "residual", residual, "y", y));
+  // Disjoint, or the convolution would overwrite the residual before the sum reads it.
+  if (contract::overlaps(residual, y))
+    return InvalidArgument("conv2d_add: residual " + contract::desc(residual) + " overlaps y " +
+                           contract::desc(y));
+  ZI_TRY(conv2d(x, w, bias, p, y));
+  return add(residual, y, y);
 }
 
 Status Backend::matmul_swiglu(const Tensor& x, const Tensor& w13, int64_t block, Tensor& y) {

@@ -346,6 +346,12 @@ class Backend {
   // x[B, H, W, Cin], w[Cout, kh, kw, Cin], bias[Cout] (optional), y[B, Ho, Wo, Cout].
   virtual Status conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dParams& p,
                         Tensor& y) = 0;
+  // y = conv2d(x, w, bias) + residual, residual[B, Ho, Wo, Cout] like y (may alias neither x nor
+  // y). The default runs conv2d, then add(residual, y): the convolution's output rounded to the
+  // storage type before the sum. A backend may fuse the sum into the convolution's epilogue and
+  // round once (the CUDA backend's cuDNN graphs).
+  virtual Status conv2d_add(const Tensor& x, const Tensor& w, const Tensor& bias,
+                            const Tensor& residual, const Conv2dParams& p, Tensor& y);
   // Nearest-neighbour ×2: x[B, H, W, C] -> y[B, 2H, 2W, C].
   virtual Status upsample_nearest2x(const Tensor& x, Tensor& y) = 0;
 

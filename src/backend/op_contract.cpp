@@ -480,6 +480,15 @@ Status conv2d(const OpEnv& env, const Tensor& x, const Tensor& w, const Tensor& 
   return check_alias(op, "w", w, "y", y, false);
 }
 
+Status conv2d_add(const OpEnv& env, const Tensor& x, const Tensor& w, const Tensor& bias,
+                  const Tensor& residual, const Conv2dParams& p, const Tensor& y) {
+  ZI_TRY(conv2d(env, x, w, bias, p, y));
+  const char* op = "conv2d_add";
+  ZI_TRY(act_tensor(env, op, "residual", residual));
+  ZI_TRY(check_same_shape(op, "residual", residual, "y", y));
+  return check_alias(op, "residual", residual, "y", y, false);
+}
+
 // ---- layout ----
 
 Status embedding(const OpEnv& env, const Tensor& table, const Tensor& ids, const Tensor& out) {

@@ -111,6 +111,9 @@ Status attention(const OpEnv& env, const Tensor& q, const Tensor& k, const Tenso
 // aliases y.
 Status conv2d(const OpEnv& env, const Tensor& x, const Tensor& w, const Tensor& bias,
               const Conv2dParams& p, const Tensor& y);
+// conv2d's contract, and residual: the act dtype, y's shape, disjoint from y.
+Status conv2d_add(const OpEnv& env, const Tensor& x, const Tensor& w, const Tensor& bias,
+                  const Tensor& residual, const Conv2dParams& p, const Tensor& y);
 Status upsample_nearest2x(const OpEnv& env, const Tensor& x, const Tensor& y);
 
 // ---- layout ----

@@ -582,6 +582,61 @@ TEST(CudaOps, Conv2d) {
   std::printf("  cuDNN %s\n", gpu(DType::kF32)->has_cudnn() ? "loaded" : "NOT loaded (direct)");
 }
 
+// conv2d_add: the residual summed in the cuDNN graph's epilogue (bf16: one rounding) against the
+// CPU oracle's conv2d, then add; against the unfused path on the GPU (ZIMAGE_FUSED_CONV_ADD=0);
+// shapes where the graph has no plan (3 outputs, asymmetric padding) take the add after the
+// convolution. A residual overlapping y is refused.
+TEST(CudaOps, Conv2dAdd) {
+  ZI_REQUIRE_GPU();
+  struct Case {
+    Shape x;
+    int64_t cout, k;
+    Conv2dParams p;
+    bool bias;
+  };
+  const Case cases[] = {
+      {{1, 16, 16, 128}, 128, 3, {1, 1, 1, 1, 1}, true},  // a VAE resnet's conv2
+      {{2, 12, 10, 64}, 32, 3, {1, 1, 1, 1, 1}, true},    // batch 2, fewer outputs
+      {{1, 8, 8, 32}, 64, 1, {1, 0, 0, 0, 0}, false},     // 1x1, no bias
+      {{1, 9, 11, 16}, 3, 3, {1, 1, 1, 1, 1}, true},      // 3 outputs: no graph
+      {{1, 16, 16, 32}, 64, 3, {2, 0, 1, 0, 1}, true},    // asymmetric padding
+  };
+  for (DType dt : kDTypes) {
+    cuda::CudaBackend* g = gpu(dt);
+    uint32_t seed = 790;
+    for (const Case& c : cases) {
+      const int64_t cin = c.x[3];
+      Both x = both_rand(c.x, seed++, dt);
+      Both w = both_rand({c.cout, c.k, c.k, cin}, seed++, dt, -0.3f, 0.3f);
+      Both b = c.bias ? both_rand({c.cout}, seed++, dt) : Both{};
+      const int64_t ho = (c.x[1] + c.p.pad_top + c.p.pad_bottom - c.k) / c.p.stride + 1;
+      const int64_t wo = (c.x[2] + c.p.pad_left + c.p.pad_right - c.k) / c.p.stride + 1;
+      const Shape ys{c.x[0], ho, wo, c.cout};
+      Both r = both_rand(ys, seed++, dt, -4.f, 4.f);
+      Both y = outputs(ys, dt);
+      const std::string what = label("conv2d_add", c.x, cat(" -> ", c.cout, " k", c.k));
+      ZI_ASSERT_OK(cpu_oracle().conv2d_add(x.cpu, w.cpu, b.cpu, r.cpu, c.p, y.cpu));
+      ZI_ASSERT_OK(g->conv2d_add(x.gpu, w.gpu, b.gpu, r.gpu, c.p, y.gpu));
+      expect_match(what, dt, y);
+      Tensor y2 = take(g->alloc(dt, ys), "y2");
+      g->set_fused_conv_add(false);
+      const Status st = g->conv2d_add(x.gpu, w.gpu, b.gpu, r.gpu, c.p, y2);
+      g->set_fused_conv_add(true);
+      ZI_ASSERT_OK(st);
+      expect_close(what + " fused vs unfused", dt, fetch(*g, y.gpu), fetch(*g, y2));
+      // The residual is read, never written.
+      expect_close(what + " residual untouched", dt, fetch(*g, r.gpu), fetch(cpu_oracle(), r.cpu),
+                   0.0);
+    }
+  }
+  Tensor x = take(gpu(DType::kBF16)->alloc(DType::kBF16, {1, 8, 8, 16}), "x");
+  Tensor w = take(gpu(DType::kBF16)->alloc(DType::kBF16, {16, 3, 3, 16}), "w");
+  Tensor y = take(gpu(DType::kBF16)->alloc(DType::kBF16, {1, 8, 8, 16}), "y");
+  const Conv2dParams same{1, 1, 1, 1, 1};
+  EXPECT_EQ(gpu(DType::kBF16)->conv2d_add(x, w, Tensor(), y, same, y).code(),
+            ErrorCode::kInvalidArgument);
+}
+
 TEST(CudaOps, LayoutOps) {
   ZI_REQUIRE_GPU();
   for (DType dt : kDTypes) {

@@ -466,6 +466,17 @@ TEST(CudaOpsPerf, ConvAndNormsBf16) {
     const double ms = median_ms(g, [&] { return g->conv2d(x, w, b, p, y); });
     report(cat("conv3x3 ", c.hw, "^2 ", c.cin, "->", c.cout), ms,
            2.0 * c.hw * c.hw * c.cin * c.cout * 9, 0);
+    if (c.cin != c.cout) continue;
+    // A VAE resnet's conv2 with the residual: summed in the epilogue, or conv2d, then add.
+    Tensor r = rand_dev(g, {1, c.hw, c.hw, c.cout}, seed++);
+    for (bool fused : {false, true}) {
+      g->set_fused_conv_add(fused);
+      report(cat("conv3x3 ", c.hw, "^2 ", c.cin, "->", c.cout, " + residual",
+                 fused ? " (fused)" : " (then add)"),
+             median_ms(g, [&] { return g->conv2d_add(x, w, b, r, p, y); }),
+             2.0 * c.hw * c.hw * c.cin * c.cout * 9, 0);
+    }
+    g->set_fused_conv_add(true);
   }
   {
     Tensor x = rand_dev(g, {4224, 3840}, seed++);

@@ -110,5 +110,21 @@ TEST(CpuOps, Conv2dErrors) {
   expect_invalid(cpu().conv2d(xb, w3, Tensor(), p, y), "x bf16[1, 4, 4, 3]: dtype must be f32");
 }
 
+// conv2d_add (Backend's default: conv2d, then add) is the convolution plus the residual, the
+// residual read and never written; a residual overlapping y or of another shape is refused.
+TEST(CpuOps, Conv2dAdd) {
+  const Conv2dParams p{1, 1, 1, 1, 1};
+  Tensor x = rand_f32({2, 6, 5, 8}, 770), w = rand_f32({4, 3, 3, 8}, 771);
+  Tensor bias = rand_f32({4}, 772), r = rand_f32({2, 6, 5, 4}, 773), y = f32({2, 6, 5, 4});
+  const std::vector<float> r_before(r.data_as<float>(), r.data_as<float>() + r.numel());
+  ASSERT_TRUE(cpu().conv2d_add(x, w, bias, r, p, y).ok());
+  std::vector<double> ref = ref_conv(x, w, &bias, p, 6, 5);
+  for (size_t i = 0; i < ref.size(); ++i) ref[i] += r_before[i];
+  expect_close("conv2d_add", y, ref, 1e-5, 1e-5);
+  EXPECT_EQ(std::vector<float>(r.data_as<float>(), r.data_as<float>() + r.numel()), r_before);
+  expect_invalid(cpu().conv2d_add(x, w, bias, y, p, y), "overlaps y");
+  expect_invalid(cpu().conv2d_add(x, w, bias, lval(f32({2, 6, 5, 3})), p, y), "f32[2, 6, 5, 3]");
+}
+
 }  // namespace
 }  // namespace zimage::test

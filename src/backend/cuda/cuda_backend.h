@@ -152,6 +152,10 @@ class CudaBackend final : public Backend {
   // (ZIMAGE_FUSED_NORM=0).
   void set_fused_norm(bool on) { fused_norm_ = on; }
   bool fused_norm() const { return fused_norm_; }
+  // Whether conv2d_add sums the residual in the cuDNN graph's epilogue (the default; one rounding)
+  // or runs conv2d, then add (ZIMAGE_FUSED_CONV_ADD=0; the CPU oracle's two roundings).
+  void set_fused_conv_add(bool on) { fused_conv_add_ = on; }
+  bool fused_conv_add() const { return fused_conv_add_; }
   Status group_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, int groups, float eps,
                     bool silu, Tensor& y) override;
   Status rope_half(Tensor& x, const Tensor& cos, const Tensor& sin) override;
@@ -204,6 +208,8 @@ class CudaBackend final : public Backend {
                            Tensor& latents) override;
   Status latent_to_rgb(const Tensor& latents, const LatentRgbMap& map, Tensor& rgb) override;
   Result<int64_t> count_nonfinite(const Tensor& x) override;
+  Status conv2d_add(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& residual,
+                    const Conv2dParams& p, Tensor& y) override;
   Status conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dParams& p,
                 Tensor& y) override;
   Status upsample_nearest2x(const Tensor& x, Tensor& y) override;
@@ -321,9 +327,14 @@ class CudaBackend final : public Backend {
   std::unique_ptr<ThreadPool> host_pool_;
   bool pin_by_register_ = false;
   bool fused_norm_ = true;
+  bool fused_conv_add_ = true;
   int64_t score_budget_ = 0;
   int warm_up_ = 1;  // ZIMAGE_WARM_UP
   WarmUp last_warm_up_;
+  // conv2d and conv2d_add: residual (optional) summed into y in the cuDNN graph's epilogue
+  // where it runs, else by an add after the convolution.
+  Status conv2d_impl(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor* residual,
+                     const Conv2dParams& p, Tensor& y);
   // warm_up()'s part for attention_general: true when cuBLAS recorded both GEMMs.
   bool warm_general_attention(cudaStream_t side) noexcept;
   // The general attention path's query chunk per (kv heads, queries, keys, head dim, dtype).

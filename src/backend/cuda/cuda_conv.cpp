@@ -19,8 +19,21 @@ bool CudaBackend::has_cudnn() const {
 Status CudaBackend::conv2d(const Tensor& x, const Tensor& w, const Tensor& bias,
                            const Conv2dParams& p, Tensor& y) {
   ZI_OP_SCOPE("conv2d", &x, &w);
-  constexpr const char* op = "conv2d";
   ZI_TRY(contract::conv2d(cuda_env(act_), x, w, bias, p, y));
+  return conv2d_impl(x, w, bias, nullptr, p, y);
+}
+
+Status CudaBackend::conv2d_add(const Tensor& x, const Tensor& w, const Tensor& bias,
+                               const Tensor& residual, const Conv2dParams& p, Tensor& y) {
+  if (!fused_conv_add_) return Backend::conv2d_add(x, w, bias, residual, p, y);
+  ZI_OP_SCOPE("conv2d_add", &x, &w);
+  ZI_TRY(contract::conv2d_add(cuda_env(act_), x, w, bias, residual, p, y));
+  return conv2d_impl(x, w, bias, &residual, p, y);
+}
+
+Status CudaBackend::conv2d_impl(const Tensor& x, const Tensor& w, const Tensor& bias,
+                                const Tensor* residual, const Conv2dParams& p, Tensor& y) {
+  constexpr const char* op = "conv2d";
   const int64_t n = x.dim(0), h = x.dim(1), wd = x.dim(2), cin = x.dim(3);
   const int64_t cout = w.dim(0), kh = w.dim(1), kw = w.dim(2);
   const int64_t hp = h + p.pad_top + p.pad_bottom, wp = wd + p.pad_left + p.pad_right;
@@ -42,7 +55,21 @@ Status CudaBackend::conv2d(const Tensor& x, const Tensor& w, const Tensor& bias,
   }
   const ConvRequest req{src.data(), w.data(), y.data(), n,  sh,       sw,    cin,   cout,
                         kh,         kw,       ho,       wo, p.stride, pad_h, pad_w, act_};
-  if (fused_ && use_conv_graphs_ && conv_graphs_->available()) {
+  const bool graphs = fused_ && use_conv_graphs_ && conv_graphs_->available();
+  if (residual) {
+    // The sum in the graph's epilogue (conv, + bias, + residual, rounded once); where cuDNN has
+    // no such plan, the convolution as conv2d runs it, then the add (the CPU oracle's order).
+    if (graphs) {
+      const Status gs = conv_graphs_->run(req, ptr_or_null(bias), *allocator_, residual->data());
+      if (gs.ok()) return Status::Ok();
+      if (gs.code() != ErrorCode::kUnsupported) return gs.with_context("conv2d_add");
+    }
+    ZI_TRY(conv2d_impl(x, w, bias, nullptr, p, y));
+    ZI_LAUNCH_TRY("conv2d_add (add)", launch_add(kt, residual->data(), y.data(), y.data(),
+                                                 y.numel(), y.numel(), stream_));
+    return Status::Ok();
+  }
+  if (graphs) {
     const Status gs = conv_graphs_->run(req, ptr_or_null(bias), *allocator_);
     if (gs.ok()) return Status::Ok();
     if (gs.code() != ErrorCode::kUnsupported) return gs.with_context("conv2d");

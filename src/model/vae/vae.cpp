@@ -184,13 +184,13 @@ Result<Tensor> resnet(Backend& be, const Tensor& x, const vae::Resnet& r, int gr
   ZI_ASSIGN_OR_RETURN(Tensor h1, conv(be, h, r.conv1, same_pad(3)));  // [B,H,W,Cout]
   h = Tensor();
   ZI_TRY(be.group_norm(h1, r.norm2.gamma, r.norm2.beta, groups, kGroupNormEps, true, h1));
-  ZI_ASSIGN_OR_RETURN(Tensor out, conv(be, h1, r.conv2, same_pad(3)));  // [B,H,W,Cout]
+  // out = shortcut(x) + conv2(h1), the sum in the convolution where the backend fuses it.
+  Tensor sc = x;
   if (r.has_shortcut) {
-    ZI_ASSIGN_OR_RETURN(Tensor sc, conv(be, x, r.shortcut, same_pad(1)));  // [B,H,W,Cout]
-    ZI_TRY(be.add(sc, out, out));
-  } else {
-    ZI_TRY(be.add(x, out, out));  // [B,H,W,C]
+    ZI_ASSIGN_OR_RETURN(sc, conv(be, x, r.shortcut, same_pad(1)));  // [B,H,W,Cout]
   }
+  ZI_ASSIGN_OR_RETURN(Tensor out, load::alloc(be, be.act_dtype(), h1.shape(), "vae conv output"));
+  ZI_TRY(be.conv2d_add(h1, r.conv2.w, r.conv2.b, sc, same_pad(3), out));  // [B,H,W,Cout]
   return out;
 }
 

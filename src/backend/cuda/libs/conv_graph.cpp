@@ -26,7 +26,14 @@ namespace fe = cudnn_frontend;
 
 namespace {
 
-enum Uid : int64_t { kX = 1, kW, kBias, kY };
+enum Uid : int64_t { kX = 1, kW, kBias, kY, kResidual };
+
+// The epilogue's operands, the last field of a plan's key and cache key: bias = 1 (kept from the
+// keys before the residual existed, so their saved plans stay valid), residual = 2.
+constexpr int kEpBias = 1, kEpResidual = 2;
+int epilogue_of(const void* bias, const void* residual) {
+  return (bias ? kEpBias : 0) | (residual ? kEpResidual : 0);
+}
 constexpr int kMaxTimedPlans = 4;  // candidates timed per shape (heuristics order)
 constexpr int kTimedRuns = 2;      // after one warm-up run
 
@@ -55,7 +62,7 @@ struct ConvGraphs::Impl {
     float ms = 0;           // its measured time
   };
   using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, int,
-                         int, int, bool>;
+                         int, int, int>;  // ..., dtype, epilogue_of()
 
   cudaStream_t stream = nullptr;
   cudnnHandle_t handle = nullptr;
@@ -63,11 +70,11 @@ struct ConvGraphs::Impl {
   std::map<Key, Plan> plans;
   std::shared_ptr<PlanCache> cache;
 
-  static std::string cache_key(const ConvRequest& r, bool bias) {
+  static std::string cache_key(const ConvRequest& r, int epilogue) {
     std::string k = "conv";
     for (int64_t v : {r.n, r.h, r.w_, r.cin, r.cout, r.kh, r.kw, static_cast<int64_t>(r.stride),
                       static_cast<int64_t>(r.pad_h), static_cast<int64_t>(r.pad_w),
-                      static_cast<int64_t>(r.dt), static_cast<int64_t>(bias)})
+                      static_cast<int64_t>(r.dt), static_cast<int64_t>(epilogue)})
       k += "," + std::to_string(v);
     return k;
   }
@@ -91,8 +98,8 @@ struct ConvGraphs::Impl {
               static_cast<int>(v[8]),
               static_cast<int>(v[9]),
               static_cast<int>(v[10]),
-              v[11] != 0};
-    return true;
+              static_cast<int>(v[11])};
+    return v[11] >= 0 && v[11] <= (kEpBias | kEpResidual);
   }
 
   // The plan the cache names, built alone; false (and the hint forgotten) when it does not build.
@@ -150,8 +157,9 @@ struct ConvGraphs::Impl {
     cache->put_blob(key, blob);
   }
 
-  Status build(const ConvRequest& r, const void* bias, CachingAllocator& alloc, Plan& p) {
-    const std::string key = cache_key(r, bias != nullptr);
+  Status build(const ConvRequest& r, const void* bias, const void* residual,
+               CachingAllocator& alloc, Plan& p) {
+    const std::string key = cache_key(r, epilogue_of(bias, residual));
     if (load_saved(key, p)) return Status::Ok();
     const fe::DataType_t io =
         r.dt == DType::kBF16 ? fe::DataType_t::BFLOAT16
@@ -187,6 +195,16 @@ struct ConvGraphs::Impl {
           conv, b,
           fe::graph::Pointwise_attributes().set_name("bias").set_mode(fe::PointwiseMode_t::ADD));
     }
+    if (residual) {
+      auto res = g->tensor(fe::graph::Tensor_attributes()
+                               .set_name("residual")
+                               .set_uid(kResidual)
+                               .set_dim({r.n, r.cout, r.ho, r.wo})
+                               .set_stride(nhwc_strides(r.cout, r.ho, r.wo)));
+      y = g->pointwise(y, res,
+                       fe::graph::Pointwise_attributes().set_name("residual").set_mode(
+                           fe::PointwiseMode_t::ADD));
+    }
     y->set_output(true)
         .set_uid(kY)
         .set_data_type(io)
@@ -215,6 +233,7 @@ struct ConvGraphs::Impl {
     std::unordered_map<int64_t, void*> pack{
         {kX, const_cast<void*>(r.x)}, {kW, const_cast<void*>(r.w)}, {kY, r.y}};
     if (bias) pack.emplace(kBias, const_cast<void*>(bias));
+    if (residual) pack.emplace(kResidual, const_cast<void*>(residual));
     cudaEvent_t start = nullptr, stop = nullptr;
     ZI_CUDA_TRY(cudaEventCreate(&start));
     if (cudaEventCreate(&stop) != cudaSuccess) {
@@ -291,7 +310,8 @@ std::string ConvGraphs::cache_tag() {
          std::to_string(CUDNN_FRONTEND_PATCH_VERSION);
 }
 
-Status ConvGraphs::run(const ConvRequest& r, const void* bias, CachingAllocator& alloc) {
+Status ConvGraphs::run(const ConvRequest& r, const void* bias, CachingAllocator& alloc,
+                       const void* residual) {
   if (!available()) return Unsupported("cuDNN conv graphs unavailable");
   // f32 stays on the legacy path, which pins FMA math (no TF32) to match the CPU oracle.
   if (r.dt == DType::kF32) return Unsupported("cuDNN conv graph: bf16/f16 only");
@@ -306,7 +326,7 @@ Status ConvGraphs::run(const ConvRequest& r, const void* bias, CachingAllocator&
                       r.pad_h,
                       r.pad_w,
                       static_cast<int>(r.dt),
-                      bias != nullptr};
+                      epilogue_of(bias, residual)};
   std::lock_guard<std::mutex> lock(impl_->mu);
   auto it = impl_->plans.find(key);
   using Clock = std::chrono::steady_clock;
@@ -315,11 +335,11 @@ Status ConvGraphs::run(const ConvRequest& r, const void* bias, CachingAllocator&
   if (first_use) {
     t0 = Clock::now();
     Impl::Plan p;
-    const Status s = impl_->build(r, bias, alloc, p);
+    const Status s = impl_->build(r, bias, residual, alloc, p);
     // Where a first decode's time goes (issue 24: a new process's first decode costs ~0.27 s
     // over a steady one): the plan (loaded, rebuilt from the cached index, or searched) here, its
     // first execution below.
-    ZI_DEBUG("conv plan %s: %s in %.1f ms", Impl::cache_key(r, bias != nullptr).c_str(),
+    ZI_DEBUG("conv plan %s: %s in %.1f ms", Impl::cache_key(r, epilogue_of(bias, residual)).c_str(),
              !s.ok()       ? "unsupported"
              : p.index < 0 ? "loaded"
                            : "built",
@@ -339,6 +359,7 @@ Status ConvGraphs::run(const ConvRequest& r, const void* bias, CachingAllocator&
   std::unordered_map<int64_t, void*> pack{
       {kX, const_cast<void*>(r.x)}, {kW, const_cast<void*>(r.w)}, {kY, r.y}};
   if (bias) pack.emplace(kBias, const_cast<void*>(bias));
+  if (residual) pack.emplace(kResidual, const_cast<void*>(residual));
   std::shared_ptr<Storage> ws;
   if (p.workspace > 0) {
     ZI_ASSIGN_OR_RETURN(ws, alloc.allocate(static_cast<size_t>(p.workspace)));
@@ -349,7 +370,7 @@ Status ConvGraphs::run(const ConvRequest& r, const void* bias, CachingAllocator&
   if (!e.is_good()) return DeviceError("cuDNN conv graph: execute: " + e.get_message());
   if (first_use)  // host time of the first launch (module loading, lazy kernel loading)
     ZI_DEBUG("conv plan %s: first execute queued in %.1f ms",
-             Impl::cache_key(r, bias != nullptr).c_str(),
+             Impl::cache_key(r, epilogue_of(bias, residual)).c_str(),
              std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
   // Saved once it has run: a plan serialised before its first execution did not load again on
   // the GPU (measured: PlanCacheGpu), presumably for state cudnn-frontend fills at execution.
@@ -410,7 +431,7 @@ bool ConvGraphs::available() const {
 std::string ConvGraphs::cache_tag() {
   return "conv-graphs v2";
 }
-Status ConvGraphs::run(const ConvRequest&, const void*, CachingAllocator&) {
+Status ConvGraphs::run(const ConvRequest&, const void*, CachingAllocator&, const void*) {
   return Unsupported("built without cuDNN conv graphs (no cudnn-frontend headers)");
 }
 int ConvGraphs::preload_saved(cudaStream_t, DType) noexcept {

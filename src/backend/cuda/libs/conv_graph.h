@@ -39,8 +39,10 @@ class ConvGraphs {
   // What the saved plans depend on besides the GPU and cuDNN: this code's layout of the graphs and
   // the frontend's serialisation (part of the plan cache's identity).
   static std::string cache_tag();
-  // y = conv(x, w) (+ bias[cout] broadcast, when bias is not null).
-  Status run(const ConvRequest& r, const void* bias, CachingAllocator& alloc);
+  // y = conv(x, w) (+ bias[cout] broadcast, when bias is not null) (+ residual[n, ho, wo, cout],
+  // when not null), summed in fp32 in the plan's epilogue and rounded once.
+  Status run(const ConvRequest& r, const void* bias, CachingAllocator& alloc,
+             const void* residual = nullptr);
   // Loads the plans of `dt` the cache has a saved copy of (at most 64), ahead of their first
   // run(), and has the driver load their kernels (a recorded, never executed, warm-up on
   // `side_stream`, under capture_guard.h's lock). What a new process's first decode paid (issue
