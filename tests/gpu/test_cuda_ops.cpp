@@ -323,7 +323,10 @@ TEST(CudaOps, QkvSplitNormRope) {
       // head_dim 128 takes the vectorised kernel: shared freqs, no norm, grouped KV heads
       {2, 33, 30, 30, 128, true, true, true},
       {1, 17, 4, 2, 128, false, true, false},
-      {2, 5, 32, 8, 128, true, false, false}};
+      {2, 5, 32, 8, 128, true, false, false},
+      // 3 heads a row, fewer than a warp's 4 items: a warp's items span three rows
+      {2, 9, 1, 1, 128, true, true, false},
+      {1, 7, 1, 1, 128, true, true, true}};
   for_each_row_tuning([&] {
     for (DType dt : kDTypes) {
       uint32_t seed = 900;

@@ -108,17 +108,27 @@ __global__ void qkv_norm_rope_d128_kernel(const T* __restrict__ qkv, const T* __
   for (int64_t base = (int64_t{blockIdx.x} * kWarps + (threadIdx.x >> 5)) * kItems; base < total;
        base += stride) {
     Vec4<T> in[kItems];
-    float4 f[kItems];
 #pragma unroll
     for (int j = 0; j < kItems; ++j) {
       const int64_t item = base + j;
       if (item >= total) break;
       in[j] = reinterpret_cast<const Vec4<T>*>(qkv + item * kD128)[lane];
-      const int64_t row = item / heads;
-      const int h = static_cast<int>(item - row * heads);
-      if (freqs && h < hq + hkv) {
-        const int64_t token = seq_if_shared > 0 ? row % seq_if_shared : row;
-        f[j] = reinterpret_cast<const float4*>(freqs + token * kD128)[lane];
+    }
+    // The items' heads belong to at most two token rows (kItems <= 4 consecutive items), and the
+    // heads of one row share their (cos, sin): one load per row, not per head (the table was read
+    // from L2 once for every q and k head: 60 × 512 bytes a token at the DiT's shapes).
+    const int64_t row_a = base / heads;
+    const int64_t last = base + kItems - 1 < total ? base + kItems - 1 : total - 1;
+    const int64_t row_b = last / heads;
+    float4 fa = make_float4(0.f, 0.f, 0.f, 0.f), fb = fa;
+    if (freqs) {
+      if (base - row_a * heads < hq + hkv) {
+        const int64_t token = seq_if_shared > 0 ? row_a % seq_if_shared : row_a;
+        fa = reinterpret_cast<const float4*>(freqs + token * kD128)[lane];
+      }
+      if (row_b != row_a) {
+        const int64_t token = seq_if_shared > 0 ? row_b % seq_if_shared : row_b;
+        fb = reinterpret_cast<const float4*>(freqs + token * kD128)[lane];
       }
     }
 #pragma unroll
@@ -145,7 +155,11 @@ __global__ void qkv_norm_rope_d128_kernel(const T* __restrict__ qkv, const T* __
         for (int i = 0; i < 4; ++i) e[i] = round_to<T>(round_to<T>(e[i] * r) * to_f32<T>(wv.v[i]));
       }
       if (!is_v && freqs) {
-        const float4 c = f[j];
+        float4 c = row == row_a ? fa : fb;
+        if (row != row_a && row != row_b) {  // a row in between: fewer heads than kItems
+          const int64_t token = seq_if_shared > 0 ? row % seq_if_shared : row;
+          c = reinterpret_cast<const float4*>(freqs + token * kD128)[lane];
+        }
         const float y0 = e[0] * c.x - e[1] * c.y, y1 = e[0] * c.y + e[1] * c.x;
         const float y2 = e[2] * c.z - e[3] * c.w, y3 = e[2] * c.w + e[3] * c.z;
         e[0] = y0, e[1] = y1, e[2] = y2, e[3] = y3;

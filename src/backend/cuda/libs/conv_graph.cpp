@@ -202,8 +202,9 @@ struct ConvGraphs::Impl {
                                .set_dim({r.n, r.cout, r.ho, r.wo})
                                .set_stride(nhwc_strides(r.cout, r.ho, r.wo)));
       y = g->pointwise(y, res,
-                       fe::graph::Pointwise_attributes().set_name("residual").set_mode(
-                           fe::PointwiseMode_t::ADD));
+                       fe::graph::Pointwise_attributes()
+                           .set_name("residual")
+                           .set_mode(fe::PointwiseMode_t::ADD));
     }
     y->set_output(true)
         .set_uid(kY)
