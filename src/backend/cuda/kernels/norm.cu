@@ -31,9 +31,11 @@ RowKernelTuning row_kernel_tuning() {
 // Measured in session 14 (docs/BENCHMARKS.md, one H100, `scripts/gpu_run.sh variants`): the
 // row-walking kernels took the VAE decode from 33.8 to 30.5 ms at 1024² and from 198 to 191 ms at
 // 2048², the DiT forward unchanged within the run-to-run spread; 2 packs per thread and 2 items
-// per warp (2,2,2) gained nothing more.
+// per warp (2,2,2) gained nothing more. Session 16 (one H100, CudaOpsPerf.RowKernelTuning, with
+// one (cos, sin) load per token row): the prologue at 2 items per warp 0.102 / 0.386 ms at 4160 /
+// 16448 rows against 0.124 / 0.476 at 1 item (4 items: 0.109 / 0.409), so 2 is the default.
 RowKernelTuning row_kernel_defaults() {
-  return {1, 1, 2};
+  return {1, 2, 2};
 }
 
 namespace {
