@@ -112,6 +112,10 @@ class CheckBackend final : public Backend {
                 Tensor&) override {
     return no_op("conv2d");
   }
+  Status conv2d_add(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Conv2dParams&,
+                    Tensor&) override {
+    return no_op("conv2d_add");
+  }
   Status upsample_nearest2x(const Tensor&, Tensor&) override { return no_op("upsample_nearest2x"); }
   Status embedding(const Tensor&, const Tensor&, Tensor&) override { return no_op("embedding"); }
   Status patchify(const Tensor&, int, Tensor&) override { return no_op("patchify"); }

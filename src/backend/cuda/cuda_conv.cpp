@@ -64,7 +64,10 @@ Status CudaBackend::conv2d_impl(const Tensor& x, const Tensor& w, const Tensor& 
       if (gs.ok()) return Status::Ok();
       if (gs.code() != ErrorCode::kUnsupported) return gs.with_context("conv2d_add");
     }
-    ZI_TRY(conv2d_impl(x, w, bias, nullptr, p, y));
+    // The padded source (if any) as is: no second padded copy.
+    Conv2dParams padded = p;
+    if (src.data() != x.data()) padded = Conv2dParams{p.stride, 0, 0, 0, 0};
+    ZI_TRY(conv2d_impl(src, w, bias, nullptr, padded, y));
     ZI_LAUNCH_TRY("conv2d_add (add)", launch_add(kt, residual->data(), y.data(), y.data(),
                                                  y.numel(), y.numel(), stream_));
     return Status::Ok();

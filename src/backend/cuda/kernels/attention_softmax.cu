@@ -3,7 +3,7 @@
 // max, the sum of exponentials and writes probabilities in the type of the second GEMM's inputs.
 //
 // The path is bound by memory traffic: at the VAE's 2048² mid-block (65536 keys) the scores are
-// 17 GB of fp32 per decode. So where the row fits on chip (keys a multiple of 4, up to 16384 in
+// 17 GB of fp32 per decode. So where the row fits on chip (keys a multiple of 4, up to 32768 in
 // registers, up to 65536 with the rest in shared memory) it is read from memory once, kept, and
 // its exponentials computed once; otherwise (odd lengths, longer rows, GPUs with less shared
 // memory) the row is read three times. Both compute the same expression per element
@@ -83,7 +83,7 @@ __device__ __forceinline__ void store4(P* p, const float4 e, float inv) {
 }
 
 template <typename P, int T, int kRegPacks>
-__global__ void __launch_bounds__(T)
+__global__ void __launch_bounds__(T, 16 * 32 / T)
     masked_softmax_onchip_kernel(const float* scores, P* probs, int64_t rows, int64_t seq_k,
                                  int64_t q0, float scale, bool causal, int64_t key_len) {
   extern __shared__ float4 spill[];
@@ -136,22 +136,42 @@ __global__ void __launch_bounds__(T)
     store4(pr + int64_t{pk} * 4, spill[pk - kFirstSpill], inv);
 }
 
-// Up to 16384 keys in registers (64 floats a thread, two blocks an SM); up to 65536 with half
-// the row in 128 KiB of shared memory (one block an SM, 16 warps with 16 loads each in flight).
+// Up to 16384 keys in registers (64 floats a thread, two blocks an SM); up to 32768 in the
+// registers of 512 threads; up to 65536 with the rest of the row in up to 128 KiB of shared
+// memory (one block an SM, 16 warps with 16 loads each in flight).
 constexpr int kSmallThreads = 256, kLargeThreads = 512, kRegPacksPerThread = 16;
 constexpr int64_t kSmallKeys = int64_t{4} * kRegPacksPerThread * kSmallThreads;     // 16384
 constexpr int64_t kLargeRegKeys = int64_t{4} * kRegPacksPerThread * kLargeThreads;  // 32768
 constexpr int64_t kLargeMaxKeys = 2 * kLargeRegKeys;                                // 65536
+constexpr int kMaxSpillBytes = static_cast<int>((kLargeMaxKeys - kLargeRegKeys) * 4);
 
-// Shared memory the large kernel may take on the current device (0 if unknown).
-int64_t optin_shared_bytes() {
-  int dev = 0, bytes = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) {
+// Whether the large kernel of P may take kMaxSpillBytes of shared memory on the current device:
+// the attribute is set once per device (to the most any row needs, so concurrent launches never
+// see a smaller limit), and refused on GPUs without that much (rows past 32768 keys then take the
+// three-pass kernel).
+template <typename P>
+bool large_spill_ready() {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> state[kMaxDevices];  // 0 unknown, 1 ready, -1 refused
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) {
     cudaGetLastError();
-    return 0;
+    return false;
   }
-  return bytes;
+  int s = state[dev].load(std::memory_order_acquire);
+  if (s == 0) {
+    int optin = 0;
+    const bool ok = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) ==
+                        cudaSuccess &&
+                    optin >= kMaxSpillBytes + 1024 &&  // + the kernel's static scratch
+                    cudaFuncSetAttribute(
+                        masked_softmax_onchip_kernel<P, kLargeThreads, kRegPacksPerThread>,
+                        cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxSpillBytes) == cudaSuccess;
+    if (!ok) cudaGetLastError();
+    s = ok ? 1 : -1;
+    state[dev].store(s, std::memory_order_release);
+  }
+  return s == 1;
 }
 
 }  // namespace
@@ -179,17 +199,12 @@ cudaError_t launch_masked_softmax(KType p_t, const float* scores, void* probs, i
           <<<grid, kSmallThreads, 0, s>>>(scores, out, rows, seq_k, q0, scale, causal, key_len);
       return cudaGetLastError();
     }
-    if (on_chip && seq_k <= kLargeMaxKeys) {
-      const int64_t spill_bytes = (seq_k - kLargeRegKeys) * 4;  // fp32
-      auto* kernel = masked_softmax_onchip_kernel<P, kLargeThreads, kRegPacksPerThread>;
-      if (spill_bytes + 1024 <= optin_shared_bytes() &&
-          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               static_cast<int>(spill_bytes)) == cudaSuccess) {
-        kernel<<<grid, kLargeThreads, static_cast<size_t>(spill_bytes), s>>>(
-            scores, out, rows, seq_k, q0, scale, causal, key_len);
-        return cudaGetLastError();
-      }
-      cudaGetLastError();  // a refused attribute: the three-pass kernel below
+    const int64_t spill_bytes = seq_k > kLargeRegKeys ? (seq_k - kLargeRegKeys) * 4 : 0;  // fp32
+    if (on_chip && seq_k <= kLargeMaxKeys && (spill_bytes == 0 || large_spill_ready<P>())) {
+      masked_softmax_onchip_kernel<P, kLargeThreads, kRegPacksPerThread>
+          <<<grid, kLargeThreads, static_cast<size_t>(spill_bytes), s>>>(
+              scores, out, rows, seq_k, q0, scale, causal, key_len);
+      return cudaGetLastError();
     }
     masked_softmax_kernel<P>
         <<<grid, kThreads, 0, s>>>(scores, out, rows, seq_k, q0, scale, causal, key_len);

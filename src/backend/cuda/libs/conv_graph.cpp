@@ -28,8 +28,10 @@ namespace {
 
 enum Uid : int64_t { kX = 1, kW, kBias, kY, kResidual };
 
-// The epilogue's operands, the last field of a plan's key and cache key: bias = 1 (kept from the
-// keys before the residual existed, so their saved plans stay valid), residual = 2.
+// The epilogue's operands, the last field of a plan's key: bias = 1, residual = 2. In the cache key
+// the bias stays the 12th field as before the residual existed (so saved plans stay valid) and a
+// residual adds a 13th, ",1", which an older binary's parser rejects instead of taking the plan
+// for a bias-only one.
 constexpr int kEpBias = 1, kEpResidual = 2;
 int epilogue_of(const void* bias, const void* residual) {
   return (bias ? kEpBias : 0) | (residual ? kEpResidual : 0);
@@ -70,36 +72,57 @@ struct ConvGraphs::Impl {
   std::map<Key, Plan> plans;
   std::shared_ptr<PlanCache> cache;
 
-  static std::string cache_key(const ConvRequest& r, int epilogue) {
-    std::string k = "conv";
-    for (int64_t v : {r.n, r.h, r.w_, r.cin, r.cout, r.kh, r.kw, static_cast<int64_t>(r.stride),
-                      static_cast<int64_t>(r.pad_h), static_cast<int64_t>(r.pad_w),
-                      static_cast<int64_t>(r.dt), static_cast<int64_t>(epilogue)})
-      k += "," + std::to_string(v);
-    return k;
+  static Key key_of(const ConvRequest& r, int epilogue) {
+    return Key{r.n,
+               r.h,
+               r.w_,
+               r.cin,
+               r.cout,
+               r.kh,
+               r.kw,
+               r.stride,
+               r.pad_h,
+               r.pad_w,
+               static_cast<int>(r.dt),
+               epilogue};
   }
 
-  // The map key of a cache key written by cache_key(); false for anything else.
+  static std::string cache_key(const Key& key) {
+    const auto& [n, h, w, cin, cout, kh, kw, stride, pad_h, pad_w, dt, epilogue] = key;
+    std::string k = "conv";
+    for (int64_t v : {n, h, w, cin, cout, kh, kw, int64_t{stride}, int64_t{pad_h}, int64_t{pad_w},
+                      int64_t{dt}, int64_t{epilogue & kEpBias}})
+      k += "," + std::to_string(v);
+    if (epilogue & kEpResidual) k += ",1";
+    return k;
+  }
+  static std::string cache_key(const ConvRequest& r, int epilogue) {
+    return cache_key(key_of(r, epilogue));
+  }
+
+  // The map key of a cache key written by cache_key(); false for anything else (the key written
+  // back from what was parsed must be the same string).
   static bool parse_cache_key(const std::string& k, Key& out) {
-    long long v[12];
-    char tail = 0;
-    if (std::sscanf(k.c_str(), "conv,%lld,%lld,%lld,%lld,%lld,%lld,%lld,%lld,%lld,%lld,%lld,%lld%c",
-                    &v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6], &v[7], &v[8], &v[9], &v[10],
-                    &v[11], &tail) != 12)
-      return false;
-    out = Key{v[0],
-              v[1],
-              v[2],
-              v[3],
-              v[4],
-              v[5],
-              v[6],
-              static_cast<int>(v[7]),
-              static_cast<int>(v[8]),
-              static_cast<int>(v[9]),
-              static_cast<int>(v[10]),
-              static_cast<int>(v[11])};
-    return v[11] >= 0 && v[11] <= (kEpBias | kEpResidual);
+    long long v[13] = {};
+    const int n = std::sscanf(
+        k.c_str(), "conv,%lld,%lld,%lld,%lld,%lld,%lld,%lld,%lld,%lld,%lld,%lld,%lld,%lld", &v[0],
+        &v[1], &v[2], &v[3], &v[4], &v[5], &v[6], &v[7], &v[8], &v[9], &v[10], &v[11], &v[12]);
+    if ((n != 12 && n != 13) || v[11] < 0 || v[11] > 1) return false;
+    const Key parsed{v[0],
+                     v[1],
+                     v[2],
+                     v[3],
+                     v[4],
+                     v[5],
+                     v[6],
+                     static_cast<int>(v[7]),
+                     static_cast<int>(v[8]),
+                     static_cast<int>(v[9]),
+                     static_cast<int>(v[10]),
+                     static_cast<int>(v[11]) | (n == 13 ? kEpResidual : 0)};
+    if (cache_key(parsed) != k) return false;
+    out = parsed;
+    return true;
   }
 
   // The plan the cache names, built alone; false (and the hint forgotten) when it does not build.
@@ -316,18 +339,7 @@ Status ConvGraphs::run(const ConvRequest& r, const void* bias, CachingAllocator&
   if (!available()) return Unsupported("cuDNN conv graphs unavailable");
   // f32 stays on the legacy path, which pins FMA math (no TF32) to match the CPU oracle.
   if (r.dt == DType::kF32) return Unsupported("cuDNN conv graph: bf16/f16 only");
-  const Impl::Key key{r.n,
-                      r.h,
-                      r.w_,
-                      r.cin,
-                      r.cout,
-                      r.kh,
-                      r.kw,
-                      r.stride,
-                      r.pad_h,
-                      r.pad_w,
-                      static_cast<int>(r.dt),
-                      epilogue_of(bias, residual)};
+  const Impl::Key key = Impl::key_of(r, epilogue_of(bias, residual));
   std::lock_guard<std::mutex> lock(impl_->mu);
   auto it = impl_->plans.find(key);
   using Clock = std::chrono::steady_clock;
