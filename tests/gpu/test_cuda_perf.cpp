@@ -397,6 +397,8 @@ TEST(CudaOpsPerf, AttentionBf16) {
       {"flash causal 32/8 x 512 x 128 (Qwen3)", 512, 32, 8, 128, true, cuda::AttentionPath::kFlash},
       {"general 1 x 16384 x 512 (VAE 1024^2)", 16384, 1, 1, 512, false,
        cuda::AttentionPath::kGeneral},
+      {"general 1 x 25600 x 512 (VAE 1280^2)", 25600, 1, 1, 512, false,
+       cuda::AttentionPath::kGeneral},
       {"general 1 x 65536 x 512 (VAE 2048^2)", 65536, 1, 1, 512, false,
        cuda::AttentionPath::kGeneral},
       {"auto 1 x 16384 x 512 (VAE 1024^2)", 16384, 1, 1, 512, false, cuda::AttentionPath::kAuto},
