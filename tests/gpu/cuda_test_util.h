@@ -176,6 +176,11 @@ std::string cat(const A&... a) {
   return os.str();
 }
 
+// "op [shape]extra": the name an op's comparison prints.
+inline std::string label(const char* op, const Shape& s, const std::string& extra = "") {
+  return cat(op, " ", shape_str(s), extra);
+}
+
 constexpr DType kDTypes[] = {DType::kF32, DType::kBF16};
 
 }  // namespace zimage::test

@@ -52,10 +52,7 @@ __global__ void masked_softmax_kernel(const float* scores, P* probs, int64_t row
   }
 }
 
-// The row on chip: pack i (4 keys) of the row is held by thread i % T, the first kRegPacks * T
-// packs in registers, the rest in dynamic shared memory (each thread reads back only what it
-// wrote, so no barrier guards it). The probabilities may overwrite the scores (p_t f32): every
-// read happens before the block's first reduction.
+// The max (and below: the exponentials, masked keys 0) of pack j..j+3 of a row, keys < limit.
 __device__ __forceinline__ float masked_max4(const float4 v, int64_t j, int64_t limit, float scale,
                                              float mx) {
   if (j < limit) mx = fmaxf(mx, v.x * scale);
@@ -82,6 +79,10 @@ __device__ __forceinline__ void store4(P* p, const float4 e, float inv) {
   store_f32<P, 4>(p, v);
 }
 
+// The row on chip: pack i (4 keys) of the row is held by thread i % T, the first kRegPacks * T
+// packs in registers, the rest in dynamic shared memory (each thread reads back only what it
+// wrote, so no barrier guards it). The probabilities may overwrite the scores (p_t f32): every
+// read happens before the block's first reduction.
 template <typename P, int T, int kRegPacks>
 __global__ void __launch_bounds__(T, 16 * 32 / T)
     masked_softmax_onchip_kernel(const float* scores, P* probs, int64_t rows, int64_t seq_k,

@@ -114,9 +114,10 @@ __global__ void qkv_norm_rope_d128_kernel(const T* __restrict__ qkv, const T* __
       if (item >= total) break;
       in[j] = reinterpret_cast<const Vec4<T>*>(qkv + item * kD128)[lane];
     }
-    // The items' heads belong to at most two token rows (kItems <= 4 consecutive items), and the
-    // heads of one row share their (cos, sin): one load per row, not per head (the table was read
-    // from L2 once for every q and k head: 60 × 512 bytes a token at the DiT's shapes).
+    // The heads of one token row share their (cos, sin): one load per row, not per head (the
+    // table was read from L2 once for every q and k head: 60 × 512 bytes a token at the DiT's
+    // shapes). A warp's items lie in the rows of its first and last item, except with fewer
+    // heads a row than kItems - 1 (no k/v heads), where a row in between is loaded below.
     const int64_t row_a = base / heads;
     const int64_t last = base + kItems - 1 < total ? base + kItems - 1 : total - 1;
     const int64_t row_b = last / heads;
@@ -156,7 +157,7 @@ __global__ void qkv_norm_rope_d128_kernel(const T* __restrict__ qkv, const T* __
       }
       if (!is_v && freqs) {
         float4 c = row == row_a ? fa : fb;
-        if (row != row_a && row != row_b) {  // a row in between: fewer heads than kItems
+        if (row != row_a && row != row_b) {  // a row in between (see above)
           const int64_t token = seq_if_shared > 0 ? row % seq_if_shared : row;
           c = reinterpret_cast<const float4*>(freqs + token * kD128)[lane];
         }

@@ -8,6 +8,7 @@
 #include <optional>
 #include <string>
 #include <tuple>
+#include <unordered_map>
 #include <vector>
 
 #include "backend/cuda/libs/cudnn_fe.h"
@@ -47,6 +48,16 @@ Status fe_status(fe::error_t e, const char* step) {
 // NHWC activations as cuDNN's [N, C, H, W] dims with strides.
 std::vector<int64_t> nhwc_strides(int64_t c, int64_t h, int64_t w) {
   return {h * w * c, 1, w * c, c};
+}
+
+// The graph's tensors by uid: x, w, y, and the epilogue's operands it has.
+std::unordered_map<int64_t, void*> variant_pack(const ConvRequest& r, const void* bias,
+                                                const void* residual) {
+  std::unordered_map<int64_t, void*> pack{
+      {kX, const_cast<void*>(r.x)}, {kW, const_cast<void*>(r.w)}, {kY, r.y}};
+  if (bias) pack.emplace(kBias, const_cast<void*>(bias));
+  if (residual) pack.emplace(kResidual, const_cast<void*>(residual));
+  return pack;
 }
 
 }  // namespace
@@ -254,10 +265,7 @@ struct ConvGraphs::Impl {
     if (candidates.empty()) return Unsupported("cuDNN conv graph: no plan builds");
 
     // Time the candidates on the real buffers and keep the fastest.
-    std::unordered_map<int64_t, void*> pack{
-        {kX, const_cast<void*>(r.x)}, {kW, const_cast<void*>(r.w)}, {kY, r.y}};
-    if (bias) pack.emplace(kBias, const_cast<void*>(bias));
-    if (residual) pack.emplace(kResidual, const_cast<void*>(residual));
+    std::unordered_map<int64_t, void*> pack = variant_pack(r, bias, residual);
     cudaEvent_t start = nullptr, stop = nullptr;
     ZI_CUDA_TRY(cudaEventCreate(&start));
     if (cudaEventCreate(&stop) != cudaSuccess) {
@@ -369,10 +377,7 @@ Status ConvGraphs::run(const ConvRequest& r, const void* bias, CachingAllocator&
   }
   Impl::Plan& p = it->second;
   if (!p.supported) return Unsupported("cuDNN conv graph: not supported for this shape");
-  std::unordered_map<int64_t, void*> pack{
-      {kX, const_cast<void*>(r.x)}, {kW, const_cast<void*>(r.w)}, {kY, r.y}};
-  if (bias) pack.emplace(kBias, const_cast<void*>(bias));
-  if (residual) pack.emplace(kResidual, const_cast<void*>(residual));
+  std::unordered_map<int64_t, void*> pack = variant_pack(r, bias, residual);
   std::shared_ptr<Storage> ws;
   if (p.workspace > 0) {
     ZI_ASSIGN_OR_RETURN(ws, alloc.allocate(static_cast<size_t>(p.workspace)));
