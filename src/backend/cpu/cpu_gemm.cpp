@@ -134,8 +134,10 @@ Status CpuBackend::matmul_fp8(const Tensor& x, const Tensor& w8, const Tensor& w
   const float s_x = sx.data_as<float>()[0], s_w = w_scale.data_as<float>()[0];
   const auto* qx = static_cast<const uint8_t*>(x8.data());
   const auto* qw = static_cast<const uint8_t*>(w8.data());
-  for (int64_t i = 0; i < xd.numel(); ++i) xd.data_as<float>()[i] = f8e4m3_to_f32(qx[i]) * s_x;
-  for (int64_t i = 0; i < wd.numel(); ++i) wd.data_as<float>()[i] = f8e4m3_to_f32(qw[i]) * s_w;
+  float* xf = xd.data_as<float>();
+  float* wf = wd.data_as<float>();
+  for (int64_t i = 0, n = xd.numel(); i < n; ++i) xf[i] = f8e4m3_to_f32(qx[i]) * s_x;
+  for (int64_t i = 0, n = wd.numel(); i < n; ++i) wf[i] = f8e4m3_to_f32(qw[i]) * s_w;
   return matmul(xd, wd, Tensor(), y);
 }
 

@@ -263,7 +263,7 @@ Result<Tensor> lora_delta(const LoraPatch& p) {
     ZI_ASSIGN_OR_RETURN(Tensor b, matmul(p.w2_a, p.w2_b, 1.0f));
     float* f = full.data_as<float>();
     const float* g = b.data_as<float>();
-    for (int64_t i = 0; i < full.numel(); ++i) f[i] *= g[i];
+    for (int64_t i = 0, n = full.numel(); i < n; ++i) f[i] *= g[i];
   } else {
     ZI_ASSIGN_OR_RETURN(Tensor w1, factor(p.w1, p.w1_a, p.w1_b));  // [a, b]
     ZI_ASSIGN_OR_RETURN(Tensor w2, factor(p.w2, p.w2_a, p.w2_b));  // [c, d]

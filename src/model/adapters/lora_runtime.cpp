@@ -53,7 +53,7 @@ Status merge_one(Backend& be, const Use& u, Tensor& rows) {
     ZI_ASSIGN_OR_RETURN(Tensor down, to_f32(p.down, p.module));  // [r, K]
     const int64_t r = p.rank, k = p.cols;
     float* upf = up.data_as<float>();
-    for (int64_t i = 0; i < up.numel(); ++i) upf[i] *= u.scale;
+    for (int64_t i = 0, n = up.numel(); i < n; ++i) upf[i] *= u.scale;
     Tensor down_t = Tensor::host(DType::kF32, {k, r});  // matmul takes w as [N, K]: downᵀ
     if (!down_t.defined()) return OutOfMemory("LoRA factor " + p.module);
     const float* df = down.data_as<float>();

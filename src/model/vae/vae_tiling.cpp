@@ -217,7 +217,7 @@ Result<Tensor> vae_decode_tiled(VaeDecoder& vae, const Tensor& latents, DebugSin
   // rounds to the compute dtype). A non-finite value stays NaN, as the backend ops leave it
   // (0·Inf), so the pipeline's finite check still sees an overflow.
   float* px = image.data_as<float>();
-  for (int64_t i = 0; i < image.numel(); ++i) {
+  for (int64_t i = 0, n = image.numel(); i < n; ++i) {
     const float v = px[i];
     px[i] = std::isfinite(v) ? std::clamp(r(r(v * 0.5f) + 0.5f), 0.0f, 1.0f)
                              : std::numeric_limits<float>::quiet_NaN();
