@@ -184,6 +184,7 @@ Result<std::unique_ptr<Engine>> Engine::load_impl(const EngineOptions& options) 
     ZI_TRY(impl->backend->bind_thread());
   }
   impl->pipeline->set_vae_tiling({.mode = vae_tiling, .budget_bytes = 0});
+  impl->pipeline->set_float_image(false);  // the API returns RGB8 only: made on the backend
   ZI_ASSIGN_OR_RETURN(impl->lora_method, parse_lora_method(options.lora_method, "lora_method"));
   impl->lora_cache = std::make_unique<LoraCache>(options.lora_cache_bytes);
   impl->limits.size_multiple = impl->pipeline->size_multiple();

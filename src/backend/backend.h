@@ -341,6 +341,12 @@ class Backend {
   virtual Status latent_to_rgb(const Tensor& latents, const LatentRgbMap& map, Tensor& rgb) = 0;
   // How many elements of x (f32, bf16 or f16) are NaN or +-Inf. Waits for x (a host read).
   virtual Result<int64_t> count_nonfinite(const Tensor& x) = 0;
+  // The VAE's raw output x (f32, bf16 or f16) as 8-bit colours, element for element what
+  // VaeDecoder::postprocess and the pipeline's to_u8 make of it: v = clamp(r(r(0.5·x) + 0.5), 0,
+  // 1) with r the rounding to x's dtype after each operation, rgb = nearbyint(255·v) (ties to
+  // even). A NaN or ±Inf gives 0 (the pipeline counts them with count_nonfinite first).
+  // rgb: kU8 of x's shape.
+  virtual Status image_to_rgb8(const Tensor& x, Tensor& rgb) = 0;
 
   // ---- convolution / resampling (NHWC) ----
   // x[B, H, W, Cin], w[Cout, kh, kw, Cin], bias[Cout] (optional), y[B, Ho, Wo, Cout].

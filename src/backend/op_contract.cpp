@@ -383,6 +383,14 @@ Status count_nonfinite(const OpEnv& env, const Tensor& x) {
   return any_float_tensor(env, "count_nonfinite", "x", x);
 }
 
+Status image_to_rgb8(const OpEnv& env, const Tensor& x, const Tensor& rgb) {
+  const char* op = "image_to_rgb8";
+  ZI_TRY(any_float_tensor(env, op, "x", x));
+  ZI_TRY(tensor(env, op, "rgb", rgb));
+  ZI_TRY(has_dtype(env, op, "rgb", rgb, DType::kU8));
+  return check_same_shape(op, "x", x, "rgb", rgb);
+}
+
 // ---- attention ----
 
 Status attention(const OpEnv& env, const Tensor& q, const Tensor& k, const Tensor& v,

@@ -99,6 +99,8 @@ Status guided_euler_step(const OpEnv& env, const Tensor& pos, const Tensor& neg,
 Status latent_to_rgb(const OpEnv& env, const Tensor& latents, int channels, const Tensor& rgb);
 Status sum_squares(const OpEnv& env, const Tensor& x);
 Status count_nonfinite(const OpEnv& env, const Tensor& x);
+// x any float dtype (env.any_float); rgb kU8 of x's shape.
+Status image_to_rgb8(const OpEnv& env, const Tensor& x, const Tensor& rgb);
 
 // ---- attention ----
 // q[B, Sq, Hq, D], k and v[B, Sk, Hkv, D] of q's dtype, Hq a multiple of Hkv, out of q's shape

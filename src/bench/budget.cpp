@@ -68,6 +68,7 @@ json budget_row(const Options& o, const std::string& dir, double budget, Backend
   }
   row["load_s"] = now_s() - t0;
   row["plan"] = (*pipe)->memory_plan().describe();
+  (*pipe)->set_float_image(false);  // as the engine runs it
   GenerateRequest req;
   req.prompts = {kPrompt};
   req.width = req.height = res;

@@ -139,6 +139,7 @@ Result<Loaded> load_all(const std::string& dir, const std::string& device, DType
   L.dit = parts.transformer.get();
   L.vae = parts.vae.get();
   ZI_ASSIGN_OR_RETURN(L.pipe, TextToImage::create(std::move(parts), *L.be));
+  L.pipe->set_float_image(false);  // as the engine runs it
   return L;
 }
 

@@ -67,6 +67,7 @@ json quality_row(const Options& o, const std::string& dir, const std::string& na
   if (!loaded.ok()) fail(loaded.status());
   Loaded& L = *loaded;
   Backend& be = *L.be;
+  L.pipe->set_float_image(true);  // the PSNR below compares the f32 images
   auto ids = encode_prompt(*L.tok, kPrompt, 512);
   if (!ids.ok()) fail(ids.status());
   auto caps = L.te->encode({*ids});

@@ -73,6 +73,7 @@ void load(LoraRun& run, const std::string& dir, json& R) {
   auto pipe = TextToImage::load(dir, *run.be, lo);
   if (!pipe.ok()) lora_fail(pipe.status());
   run.pipe = std::move(*pipe);
+  run.pipe->set_float_image(false);  // as the engine runs it
   R["device"] = run.be->name();
   R["weights"] = o.weights;
   R["load_s"] = now_s() - t0;

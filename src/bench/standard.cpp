@@ -89,19 +89,31 @@ void vae_phase(StandardRun& s) {
   for (int res : s.o.sizes) {
     const Tensor lat = random_latents(be, 2, 1, res, s.fac);
     be.reset_peak_memory();
-    auto decode = [&]() -> Status {
+    // What the pipeline runs (RGB8 made on the backend), then decode() to a host f32 image (the
+    // row of sessions before 17).
+    auto decode_rgb8 = [&]() -> Status {
+      int64_t bad = 0;
+      auto r = s.L.vae->decode_rgb8(lat, &bad);
+      return r.ok() ? Status::Ok() : r.status();
+    };
+    auto decode_f32 = [&]() -> Status {
       auto r = s.L.vae->decode(lat);
       return r.ok() ? Status::Ok() : r.status();
     };
-    check(decode());  // warm-up: plans the convolutions
+    check(decode_rgb8());  // warm-up: plans the convolutions
+    check(decode_f32());
     const uint64_t calls0 = alloc_counters(be).device_calls;
-    Stats st = timed(be, 0, std::max(3, s.o.iters - 2), decode, s.sampler.get());
+    Stats st = timed(be, 0, std::max(3, s.o.iters - 2), decode_rgb8, s.sampler.get());
     json j = st.to_json();
     std::fprintf(stderr, "bench: VAE decode %d %.1f ms%s\n", res, st.median_ms,
                  st.clock_note().c_str());
     j["device_alloc_calls_steady"] = alloc_counters(be).device_calls - calls0;
     memory_figures(s, j);
     s.R["vae_decode_" + std::to_string(res)] = j;
+    Stats sf = timed(be, 0, std::max(3, s.o.iters - 2), decode_f32, s.sampler.get());
+    std::fprintf(stderr, "bench: VAE decode %d to a host f32 image %.1f ms%s\n", res, sf.median_ms,
+                 sf.clock_note().c_str());
+    s.R["vae_decode_f32_" + std::to_string(res)] = sf.to_json();
   }
   std::fprintf(stderr, "bench: VAE done\n");
 }

@@ -456,6 +456,36 @@ Result<TextToImageOutput> TextToImage::finish(DenoiseState& st) {
   if (hooks.on_progress) hooks.on_progress({Phase::kVae, 0, 0, now_s() - st.start_s});
   const double t0 = now_s();
   const int64_t n = st.n;
+  const size_t per_image = static_cast<size_t>(req.height) * req.width * 3;
+  if (!float_image_ && !vae_should_tile(*c_.vae, vae_tiling_, n, st.h, st.w)) {
+    // The bytes made on the backend (VaeDecoder::decode_rgb8): no f32 image on the host.
+    int64_t bad = 0;
+    auto rgb = c_.vae->decode_rgb8(st.latents, &bad, hooks.debug, hooks.cancel);
+    if (!rgb.ok()) {
+      if (rgb.status().code() == ErrorCode::kCancelled) return rgb.status();
+      return rgb.status().with_context("vae decode");
+    }
+    result.timings.vae_s = now_s() - t0;
+    const Shape want{n, req.height, req.width, 3};
+    if (rgb->shape() != want || rgb->dtype() != DType::kU8 || rgb->device() != Device::kCPU) {
+      return InternalError("vae decode_rgb8 returned " + rgb->describe() + ", expected u8" +
+                           shape_string(want) + " on the host");
+    }
+    if (bad > 0) return nonfinite_error("vae decode: the image", bad, rgb->numel(), "vae", nullptr);
+    if (cancelled()) return Cancelled("generation cancelled during the VAE decode");
+    const uint8_t* px = static_cast<const uint8_t*>(rgb->data());
+    for (int64_t i = 0; i < n; ++i) {
+      Image img;
+      img.width = req.width;
+      img.height = req.height;
+      img.rgb.assign(px + i * per_image, px + (i + 1) * per_image);
+      result.images.push_back(std::move(img));
+    }
+    result.timings.total_s = now_s() - st.start_s;
+    ZI_INFO("generated %lld image(s) %dx%d in %.3f s", static_cast<long long>(n), req.width,
+            req.height, result.timings.total_s);
+    return result;
+  }
   auto image = vae_decode_with_policy(*c_.vae, st.latents, vae_tiling_, hooks.debug, hooks.cancel);
   if (!image.ok()) {
     if (image.status().code() == ErrorCode::kCancelled) return image.status();
@@ -474,7 +504,6 @@ Result<TextToImageOutput> TextToImage::finish(DenoiseState& st) {
     return nonfinite_error("vae decode: the image", bad, result.image.numel(), "vae", nullptr);
   // A Ctrl-C that arrived during the last VAE block or the download still stops the call.
   if (cancelled()) return Cancelled("generation cancelled during the VAE decode");
-  const size_t per_image = static_cast<size_t>(req.height) * req.width * 3;
   for (int64_t i = 0; i < n; ++i) {
     Image img;
     img.width = req.width;

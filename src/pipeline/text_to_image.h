@@ -92,7 +92,9 @@ struct DenoiseState {
 };
 
 struct TextToImageOutput {
-  Tensor image;               // [n, H, W, 3] f32 in [0, 1], host (what diffusers returns as "np")
+  // [n, H, W, 3] f32 in [0, 1], host (what diffusers returns as "np"); empty unless the pipeline
+  // keeps it (TextToImage::set_float_image) or the decode was tiled.
+  Tensor image;
   std::vector<Image> images;  // the same as RGB8: round(255·x)
   PhaseTimings timings;
 };
@@ -212,6 +214,12 @@ class TextToImage {
   // Default: auto with the backend's free memory as the budget.
   void set_vae_tiling(const VaeTilingPolicy& p) { vae_tiling_ = p; }
 
+  // Whether finish() also returns the f32 image (TextToImageOutput::image; default true: the
+  // parity tests compare it). Off (the engine, the server, the CLI), an untiled decode turns the
+  // VAE's output into RGB8 on the backend and downloads bytes (Backend::image_to_rgb8: the same
+  // bytes as the f32 image's to_u8, a quarter of its size, no host pass over it).
+  void set_float_image(bool on) { float_image_ = on; }
+
   // Loads a ControlNet (folder or single file, model/adapters/zimage_controlnet.h) for this
   // pipeline's transformer; requests with a control_image use it from then on.
   Status load_controlnet(const std::string& path);
@@ -294,6 +302,7 @@ class TextToImage {
   MemoryPlan plan_;
   VaeTilingPolicy vae_tiling_;
   bool device_step_ = true;
+  bool float_image_ = true;
   std::unique_ptr<Backend> host_;  // a 1-thread CPU backend: dumps of host tensors
   std::unique_ptr<ZImageControlNet> controlnet_;
   std::unique_ptr<SequenceParallelDiT> seqpar_;  // ranks 1..P-1 of a sequence-parallel DiT

@@ -132,6 +132,36 @@ TEST(GoldenGpu, RecordedPathMatchesEager) {
   }
 }
 
+// What the engine runs (set_float_image(false): the VAE's output turned into RGB8 on the GPU,
+// Backend::image_to_rgb8) gives the bytes of the parity path's f32 image, on the recorded path.
+TEST(GoldenGpu, Rgb8OnTheDeviceMatchesTheFloatImage) {
+  if (!test::have_cuda_device()) GTEST_SKIP() << "no CUDA device";
+  for (DType act : {DType::kF32, DType::kBF16}) {
+    for (const auto& c : golden_cases()) {
+      LoadedCase L = load_case(c, act);
+      ASSERT_TRUE(L.p.pipe) << c;
+      auto with_float = L.p.pipe->run(L.req, {});
+      ASSERT_TRUE(with_float.ok()) << with_float.status().to_string();
+      L.p.pipe->set_float_image(false);
+      auto bytes_only = L.p.pipe->run(L.req, {});
+      ASSERT_TRUE(bytes_only.ok()) << bytes_only.status().to_string();
+      EXPECT_FALSE(bytes_only->image.defined()) << c;
+      ASSERT_EQ(bytes_only->images.size(), with_float->images.size()) << c;
+      size_t differ = 0, total = 0;
+      for (size_t i = 0; i < bytes_only->images.size(); ++i) {
+        const std::vector<uint8_t>& a = bytes_only->images[i].rgb;
+        const std::vector<uint8_t>& b = with_float->images[i].rgb;
+        ASSERT_EQ(a.size(), b.size()) << c;
+        for (size_t k = 0; k < a.size(); ++k) differ += a[k] != b[k];
+        total += a.size();
+      }
+      std::printf("  %-12s %s RGB8 on the device: %zu of %zu bytes differ from the f32 path\n",
+                  c.c_str(), dtype_name(act), differ, total);
+      EXPECT_EQ(differ, 0u) << c << " " << dtype_name(act);
+    }
+  }
+}
+
 // The CFG combine and Euler step on the device give the latents the host arithmetic gives, bit
 // for bit, so the whole image is identical.
 TEST(GoldenGpu, DeviceStepMatchesHostStep) {

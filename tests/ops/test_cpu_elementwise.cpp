@@ -1,9 +1,14 @@
 // CPU element-wise ops and RoPE against double references: SiLU, tanh, SwiGLU (also in place),
 // axpby in f32 / bf16 / f16 (also in place), broadcast add, per-row sum of squares, rotate-half
-// and interleaved RoPE, plus their argument errors.
+// and interleaved RoPE, the decoded image to RGB8 (against the ops it replaces), plus their
+// argument errors.
+#include <algorithm>
+#include <cmath>
+#include <iterator>
 #include <limits>
 
 #include "pipeline/scheduler.h"
+#include "pipeline/text_to_image.h"
 #include "test_cpu_util.h"
 
 namespace zimage::test {
@@ -232,6 +237,61 @@ TEST(CpuOps, CountNonfinite) {
   auto two = cpu().count_nonfinite(x);
   ASSERT_TRUE(two.ok());
   EXPECT_EQ(*two, 2);
+}
+
+// image_to_rgb8 against the ops it replaces (VaeDecoder::postprocess's axpby, add and clamp on the
+// same backend, then the pipeline's to_u8): the same bytes, for every value class.
+TEST(CpuOps, ImageToRgb8IsPostprocessThenToU8) {
+  Tensor x = rand_f32({4, 5, 7, 3}, 904, -1.6f, 1.6f);  // saturates both ends
+  float* xp = x.data_as<float>();
+  const float specials[] = {0.0f,
+                            -0.0f,
+                            1.0f,
+                            -1.0f,
+                            1e-30f,
+                            -1e-30f,
+                            0.999f,
+                            std::numeric_limits<float>::quiet_NaN(),
+                            std::numeric_limits<float>::infinity(),
+                            -std::numeric_limits<float>::infinity()};
+  for (size_t i = 0; i < std::size(specials); ++i) xp[i * 7] = specials[i];
+  Tensor rgb = Tensor::host(DType::kU8, x.shape());
+  ASSERT_TRUE(cpu().image_to_rgb8(x, rgb).ok());
+  Tensor y = f32(x.shape());
+  ASSERT_TRUE(cpu().axpby(0.5f, x, 0.0f, x, y).ok());
+  Tensor half = f32({1});
+  half.data_as<float>()[0] = 0.5f;
+  ASSERT_TRUE(cpu().add(y, half, y).ok());
+  ASSERT_TRUE(cpu().clamp(y, 0.0f, 1.0f, y).ok());
+  const auto* got = static_cast<const uint8_t*>(rgb.data());
+  const float* yp = y.data_as<float>();
+  for (int64_t k = 0; k < x.numel(); ++k) {
+    EXPECT_EQ(got[k], std::isfinite(xp[k]) ? to_u8(yp[k]) : 0) << "x = " << xp[k];
+  }
+  // bf16 and f16 inputs: each operation rounded to the input's dtype.
+  for (DType dt : {DType::kBF16, DType::kF16}) {
+    const bool bf = dt == DType::kBF16;
+    Tensor h = Tensor::host(dt, {1000});
+    auto* hp = static_cast<uint16_t*>(h.data());
+    for (int k = 0; k < 1000; ++k) {
+      const float v = -1.2f + 2.4f * static_cast<float>(k) / 999.0f;
+      hp[k] = bf ? f32_to_bf16(v) : f32_to_f16(v);
+    }
+    Tensor out = Tensor::host(DType::kU8, {1000});
+    ASSERT_TRUE(cpu().image_to_rgb8(h, out).ok());
+    const auto round = [bf](float v) { return bf ? round_bf16(v) : f16_to_f32(f32_to_f16(v)); };
+    for (int k = 0; k < 1000; ++k) {
+      const float in = bf ? bf16_to_f32(hp[k]) : f16_to_f32(hp[k]);
+      const float v = round(round(0.5f * in) + 0.5f);
+      EXPECT_EQ(static_cast<const uint8_t*>(out.data())[k], to_u8(std::clamp(v, 0.0f, 1.0f)))
+          << dtype_name(dt) << " " << in;
+    }
+  }
+  // Errors: rgb not u8, shapes that differ.
+  Tensor wrong = f32(x.shape());
+  EXPECT_FALSE(cpu().image_to_rgb8(x, wrong).ok());
+  Tensor narrow = Tensor::host(DType::kU8, {4, 5, 7, 2});
+  EXPECT_FALSE(cpu().image_to_rgb8(x, narrow).ok());
 }
 
 }  // namespace

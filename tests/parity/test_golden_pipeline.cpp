@@ -178,6 +178,35 @@ TEST_P(GoldenPipeline, CliPngMatchesDiffusers) {
   fs::remove_all(dir);
 }
 
+// What the engine runs (TextToImage::set_float_image(false): RGB8 made on the backend by
+// Backend::image_to_rgb8, no f32 image) gives the bytes the parity path's f32 image rounds to.
+TEST_P(GoldenPipeline, Rgb8OnTheBackendMatchesTheFloatImage) {
+  const GoldenCase c = read_case(GetParam());
+  std::unique_ptr<Backend> be = make_cpu_backend(0);
+  auto pipe = TextToImage::load(c.model, *be);
+  ASSERT_TRUE(pipe.ok()) << pipe.status().to_string();
+  auto with_float = (*pipe)->run(c.req, {});
+  ASSERT_TRUE(with_float.ok()) << with_float.status().to_string();
+  ASSERT_TRUE(with_float->image.defined());
+  (*pipe)->set_float_image(false);
+  auto bytes_only = (*pipe)->run(c.req, {});
+  ASSERT_TRUE(bytes_only.ok()) << bytes_only.status().to_string();
+  EXPECT_FALSE(bytes_only->image.defined());
+  ASSERT_EQ(bytes_only->images.size(), with_float->images.size());
+  for (size_t i = 0; i < bytes_only->images.size(); ++i) {
+    const Image& a = bytes_only->images[i];
+    const Image& b = with_float->images[i];
+    EXPECT_EQ(a.width, b.width);
+    EXPECT_EQ(a.height, b.height);
+    EXPECT_TRUE(a.rgb == b.rgb) << "image " << i;
+    const size_t per_image = b.rgb.size();
+    const float* px = with_float->image.data_as<float>() + i * per_image;
+    size_t differ = 0;
+    for (size_t k = 0; k < per_image; ++k) differ += a.rgb[k] != to_u8(px[k]);
+    EXPECT_EQ(differ, 0u) << "image " << i << ": bytes that are not to_u8 of the f32 image";
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(, GoldenPipeline, ::testing::ValuesIn(golden_cases()),
                          [](const ::testing::TestParamInfo<std::string>& param) {
                            return param.param;

@@ -108,6 +108,7 @@ class CheckBackend final : public Backend {
     return no_op("latent_to_rgb");
   }
   Result<int64_t> count_nonfinite(const Tensor&) override { return no_op("count_nonfinite"); }
+  Status image_to_rgb8(const Tensor&, Tensor&) override { return no_op("image_to_rgb8"); }
   Status conv2d(const Tensor&, const Tensor&, const Tensor&, const Conv2dParams&,
                 Tensor&) override {
     return no_op("conv2d");

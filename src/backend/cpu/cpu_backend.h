@@ -83,6 +83,7 @@ class CpuBackend final : public Backend {
                            Tensor& latents) override;
   Status latent_to_rgb(const Tensor& latents, const LatentRgbMap& map, Tensor& rgb) override;
   Result<int64_t> count_nonfinite(const Tensor& x) override;
+  Status image_to_rgb8(const Tensor& x, Tensor& rgb) override;
 
   // cpu_attention.cpp
   Status attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& p,

@@ -189,21 +189,57 @@ Status CpuBackend::latent_to_rgb(const Tensor& latents, const LatentRgbMap& map,
   return Status::Ok();
 }
 
+namespace {
+
+// Element k of a f32, bf16 or f16 buffer as a float.
+float any_float_at(DType dt, const void* p, int64_t k) {
+  if (dt == DType::kF32) return static_cast<const float*>(p)[k];
+  const uint16_t h = static_cast<const uint16_t*>(p)[k];
+  return dt == DType::kBF16 ? bf16_to_f32(h) : f16_to_f32(h);
+}
+
+// A float rounded to dt (f32: unchanged).
+float round_to_dtype(DType dt, float v) {
+  if (dt == DType::kBF16) return round_bf16(v);
+  if (dt == DType::kF16) return f16_to_f32(f32_to_f16(v));
+  return v;
+}
+
+}  // namespace
+
 Result<int64_t> CpuBackend::count_nonfinite(const Tensor& x) {
   ZI_TRY(contract::count_nonfinite(cpu_env(), x));
   const DType dt = x.dtype();
+  const void* p = x.data();
   std::atomic<int64_t> bad{0};
   pool_.parallel_for(x.numel(), 1 << 14, [&](int64_t b, int64_t e) {
     int64_t local = 0;
-    for (int64_t k = b; k < e; ++k) {
-      const float v = dt == DType::kF32    ? x.data_as<float>()[k]
-                      : dt == DType::kBF16 ? bf16_to_f32(static_cast<const uint16_t*>(x.data())[k])
-                                           : f16_to_f32(static_cast<const uint16_t*>(x.data())[k]);
-      local += std::isfinite(v) ? 0 : 1;
-    }
+    for (int64_t k = b; k < e; ++k) local += std::isfinite(any_float_at(dt, p, k)) ? 0 : 1;
     bad += local;
   });
   return bad.load();
+}
+
+Status CpuBackend::image_to_rgb8(const Tensor& x, Tensor& rgb) {
+  ZI_TRY(contract::image_to_rgb8(cpu_env(), x, rgb));
+  const DType dt = x.dtype();
+  const void* p = x.data();
+  uint8_t* out = static_cast<uint8_t*>(rgb.data());
+  pool_.parallel_for(x.numel(), 1 << 14, [&](int64_t b, int64_t e) {
+    for (int64_t k = b; k < e; ++k) {
+      const float v = any_float_at(dt, p, k);
+      if (!std::isfinite(v)) {
+        out[k] = 0;
+        continue;
+      }
+      // postprocess's ops: 0.5·x (axpby), + 0.5 (add), each rounded to x's dtype, then clamp.
+      const float u = round_to_dtype(dt, round_to_dtype(dt, 0.5f * v) + 0.5f);
+      const float c = std::min(std::max(u, 0.0f), 1.0f);
+      // to_u8: nearbyint in the default rounding mode (ties to even); c is in [0, 1].
+      out[k] = static_cast<uint8_t>(std::nearbyint(c * 255.0f));
+    }
+  });
+  return Status::Ok();
 }
 
 Result<std::vector<double>> CpuBackend::sum_squares(const Tensor& x) {

@@ -208,6 +208,7 @@ class CudaBackend final : public Backend {
                            Tensor& latents) override;
   Status latent_to_rgb(const Tensor& latents, const LatentRgbMap& map, Tensor& rgb) override;
   Result<int64_t> count_nonfinite(const Tensor& x) override;
+  Status image_to_rgb8(const Tensor& x, Tensor& rgb) override;
   Status conv2d_add(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& residual,
                     const Conv2dParams& p, Tensor& y) override;
   Status conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dParams& p,

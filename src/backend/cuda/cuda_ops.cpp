@@ -492,6 +492,16 @@ Result<int64_t> CudaBackend::count_nonfinite(const Tensor& x) {
   return static_cast<int64_t>(bad);
 }
 
+Status CudaBackend::image_to_rgb8(const Tensor& x, Tensor& rgb) {
+  ZI_OP_SCOPE("image_to_rgb8", &x);
+  constexpr const char* op = "image_to_rgb8";
+  ZI_TRY(contract::image_to_rgb8(cuda_env(act_), x, rgb));
+  ZI_ASSIGN_OR_RETURN(KType kt, ktype_of(op, x.dtype()));
+  ZI_LAUNCH_TRY(op, launch_image_to_rgb8(kt, x.data(), x.numel(), static_cast<uint8_t*>(rgb.data()),
+                                         stream_));
+  return Status::Ok();
+}
+
 Status CudaBackend::upsample_nearest2x(const Tensor& x, Tensor& y) {
   ZI_OP_SCOPE("upsample_nearest2x", &x);
   constexpr const char* op = "upsample_nearest2x";

@@ -304,6 +304,33 @@ Result<Tensor> VaeDecoder::decode(const Tensor& latents, DebugSink* dbg,
   return img;
 }
 
+Result<Tensor> VaeDecoder::decode_rgb8(const Tensor& latents, int64_t* nonfinite, DebugSink* dbg,
+                                       const std::atomic<bool>* cancel) {
+  if (nonfinite == nullptr) return InvalidArgument("vae decode_rgb8: nonfinite is required");
+  using Clock = std::chrono::steady_clock;
+  const auto ms_since = [](Clock::time_point t) {
+    return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
+  };
+  const Clock::time_point t_start = Clock::now();
+  ZI_ASSIGN_OR_RETURN(Tensor zh, scale_latents(latents));  // [B, C, h, w] host f32
+  const double t_pre = ms_since(t_start);
+  ZI_ASSIGN_OR_RETURN(Tensor x, decode_scaled(zh, dbg, cancel, "vae"));  // [B, H, W, 3]
+  const double t_queue = ms_since(t_start);
+  ZI_ASSIGN_OR_RETURN(*nonfinite, be_.count_nonfinite(x));  // waits for the decode
+  const double t_wait = ms_since(t_start);
+  ZI_ASSIGN_OR_RETURN(Tensor rgb, load::alloc(be_, DType::kU8, x.shape(), "vae rgb8"));
+  ZI_TRY(be_.image_to_rgb8(x, rgb));
+  Tensor host = Tensor::host(DType::kU8, x.shape());
+  if (!host.defined()) return OutOfMemory("vae output image " + shape_string(x.shape()));
+  ZI_TRY(be_.download(rgb, host));
+  ZI_DEBUG(
+      "vae decode to rgb8 %lldx%lld: prepare %.1f ms, queued by %.1f, device done %.1f, "
+      "downloaded %.1f ms",
+      static_cast<long long>(latents.dim(2)), static_cast<long long>(latents.dim(3)), t_pre,
+      t_queue, t_wait, ms_since(t_start));
+  return host;
+}
+
 Result<Tensor> VaeDecoder::scale_latents(const Tensor& latents) const {
   const int64_t lat = cfg_.latent_channels;
   if (!latents.defined() || latents.rank() != 4 || latents.dtype() != DType::kF32 ||
@@ -316,10 +343,11 @@ Result<Tensor> VaeDecoder::scale_latents(const Tensor& latents) const {
   Tensor zh = Tensor::host(DType::kF32, latents.shape());  // [B, C, h, w]
   if (!zh.defined()) return OutOfMemory("vae latents host copy");
   ZI_TRY(be_.download(latents, zh));
-  for (int64_t i = 0; i < zh.numel(); ++i) {
-    float& v = zh.data_as<float>()[i];
-    v = v / cfg_.scaling_factor + cfg_.shift_factor;
-  }
+  // One pointer and one count: with data_as() and numel() per element, this loop took 4.4 ms at
+  // 1024² and 17 ms at 2048² (H100 host, ZIMAGE_LOG=debug's "prepare"), ~17 ns a value.
+  float* z = zh.data_as<float>();
+  const float scale = cfg_.scaling_factor, shift = cfg_.shift_factor;
+  for (int64_t i = 0, n = zh.numel(); i < n; ++i) z[i] = z[i] / scale + shift;
   return zh;
 }
 
@@ -525,8 +553,8 @@ Status VaeEncoder::encode(const Tensor& image, Tensor& mean, Tensor& logvar, Deb
   Tensor host = Tensor::host(DType::kF32, lv.shape());  // [B, L, h, w]
   if (!host.defined()) return OutOfMemory("vae logvar host copy");
   ZI_TRY(be_.download(lv, host));
-  for (int64_t i = 0; i < host.numel(); ++i)
-    host.data_as<float>()[i] = std::clamp(host.data_as<float>()[i], -30.0f, 20.0f);
+  float* lvh = host.data_as<float>();
+  for (int64_t i = 0, n = host.numel(); i < n; ++i) lvh[i] = std::clamp(lvh[i], -30.0f, 20.0f);
   ZI_ASSIGN_OR_RETURN(logvar, load::upload_host(be_, host, DType::kF32));
   debug_tensor(dbg, "vae_enc.mean", be_, mean);
   return Status::Ok();

@@ -63,6 +63,12 @@ class VaeDecoder {
   // the blocks: when it reads true, decode() stops with kCancelled.
   Result<Tensor> decode(const Tensor& latents, DebugSink* dbg = nullptr,
                         const std::atomic<bool>* cancel = nullptr);
+  // decode() as 8-bit colours made on the backend (Backend::image_to_rgb8): to_u8 of decode()'s
+  // image, byte for byte, as a host kU8 [B, H, W, out_channels]. `nonfinite` (required) gets how
+  // many of the decoder's raw outputs were NaN or ±Inf (those bytes read 0): where decode()'s
+  // image would hold NaN.
+  Result<Tensor> decode_rgb8(const Tensor& latents, int64_t* nonfinite, DebugSink* dbg = nullptr,
+                             const std::atomic<bool>* cancel = nullptr);
   const VaeConfig& config() const { return cfg_; }
   Backend& backend() const { return be_; }
 

@@ -231,6 +231,22 @@ __global__ void latent_to_rgb_kernel(const float* x, int64_t n, int64_t hw, Late
   }
 }
 
+// One thread per element; the _rn intrinsics keep the CPU oracle's separate roundings.
+template <typename T>
+__global__ void image_to_rgb8_kernel(const T* x, int64_t n, uint8_t* rgb) {
+  for (int64_t k = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; k < n;
+       k += int64_t{gridDim.x} * blockDim.x) {
+    const float v = to_f32<T>(x[k]);
+    if (!isfinite(v)) {
+      rgb[k] = 0;
+      continue;
+    }
+    const float u = round_to<T>(__fadd_rn(round_to<T>(__fmul_rn(0.5f, v)), 0.5f));
+    const float c = fminf(fmaxf(u, 0.0f), 1.0f);
+    rgb[k] = static_cast<uint8_t>(__float2int_rn(__fmul_rn(c, 255.0f)));  // ties to even
+  }
+}
+
 template <typename T>
 __global__ void count_nonfinite_kernel(const T* x, int64_t n, unsigned long long* out) {
   unsigned long long bad = 0;
@@ -260,6 +276,16 @@ cudaError_t launch_guided_euler(const float* pos, const float* neg, float g, flo
   if (n <= 0) return cudaSuccess;
   guided_euler_kernel<<<grid_for(n, kThreads), kThreads, 0, s>>>(pos, neg, g, dt, x, n);
   return cudaGetLastError();
+}
+
+cudaError_t launch_image_to_rgb8(KType t, const void* x, int64_t n, uint8_t* rgb, cudaStream_t s) {
+  if (n <= 0) return cudaSuccess;
+  return dispatch_ktype(t, [&](auto tag) {
+    using T = decltype(tag);
+    image_to_rgb8_kernel<T>
+        <<<grid_for(n, kThreads), kThreads, 0, s>>>(static_cast<const T*>(x), n, rgb);
+    return cudaGetLastError();
+  });
 }
 
 cudaError_t launch_latent_to_rgb(const float* x, int64_t n, int64_t hw, const LatentRgbParams& p,

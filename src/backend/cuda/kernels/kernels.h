@@ -52,6 +52,10 @@ struct LatentRgbParams {
 };
 cudaError_t launch_latent_to_rgb(const float* x, int64_t n, int64_t hw, const LatentRgbParams& p,
                                  uint8_t* rgb, cudaStream_t s);
+// Backend::image_to_rgb8: the VAE's raw output x (n elements of t) -> 8-bit colours, with the
+// CPU oracle's roundings (0.5·x and + 0.5 each rounded to t, clamp, nearbyint(255·v); NaN and
+// ±Inf give 0).
+cudaError_t launch_image_to_rgb8(KType t, const void* x, int64_t n, uint8_t* rgb, cudaStream_t s);
 // *out = number of NaN/Inf among the n elements of x (a device counter).
 cudaError_t launch_count_nonfinite(KType t, const void* x, int64_t n, unsigned long long* out,
                                    cudaStream_t s);
