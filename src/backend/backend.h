@@ -105,6 +105,9 @@ class Backend {
   struct WarmUpHints {
     // Row-major y[m, n] = x[m, k] · w[n, k]ᵀ in the activation dtype ({m, n, k}).
     std::vector<std::array<int64_t, 3>> linears;
+    // Inputs {n, h, w} of the first image's convolutions (the VAE decode at the planned size):
+    // their saved plans are preloaded before other sizes'.
+    std::vector<std::array<int64_t, 3>> conv_inputs;
   };
   // Starts what the first image would otherwise start on its critical path (CUDA: cuDNN's
   // libraries, the saved convolution plans and their kernels, cuBLAS's kernels for the VAE's

@@ -425,6 +425,15 @@ Backend::WarmUpHints TextToImage::warm_up_hints(const ZImageConfigs& configs,
     h.linears.push_back({m, d, f});
   }
   h.linears.push_back({1, 4 * d, tc.adaln_dim()});
+  // The decode's feature maps: the latent's size, doubled by each up block's upsampler.
+  const int64_t sf = configs.vae.spatial_factor();
+  for (int64_t s = 1; s <= sf; s *= 2) {
+    for (const int64_t n : {int64_t{1}, int64_t{o.plan_batch}}) {
+      const std::array<int64_t, 3> in{n, o.plan_height / sf * s, o.plan_width / sf * s};
+      if (std::find(h.conv_inputs.begin(), h.conv_inputs.end(), in) == h.conv_inputs.end())
+        h.conv_inputs.push_back(in);
+    }
+  }
   return h;
 }
 

@@ -296,4 +296,14 @@ TEST(MemoryPlan, WarmUpHintsAreTheFullSizeModelsProducts) {
   bool found = false;
   for (const auto& l : wide.linears) found = found || (l[0] == 2048 + 64 && l[1] == 11520);
   EXPECT_TRUE(found);
+  // The decode's convolution inputs: the latent's size and each upsampler's double, batch 1.
+  using In = std::array<int64_t, 3>;
+  EXPECT_EQ(h.conv_inputs,
+            (std::vector<In>{{1, 128, 128}, {1, 256, 256}, {1, 512, 512}, {1, 1024, 1024}}));
+  EXPECT_EQ(wide.conv_inputs,
+            (std::vector<In>{{1, 128, 64}, {1, 256, 128}, {1, 512, 256}, {1, 1024, 512}}));
+  o.plan_batch = 2;  // a batch's decode too
+  const Backend::WarmUpHints two = TextToImage::warm_up_hints(zimage_turbo_reference_configs(), o);
+  EXPECT_EQ(two.conv_inputs.size(), 8u);
+  EXPECT_EQ(two.conv_inputs[1], (In{2, 128, 64}));
 }

@@ -407,7 +407,7 @@ void CudaBackend::warm_up(const WarmUpHints& hints) noexcept {
     return;
   }
   WarmUp done;
-  done.plans = conv_graphs_ ? conv_graphs_->preload_saved(side, act_) : 0;
+  done.plans = conv_graphs_ ? conv_graphs_->preload_saved(side, act_, hints.conv_inputs) : 0;
   const Clock::time_point t1 = Clock::now();
   done.attention = warm_general_attention(side);
   const Clock::time_point t2 = Clock::now();

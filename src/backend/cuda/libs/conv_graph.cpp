@@ -399,7 +399,8 @@ Status ConvGraphs::run(const ConvRequest& r, const void* bias, CachingAllocator&
   return Status::Ok();
 }
 
-int ConvGraphs::preload_saved(cudaStream_t side_stream, DType dt) noexcept {
+int ConvGraphs::preload_saved(cudaStream_t side_stream, DType dt,
+                              const std::vector<std::array<int64_t, 3>>& first) noexcept {
   if (!available() || !impl_->cache) return 0;
   constexpr int kMaxPlans = 64;  // a cache of many models and sizes: the load does not wait long
   int loaded = 0;
@@ -408,7 +409,7 @@ int ConvGraphs::preload_saved(cudaStream_t side_stream, DType dt) noexcept {
     // The warm-up records on the handle's stream: a side stream, so nothing queued on the
     // compute stream (the uploads) meets a capture. run() takes the handle back afterwards.
     if (cudnnSetStream(impl_->handle, side_stream) != CUDNN_STATUS_SUCCESS) return 0;
-    for (const std::string& k : impl_->cache->keys("conv,")) {
+    for (const std::string& k : preload_order(impl_->cache->keys("conv,"), dt, first)) {
       if (loaded >= kMaxPlans) break;
       Impl::Key key;
       if (!Impl::parse_cache_key(k, key) || std::get<10>(key) != static_cast<int>(dt) ||
@@ -452,10 +453,30 @@ std::string ConvGraphs::cache_tag() {
 Status ConvGraphs::run(const ConvRequest&, const void*, CachingAllocator&, const void*) {
   return Unsupported("built without cuDNN conv graphs (no cudnn-frontend headers)");
 }
-int ConvGraphs::preload_saved(cudaStream_t, DType) noexcept {
+int ConvGraphs::preload_saved(cudaStream_t, DType,
+                              const std::vector<std::array<int64_t, 3>>&) noexcept {
   return 0;
 }
 
 #endif
+
+std::vector<std::string> ConvGraphs::preload_order(
+    const std::vector<std::string>& keys, DType dt,
+    const std::vector<std::array<int64_t, 3>>& first) {
+  std::vector<std::string> preferred, rest;
+  for (const std::string& k : keys) {
+    // "conv,n,h,w,cin,cout,kh,kw,stride,pad_h,pad_w,dtype,..." (Impl::cache_key).
+    long long v[11] = {};
+    const int got =
+        std::sscanf(k.c_str(), "conv,%lld,%lld,%lld,%lld,%lld,%lld,%lld,%lld,%lld,%lld,%lld", &v[0],
+                    &v[1], &v[2], &v[3], &v[4], &v[5], &v[6], &v[7], &v[8], &v[9], &v[10]);
+    if (got != 11 || v[10] != static_cast<long long>(dt)) continue;
+    bool match = false;
+    for (const auto& f : first) match = match || (f[0] == v[0] && f[1] == v[1] && f[2] == v[2]);
+    (match ? preferred : rest).push_back(k);
+  }
+  preferred.insert(preferred.end(), rest.begin(), rest.end());
+  return preferred;
+}
 
 }  // namespace zimage::cuda

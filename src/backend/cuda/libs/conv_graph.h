@@ -16,8 +16,11 @@
 
 #include <cuda_runtime_api.h>
 
+#include <array>
+#include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "backend/cuda/libs/conv_cudnn.h"
 #include "backend/cuda/runtime/allocator.h"
@@ -50,7 +53,15 @@ class ConvGraphs {
   // plan's first launch) moves to whichever thread calls this, off the critical path. Returns
   // the plans loaded. Safe beside run() on another thread, but meant for the load, before the
   // first convolution; never fails (a plan not loaded here loads at its first use as before).
-  int preload_saved(cudaStream_t side_stream, DType dt) noexcept;
+  // The plans of inputs {n, h, w} in `first` (the first image's decode) come first: a cache that
+  // also holds other sizes' plans fills the 64 before the ones the next image runs.
+  int preload_saved(cudaStream_t side_stream, DType dt,
+                    const std::vector<std::array<int64_t, 3>>& first = {}) noexcept;
+  // The order preload_saved() takes the cache's keys in: the convolution keys of dtype `dt`
+  // whose input {n, h, w} is in `first`, then the others of `dt`, each group in the cache's
+  // order; keys of other dtypes and malformed ones are left out.
+  static std::vector<std::string> preload_order(const std::vector<std::string>& keys, DType dt,
+                                                const std::vector<std::array<int64_t, 3>>& first);
 
  private:
   struct Impl;
