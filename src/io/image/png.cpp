@@ -17,6 +17,7 @@
 
 #include "core/utf8.h"
 #include "io/fs/file_io.h"
+#include "io/image/png_deflate.h"
 
 #ifndef PNG_iTXt_SUPPORTED
 #error "libpng without iTXt support"
@@ -79,12 +80,12 @@ bool valid_utf8(const std::string& s) {
 // ---- writing ---------------------------------------------------------------------------------
 
 struct WriteJob {
-  const uint8_t* rgb;
+  const uint8_t* idat;  // the image data, filtered and compressed (png_deflate.h)
+  size_t idat_size;
   int width;
   int height;
   png_text* texts;
   int num_texts;
-  int compression;            // zlib level, 0-9
   std::vector<uint8_t>* out;  // owned by encode_png's frame
   bool out_of_memory;
   PngError error;
@@ -109,19 +110,20 @@ void on_png_write(png_structp png, png_bytep data, size_t size) {
 
 void on_png_flush(png_structp /*png*/) {}
 
+// libpng writes the signature, IHDR and the iTXt chunks (png_write_info) and frames the chunks
+// with their CRCs; the image data was compressed on several threads beforehand (png_deflate.h),
+// so it goes in as one IDAT chunk, then IEND (what png_write_end writes when no text follows).
 void write_body(png_structp png, png_infop info, WriteJob* job) {
   png_set_write_fn(png, job, on_png_write, on_png_flush);
-  png_set_compression_level(png, job->compression);
   png_set_IHDR(png, info, static_cast<png_uint_32>(job->width),
                static_cast<png_uint_32>(job->height), 8, PNG_COLOR_TYPE_RGB, PNG_INTERLACE_NONE,
                PNG_COMPRESSION_TYPE_DEFAULT, PNG_FILTER_TYPE_DEFAULT);
   if (job->num_texts > 0) png_set_text(png, info, job->texts, job->num_texts);
   png_write_info(png, info);
-  const size_t row_bytes = static_cast<size_t>(job->width) * 3;
-  for (int y = 0; y < job->height; ++y) {
-    png_write_row(png, job->rgb + static_cast<size_t>(y) * row_bytes);
-  }
-  png_write_end(png, info);
+  static const png_byte kIdat[5] = {'I', 'D', 'A', 'T', '\0'};
+  static const png_byte kIend[5] = {'I', 'E', 'N', 'D', '\0'};
+  png_write_chunk(png, kIdat, job->idat, job->idat_size);
+  png_write_chunk(png, kIend, nullptr, 0);
 }
 
 bool guarded_write(png_structp png, png_infop info, WriteJob* job) {
@@ -326,14 +328,17 @@ Result<std::vector<uint8_t>> encode_png(const uint8_t* rgb, int w, int h, const 
     c.lang_key = empty;
   }
 
+  ZI_ASSIGN_OR_RETURN(const std::vector<uint8_t> idat, png_deflate_rows(rgb, w, h, compression));
+  // One chunk: its length is a 31-bit field (the pixel limit keeps the data far below it).
+  if (idat.size() > 0x7fffffffu) return InternalError("encode_png: the image data exceeds 2 GiB");
   std::vector<uint8_t> out;
   WriteJob job{};
-  job.rgb = rgb;
+  job.idat = idat.data();
+  job.idat_size = idat.size();
   job.width = w;
   job.height = h;
   job.texts = chunks.data();
   job.num_texts = static_cast<int>(chunks.size());
-  job.compression = compression;
   job.out = &out;
   std::snprintf(job.error.message, sizeof(job.error.message), "unknown libpng error");
 

@@ -38,6 +38,8 @@ struct PngImage {
 // The default, 1, encodes a 1024x1024 picture 4-9x faster than zlib's default 6 (libpng's and
 // PIL's) for 12-17 % more bytes (docs/BENCHMARKS.md, "Session 14"): at 6 the encoding of one
 // generated image took 0.23-0.48 s on one core, a third to two thirds of its eight DiT forwards.
+// The rows are filtered and compressed on up to 16 threads (png_deflate.h): a 1024² picture in
+// 18 ms on 2 cores at level 1, where libpng alone took 51 ms (PngDeflate.AgainstLibpngsOwnEncoder).
 inline constexpr int kPngDefaultCompression = 1;
 Result<std::vector<uint8_t>> encode_png(const uint8_t* rgb, int w, int h, const PngText& text,
                                         int compression = kPngDefaultCompression);
