@@ -388,7 +388,8 @@ Status image_to_rgb8(const OpEnv& env, const Tensor& x, const Tensor& rgb) {
   ZI_TRY(any_float_tensor(env, op, "x", x));
   ZI_TRY(tensor(env, op, "rgb", rgb));
   ZI_TRY(has_dtype(env, op, "rgb", rgb, DType::kU8));
-  return check_same_shape(op, "x", x, "rgb", rgb);
+  ZI_TRY(check_same_shape(op, "x", x, "rgb", rgb));
+  return check_alias(op, "x", x, "rgb", rgb, false);
 }
 
 // ---- attention ----

@@ -99,7 +99,7 @@ Status guided_euler_step(const OpEnv& env, const Tensor& pos, const Tensor& neg,
 Status latent_to_rgb(const OpEnv& env, const Tensor& latents, int channels, const Tensor& rgb);
 Status sum_squares(const OpEnv& env, const Tensor& x);
 Status count_nonfinite(const OpEnv& env, const Tensor& x);
-// x any float dtype (env.any_float); rgb kU8 of x's shape.
+// x any float dtype (env.any_float); rgb kU8 of x's shape, not overlapping x.
 Status image_to_rgb8(const OpEnv& env, const Tensor& x, const Tensor& rgb);
 
 // ---- attention ----

@@ -128,6 +128,20 @@ TEST(CudaPreview, ImageToRgb8MatchesCpuAndTheFloatPath) {
       EXPECT_EQ(vs_cpu, 0) << dtype_name(act);
       EXPECT_EQ(vs_old, 0) << dtype_name(act);
     }
+    if (act == DType::kBF16) {
+      // Every bf16 bit pattern (NaN, ±Inf, subnormals, ±0, the largest) against the old path.
+      Tensor all = Tensor::host(DType::kBF16, {65536});
+      auto* ap = static_cast<uint16_t*>(all.data());
+      for (int k = 0; k < 65536; ++k) ap[k] = static_cast<uint16_t>(k);
+      Tensor x = take(g.upload(all, DType::kBF16), "all bf16");
+      const std::vector<uint8_t> got = rgb8_on_device(g, x);
+      const std::vector<uint8_t> old = rgb8_through_f32(g, x);
+      int64_t differ = 0;
+      for (size_t k = 0; k < got.size(); ++k) differ += got[k] != old[k];
+      std::printf("image_to_rgb8 bf16, all 65536 patterns: %lld bytes differ from the f32 path\n",
+                  static_cast<long long>(differ));
+      EXPECT_EQ(differ, 0);
+    }
     // NaN and ±Inf give 0 (the pipeline has counted them first).
     Tensor bad = Tensor::host(DType::kF32, {1, 1, 1, 3});
     bad.data_as<float>()[0] = std::numeric_limits<float>::quiet_NaN();
@@ -140,6 +154,7 @@ TEST(CudaPreview, ImageToRgb8MatchesCpuAndTheFloatPath) {
 
 TEST(CudaPreview, ImageToRgb8Cost) {
   ZI_REQUIRE_GPU();
+  ASSERT_NE(gpu(DType::kBF16), nullptr);
   Backend& g = *gpu(DType::kBF16);
   for (int64_t side : {1024, 2048}) {
     Tensor x = take(

@@ -43,6 +43,13 @@ TEST(ConvPlanOrder, TheFirstImagesSizesComeFirst) {
   ASSERT_EQ(plain.size(), 8u);
   EXPECT_EQ(plain.front(), key(1, 256, 512, bf));
   EXPECT_EQ(plain[3], key(1, 2048, 512, bf));
+  // Height and width in their order (a 1024 x 512 image's decode).
+  const std::string tall =
+      "conv,1,128,64,512,128,3,3,1,1,1," + std::to_string(static_cast<int>(bf)) + ",1";
+  const std::string wide =
+      "conv,1,64,128,512,128,3,3,1,1,1," + std::to_string(static_cast<int>(bf)) + ",1";
+  EXPECT_EQ(ConvGraphs::preload_order({wide, tall}, bf, {{1, 128, 64}}),
+            (std::vector<std::string>{tall, wide}));
   // The batch is part of the size.
   const std::vector<std::string> batch2 =
       ConvGraphs::preload_order({key(1, 128, 512, bf), key(2, 128, 512, bf)}, bf, {{2, 128, 128}});

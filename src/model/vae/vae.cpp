@@ -316,10 +316,10 @@ Result<Tensor> VaeDecoder::decode_rgb8(const Tensor& latents, int64_t* nonfinite
   const double t_pre = ms_since(t_start);
   ZI_ASSIGN_OR_RETURN(Tensor x, decode_scaled(zh, dbg, cancel, "vae"));  // [B, H, W, 3]
   const double t_queue = ms_since(t_start);
-  ZI_ASSIGN_OR_RETURN(*nonfinite, be_.count_nonfinite(x));  // waits for the decode
-  const double t_wait = ms_since(t_start);
   ZI_ASSIGN_OR_RETURN(Tensor rgb, load::alloc(be_, DType::kU8, x.shape(), "vae rgb8"));
-  ZI_TRY(be_.image_to_rgb8(x, rgb));
+  ZI_TRY(be_.image_to_rgb8(x, rgb));                        // queued behind the decode
+  ZI_ASSIGN_OR_RETURN(*nonfinite, be_.count_nonfinite(x));  // waits for both
+  const double t_wait = ms_since(t_start);
   Tensor host = Tensor::host(DType::kU8, x.shape());
   if (!host.defined()) return OutOfMemory("vae output image " + shape_string(x.shape()));
   ZI_TRY(be_.download(rgb, host));
