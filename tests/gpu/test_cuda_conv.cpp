@@ -23,6 +23,18 @@ Shape conv_output_shape(const ConvCase& c) {
   return {c.x[0], ho, wo, c.cout};
 }
 
+// A case's input, filter and (optional) bias, random on both backends; `seed` advances.
+struct ConvOperands {
+  Both x, w, b;
+};
+ConvOperands conv_operands(const ConvCase& c, uint32_t& seed, DType dt) {
+  ConvOperands o;
+  o.x = both_rand(c.x, seed++, dt);
+  o.w = both_rand({c.cout, c.k, c.k, c.x[3]}, seed++, dt, -0.3f, 0.3f);
+  if (c.bias) o.b = both_rand({c.cout}, seed++, dt);
+  return o;
+}
+
 TEST(CudaOps, Conv2d) {
   ZI_REQUIRE_GPU();
   const ConvCase cases[] = {
@@ -37,10 +49,7 @@ TEST(CudaOps, Conv2d) {
   for (DType dt : kDTypes) {
     uint32_t seed = 700;
     for (const ConvCase& c : cases) {
-      const int64_t cin = c.x[3];
-      Both x = both_rand(c.x, seed++, dt);
-      Both w = both_rand({c.cout, c.k, c.k, cin}, seed++, dt, -0.3f, 0.3f);
-      Both b = c.bias ? both_rand({c.cout}, seed++, dt) : Both{};
+      const auto [x, w, b] = conv_operands(c, seed, dt);
       Both y = outputs(conv_output_shape(c), dt);
       ZI_ASSERT_OK(cpu_oracle().conv2d(x.cpu, w.cpu, b.cpu, c.p, y.cpu));
       ZI_ASSERT_OK(gpu(dt)->conv2d(x.gpu, w.gpu, b.gpu, c.p, y.gpu));
@@ -67,10 +76,7 @@ TEST(CudaOps, Conv2dAdd) {
     cuda::CudaBackend* g = gpu(dt);
     uint32_t seed = 790;
     for (const ConvCase& c : cases) {
-      const int64_t cin = c.x[3];
-      Both x = both_rand(c.x, seed++, dt);
-      Both w = both_rand({c.cout, c.k, c.k, cin}, seed++, dt, -0.3f, 0.3f);
-      Both b = c.bias ? both_rand({c.cout}, seed++, dt) : Both{};
+      const auto [x, w, b] = conv_operands(c, seed, dt);
       const Shape ys = conv_output_shape(c);
       Both r = both_rand(ys, seed++, dt, -4.f, 4.f);
       Both y = outputs(ys, dt);

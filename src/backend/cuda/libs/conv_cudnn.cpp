@@ -113,17 +113,7 @@ Status ConvPlanner::make_plan(const ConvRequest& r, Plan& p) {
 
 Status ConvPlanner::run(const ConvRequest& r, CachingAllocator& alloc) {
   if (!handle_) return Unsupported("conv2d: cuDNN is not available");
-  const Key key{r.n,
-                r.h,
-                r.w_,
-                r.cin,
-                r.cout,
-                r.kh,
-                r.kw,
-                r.stride,
-                r.pad_h,
-                r.pad_w,
-                static_cast<int>(r.dt)};
+  const Key key = conv_shape_key(r);
   auto it = plans_.find(key);
   if (it == plans_.end()) {
     Plan p;

@@ -28,6 +28,24 @@ struct ConvRequest {
   DType dt;
 };
 
+// What a convolution plan depends on (shapes, stride, padding, dtype): the plan caches' key
+// (ConvPlanner; ConvGraphs adds its epilogue).
+using ConvShapeKey =
+    std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, int, int, int>;
+inline ConvShapeKey conv_shape_key(const ConvRequest& r) {
+  return {r.n,
+          r.h,
+          r.w_,
+          r.cin,
+          r.cout,
+          r.kh,
+          r.kw,
+          r.stride,
+          r.pad_h,
+          r.pad_w,
+          static_cast<int>(r.dt)};
+}
+
 class ConvPlanner {
  public:
   // Never fails: without a usable cuDNN, available() is false and run() answers kUnsupported.
@@ -49,8 +67,7 @@ class ConvPlanner {
     cudnnConvolutionFwdAlgo_t algo{};
     size_t workspace = 0;
   };
-  using Key =
-      std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, int, int, int>;
+  using Key = ConvShapeKey;
 
   explicit ConvPlanner(cudaStream_t stream) : stream_(stream) {}
   Status make_plan(const ConvRequest& r, Plan& p);

@@ -1,6 +1,7 @@
 // Convolutions as cuDNN graphs: see conv_graph.h.
 #include "backend/cuda/libs/conv_graph.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <map>
@@ -9,6 +10,7 @@
 #include <string>
 #include <tuple>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "backend/cuda/libs/cudnn_fe.h"
@@ -22,6 +24,64 @@
 
 namespace zimage::cuda {
 
+namespace {
+
+// The epilogue's operands, the last field of a plan's key: bias = 1, residual = 2. In the cache key
+// the bias stays the 12th field as before the residual existed (so saved plans stay valid) and a
+// residual adds a 13th, ",1", which an older binary's parser rejects instead of taking the plan
+// for a bias-only one.
+constexpr int kEpBias = 1, kEpResidual = 2;
+[[maybe_unused]] int epilogue_of(const void* bias, const void* residual) {
+  return (bias ? kEpBias : 0) | (residual ? kEpResidual : 0);
+}
+
+// A plan's map key: the convolution's shape key and its epilogue_of().
+using PlanKey = decltype(std::tuple_cat(std::declval<ConvShapeKey>(), std::tuple<int>{}));
+
+[[maybe_unused]] PlanKey key_of(const ConvRequest& r, int epilogue) {
+  return std::tuple_cat(conv_shape_key(r), std::make_tuple(epilogue));
+}
+
+std::string cache_key(const PlanKey& key) {
+  const auto& [n, h, w, cin, cout, kh, kw, stride, pad_h, pad_w, dt, epilogue] = key;
+  std::string k = "conv";
+  for (int64_t v : {n, h, w, cin, cout, kh, kw, int64_t{stride}, int64_t{pad_h}, int64_t{pad_w},
+                    int64_t{dt}, int64_t{epilogue & kEpBias}})
+    k += "," + std::to_string(v);
+  if (epilogue & kEpResidual) k += ",1";
+  return k;
+}
+[[maybe_unused]] std::string cache_key(const ConvRequest& r, int epilogue) {
+  return cache_key(key_of(r, epilogue));
+}
+
+// The map key of a cache key written by cache_key(); false for anything else (the key written
+// back from what was parsed must be the same string).
+bool parse_cache_key(const std::string& k, PlanKey& out) {
+  long long v[13] = {};
+  const int n = std::sscanf(
+      k.c_str(), "conv,%lld,%lld,%lld,%lld,%lld,%lld,%lld,%lld,%lld,%lld,%lld,%lld,%lld", &v[0],
+      &v[1], &v[2], &v[3], &v[4], &v[5], &v[6], &v[7], &v[8], &v[9], &v[10], &v[11], &v[12]);
+  if ((n != 12 && n != 13) || v[11] < 0 || v[11] > 1) return false;
+  const PlanKey parsed{v[0],
+                       v[1],
+                       v[2],
+                       v[3],
+                       v[4],
+                       v[5],
+                       v[6],
+                       static_cast<int>(v[7]),
+                       static_cast<int>(v[8]),
+                       static_cast<int>(v[9]),
+                       static_cast<int>(v[10]),
+                       static_cast<int>(v[11]) | (n == 13 ? kEpResidual : 0)};
+  if (cache_key(parsed) != k) return false;
+  out = parsed;
+  return true;
+}
+
+}  // namespace
+
 #if ZIMAGE_WITH_CUDNN_FRONTEND
 namespace fe = cudnn_frontend;
 
@@ -29,14 +89,6 @@ namespace {
 
 enum Uid : int64_t { kX = 1, kW, kBias, kY, kResidual };
 
-// The epilogue's operands, the last field of a plan's key: bias = 1, residual = 2. In the cache key
-// the bias stays the 12th field as before the residual existed (so saved plans stay valid) and a
-// residual adds a 13th, ",1", which an older binary's parser rejects instead of taking the plan
-// for a bias-only one.
-constexpr int kEpBias = 1, kEpResidual = 2;
-int epilogue_of(const void* bias, const void* residual) {
-  return (bias ? kEpBias : 0) | (residual ? kEpResidual : 0);
-}
 constexpr int kMaxTimedPlans = 4;  // candidates timed per shape (heuristics order)
 constexpr int kTimedRuns = 2;      // after one warm-up run
 
@@ -74,67 +126,13 @@ struct ConvGraphs::Impl {
     int64_t workspace = 0;  // its workspace
     float ms = 0;           // its measured time
   };
-  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, int,
-                         int, int, int>;  // ..., dtype, epilogue_of()
+  using Key = PlanKey;
 
   cudaStream_t stream = nullptr;
   cudnnHandle_t handle = nullptr;
   std::mutex mu;  // plans: run() and preload_saved() may be called from different threads
   std::map<Key, Plan> plans;
   std::shared_ptr<PlanCache> cache;
-
-  static Key key_of(const ConvRequest& r, int epilogue) {
-    return Key{r.n,
-               r.h,
-               r.w_,
-               r.cin,
-               r.cout,
-               r.kh,
-               r.kw,
-               r.stride,
-               r.pad_h,
-               r.pad_w,
-               static_cast<int>(r.dt),
-               epilogue};
-  }
-
-  static std::string cache_key(const Key& key) {
-    const auto& [n, h, w, cin, cout, kh, kw, stride, pad_h, pad_w, dt, epilogue] = key;
-    std::string k = "conv";
-    for (int64_t v : {n, h, w, cin, cout, kh, kw, int64_t{stride}, int64_t{pad_h}, int64_t{pad_w},
-                      int64_t{dt}, int64_t{epilogue & kEpBias}})
-      k += "," + std::to_string(v);
-    if (epilogue & kEpResidual) k += ",1";
-    return k;
-  }
-  static std::string cache_key(const ConvRequest& r, int epilogue) {
-    return cache_key(key_of(r, epilogue));
-  }
-
-  // The map key of a cache key written by cache_key(); false for anything else (the key written
-  // back from what was parsed must be the same string).
-  static bool parse_cache_key(const std::string& k, Key& out) {
-    long long v[13] = {};
-    const int n = std::sscanf(
-        k.c_str(), "conv,%lld,%lld,%lld,%lld,%lld,%lld,%lld,%lld,%lld,%lld,%lld,%lld,%lld", &v[0],
-        &v[1], &v[2], &v[3], &v[4], &v[5], &v[6], &v[7], &v[8], &v[9], &v[10], &v[11], &v[12]);
-    if ((n != 12 && n != 13) || v[11] < 0 || v[11] > 1) return false;
-    const Key parsed{v[0],
-                     v[1],
-                     v[2],
-                     v[3],
-                     v[4],
-                     v[5],
-                     v[6],
-                     static_cast<int>(v[7]),
-                     static_cast<int>(v[8]),
-                     static_cast<int>(v[9]),
-                     static_cast<int>(v[10]),
-                     static_cast<int>(v[11]) | (n == 13 ? kEpResidual : 0)};
-    if (cache_key(parsed) != k) return false;
-    out = parsed;
-    return true;
-  }
 
   // The plan the cache names, built alone; false (and the hint forgotten) when it does not build.
   bool build_cached(fe::graph::Graph& g, const std::string& key, Plan& p) {
@@ -347,7 +345,7 @@ Status ConvGraphs::run(const ConvRequest& r, const void* bias, CachingAllocator&
   if (!available()) return Unsupported("cuDNN conv graphs unavailable");
   // f32 stays on the legacy path, which pins FMA math (no TF32) to match the CPU oracle.
   if (r.dt == DType::kF32) return Unsupported("cuDNN conv graph: bf16/f16 only");
-  const Impl::Key key = Impl::key_of(r, epilogue_of(bias, residual));
+  const PlanKey key = key_of(r, epilogue_of(bias, residual));
   std::lock_guard<std::mutex> lock(impl_->mu);
   auto it = impl_->plans.find(key);
   using Clock = std::chrono::steady_clock;
@@ -360,7 +358,7 @@ Status ConvGraphs::run(const ConvRequest& r, const void* bias, CachingAllocator&
     // Where a first decode's time goes (issue 24: a new process's first decode costs ~0.27 s
     // over a steady one): the plan (loaded, rebuilt from the cached index, or searched) here, its
     // first execution below.
-    ZI_DEBUG("conv plan %s: %s in %.1f ms", Impl::cache_key(r, epilogue_of(bias, residual)).c_str(),
+    ZI_DEBUG("conv plan %s: %s in %.1f ms", cache_key(r, epilogue_of(bias, residual)).c_str(),
              !s.ok()       ? "unsupported"
              : p.index < 0 ? "loaded"
                            : "built",
@@ -388,7 +386,7 @@ Status ConvGraphs::run(const ConvRequest& r, const void* bias, CachingAllocator&
   if (!e.is_good()) return DeviceError("cuDNN conv graph: execute: " + e.get_message());
   if (first_use)  // host time of the first launch (module loading, lazy kernel loading)
     ZI_DEBUG("conv plan %s: first execute queued in %.1f ms",
-             Impl::cache_key(r, epilogue_of(bias, residual)).c_str(),
+             cache_key(r, epilogue_of(bias, residual)).c_str(),
              std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
   // Saved once it has run: a plan serialised before its first execution did not load again on
   // the GPU (measured: PlanCacheGpu), presumably for state cudnn-frontend fills at execution.
@@ -411,8 +409,8 @@ int ConvGraphs::preload_saved(cudaStream_t side_stream, DType dt,
     if (cudnnSetStream(impl_->handle, side_stream) != CUDNN_STATUS_SUCCESS) return 0;
     for (const std::string& k : preload_order(impl_->cache->keys("conv,"), dt, first)) {
       if (loaded >= kMaxPlans) break;
-      Impl::Key key;
-      if (!Impl::parse_cache_key(k, key) || std::get<10>(key) != static_cast<int>(dt) ||
+      PlanKey key;
+      if (!parse_cache_key(k, key) || std::get<10>(key) != static_cast<int>(dt) ||
           impl_->plans.count(key))
         continue;
       Impl::Plan p;
@@ -465,14 +463,10 @@ std::vector<std::string> ConvGraphs::preload_order(
     const std::vector<std::array<int64_t, 3>>& first) {
   std::vector<std::string> preferred, rest;
   for (const std::string& k : keys) {
-    // "conv,n,h,w,cin,cout,kh,kw,stride,pad_h,pad_w,dtype,..." (Impl::cache_key).
-    long long v[11] = {};
-    const int got =
-        std::sscanf(k.c_str(), "conv,%lld,%lld,%lld,%lld,%lld,%lld,%lld,%lld,%lld,%lld,%lld", &v[0],
-                    &v[1], &v[2], &v[3], &v[4], &v[5], &v[6], &v[7], &v[8], &v[9], &v[10]);
-    if (got != 11 || v[10] != static_cast<long long>(dt)) continue;
-    bool match = false;
-    for (const auto& f : first) match = match || (f[0] == v[0] && f[1] == v[1] && f[2] == v[2]);
+    PlanKey key;
+    if (!parse_cache_key(k, key) || std::get<10>(key) != static_cast<int>(dt)) continue;
+    const std::array<int64_t, 3> input{std::get<0>(key), std::get<1>(key), std::get<2>(key)};
+    const bool match = std::find(first.begin(), first.end(), input) != first.end();
     (match ? preferred : rest).push_back(k);
   }
   preferred.insert(preferred.end(), rest.begin(), rest.end());
