@@ -3,6 +3,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <chrono>
 #include <string>
 #include <utility>
 
@@ -37,10 +38,16 @@ CachingAllocator::CachingAllocator(int device, BlockAllocatorOptions options) : 
                          " MiB held");
     }
     void* p = nullptr;
+    const auto t0 = std::chrono::steady_clock::now();
     // cuda_status maps cudaErrorMemoryAllocation to OutOfMemory (and clears it), which is what
     // makes the block allocator give idle segments back and retry.
     ZI_TRY(cuda_status(cudaMalloc(&p, bytes), "cudaMalloc"));
     held_ += bytes;
+    if (log_level() >= LogLevel::kDebug) {  // what a first call's reservations cost (issue 24)
+      const double ms =
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      if (ms > 1.0) ZI_DEBUG("cudaMalloc of %.1f MiB took %.1f ms", bytes / 1048576.0, ms);
+    }
     return p;
   };
   auto segment_free = [this](void* p, size_t bytes) -> Status {

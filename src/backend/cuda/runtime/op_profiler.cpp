@@ -5,8 +5,13 @@
 #include <map>
 
 #include "backend/cuda/runtime/cuda_check.h"
+#include "core/log.h"
 
 namespace zimage::cuda {
+
+void log_slow_op(const std::string& key, double host_ms) {
+  ZI_DEBUG("op %s: %.1f ms on the host", key.c_str(), host_ms);
+}
 
 OpProfiler::~OpProfiler() {
   for (Mark& m : marks_) {

@@ -40,6 +40,12 @@ class OpProfiler {
 
   bool enabled() const { return enabled_; }
   void set_enabled(bool on) { enabled_ = on; }
+  // Debug aid for a new process's first calls (plans loaded, kernels loaded by the driver at
+  // their first launch, memory reserved): with a threshold > 0, every op whose call takes longer
+  // than that on the host is logged at debug level with its key. Independent of profiling; off,
+  // an op pays one branch.
+  double host_watch_ms() const { return host_watch_ms_; }
+  void set_host_watch_ms(double ms) { host_watch_ms_ = ms; }
   void set_recorded(bool on) { recorded_ = on; }
   // Returns a token for end(), or -1 when not recording. Ops called by another op (nesting) are
   // part of the outer op's time, not recorded on their own.
@@ -61,6 +67,7 @@ class OpProfiler {
   cudaStream_t stream_;
   bool enabled_ = false;
   bool recorded_ = false;
+  double host_watch_ms_ = 0;
   int depth_ = 0;  // ops in progress (an op calling another)
   // Events that graph nodes refer to: never reused for other marks (a later replay would write
   // them), destroyed with the profiler.
@@ -69,21 +76,37 @@ class OpProfiler {
   std::vector<cudaEvent_t> spare_;  // events of reported marks, reused
 };
 
-// RAII scope around one op. The key is built only when profiling is on.
+// Logs "op KEY: X ms on the host" at debug level (OpProfiler::set_host_watch_ms).
+void log_slow_op(const std::string& key, double host_ms);
+
+// RAII scope around one op. The key is built only when profiling is on, or when the op was slower
+// on the host than the watch's threshold.
+template <typename KeyFn>
 class OpScope {
  public:
-  template <typename KeyFn>
-  OpScope(OpProfiler* p, KeyFn&& key) : p_(p && p->enabled() ? p : nullptr) {
-    if (p_) token_ = p_->begin(std::forward<KeyFn>(key)());
+  OpScope(OpProfiler* p, KeyFn key)
+      : p_(p && p->enabled() ? p : nullptr),
+        watch_ms_(p ? p->host_watch_ms() : 0),
+        key_(std::move(key)) {
+    if (watch_ms_ > 0) t0_ = std::chrono::steady_clock::now();
+    if (p_) token_ = p_->begin(key_());
   }
   ~OpScope() {
     if (p_) p_->end(token_);
+    if (watch_ms_ > 0) {
+      const double ms =
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0_).count();
+      if (ms > watch_ms_) log_slow_op(key_(), ms);
+    }
   }
   OpScope(const OpScope&) = delete;
   OpScope& operator=(const OpScope&) = delete;
 
  private:
   OpProfiler* p_;
+  double watch_ms_;
+  KeyFn key_;
+  std::chrono::steady_clock::time_point t0_{};
   int token_ = -1;
 };
 
