@@ -146,6 +146,12 @@ Result<std::unique_ptr<Engine>> Engine::load_impl(const EngineOptions& options) 
     return InvalidArgument("streamed_weights: '" + options.streamed_weights +
                            "' is not one of copy, files, locked-files");
   load_options.stream_from_files = options.streamed_weights != "copy";
+  // "files" is the one-shot mode: what must still be copied (FP8 rows) stays pageable unless a
+  // host-memory limit is given. Measured on an H100 (docs/BENCHMARKS.md, "Session 18"), one
+  // 1024² image with --weights fp8: 3.8-4.1 / 4.3-4.4 s at --vram-budget 8 / 4 against
+  // 5.3-5.6 / 7.1-8.2 s with the copies page-locked.
+  load_options.pin_host_copies =
+      !(options.streamed_weights == "files" && options.host_memory_gib == 0);
   load_options.lock_files = options.streamed_weights == "locked-files";
   load_options.fp8_weights = options.weights == "fp8";
   load_options.plan_width = load_options.plan_height = std::min(options.max_side, 1024);

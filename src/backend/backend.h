@@ -179,6 +179,20 @@ class Backend {
   // be equal, or a pair can_stream() accepts (the CPU widens to f32 as it copies).
   static constexpr int kStreamSlots = 4;
   virtual Status stream_in(int slot, const std::vector<std::pair<Tensor, Tensor>>& copies);
+  // Of `host_parts` (one unit's host tensors), the bytes stream_in would copy through staging of
+  // its own rather than hand to the DMA engine directly (CUDA: those not page-locked).
+  virtual uint64_t staged_stream_bytes(const std::vector<Tensor>& host_parts) const {
+    (void)host_parts;
+    return 0;
+  }
+  // A hint at load: stream_in for `slot` will stage up to `bytes` a call. CUDA page-locks that
+  // staging now, on a thread of its own, instead of at the first stream_in (the first text
+  // encoding or DiT step of a budgeted process paid ~0.1-0.3 s for it). Never fails: a staging
+  // not prepared is allocated at first use, as before.
+  virtual void prepare_stream_staging(int slot, uint64_t bytes) noexcept {
+    (void)slot;
+    (void)bytes;
+  }
   // Whether stream_in takes host elements of `host` into a device tensor of `device`.
   virtual bool can_stream(DType host, DType device) const {
     return host == device || (device == DType::kF32 && dtype_is_float(host));

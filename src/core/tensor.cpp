@@ -53,6 +53,14 @@ Tensor Tensor::host(DType dtype, Shape shape) {
   return Tensor(std::move(st), 0, dtype, std::move(shape));
 }
 
+Tensor Tensor::host_for_overwrite(DType dtype, Shape shape) {
+  const int64_t n = shape_numel(shape);
+  if (n < 0) return Tensor();
+  auto st = HostStorage::allocate(static_cast<size_t>(n) * dtype_size(dtype));
+  if (!st) return Tensor();
+  return Tensor(std::move(st), 0, dtype, std::move(shape));
+}
+
 Tensor Tensor::wrap(void* data, DType dtype, Shape shape, Device device) {
   const int64_t n = shape_numel(shape);
   const size_t bytes = n < 0 ? 0 : static_cast<size_t>(n) * dtype_size(dtype);

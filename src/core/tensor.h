@@ -69,6 +69,9 @@ class Tensor {
 
   // A contiguous host tensor (zero-filled). Empty Tensor (defined() false) when out of memory.
   static Tensor host(DType dtype, Shape shape);
+  // The same without the zero fill, for a destination the caller overwrites completely (a
+  // weight moved to host memory: filling gigabytes on one thread first cost seconds).
+  static Tensor host_for_overwrite(DType dtype, Shape shape);
   // A non-owning view of caller memory; the caller keeps `data` alive.
   static Tensor wrap(void* data, DType dtype, Shape shape, Device device = Device::kCPU);
 

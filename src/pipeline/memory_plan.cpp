@@ -90,8 +90,9 @@ std::string MemoryPlan::describe() const {
   if (host_pinned_bytes + host_pageable_bytes > 0) {
     s += "; host copies " + gib(host_pinned_bytes) + " pinned";
     if (host_pageable_bytes > 0)
-      s += " + " + gib(host_pageable_bytes) + " pageable (over the host-memory limit of " +
-           gib(host_pinned_limit) + ")";
+      s += " + " + gib(host_pageable_bytes) +
+           (pin_copies ? " pageable (over the host-memory limit of " + gib(host_pinned_limit) + ")"
+                       : std::string(" pageable (copies not page-locked)"));
   }
   if (host_file_bytes > 0) {
     s += "; " + gib(host_file_bytes) + " streamed from the weight files";
@@ -142,6 +143,7 @@ Result<MemoryPlan> plan_memory(const MemoryPlanInput& in) {
   plan.te_stream_bytes = static_cast<uint64_t>(in.te_layers - c.te_resident) * in.te_layer_bytes;
   // Host copies of the streamed units: pinned while the limit allows, DiT blocks first.
   plan.host_pinned_limit = in.host_pinned_limit;
+  plan.pin_copies = in.pin_copies;
   // Units streamed from the files count against the limit too, as the page-locked copies they
   // fall back to where a file does not hold a weight as it streams (FP8, LoRA-merged): the
   // pageable flag then says which fallback copies stay pageable, or which locked-files units are
@@ -155,18 +157,20 @@ Result<MemoryPlan> plan_memory(const MemoryPlanInput& in) {
       if (!streamed[i]) continue;
       // Page-locked memory within the limit, DiT blocks first.
       const bool fits = in.host_pinned_limit == 0 || within + unit_bytes <= in.host_pinned_limit;
-      if (fits) within += unit_bytes;
+      const bool locked = from_files && in.lock_files && fits;
+      const bool pinned = fits && (locked || in.pin_copies);
+      if (pinned) within += unit_bytes;
       if (from_files) {
         plan.host_file_bytes += unit_bytes;
-        pageable[i] = !fits;
-        if (in.lock_files && fits) {
+        pageable[i] = !pinned;
+        if (locked) {
           plan.host_locked_bytes += unit_bytes;
         } else {
           ++staged;
         }
         continue;
       }
-      if (fits) {
+      if (pinned) {
         plan.host_pinned_bytes += unit_bytes;
       } else {
         pageable[i] = true;

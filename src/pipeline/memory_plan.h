@@ -51,6 +51,11 @@ struct MemoryPlanInput {
   // swappable); 0 = no limit. Units beyond it are held in pageable memory and stream from there
   // (same bytes, a slower copy that holds the host thread).
   uint64_t host_pinned_limit = 0;
+  // false: host copies are never page-locked (all pageable, whatever the limit): a one-shot
+  // process (zimage generate) makes an image or two, and page-locking gigabytes costs more at
+  // load (~0.3-0.6 s a GiB) and at exit than the slower copies cost its steps. Locked file
+  // pages (lock_files) still count against the limit.
+  bool pin_copies = true;
   // Streamed units read from the weight files each time (WeightPlacement::stream_from_files, and
   // the files hold them in the compute dtype): no host copy, only per-slot page-locked staging.
   bool dit_from_files = false;
@@ -71,6 +76,7 @@ struct MemoryPlan {
   uint64_t host_pinned_bytes = 0;    // streamed units' host copies, page-locked
   uint64_t host_pageable_bytes = 0;  // the rest of them, pageable
   uint64_t host_pinned_limit = 0;    // as planned with (0: none)
+  bool pin_copies = true;            // as planned with
   // Units streamed from the weight files instead: bytes read from the files (the page cache) per
   // pass over them, and the page-locked staging they stream through (a slot's worth per slot).
   uint64_t host_file_bytes = 0;

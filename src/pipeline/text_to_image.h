@@ -106,6 +106,8 @@ struct PipelineLoadOptions {
   uint64_t vram_budget = 0;
   // Host bytes streamed weights may page-lock (MemoryPlanInput::host_pinned_limit); 0 = no limit.
   uint64_t host_pinned_limit = 0;
+  // false: streamed host copies stay pageable (MemoryPlanInput::pin_copies).
+  bool pin_host_copies = true;
   // Streamed weights the files hold in the compute dtype are read from the memory-mapped files
   // at each stream instead of copied into host memory at load (WeightPlacement).
   bool stream_from_files = false;

@@ -464,6 +464,7 @@ MemoryPlanInput TextToImage::plan_input(const ZImageConfigs& configs, DType act,
   MemoryPlanInput in;
   in.budget = o.vram_budget;
   in.host_pinned_limit = o.host_pinned_limit;
+  in.pin_copies = o.pin_host_copies;
   // Streamed from the files unless the loader turns the linears into FP8 rows on the device
   // (then they are copies). Files in another dtype than `act` (FP8 or GGUF files, bf16 files on
   // an f32 GPU) stream copies too: the plan's host figures assume the usual bf16 folder.

@@ -2,7 +2,8 @@
 // contents exact around the buffer boundaries and across many wraps of the ring, with the host
 // source overwritten as soon as upload() returns (the contract of backend.h), with on-device dtype
 // conversion, through concat_rows (uploaded parts freed while their row copy is still queued), and
-// the fallback when pinned memory cannot be allocated, and the staging readied ahead of a load.
+// the fallback when pinned memory cannot be allocated, and the staging readied ahead of a load;
+// downloads into pageable memory through the same staging.
 // CudaUploadPerf times a 1 GiB tensor from a freshly mapped file in the page cache, which is what
 // model loading does.
 #include <cuda_runtime_api.h>
@@ -128,6 +129,77 @@ TEST(CudaUpload, StagedCopiesAroundBufferBoundaries) {
         << "upload " << i << " of " << sizes[i] << " bytes";
   ZI_ASSERT_OK(up.release());
   EXPECT_FALSE(up.has_staging());
+}
+
+// download() through the same tiny ring: sizes around the buffer boundaries and across many
+// wraps, into pageable memory, each exact; uploads queued before a download (the ring part-full)
+// and after it stay exact too; without staging it takes the driver's path.
+TEST(CudaUpload, StagedDownloadsAroundBufferBoundaries) {
+  ZI_REQUIRE_GPU();
+  cuda::CudaBackend* g = gpu(DType::kBF16);
+  ASSERT_NE(g, nullptr);
+  cuda::PinnedUploader::Options o;
+  o.buffer_bytes = 64 * 1024;
+  o.buffers = 3;
+  o.threads = 4;
+  o.min_bytes = 0;
+  o.start_bytes = 0;
+  o.grain = 4096;
+  cuda::PinnedUploader up(g->device_index(), g->stream(), o);
+  const size_t b = o.buffer_bytes;
+  const std::vector<size_t> sizes{1, 4097, b - 1, b, b + 1, 3 * b, 3 * b + 1, 10 * b + 3, 77};
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    const std::vector<uint8_t> want = pattern(sizes[i], static_cast<uint32_t>(40 + i));
+    Tensor dev = take(g->alloc(DType::kU8, {static_cast<int64_t>(sizes[i])}), "alloc");
+    // Uploaded through the ring (which the download then starts over), then read back.
+    ZI_ASSERT_OK(up.copy(dev.data(), want.data(), want.size()));
+    std::vector<uint8_t> got(sizes[i], 0xAB);
+    ZI_ASSERT_OK(up.download(got.data(), dev.data(), got.size()));
+    EXPECT_EQ(first_difference(got, want), -1) << "download " << i << " of " << sizes[i];
+  }
+  EXPECT_EQ(up.stats().staged_downloads, sizes.size());
+  // An upload after the downloads still lands exactly.
+  const std::vector<uint8_t> last = pattern(5 * b + 9, 99);
+  Tensor dev = take(g->alloc(DType::kU8, {static_cast<int64_t>(last.size())}), "alloc");
+  ZI_ASSERT_OK(up.copy(dev.data(), last.data(), last.size()));
+  ZI_ASSERT_OK(g->synchronize());
+  EXPECT_EQ(first_difference(device_bytes(g, dev), last), -1);
+  ZI_ASSERT_OK(up.release());
+  // Without staging: the driver's copy, still exact.
+  std::vector<uint8_t> plain(last.size());
+  ZI_ASSERT_OK(up.download(plain.data(), dev.data(), plain.size()));
+  EXPECT_EQ(first_difference(plain, last), -1);
+  EXPECT_EQ(up.stats().staged_downloads, sizes.size());
+}
+
+// Backend::download into a large pageable tensor while the load's staging exists takes the staged
+// path (a weight moved back to host memory, linear.h move_to_host), exact; into page-locked
+// memory, or once the staging is gone, the driver's path.
+TEST(CudaUpload, BackendDownloadDuringALoad) {
+  ZI_REQUIRE_GPU();
+  cuda::CudaBackend* g = gpu(DType::kBF16);
+  ASSERT_NE(g, nullptr);
+  ZI_ASSERT_OK(g->finish_uploads());
+  g->prepare_uploads();
+  ASSERT_TRUE(g->uploader().has_staging());
+  const uint64_t d0 = g->uploader().stats().staged_downloads;
+  const int64_t n = static_cast<int64_t>(g->uploader().options().buffer_bytes) * 5 / 2 + 3;
+  const Tensor src = random_host(DType::kBF16, n / 2, 321);
+  Tensor dev = take(g->upload(src, DType::kBF16), "upload");
+  Tensor host = Tensor::host_for_overwrite(DType::kBF16, src.shape());
+  ASSERT_TRUE(host.defined());
+  ZI_ASSERT_OK(g->download(dev, host));
+  EXPECT_EQ(g->uploader().stats().staged_downloads, d0 + 1);
+  EXPECT_EQ(std::memcmp(host.data(), src.data(), src.nbytes()), 0);
+  Tensor pinned = take(g->alloc_pinned(DType::kBF16, src.shape()), "alloc_pinned");
+  ZI_ASSERT_OK(g->download(dev, pinned));
+  EXPECT_EQ(g->uploader().stats().staged_downloads, d0 + 1) << "pinned: the driver's copy";
+  EXPECT_EQ(std::memcmp(pinned.data(), src.data(), src.nbytes()), 0);
+  ZI_ASSERT_OK(g->finish_uploads());
+  Tensor after = Tensor::host_for_overwrite(DType::kBF16, src.shape());
+  ZI_ASSERT_OK(g->download(dev, after));
+  EXPECT_EQ(g->uploader().stats().staged_downloads, d0 + 1) << "no staging: the driver's copy";
+  EXPECT_EQ(std::memcmp(after.data(), src.data(), src.nbytes()), 0);
 }
 
 struct Case {

@@ -225,6 +225,56 @@ TEST(MemoryPlan, StreamingFromTheFilesHoldsOnlyStagingInHostMemory) {
   EXPECT_EQ(plan->host_staging_bytes, static_cast<uint64_t>(mixed.slots) * mixed.dit_block_bytes);
 }
 
+// A one-shot process's copies (MemoryPlanInput::pin_copies false: zimage generate with
+// --streamed-weights files and no --host-memory): every streamed copy pageable whatever the
+// limit, the device side unchanged; units streamed from the files are marked pageable too (their
+// fallback copies, FP8 rows, stay pageable), while locked file pages still take the limit.
+TEST(MemoryPlan, CopiesNotPinnedForAOneShotProcess) {
+  for (bool fp8 : {false, true}) {
+    SCOPED_TRACE(fp8 ? "fp8 weights" : "bf16 weights");
+    const MemoryPlanInput pinned_in = full_size(4, fp8);
+    auto pinned = plan_memory(pinned_in);
+    ASSERT_TRUE(pinned.ok());
+    ASSERT_GT(pinned->host_pinned_bytes, 0u);
+    for (uint64_t limit : {uint64_t{0}, 6 * kGiB}) {
+      MemoryPlanInput in = pinned_in;
+      in.host_pinned_limit = limit;
+      in.pin_copies = false;
+      auto plan = plan_memory(in);
+      ASSERT_TRUE(plan.ok());
+      EXPECT_EQ(plan->dit_streamed, pinned->dit_streamed);
+      EXPECT_EQ(plan->te_streamed, pinned->te_streamed);
+      EXPECT_EQ(plan->peak_bytes, pinned->peak_bytes);
+      EXPECT_EQ(plan->host_pinned_bytes, 0u);
+      EXPECT_EQ(plan->host_pageable_bytes, plan->dit_stream_bytes + plan->te_stream_bytes);
+      for (size_t i = 0; i < plan->dit_streamed.size(); ++i)
+        EXPECT_EQ(plan->dit_pageable[i], plan->dit_streamed[i]) << "block " << i;
+      for (size_t i = 0; i < plan->te_streamed.size(); ++i)
+        EXPECT_EQ(plan->te_pageable[i], plan->te_streamed[i]) << "layer " << i;
+      EXPECT_NE(plan->describe().find("pageable (copies not page-locked)"), std::string::npos)
+          << plan->describe();
+      // From the files: every unit marked (its fallback copy pageable), all of them staged.
+      MemoryPlanInput files = in;
+      files.dit_from_files = files.te_from_files = true;
+      auto fp = plan_memory(files);
+      ASSERT_TRUE(fp.ok());
+      for (size_t i = 0; i < fp->dit_streamed.size(); ++i)
+        EXPECT_EQ(fp->dit_pageable[i], fp->dit_streamed[i]) << "block " << i;
+      EXPECT_EQ(fp->host_locked_bytes, 0u);
+      // Locked file pages are not copies: they still fill the limit (all of them without one).
+      files.lock_files = true;
+      auto lp = plan_memory(files);
+      ASSERT_TRUE(lp.ok());
+      if (limit == 0) {
+        EXPECT_EQ(lp->host_locked_bytes, lp->host_file_bytes);
+      } else {
+        EXPECT_LE(lp->host_locked_bytes, limit);
+        EXPECT_GT(lp->host_locked_bytes + in.dit_block_bytes, limit);
+      }
+    }
+  }
+}
+
 // Locked file pages (MemoryPlanInput::lock_files) count against the host-memory limit like
 // copies, DiT blocks first; the units beyond it stream through the staging (marked pageable),
 // and only those need staging.

@@ -123,6 +123,8 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(int device_index, DType
   b->conv_graphs_ = ConvGraphs::create(b->stream_, plan_cache);
   const double graphs_ms = ms_since(tp);
   b->profiler_ = std::make_unique<OpProfiler>(b->stream_);
+  // With debug logging, ops slower than 3 ms on the host are named (a new process's first calls).
+  if (log_level() >= LogLevel::kDebug) b->profiler_->set_host_watch_ms(3.0);
   b->uploader_ = std::make_unique<PinnedUploader>(device_index, b->stream_);
   b->uploader_->set_locked_ranges(b->locked_);
   if (const char* up = std::getenv("ZIMAGE_UPLOAD"))
@@ -243,6 +245,21 @@ Result<Tensor> CudaBackend::upload(const Tensor& host, DType dtype) {
   return out;
 }
 
+namespace {
+// Downloads at least this large into pageable memory take the staged path during a load.
+constexpr size_t kStagedDownloadBytes = size_t{4} << 20;
+
+// Whether `p` lies in page-locked host memory (cudaHostAlloc'd or registered).
+bool is_page_locked(const void* p) {
+  cudaPointerAttributes a{};
+  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return a.type == cudaMemoryTypeHost;
+}
+}  // namespace
+
 Status CudaBackend::download(const Tensor& src, Tensor& host) {
   ZI_TRY(check_cuda_tensor("download", "src", src));
   if (!host.defined() || host.device() != Device::kCPU)
@@ -251,6 +268,11 @@ Status CudaBackend::download(const Tensor& src, Tensor& host) {
     return InvalidArgument("download: shapes differ: " + src.describe() + " vs " + host.describe());
   if (src.numel() == 0) return Status::Ok();
   if (src.dtype() == host.dtype()) {
+    // A large pageable destination while a load's staging exists (weights moved back to host
+    // memory): through the staging on the copy threads (uploader.h). Otherwise the driver's copy.
+    if (src.nbytes() >= kStagedDownloadBytes && uploader_->has_staging() &&
+        !is_page_locked(host.data()))
+      return uploader_->download(host.data(), src.data(), src.nbytes());
     ZI_CUDA_TRY(
         cudaMemcpyAsync(host.data(), src.data(), src.nbytes(), cudaMemcpyDeviceToHost, stream_));
     ZI_CUDA_TRY(cudaStreamSynchronize(stream_));
@@ -377,12 +399,16 @@ Status CudaBackend::finish_uploads() {
   const PinnedUploader::Stats& st = uploader_->stats();
   ZI_DEBUG(
       "uploads: %.2f GB staged in %llu copies, %.2f GB plain in %llu, %.2f GB from locked "
-      "files; staging allocated %llu times; %.1f ms waiting for the last DMA",
+      "files; %.2f GB downloaded through the staging in %llu; staging allocated %llu times; "
+      "%.1f ms waiting for the last DMA",
       static_cast<double>(st.staged_bytes - upload_stats_seen_.staged_bytes) / 1e9,
       static_cast<unsigned long long>(st.staged_copies - upload_stats_seen_.staged_copies),
       static_cast<double>(st.plain_bytes - upload_stats_seen_.plain_bytes) / 1e9,
       static_cast<unsigned long long>(st.plain_copies - upload_stats_seen_.plain_copies),
       static_cast<double>(st.locked_bytes - upload_stats_seen_.locked_bytes) / 1e9,
+      static_cast<double>(st.staged_download_bytes - upload_stats_seen_.staged_download_bytes) /
+          1e9,
+      static_cast<unsigned long long>(st.staged_downloads - upload_stats_seen_.staged_downloads),
       static_cast<unsigned long long>(st.allocations - upload_stats_seen_.allocations), waited);
   upload_stats_seen_ = st;
   return uploader_->release();
@@ -395,6 +421,15 @@ void CudaBackend::prepare_uploads() noexcept {
 
 void CudaBackend::warm_up(const WarmUpHints& hints) noexcept {
   if (warm_up_ == 0) return;
+  {
+    std::lock_guard<std::mutex> lock(staging_mu_);
+    warming_ = true;
+  }
+  // Whatever way this returns, the staging requests held meanwhile start.
+  struct Release {
+    CudaBackend* be;
+    ~Release() { be->start_staging_requests(); }
+  } release{this};
   using Clock = std::chrono::steady_clock;
   const Clock::time_point t0 = Clock::now();
   if (cudaSetDevice(device_) != cudaSuccess) {

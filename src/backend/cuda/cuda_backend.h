@@ -135,6 +135,8 @@ class CudaBackend final : public Backend {
   void set_pin_by_register(bool on) { pin_by_register_ = on; }
   Status stream_in(int slot, const std::vector<std::pair<Tensor, Tensor>>& copies) override;
   bool can_stream(DType host, DType device) const override { return host == device; }
+  uint64_t staged_stream_bytes(const std::vector<Tensor>& host_parts) const override;
+  void prepare_stream_staging(int slot, uint64_t bytes) noexcept override;
   Status wait_slot(int slot) override;
   Status release_slot(int slot) override;
   uint64_t streamed_bytes() const override { return streamed_bytes_; }
@@ -331,6 +333,11 @@ class CudaBackend final : public Backend {
   bool fused_conv_add_ = true;
   int64_t score_budget_ = 0;
   int warm_up_ = 1;  // ZIMAGE_WARM_UP
+  // prepare_stream_staging's requests made while a warm-up runs, started when it ends.
+  std::mutex staging_mu_;
+  bool warming_ = false;
+  std::vector<std::pair<int, uint64_t>> staging_requests_;
+  void start_staging_requests() noexcept;
   WarmUp last_warm_up_;
   // conv2d and conv2d_add: residual (optional) summed into y in the cuDNN graph's epilogue
   // where it runs, else by an add after the convolution.

@@ -177,6 +177,61 @@ Status CudaBackend::ensure_streaming() {
   return Status::Ok();
 }
 
+namespace {
+// Whether stream_in hands `host` to the DMA engine directly: inside a locked file range, or a
+// page-locked allocation of ours (alloc_pinned, host_copy).
+bool streams_directly(const LockedRanges& locked, const Tensor& host) {
+  const LockedRanges::Cover cover = locked.find(host.data(), host.nbytes());
+  if (cover != LockedRanges::Cover::kNone) return cover == LockedRanges::Cover::kInside;
+  cudaPointerAttributes attr{};
+  const bool pinned = cudaPointerGetAttributes(&attr, host.data()) == cudaSuccess &&
+                      attr.type == cudaMemoryTypeHost;
+  cudaGetLastError();  // an unregistered pointer is not an error to keep
+  return pinned;
+}
+}  // namespace
+
+uint64_t CudaBackend::staged_stream_bytes(const std::vector<Tensor>& host_parts) const {
+  uint64_t n = 0;
+  for (const Tensor& t : host_parts)
+    if (t.defined() && t.device() == Device::kCPU && t.nbytes() > 0 &&
+        !streams_directly(*locked_, t))
+      n += t.nbytes();
+  return n;
+}
+
+void CudaBackend::prepare_stream_staging(int slot, uint64_t bytes) noexcept {
+  if (slot < 0 || slot >= kStreamSlots || bytes == 0) return;
+  try {
+    {
+      // Beside the warm-up's cuDNN plan loads, page-locking slowed both (an H100 host: the
+      // warm-up 0.68 s instead of 0.28, and the load waits for it): the warm-up starts these
+      // requests when it ends (warm_up).
+      std::lock_guard<std::mutex> lock(staging_mu_);
+      if (warming_) {
+        staging_requests_.emplace_back(slot, bytes);
+        return;
+      }
+    }
+    if (!ensure_streaming().ok()) {
+      cudaGetLastError();
+      return;
+    }
+    stager_->prepare(slot, static_cast<size_t>(bytes));
+  } catch (...) {  // no memory for the hint: the staging is allocated at first use
+  }
+}
+
+void CudaBackend::start_staging_requests() noexcept {
+  std::vector<std::pair<int, uint64_t>> requests;
+  {
+    std::lock_guard<std::mutex> lock(staging_mu_);
+    warming_ = false;
+    requests.swap(staging_requests_);
+  }
+  for (const auto& [slot, bytes] : requests) prepare_stream_staging(slot, bytes);
+}
+
 Status CudaBackend::stream_in(int slot, const std::vector<std::pair<Tensor, Tensor>>& copies) {
   if (slot < 0 || slot >= kStreamSlots)
     return InvalidArgument("stream_in: slot " + std::to_string(slot) + " out of range");
@@ -195,15 +250,7 @@ Status CudaBackend::stream_in(int slot, const std::vector<std::pair<Tensor, Tens
     if (host.nbytes() == 0) continue;
     // Locked file ranges (lock_host_range): direct only when the source lies inside one. Any
     // other page-locked source is a whole allocation of ours (alloc_pinned, host_copy).
-    const LockedRanges::Cover cover = locked_->find(host.data(), host.nbytes());
-    bool locked = cover == LockedRanges::Cover::kInside;
-    if (cover == LockedRanges::Cover::kNone) {
-      cudaPointerAttributes attr{};
-      locked = cudaPointerGetAttributes(&attr, host.data()) == cudaSuccess &&
-               attr.type == cudaMemoryTypeHost;
-      cudaGetLastError();  // an unregistered pointer is not an error to keep
-    }
-    if (locked) {
+    if (streams_directly(*locked_, host)) {
       ZI_CUDA_TRY(cudaMemcpyAsync(dev.data(), host.data(), host.nbytes(), cudaMemcpyHostToDevice,
                                   copy_stream_));
     } else {

@@ -190,7 +190,7 @@ Status move_to_host(Backend& be, const std::vector<Tensor*>& tensors, bool pinne
     if (pinned) {
       host = be.alloc_pinned(t->dtype(), t->shape());
     } else {
-      Tensor h = Tensor::host(t->dtype(), t->shape());
+      Tensor h = Tensor::host_for_overwrite(t->dtype(), t->shape());
       if (h.defined()) host = std::move(h);
     }
     if (!host.ok()) return host.status().with_context("host copy of " + t->describe());

@@ -20,6 +20,7 @@ SlotStager::SlotStager(int device, int slots, int threads, size_t piece)
 }
 
 SlotStager::~SlotStager() {
+  join_prepared();
   // A destructor cannot report; it still waits for every DMA before freeing its buffer.
   int prev = -1;
   if (cudaGetDevice(&prev) == cudaSuccess && prev != device_) cudaSetDevice(device_);
@@ -36,7 +37,72 @@ SlotStager::~SlotStager() {
   if (prev >= 0 && prev != device_) cudaSetDevice(prev);
 }
 
+void SlotStager::join_prepared() const {
+  for (;;) {
+    std::future<void> f;
+    {
+      std::lock_guard<std::mutex> lock(prepare_mu_);
+      if (!prepared_.valid()) return;
+      f = std::move(prepared_);
+    }
+    try {
+      f.get();
+    } catch (...) {  // the worker is noexcept; nothing to report
+    }
+  }
+}
+
+void SlotStager::prepare(int slot, size_t bytes) noexcept {
+  if (slot < 0 || slot >= static_cast<int>(buffers_.size()) || bytes == 0) return;
+  // The worker takes the requests one by one until none is left; a request made while it runs
+  // joins its queue, so the caller (a load) never waits here.
+  auto work = [this]() noexcept {
+    int prev = -1;
+    if (cudaGetDevice(&prev) != cudaSuccess || prev != device_) cudaSetDevice(device_);
+    for (;;) {
+      std::pair<int, size_t> r;
+      {
+        std::lock_guard<std::mutex> lock(prepare_mu_);
+        if (requests_.empty()) {
+          preparing_ = false;
+          return;
+        }
+        r = requests_.front();
+        requests_.erase(requests_.begin());
+      }
+      try {
+        // A failure here is met again (and reported) by copy(), which reserves as before.
+        (void)reserve(buffers_[static_cast<size_t>(r.first)], r.second);
+      } catch (...) {  // no memory for the copy threads: copy() tries again
+      }
+      cudaGetLastError();
+    }
+  };
+  bool start = false;
+  try {
+    std::lock_guard<std::mutex> lock(prepare_mu_);
+    requests_.emplace_back(slot, bytes);
+    if (!preparing_) {
+      preparing_ = true;
+      start = true;
+      // A finished worker's future is replaced only after it is joined below.
+    }
+  } catch (...) {  // no memory for the request: copy() allocates at first use
+    return;
+  }
+  if (!start) return;
+  join_prepared();  // the previous worker has returned (preparing_ was false): no wait
+  try {
+    std::future<void> f = std::async(std::launch::async, work);
+    std::lock_guard<std::mutex> lock(prepare_mu_);
+    prepared_ = std::move(f);
+  } catch (...) {  // no thread to spare: the requests are served here
+    work();
+  }
+}
+
 uint64_t SlotStager::pinned_bytes() const {
+  join_prepared();
   uint64_t n = 0;
   for (const Buffer& b : buffers_) n += b.bytes;
   return n;
@@ -81,6 +147,7 @@ Status SlotStager::copy(int slot, const std::vector<Copy>& copies, cudaStream_t 
   size_t total = 0;
   for (const Copy& c : copies) total += c.bytes;
   if (total == 0) return Status::Ok();
+  join_prepared();
   Buffer& b = buffers_[static_cast<size_t>(slot)];
   ZI_ASSIGN_OR_RETURN(bool staged, reserve(b, total));
   if (!staged) {

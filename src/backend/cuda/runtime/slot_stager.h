@@ -23,7 +23,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <future>
 #include <memory>
+#include <mutex>
+#include <utility>
 #include <vector>
 
 #include "core/status.h"
@@ -51,6 +54,13 @@ class SlotStager {
 
   uint64_t pinned_bytes() const;
 
+  // Page-locks `slot`'s buffer for copies of up to `bytes` on a thread of its own (a load knows
+  // the largest unit before the first copy; cudaHostAlloc costs ~0.3-0.6 s a GiB), without
+  // waiting: requests queue for that one thread. copy() and pinned_bytes() wait for them.
+  // Without a thread to spare, it is done here. Failure is not an error: copy() then allocates
+  // (or falls back) as before.
+  void prepare(int slot, size_t bytes) noexcept;
+
  private:
   struct Buffer {
     uint8_t* data = nullptr;
@@ -60,6 +70,8 @@ class SlotStager {
   // A buffer of at least `bytes` for `slot` (the old one freed once its DMA is done); false when
   // page-locked memory is not available.
   Result<bool> reserve(Buffer& b, size_t bytes);
+  // Waits for prepare()'s thread.
+  void join_prepared() const;
 
   int device_;
   int threads_;
@@ -67,6 +79,11 @@ class SlotStager {
   std::vector<Buffer> buffers_;
   std::unique_ptr<ThreadPool> pool_;
   bool unavailable_ = false;  // cudaHostAlloc failed: the driver's path from then on
+  // prepare()'s requests and the thread working through them (running while `preparing_`).
+  mutable std::mutex prepare_mu_;
+  std::vector<std::pair<int, size_t>> requests_;
+  bool preparing_ = false;
+  mutable std::future<void> prepared_;
 };
 
 }  // namespace zimage::cuda

@@ -128,6 +128,54 @@ Status PinnedUploader::staged_copy(void* dst, const void* src, size_t bytes) {
   return Status::Ok();
 }
 
+Status PinnedUploader::download(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0) return Status::Ok();
+  if (dst == nullptr || src == nullptr)
+    return InvalidArgument("download: null pointer for a copy of " + std::to_string(bytes) +
+                           " bytes");
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  ZI_CUDA_TRY(cudaStreamIsCapturing(stream_, &capture));
+  if (capture != cudaStreamCaptureStatusNone || staging_ == nullptr) {
+    ZI_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
+    ZI_CUDA_TRY(cudaStreamSynchronize(stream_));
+    return Status::Ok();
+  }
+  // After this no DMA reads or writes a staging buffer: the ring starts over, and each buffer's
+  // event from here on marks the DMA into it.
+  ZI_CUDA_TRY(cudaStreamSynchronize(stream_));
+  ring_.reset();
+  auto* d = static_cast<uint8_t*>(dst);
+  const auto* s = static_cast<const uint8_t*>(src);
+  const size_t piece = opt_.buffer_bytes;
+  const size_t pieces = (bytes + piece - 1) / piece;
+  const auto nbuf = static_cast<size_t>(opt_.buffers);
+  auto queue = [&](size_t i) -> Status {  // piece i's DMA into buffer i % nbuf
+    const size_t off = i * piece, n = std::min(piece, bytes - off);
+    uint8_t* buf = staging_ + (i % nbuf) * piece;
+    ZI_CUDA_TRY(cudaMemcpyAsync(buf, s + off, n, cudaMemcpyDeviceToHost, stream_));
+    ZI_CUDA_TRY(cudaEventRecord(events_[i % nbuf], stream_));
+    return Status::Ok();
+  };
+  Status st = Status::Ok();
+  for (size_t i = 0; st.ok() && i < std::min(pieces, nbuf); ++i) st = queue(i);
+  for (size_t i = 0; st.ok() && i < pieces; ++i) {
+    st = cuda_status(cudaEventSynchronize(events_[i % nbuf]), "cudaEventSynchronize");
+    if (!st.ok()) break;
+    const size_t off = i * piece, n = std::min(piece, bytes - off);
+    parallel_copy(*pool_, d + off, staging_ + (i % nbuf) * piece, n, opt_.grain);
+    if (i + nbuf < pieces) st = queue(i + nbuf);
+  }
+  if (!st.ok()) {  // leave no DMA writing a buffer: drain the stream, start the ring over
+    cudaStreamSynchronize(stream_);
+    cudaGetLastError();
+    ring_.reset();
+    return st.with_context("download of " + std::to_string(bytes) + " bytes");
+  }
+  ++stats_.staged_downloads;
+  stats_.staged_download_bytes += bytes;
+  return Status::Ok();
+}
+
 bool PinnedUploader::ensure_staging() {
   if (staging_ != nullptr) return true;
   if (unavailable_) return false;

@@ -75,6 +75,8 @@ class PinnedUploader {
     uint64_t allocations = 0;    // times the staging buffers were allocated
     uint64_t locked_copies = 0;  // straight from a locked file range
     uint64_t locked_bytes = 0;
+    uint64_t staged_downloads = 0;  // device -> host through the staging (download)
+    uint64_t staged_download_bytes = 0;
   };
 
   // `stream` belongs to the backend on `device`; both must outlive the uploader.
@@ -92,6 +94,17 @@ class PinnedUploader {
   // immutable) is handed to the DMA engine directly, which reads it after copy() returns; the
   // range's lock waits for the device before it is released.
   Status copy(void* dst, const void* src, size_t bytes);
+
+  // Device -> host: copies `bytes` from device memory `src` (after the work queued on the stream)
+  // into host memory `dst` and returns once `dst` holds them. Meant for large pageable
+  // destinations while the staging exists (a load moving weights back to host memory: FP8 rows
+  // quantised on the device, layers streamed under a budget): a cudaMemcpy into pageable memory
+  // goes through the driver's small bounce buffer on one thread (a few GB/s, and the fresh
+  // destination's page faults on that thread); here the DMA fills the staging buffers in turn
+  // while the copy threads empty the previous ones into `dst`. Without staging (or under
+  // capture), the plain cudaMemcpy path. Synchronises the stream first.
+  Status download(void* dst, const void* src, size_t bytes);
+
   void set_locked_ranges(std::shared_ptr<const LockedRanges> ranges) {
     locked_ = std::move(ranges);
   }
