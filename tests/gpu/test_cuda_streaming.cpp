@@ -1,6 +1,7 @@
 // GPU side of the memory planner: FP8 weight rows against the CPU oracle (the same bytes), weight
 // streaming through the copy stream giving exactly the resident model's output (same kernels, same
 // order, bf16 and f32), the allocator cap a budget sets, and an impossible budget named at load.
+#include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -8,7 +9,9 @@
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <vector>
 
+#include "backend/cuda/runtime/slot_stager.h"
 #include "gpu/cuda_test_util.h"
 #include "io/model/model_folder.h"
 #include "io/weights/weights.h"
@@ -252,6 +255,40 @@ TEST(CudaStreaming, StreamInThroughStagingAndPinnedSources) {
   EXPECT_FALSE(g->stream_in(0, {{f, d}}).ok());
   EXPECT_FALSE(g->can_stream(DType::kF32, DType::kBF16));
   EXPECT_TRUE(g->can_stream(DType::kBF16, DType::kBF16));
+}
+
+// SlotStager::prepare: requests for several slots queue on one thread without blocking the
+// caller; a copy into a slot waits only for that slot's request; the staged bytes land exactly;
+// the buffers prepared hold at least what was asked; staged_stream_bytes counts only the parts
+// not page-locked.
+TEST(CudaStreaming, PreparedStagingServesCopiesPerSlot) {
+  ZI_REQUIRE_GPU();
+  cuda::CudaBackend* g = gpu(DType::kBF16);
+  ASSERT_NE(g, nullptr);
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  {
+    cuda::SlotStager st(g->device_index(), 4, 4);
+    const size_t sizes[4] = {size_t{48} << 20, size_t{16} << 20, (size_t{8} << 20) + 5, 4096};
+    for (int slot : {3, 1, 0, 2}) st.prepare(slot, sizes[slot]);
+    for (int slot : {2, 0, 3, 1}) {
+      std::vector<uint8_t> src(sizes[slot]);
+      for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<uint8_t>(i * 131 + slot);
+      Tensor dev = take(g->alloc(DType::kU8, {static_cast<int64_t>(src.size())}), "alloc");
+      ZI_ASSERT_OK(st.copy(slot, {{dev.data(), src.data(), src.size()}}, stream));
+      ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+      std::vector<uint8_t> back(src.size());
+      ASSERT_EQ(cudaMemcpy(back.data(), dev.data(), back.size(), cudaMemcpyDeviceToHost),
+                cudaSuccess);
+      EXPECT_EQ(back, src) << "slot " << slot;
+    }
+    EXPECT_GE(st.pinned_bytes(), sizes[0] + sizes[1] + sizes[2] + sizes[3]);
+  }
+  cudaStreamDestroy(stream);
+  Tensor pinned = take(g->alloc_pinned(DType::kU8, {1000}), "alloc_pinned");
+  Tensor plain = Tensor::host(DType::kU8, {3000});
+  EXPECT_EQ(g->staged_stream_bytes({pinned, plain, Tensor()}), 3000u);
+  EXPECT_EQ(g->staged_stream_bytes({pinned}), 0u);
 }
 
 // Uploads from a page-locked range (a weight file's mapping under ZIMAGE_UPLOAD=locked) go

@@ -37,6 +37,14 @@ SlotStager::~SlotStager() {
   if (prev >= 0 && prev != device_) cudaSetDevice(prev);
 }
 
+void SlotStager::wait_prepared(int slot) const {
+  std::unique_lock<std::mutex> lock(prepare_mu_);
+  prepare_cv_.wait(lock, [&] {
+    if (slot >= 0) return slot >= static_cast<int>(pending_.size()) || pending_[slot] == 0;
+    return std::all_of(pending_.begin(), pending_.end(), [](int n) { return n == 0; });
+  });
+}
+
 void SlotStager::join_prepared() const {
   for (;;) {
     std::future<void> f;
@@ -54,8 +62,9 @@ void SlotStager::join_prepared() const {
 
 void SlotStager::prepare(int slot, size_t bytes) noexcept {
   if (slot < 0 || slot >= static_cast<int>(buffers_.size()) || bytes == 0) return;
-  // The worker takes the requests one by one until none is left; a request made while it runs
-  // joins its queue, so the caller (a load) never waits here.
+  // The worker takes the requests in order until none is left; a request made while it runs
+  // joins its queue, so the caller (a load) never waits here, and copy() waits only for its own
+  // slot's requests (a text encoder's first layer need not wait for the DiT's slots).
   auto work = [this]() noexcept {
     int prev = -1;
     if (cudaGetDevice(&prev) != cudaSuccess || prev != device_) cudaSetDevice(device_);
@@ -76,17 +85,26 @@ void SlotStager::prepare(int slot, size_t bytes) noexcept {
       } catch (...) {  // no memory for the copy threads: copy() tries again
       }
       cudaGetLastError();
+      {
+        std::lock_guard<std::mutex> lock(prepare_mu_);
+        --pending_[static_cast<size_t>(r.first)];
+      }
+      prepare_cv_.notify_all();
     }
   };
   bool start = false;
   try {
-    std::lock_guard<std::mutex> lock(prepare_mu_);
-    requests_.emplace_back(slot, bytes);
-    if (!preparing_) {
-      preparing_ = true;
-      start = true;
-      // A finished worker's future is replaced only after it is joined below.
+    // The copy threads, made here: the worker and copy() then only read pool_.
+    if (!pool_) {
+      pool_ = std::make_unique<ThreadPool>(threads_);
+      if (!pool_->start_status().ok())  // fewer copy threads only slow the copies down
+        ZI_WARN("cuda streaming: %s", pool_->start_status().message().c_str());
     }
+    std::lock_guard<std::mutex> lock(prepare_mu_);
+    pending_.resize(buffers_.size(), 0);
+    requests_.emplace_back(slot, bytes);
+    ++pending_[static_cast<size_t>(slot)];
+    if (!preparing_) preparing_ = start = true;
   } catch (...) {  // no memory for the request: copy() allocates at first use
     return;
   }
@@ -102,7 +120,7 @@ void SlotStager::prepare(int slot, size_t bytes) noexcept {
 }
 
 uint64_t SlotStager::pinned_bytes() const {
-  join_prepared();
+  wait_prepared(-1);
   uint64_t n = 0;
   for (const Buffer& b : buffers_) n += b.bytes;
   return n;
@@ -147,7 +165,7 @@ Status SlotStager::copy(int slot, const std::vector<Copy>& copies, cudaStream_t 
   size_t total = 0;
   for (const Copy& c : copies) total += c.bytes;
   if (total == 0) return Status::Ok();
-  join_prepared();
+  wait_prepared(slot);
   Buffer& b = buffers_[static_cast<size_t>(slot)];
   ZI_ASSIGN_OR_RETURN(bool staged, reserve(b, total));
   if (!staged) {

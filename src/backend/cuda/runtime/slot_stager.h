@@ -21,6 +21,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include <atomic>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <future>
@@ -70,7 +72,9 @@ class SlotStager {
   // A buffer of at least `bytes` for `slot` (the old one freed once its DMA is done); false when
   // page-locked memory is not available.
   Result<bool> reserve(Buffer& b, size_t bytes);
-  // Waits for prepare()'s thread.
+  // Waits until no prepare() request for `slot` (-1: for any slot) is queued or running.
+  void wait_prepared(int slot) const;
+  // Waits for prepare()'s requests and joins its thread.
   void join_prepared() const;
 
   int device_;
@@ -78,10 +82,13 @@ class SlotStager {
   size_t piece_;
   std::vector<Buffer> buffers_;
   std::unique_ptr<ThreadPool> pool_;
-  bool unavailable_ = false;  // cudaHostAlloc failed: the driver's path from then on
+  // cudaHostAlloc failed: the driver's path from then on (prepare()'s thread may set it).
+  std::atomic<bool> unavailable_{false};
   // prepare()'s requests and the thread working through them (running while `preparing_`).
   mutable std::mutex prepare_mu_;
+  mutable std::condition_variable prepare_cv_;
   std::vector<std::pair<int, size_t>> requests_;
+  std::vector<int> pending_;  // per slot: its requests queued or running
   bool preparing_ = false;
   mutable std::future<void> prepared_;
 };
