@@ -63,8 +63,10 @@ struct EngineOptions {
   double vram_budget_gib = 0;
   // Host memory the weights streamed under vram_budget_gib may page-lock, in GiB (page-locked
   // memory streams at the link's full rate but cannot be swapped out). 0 = half of the machine's
-  // memory (or of the container's limit). Streamed weights beyond it are held in pageable memory:
-  // the same images, streamed more slowly. Info-level logs show the split (the memory plan).
+  // memory (or of the container's limit); with streamed_weights "files", 0 = none: the copies
+  // that mode still makes (FP8 rows) stay pageable, which a process of a few images gains from.
+  // Streamed weights beyond it are held in pageable memory: the same images, streamed more
+  // slowly. Info-level logs show the split (the memory plan).
   double host_memory_gib = 0;
   // Where weights streamed under vram_budget_gib come from at each step: "copy" (a host copy made
   // at load, page-locked up to host_memory_gib: the fastest steps, but the copy costs seconds at

@@ -78,7 +78,8 @@ class Engine:
     "cpu", "cuda", "cuda:N". ``precision``: "auto", "bf16", "f32", "fp8". ``weights``: "bf16" or
     "fp8" storage. ``vram_budget``: GiB the process may hold on the GPU (0: no limit).
     ``host_memory``: GiB the weights streamed under a budget may page-lock (0: half of the
-    machine's memory); the rest stream from pageable memory. ``streamed_weights``: "copy" (host
+    machine's memory; with ``streamed_weights="files"``, none: the copies that mode still makes,
+    FP8 rows, stay pageable); the rest stream from pageable memory. ``streamed_weights``: "copy" (host
     copies made at load: the fastest steps) or "files" (read from the weight files at each step:
     no load-time copy, a first image sooner; for a short-lived engine) or "locked-files" (those
     file pages page-locked in place up to ``host_memory``).
