@@ -33,14 +33,19 @@ int64_t round_up(int64_t n, int64_t m) {
 
 // Activation buffers for one sequence length (reused by every block of that stage).
 struct ZImageDiT::Scratch {
-  Tensor norm;                              // [B*S, D]
-  Tensor qkv;                               // [B*S, 3D]
-  Tensor q, k, v, o;                        // [B, S, H, Dh]
-  Tensor proj;                              // [B*S, D]
-  Tensor ffn;                               // [B*S, 2F]
-  Tensor act;                               // [B*S, F]
-  Tensor mod;                               // [B, 4D]
-  Tensor scale_a, gate_a, scale_f, gate_f;  // [B, D]
+  Tensor norm;        // [B*S, D]
+  Tensor qkv;         // [B*S, 3D]
+  Tensor q, k, v, o;  // [B, S, H, Dh]
+  Tensor proj;        // [B*S, D]
+  Tensor ffn;         // [B*S, 2F]
+  Tensor act;         // [B*S, F]
+  // A block's adaLN modulation: mod [B, 4D] -> 1 + s_a, tanh(g_a), 1 + s_f, tanh(g_f) [B, D];
+  // two sets, so the next block's can be made while this one's gates are still to be used.
+  struct Modulation {
+    Tensor mod;                               // [B, 4D]
+    Tensor scale_a, gate_a, scale_f, gate_f;  // [B, D]
+  };
+  Modulation mods[2];
 
   static Result<Scratch> make(Backend& be, const TransformerConfig& c, int64_t b, int64_t s) {
     const int64_t d = c.dim, h = c.n_heads, dh = c.head_dim(), f = c.ffn_hidden(), r = b * s;
@@ -55,11 +60,13 @@ struct ZImageDiT::Scratch {
     ZI_ASSIGN_OR_RETURN(x.proj, load::alloc(be, t, {r, d}, "dit.proj"));
     ZI_ASSIGN_OR_RETURN(x.ffn, load::alloc(be, t, {r, 2 * f}, "dit.ffn"));
     ZI_ASSIGN_OR_RETURN(x.act, load::alloc(be, t, {r, f}, "dit.ffn_act"));
-    ZI_ASSIGN_OR_RETURN(x.mod, load::alloc(be, t, {b, 4 * d}, "dit.mod"));
-    ZI_ASSIGN_OR_RETURN(x.scale_a, load::alloc(be, t, {b, d}, "dit.scale_attn"));
-    ZI_ASSIGN_OR_RETURN(x.gate_a, load::alloc(be, t, {b, d}, "dit.gate_attn"));
-    ZI_ASSIGN_OR_RETURN(x.scale_f, load::alloc(be, t, {b, d}, "dit.scale_ffn"));
-    ZI_ASSIGN_OR_RETURN(x.gate_f, load::alloc(be, t, {b, d}, "dit.gate_ffn"));
+    for (Modulation& m : x.mods) {
+      ZI_ASSIGN_OR_RETURN(m.mod, load::alloc(be, t, {b, 4 * d}, "dit.mod"));
+      ZI_ASSIGN_OR_RETURN(m.scale_a, load::alloc(be, t, {b, d}, "dit.scale_attn"));
+      ZI_ASSIGN_OR_RETURN(m.gate_a, load::alloc(be, t, {b, d}, "dit.gate_attn"));
+      ZI_ASSIGN_OR_RETURN(m.scale_f, load::alloc(be, t, {b, d}, "dit.scale_ffn"));
+      ZI_ASSIGN_OR_RETURN(m.gate_f, load::alloc(be, t, {b, d}, "dit.gate_ffn"));
+    }
     return x;
   }
 
@@ -122,22 +129,37 @@ Status ZImageDiT::timestep_embedding(const Tensor& sinusoid, Tensor& c) {
   return be_.matmul(mid, t_w2_, t_b2_, c);  // [B, adaln]
 }
 
+Status ZImageDiT::modulate(const Block& blk, const Tensor& c, Scratch& s, int set) {
+  if (!blk.modulated) return Status::Ok();
+  Scratch::Modulation& m = s.mods[set];
+  // mod = c · adaLNᵀ [B, 4D] -> 1 + s_a, tanh(g_a), 1 + s_f, tanh(g_f): [B, D] each
+  return be_.matmul_dit_modulation(c, blk.adaln_w, blk.adaln_b, m.mod, m.scale_a, m.gate_a,
+                                   m.scale_f, m.gate_f);
+}
+
 Status ZImageDiT::run_block(const Block& blk, Tensor& x, const Tensor& freqs, const Tensor& c,
                             const AttentionParams& ap, Scratch& s, const AttentionFn* attn) {
+  ZI_TRY(modulate(blk, c, s, 0));
+  return run_block(blk, 0, /*prenormed=*/false, nullptr, x, freqs, ap, s, attn);
+}
+
+Status ZImageDiT::run_block(const Block& blk, int set, bool prenormed, const Block* next, Tensor& x,
+                            const Tensor& freqs, const AttentionParams& ap, Scratch& s,
+                            const AttentionFn* attn) {
   const int64_t b = x.dim(0), sq = x.dim(1), d = cfg_.dim;
   const int64_t rows = b * sq;
   const float eps = cfg_.norm_eps;
   const Tensor none;
-  Tensor xr = x.view({rows, d});            // [B*S, D]
-  Tensor scale_a, gate_a, scale_f, gate_f;  // undefined = unmodulated (s = 1, g = 1)
-  if (blk.modulated) {
-    // mod = c · adaLNᵀ [B, 4D] -> 1 + s_a, tanh(g_a), 1 + s_f, tanh(g_f): [B, D] each
-    ZI_TRY(be_.matmul_dit_modulation(c, blk.adaln_w, blk.adaln_b, s.mod, s.scale_a, s.gate_a,
-                                     s.scale_f, s.gate_f));
-    scale_a = s.scale_a, gate_a = s.gate_a, scale_f = s.scale_f, gate_f = s.gate_f;
-  }
+  Tensor xr = x.view({rows, d});  // [B*S, D]
+  // Undefined = unmodulated (s = 1, g = 1).
+  const Scratch::Modulation& m = s.mods[set];
+  const Tensor& scale_a = blk.modulated ? m.scale_a : none;
+  const Tensor& gate_a = blk.modulated ? m.gate_a : none;
+  const Tensor& scale_f = blk.modulated ? m.scale_f : none;
+  const Tensor& gate_f = blk.modulated ? m.gate_f : none;
   // --- attention ---
-  ZI_TRY(be_.rms_norm(xr, blk.attn_norm1, eps, scale_a, s.norm));  // [B*S, D]
+  // Its pre-norm, unless the previous block's last op made it (prenormed: s.norm holds it).
+  if (!prenormed) ZI_TRY(be_.rms_norm(xr, blk.attn_norm1, eps, scale_a, s.norm));  // [B*S, D]
   // q|k|v [B*S, 3D] split into q, k, v [B, S, H, Dh]: per-head RMS norm of q and k (when
   // qk_norm), then RoPE
   ZI_TRY(linear_qkv_norm_rope(be_, s.norm, blk.wqkv, blk.norm_q, blk.norm_k, kQkNormEps, freqs,
@@ -154,7 +176,13 @@ Status ZImageDiT::run_block(const Block& blk, Tensor& x, const Tensor& freqs, co
   // --- SwiGLU feed-forward ---
   ZI_TRY(linear_swiglu(be_, s.norm, blk.w13, wide_scratch_, s.ffn, s.act));  // [B*S, F]
   ZI_TRY(linear(be_, s.act, blk.w2, none, wide_scratch_, s.proj));           // [B*S, D]
-  return be_.residual_rms_norm_gate(x, s.proj.view({b, sq, d}), blk.ffn_norm2, eps, gate_f);
+  if (next == nullptr)
+    return be_.residual_rms_norm_gate(x, s.proj.view({b, sq, d}), blk.ffn_norm2, eps, gate_f);
+  // x += gate_f * norm(proj), then the next block's attention pre-norm of that x (its
+  // modulation in the other set): one pass over x instead of two.
+  const Tensor& next_scale = next->modulated ? s.mods[1 - set].scale_a : none;
+  return be_.residual_norm_gate_then_norm(x, s.proj.view({b, sq, d}), blk.ffn_norm2, eps, gate_f,
+                                          next->attn_norm1, next_scale, s.norm);
 }
 
 Result<ZImageDiT::Layout> ZImageDiT::make_layout(int64_t b, int64_t lh, int64_t lw,
@@ -296,13 +324,38 @@ Status ZImageDiT::run_stage(const Pass& P, Stage st, Tensor& x, const Tensor& fr
   AttentionParams ap{1.0f / std::sqrt(static_cast<float>(2 * (cfg_.head_dim() / 2))), false, {}};
   if (P.L.ragged && key_len != nullptr)
     for (int64_t len : *key_len) ap.key_len.push_back(static_cast<int32_t>(len));
+  // Each block's last op also makes the next block's attention pre-norm (the gated residual and
+  // that norm in one pass over x), with the next block's modulation made first into the other
+  // set. Not where a ControlNet hint is added between the two, nor with streamed blocks (the
+  // next block's weights are acquired only when it runs).
+  auto hinted = [&](int l) {
+    for (size_t k = 0; control != nullptr && k < control->layers.size(); ++k)
+      if (control->layers[k] == l) return true;
+    return false;
+  };
+  Block blk, next;
+  int set = 0;
+  bool prenormed = false;
   for (int l = 0; l < count; ++l) {
-    ZI_ASSIGN_OR_RETURN(Block blk, use_block(first + l));
-    ZI_TRY(run_block(blk, x, freqs, *c, ap, s, attn));  // [B, S, D]
+    if (prenormed) {
+      blk = std::move(next);  // acquired, modulated and pre-normed by the previous block
+    } else {
+      ZI_ASSIGN_OR_RETURN(blk, use_block(first + l));
+      ZI_TRY(modulate(blk, *c, s, set));
+    }
+    const bool fuse = l + 1 < count && !streamer_ && !hinted(l);
+    if (fuse) {
+      ZI_ASSIGN_OR_RETURN(next, use_block(first + l + 1));
+      ZI_TRY(modulate(next, *c, s, 1 - set));
+    }
+    ZI_TRY(run_block(blk, set, prenormed, fuse ? &next : nullptr, x, freqs, ap, s,
+                     attn));  // [B, S, D]
     ZI_TRY(done_block(first + l));
     for (size_t k = 0; control != nullptr && k < control->layers.size(); ++k)
       if (control->layers[k] == l) ZI_TRY(be_.add(x, control->hints[k], x));
     if (P.dbg != nullptr) debug_tensor(P.dbg, P.pfx + "." + name + "." + std::to_string(l), be_, x);
+    prenormed = fuse;
+    if (fuse) set = 1 - set;
   }
   return Status::Ok();
 }

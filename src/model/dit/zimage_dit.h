@@ -210,6 +210,14 @@ class ZImageDiT {
                                            const AttentionParams& ap, Tensor& out)>;
   Status run_block(const Block& blk, Tensor& x, const Tensor& freqs, const Tensor& c,
                    const AttentionParams& ap, Scratch& s, const AttentionFn* attn = nullptr);
+  // The same with the block's modulation already in s.mods[set] (modulate); `prenormed`: s.norm
+  // already holds its attention pre-norm; `next` (optional): the block that runs next, whose
+  // modulation is in the other set: the last op also makes its pre-norm into s.norm.
+  Status run_block(const Block& blk, int set, bool prenormed, const Block* next, Tensor& x,
+                   const Tensor& freqs, const AttentionParams& ap, Scratch& s,
+                   const AttentionFn* attn);
+  // blk's adaLN modulation from the conditioning c into s.mods[set] (nothing when unmodulated).
+  Status modulate(const Block& blk, const Tensor& c, Scratch& s, int set);
 
   // ---- the stages compute() and compute_parallel() are built from (zimage_dit.cpp) ----
   // The three runs of blocks, in execution order.
