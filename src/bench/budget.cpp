@@ -49,6 +49,8 @@ json budget_row(const Options& o, const std::string& dir, double budget, Backend
   lo.fp8_weights = o.weights == "fp8";
   lo.stream_from_files = o.streamed_weights != "copy";
   lo.lock_files = o.streamed_weights == "locked-files";
+  // As the engine: in files mode (no host-memory limit here) what is still copied stays pageable.
+  lo.pin_host_copies = o.streamed_weights != "files";
   lo.keep_quantized = o.keep_quantized;
   lo.plan_width = lo.plan_height = res;
   json row = row_header(o, budget);

@@ -257,10 +257,10 @@ TEST(CudaStreaming, StreamInThroughStagingAndPinnedSources) {
   EXPECT_TRUE(g->can_stream(DType::kBF16, DType::kBF16));
 }
 
-// SlotStager::prepare: requests for several slots queue on one thread without blocking the
-// caller; a copy into a slot waits only for that slot's request; the staged bytes land exactly;
-// the buffers prepared hold at least what was asked; staged_stream_bytes counts only the parts
-// not page-locked.
+// SlotStager::prepare: requests for several slots, from two threads at once, queue for one worker
+// without blocking the callers; the buffers they page-lock hold at least what was asked before
+// any copy, and the copies (each waiting only for its own slot) use them without growing them;
+// the staged bytes land exactly; staged_stream_bytes counts only the parts not page-locked.
 TEST(CudaStreaming, PreparedStagingServesCopiesPerSlot) {
   ZI_REQUIRE_GPU();
   cuda::CudaBackend* g = gpu(DType::kBF16);
@@ -270,7 +270,17 @@ TEST(CudaStreaming, PreparedStagingServesCopiesPerSlot) {
   {
     cuda::SlotStager st(g->device_index(), 4, 4);
     const size_t sizes[4] = {size_t{48} << 20, size_t{16} << 20, (size_t{8} << 20) + 5, 4096};
-    for (int slot : {3, 1, 0, 2}) st.prepare(slot, sizes[slot]);
+    // Two threads ask at once (the load's and the warm-up's, as in a budgeted load).
+    std::thread other([&] {
+      st.prepare(3, sizes[3]);
+      st.prepare(1, sizes[1]);
+    });
+    st.prepare(0, sizes[0]);
+    st.prepare(2, sizes[2]);
+    other.join();
+    // Every buffer page-locked by the requests alone, before any copy.
+    const uint64_t prepared = st.pinned_bytes();
+    EXPECT_GE(prepared, sizes[0] + sizes[1] + sizes[2] + sizes[3]);
     for (int slot : {2, 0, 3, 1}) {
       std::vector<uint8_t> src(sizes[slot]);
       for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<uint8_t>(i * 131 + slot);
@@ -282,7 +292,7 @@ TEST(CudaStreaming, PreparedStagingServesCopiesPerSlot) {
                 cudaSuccess);
       EXPECT_EQ(back, src) << "slot " << slot;
     }
-    EXPECT_GE(st.pinned_bytes(), sizes[0] + sizes[1] + sizes[2] + sizes[3]);
+    EXPECT_EQ(st.pinned_bytes(), prepared) << "the copies found their buffers ready";
   }
   cudaStreamDestroy(stream);
   Tensor pinned = take(g->alloc_pinned(DType::kU8, {1000}), "alloc_pinned");

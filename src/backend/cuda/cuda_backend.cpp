@@ -421,9 +421,10 @@ void CudaBackend::prepare_uploads() noexcept {
 
 void CudaBackend::warm_up(const WarmUpHints& hints) noexcept {
   if (warm_up_ == 0) return;
-  {
+  try {
     std::lock_guard<std::mutex> lock(staging_mu_);
     warming_ = true;
+  } catch (...) {  // requests are then not held: they page-lock beside the warm-up
   }
   // Whatever way this returns, the staging requests held meanwhile start.
   struct Release {

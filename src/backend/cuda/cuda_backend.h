@@ -336,6 +336,9 @@ class CudaBackend final : public Backend {
   // prepare_stream_staging's requests made while a warm-up runs, started when it ends.
   std::mutex staging_mu_;
   bool warming_ = false;
+  // ensure_streaming's one-time creation of the copy stream, events and stager.
+  std::mutex streaming_init_mu_;
+  bool streaming_ready_ = false;
   std::vector<std::pair<int, uint64_t>> staging_requests_;
   void start_staging_requests() noexcept;
   WarmUp last_warm_up_;

@@ -5,6 +5,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstdlib>
 #include <iterator>
@@ -167,13 +168,45 @@ Result<Tensor> CudaBackend::alloc_pinned(DType dtype, const Shape& shape) {
 }
 
 Status CudaBackend::ensure_streaming() {
-  if (copy_stream_) return Status::Ok();
-  ZI_CUDA_TRY(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
-  stager_ = std::make_unique<SlotStager>(device_, kStreamSlots);
-  for (int i = 0; i < kStreamSlots; ++i) {
-    ZI_CUDA_TRY(cudaEventCreateWithFlags(&loaded_[i], cudaEventDisableTiming));
-    ZI_CUDA_TRY(cudaEventCreateWithFlags(&released_[i], cudaEventDisableTiming));
+  // The load thread and the warm-up's (prepare_stream_staging) may both get here first.
+  std::lock_guard<std::mutex> lock(streaming_init_mu_);
+  if (streaming_ready_) return Status::Ok();
+  // All or nothing: made into locals, kept only once every part exists.
+  cudaStream_t stream = nullptr;
+  std::array<cudaEvent_t, kStreamSlots> loaded{}, released{};
+  auto destroy = [&] {
+    for (cudaEvent_t e : loaded)
+      if (e) cudaEventDestroy(e);
+    for (cudaEvent_t e : released)
+      if (e) cudaEventDestroy(e);
+    if (stream) cudaStreamDestroy(stream);
+  };
+  Status st = cuda_status(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking),
+                          "cudaStreamCreateWithFlags");
+  for (int i = 0; st.ok() && i < kStreamSlots; ++i) {
+    st = cuda_status(cudaEventCreateWithFlags(&loaded[i], cudaEventDisableTiming),
+                     "cudaEventCreateWithFlags");
+    if (st.ok())
+      st = cuda_status(cudaEventCreateWithFlags(&released[i], cudaEventDisableTiming),
+                       "cudaEventCreateWithFlags");
   }
+  std::unique_ptr<SlotStager> stager;
+  if (st.ok()) {
+    try {
+      stager = std::make_unique<SlotStager>(device_, kStreamSlots);
+    } catch (const std::exception&) {
+      st = OutOfMemory("cuda streaming: no host memory for the staging");
+    }
+  }
+  if (!st.ok()) {
+    destroy();
+    cudaGetLastError();
+    return st;
+  }
+  copy_stream_ = stream;
+  for (int i = 0; i < kStreamSlots; ++i) loaded_[i] = loaded[i], released_[i] = released[i];
+  stager_ = std::move(stager);
+  streaming_ready_ = true;
   return Status::Ok();
 }
 
@@ -203,33 +236,34 @@ uint64_t CudaBackend::staged_stream_bytes(const std::vector<Tensor>& host_parts)
 void CudaBackend::prepare_stream_staging(int slot, uint64_t bytes) noexcept {
   if (slot < 0 || slot >= kStreamSlots || bytes == 0) return;
   try {
-    {
-      // Beside the warm-up's cuDNN plan loads, page-locking slowed both (an H100 host: the
-      // warm-up 0.68 s instead of 0.28, and the load waits for it): the warm-up starts these
-      // requests when it ends (warm_up).
-      std::lock_guard<std::mutex> lock(staging_mu_);
-      if (warming_) {
-        staging_requests_.emplace_back(slot, bytes);
-        return;
-      }
-    }
-    if (!ensure_streaming().ok()) {
-      cudaGetLastError();
+    // Beside the warm-up's cuDNN plan loads, page-locking slowed both (an H100 host: the warm-up
+    // 0.68 s instead of 0.28, and the load waits for it): requests made while it runs are held,
+    // and the warm-up hands them to the stager when it ends (start_staging_requests). The lock
+    // orders the two threads' requests and the stager's creation.
+    std::lock_guard<std::mutex> lock(staging_mu_);
+    if (warming_) {
+      staging_requests_.emplace_back(slot, bytes);
       return;
     }
+    if (!ensure_streaming().ok()) return;
     stager_->prepare(slot, static_cast<size_t>(bytes));
   } catch (...) {  // no memory for the hint: the staging is allocated at first use
   }
 }
 
 void CudaBackend::start_staging_requests() noexcept {
-  std::vector<std::pair<int, uint64_t>> requests;
-  {
+  try {
     std::lock_guard<std::mutex> lock(staging_mu_);
     warming_ = false;
-    requests.swap(staging_requests_);
+    if (staging_requests_.empty() || !ensure_streaming().ok()) {
+      staging_requests_.clear();
+      return;
+    }
+    for (const auto& [slot, bytes] : staging_requests_)
+      stager_->prepare(slot, static_cast<size_t>(bytes));
+    staging_requests_.clear();
+  } catch (...) {  // a lock that cannot be taken: the staging is allocated at first use
   }
-  for (const auto& [slot, bytes] : requests) prepare_stream_staging(slot, bytes);
 }
 
 Status CudaBackend::stream_in(int slot, const std::vector<std::pair<Tensor, Tensor>>& copies) {

@@ -102,19 +102,23 @@ Result<std::unique_ptr<WeightStreamer>> WeightStreamer::create(
       s->slot_bytes_ += max_bytes[p];
     }
   }
-  // The staging the backend will copy the largest unit through (its parts in ordinary memory):
-  // page-locked now, beside the rest of the load, rather than at the first stream_in.
-  uint64_t staged = 0;
-  std::vector<Tensor> parts;
-  for (const auto& u : s->units_) {
-    parts.clear();
-    for (const StreamSource& src : u)
-      if (src.defined()) parts.insert(parts.end(), src.parts.begin(), src.parts.end());
-    staged = std::max(staged, be.staged_stream_bytes(parts));
-  }
-  if (staged > 0)
-    for (int k = 0; k < slots; ++k) be.prepare_stream_staging(first_slot + k, staged);
   return s;
+}
+
+void WeightStreamer::prepare_staging() noexcept {
+  try {
+    uint64_t staged = 0;
+    std::vector<Tensor> parts;
+    for (const auto& u : units_) {
+      parts.clear();
+      for (const StreamSource& src : u)
+        if (src.defined()) parts.insert(parts.end(), src.parts.begin(), src.parts.end());
+      staged = std::max(staged, be_.staged_stream_bytes(parts));
+    }
+    if (staged > 0)
+      for (int k = 0; k < slots_; ++k) be_.prepare_stream_staging(first_slot_ + k, staged);
+  } catch (...) {  // no memory for the hint: the staging is allocated at the first stream
+  }
 }
 
 uint64_t WeightStreamer::lock_file_pages(const std::vector<bool>& lock) {

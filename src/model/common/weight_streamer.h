@@ -56,6 +56,12 @@ class WeightStreamer {
   static Result<std::unique_ptr<WeightStreamer>> create(
       Backend& be, std::vector<std::vector<StreamSource>> units, int first_slot, int slots);
 
+  // Hints the backend at the staging its copies will go through (Backend::
+  // prepare_stream_staging): the largest unit's bytes not streamed directly, per slot, so it is
+  // page-locked during the load rather than at the first stream. Call once the file pages that
+  // will be locked are (lock_file_pages): those stream directly and need no staging.
+  void prepare_staging() noexcept;
+
   // The device tensors of `unit` (same positions as given), valid until release(unit). Queues
   // its copy first if it is not in its slot yet; compute queued after this waits for the copy.
   Result<std::vector<Tensor>> acquire(int unit);

@@ -331,6 +331,7 @@ Status ZImageDiT::apply_placement(const WeightPlacement& placement) {
     ZI_ASSIGN_OR_RETURN(streamer_, WeightStreamer::create(be_, std::move(units),
                                                           placement.first_slot, placement.slots));
     report_and_lock_files(*streamer_, placement, unit_of_block_, "transformer", "blocks");
+    streamer_->prepare_staging();
   }
   if (placement.fp8_weights || kept_.kept > 0) {  // the widest weight: w1|w3 [2F, D]
     const int64_t elems =

@@ -213,6 +213,7 @@ Status Qwen3Encoder::apply_placement() {
     ZI_ASSIGN_OR_RETURN(streamer_, WeightStreamer::create(be_, std::move(units),
                                                           placement_.first_slot, placement_.slots));
     report_and_lock_files(*streamer_, placement_, unit_of_layer_, "text encoder", "layers");
+    streamer_->prepare_staging();
   }
   if (placement_.fp8_weights || kept_.kept > 0) {
     const int64_t hd = cfg_.hidden_size, ff = cfg_.intermediate_size;

@@ -67,56 +67,64 @@ void SlotStager::prepare(int slot, size_t bytes) noexcept {
   // slot's requests (a text encoder's first layer need not wait for the DiT's slots).
   auto work = [this]() noexcept {
     int prev = -1;
-    if (cudaGetDevice(&prev) != cudaSuccess || prev != device_) cudaSetDevice(device_);
+    const bool switched = cudaGetDevice(&prev) == cudaSuccess && prev != device_;
+    if (switched) cudaSetDevice(device_);
     for (;;) {
       std::pair<int, size_t> r;
-      {
+      try {
         std::lock_guard<std::mutex> lock(prepare_mu_);
         if (requests_.empty()) {
           preparing_ = false;
-          return;
+          break;
         }
         r = requests_.front();
         requests_.erase(requests_.begin());
+      } catch (...) {  // a lock that cannot be taken: leave the rest to copy()
+        break;
       }
       try {
         // A failure here is met again (and reported) by copy(), which reserves as before.
         (void)reserve(buffers_[static_cast<size_t>(r.first)], r.second);
-      } catch (...) {  // no memory for the copy threads: copy() tries again
+      } catch (...) {  // nothing to report: copy() tries again
       }
       cudaGetLastError();
-      {
+      try {
         std::lock_guard<std::mutex> lock(prepare_mu_);
         --pending_[static_cast<size_t>(r.first)];
+      } catch (...) {
       }
       prepare_cv_.notify_all();
     }
+    if (switched) cudaSetDevice(prev);  // the inline fallback runs on the caller's thread
   };
-  bool start = false;
+  std::future<void> previous;  // a finished worker's, destroyed (joined) after the lock
+  bool here = false;
   try {
-    // The copy threads, made here: the worker and copy() then only read pool_.
+    std::lock_guard<std::mutex> lock(prepare_mu_);
+    // The copy threads, made here before any worker: the worker and copy() only read pool_.
     if (!pool_) {
       pool_ = std::make_unique<ThreadPool>(threads_);
       if (!pool_->start_status().ok())  // fewer copy threads only slow the copies down
         ZI_WARN("cuda streaming: %s", pool_->start_status().message().c_str());
     }
-    std::lock_guard<std::mutex> lock(prepare_mu_);
     pending_.resize(buffers_.size(), 0);
     requests_.emplace_back(slot, bytes);
     ++pending_[static_cast<size_t>(slot)];
-    if (!preparing_) preparing_ = start = true;
+    if (!preparing_) {
+      // Decided, launched and stored in one critical section: the worker waits for the lock
+      // before it looks at the queue.
+      preparing_ = true;
+      previous = std::move(prepared_);
+      try {
+        prepared_ = std::async(std::launch::async, work);
+      } catch (...) {  // no thread to spare: the requests are served on this thread below
+        here = true;
+      }
+    }
   } catch (...) {  // no memory for the request: copy() allocates at first use
     return;
   }
-  if (!start) return;
-  join_prepared();  // the previous worker has returned (preparing_ was false): no wait
-  try {
-    std::future<void> f = std::async(std::launch::async, work);
-    std::lock_guard<std::mutex> lock(prepare_mu_);
-    prepared_ = std::move(f);
-  } catch (...) {  // no thread to spare: the requests are served here
-    work();
-  }
+  if (here) work();
 }
 
 uint64_t SlotStager::pinned_bytes() const {
