@@ -206,7 +206,10 @@ for f in glob.glob('build/carry/*.xz') + glob.glob('build/carry/lib/*.xz') + glo
           --rows "$before_rows" --iters ${STARTUP_ITERS:-3} --tag startup_before "${extra[@]}" || rc=1
       fi
       python3 tools/startup_bench.py --bin "$BIN" --model "$ZR" --out "$OUT" --rows "$rows" \
-        --iters ${STARTUP_ITERS:-3} "${extra[@]}" || rc=1 ;;
+        --iters ${STARTUP_ITERS:-3} "${extra[@]}" || rc=1
+      # Every process's log in one file: a call brings back at most 8 files.
+      ( cd "$OUT" && ls startup*_*.log > /dev/null 2>&1 && tar czf startup_logs.tgz startup*_*.log && \
+        rm -f startup*_*.log ) ;;
     warmvariants)
       export XDG_CACHE_HOME=/tmp/zimage-xdg-warmup
       "$BIN" generate --model "$ZR" --device cuda --prompt "$PROMPT" --seed 42 --output /tmp/wv.png -q  # the plan cache

@@ -134,8 +134,12 @@ def parse(log):
     return row
 
 
+IMAGE_DIR = tempfile.mkdtemp(prefix="zimage-startup-images-")
+
+
 def run_once(args, name, i, extra, env):
-    out_png = os.path.join(args.out, "%s_%s_%d.png" % (args.tag, name, i))
+    # The pictures go to a scratch folder: --out is what a GPU call brings back (a few files).
+    out_png = os.path.join(IMAGE_DIR, "%s_%s_%d.png" % (args.tag, name, i))
     cmd = [args.bin, "generate", "--prompt", PROMPT, "--seed", "42", "--width", str(args.size),
            "--height", str(args.size), "--steps", "8", "--device", args.device, "--verbose",
            "--output", out_png] + extra
