@@ -93,12 +93,9 @@ int64_t first_difference(const std::vector<uint8_t>& a, const std::vector<uint8_
   return -1;
 }
 
-// The uploader on its own with tiny buffers, so a short test crosses many piece and buffer
-// boundaries and comes back to every buffer many times (the host must wait for its DMA).
-TEST(CudaUpload, StagedCopiesAroundBufferBoundaries) {
-  ZI_REQUIRE_GPU();
-  cuda::CudaBackend* g = gpu(DType::kBF16);
-  ASSERT_NE(g, nullptr);
+// Three 64 KiB buffers, staged at any size: a short test crosses many piece and buffer
+// boundaries and wraps the ring many times.
+cuda::PinnedUploader::Options tiny_ring() {
   cuda::PinnedUploader::Options o;
   o.buffer_bytes = 64 * 1024;
   o.buffers = 3;
@@ -106,6 +103,16 @@ TEST(CudaUpload, StagedCopiesAroundBufferBoundaries) {
   o.min_bytes = 0;
   o.start_bytes = 0;
   o.grain = 4096;
+  return o;
+}
+
+// The uploader on its own with tiny buffers, so a short test crosses many piece and buffer
+// boundaries and comes back to every buffer many times (the host must wait for its DMA).
+TEST(CudaUpload, StagedCopiesAroundBufferBoundaries) {
+  ZI_REQUIRE_GPU();
+  cuda::CudaBackend* g = gpu(DType::kBF16);
+  ASSERT_NE(g, nullptr);
+  const cuda::PinnedUploader::Options o = tiny_ring();
   cuda::PinnedUploader up(g->device_index(), g->stream(), o);
   const size_t b = o.buffer_bytes;
   const std::vector<size_t> sizes{1,         4095, 4096,       4097,  b - 1,       b,    b + 1,
@@ -138,13 +145,7 @@ TEST(CudaUpload, StagedDownloadsAroundBufferBoundaries) {
   ZI_REQUIRE_GPU();
   cuda::CudaBackend* g = gpu(DType::kBF16);
   ASSERT_NE(g, nullptr);
-  cuda::PinnedUploader::Options o;
-  o.buffer_bytes = 64 * 1024;
-  o.buffers = 3;
-  o.threads = 4;
-  o.min_bytes = 0;
-  o.start_bytes = 0;
-  o.grain = 4096;
+  const cuda::PinnedUploader::Options o = tiny_ring();
   cuda::PinnedUploader up(g->device_index(), g->stream(), o);
   const size_t b = o.buffer_bytes;
   const std::vector<size_t> sizes{1, 4097, b - 1, b, b + 1, 3 * b, 3 * b + 1, 10 * b + 3, 77};
