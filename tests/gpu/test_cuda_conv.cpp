@@ -59,6 +59,30 @@ TEST(CudaOps, Conv2d) {
   std::printf("  cuDNN %s\n", gpu(DType::kF32)->has_cudnn() ? "loaded" : "NOT loaded (direct)");
 }
 
+// ZIMAGE_CONV_PAD_COUT=1 (set_pad_narrow_conv): convolutions to 3 or 5 outputs run padded to 8
+// outputs first; against the CPU oracle, every output written (the GPU's is NaN-poisoned).
+TEST(CudaOps, Conv2dNarrowOutputsPadded) {
+  ZI_REQUIRE_GPU();
+  const ConvCase cases[] = {
+      {{1, 16, 16, 128}, 3, 3, {1, 1, 1, 1, 1}, true},  // the VAE's conv_out
+      {{2, 12, 10, 64}, 5, 3, {1, 1, 1, 1, 1}, false},  // no bias, batch 2
+      {{1, 9, 11, 16}, 3, 3, {2, 0, 1, 0, 1}, true},    // asymmetric padding, stride 2
+  };
+  cuda::CudaBackend* g = gpu(DType::kBF16);
+  ASSERT_NE(g, nullptr);
+  uint32_t seed = 900;
+  for (const ConvCase& c : cases) {
+    const auto [x, w, b] = conv_operands(c, seed, DType::kBF16);
+    Both y = outputs(conv_output_shape(c), DType::kBF16);
+    ZI_ASSERT_OK(cpu_oracle().conv2d(x.cpu, w.cpu, b.cpu, c.p, y.cpu));
+    g->set_pad_narrow_conv(true);
+    const Status st = g->conv2d(x.gpu, w.gpu, b.gpu, c.p, y.gpu);
+    g->set_pad_narrow_conv(false);
+    ZI_ASSERT_OK(st);
+    expect_match(label("conv2d padded", c.x, cat(" -> ", c.cout, " k", c.k)), DType::kBF16, y);
+  }
+}
+
 // conv2d_add: the residual summed in the cuDNN graph's epilogue (bf16: one rounding) against the
 // CPU oracle's conv2d, then add; against the unfused path on the GPU (ZIMAGE_FUSED_CONV_ADD=0);
 // 3 outputs (no tensor-core plan for the plain convolution) and asymmetric padding (padded

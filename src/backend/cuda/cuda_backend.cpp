@@ -153,6 +153,7 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(int device_index, DType
   };
   ZI_TRY(env_switch("ZIMAGE_FUSED_NORM", b->fused_norm_));
   ZI_TRY(env_switch("ZIMAGE_FUSED_CONV_ADD", b->fused_conv_add_));
+  ZI_TRY(env_switch("ZIMAGE_CONV_PAD_COUT", b->pad_narrow_conv_));
   ZI_TRY(env_switch("ZIMAGE_FUSED_ADALN", b->fused_adaln_));
   ZI_TRY(env_switch("ZIMAGE_FUSED_SWIGLU", b->fused_swiglu_));
   ZI_TRY(env_switch("ZIMAGE_FUSED_QKV", b->fused_qkv_));

@@ -273,6 +273,9 @@ class CudaBackend final : public Backend {
   // Convolutions through cuDNN graphs with a fused bias (default, bf16) or the legacy cuDNN call
   // (benchmarks compare them; see conv_graph.h).
   void set_conv_graphs(bool on) { use_conv_graphs_ = on; }
+  // Convolutions with output channels not a multiple of 8 (the VAE's conv_out) run padded to 8
+  // first instead of as they are (ZIMAGE_CONV_PAD_COUT=1; off by default until measured).
+  void set_pad_narrow_conv(bool on) { pad_narrow_conv_ = on; }
   // W8A8 FP8 GEMMs through CUTLASS with the scales in the epilogue (default, where built and on
   // sm_90) or cuBLASLt's per-tensor FP8 GEMM plus a scaling pass (benchmarks compare them).
   // Recorded forwards keep the path they were recorded with: drop them after switching.
@@ -308,6 +311,7 @@ class CudaBackend final : public Backend {
   bool fa3_ = false;  // FlashInfer's Hopper attention is built in and this GPU is sm_90
   std::unique_ptr<ConvGraphs> conv_graphs_;
   bool use_conv_graphs_ = true;
+  bool pad_narrow_conv_ = false;  // ZIMAGE_CONV_PAD_COUT
   bool use_cutlass_ = true;
   bool fp8_fast_accum_ = true;  // ZIMAGE_FP8_ACCUM=fp32 turns it off (the constructor reads it)
   bool fused_ = true;

@@ -73,15 +73,15 @@ Status CudaBackend::conv2d_impl(const Tensor& x, const Tensor& w, const Tensor& 
     return Status::Ok();
   }
   if (graphs) {
-    const Status gs = conv_graphs_->run(req, ptr_or_null(bias), *allocator_);
-    if (gs.ok()) return Status::Ok();
-    if (gs.code() != ErrorCode::kUnsupported) return gs.with_context("conv2d");
     // cuDNN's tensor-core engines want channel counts in multiples of 8: the VAE's conv_out has 3
-    // output channels. Run it with the filter and bias zero-padded to 8 outputs into a scratch
-    // tensor and keep the first 3 channels (the legacy call that would run instead costs ~10 ms
-    // of host time per call).
+    // output channels. It can run with the filter and bias zero-padded to 8 outputs into a
+    // scratch tensor, keeping the first 3 channels: where the graph has no plan for the narrow
+    // convolution (the legacy call that would run instead costs ~10 ms of host time per call),
+    // or first with ZIMAGE_CONV_PAD_COUT=1 (a new process's first narrow execution took 51-73 ms
+    // of host time on an H100, BENCHMARKS.md "Session 18"; which is faster is measured there).
     constexpr int64_t kAlign = 8;
-    if (cout % kAlign != 0 && cin % kAlign == 0 && act_ != DType::kF32) {
+    const bool paddable = cout % kAlign != 0 && cin % kAlign == 0 && act_ != DType::kF32;
+    auto padded_outputs = [&]() -> Status {
       const int64_t cp = (cout + kAlign - 1) / kAlign * kAlign, per = kh * kw * cin;
       ZI_ASSIGN_OR_RETURN(Tensor w8, alloc(act_, {cp, kh, kw, cin}));
       ZI_TRY(fill(w8, 0.f));
@@ -97,8 +97,20 @@ Status CudaBackend::conv2d_impl(const Tensor& x, const Tensor& w, const Tensor& 
       rp.w = w8.data();
       rp.y = yp.data();
       rp.cout = cp;
-      const Status ps = conv_graphs_->run(rp, ptr_or_null(bp), *allocator_);
-      if (ps.ok()) return copy_2d(yp, 0, cp, y, 0, cout, n * ho * wo, cout);
+      ZI_TRY(conv_graphs_->run(rp, ptr_or_null(bp), *allocator_));
+      return copy_2d(yp, 0, cp, y, 0, cout, n * ho * wo, cout);
+    };
+    if (paddable && pad_narrow_conv_) {
+      const Status ps = padded_outputs();
+      if (ps.ok()) return Status::Ok();
+      if (ps.code() != ErrorCode::kUnsupported) return ps.with_context("conv2d");
+    }
+    const Status gs = conv_graphs_->run(req, ptr_or_null(bias), *allocator_);
+    if (gs.ok()) return Status::Ok();
+    if (gs.code() != ErrorCode::kUnsupported) return gs.with_context("conv2d");
+    if (paddable && !pad_narrow_conv_) {
+      const Status ps = padded_outputs();
+      if (ps.ok()) return Status::Ok();
       if (ps.code() != ErrorCode::kUnsupported) return ps.with_context("conv2d");
     }
   }
