@@ -337,6 +337,33 @@ TEST(CudaStreaming, UploadsFromLockedRanges) {
   std::free(raw);
 }
 
+// prepare_stream_staging while the warm-up runs on another thread (a budgeted load's text encoder
+// asking while the warm-up loads its plans): held or not, the request is served by the
+// time the warm-up has ended; one made after it too. A fresh backend, so no earlier test's
+// staging counts.
+TEST(CudaStreaming, StagingRequestsDuringTheWarmUpAreServed) {
+  ZI_REQUIRE_GPU();
+  auto be = make_cuda_backend(0, DType::kBF16);
+  ASSERT_TRUE(be.ok());
+  auto* g = dynamic_cast<cuda::CudaBackend*>(be->get());
+  ASSERT_NE(g, nullptr);
+  EXPECT_EQ(g->stream_staging_bytes(), 0u);
+  const uint64_t a = uint64_t{24} << 20, b = uint64_t{10} << 20;
+  std::thread warm([g] { g->warm_up(); });
+  g->prepare_stream_staging(2, a);
+  g->prepare_stream_staging(3, a);
+  warm.join();
+  EXPECT_GE(g->stream_staging_bytes(), 2 * a);
+  EXPECT_LT(g->stream_staging_bytes(), 2 * a + (uint64_t{8} << 20)) << "no more than asked";
+  g->prepare_stream_staging(0, b);
+  EXPECT_GE(g->stream_staging_bytes(), 2 * a + b);
+  // Out of range or empty: nothing.
+  g->prepare_stream_staging(-1, b);
+  g->prepare_stream_staging(Backend::kStreamSlots, b);
+  g->prepare_stream_staging(1, 0);
+  EXPECT_LT(g->stream_staging_bytes(), 2 * a + b + (uint64_t{8} << 20));
+}
+
 TEST(CudaStreaming, AllocatorCapAndImpossibleBudget) {
   ZI_REQUIRE_GPU();
   auto be = make_cuda_backend(0, DType::kBF16);

@@ -140,6 +140,9 @@ class CudaBackend final : public Backend {
   Status wait_slot(int slot) override;
   Status release_slot(int slot) override;
   uint64_t streamed_bytes() const override { return streamed_bytes_; }
+  // The streaming staging page-locked so far (prepare_stream_staging, stream_in), once every
+  // prepared request has been served.
+  uint64_t stream_staging_bytes() const { return stager_ ? stager_->pinned_bytes() : 0; }
   Status rms_norm(const Tensor& x, const Tensor& w, float eps, const Tensor& scale,
                   Tensor& y) override;
   Status layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, float eps,
