@@ -92,7 +92,8 @@ const char* common_help(EngineFlag flag) {
       return "GPU memory budget in GiB (0 = no limit)";
     case EngineFlag::kHostMemory:
       return "Host memory in GiB that weights streamed under --vram-budget may page-lock "
-             "(default 0 = half of the machine's); the rest stream from pageable memory";
+             "(default 0 = half of the machine's; with --streamed-weights files, none: the FP8 "
+             "rows that mode still copies stay pageable); the rest stream from pageable memory";
     case EngineFlag::kStreamedWeights:
       return "Where weights streamed under --vram-budget come from: copy (host copies made at "
              "load, the fastest steps), files (read from the weight files each step, no "

@@ -28,6 +28,13 @@ MemoryPlanInput full_size(double budget_gib, bool fp8 = false, int side = 1024) 
                                  kContext);
 }
 
+// The host side of a plan (pinned, pageable, from the files) never changes the device side.
+void expect_same_device_side(const MemoryPlan& a, const MemoryPlan& b) {
+  EXPECT_EQ(a.dit_streamed, b.dit_streamed);
+  EXPECT_EQ(a.te_streamed, b.te_streamed);
+  EXPECT_EQ(a.peak_bytes, b.peak_bytes);
+}
+
 }  // namespace
 
 TEST(MemoryPlan, FullSizeWeightSizesMatchThePublishedModel) {
@@ -151,9 +158,7 @@ TEST(MemoryPlan, HostMemoryLimitPinsDitBlocksFirstAndTheRestPageable) {
     auto plan = plan_memory(in);
     ASSERT_TRUE(plan.ok());
     // The device side is the same plan.
-    EXPECT_EQ(plan->dit_streamed, unlimited->dit_streamed);
-    EXPECT_EQ(plan->te_streamed, unlimited->te_streamed);
-    EXPECT_EQ(plan->peak_bytes, unlimited->peak_bytes);
+    expect_same_device_side(*plan, *unlimited);
     // Every streamed byte is held somewhere, pinned within the limit.
     EXPECT_LE(plan->host_pinned_bytes, in.host_pinned_limit);
     EXPECT_EQ(plan->host_pinned_bytes + plan->host_pageable_bytes, streamed_total);
@@ -197,9 +202,7 @@ TEST(MemoryPlan, StreamingFromTheFilesHoldsOnlyStagingInHostMemory) {
     in.dit_from_files = in.te_from_files = true;
     auto plan = plan_memory(in);
     ASSERT_TRUE(plan.ok());
-    EXPECT_EQ(plan->dit_streamed, copies->dit_streamed);
-    EXPECT_EQ(plan->te_streamed, copies->te_streamed);
-    EXPECT_EQ(plan->peak_bytes, copies->peak_bytes);
+    expect_same_device_side(*plan, *copies);
     EXPECT_EQ(plan->host_pinned_bytes, 0u);
     EXPECT_EQ(plan->host_pageable_bytes, 0u);
     EXPECT_EQ(plan->host_file_bytes, copies->host_pinned_bytes);  // everything a copy held
@@ -242,9 +245,7 @@ TEST(MemoryPlan, CopiesNotPinnedForAOneShotProcess) {
       in.pin_copies = false;
       auto plan = plan_memory(in);
       ASSERT_TRUE(plan.ok());
-      EXPECT_EQ(plan->dit_streamed, pinned->dit_streamed);
-      EXPECT_EQ(plan->te_streamed, pinned->te_streamed);
-      EXPECT_EQ(plan->peak_bytes, pinned->peak_bytes);
+      expect_same_device_side(*plan, *pinned);
       EXPECT_EQ(plan->host_pinned_bytes, 0u);
       EXPECT_EQ(plan->host_pageable_bytes, plan->dit_stream_bytes + plan->te_stream_bytes);
       for (size_t i = 0; i < plan->dit_streamed.size(); ++i)

@@ -249,16 +249,6 @@ Result<Tensor> CudaBackend::upload(const Tensor& host, DType dtype) {
 namespace {
 // Downloads at least this large into pageable memory take the staged path during a load.
 constexpr size_t kStagedDownloadBytes = size_t{4} << 20;
-
-// Whether `p` lies in page-locked host memory (cudaHostAlloc'd or registered).
-bool is_page_locked(const void* p) {
-  cudaPointerAttributes a{};
-  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
-  return a.type == cudaMemoryTypeHost;
-}
 }  // namespace
 
 Status CudaBackend::download(const Tensor& src, Tensor& host) {

@@ -216,11 +216,7 @@ namespace {
 bool streams_directly(const LockedRanges& locked, const Tensor& host) {
   const LockedRanges::Cover cover = locked.find(host.data(), host.nbytes());
   if (cover != LockedRanges::Cover::kNone) return cover == LockedRanges::Cover::kInside;
-  cudaPointerAttributes attr{};
-  const bool pinned = cudaPointerGetAttributes(&attr, host.data()) == cudaSuccess &&
-                      attr.type == cudaMemoryTypeHost;
-  cudaGetLastError();  // an unregistered pointer is not an error to keep
-  return pinned;
+  return is_page_locked(host.data());
 }
 }  // namespace
 

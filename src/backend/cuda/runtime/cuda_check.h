@@ -35,6 +35,16 @@ inline Status cudnn_status(cudnnStatus_t s, const char* call) {
   return DeviceError(std::string(call) + ": " + cudnnGetErrorString(s));
 }
 
+// Whether host pointer `p` lies in page-locked memory (cudaHostAlloc'd or registered); an
+// ordinary pointer is not an error to keep.
+inline bool is_page_locked(const void* p) {
+  cudaPointerAttributes a{};
+  const bool locked =
+      cudaPointerGetAttributes(&a, p) == cudaSuccess && a.type == cudaMemoryTypeHost;
+  cudaGetLastError();
+  return locked;
+}
+
 }  // namespace zimage::cuda
 
 #define ZI_CUDA_TRY(call) ZI_TRY(::zimage::cuda::cuda_status((call), #call))
