@@ -53,14 +53,17 @@ Stats timed(Backend& be, int warm, int iters, const std::function<Status()>& fn,
     ms.push_back((now_s() - t0) * 1e3);
   }
   std::sort(ms.begin(), ms.end());
-  Stats st{ms[ms.size() / 2], ms.front(), ms.back(), {}};
+  Stats st{ms[ms.size() / 2], ms.front(), ms.back(), {}, iters};
   if (sampler) st.gpu = sampler->stop();
   return st;
 }
 
 std::string Stats::clock_note() const {
-  char buf[96];
-  if (gpu.samples > 0 && gpu.power_samples > 0) {
+  char buf[128];
+  if (gpu.samples > 0 && gpu.energy_j > 0) {  // the mean power from the energy counter
+    std::snprintf(buf, sizeof buf, " (SM %.0f MHz, %.0f W of %.0f, %.1f J a run)",
+                  gpu.sm_mhz_median, mean_power_w(), gpu.power_limit_w, joules_per_run());
+  } else if (gpu.samples > 0 && gpu.power_samples > 0) {
     std::snprintf(buf, sizeof buf, " (SM %.0f MHz, %.0f W of %.0f)", gpu.sm_mhz_median,
                   gpu.power_w_mean, gpu.power_limit_w);
   } else if (gpu.samples > 0) {

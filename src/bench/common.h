@@ -34,6 +34,13 @@ double now_s();
 struct Stats {
   double median_ms = 0, min_ms = 0, max_ms = 0;
   GpuSampler::Reading gpu;  // SM clock and board power over the timed runs (samples 0: none)
+  int runs = 0;             // timed runs the energy counter covered
+  // The board's energy per timed run (J) and the window's mean power (W) from NVML's energy
+  // counter; 0 without one. At the power limit, time per run >= J per run / limit.
+  double joules_per_run() const { return runs > 0 ? gpu.energy_j / runs : 0; }
+  double mean_power_w() const {
+    return gpu.energy_seconds > 0 ? gpu.energy_j / gpu.energy_seconds : 0;
+  }
   json to_json() const {
     json j = {{"median_ms", median_ms}, {"min_ms", min_ms}, {"max_ms", max_ms}};
     if (gpu.samples > 0) {
@@ -45,9 +52,13 @@ struct Stats {
       j["power_w_max"] = gpu.power_w_max;
       j["power_limit_w"] = gpu.power_limit_w;
     }
+    if (gpu.energy_j > 0) {
+      j["joules_per_run"] = joules_per_run();
+      j["energy_power_w"] = mean_power_w();
+    }
     return j;
   }
-  // " (SM 1575 MHz, 690 W of 700)", or "" without samples.
+  // " (SM 1575 MHz, 690 W of 700, 64.2 J a run)", or "" without samples.
   std::string clock_note() const;
 };
 

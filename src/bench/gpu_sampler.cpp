@@ -17,6 +17,7 @@ using NvmlInit = int (*)();
 using NvmlByPci = int (*)(const char*, void**);
 using NvmlClock = int (*)(void*, int, unsigned*);
 using NvmlPower = int (*)(void*, unsigned*);
+using NvmlEnergy = int (*)(void*, unsigned long long*);  // millijoules since the driver loaded
 constexpr int kNvmlSuccess = 0;
 constexpr int kNvmlClockSm = 1;
 
@@ -26,6 +27,7 @@ struct Nvml {
   NvmlClock clock = nullptr;
   NvmlPower power = nullptr;
   NvmlPower limit = nullptr;
+  NvmlEnergy energy = nullptr;  // optional (Volta and later); null where the driver lacks it
   NvmlByPci by_pci = nullptr;
 };
 
@@ -43,6 +45,7 @@ const Nvml& nvml() {
     r.clock = reinterpret_cast<NvmlClock>(dlsym(lib, "nvmlDeviceGetClockInfo"));
     r.power = reinterpret_cast<NvmlPower>(dlsym(lib, "nvmlDeviceGetPowerUsage"));
     r.limit = reinterpret_cast<NvmlPower>(dlsym(lib, "nvmlDeviceGetEnforcedPowerLimit"));
+    r.energy = reinterpret_cast<NvmlEnergy>(dlsym(lib, "nvmlDeviceGetTotalEnergyConsumption"));
     if (!init || !r.by_pci || !r.clock || !r.power || !r.limit) {
       r.why = "NVML lacks the functions used";
       return r;
@@ -95,6 +98,14 @@ void GpuSampler::sample() {
   if (p) watts_.push_back(mw / 1000.0);
 }
 
+bool GpuSampler::read_energy(double* joules) const {
+  const Nvml& n = nvml();
+  unsigned long long mj = 0;
+  if (!n.energy || n.energy(device_, &mj) != kNvmlSuccess) return false;
+  *joules = static_cast<double>(mj) / 1000.0;
+  return true;
+}
+
 void GpuSampler::start(int period_ms) {
   (void)stop();
   if (!active()) return;
@@ -103,6 +114,8 @@ void GpuSampler::start(int period_ms) {
     mhz_.clear();
     watts_.clear();
   }
+  energy_ok_ = read_energy(&energy_start_j_);
+  started_ = std::chrono::steady_clock::now();
   running_ = true;
   thread_ = std::thread([this, period_ms] {
     while (running_) {
@@ -117,6 +130,12 @@ GpuSampler::Reading GpuSampler::stop() {
   if (!thread_.joinable()) return r;
   running_ = false;
   thread_.join();
+  double energy_end = 0;
+  if (energy_ok_ && read_energy(&energy_end) && energy_end >= energy_start_j_) {
+    r.energy_j = energy_end - energy_start_j_;
+    r.energy_seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
+  }
   std::lock_guard<std::mutex> lock(mu_);
   r.samples = static_cast<int>(mhz_.size());
   r.power_samples = static_cast<int>(watts_.size());

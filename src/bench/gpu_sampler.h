@@ -10,6 +10,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -28,6 +29,11 @@ class GpuSampler {
     double power_w_mean = 0;   // board power draw as NVML reports it: on Hopper a running
     double power_w_max = 0;    // average over the last second, so a short window reads late
     double power_limit_w = 0;  // the enforced limit
+    // The board's energy counter between start() and stop() (NVML's total energy, exact to the
+    // millijoule where the power readings are averages), and the seconds it covers; 0 where the
+    // driver has no counter. energy_j / energy_seconds is the mean power of the window.
+    double energy_j = 0;
+    double energy_seconds = 0;
   };
 
   // The device with this PCI bus id ("0000:18:00.0", as cudaDeviceGetPCIBusId writes it); an
@@ -47,10 +53,14 @@ class GpuSampler {
  private:
   GpuSampler() = default;
   void sample();
+  bool read_energy(double* joules) const;
 
   void* device_ = nullptr;  // nvmlDevice_t
   std::string why_;
   double limit_w_ = 0;
+  bool energy_ok_ = false;
+  double energy_start_j_ = 0;
+  std::chrono::steady_clock::time_point started_;
   std::thread thread_;
   std::atomic<bool> running_{false};
   std::mutex mu_;

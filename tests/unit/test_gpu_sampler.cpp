@@ -5,6 +5,7 @@
 #include <dlfcn.h>
 #include <gtest/gtest.h>
 
+#include "bench/common.h"
 #include "bench/gpu_sampler.h"
 
 namespace zimage::bench {
@@ -28,6 +29,29 @@ TEST(GpuSampler, InertWithoutADeviceAndSaysWhy) {
   const GpuSampler::Reading r = bogus->stop();
   EXPECT_EQ(r.samples, 0);
   EXPECT_EQ(r.sm_mhz_median, 0);
+}
+
+// The energy counter's window: joules per timed run and the window's mean power, printed
+// beside the clock; without a counter the note keeps the sampled power.
+TEST(GpuSampler, EnergyGivesJoulesPerRunAndMeanPower) {
+  Stats st;
+  st.runs = 4;
+  st.gpu.samples = st.gpu.power_samples = 10;
+  st.gpu.sm_mhz_median = 1500;
+  st.gpu.power_w_mean = 612;
+  st.gpu.power_limit_w = 700;
+  EXPECT_EQ(st.joules_per_run(), 0);
+  EXPECT_EQ(st.clock_note(), " (SM 1500 MHz, 612 W of 700)");
+  st.gpu.energy_j = 260;
+  st.gpu.energy_seconds = 0.4;
+  EXPECT_DOUBLE_EQ(st.joules_per_run(), 65.0);
+  EXPECT_DOUBLE_EQ(st.mean_power_w(), 650.0);
+  EXPECT_EQ(st.clock_note(), " (SM 1500 MHz, 650 W of 700, 65.0 J a run)");
+  const auto j = st.to_json();
+  EXPECT_DOUBLE_EQ(j.at("joules_per_run").get<double>(), 65.0);
+  EXPECT_DOUBLE_EQ(j.at("energy_power_w").get<double>(), 650.0);
+  st.runs = 0;  // no runs timed: no energy per run
+  EXPECT_EQ(st.joules_per_run(), 0);
 }
 
 }  // namespace
