@@ -162,6 +162,52 @@ Status Backend::qkv_split_norm_rope(const Tensor& qkv, const Tensor& norm_q, con
   return Status::Ok();
 }
 
+namespace {
+
+// The parts of a packed projection qkv[B, S, (Hq + 2·Hkv)·Dh] as new tensors q[B, S, Hq, Dh] and
+// k, v[B, S, Hkv, Dh] (allocated, not filled); the checks qk_norm_rope_packed and
+// attention_packed share.
+Status packed_parts(Backend& be, const char* op, const Tensor& qkv, int64_t hq, int64_t hkv,
+                    Tensor& q, Tensor& k, Tensor& v) {
+  if (!qkv.defined() || qkv.rank() != 3 || hq <= 0 || hkv <= 0 || hq % hkv != 0 ||
+      qkv.dim(2) % (hq + 2 * hkv) != 0)
+    return InvalidArgument(std::string(op) + ": qkv must be [B, S, (Hq + 2*Hkv) * Dh] with Hq " +
+                           "a multiple of Hkv (qkv " +
+                           (qkv.defined() ? qkv.describe() : std::string("undefined")) + ", Hq " +
+                           std::to_string(hq) + ", Hkv " + std::to_string(hkv) + ")");
+  const int64_t b = qkv.dim(0), s = qkv.dim(1), dh = qkv.dim(2) / (hq + 2 * hkv);
+  ZI_ASSIGN_OR_RETURN(q, be.alloc(qkv.dtype(), {b, s, hq, dh}));
+  ZI_ASSIGN_OR_RETURN(k, be.alloc(qkv.dtype(), {b, s, hkv, dh}));
+  ZI_ASSIGN_OR_RETURN(v, be.alloc(qkv.dtype(), {b, s, hkv, dh}));
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status Backend::qk_norm_rope_packed(Tensor& qkv, int64_t hq, int64_t hkv, const Tensor& norm_q,
+                                    const Tensor& norm_k, float eps, const Tensor& freqs) {
+  Tensor q, k, v;
+  ZI_TRY(packed_parts(*this, "qk_norm_rope_packed", qkv, hq, hkv, q, k, v));
+  const int64_t rows = qkv.dim(0) * qkv.dim(1), f = qkv.dim(2);
+  const int64_t dq = hq * q.dim(3), dkv = hkv * q.dim(3);
+  const Tensor flat = qkv.view({rows, f});
+  ZI_TRY(qkv_split_norm_rope(flat, norm_q, norm_k, eps, freqs, q, k, v));
+  ZI_TRY(copy_2d(q, 0, dq, qkv, 0, f, rows, dq));
+  return copy_2d(k, 0, dkv, qkv, dq, f, rows, dkv);
+}
+
+Status Backend::attention_packed(const Tensor& qkv, int64_t hq, int64_t hkv,
+                                 const AttentionParams& p, Tensor& out) {
+  Tensor q, k, v;
+  ZI_TRY(packed_parts(*this, "attention_packed", qkv, hq, hkv, q, k, v));
+  const int64_t rows = qkv.dim(0) * qkv.dim(1), f = qkv.dim(2);
+  const int64_t dq = hq * q.dim(3), dkv = hkv * q.dim(3);
+  ZI_TRY(copy_2d(qkv, 0, f, q, 0, dq, rows, dq));
+  ZI_TRY(copy_2d(qkv, dq, f, k, 0, dkv, rows, dkv));
+  ZI_TRY(copy_2d(qkv, dq + dkv, f, v, 0, dkv, rows, dkv));
+  return attention(q, k, v, p, out);
+}
+
 Status Backend::matmul_qkv_norm_rope(const Tensor& x, const Tensor& wqkv, const Tensor& norm_q,
                                      const Tensor& norm_k, float eps, const Tensor& freqs,
                                      Tensor& qkv, Tensor& q, Tensor& k, Tensor& v) {

@@ -108,6 +108,9 @@ class Backend {
     // Inputs {n, h, w} of the first image's convolutions (the VAE decode at the planned size):
     // their saved plans are preloaded before other sizes'.
     std::vector<std::array<int64_t, 3>> conv_inputs;
+    // Device memory the warm-up may hold for a moment beside the weights being loaded (0: none):
+    // the first image's convolutions then run once on scratch operands ahead of it.
+    uint64_t scratch_bytes = 0;
   };
   // Starts what the first image would otherwise start on its critical path (CUDA: cuDNN's
   // libraries, the saved convolution plans and their kernels, cuBLAS's kernels for the VAE's
@@ -300,6 +303,12 @@ class Backend {
   virtual Status matmul_qkv_norm_rope(const Tensor& x, const Tensor& wqkv, const Tensor& norm_q,
                                       const Tensor& norm_k, float eps, const Tensor& freqs,
                                       Tensor& qkv, Tensor& q, Tensor& k, Tensor& v);
+  // The same prologue in place on the packed projection qkv[B, S, (Hq + 2·Hkv)·Dh] (each token's
+  // q heads, then its k heads, then its v heads), for attention_packed: the q and k heads get
+  // qkv_split_norm_rope's norm and RoPE with the same roundings; the v heads are left as they are.
+  // The default splits, runs qkv_split_norm_rope and copies q and k back.
+  virtual Status qk_norm_rope_packed(Tensor& qkv, int64_t hq, int64_t hkv, const Tensor& norm_q,
+                                     const Tensor& norm_k, float eps, const Tensor& freqs);
   // The DiT's adaLN modulation: mod[B, 4D] = [s_a | g_a | s_f | g_f] ->
   // scale_a = 1 + s_a, gate_a = tanh(g_a), scale_f = 1 + s_f, gate_f = tanh(g_f), each [B, D].
   virtual Status dit_modulation(const Tensor& mod, Tensor& scale_a, Tensor& gate_a, Tensor& scale_f,
@@ -316,6 +325,15 @@ class Backend {
   // q[B, Sq, Hq, D], k/v[B, Sk, Hkv, D] (Hq a multiple of Hkv: GQA), out[B, Sq, Hq, D].
   virtual Status attention(const Tensor& q, const Tensor& k, const Tensor& v,
                            const AttentionParams& p, Tensor& out) = 0;
+  // attention() over the three parts of a packed projection qkv[B, S, (Hq + 2·Hkv)·D] (each
+  // token's q heads, then k, then v: the q|k|v linear's output after qk_norm_rope_packed);
+  // out[B, S, Hq, D]. The default copies the parts out and calls attention(); a backend whose
+  // kernel takes strided operands reads them in place (reads_packed_qkv).
+  virtual Status attention_packed(const Tensor& qkv, int64_t hq, int64_t hkv,
+                                  const AttentionParams& p, Tensor& out);
+  // Whether attention_packed and qk_norm_rope_packed work in place here, so that a model saves
+  // the split (the copy of q, k and v) by keeping its projection packed.
+  virtual bool reads_packed_qkv() const { return false; }
 
   // ---- activations / elementwise (same shape unless stated; in place allowed) ----
   virtual Status silu(const Tensor& x, Tensor& y) = 0;

@@ -159,6 +159,19 @@ Result<uint64_t> fixed_device_bytes(Backend& be) {
   return used > ours ? used - ours : 0;
 }
 
+// Device memory the warm-up may hold for a moment while the weights load
+// (Backend::WarmUpHints::scratch_bytes): without a budget, what the device has free beyond every
+// weight still to come and a 2 GiB margin, at most 2 GiB; none under a budget, where the plan
+// counts every byte.
+uint64_t warm_up_scratch(Backend& be, const MemoryPlan& plan, const PipelineLoadOptions& o) {
+  constexpr uint64_t kGiB = uint64_t{1} << 30;
+  if (o.vram_budget != 0 || be.device() == Device::kCPU) return 0;
+  auto mem = be.device_memory();  // {total, free}
+  if (!mem.ok()) return 0;
+  const uint64_t spare = mem->second > plan.resident_bytes ? mem->second - plan.resident_bytes : 0;
+  return spare > 2 * kGiB ? std::min(spare - 2 * kGiB, 2 * kGiB) : 0;
+}
+
 }  // namespace
 
 Result<std::unique_ptr<TextToImage>> TextToImage::load(const std::string& model_dir, Backend& be,
@@ -293,8 +306,10 @@ Result<std::unique_ptr<TextToImage>> TextToImage::load(PreparedLoad prepared, Ba
         ms(p0, Clock::now()), ms(p0, p1), ms(p1, Clock::now()));
     if (be.device() != Device::kCPU) {  // the CPU has nothing to warm
       try {
-        warmer = std::jthread([&be](Backend::WarmUpHints hints) noexcept { be.warm_up(hints); },
-                              warm_up_hints(src.configs(), options));
+        Backend::WarmUpHints hints = warm_up_hints(src.configs(), options);
+        hints.scratch_bytes = warm_up_scratch(be, *plan, options);
+        warmer = std::jthread([&be](Backend::WarmUpHints h) noexcept { be.warm_up(h); },
+                              std::move(hints));
       } catch (const std::exception&) {  // no thread or memory to spare: the first image pays
       }
     }

@@ -15,6 +15,7 @@
 
 #include "backend/cuda/libs/gemm_cutlass.h"
 #include "gpu/cuda_test_util.h"
+#include "gpu/dit_test_util.h"
 #include "io/weights/weights.h"
 #include "io/writers/random_model.h"
 #include "model/common/linear.h"
@@ -255,51 +256,11 @@ TEST(CudaFusedGemm, QkvRecordedEqualsEager) {
   for (int i = 0; i < 3; ++i) EXPECT_EQ(fetch(*g, r[i]), fetch(*g, e[i])) << "output " << i;
 }
 
-// A transformer whose F is a multiple of the block (dim 384: F = 1024, head_dim 128 as the
-// model's), random weights written as a diffusers transformer folder.
-std::string write_wide_dit(TransformerConfig& cfg) {
-  cfg.dim = 384;
-  cfg.n_heads = cfg.n_kv_heads = 3;
-  cfg.n_layers = 2;
-  cfg.n_refiner_layers = 1;
-  cfg.cap_feat_dim = 64;
-  cfg.axes_dims = {32, 48, 48};
-  cfg.axes_lens = {256, 64, 64};
-  const std::string dir = (std::filesystem::temp_directory_path() / "zimage_swiglu_dit").string();
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  RandomModelOptions o;
-  o.dit = cfg;
-  o.seed = 17;
-  const Status s = write_random_tensors(dir, "diffusion_pytorch_model",
-                                        "diffusion_pytorch_model.safetensors.index.json",
-                                        dit_tensor_specs(cfg), o);
-  EXPECT_TRUE(s.ok()) << s.to_string();
-  return dir;
-}
-
-Tensor forward(ZImageDiT& dit, Backend& be, const Tensor& lat, const Tensor& cap) {
-  Tensor l = take(be.upload(lat, DType::kF32), "upload latents");
-  Tensor c = take(be.upload(cap, be.act_dtype()), "upload caption");
-  Tensor out;
-  const Status st = dit.forward(l, {0.4f}, {c}, out);
-  EXPECT_TRUE(st.ok()) << st.to_string();
-  if (!st.ok()) return Tensor();
-  Tensor h = Tensor::host(DType::kF32, out.shape());
-  EXPECT_TRUE(be.download(out, h).ok());
-  return h;
-}
-
-std::vector<float> values(const Tensor& t) {
-  return t.defined() ? std::vector<float>(t.data_as<float>(), t.data_as<float>() + t.numel())
-                     : std::vector<float>();
-}
-
 TEST(CudaFusedGemm, TransformerAgainstUnfusedAndCpu) {
   cuda::CudaBackend* g = gpu(DType::kBF16);
   ZI_REQUIRE_FUSED_GEMMS(g);
   TransformerConfig cfg;
-  const std::string dir = write_wide_dit(cfg);
+  const std::string dir = write_wide_dit(cfg, "zimage_swiglu_dit");
   ASSERT_GT(g->swiglu_block(cfg.ffn_hidden(), cfg.dim), 0);
   auto ws = WeightStore::open(dir);
   ASSERT_TRUE(ws.ok()) << ws.status().to_string();
@@ -360,7 +321,7 @@ TEST(CudaFusedAdaln, TransformerAgainstTwoOpsAndCpu) {
   ZI_REQUIRE_GPU();
   cuda::CudaBackend* g = gpu(DType::kBF16);
   TransformerConfig cfg;
-  const std::string dir = write_wide_dit(cfg);
+  const std::string dir = write_wide_dit(cfg, "zimage_swiglu_dit");
   auto ws = WeightStore::open(dir);
   ASSERT_TRUE(ws.ok()) << ws.status().to_string();
   const Tensor lat = rand_host({1, 16, 32, 32}, 41, DType::kBF16);

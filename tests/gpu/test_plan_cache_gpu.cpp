@@ -30,7 +30,10 @@ namespace fs = std::filesystem;
 
 // `warmed`: the backend's warm_up() runs on another thread while the VAE loads, as the engine
 // runs it, and what it did is returned there.
-Tensor decode_once(const std::string& dir, cuda::CudaBackend::WarmUp* warmed = nullptr) {
+// `scratch`: the warm-up's scratch grant (WarmUpHints::scratch_bytes), with the decode's
+// convolution inputs as its first image's.
+Tensor decode_once(const std::string& dir, cuda::CudaBackend::WarmUp* warmed = nullptr,
+                   uint64_t scratch = 0) {
   auto be = make_cuda_backend(0, DType::kBF16);
   EXPECT_TRUE(be.ok()) << be.status().to_string();
   if (!be.ok()) return Tensor();
@@ -41,14 +44,18 @@ Tensor decode_once(const std::string& dir, cuda::CudaBackend::WarmUp* warmed = n
   std::thread warmer;
   Backend::WarmUpHints hints;  // a text encoder's and a DiT's products (ZIMAGE_WARM_UP=2)
   hints.linears = {{35, 6144, 2560}, {4160, 11520, 3840}, {1, 15360, 256}};
+  auto lat = load_npy(dir + "/debug/latents_after_step2.npy");  // [1, c, h, w]
+  EXPECT_TRUE(lat.ok());
+  if (!lat.ok()) return Tensor();
+  hints.scratch_bytes = scratch;
+  for (int64_t s = 1; s <= 8; s *= 2)
+    hints.conv_inputs.push_back({1, lat->dim(2) * s, lat->dim(3) * s});
   if (warmed) warmer = std::thread([&be, &hints] { (*be)->warm_up(hints); });
   auto vae = VaeDecoder::load(folder->configs().vae, *ws, **be);
   if (warmer.joinable()) warmer.join();
   if (warmed) *warmed = dynamic_cast<cuda::CudaBackend&>(**be).last_warm_up();
   EXPECT_TRUE(vae.ok()) << vae.status().to_string();
-  auto lat = load_npy(dir + "/debug/latents_after_step2.npy");
-  EXPECT_TRUE(lat.ok());
-  if (!vae.ok() || !lat.ok()) return Tensor();
+  if (!vae.ok()) return Tensor();
   auto dl = (*be)->upload(*lat, DType::kF32);
   EXPECT_TRUE(dl.ok());
   auto img = (*vae)->decode(*dl);
@@ -100,6 +107,16 @@ TEST(PlanCacheGpu, CachedPlansDecodeTheSameImage) {
   EXPECT_TRUE(warmed.attention);
   EXPECT_EQ(warmed.linears, 3);
   EXPECT_EQ(max_abs_diff(searched, preloaded), 0.0);
+  EXPECT_EQ(warmed.plans_executed, 0) << "no scratch granted";
+  // With scratch granted, the decode's plans also run once on scratch operands: the same image.
+  cuda::CudaBackend::WarmUp exercised;
+  const Tensor after_exercise = decode_once(dir, &exercised, uint64_t{1} << 30);
+  ASSERT_TRUE(after_exercise.defined());
+  EXPECT_EQ(static_cast<size_t>(exercised.plans), blobs.size());
+  EXPECT_GT(exercised.plans_executed, 0);
+  std::printf("  warm-up with scratch: %d of %d plans executed\n", exercised.plans_executed,
+              exercised.plans);
+  EXPECT_EQ(max_abs_diff(searched, after_exercise), 0.0);
   // Damaged saved plans: dropped, the recorded winners built again, then saved again.
   for (const auto& b : blobs) std::ofstream(b, std::ios::trunc) << "zimage-plan 1 3 3\nxyz";
   const Tensor rebuilt = decode_once(dir);

@@ -56,8 +56,8 @@ Status CudaBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v,
     Status s = Unsupported(fa3_ ? "FA3 attention: needs bf16"
                                 : "FA3 attention: not built, or this GPU is not sm_90");
     if (fa3_ && q.dtype() == DType::kBF16) {
-      const Fa3Request r{q.data(), k.data(), v.data(), out.data(), b,        sq,        sk,
-                         hq,       hkv,      d,        p.scale,    p.causal, &p.key_len};
+      const Fa3Request r{q.data(), k.data(), v.data(), out.data(), b,          sq, sk, hq,
+                         hkv,      d,        p.scale,  p.causal,   &p.key_len, 0,  0};
       s = fa3_attention(r, stream_);
     }
     if (s.ok() || s.code() != ErrorCode::kUnsupported) return s;
@@ -107,6 +107,55 @@ Status CudaBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v,
     return Status::Ok();
   }
   return attention_general(q, k, v, p, out);
+}
+
+bool CudaBackend::reads_packed_qkv() const {
+  return packed_qkv_ && fa3_ && act_ == DType::kBF16 && !fused_qkv_ &&
+         (attention_path_ == AttentionPath::kAuto || attention_path_ == AttentionPath::kFa3);
+}
+
+Status CudaBackend::attention_packed(const Tensor& qkv, int64_t hq, int64_t hkv,
+                                     const AttentionParams& p, Tensor& out) {
+  if (!reads_packed_qkv()) return Backend::attention_packed(qkv, hq, hkv, p, out);
+  ZI_OP_SCOPE("attention_packed", &qkv);
+  constexpr const char* op = "attention_packed";
+  ZI_TRY(check_cuda_tensor(op, "qkv", qkv));
+  ZI_TRY(check_cuda_tensor(op, "out", out));
+  ZI_TRY(check_dtype(op, "qkv", qkv, act_));
+  ZI_TRY(check_dtype(op, "out", out, act_));
+  ZI_TRY(check_rank(op, "qkv", qkv, 3));
+  if (hq <= 0 || hkv <= 0 || hq % hkv != 0 || qkv.dim(2) % (hq + 2 * hkv) != 0)
+    return InvalidArgument("attention_packed: qkv " + qkv.describe() + " is not [B, S, (" +
+                           std::to_string(hq) + " + 2*" + std::to_string(hkv) + ") * D]");
+  const int64_t b = qkv.dim(0), s = qkv.dim(1), f = qkv.dim(2), d = f / (hq + 2 * hkv);
+  ZI_TRY(check_shape(op, "out", out, {b, s, hq, d}));
+  if (overlaps(out, qkv)) return InvalidArgument("attention_packed: out must not alias qkv");
+  if (!p.key_len.empty() && static_cast<int64_t>(p.key_len.size()) != b)
+    return InvalidArgument("attention_packed: key_len has " + std::to_string(p.key_len.size()) +
+                           " entries for a batch of " + std::to_string(b));
+  if (out.numel() == 0) return Status::Ok();
+  const auto* base = static_cast<const uint8_t*>(qkv.data());
+  const size_t es = dtype_size(act_);
+  Fa3Request r{base,
+               base + hq * d * es,
+               base + (hq + hkv) * d * es,
+               out.data(),
+               b,
+               s,
+               s,
+               hq,
+               hkv,
+               d,
+               p.scale,
+               p.causal,
+               &p.key_len,
+               f,
+               f};
+  const Status st = fa3_attention(r, stream_);
+  // Shapes the kernel does not take (a head_dim other than 64/128/256, a row with no key): the
+  // parts are copied out and attention() picks its path.
+  if (st.code() == ErrorCode::kUnsupported) return Backend::attention_packed(qkv, hq, hkv, p, out);
+  return st;
 }
 
 Status CudaBackend::attention_general(const Tensor& q, const Tensor& k, const Tensor& v,

@@ -154,6 +154,8 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(int device_index, DType
   ZI_TRY(env_switch("ZIMAGE_FUSED_NORM", b->fused_norm_));
   ZI_TRY(env_switch("ZIMAGE_FUSED_CONV_ADD", b->fused_conv_add_));
   ZI_TRY(env_switch("ZIMAGE_CONV_PAD_COUT", b->pad_narrow_conv_));
+  ZI_TRY(env_switch("ZIMAGE_WARM_EXECUTE", b->warm_execute_));
+  ZI_TRY(env_switch("ZIMAGE_PACKED_QKV", b->packed_qkv_));
   ZI_TRY(env_switch("ZIMAGE_FUSED_ADALN", b->fused_adaln_));
   ZI_TRY(env_switch("ZIMAGE_FUSED_SWIGLU", b->fused_swiglu_));
   ZI_TRY(env_switch("ZIMAGE_FUSED_QKV", b->fused_qkv_));
@@ -434,7 +436,10 @@ void CudaBackend::warm_up(const WarmUpHints& hints) noexcept {
     return;
   }
   WarmUp done;
-  done.plans = conv_graphs_ ? conv_graphs_->preload_saved(side, act_, hints.conv_inputs) : 0;
+  const size_t scratch = warm_execute_ ? static_cast<size_t>(hints.scratch_bytes) : 0;
+  done.plans = conv_graphs_ ? conv_graphs_->preload_saved(side, act_, hints.conv_inputs, scratch,
+                                                          &done.plans_executed)
+                            : 0;
   const Clock::time_point t1 = Clock::now();
   done.attention = warm_general_attention(side);
   const Clock::time_point t2 = Clock::now();
@@ -448,9 +453,11 @@ void CudaBackend::warm_up(const WarmUpHints& hints) noexcept {
     return std::chrono::duration<double, std::milli>(b - a).count();
   };
   ZI_DEBUG(
-      "warm-up: %d saved convolution plans loaded in %.1f ms; the general attention's GEMMs "
-      "%s in %.1f ms; %d of %zu linears in %.1f ms",
-      done.plans, ms(t0, t1), done.attention ? "loaded" : "not loaded", ms(t1, t2), done.linears,
+      "warm-up: %d saved convolution plans loaded (%d executed on %.0f MiB of scratch at "
+      "most) in %.1f ms; the general attention's GEMMs %s in %.1f ms; %d of %zu linears in "
+      "%.1f ms",
+      done.plans, done.plans_executed, static_cast<double>(scratch) / (1 << 20), ms(t0, t1),
+      done.attention ? "loaded" : "not loaded", ms(t1, t2), done.linears,
       warm_up_ >= 2 ? hints.linears.size() : size_t{0}, ms(t2, Clock::now()));
 }
 

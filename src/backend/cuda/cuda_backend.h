@@ -106,6 +106,7 @@ class CudaBackend final : public Backend {
   // attention's GEMMs.
   struct WarmUp {
     int plans = 0;
+    int plans_executed = 0;  // of those, run once on scratch operands (WarmUpHints::scratch_bytes)
     bool attention = false;
     int linears = 0;  // hinted products recorded
   };
@@ -168,6 +169,15 @@ class CudaBackend final : public Backend {
   Status qkv_split_norm_rope(const Tensor& qkv, const Tensor& norm_q, const Tensor& norm_k,
                              float eps, const Tensor& freqs, Tensor& q, Tensor& k,
                              Tensor& v) override;
+  Status qk_norm_rope_packed(Tensor& qkv, int64_t hq, int64_t hkv, const Tensor& norm_q,
+                             const Tensor& norm_k, float eps, const Tensor& freqs) override;
+  // In place where FlashInfer's kernel runs the attention (bf16 on sm_90, the auto or FA3 path,
+  // the fused q|k|v GEMM off): it reads q, k and v out of the projection by their strides, so the
+  // prologue normalises and rotates q and k where they are and never copies v. ZIMAGE_PACKED_QKV=0
+  // keeps the split.
+  bool reads_packed_qkv() const override;
+  Status attention_packed(const Tensor& qkv, int64_t hq, int64_t hkv, const AttentionParams& p,
+                          Tensor& out) override;
   // Fused, when switched on (ZIMAGE_FUSED_QKV=1; off by default: on the H200 the fused GEMM has
   // not yet beaten cuBLASLt's GEMM + the prologue kernel, docs/BENCHMARKS.md "Session 12"), on
   // sm_90 for head_dim 128 in bf16 (CUTLASS's Hopper GEMM with the prologue in its epilogue,
@@ -176,6 +186,7 @@ class CudaBackend final : public Backend {
                               const Tensor& norm_k, float eps, const Tensor& freqs, Tensor& qkv,
                               Tensor& q, Tensor& k, Tensor& v) override;
   void set_fused_qkv(bool on) { fused_qkv_ = on; }
+  void set_packed_qkv(bool on) { packed_qkv_ = on; }
   bool fused_qkv() const { return fused_qkv_; }
   void set_qkv_tuning(const GemmTuning& t) { qkv_tuning_ = t; }
   const GemmTuning& qkv_tuning() const { return qkv_tuning_; }
@@ -315,6 +326,8 @@ class CudaBackend final : public Backend {
   std::unique_ptr<ConvGraphs> conv_graphs_;
   bool use_conv_graphs_ = true;
   bool pad_narrow_conv_ = false;  // ZIMAGE_CONV_PAD_COUT
+  bool warm_execute_ = true;      // ZIMAGE_WARM_EXECUTE: the warm-up may use its scratch grant
+  bool packed_qkv_ = true;        // ZIMAGE_PACKED_QKV: reads_packed_qkv() where it can
   bool use_cutlass_ = true;
   bool fp8_fast_accum_ = true;  // ZIMAGE_FP8_ACCUM=fp32 turns it off (the constructor reads it)
   bool fused_ = true;

@@ -241,6 +241,49 @@ Status CudaBackend::qkv_split_norm_rope(const Tensor& qkv, const Tensor& norm_q,
   return Status::Ok();
 }
 
+Status CudaBackend::qk_norm_rope_packed(Tensor& qkv, int64_t hq, int64_t hkv, const Tensor& norm_q,
+                                        const Tensor& norm_k, float eps, const Tensor& freqs) {
+  constexpr const char* op = "qk_norm_rope_packed";
+  ZI_TRY(check_cuda_tensor(op, "qkv", qkv));
+  ZI_TRY(check_dtype(op, "qkv", qkv, act_));
+  ZI_TRY(check_rank(op, "qkv", qkv, 3));
+  if (hq <= 0 || hkv <= 0 || hq % hkv != 0 || qkv.dim(2) % (hq + 2 * hkv) != 0)
+    return InvalidArgument("qk_norm_rope_packed: qkv " + qkv.describe() + " is not [B, S, (" +
+                           std::to_string(hq) + " + 2*" + std::to_string(hkv) + ") * Dh]");
+  const int64_t b = qkv.dim(0), s = qkv.dim(1), dh = qkv.dim(2) / (hq + 2 * hkv);
+  if (norm_q.defined() != norm_k.defined())
+    return InvalidArgument("qk_norm_rope_packed: give both q and k norm weights or neither");
+  if (norm_q.defined()) {
+    for (const auto& [name, t] : {std::pair<const char*, const Tensor*>{"norm_q", &norm_q},
+                                  std::pair<const char*, const Tensor*>{"norm_k", &norm_k}}) {
+      ZI_TRY(check_cuda_tensor(op, name, *t));
+      ZI_TRY(check_dtype(op, name, *t, act_));
+      ZI_TRY(check_shape(op, name, *t, {dh}));
+    }
+  }
+  bool shared = false;
+  if (freqs.defined()) {
+    ZI_TRY(check_cuda_tensor(op, "freqs", freqs));
+    ZI_TRY(check_dtype(op, "freqs", freqs, DType::kF32));
+    shared = freqs.rank() == 4 && freqs.dim(0) == 1 && b != 1;
+    ZI_TRY(check_shape(op, "freqs", freqs, {shared ? 1 : b, s, dh / 2, 2}));
+  }
+  const float* f = freqs.defined() ? freqs.data_as<float>() : nullptr;
+  // The fused kernel where it fits (head_dim 128, aligned); otherwise split, fused, copied back.
+  if (!fused_ || dh > INT32_MAX ||
+      !qk_norm_rope_packed_fits(qkv.data(), ptr_or_null(norm_q), ptr_or_null(norm_k), f,
+                                static_cast<int>(dh)))
+    return Backend::qk_norm_rope_packed(qkv, hq, hkv, norm_q, norm_k, eps, freqs);
+  ZI_OP_SCOPE("qk_norm_rope_packed", &qkv);
+  if (qkv.numel() == 0) return Status::Ok();
+  ZI_ASSIGN_OR_RETURN(KType kt, ktype_of(op, act_));
+  ZI_LAUNCH_TRY(
+      op, launch_qk_norm_rope_packed(kt, qkv.data(), ptr_or_null(norm_q), ptr_or_null(norm_k), f,
+                                     b * s, shared ? s : 0, static_cast<int>(hq),
+                                     static_cast<int>(hkv), static_cast<int>(dh), eps, stream_));
+  return Status::Ok();
+}
+
 Status CudaBackend::matmul_qkv_norm_rope(const Tensor& x, const Tensor& wqkv, const Tensor& norm_q,
                                          const Tensor& norm_k, float eps, const Tensor& freqs,
                                          Tensor& qkv, Tensor& q, Tensor& k, Tensor& v) {

@@ -160,14 +160,23 @@ Status ZImageDiT::run_block(const Block& blk, int set, bool prenormed, const Blo
   // --- attention ---
   // Its pre-norm, unless the previous block's last op made it (prenormed: s.norm holds it).
   if (!prenormed) ZI_TRY(be_.rms_norm(xr, blk.attn_norm1, eps, scale_a, s.norm));  // [B*S, D]
-  // q|k|v [B*S, 3D] split into q, k, v [B, S, H, Dh]: per-head RMS norm of q and k (when
-  // qk_norm), then RoPE
-  ZI_TRY(linear_qkv_norm_rope(be_, s.norm, blk.wqkv, blk.norm_q, blk.norm_k, kQkNormEps, freqs,
-                              wide_scratch_, s.qkv, s.q, s.k, s.v));
-  if (attn != nullptr) {
-    ZI_TRY((*attn)(s.q, s.k, s.v, ap, s.o));  // sequence parallel: Ulysses
+  // q|k|v [B*S, 3D]: per-head RMS norm of q and k (when qk_norm), then RoPE, then attention
+  // [B, S, H, Dh]. Where the backend reads q, k and v inside the projection (reads_packed_qkv)
+  // they stay there; otherwise (and always under sequence parallelism) they are split out.
+  if (attn == nullptr && be_.reads_packed_qkv()) {
+    const int64_t h = cfg_.n_heads;
+    Tensor qkv = s.qkv.view({b, sq, 3 * d});
+    ZI_TRY(linear(be_, s.norm, blk.wqkv, none, wide_scratch_, s.qkv));
+    ZI_TRY(be_.qk_norm_rope_packed(qkv, h, h, blk.norm_q, blk.norm_k, kQkNormEps, freqs));
+    ZI_TRY(be_.attention_packed(qkv, h, h, ap, s.o));
   } else {
-    ZI_TRY(be_.attention(s.q, s.k, s.v, ap, s.o));  // [B, S, H, Dh]
+    ZI_TRY(linear_qkv_norm_rope(be_, s.norm, blk.wqkv, blk.norm_q, blk.norm_k, kQkNormEps, freqs,
+                                wide_scratch_, s.qkv, s.q, s.k, s.v));
+    if (attn != nullptr) {
+      ZI_TRY((*attn)(s.q, s.k, s.v, ap, s.o));  // sequence parallel: Ulysses
+    } else {
+      ZI_TRY(be_.attention(s.q, s.k, s.v, ap, s.o));
+    }
   }
   ZI_TRY(linear(be_, s.o.view({rows, d}), blk.wo, none, wide_scratch_, s.proj));  // [B*S, D]
   // x += gate_a * norm(proj), then the feed-forward's pre-norm of that x: [B*S, D]

@@ -91,6 +91,14 @@ cudaError_t launch_qkv_norm_rope(KType t, const void* qkv, const void* wq, const
                                  const float* freqs, void* q, void* k, void* v, int64_t rows,
                                  int64_t seq_if_shared, int hq, int hkv, int dh, float eps,
                                  cudaStream_t s);
+// The same norm and RoPE in place on qkv[rows, (hq + 2 hkv) * dh] for its q and k heads; the v
+// heads are not touched. dh 128 and 16-byte aligned operands only (qk_norm_rope_packed_fits; the
+// weights and freqs may be null); cudaErrorInvalidValue else.
+bool qk_norm_rope_packed_fits(const void* qkv, const void* wq, const void* wk, const float* freqs,
+                              int dh);
+cudaError_t launch_qk_norm_rope_packed(KType t, void* qkv, const void* wq, const void* wk,
+                                       const float* freqs, int64_t rows, int64_t seq_if_shared,
+                                       int hq, int hkv, int dh, float eps, cudaStream_t s);
 // mod = c[b, k] · w[4d, k]ᵀ + bias[4d] (bias may be null; fp32 sums, rounded to the type), then
 // launch_dit_modulation's outputs from it, without mod in memory. For b <= 4, k a multiple of
 // the 16-byte pack, c and w 16-byte aligned (adaln_modulation_fits); cudaErrorInvalidValue else.

@@ -89,14 +89,19 @@ struct alignas(4 * sizeof(T)) Vec4 {
   T v[4];
 };
 
-template <typename T, int kItems>
+//
+// kPacked: in place on the packed projection (`io`, each row's q heads, k heads, v heads) for
+// attention that reads q, k and v there (Backend::qk_norm_rope_packed): only the q and k heads are
+// items, each written back where it was read; qkv, q, k and v are unused (null).
+template <typename T, int kItems, bool kPacked>
 __global__ void qkv_norm_rope_d128_kernel(const T* __restrict__ qkv, const T* __restrict__ wq,
                                           const T* __restrict__ wk, const float* __restrict__ freqs,
                                           T* __restrict__ q, T* __restrict__ k, T* __restrict__ v,
-                                          int64_t rows, int64_t seq_if_shared, int hq, int hkv,
-                                          float eps) {
+                                          T* io, int64_t rows, int64_t seq_if_shared, int hq,
+                                          int hkv, float eps) {
   const int lane = static_cast<int>(threadIdx.x & 31);
-  const int heads = hq + 2 * hkv;
+  const int heads_in = hq + 2 * hkv;                // heads in a row of the projection
+  const int heads = kPacked ? hq + hkv : heads_in;  // items in a row: v is left alone in place
   const int64_t total = rows * heads;
   const int64_t stride = int64_t{gridDim.x} * kWarps * kItems;
   // The norm weights are the same for every item: loaded once.
@@ -112,7 +117,13 @@ __global__ void qkv_norm_rope_d128_kernel(const T* __restrict__ qkv, const T* __
     for (int j = 0; j < kItems; ++j) {
       const int64_t item = base + j;
       if (item >= total) break;
-      in[j] = reinterpret_cast<const Vec4<T>*>(qkv + item * kD128)[lane];
+      if constexpr (kPacked) {
+        const int64_t row = item / heads;
+        in[j] = reinterpret_cast<const Vec4<T>*>(io + (row * heads_in + (item - row * heads)) *
+                                                          kD128)[lane];
+      } else {
+        in[j] = reinterpret_cast<const Vec4<T>*>(qkv + item * kD128)[lane];
+      }
     }
     // The heads of one token row share their (cos, sin): one load per row, not per head (the
     // table was read from L2 once for every q and k head: 60 × 512 bytes a token at the DiT's
@@ -138,10 +149,11 @@ __global__ void qkv_norm_rope_d128_kernel(const T* __restrict__ qkv, const T* __
       if (item >= total) break;  // warp-uniform
       const int64_t row = item / heads;
       const int h = static_cast<int>(item - row * heads);
-      const bool is_q = h < hq, is_v = h >= hq + hkv;
-      T* dst = is_q ? q + (row * hq + h) * kD128
-                    : (is_v ? v + (row * hkv + (h - hq - hkv)) * kD128
-                            : k + (row * hkv + (h - hq)) * kD128);
+      const bool is_q = h < hq, is_v = !kPacked && h >= hq + hkv;
+      T* dst = kPacked ? io + (row * heads_in + h) * kD128
+               : is_q  ? q + (row * hq + h) * kD128
+                       : (is_v ? v + (row * hkv + (h - hq - hkv)) * kD128
+                               : k + (row * hkv + (h - hq)) * kD128);
       float e[4];
 #pragma unroll
       for (int i = 0; i < 4; ++i) e[i] = to_f32<T>(in[j].v[i]);
@@ -301,10 +313,10 @@ cudaError_t launch_qkv_norm_rope(KType t, const void* qkv, const void* wq, const
       const int64_t blocks = (warps + kWarps - 1) / kWarps;
       const unsigned grid = static_cast<unsigned>(blocks < (int64_t{1} << 30) ? blocks : 1 << 30);
       auto launch = [&](auto n) {
-        qkv_norm_rope_d128_kernel<T, decltype(n)::value><<<grid, kWarps * 32, 0, s>>>(
+        qkv_norm_rope_d128_kernel<T, decltype(n)::value, false><<<grid, kWarps * 32, 0, s>>>(
             static_cast<const T*>(qkv), static_cast<const T*>(wq), static_cast<const T*>(wk), freqs,
-            static_cast<T*>(q), static_cast<T*>(k), static_cast<T*>(v), rows, seq_if_shared, hq,
-            hkv, eps);
+            static_cast<T*>(q), static_cast<T*>(k), static_cast<T*>(v), nullptr, rows,
+            seq_if_shared, hq, hkv, eps);
         return cudaGetLastError();
       };
       if (items == 4) return launch(std::integral_constant<int, 4>{});
@@ -317,6 +329,35 @@ cudaError_t launch_qkv_norm_rope(KType t, const void* qkv, const void* wq, const
         static_cast<T*>(q), static_cast<T*>(k), static_cast<T*>(v), rows, seq_if_shared, hq, hkv,
         dh, eps);
     return cudaGetLastError();
+  });
+}
+
+bool qk_norm_rope_packed_fits(const void* qkv, const void* wq, const void* wk, const float* freqs,
+                              int dh) {
+  return dh == kD128 && aligned16(qkv) && aligned16(wq) && aligned16(wk) && aligned16(freqs);
+}
+
+cudaError_t launch_qk_norm_rope_packed(KType t, void* qkv, const void* wq, const void* wk,
+                                       const float* freqs, int64_t rows, int64_t seq_if_shared,
+                                       int hq, int hkv, int dh, float eps, cudaStream_t s) {
+  if (rows <= 0 || hq + hkv <= 0) return cudaSuccess;
+  if (!qk_norm_rope_packed_fits(qkv, wq, wk, freqs, dh)) return cudaErrorInvalidValue;
+  return dispatch_ktype(t, [&](auto tag) {
+    using T = decltype(tag);
+    const int tuned = row_kernel_tuning().prologue_items;
+    const int items = tuned != 0 ? tuned : row_kernel_defaults().prologue_items;
+    const int64_t warps = (rows * (hq + hkv) + items - 1) / items;
+    const int64_t blocks = (warps + kWarps - 1) / kWarps;
+    const unsigned grid = static_cast<unsigned>(blocks < (int64_t{1} << 30) ? blocks : 1 << 30);
+    auto launch = [&](auto n) {
+      qkv_norm_rope_d128_kernel<T, decltype(n)::value, true><<<grid, kWarps * 32, 0, s>>>(
+          nullptr, static_cast<const T*>(wq), static_cast<const T*>(wk), freqs, nullptr, nullptr,
+          nullptr, static_cast<T*>(qkv), rows, seq_if_shared, hq, hkv, eps);
+      return cudaGetLastError();
+    };
+    if (items == 4) return launch(std::integral_constant<int, 4>{});
+    if (items == 2) return launch(std::integral_constant<int, 2>{});
+    return launch(std::integral_constant<int, 1>{});
   });
 }
 

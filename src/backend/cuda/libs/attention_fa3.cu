@@ -66,6 +66,13 @@ Status fa3_supported(const Fa3Request& r) {
     return Unsupported("FA3 attention: shape too large");
   if (!aligned16(r.q) || !aligned16(r.k) || !aligned16(r.v) || !aligned16(r.out))
     return Unsupported("FA3 attention: operands not 16-byte aligned");
+  // TMA: every row of a tile starts on 16 bytes (8 bf16), and a head fits inside a token.
+  for (int64_t st : {r.q_token_stride, r.kv_token_stride})
+    if (st < 0 || st % 8 != 0 || (st > 0 && st < r.head_dim))
+      return Unsupported("FA3 attention: token stride " + std::to_string(st));
+  if ((r.q_token_stride > 0 && r.q_token_stride < r.heads_q * r.head_dim) ||
+      (r.kv_token_stride > 0 && r.kv_token_stride < r.heads_kv * r.head_dim))
+    return Unsupported("FA3 attention: token stride shorter than the heads");
   const bool padded = r.key_len != nullptr && !r.key_len->empty();
   if (padded) {
     if (static_cast<int64_t>(r.key_len->size()) != r.batch)
@@ -85,20 +92,23 @@ Status fa3_supported(const Fa3Request& r) {
 Status fa3_attention(const Fa3Request& r, cudaStream_t stream) {
   ZI_TRY(fa3_supported(r));
   const bool padded = r.key_len != nullptr && !r.key_len->empty();
-  const int64_t q_item = r.seq_q * r.heads_q * r.head_dim;
-  const int64_t kv_item = r.seq_k * r.heads_kv * r.head_dim;
+  const int64_t q_stride = r.q_token_stride > 0 ? r.q_token_stride : r.heads_q * r.head_dim;
+  const int64_t kv_stride = r.kv_token_stride > 0 ? r.kv_token_stride : r.heads_kv * r.head_dim;
+  const int64_t q_item = r.seq_q * q_stride, kv_item = r.seq_k * kv_stride;
+  const int64_t o_item = r.seq_q * r.heads_q * r.head_dim;
   using T = cutlass::bfloat16_t;
   for (int64_t b = 0; b < r.batch; ++b) {
     Params p{};
     p.q_ptr = const_cast<T*>(static_cast<const T*>(r.q)) + b * q_item;
     p.k_ptr = const_cast<T*>(static_cast<const T*>(r.k)) + b * kv_item;
     p.v_ptr = const_cast<T*>(static_cast<const T*>(r.v)) + b * kv_item;
-    p.o_ptr = static_cast<T*>(r.out) + b * q_item;
+    p.o_ptr = static_cast<T*>(r.out) + b * o_item;
     p.lse_ptr = nullptr;
     p.additional_params.logits_soft_cap = 0.f;
     p.additional_params.sm_scale = r.scale;
-    p.q_stride_n = p.o_stride_n = r.heads_q * r.head_dim;
-    p.k_stride_n = p.v_stride_n = r.heads_kv * r.head_dim;
+    p.q_stride_n = q_stride;
+    p.o_stride_n = r.heads_q * r.head_dim;
+    p.k_stride_n = p.v_stride_n = kv_stride;
     p.q_stride_h = p.o_stride_h = p.k_stride_h = p.v_stride_h = r.head_dim;
     p.qo_len = static_cast<int>(r.seq_q);
     p.kv_len = static_cast<int>(padded ? (*r.key_len)[static_cast<size_t>(b)] : r.seq_k);

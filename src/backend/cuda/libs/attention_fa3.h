@@ -29,6 +29,11 @@ struct Fa3Request {
   bool causal;
   // Per batch item, keys at or past key_len[b] are masked (empty: none).
   const std::vector<int32_t>* key_len = nullptr;
+  // Elements from one token to the next in q (and out's layout stays [B, Sq, Hq, D]) and in k
+  // and v; 0: the dense layouts above (Hq·D, Hkv·D). A packed projection [B, S, (Hq + 2·Hkv)·D]
+  // passes its row width for all three, with k and v pointing at their first head in row 0.
+  int64_t q_token_stride = 0;
+  int64_t kv_token_stride = 0;
 };
 
 // softmax(scale · Q Kᵀ [masked]) V for each batch item and head (Hq a multiple of Hkv: grouped

@@ -54,9 +54,14 @@ class ConvGraphs {
   // the plans loaded. Safe beside run() on another thread, but meant for the load, before the
   // first convolution; never fails (a plan not loaded here loads at its first use as before).
   // The plans of inputs {n, h, w} in `first` (the first image's decode) come first: a cache that
-  // also holds other sizes' plans fills the 64 before the ones the next image runs.
+  // also holds other sizes' plans fills the 64 before the ones the next image runs. With
+  // `scratch_bytes` > 0 those plans are also executed once on zeroed scratch operands of their
+  // shape (stream-ordered memory on `side_stream`, at most that many bytes at a time, freed
+  // after): a recorded warm-up loads the kernels, but a new process's first real execution still
+  // cost 5-60 ms of host time a plan (session 18's debug watch); `executed` counts them.
   int preload_saved(cudaStream_t side_stream, DType dt,
-                    const std::vector<std::array<int64_t, 3>>& first = {}) noexcept;
+                    const std::vector<std::array<int64_t, 3>>& first = {}, size_t scratch_bytes = 0,
+                    int* executed = nullptr) noexcept;
   // The order preload_saved() takes the cache's keys in: the convolution keys of dtype `dt`
   // whose input {n, h, w} is in `first`, then the others of `dt`, each group in the cache's
   // order; keys of other dtypes and malformed ones are left out.
