@@ -217,31 +217,39 @@ def main():
     results = {"label": args.label, "rows": {}}
     read_into_page_cache(files)
     run_once(args, "fill", 0, [], base)  # fills the plan and kernel caches: unmeasured
+    # A row name may carry settings after its configuration's name: "<row>+alloc" page-locks
+    # with cudaHostAlloc (ZIMAGE_HOST_PIN=alloc) instead of registered huge pages, "<row>+noexec"
+    # keeps the warm-up from executing the first decode's convolutions (ZIMAGE_WARM_EXECUTE=0).
+    suffixes = {"alloc": ("ZIMAGE_HOST_PIN", "alloc"), "noexec": ("ZIMAGE_WARM_EXECUTE", "0")}
     for name in args.rows.split(","):
         rows = []
+        config, *extras = name.split("+")
         for i in range(args.iters):
             env = dict(base)
-            if name.startswith("reg"):
+            for x in extras:
+                key, value = suffixes[x]
+                env[key] = value
+            if config.startswith("reg"):
                 env["ZIMAGE_HOST_PIN"] = "register"
-            if name == "uplocked":
+            if config == "uplocked":
                 env["ZIMAGE_UPLOAD"] = "locked"
-            if name == "empty":
+            if config == "empty":
                 env["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="zimage-startup-empty-")
                 env["CUDA_CACHE_PATH"] = tempfile.mkdtemp(prefix="zimage-startup-cuda-")
-            if name == "cold":
+            if config == "cold":
                 drop_from_page_cache(files)
                 rows_extra = {"resident_before": round(resident_fraction(files), 4)}
             else:
                 read_into_page_cache(files)
                 rows_extra = {}
-            r = run_once(args, name, i, configs[name], env)
+            r = run_once(args, name, i, configs[config], env)
             r.update(rows_extra)
             rows.append(r)
-            if name == "empty":
+            if config == "empty":
                 shutil.rmtree(env["XDG_CACHE_HOME"], ignore_errors=True)
                 shutil.rmtree(env["CUDA_CACHE_PATH"], ignore_errors=True)
         results["rows"][name] = {"median": median_row(rows), "runs": rows}
-        if name == "cold":
+        if config == "cold":
             drop_from_page_cache(files)
             before = resident_fraction(files)
             total = sum(os.path.getsize(f) for f in files)

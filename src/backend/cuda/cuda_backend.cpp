@@ -174,8 +174,12 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(int device_index, DType
   bool autotune = false;
   ZI_TRY(env_switch("ZIMAGE_GEMM_AUTOTUNE", autotune));
   if (autotune) b->gemm_->set_autotune(true, plan_cache);
-  if (const char* pin = std::getenv("ZIMAGE_HOST_PIN"))
-    b->pin_by_register_ = std::string(pin) == "register";
+  if (const char* pin = std::getenv("ZIMAGE_HOST_PIN")) {
+    const std::string how(pin);
+    if (how != "register" && how != "alloc" && how != "huge")
+      return InvalidArgument("ZIMAGE_HOST_PIN: '" + how + "' is not one of huge, register, alloc");
+    b->pin_by_register_ = how == "register";
+  }
   ZI_INFO("cuda backend %s ready in %.3f s (context, cuBLASLt, cuDNN)", b->name_.c_str(),
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   ZI_DEBUG(

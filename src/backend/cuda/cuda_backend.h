@@ -129,10 +129,10 @@ class CudaBackend final : public Backend {
   Result<std::shared_ptr<void>> lock_host_range(const void* p, size_t bytes) override;
   bool upload_from_locked_files() const override { return upload_locked_; }
   void set_upload_from_locked_files(bool on) { upload_locked_ = on; }
-  // How host_copy page-locks: false, cudaHostAlloc then the copy (the driver zeroes and locks
-  // every page first, on one thread); true, ordinary memory first touched by the parallel copy,
-  // then locked in place by cudaHostRegister. Which is faster is the host's answer
-  // (tools/host_transfer_probe.cpp times both): ZIMAGE_HOST_PIN=register picks the second.
+  // How host_copy page-locks: false, runtime/pinned_host.h's memory (huge pages zeroed on
+  // several threads and registered; cudaHostAlloc with ZIMAGE_HOST_PIN=alloc) then the copy;
+  // true (ZIMAGE_HOST_PIN=register), ordinary memory first touched by the parallel copy, then
+  // locked in place by cudaHostRegister.
   void set_pin_by_register(bool on) { pin_by_register_ = on; }
   Status stream_in(int slot, const std::vector<std::pair<Tensor, Tensor>>& copies) override;
   bool can_stream(DType host, DType device) const override { return host == device; }

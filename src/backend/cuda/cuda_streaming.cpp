@@ -20,6 +20,7 @@
 #include "backend/cuda/libs/gemm_cutlass.h"
 #include "backend/cuda/runtime/capture_guard.h"
 #include "backend/cuda/runtime/cuda_check.h"
+#include "backend/cuda/runtime/pinned_host.h"
 #include "backend/cuda/runtime/upload_plan.h"
 #include "backend/cuda/validate.h"
 #include "core/log.h"
@@ -28,14 +29,14 @@
 namespace zimage::cuda {
 namespace {
 
-// Page-locked host memory from cudaHostAlloc, freed with cudaFreeHost.
+// Page-locked host memory (runtime/pinned_host.h), unlocked and freed with the storage.
 class PinnedStorage final : public Storage {
  public:
-  PinnedStorage(void* p, size_t n) : Storage(p, n, Device::kCPU) {}
-  ~PinnedStorage() override {
-    std::lock_guard<std::mutex> sync_lock(device_sync_mutex());  // capture_guard.h
-    cudaFreeHost(data_);
-  }
+  PinnedStorage(PinnedHost mem, size_t n)
+      : Storage(mem.data(), n, Device::kCPU), mem_(std::move(mem)) {}
+
+ private:
+  PinnedHost mem_;
 };
 
 // Page-aligned ordinary host memory from std::aligned_alloc, page-locked in place by
@@ -66,13 +67,10 @@ Result<Tensor> CudaBackend::host_copy(const std::vector<Tensor>& parts, bool pin
   const size_t rounded = std::max(kAlign, (bytes + kAlign - 1) / kAlign * kAlign);
   const bool reg = pinned && pin_by_register_;
   void* p = nullptr;
+  PinnedHost locked;
   if (pinned && !reg) {
-    const cudaError_t e = cudaHostAlloc(&p, std::max<size_t>(bytes, 1), cudaHostAllocDefault);
-    if (e != cudaSuccess) {
-      cudaGetLastError();
-      return OutOfMemory("cannot pin " + std::to_string(bytes >> 20) +
-                         " MiB of host memory: " + cudaGetErrorString(e));
-    }
+    ZI_ASSIGN_OR_RETURN(locked, PinnedHost::allocate(std::max<size_t>(bytes, 1)));
+    p = locked.data();
   } else {
     p = std::aligned_alloc(kAlign, rounded);
     if (p == nullptr) return OutOfMemory("host copy of " + std::to_string(bytes >> 20) + " MiB");
@@ -82,7 +80,7 @@ Result<Tensor> CudaBackend::host_copy(const std::vector<Tensor>& parts, bool pin
   std::shared_ptr<Storage> st;
   std::unique_ptr<void, void (*)(void*)> owned(nullptr, std::free);
   if (pinned && !reg) {
-    st = std::make_shared<PinnedStorage>(p, bytes);
+    st = std::make_shared<PinnedStorage>(std::move(locked), bytes);
   } else {
     owned.reset(p);
   }
@@ -157,14 +155,8 @@ Result<Tensor> CudaBackend::alloc_pinned(DType dtype, const Shape& shape) {
   const int64_t n = shape_numel(shape);
   if (n < 0) return InvalidArgument("alloc_pinned: bad shape " + shape_string(shape));
   const size_t bytes = std::max<size_t>(1, static_cast<size_t>(n) * dtype_size(dtype));
-  void* p = nullptr;
-  const cudaError_t e = cudaHostAlloc(&p, bytes, cudaHostAllocDefault);
-  if (e != cudaSuccess) {
-    cudaGetLastError();
-    return OutOfMemory("cannot pin " + std::to_string(bytes >> 20) +
-                       " MiB of host memory: " + cudaGetErrorString(e));
-  }
-  return Tensor(std::make_shared<PinnedStorage>(p, bytes), 0, dtype, shape);
+  ZI_ASSIGN_OR_RETURN(PinnedHost mem, PinnedHost::allocate(bytes));
+  return Tensor(std::make_shared<PinnedStorage>(std::move(mem), bytes), 0, dtype, shape);
 }
 
 Status CudaBackend::ensure_streaming() {

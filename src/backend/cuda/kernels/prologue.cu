@@ -76,111 +76,118 @@ __global__ void qkv_norm_rope_kernel(const T* __restrict__ qkv, const T* __restr
   }
 }
 
-// The same prologue for head_dim 128 (the DiT's and Qwen3's), one warp per (token row, head): each
-// lane holds 4 consecutive elements (two RoPE pairs), loaded and stored as one 8-byte (bf16) or
-// 16-byte (f32) access, with (cos, sin) of its two pairs as one 16-byte load. The general kernel
-// above walks a row's 90 heads with 8 warps and 2-byte accesses: measured on an H200 at ~35 % of
-// memory bandwidth at the DiT's 4160 x 11520 (docs/BENCHMARKS.md, session 9). Same roundings;
-// the sum of squares is added in another order (an ulp at most after the rounding to T).
+// The same prologue for head_dim 128 (the DiT's and Qwen3's). A lane holds 16 bytes of a head
+// (8 bf16 or 4 f32: four or two RoPE pairs), so a head takes 16 lanes (bf16) or 32 (f32) and a
+// warp holds two heads or one at a time; it takes kPasses such groups of consecutive (row, head)
+// items per iteration and issues all their loads before it computes. The row and head of an item
+// are found with one division per iteration (stepping on from there), and a lane reloads its
+// (cos, sin) only when its row changes. The general kernel above walks a row's 90 heads with 8
+// warps and 2-byte accesses (~35 % of memory bandwidth on an H200 at the DiT's 4160 x 11520,
+// docs/BENCHMARKS.md, session 9); an earlier version of this one, 8-byte accesses and four 64-bit
+// divisions per head, ran the packed case at 1.27 TB/s (session 19). Same roundings as the
+// composed ops; the sum of squares is added lane by lane, then across the head's lanes.
+//
+// kPacked: in place on the packed projection (`io`: each row's q heads, k heads, v heads) for
+// attention that reads q, k and v there (Backend::qk_norm_rope_packed): only the q and k heads
+// are items, each written back where it was read; qkv, q, k and v are unused (null).
 constexpr int kD128 = 128;
 
 template <typename T>
-struct alignas(4 * sizeof(T)) Vec4 {
-  T v[4];
+struct alignas(16) Pack16 {
+  T v[16 / sizeof(T)];
 };
 
-//
-// kPacked: in place on the packed projection (`io`, each row's q heads, k heads, v heads) for
-// attention that reads q, k and v there (Backend::qk_norm_rope_packed): only the q and k heads are
-// items, each written back where it was read; qkv, q, k and v are unused (null).
-template <typename T, int kItems, bool kPacked>
+template <typename T, int kPasses, bool kPacked>
 __global__ void qkv_norm_rope_d128_kernel(const T* __restrict__ qkv, const T* __restrict__ wq,
                                           const T* __restrict__ wk, const float* __restrict__ freqs,
                                           T* __restrict__ q, T* __restrict__ k, T* __restrict__ v,
                                           T* io, int64_t rows, int64_t seq_if_shared, int hq,
                                           int hkv, float eps) {
-  const int lane = static_cast<int>(threadIdx.x & 31);
-  const int heads_in = hq + 2 * hkv;                // heads in a row of the projection
-  const int heads = kPacked ? hq + hkv : heads_in;  // items in a row: v is left alone in place
-  const int64_t total = rows * heads;
-  const int64_t stride = int64_t{gridDim.x} * kWarps * kItems;
-  // The norm weights are the same for every item: loaded once.
-  Vec4<T> wqv{}, wkv{};
-  if (wq) wqv = reinterpret_cast<const Vec4<T>*>(wq)[lane];
-  if (wk) wkv = reinterpret_cast<const Vec4<T>*>(wk)[lane];
-  // A warp takes kItems consecutive items (kItems * 256 bytes of one or two rows) and issues all
-  // their loads before it computes: more bytes in flight per multiprocessor.
-  for (int64_t base = (int64_t{blockIdx.x} * kWarps + (threadIdx.x >> 5)) * kItems; base < total;
+  constexpr int V = 16 / sizeof(T);  // elements a lane holds
+  constexpr int L = kD128 / V;       // lanes a head takes
+  constexpr int G = 32 / L;          // heads a warp holds at once
+  constexpr int kHeads = kPasses * G;
+  const int lane = static_cast<int>(threadIdx.x & 31), sub = lane / L, part = lane % L;
+  const int heads_in = hq + 2 * hkv;             // heads in a row of the projection
+  const int nh = kPacked ? hq + hkv : heads_in;  // items in a row: v is left alone in place
+  const int64_t total = rows * nh;
+  const int64_t stride = int64_t{gridDim.x} * kWarps * kHeads;
+  // The norm weights are the same for every item: this lane's part of each, loaded once.
+  Pack16<T> wqv{}, wkv{};
+  if (wq) wqv = reinterpret_cast<const Pack16<T>*>(wq)[part];
+  if (wk) wkv = reinterpret_cast<const Pack16<T>*>(wk)[part];
+  int64_t f_row = -1;  // the row whose (cos, sin) fr holds
+  float fr[V] = {};
+  for (int64_t base = (int64_t{blockIdx.x} * kWarps + (threadIdx.x >> 5)) * kHeads; base < total;
        base += stride) {
-    Vec4<T> in[kItems];
+    const int64_t row0 = base / nh;
+    const int h0 = static_cast<int>(base - row0 * nh);
+    Pack16<T> in[kPasses];
+    int64_t rr[kPasses];
+    int hh[kPasses];
 #pragma unroll
-    for (int j = 0; j < kItems; ++j) {
-      const int64_t item = base + j;
-      if (item >= total) break;
-      if constexpr (kPacked) {
-        const int64_t row = item / heads;
-        in[j] = reinterpret_cast<const Vec4<T>*>(io + (row * heads_in + (item - row * heads)) *
-                                                          kD128)[lane];
-      } else {
-        in[j] = reinterpret_cast<const Vec4<T>*>(qkv + item * kD128)[lane];
-      }
-    }
-    // The heads of one token row share their (cos, sin): one load per row, not per head (the
-    // table was read from L2 once for every q and k head: 60 × 512 bytes a token at the DiT's
-    // shapes). A warp's items lie in the rows of its first and last item, except with fewer
-    // heads a row than kItems - 1 (no k/v heads), where a row in between is loaded below.
-    const int64_t row_a = base / heads;
-    const int64_t last = base + kItems - 1 < total ? base + kItems - 1 : total - 1;
-    const int64_t row_b = last / heads;
-    float4 fa = make_float4(0.f, 0.f, 0.f, 0.f), fb = fa;
-    if (freqs) {
-      if (base - row_a * heads < hq + hkv) {
-        const int64_t token = seq_if_shared > 0 ? row_a % seq_if_shared : row_a;
-        fa = reinterpret_cast<const float4*>(freqs + token * kD128)[lane];
-      }
-      if (row_b != row_a) {
-        const int64_t token = seq_if_shared > 0 ? row_b % seq_if_shared : row_b;
-        fb = reinterpret_cast<const float4*>(freqs + token * kD128)[lane];
+    for (int p = 0; p < kPasses; ++p) {
+      int h = h0 + p * G + sub;
+      int64_t r = row0;
+      while (h >= nh) h -= nh, ++r;
+      rr[p] = r;
+      hh[p] = h;
+      if (r < rows) {
+        const T* src = kPacked ? io + (r * heads_in + h) * kD128 : qkv + (r * nh + h) * kD128;
+        in[p] = reinterpret_cast<const Pack16<T>*>(src)[part];
       }
     }
 #pragma unroll
-    for (int j = 0; j < kItems; ++j) {
-      const int64_t item = base + j;
-      if (item >= total) break;  // warp-uniform
-      const int64_t row = item / heads;
-      const int h = static_cast<int>(item - row * heads);
+    for (int p = 0; p < kPasses; ++p) {
+      const int64_t r = rr[p];
+      const int h = hh[p];
+      const bool valid = r < rows;
       const bool is_q = h < hq, is_v = !kPacked && h >= hq + hkv;
-      T* dst = kPacked ? io + (row * heads_in + h) * kD128
-               : is_q  ? q + (row * hq + h) * kD128
-                       : (is_v ? v + (row * hkv + (h - hq - hkv)) * kD128
-                               : k + (row * hkv + (h - hq)) * kD128);
-      float e[4];
+      float e[V];
+      float ss = 0.f;
 #pragma unroll
-      for (int i = 0; i < 4; ++i) e[i] = to_f32<T>(in[j].v[i]);
+      for (int i = 0; i < V; ++i) {
+        e[i] = valid ? to_f32<T>(in[p].v[i]) : 0.f;
+        ss += e[i] * e[i];
+      }
+      // Every lane takes part in the reduction over its head's L lanes (xor offsets below L stay
+      // inside the group), whatever its head needs.
+#pragma unroll
+      for (int o = L / 2; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+      if (!valid) continue;
       const bool norm = is_v ? false : (is_q ? wq != nullptr : wk != nullptr);
-      if (norm) {  // warp-uniform: the whole warp holds one head
-        const Vec4<T>& wv = is_q ? wqv : wkv;
-        float ss = 0.f;
+      if (norm) {
+        const float rs = rsqrtf(ss / static_cast<float>(kD128) + eps);
+        const Pack16<T>& wv = is_q ? wqv : wkv;
 #pragma unroll
-        for (int i = 0; i < 4; ++i) ss += e[i] * e[i];
-        const float r = rsqrtf(warp_sum(ss) / static_cast<float>(kD128) + eps);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) e[i] = round_to<T>(round_to<T>(e[i] * r) * to_f32<T>(wv.v[i]));
+        for (int i = 0; i < V; ++i) e[i] = round_to<T>(round_to<T>(e[i] * rs) * to_f32<T>(wv.v[i]));
       }
       if (!is_v && freqs) {
-        float4 c = row == row_a ? fa : fb;
-        if (row != row_a && row != row_b) {  // a row in between (see above)
-          const int64_t token = seq_if_shared > 0 ? row % seq_if_shared : row;
-          c = reinterpret_cast<const float4*>(freqs + token * kD128)[lane];
-        }
-        const float y0 = e[0] * c.x - e[1] * c.y, y1 = e[0] * c.y + e[1] * c.x;
-        const float y2 = e[2] * c.z - e[3] * c.w, y3 = e[2] * c.w + e[3] * c.z;
-        e[0] = y0, e[1] = y1, e[2] = y2, e[3] = y3;
-      }
-      Vec4<T> out;
+        if (r != f_row) {
+          const int64_t token = seq_if_shared > 0 ? r % seq_if_shared : r;
+          const float4* f4 = reinterpret_cast<const float4*>(freqs + token * kD128 + part * V);
 #pragma unroll
-      for (int i = 0; i < 4; ++i) out.v[i] = from_f32<T>(e[i]);
-      reinterpret_cast<Vec4<T>*>(dst)[lane] = out;
+          for (int i = 0; i < V / 4; ++i) {
+            const float4 c = f4[i];
+            fr[4 * i] = c.x, fr[4 * i + 1] = c.y, fr[4 * i + 2] = c.z, fr[4 * i + 3] = c.w;
+          }
+          f_row = r;
+        }
+#pragma unroll
+        for (int i = 0; i < V; i += 2) {
+          const float c = fr[i], sn = fr[i + 1];
+          const float y0 = e[i] * c - e[i + 1] * sn, y1 = e[i] * sn + e[i + 1] * c;
+          e[i] = y0, e[i + 1] = y1;
+        }
+      }
+      T* dst = kPacked ? io + (r * heads_in + h) * kD128
+               : is_q  ? q + (r * hq + h) * kD128
+                       : (is_v ? v + (r * hkv + (h - hq - hkv)) * kD128
+                               : k + (r * hkv + (h - hq)) * kD128);
+      Pack16<T> out;
+#pragma unroll
+      for (int i = 0; i < V; ++i) out.v[i] = from_f32<T>(e[i]);
+      reinterpret_cast<Pack16<T>*>(dst)[part] = out;
     }
   }
 }
@@ -309,7 +316,8 @@ cudaError_t launch_qkv_norm_rope(KType t, const void* qkv, const void* wq, const
     if (d128) {
       const int tuned = row_kernel_tuning().prologue_items;
       const int items = tuned != 0 ? tuned : row_kernel_defaults().prologue_items;
-      const int64_t warps = (rows * (hq + 2 * hkv) + items - 1) / items;
+      constexpr int64_t G = 32 / (kD128 / (16 / sizeof(T)));  // heads a warp holds at once
+      const int64_t warps = (rows * (hq + 2 * hkv) + items * G - 1) / (items * G);
       const int64_t blocks = (warps + kWarps - 1) / kWarps;
       const unsigned grid = static_cast<unsigned>(blocks < (int64_t{1} << 30) ? blocks : 1 << 30);
       auto launch = [&](auto n) {
@@ -346,7 +354,8 @@ cudaError_t launch_qk_norm_rope_packed(KType t, void* qkv, const void* wq, const
     using T = decltype(tag);
     const int tuned = row_kernel_tuning().prologue_items;
     const int items = tuned != 0 ? tuned : row_kernel_defaults().prologue_items;
-    const int64_t warps = (rows * (hq + hkv) + items - 1) / items;
+    constexpr int64_t G = 32 / (kD128 / (16 / sizeof(T)));  // heads a warp holds at once
+    const int64_t warps = (rows * (hq + hkv) + items * G - 1) / (items * G);
     const int64_t blocks = (warps + kWarps - 1) / kWarps;
     const unsigned grid = static_cast<unsigned>(blocks < (int64_t{1} << 30) ? blocks : 1 << 30);
     auto launch = [&](auto n) {

@@ -29,10 +29,8 @@ SlotStager::~SlotStager() {
       cudaEventSynchronize(b.done);
       cudaEventDestroy(b.done);
     }
-    if (b.data) {
-      std::lock_guard<std::mutex> sync_lock(device_sync_mutex());  // capture_guard.h
-      cudaFreeHost(b.data);
-    }
+    b.mem.reset();  // unlocked under capture_guard.h's lock
+    b.data = nullptr;
   }
   if (prev >= 0 && prev != device_) cudaSetDevice(prev);
 }
@@ -139,25 +137,19 @@ Result<bool> SlotStager::reserve(Buffer& b, size_t bytes) {
   if (unavailable_) return false;
   if (!b.done) ZI_CUDA_TRY(cudaEventCreateWithFlags(&b.done, cudaEventDisableTiming));
   ZI_CUDA_TRY(cudaEventSynchronize(b.done));  // no DMA may still read the old buffer
-  if (b.data) {
-    std::lock_guard<std::mutex> sync_lock(device_sync_mutex());  // capture_guard.h
-    cudaFreeHost(b.data);
-  }
+  b.mem.reset();                              // unlocked under capture_guard.h's lock
   b.data = nullptr;
   b.bytes = 0;
   const size_t want = (bytes + (size_t{2} << 20) - 1) / (size_t{2} << 20) * (size_t{2} << 20);
-  void* p = nullptr;
-  const cudaError_t e = cudaHostAlloc(&p, want, cudaHostAllocDefault);
-  if (e != cudaSuccess) {
-    cudaGetLastError();  // a failed allocation must not poison the next call
+  Result<PinnedHost> mem = PinnedHost::allocate(want);
+  if (!mem.ok()) {
     unavailable_ = true;
-    ZI_WARN(
-        "cuda streaming: cannot page-lock %zu MiB of staging memory (%s); streaming weights "
-        "from pageable memory instead (slower)",
-        want >> 20, cudaGetErrorString(e));
+    ZI_WARN("cuda streaming: %s; streaming weights from pageable memory instead (slower)",
+            mem.status().message().c_str());
     return false;
   }
-  b.data = static_cast<uint8_t*>(p);
+  b.mem = std::move(mem).value();
+  b.data = static_cast<uint8_t*>(b.mem.data());
   b.bytes = want;
   if (!pool_) {
     pool_ = std::make_unique<ThreadPool>(threads_);

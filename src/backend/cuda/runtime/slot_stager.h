@@ -31,6 +31,7 @@
 #include <utility>
 #include <vector>
 
+#include "backend/cuda/runtime/pinned_host.h"
 #include "core/status.h"
 #include "core/thread_pool.h"
 
@@ -65,7 +66,8 @@ class SlotStager {
 
  private:
   struct Buffer {
-    uint8_t* data = nullptr;
+    PinnedHost mem;
+    uint8_t* data = nullptr;  // mem's
     size_t bytes = 0;
     cudaEvent_t done = nullptr;  // recorded after the last DMA out of the buffer
   };

@@ -183,9 +183,12 @@ bool PinnedUploader::ensure_staging() {
   Status s = Status::Ok();
   try {  // all or nothing: a half-made staging (buffers without threads) is never left behind
     DeviceScope scope(device_);
-    void* p = nullptr;
-    s = cuda_status(cudaHostAlloc(&p, total, cudaHostAllocDefault), "cudaHostAlloc");
-    if (s.ok()) staging_ = static_cast<uint8_t*>(p);
+    Result<PinnedHost> mem = PinnedHost::allocate(total);
+    s = mem.status();
+    if (s.ok()) {
+      staging_mem_ = std::move(mem).value();
+      staging_ = static_cast<uint8_t*>(staging_mem_.data());
+    }
     events_.reserve(static_cast<size_t>(opt_.buffers));
     for (int i = 0; s.ok() && i < opt_.buffers; ++i) {
       cudaEvent_t e = nullptr;
@@ -237,10 +240,7 @@ void PinnedUploader::free_staging() {
   pool_.reset();
   for (cudaEvent_t e : events_) cudaEventDestroy(e);
   events_.clear();
-  if (staging_ != nullptr) {
-    std::lock_guard<std::mutex> sync_lock(device_sync_mutex());  // capture_guard.h
-    cudaFreeHost(staging_);
-  }
+  staging_mem_.reset();  // unlocked under capture_guard.h's lock
   staging_ = nullptr;
   ring_.reset();
 }

@@ -47,6 +47,7 @@
 #include <vector>
 
 #include "backend/cuda/runtime/locked_ranges.h"
+#include "backend/cuda/runtime/pinned_host.h"
 #include "backend/cuda/runtime/upload_plan.h"
 #include "core/status.h"
 #include "core/thread_pool.h"
@@ -140,7 +141,8 @@ class PinnedUploader {
   cudaStream_t stream_;
   Options opt_;
   StageRing ring_;
-  uint8_t* staging_ = nullptr;        // buffers * buffer_bytes pinned bytes, one allocation
+  PinnedHost staging_mem_;            // buffers * buffer_bytes pinned bytes, one allocation
+  uint8_t* staging_ = nullptr;        // its data
   std::vector<cudaEvent_t> events_;   // per buffer: recorded after each DMA out of it
   std::unique_ptr<ThreadPool> pool_;  // the host copy threads
   std::vector<StagePiece> pieces_;    // scratch for one copy's plan
