@@ -22,6 +22,11 @@ PROMPT = ("A snow fairy with long silver hair in a blue dress standing in a snow
           "anime style, soft lighting, intricate details, masterpiece")
 
 
+def dump(results, path):
+    with open(path, "w") as f:
+        json.dump(results, f, indent=1)
+
+
 def median_ms(fn, warm, iters):
     for _ in range(warm):
         fn()
@@ -71,6 +76,7 @@ def main():
             r["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
             R["sizes"].setdefault(str(res), {})["eager"] = r
             print(f"eager {res}: {r['median_ms']:.1f} ms", flush=True)
+            dump(R, a.json)  # after every row: a run cut short keeps what it measured
         if not a.no_compile:
             cdit = torch.compile(dit, dynamic=False)
             for res in sizes:
@@ -86,8 +92,8 @@ def main():
                 R["sizes"][str(res)]["compile"] = r
                 print(f"compile {res}: {r['median_ms']:.1f} ms (first call {first:.0f} s)",
                       flush=True)
-    with open(a.json, "w") as f:
-        json.dump(R, f, indent=1)
+                dump(R, a.json)
+    dump(R, a.json)
 
 
 if __name__ == "__main__":
