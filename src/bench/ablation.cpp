@@ -166,28 +166,25 @@ void profile_ops(StandardRun& s) {
   profile_phase(
       be, "DiT forward " + std::to_string(s.res0) + " bs1",
       [&] { return L.dit->forward(lat, {0.5f}, {s.caps[0]}, out); }, prof);
-  // The forward that ships, recorded as a CUDA graph, op by op, at every --sizes entry: timing
-  // marks inside the graph, read after the last of kForwards back-to-back forwards (the GPU as
-  // hot as in a denoising loop; the first records the graph, its warm-up run being its forward,
-  // the others replay it), with the time between ops as a row of its own.
+  // The forward that ships, recorded as a CUDA graph, op by op: timing marks inside the graph,
+  // read after the last of kForwards back-to-back forwards (the GPU as hot as in a denoising
+  // loop; the first records the graph, its warm-up run being its forward, the others replay it),
+  // with the time between ops as a row of its own.
+  L.dit->set_use_graphs(true);
+  L.dit->release_graphs();
+  be.set_profile_recorded(true);
   constexpr int kForwards = 6;
-  for (const int res : s.o.sizes) {
-    const Tensor lr = res == s.res0 ? lat : random_latents(be, 3, 1, res, s.fac);
-    L.dit->set_use_graphs(true);
-    L.dit->release_graphs();
-    be.set_profile_recorded(true);
-    profile_phase(
-        be,
-        "DiT forward " + std::to_string(res) + " bs1, recorded (last of " +
-            std::to_string(kForwards - 1) + " replays)",
-        [&]() -> Status {
-          for (int i = 0; i < kForwards; ++i) ZI_TRY(L.dit->forward(lr, {0.5f}, {s.caps[0]}, out));
-          return Status::Ok();
-        },
-        prof);
-    be.set_profile_recorded(false);
-    L.dit->release_graphs();  // recorded again without the marks by the next forward
-  }
+  profile_phase(
+      be,
+      "DiT forward " + std::to_string(s.res0) + " bs1, recorded (last of " +
+          std::to_string(kForwards - 1) + " replays)",
+      [&]() -> Status {
+        for (int i = 0; i < kForwards; ++i) ZI_TRY(L.dit->forward(lat, {0.5f}, {s.caps[0]}, out));
+        return Status::Ok();
+      },
+      prof);
+  be.set_profile_recorded(false);
+  L.dit->release_graphs();  // recorded again without the marks by the next forward
   L.dit->set_use_graphs(false);
   profile_phase(
       be, "VAE decode " + std::to_string(s.res0),
