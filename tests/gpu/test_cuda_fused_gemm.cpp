@@ -284,20 +284,11 @@ TEST(CudaFusedGemm, TransformerAgainstUnfusedAndCpu) {
   ASSERT_TRUE(cpu_dit.ok()) << cpu_dit.status().to_string();
 
   // The fused model runs the fused op in every block (2 layers, 2 refiners), eagerly here.
-  (*fused)->set_use_graphs(false);
-  g->set_profiling(true);
-  const Tensor eager = forward(**fused, *g, lat, cap);
-  auto prof = g->op_profile();
-  g->set_profiling(false);
-  ASSERT_TRUE(prof.ok()) << prof.status().to_string();
-  int64_t swiglu_calls = 0, qkv_calls = 0;
-  for (const auto& e : *prof) {
-    if (e.op.rfind("matmul_swiglu", 0) == 0) swiglu_calls += e.calls;
-    if (e.op.rfind("matmul_qkv_norm_rope", 0) == 0) qkv_calls += e.calls;
-  }
-  EXPECT_EQ(swiglu_calls, 4) << "feed-forwards that ran fused";
-  EXPECT_EQ(qkv_calls, 4) << "attention prologues that ran fused";
-  (*fused)->set_use_graphs(true);
+  std::vector<int64_t> calls;
+  const Tensor eager =
+      profiled_forward(**fused, *g, lat, cap, {"matmul_swiglu", "matmul_qkv_norm_rope"}, calls);
+  EXPECT_EQ(calls[0], 4) << "feed-forwards that ran fused";
+  EXPECT_EQ(calls[1], 4) << "attention prologues that ran fused";
   const Tensor recorded = forward(**fused, *g, lat, cap);
   const Tensor replayed = forward(**fused, *g, lat, cap);
   (*plain)->set_use_graphs(false);

@@ -161,20 +161,11 @@ TEST(CudaPackedQkv, TransformerPackedEqualsSplit) {
   ASSERT_TRUE(dit.ok()) << dit.status().to_string();
   auto cpu_dit = ZImageDiT::load(cfg, *ws, cpu_oracle());
   ASSERT_TRUE(cpu_dit.ok()) << cpu_dit.status().to_string();
-  (*dit)->set_use_graphs(false);
-  g->set_profiling(true);
-  const Tensor packed = forward(**dit, *g, lat, cap);
-  auto prof = g->op_profile();
-  g->set_profiling(false);
-  ASSERT_TRUE(prof.ok()) << prof.status().to_string();
-  int64_t packed_calls = 0, split_calls = 0;
-  for (const auto& e : *prof) {
-    if (e.op.rfind("attention_packed", 0) == 0) packed_calls += e.calls;
-    if (e.op.rfind("qkv_split_norm_rope", 0) == 0) split_calls += e.calls;
-  }
-  EXPECT_EQ(packed_calls, 4) << "every block's attention (2 layers, 2 refiners) reads in place";
-  EXPECT_EQ(split_calls, 0);
-  (*dit)->set_use_graphs(true);
+  std::vector<int64_t> calls;
+  const Tensor packed =
+      profiled_forward(**dit, *g, lat, cap, {"attention_packed", "qkv_split_norm_rope"}, calls);
+  EXPECT_EQ(calls[0], 4) << "every block's attention (2 layers, 2 refiners) reads in place";
+  EXPECT_EQ(calls[1], 0);
   const Tensor recorded = forward(**dit, *g, lat, cap);
   const Tensor replayed = forward(**dit, *g, lat, cap);
   g->set_packed_qkv(false);

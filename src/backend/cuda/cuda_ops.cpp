@@ -190,6 +190,35 @@ Status CudaBackend::rope_interleaved(Tensor& x, const Tensor& freqs) {
   return Status::Ok();
 }
 
+namespace {
+
+// The attention prologue's tables: norm weights q and k [dh] in the act dtype (both or neither),
+// (cos, sin) freqs [b or 1, s, dh / 2, 2] f32. Whether the freqs are shared over the batch.
+Result<bool> check_prologue_tables(const char* op, const Tensor& norm_q, const Tensor& norm_k,
+                                   const Tensor& freqs, int64_t b, int64_t s, int64_t dh,
+                                   DType act) {
+  if (norm_q.defined() != norm_k.defined())
+    return InvalidArgument(std::string(op) + ": give both q and k norm weights or neither");
+  if (norm_q.defined()) {
+    for (const auto& [name, t] : {std::pair<const char*, const Tensor*>{"norm_q", &norm_q},
+                                  std::pair<const char*, const Tensor*>{"norm_k", &norm_k}}) {
+      ZI_TRY(check_cuda_tensor(op, name, *t));
+      ZI_TRY(check_dtype(op, name, *t, act));
+      ZI_TRY(check_shape(op, name, *t, {dh}));
+    }
+  }
+  bool shared = false;
+  if (freqs.defined()) {
+    ZI_TRY(check_cuda_tensor(op, "freqs", freqs));
+    ZI_TRY(check_dtype(op, "freqs", freqs, DType::kF32));
+    shared = freqs.rank() == 4 && freqs.dim(0) == 1 && b != 1;
+    ZI_TRY(check_shape(op, "freqs", freqs, {shared ? 1 : b, s, dh / 2, 2}));
+  }
+  return shared;
+}
+
+}  // namespace
+
 Status CudaBackend::qkv_split_norm_rope(const Tensor& qkv, const Tensor& norm_q,
                                         const Tensor& norm_k, float eps, const Tensor& freqs,
                                         Tensor& q, Tensor& k, Tensor& v) {
@@ -208,23 +237,8 @@ Status CudaBackend::qkv_split_norm_rope(const Tensor& qkv, const Tensor& norm_q,
   const int64_t rows = b * s;
   ZI_TRY(check_shape(op, "k", k, {b, s, hkv, dh}));
   ZI_TRY(check_shape(op, "qkv", qkv, {rows, (hq + 2 * hkv) * dh}));
-  if (norm_q.defined() != norm_k.defined())
-    return InvalidArgument("qkv_split_norm_rope: give both q and k norm weights or neither");
-  if (norm_q.defined()) {
-    ZI_TRY(check_cuda_tensor(op, "norm_q", norm_q));
-    ZI_TRY(check_cuda_tensor(op, "norm_k", norm_k));
-    ZI_TRY(check_dtype(op, "norm_q", norm_q, act_));
-    ZI_TRY(check_dtype(op, "norm_k", norm_k, act_));
-    ZI_TRY(check_shape(op, "norm_q", norm_q, {dh}));
-    ZI_TRY(check_shape(op, "norm_k", norm_k, {dh}));
-  }
-  bool shared = false;
-  if (freqs.defined()) {
-    ZI_TRY(check_cuda_tensor(op, "freqs", freqs));
-    ZI_TRY(check_dtype(op, "freqs", freqs, DType::kF32));
-    shared = freqs.rank() == 4 && freqs.dim(0) == 1 && b != 1;
-    ZI_TRY(check_shape(op, "freqs", freqs, {shared ? 1 : b, s, dh / 2, 2}));
-  }
+  ZI_ASSIGN_OR_RETURN(const bool shared,
+                      check_prologue_tables(op, norm_q, norm_k, freqs, b, s, dh, act_));
   if (dh % 2 != 0 || dh > 256)
     return Unsupported("qkv_split_norm_rope: head_dim must be even and at most 256");
   if (hq + 2 * hkv > INT32_MAX / dh) return Unsupported("qkv_split_norm_rope: too many heads");
@@ -251,23 +265,8 @@ Status CudaBackend::qk_norm_rope_packed(Tensor& qkv, int64_t hq, int64_t hkv, co
     return InvalidArgument("qk_norm_rope_packed: qkv " + qkv.describe() + " is not [B, S, (" +
                            std::to_string(hq) + " + 2*" + std::to_string(hkv) + ") * Dh]");
   const int64_t b = qkv.dim(0), s = qkv.dim(1), dh = qkv.dim(2) / (hq + 2 * hkv);
-  if (norm_q.defined() != norm_k.defined())
-    return InvalidArgument("qk_norm_rope_packed: give both q and k norm weights or neither");
-  if (norm_q.defined()) {
-    for (const auto& [name, t] : {std::pair<const char*, const Tensor*>{"norm_q", &norm_q},
-                                  std::pair<const char*, const Tensor*>{"norm_k", &norm_k}}) {
-      ZI_TRY(check_cuda_tensor(op, name, *t));
-      ZI_TRY(check_dtype(op, name, *t, act_));
-      ZI_TRY(check_shape(op, name, *t, {dh}));
-    }
-  }
-  bool shared = false;
-  if (freqs.defined()) {
-    ZI_TRY(check_cuda_tensor(op, "freqs", freqs));
-    ZI_TRY(check_dtype(op, "freqs", freqs, DType::kF32));
-    shared = freqs.rank() == 4 && freqs.dim(0) == 1 && b != 1;
-    ZI_TRY(check_shape(op, "freqs", freqs, {shared ? 1 : b, s, dh / 2, 2}));
-  }
+  ZI_ASSIGN_OR_RETURN(const bool shared,
+                      check_prologue_tables(op, norm_q, norm_k, freqs, b, s, dh, act_));
   const float* f = freqs.defined() ? freqs.data_as<float>() : nullptr;
   // The fused kernel where it fits (head_dim 128, aligned); otherwise split, fused, copied back.
   if (!fused_ || dh > INT32_MAX ||
