@@ -192,6 +192,29 @@ __global__ void qkv_norm_rope_d128_kernel(const T* __restrict__ qkv, const T* __
   }
 }
 
+// Launches qkv_norm_rope_d128_kernel for `rows` rows of its items (q, k and v heads split, or the
+// q and k heads in place) with the tuned passes per warp (RowKernelTuning::prologue_items).
+template <typename T, bool kPacked>
+cudaError_t launch_d128(const T* qkv, const T* wq, const T* wk, const float* freqs, T* q, T* k,
+                        T* v, T* io, int64_t rows, int64_t seq_if_shared, int hq, int hkv,
+                        float eps, cudaStream_t s) {
+  const int tuned = row_kernel_tuning().prologue_items;
+  const int passes = tuned != 0 ? tuned : row_kernel_defaults().prologue_items;
+  constexpr int64_t G = 32 / (kD128 / (16 / sizeof(T)));  // heads a warp holds at once
+  const int64_t items = rows * (kPacked ? hq + hkv : hq + 2 * hkv);
+  const int64_t warps = (items + passes * G - 1) / (passes * G);
+  const int64_t blocks = (warps + kWarps - 1) / kWarps;
+  const unsigned grid = static_cast<unsigned>(blocks < (int64_t{1} << 30) ? blocks : 1 << 30);
+  auto launch = [&](auto n) {
+    qkv_norm_rope_d128_kernel<T, decltype(n)::value, kPacked><<<grid, kWarps * 32, 0, s>>>(
+        qkv, wq, wk, freqs, q, k, v, io, rows, seq_if_shared, hq, hkv, eps);
+    return cudaGetLastError();
+  };
+  if (passes == 4) return launch(std::integral_constant<int, 4>{});
+  if (passes == 2) return launch(std::integral_constant<int, 2>{});
+  return launch(std::integral_constant<int, 1>{});
+}
+
 template <typename T>
 __global__ void dit_modulation_kernel(const T* __restrict__ mod, T* __restrict__ scale_a,
                                       T* __restrict__ gate_a, T* __restrict__ scale_f,
@@ -313,24 +336,11 @@ cudaError_t launch_qkv_norm_rope(KType t, const void* qkv, const void* wq, const
                     aligned16(wq) && aligned16(wk) && aligned16(freqs);
   return dispatch_ktype(t, [&](auto tag) {
     using T = decltype(tag);
-    if (d128) {
-      const int tuned = row_kernel_tuning().prologue_items;
-      const int items = tuned != 0 ? tuned : row_kernel_defaults().prologue_items;
-      constexpr int64_t G = 32 / (kD128 / (16 / sizeof(T)));  // heads a warp holds at once
-      const int64_t warps = (rows * (hq + 2 * hkv) + items * G - 1) / (items * G);
-      const int64_t blocks = (warps + kWarps - 1) / kWarps;
-      const unsigned grid = static_cast<unsigned>(blocks < (int64_t{1} << 30) ? blocks : 1 << 30);
-      auto launch = [&](auto n) {
-        qkv_norm_rope_d128_kernel<T, decltype(n)::value, false><<<grid, kWarps * 32, 0, s>>>(
-            static_cast<const T*>(qkv), static_cast<const T*>(wq), static_cast<const T*>(wk), freqs,
-            static_cast<T*>(q), static_cast<T*>(k), static_cast<T*>(v), nullptr, rows,
-            seq_if_shared, hq, hkv, eps);
-        return cudaGetLastError();
-      };
-      if (items == 4) return launch(std::integral_constant<int, 4>{});
-      if (items == 2) return launch(std::integral_constant<int, 2>{});
-      return launch(std::integral_constant<int, 1>{});
-    }
+    if (d128)
+      return launch_d128<T, false>(static_cast<const T*>(qkv), static_cast<const T*>(wq),
+                                   static_cast<const T*>(wk), freqs, static_cast<T*>(q),
+                                   static_cast<T*>(k), static_cast<T*>(v), nullptr, rows,
+                                   seq_if_shared, hq, hkv, eps, s);
     const unsigned grid = static_cast<unsigned>(rows < 65535 * 16 ? rows : 65535 * 16);
     qkv_norm_rope_kernel<T><<<grid, kWarps * 32, 0, s>>>(
         static_cast<const T*>(qkv), static_cast<const T*>(wq), static_cast<const T*>(wk), freqs,
@@ -352,21 +362,9 @@ cudaError_t launch_qk_norm_rope_packed(KType t, void* qkv, const void* wq, const
   if (!qk_norm_rope_packed_fits(qkv, wq, wk, freqs, dh)) return cudaErrorInvalidValue;
   return dispatch_ktype(t, [&](auto tag) {
     using T = decltype(tag);
-    const int tuned = row_kernel_tuning().prologue_items;
-    const int items = tuned != 0 ? tuned : row_kernel_defaults().prologue_items;
-    constexpr int64_t G = 32 / (kD128 / (16 / sizeof(T)));  // heads a warp holds at once
-    const int64_t warps = (rows * (hq + hkv) + items * G - 1) / (items * G);
-    const int64_t blocks = (warps + kWarps - 1) / kWarps;
-    const unsigned grid = static_cast<unsigned>(blocks < (int64_t{1} << 30) ? blocks : 1 << 30);
-    auto launch = [&](auto n) {
-      qkv_norm_rope_d128_kernel<T, decltype(n)::value, true><<<grid, kWarps * 32, 0, s>>>(
-          nullptr, static_cast<const T*>(wq), static_cast<const T*>(wk), freqs, nullptr, nullptr,
-          nullptr, static_cast<T*>(qkv), rows, seq_if_shared, hq, hkv, eps);
-      return cudaGetLastError();
-    };
-    if (items == 4) return launch(std::integral_constant<int, 4>{});
-    if (items == 2) return launch(std::integral_constant<int, 2>{});
-    return launch(std::integral_constant<int, 1>{});
+    return launch_d128<T, true>(nullptr, static_cast<const T*>(wq), static_cast<const T*>(wk),
+                                freqs, nullptr, nullptr, nullptr, static_cast<T*>(qkv), rows,
+                                seq_if_shared, hq, hkv, eps, s);
   });
 }
 
