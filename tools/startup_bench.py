@@ -116,6 +116,8 @@ PHASES = [
     ("denoise_s", re.compile(r"^denoise +([0-9.]+) s", re.M)),
     ("vae_decode_s", re.compile(r"^vae decode +([0-9.]+) s", re.M)),
     ("image_s", re.compile(r"^total +([0-9.]+) s", re.M)),
+    ("read_ahead_gb", re.compile(r"prefetch: ([0-9.]+) GB read ahead")),
+    ("gate_wait_s", re.compile(r"the load waited for it [0-9]+ times, ([0-9.]+) s")),
 ]
 STAMP = re.compile(r"^\[zimage (?:info|debug) ([0-9.]+)s\] (.*)$", re.M)
 
@@ -219,8 +221,12 @@ def main():
     run_once(args, "fill", 0, [], base)  # fills the plan and kernel caches: unmeasured
     # A row name may carry settings after its configuration's name: "<row>+alloc" page-locks
     # with cudaHostAlloc (ZIMAGE_HOST_PIN=alloc) instead of registered huge pages, "<row>+noexec"
-    # keeps the warm-up from executing the first decode's convolutions (ZIMAGE_WARM_EXECUTE=0).
-    suffixes = {"alloc": ("ZIMAGE_HOST_PIN", "alloc"), "noexec": ("ZIMAGE_WARM_EXECUTE", "0")}
+    # keeps the warm-up from executing the first decode's convolutions (ZIMAGE_WARM_EXECUTE=0),
+    # "<row>+nogate" lets the uploads fault the files in rather than wait for the read-ahead
+    # (ZIMAGE_PREFETCH_GATE=0).
+    suffixes = {"alloc": ("ZIMAGE_HOST_PIN", "alloc"), "noexec": ("ZIMAGE_WARM_EXECUTE", "0"),
+                "nogate": ("ZIMAGE_PREFETCH_GATE", "0")}
+    dd_result = None  # `dd` of the dropped files, once per run however many cold rows
     for name in args.rows.split(","):
         rows = []
         config, *extras = name.split("+")
@@ -249,7 +255,9 @@ def main():
                 shutil.rmtree(env["XDG_CACHE_HOME"], ignore_errors=True)
                 shutil.rmtree(env["CUDA_CACHE_PATH"], ignore_errors=True)
         results["rows"][name] = {"median": median_row(rows), "runs": rows}
-        if config == "cold":
+        if config == "cold" and dd_result is not None:
+            results["rows"][name]["dd"] = dd_result
+        elif config == "cold":
             drop_from_page_cache(files)
             before = resident_fraction(files)
             total = sum(os.path.getsize(f) for f in files)
@@ -258,9 +266,9 @@ def main():
                 subprocess.run(["dd", "if=" + f, "of=/dev/null", "bs=16M", "status=none"],
                                check=False)
             dd = time.monotonic() - t
-            results["rows"][name]["dd"] = {"bytes": total, "seconds": round(dd, 3),
-                                           "gbps": round(total / dd / 1e9, 2),
-                                           "resident_before": round(before, 4)}
+            dd_result = {"bytes": total, "seconds": round(dd, 3),
+                         "gbps": round(total / dd / 1e9, 2), "resident_before": round(before, 4)}
+            results["rows"][name]["dd"] = dd_result
             read_into_page_cache(files)
     with open(os.path.join(args.out, args.tag + ".json"), "w") as f:
         json.dump(results, f, indent=1)
@@ -273,8 +281,8 @@ def main():
             m = r["median"]
             f.write("| %s | " % name + " | ".join(
                 "%.3f" % m[c] if isinstance(m.get(c), (int, float)) else "-" for c in cols) + " |\n")
-        if "cold" in results["rows"]:
-            d = results["rows"]["cold"]["dd"]
+        if dd_result is not None:
+            d = dd_result
             f.write("\ncold: dd of the same files after the same drop: %.2f s, %.2f GB/s "
                     "(resident before %.4f)\n" % (d["seconds"], d["gbps"], d["resident_before"]))
     shutil.rmtree(warm_cache, ignore_errors=True)

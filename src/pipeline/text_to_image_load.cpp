@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <exception>
 #include <future>
 #include <new>
@@ -202,7 +203,17 @@ Result<PreparedLoad> TextToImage::prepare(const ModelPaths& paths) {
   std::vector<std::string> unique;
   for (std::string& f : files)
     if (std::find(unique.begin(), unique.end(), f) == unique.end()) unique.push_back(std::move(f));
-  p.prefetch = FilePrefetcher::start(std::move(unique), FilePrefetcher::default_limit());
+  FilePrefetcher::Options read_ahead;
+  read_ahead.max_bytes = FilePrefetcher::default_limit();
+  // The uploads wait for the read-ahead rather than fault the files in (io/fs/prefetch.h, "the
+  // gate"); ZIMAGE_PREFETCH_GATE=0 lets them fault, to compare.
+  if (const char* g = std::getenv("ZIMAGE_PREFETCH_GATE")) {
+    const std::string v = g;
+    if (v != "0" && v != "1")
+      return InvalidArgument("ZIMAGE_PREFETCH_GATE: '" + v + "' is not 0 or 1");
+    read_ahead.gate = v == "1";
+  }
+  p.prefetch = FilePrefetcher::start(std::move(unique), std::move(read_ahead));
   p.started = start;
   // Not noexcept: an exception these handlers cannot turn into a Status (a second bad_alloc)
   // travels in the future, and load() reports it.
@@ -339,8 +350,11 @@ Result<std::unique_ptr<TextToImage>> TextToImage::load(PreparedLoad prepared, Ba
   if (prepared.prefetch) {
     const FilePrefetcher::Stats ps = prepared.prefetch->stats();
     prepared.prefetch.reset();  // stops at its current chunk
-    ZI_INFO("prefetch: %.2f GB read ahead, %.2f GB found in the page cache",
-            static_cast<double>(ps.read_bytes) / 1e9, static_cast<double>(ps.cached_bytes) / 1e9);
+    ZI_INFO(
+        "prefetch: %.2f GB read ahead, %.2f GB found in the page cache; the load waited for it "
+        "%llu times, %.2f s in all",
+        static_cast<double>(ps.read_bytes) / 1e9, static_cast<double>(ps.cached_bytes) / 1e9,
+        static_cast<unsigned long long>(ps.gate_waits), ps.gate_wait_seconds);
   }
   ZI_INFO("loaded %s on %s in %.2f s (+ %.2f s opening)", what.c_str(), be.name().c_str(), seconds,
           prepared.seconds);

@@ -1,17 +1,24 @@
 // FilePrefetcher (io/fs/prefetch.h): reads what is not cached, skips what is, honours its byte
-// limit, and goes past files it cannot read without hanging.
+// limit, and goes past files it cannot read without hanging; its gate holds a copy out of a
+// registered mapping until the read-ahead has read it, and lets it go when the read-ahead stops.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "core/read_gate.h"
+#include "io/fs/mapped_files.h"
 #include "io/fs/prefetch.h"
 
 namespace zimage {
@@ -140,6 +147,147 @@ TEST_F(Prefetch, GoesPastFilesItCannotReadWithoutHanging) {
   const FilePrefetcher::Stats s = p->stats();
   EXPECT_EQ(s.files, 5);
   EXPECT_EQ(s.read_bytes + s.cached_bytes, 1u << 20) << "only the regular file is read";
+}
+
+// A file mapped read-only and registered as the weight readers register theirs.
+struct Mapped {
+  explicit Mapped(const std::string& path) {
+    fd = ::open(path.c_str(), O_RDONLY);
+    struct stat st {};
+    if (fd < 0 || ::fstat(fd, &st) != 0) return;
+    size = static_cast<size_t>(st.st_size);
+    void* m = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (m == MAP_FAILED) return;
+    base = static_cast<const char*>(m);
+    reg = MappedFileRegistration(m, size, fd);
+  }
+  ~Mapped() {
+    reg = MappedFileRegistration();
+    if (base) ::munmap(const_cast<char*>(base), size);
+    if (fd >= 0) ::close(fd);
+  }
+  int fd = -1;
+  size_t size = 0;
+  const char* base = nullptr;
+  MappedFileRegistration reg;
+};
+
+// Holds the read-ahead's one thread before chunk `at` until released.
+struct Hold {
+  explicit Hold(uint64_t index) : at(index), released(release.get_future().share()) {}
+  void operator()(uint64_t index) const {
+    if (index == at) released.wait();
+  }
+  uint64_t at;
+  std::promise<void> release;
+  std::shared_future<void> released;
+};
+
+constexpr uint64_t kChunk = FilePrefetcher::kChunkBytes;
+
+TEST_F(Prefetch, GateHoldsACopyUntilTheReadAheadHasReadIt) {
+  const std::string f = write_file("a.bin", kSize);  // chunks 0, 1, 2
+  if (!drop(f)) GTEST_SKIP() << "this file system keeps files cached (tmpfs?)";
+  Mapped m(f);
+  ASSERT_NE(m.base, nullptr);
+  ASSERT_TRUE(m.reg.registered());
+  auto hold = std::make_shared<Hold>(1);
+  FilePrefetcher::Options o;
+  o.threads = 1;
+  o.before_chunk = [hold](uint64_t i) { (*hold)(i); };
+  auto p = FilePrefetcher::start({f}, o);
+  ASSERT_NE(p, nullptr);
+  // Chunk 0 is read (or being read): a copy from it waits at most for that read.
+  auto first = std::async(std::launch::async, [&] { wait_readable(m.base + 100, 4096); });
+  EXPECT_EQ(first.wait_for(std::chrono::seconds(20)), std::future_status::ready);
+  // The last page of chunk 2: not read while the read-ahead is held before chunk 1.
+  const char* late = m.base + kSize - 4096;
+  std::atomic<bool> done{false};
+  auto waiter = std::async(std::launch::async, [&] {
+    wait_readable(late, 4096);
+    done = true;
+  });
+  EXPECT_EQ(waiter.wait_for(std::chrono::milliseconds(300)), std::future_status::timeout)
+      << "the copy went on before its chunk was read";
+  EXPECT_FALSE(done.load());
+  hold->release.set_value();
+  EXPECT_EQ(waiter.wait_for(std::chrono::seconds(20)), std::future_status::ready);
+  EXPECT_TRUE(done.load());
+  p->wait();
+  const FilePrefetcher::Stats s = p->stats();
+  EXPECT_GE(s.gate_waits, 1u);
+  EXPECT_GT(s.gate_wait_seconds, 0.2);
+  EXPECT_GT(resident_fraction(f), 0.99);
+}
+
+TEST_F(Prefetch, GateLetsCopiesGoWhenTheReadAheadStops) {
+  const std::string f = write_file("a.bin", kSize);
+  if (!drop(f)) GTEST_SKIP() << "this file system keeps files cached (tmpfs?)";
+  Mapped m(f);
+  ASSERT_NE(m.base, nullptr);
+  auto hold = std::make_shared<Hold>(1);
+  FilePrefetcher::Options o;
+  o.threads = 1;
+  o.before_chunk = [hold](uint64_t i) { (*hold)(i); };
+  auto p = FilePrefetcher::start({f}, o);
+  ASSERT_NE(p, nullptr);
+  const char* late = m.base + kSize - 4096;
+  auto waiter = std::async(std::launch::async, [&] { wait_readable(late, 4096); });
+  EXPECT_EQ(waiter.wait_for(std::chrono::milliseconds(200)), std::future_status::timeout);
+  // Destroyed while its thread is still held: the copy goes on (and reads the disk itself)
+  // before the destructor can finish.
+  auto destroy = std::async(std::launch::async, [&] { p.reset(); });
+  EXPECT_EQ(waiter.wait_for(std::chrono::seconds(20)), std::future_status::ready)
+      << "a stopped read-ahead still held the copy";
+  hold->release.set_value();
+  EXPECT_EQ(destroy.wait_for(std::chrono::seconds(20)), std::future_status::ready);
+}
+
+TEST_F(Prefetch, GateLetsCopiesGoPastItsByteLimit) {
+  const std::string f = write_file("a.bin", kSize);
+  if (!drop(f)) GTEST_SKIP() << "this file system keeps files cached (tmpfs?)";
+  Mapped m(f);
+  ASSERT_NE(m.base, nullptr);
+  auto p = FilePrefetcher::start({f}, /*max_bytes=*/kChunk, /*threads=*/1);
+  ASSERT_NE(p, nullptr);
+  p->wait();  // one chunk read, then the limit
+  ASSERT_LT(p->stats().read_bytes, kSize);
+  auto waiter = std::async(std::launch::async, [&] { wait_readable(m.base + kSize - 4096, 4096); });
+  EXPECT_EQ(waiter.wait_for(std::chrono::seconds(20)), std::future_status::ready)
+      << "a read-ahead at its limit still held a copy it will never read";
+  EXPECT_EQ(p->stats().gate_waits, 0u);
+}
+
+TEST_F(Prefetch, GateIgnoresWhatItDoesNotRead) {
+  const std::string f = write_file("a.bin", kSize), other = write_file("b.bin", kSize);
+  if (!drop(f) || !drop(other)) GTEST_SKIP() << "this file system keeps files cached (tmpfs?)";
+  Mapped m(f), o(other);
+  ASSERT_NE(m.base, nullptr);
+  ASSERT_NE(o.base, nullptr);
+  auto hold = std::make_shared<Hold>(0);  // nothing is read until released
+  FilePrefetcher::Options opt;
+  opt.threads = 1;
+  opt.before_chunk = [hold](uint64_t i) { (*hold)(i); };
+  auto p = FilePrefetcher::start({f}, opt);
+  ASSERT_NE(p, nullptr);
+  std::vector<char> anonymous(1 << 20, 1);
+  auto quick = [&](const void* q, size_t n) {
+    auto w = std::async(std::launch::async, [=] { wait_readable(q, n); });
+    return w.wait_for(std::chrono::seconds(20)) == std::future_status::ready;
+  };
+  EXPECT_TRUE(quick(o.base + kSize - 4096, 4096)) << "another file's mapping";
+  EXPECT_TRUE(quick(anonymous.data(), anonymous.size())) << "memory that is no mapping";
+  // Without the gate, its own file is not held either.
+  FilePrefetcher::Options ungated = opt;
+  ungated.gate = false;
+  auto hold2 = std::make_shared<Hold>(0);
+  ungated.before_chunk = [hold2](uint64_t i) { (*hold2)(i); };
+  hold->release.set_value();
+  p.reset();
+  auto q = FilePrefetcher::start({f}, ungated);
+  ASSERT_NE(q, nullptr);
+  EXPECT_TRUE(quick(m.base + kSize - 4096, 4096)) << "a read-ahead started without its gate";
+  hold2->release.set_value();
 }
 
 TEST(PrefetchLimit, IsHalfOfAvailableMemoryWhenKnown) {

@@ -23,6 +23,7 @@
 #include "backend/cuda/runtime/pinned_host.h"
 #include "backend/cuda/runtime/upload_plan.h"
 #include "backend/cuda/validate.h"
+#include "core/read_gate.h"
 #include "core/log.h"
 #include "core/thread_pool.h"
 
@@ -89,8 +90,16 @@ Result<Tensor> CudaBackend::host_copy(const std::vector<Tensor>& parts, bool pin
         std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 1, 16));
   size_t at = 0;
   for (const Tensor& t : parts) {
-    parallel_copy(*host_pool_, static_cast<uint8_t*>(p) + at, t.data(), t.nbytes(),
-                  size_t{1} << 20);
+    // In 64 MiB slices, each waiting for the read-ahead where it comes from a file it reads
+    // (core/read_gate.h): from a cold page cache the copy threads would fault it in piecemeal.
+    constexpr size_t kSlice = size_t{64} << 20;
+    const auto* src = static_cast<const uint8_t*>(t.data());
+    for (size_t off = 0; off < t.nbytes(); off += kSlice) {
+      const size_t len = std::min(kSlice, t.nbytes() - off);
+      wait_readable(src + off, len);
+      parallel_copy(*host_pool_, static_cast<uint8_t*>(p) + at + off, src + off, len,
+                    size_t{1} << 20);
+    }
     at += t.nbytes();
   }
   if (!st) {

@@ -26,6 +26,7 @@
 
 #include "core/status.h"
 #include "core/tensor.h"
+#include "io/fs/mapped_files.h"
 #include "io/gguf/gguf_quants.h"
 
 namespace zimage {
@@ -162,6 +163,7 @@ class GgufFile : public std::enable_shared_from_this<GgufFile> {
   const uint8_t* base_ = nullptr;
   uint64_t size_ = 0;
   bool mapped_ = false;
+  MappedFileRegistration registration_;  // lets the read-ahead's gate find this mapping
   GgufHeader header_;
   std::map<std::string, size_t, std::less<>> tensor_index_;
   std::map<std::string, size_t, std::less<>> kv_index_;

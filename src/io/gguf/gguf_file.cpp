@@ -36,6 +36,7 @@ Result<std::shared_ptr<GgufFile>> GgufFile::open(const std::string& path) {
     }
     file->base_ = static_cast<const uint8_t*>(p);
     file->mapped_ = true;
+    file->registration_ = MappedFileRegistration(p, file_size, fd.get());
   }
   ZI_ASSIGN_OR_RETURN(file->header_, parse_gguf(file->base_, file->size_, path));
   ZI_TRY(file->build_index());
@@ -64,6 +65,7 @@ Status GgufFile::build_index() try {
 }
 
 GgufFile::~GgufFile() {
+  registration_ = MappedFileRegistration();  // no longer found before the address is reused
   if (mapped_ && base_) ::munmap(const_cast<uint8_t*>(base_), size_);
 }
 

@@ -287,6 +287,7 @@ Result<std::shared_ptr<SafetensorsFile>> SafetensorsFile::open(const std::string
                      " bytes: " + std::strerror(err));
     }
     file->base_ = static_cast<const uint8_t*>(p);
+    file->registration_ = MappedFileRegistration(p, file->size_, fd);
   }
   ::close(fd);  // the mapping stays valid
 
@@ -298,6 +299,7 @@ Result<std::shared_ptr<SafetensorsFile>> SafetensorsFile::open(const std::string
 }
 
 SafetensorsFile::~SafetensorsFile() {
+  registration_ = MappedFileRegistration();  // no longer found before the address is reused
   if (base_) ::munmap(const_cast<uint8_t*>(base_), size_);
 }
 

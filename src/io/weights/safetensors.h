@@ -27,6 +27,7 @@
 #include "core/status.h"
 #include "core/tensor.h"
 #include "io/fs/file_io.h"
+#include "io/fs/mapped_files.h"
 
 namespace zimage {
 
@@ -84,6 +85,7 @@ class SafetensorsFile : public std::enable_shared_from_this<SafetensorsFile> {
   std::string path_;
   const uint8_t* base_ = nullptr;  // the mapping (nullptr for an empty mapping)
   uint64_t size_ = 0;
+  MappedFileRegistration registration_;  // lets the read-ahead's gate find this mapping
   SafetensorsHeader header_;
   std::map<std::string, size_t> index_;  // name -> position in header_.tensors
 };

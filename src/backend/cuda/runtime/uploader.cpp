@@ -9,6 +9,7 @@
 #include "backend/cuda/runtime/capture_guard.h"
 #include "backend/cuda/runtime/cuda_check.h"
 #include "core/log.h"
+#include "core/read_gate.h"
 
 namespace zimage::cuda {
 namespace {
@@ -119,6 +120,9 @@ Status PinnedUploader::staged_copy(void* dst, const void* src, size_t bytes) {
   for (const StagePiece& p : pieces_) {
     if (p.wait) ZI_CUDA_TRY(cudaEventSynchronize(events_[static_cast<size_t>(p.buffer)]));
     uint8_t* buf = staging_ + static_cast<size_t>(p.buffer) * opt_.buffer_bytes + p.buffer_offset;
+    // From a cold page cache, let the read-ahead bring the piece in with large reads rather than
+    // the copy threads fault it in a few pages at a time (core/read_gate.h).
+    wait_readable(s + p.src_offset, p.bytes);
     parallel_copy(*pool_, buf, s + p.src_offset, p.bytes, opt_.grain);
     ZI_CUDA_TRY(cudaMemcpyAsync(d + p.src_offset, buf, p.bytes, cudaMemcpyHostToDevice, stream_));
     ZI_CUDA_TRY(cudaEventRecord(events_[static_cast<size_t>(p.buffer)], stream_));
