@@ -8,6 +8,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <system_error>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -15,6 +17,7 @@
 #include "backend/cuda/libs/attention_fa3.h"
 #include "backend/cuda/libs/conv_cudnn.h"
 #include "backend/cuda/libs/conv_graph.h"
+#include "backend/cuda/libs/cublas_loader.h"
 #include "backend/cuda/libs/gemm_cublaslt.h"
 #include "backend/cuda/libs/gemm_cutlass.h"
 #include "backend/cuda/libs/sdpa_cudnn.h"
@@ -73,6 +76,19 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(int device_index, DType
       return InvalidArgument("ZIMAGE_ATTENTION: '" + a +
                              "' is not one of auto, cudnn, own, general");
   }
+  // cuBLAS's libraries load on a thread of their own while the driver starts below
+  // (libs/cublas_loader.h says why); joined before the first cuBLAS handle.
+  std::thread blas_loader;
+  try {
+    blas_loader = std::thread([] { (void)load_cublas(); });
+  } catch (const std::system_error&) {  // no thread to spare: loaded below, on this one
+  }
+  struct JoinOnReturn {
+    std::thread& t;
+    ~JoinOnReturn() {
+      if (t.joinable()) t.join();
+    }
+  } join_blas_loader{blas_loader};
   int count = 0;
   const cudaError_t e = cudaGetDeviceCount(&count);
   if (e != cudaSuccess || count == 0) {
@@ -106,6 +122,10 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(int device_index, DType
       "cuda:" + std::to_string(device_index) + " " + prop.name + " (" + dtype_name(act_dtype) + ")";
   ZI_CUDA_TRY(cudaStreamCreateWithFlags(&b->stream_, cudaStreamNonBlocking));
   b->allocator_ = CachingAllocator::create(device_index);
+  tp = Clock::now();
+  if (blas_loader.joinable()) blas_loader.join();
+  const double blas_wait_ms = ms_since(tp);
+  ZI_TRY(load_cublas());
   tp = Clock::now();
   ZI_ASSIGN_OR_RETURN(b->gemm_, LtGemm::create(b->stream_, *b->allocator_));
   const double blas_ms = ms_since(tp);
@@ -183,9 +203,10 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(int device_index, DType
   ZI_INFO("cuda backend %s ready in %.3f s (context, cuBLASLt, cuDNN)", b->name_.c_str(),
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   ZI_DEBUG(
-      "cuda backend start: context %.1f ms, cuBLAS/cuBLASLt handles %.1f ms, cuDNN handles "
-      "(convolutions, attention) %.1f ms, cuDNN graph handle %.1f ms",
-      context_ms, blas_ms, cudnn_ms, graphs_ms);
+      "cuda backend start: context %.1f ms, then waited %.1f ms for cuBLAS's libraries, "
+      "cuBLAS/cuBLASLt handles %.1f ms, cuDNN handles (convolutions, attention) %.1f ms, cuDNN "
+      "graph handle %.1f ms",
+      context_ms, blas_wait_ms, blas_ms, cudnn_ms, graphs_ms);
   return b;
 }
 

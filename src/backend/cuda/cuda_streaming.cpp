@@ -23,8 +23,8 @@
 #include "backend/cuda/runtime/pinned_host.h"
 #include "backend/cuda/runtime/upload_plan.h"
 #include "backend/cuda/validate.h"
-#include "core/read_gate.h"
 #include "core/log.h"
+#include "core/read_gate.h"
 #include "core/thread_pool.h"
 
 namespace zimage::cuda {

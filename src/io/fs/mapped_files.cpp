@@ -53,7 +53,9 @@ MappedFileRegistration::MappedFileRegistration(const void* base, size_t bytes, i
   id_ = r.next_id++;
 }
 
-MappedFileRegistration::~MappedFileRegistration() { unregister(id_); }
+MappedFileRegistration::~MappedFileRegistration() {
+  unregister(id_);
+}
 
 MappedFileRegistration& MappedFileRegistration::operator=(MappedFileRegistration&& o) noexcept {
   if (this != &o) {

@@ -81,8 +81,7 @@ class FilePrefetcher::Gate final : public ReadGate {
     // load's own reads would be held.
     cv_.wait_for(lock, std::chrono::seconds(60), ready);
     ++waits_;
-    wait_seconds_ +=
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    wait_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
 
   void add_stats(Stats& s) {
@@ -148,8 +147,7 @@ std::unique_ptr<FilePrefetcher> FilePrefetcher::start(std::vector<std::string> f
   } catch (const std::system_error&) {  // fewer threads, or none
   } catch (const std::bad_alloc&) {
   }
-  if (started < want && p->running_.fetch_sub(want - started) == want - started)
-    p->gate_->end();
+  if (started < want && p->running_.fetch_sub(want - started) == want - started) p->gate_->end();
   if (p->threads_.empty()) return nullptr;
   if (options.gate) p->gate_registered_ = add_read_gate(p->gate_);
   return p;

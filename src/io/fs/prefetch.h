@@ -103,8 +103,8 @@ class FilePrefetcher {
   std::vector<std::unique_ptr<File>> files_;
   uint64_t max_bytes_ = 0;
   std::function<void(uint64_t)> before_chunk_;
-  std::shared_ptr<Gate> gate_;        // outlives this object while a copy waits in it
-  std::atomic<int> running_{0};       // threads still in run()
+  std::shared_ptr<Gate> gate_;   // outlives this object while a copy waits in it
+  std::atomic<int> running_{0};  // threads still in run()
   bool gate_registered_ = false;
   std::atomic<bool> stop_{false};
   std::atomic<uint64_t> next_{0};  // the next chunk to take, counted over all files in order

@@ -28,7 +28,8 @@ Result<std::shared_ptr<GgufFile>> GgufFile::open(const std::string& path) {
   file->path_ = path;
   file->size_ = file_size;
   if (file_size > 0) {
-    // A plain lazy mapping, as for safetensors (io/weights/safetensors.cpp says why no populate/madvise).
+    // A plain lazy mapping, as for safetensors (io/weights/safetensors.cpp says why no
+    // populate/madvise).
     void* p = ::mmap(nullptr, file_size, PROT_READ, MAP_PRIVATE, fd.get(), 0);
     if (p == MAP_FAILED) {
       return IoError(path + ": cannot memory-map " + std::to_string(file_size) +
