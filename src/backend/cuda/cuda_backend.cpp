@@ -78,9 +78,16 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(int device_index, DType
   }
   // cuBLAS's libraries load on a thread of their own while the driver starts below
   // (libs/cublas_loader.h says why); joined before the first cuBLAS handle.
+  // ZIMAGE_CUBLAS_THREAD=0 loads them on this thread after the context instead, serially as
+  // when they were linked (to measure the overlap).
   std::thread blas_loader;
+  const char* blas_thread = std::getenv("ZIMAGE_CUBLAS_THREAD");
+  if (blas_thread && std::string(blas_thread) != "0" && std::string(blas_thread) != "1")
+    return InvalidArgument("ZIMAGE_CUBLAS_THREAD: '" + std::string(blas_thread) +
+                           "' is not 0 or 1");
   try {
-    blas_loader = std::thread([] { (void)load_cublas(); });
+    if (!blas_thread || std::string(blas_thread) == "1")
+      blas_loader = std::thread([] { (void)load_cublas(); });
   } catch (const std::system_error&) {  // no thread to spare: loaded below, on this one
   }
   struct JoinOnReturn {
