@@ -224,9 +224,11 @@ def main():
     # keeps the warm-up from executing the first decode's convolutions (ZIMAGE_WARM_EXECUTE=0),
     # "<row>+nogate" lets the uploads fault the files in rather than wait for the read-ahead
     # (ZIMAGE_PREFETCH_GATE=0), "<row>+blasserial" loads cuBLAS after the CUDA context rather
-    # than beside the driver's start (ZIMAGE_CUBLAS_THREAD=0).
+    # than beside the driver's start (ZIMAGE_CUBLAS_THREAD=0), "<row>+nograph" runs every DiT
+    # forward eagerly (ZIMAGE_DIT_GRAPHS=0).
     suffixes = {"alloc": ("ZIMAGE_HOST_PIN", "alloc"), "noexec": ("ZIMAGE_WARM_EXECUTE", "0"),
-                "nogate": ("ZIMAGE_PREFETCH_GATE", "0"), "blasserial": ("ZIMAGE_CUBLAS_THREAD", "0")}
+                "nogate": ("ZIMAGE_PREFETCH_GATE", "0"), "blasserial": ("ZIMAGE_CUBLAS_THREAD", "0"),
+                "nograph": ("ZIMAGE_DIT_GRAPHS", "0")}
     dd_result = None  # `dd` of the dropped files, once per run however many cold rows
     for name in args.rows.split(","):
         rows = []

@@ -3,7 +3,6 @@
 // driver's view of device memory, the FP8 row (de)quantisation ops and the W8A8 GEMM with
 // per-row scales built on them.
 #include <cuda_runtime_api.h>
-#include <sys/mman.h>
 
 #include <algorithm>
 #include <array>
@@ -76,10 +75,6 @@ Result<Tensor> CudaBackend::host_copy(const std::vector<Tensor>& parts, bool pin
   } else {
     p = std::aligned_alloc(kAlign, rounded);
     if (p == nullptr) return OutOfMemory("host copy of " + std::to_string(bytes >> 20) + " MiB");
-    // Faulted in 2 MiB at a time by the copy threads below rather than 4 KiB (the text encoder's
-    // 0.78 GB embedding table: ~190k faults otherwise, on the load's path); as the page-locked
-    // staging does (runtime/pinned_host.h). Advice only: without huge pages nothing changes.
-    ::madvise(p, rounded, MADV_HUGEPAGE);
   }
   // Owned here until a storage takes it: the pinned allocation at once, the ordinary one after
   // the copy (registered or not).
