@@ -225,10 +225,11 @@ def main():
     # "<row>+nogate" lets the uploads fault the files in rather than wait for the read-ahead
     # (ZIMAGE_PREFETCH_GATE=0), "<row>+blasserial" loads cuBLAS after the CUDA context rather
     # than beside the driver's start (ZIMAGE_CUBLAS_THREAD=0), "<row>+nograph" runs every DiT
-    # forward eagerly (ZIMAGE_DIT_GRAPHS=0).
+    # forward eagerly (ZIMAGE_DIT_GRAPHS=0), "<row>+warmup2" also records the first image's
+    # linears during the load (ZIMAGE_WARM_UP=2).
     suffixes = {"alloc": ("ZIMAGE_HOST_PIN", "alloc"), "noexec": ("ZIMAGE_WARM_EXECUTE", "0"),
                 "nogate": ("ZIMAGE_PREFETCH_GATE", "0"), "blasserial": ("ZIMAGE_CUBLAS_THREAD", "0"),
-                "nograph": ("ZIMAGE_DIT_GRAPHS", "0")}
+                "nograph": ("ZIMAGE_DIT_GRAPHS", "0"), "warmup2": ("ZIMAGE_WARM_UP", "2")}
     dd_result = None  # `dd` of the dropped files, once per run however many cold rows
     for name in args.rows.split(","):
         rows = []
