@@ -21,6 +21,10 @@ except ImportError as error:  # a CUDA build without the CUDA libraries on the l
         raise ImportError(f"{error} (this zimage was built with CUDA: install CUDA 13 and cuDNN "
                           "9, or `pip install zimage-engine[cuda]` for NVIDIA's wheels)") from error
     from . import _zimage
+# cuBLAS is opened by soname when a CUDA backend starts: from NVIDIA's wheels, when installed.
+from . import _cuda_libs as _libs  # noqa: E402
+
+_libs.preload_cublas_from_wheels()
 from ._engine import Engine
 from ._errors import (Cancelled, DeviceError, Error, FormatError, InternalError, InvalidArgument,
                       IOFailure, NotFound, OutOfMemory, Unsupported)

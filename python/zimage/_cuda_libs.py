@@ -1,6 +1,7 @@
 """Finding the CUDA libraries of a CUDA build of the extension.
 
-The extension links the CUDA runtime, cuBLAS(Lt), cuDNN and NCCL by their sonames. When the
+The extension links the CUDA runtime, cuDNN and NCCL by their sonames, and opens cuBLAS(Lt) by
+soname when a CUDA backend starts. When the
 system's loader finds them (a CUDA install on the library path), nothing here runs. Otherwise
 they may come from NVIDIA's PyPI wheels (``pip install zimage-engine[cuda]``), which put them in
 ``site-packages/nvidia/.../lib``: they are loaded from there first (globally, so the extension's
@@ -34,6 +35,26 @@ def preload_from_wheels() -> list:
     loaded = []
     dirs = _wheel_lib_dirs()
     for soname in _SONAMES:
+        for d in dirs:
+            path = os.path.join(d, soname)
+            if os.path.exists(path):
+                ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+                loaded.append(path)
+                break
+    return loaded
+
+
+def preload_cublas_from_wheels() -> list:
+    """Loads cuBLAS(Lt) from NVIDIA's wheels when they are installed; returns the paths loaded.
+
+    The engine does not link cuBLAS: it opens libcublasLt and libcublas by soname when a CUDA
+    backend starts (src/backend/cuda/libs/cublas_loader.h), which finds a library already loaded
+    under that soname. So with the wheels, and no CUDA install on the loader's path, they are
+    loaded here first, as for the libraries the extension does link.
+    """
+    loaded = []
+    dirs = _wheel_lib_dirs()
+    for soname in ("libcublasLt.so.13", "libcublas.so.13"):
         for d in dirs:
             path = os.path.join(d, soname)
             if os.path.exists(path):
