@@ -222,13 +222,14 @@ def main():
     # A row name may carry settings after its configuration's name: "<row>+alloc" page-locks
     # with cudaHostAlloc (ZIMAGE_HOST_PIN=alloc) instead of registered huge pages, "<row>+noexec"
     # keeps the warm-up from executing the first decode's convolutions (ZIMAGE_WARM_EXECUTE=0),
-    # "<row>+nogate" lets the uploads fault the files in rather than wait for the read-ahead
-    # (ZIMAGE_PREFETCH_GATE=0), "<row>+blasserial" loads cuBLAS after the CUDA context rather
-    # than beside the driver's start (ZIMAGE_CUBLAS_THREAD=0), "<row>+nograph" runs every DiT
-    # forward eagerly (ZIMAGE_DIT_GRAPHS=0), "<row>+warmup2" also records the first image's
+    # "<row>+gate" makes the uploads wait for the read-ahead rather than fault the files in
+    # (ZIMAGE_PREFETCH_GATE=1; "+nogate" the default, explicitly), "<row>+blasserial" loads
+    # cuBLAS after the CUDA context rather than beside the driver's start (ZIMAGE_CUBLAS_THREAD=0),
+    # "<row>+nograph" runs every DiT forward eagerly (ZIMAGE_DIT_GRAPHS=0), "<row>+warmup2" also records the first image's
     # linears during the load (ZIMAGE_WARM_UP=2).
     suffixes = {"alloc": ("ZIMAGE_HOST_PIN", "alloc"), "noexec": ("ZIMAGE_WARM_EXECUTE", "0"),
-                "nogate": ("ZIMAGE_PREFETCH_GATE", "0"), "blasserial": ("ZIMAGE_CUBLAS_THREAD", "0"),
+                "nogate": ("ZIMAGE_PREFETCH_GATE", "0"), "gate": ("ZIMAGE_PREFETCH_GATE", "1"),
+                "blasserial": ("ZIMAGE_CUBLAS_THREAD", "0"),
                 "nograph": ("ZIMAGE_DIT_GRAPHS", "0"), "warmup2": ("ZIMAGE_WARM_UP", "2")}
     dd_result = None  # `dd` of the dropped files, once per run however many cold rows
     for name in args.rows.split(","):

@@ -194,6 +194,7 @@ TEST_F(Prefetch, GateHoldsACopyUntilTheReadAheadHasReadIt) {
   auto hold = std::make_shared<Hold>(1);
   FilePrefetcher::Options o;
   o.threads = 1;
+  o.gate = true;
   o.before_chunk = [hold](uint64_t i) { (*hold)(i); };
   auto p = FilePrefetcher::start({f}, o);
   ASSERT_NE(p, nullptr);
@@ -228,6 +229,7 @@ TEST_F(Prefetch, GateLetsCopiesGoWhenTheReadAheadStops) {
   auto hold = std::make_shared<Hold>(1);
   FilePrefetcher::Options o;
   o.threads = 1;
+  o.gate = true;
   o.before_chunk = [hold](uint64_t i) { (*hold)(i); };
   auto p = FilePrefetcher::start({f}, o);
   ASSERT_NE(p, nullptr);
@@ -248,7 +250,11 @@ TEST_F(Prefetch, GateLetsCopiesGoPastItsByteLimit) {
   if (!drop(f)) GTEST_SKIP() << "this file system keeps files cached (tmpfs?)";
   Mapped m(f);
   ASSERT_NE(m.base, nullptr);
-  auto p = FilePrefetcher::start({f}, /*max_bytes=*/kChunk, /*threads=*/1);
+  FilePrefetcher::Options o;
+  o.max_bytes = kChunk;
+  o.threads = 1;
+  o.gate = true;
+  auto p = FilePrefetcher::start({f}, o);
   ASSERT_NE(p, nullptr);
   p->wait();  // one chunk read, then the limit
   ASSERT_LT(p->stats().read_bytes, kSize);
@@ -267,6 +273,7 @@ TEST_F(Prefetch, GateIgnoresWhatItDoesNotRead) {
   auto hold = std::make_shared<Hold>(0);  // nothing is read until released
   FilePrefetcher::Options opt;
   opt.threads = 1;
+  opt.gate = true;
   opt.before_chunk = [hold](uint64_t i) { (*hold)(i); };
   auto p = FilePrefetcher::start({f}, opt);
   ASSERT_NE(p, nullptr);

@@ -18,12 +18,15 @@
 // threads, 3.7 s with 4, against 2.6 s for `dd` of the same files (+ the 0.4 s); with the files
 // cached, 4 threads go through them in 0.08 s. Hence 4 threads by default.
 //
-// The gate (core/read_gate.h): while it runs, a copy out of a registered mapping of one of its
-// files (io/fs/mapped_files.h; the safetensors and GGUF readers register theirs) waits in
-// wait_readable() until the chunks it covers have been read, unless their pages are already
-// cached. So from a cold cache the loader's copy threads no longer fault ahead of the read-ahead
-// with small reads of their own; the disk sees only the 8 MiB ones. The wait ends too when the
-// read-ahead stops (destroyed, its byte limit reached, the file unreadable).
+// The gate (core/read_gate.h; Options::gate, off by default): while it runs, a copy out of a
+// registered mapping of one of its files (io/fs/mapped_files.h; the safetensors and GGUF readers
+// register theirs) waits in wait_readable() until the chunks it covers have been read, unless
+// their pages are already cached, so the loader's copy threads never fault ahead of the
+// read-ahead. The wait ends too when the read-ahead stops (destroyed, its byte limit reached, the
+// file unreadable). Measured on an H100 host (docs/BENCHMARKS.md, "Session 20"), it made a cold
+// load slower: the read-ahead alone read 20.5 GB at 1.12 GB/s (18.2 s), while without the gate the
+// loader's faults and the read-ahead together read at 1.49 GB/s (13.75 s), as fast as `dd`
+// (1.46 GB/s). So the loader's faults add useful parallelism there; the gate stays an opt-in.
 #pragma once
 
 #include <atomic>
@@ -52,7 +55,7 @@ class FilePrefetcher {
   struct Options {
     uint64_t max_bytes = 0;  // 0: read them all
     int threads = 4;         // each takes the next chunk, so they keep that many reads in flight
-    bool gate = true;        // registers the gate described above while running
+    bool gate = false;       // registers the gate described above while running (opt-in)
     // Tests only: called on a prefetch thread before chunk `index` (counted over all files in
     // order) is looked at, so a test can hold the read-ahead back.
     std::function<void(uint64_t index)> before_chunk;
