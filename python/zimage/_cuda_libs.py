@@ -30,11 +30,11 @@ def _wheel_lib_dirs() -> list:
     return dirs
 
 
-def preload_from_wheels() -> list:
-    """Loads every CUDA library found in NVIDIA's wheels; returns the paths loaded."""
+def _load_from_wheels(sonames) -> list:
+    """Loads each of `sonames` found in NVIDIA's wheels, globally; returns the paths loaded."""
     loaded = []
     dirs = _wheel_lib_dirs()
-    for soname in _SONAMES:
+    for soname in sonames:
         for d in dirs:
             path = os.path.join(d, soname)
             if os.path.exists(path):
@@ -42,6 +42,11 @@ def preload_from_wheels() -> list:
                 loaded.append(path)
                 break
     return loaded
+
+
+def preload_from_wheels() -> list:
+    """Loads every CUDA library found in NVIDIA's wheels; returns the paths loaded."""
+    return _load_from_wheels(_SONAMES)
 
 
 def preload_cublas_from_wheels() -> list:
@@ -52,16 +57,7 @@ def preload_cublas_from_wheels() -> list:
     under that soname. So with the wheels, and no CUDA install on the loader's path, they are
     loaded here first, as for the libraries the extension does link.
     """
-    loaded = []
-    dirs = _wheel_lib_dirs()
-    for soname in ("libcublasLt.so.13", "libcublas.so.13"):
-        for d in dirs:
-            path = os.path.join(d, soname)
-            if os.path.exists(path):
-                ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
-                loaded.append(path)
-                break
-    return loaded
+    return _load_from_wheels(("libcublasLt.so.13", "libcublas.so.13"))
 
 
 def missing_library(error: ImportError) -> bool:

@@ -185,6 +185,16 @@ struct Hold {
 
 constexpr uint64_t kChunk = FilePrefetcher::kChunkBytes;
 
+// A gated read-ahead of `files` on one thread, held before chunk `at` until `hold` is released.
+std::unique_ptr<FilePrefetcher> start_held(const std::vector<std::string>& files,
+                                           const std::shared_ptr<Hold>& hold, bool gate = true) {
+  FilePrefetcher::Options o;
+  o.threads = 1;
+  o.gate = gate;
+  o.before_chunk = [hold](uint64_t i) { (*hold)(i); };
+  return FilePrefetcher::start(files, o);
+}
+
 TEST_F(Prefetch, GateHoldsACopyUntilTheReadAheadHasReadIt) {
   const std::string f = write_file("a.bin", kSize);  // chunks 0, 1, 2
   if (!drop(f)) GTEST_SKIP() << "this file system keeps files cached (tmpfs?)";
@@ -192,11 +202,7 @@ TEST_F(Prefetch, GateHoldsACopyUntilTheReadAheadHasReadIt) {
   ASSERT_NE(m.base, nullptr);
   ASSERT_TRUE(m.reg.registered());
   auto hold = std::make_shared<Hold>(1);
-  FilePrefetcher::Options o;
-  o.threads = 1;
-  o.gate = true;
-  o.before_chunk = [hold](uint64_t i) { (*hold)(i); };
-  auto p = FilePrefetcher::start({f}, o);
+  auto p = start_held({f}, hold);
   ASSERT_NE(p, nullptr);
   // Chunk 0 is read (or being read): a copy from it waits at most for that read.
   auto first = std::async(std::launch::async, [&] { wait_readable(m.base + 100, 4096); });
@@ -227,11 +233,7 @@ TEST_F(Prefetch, GateLetsCopiesGoWhenTheReadAheadStops) {
   Mapped m(f);
   ASSERT_NE(m.base, nullptr);
   auto hold = std::make_shared<Hold>(1);
-  FilePrefetcher::Options o;
-  o.threads = 1;
-  o.gate = true;
-  o.before_chunk = [hold](uint64_t i) { (*hold)(i); };
-  auto p = FilePrefetcher::start({f}, o);
+  auto p = start_held({f}, hold);
   ASSERT_NE(p, nullptr);
   const char* late = m.base + kSize - 4096;
   auto waiter = std::async(std::launch::async, [&] { wait_readable(late, 4096); });
@@ -271,11 +273,7 @@ TEST_F(Prefetch, GateIgnoresWhatItDoesNotRead) {
   ASSERT_NE(m.base, nullptr);
   ASSERT_NE(o.base, nullptr);
   auto hold = std::make_shared<Hold>(0);  // nothing is read until released
-  FilePrefetcher::Options opt;
-  opt.threads = 1;
-  opt.gate = true;
-  opt.before_chunk = [hold](uint64_t i) { (*hold)(i); };
-  auto p = FilePrefetcher::start({f}, opt);
+  auto p = start_held({f}, hold);
   ASSERT_NE(p, nullptr);
   std::vector<char> anonymous(1 << 20, 1);
   auto quick = [&](const void* q, size_t n) {
@@ -285,13 +283,10 @@ TEST_F(Prefetch, GateIgnoresWhatItDoesNotRead) {
   EXPECT_TRUE(quick(o.base + kSize - 4096, 4096)) << "another file's mapping";
   EXPECT_TRUE(quick(anonymous.data(), anonymous.size())) << "memory that is no mapping";
   // Without the gate, its own file is not held either.
-  FilePrefetcher::Options ungated = opt;
-  ungated.gate = false;
   auto hold2 = std::make_shared<Hold>(0);
-  ungated.before_chunk = [hold2](uint64_t i) { (*hold2)(i); };
   hold->release.set_value();
   p.reset();
-  auto q = FilePrefetcher::start({f}, ungated);
+  auto q = start_held({f}, hold2, /*gate=*/false);
   ASSERT_NE(q, nullptr);
   EXPECT_TRUE(quick(m.base + kSize - 4096, 4096)) << "a read-ahead started without its gate";
   hold2->release.set_value();
