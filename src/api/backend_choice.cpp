@@ -37,8 +37,12 @@ Result<std::unique_ptr<Backend>> make_backend(const std::string& device,
       return std::move(cuda).value();
     }
     if (gpu >= 0) return cuda.status().with_context("device " + device).with_field("device");
-    // A bad setting (ZIMAGE_ATTENTION) is an error, not a reason to fall back to the CPU.
-    if (cuda.status().code() == ErrorCode::kInvalidArgument) return cuda.status();
+    // A bad setting (ZIMAGE_ATTENTION) is an error, not a reason to fall back to the CPU; so is
+    // a GPU whose cuBLAS cannot be loaded (NotFound naming the library): the CPU would take
+    // minutes where the user expects the GPU.
+    if (cuda.status().code() == ErrorCode::kInvalidArgument ||
+        cuda.status().code() == ErrorCode::kNotFound)
+      return cuda.status();
     ZI_INFO("device auto: using the CPU (%s)", cuda.status().to_string().c_str());
   }
   if (p == "bf16" || p == "fp8")

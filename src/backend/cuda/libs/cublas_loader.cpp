@@ -11,21 +11,32 @@
 namespace zimage::cuda {
 namespace {
 
-#define ZI_CUBLASLT_ENTRY_POINTS(X)                                                     \
-  X(cublasLtCreate)                                                                     \
-  X(cublasLtDestroy)                                                                    \
-  X(cublasLtGetVersion) X(cublasLtMatmul) X(cublasLtMatmulAlgoGetHeuristic)             \
-      X(cublasLtMatmulAlgoConfigGetAttribute) X(cublasLtMatmulDescCreate)               \
-          X(cublasLtMatmulDescDestroy) X(cublasLtMatmulDescSetAttribute)                \
-              X(cublasLtMatmulPreferenceCreate) X(cublasLtMatmulPreferenceDestroy)      \
-                  X(cublasLtMatmulPreferenceSetAttribute) X(cublasLtMatrixLayoutCreate) \
-                      X(cublasLtMatrixLayoutDestroy)
+// clang-format off: one entry point a line
+#define ZI_CUBLASLT_ENTRY_POINTS(X)       \
+  X(cublasLtCreate)                       \
+  X(cublasLtDestroy)                      \
+  X(cublasLtGetVersion)                   \
+  X(cublasLtMatmul)                       \
+  X(cublasLtMatmulAlgoGetHeuristic)       \
+  X(cublasLtMatmulAlgoConfigGetAttribute) \
+  X(cublasLtMatmulDescCreate)             \
+  X(cublasLtMatmulDescDestroy)            \
+  X(cublasLtMatmulDescSetAttribute)       \
+  X(cublasLtMatmulPreferenceCreate)       \
+  X(cublasLtMatmulPreferenceDestroy)      \
+  X(cublasLtMatmulPreferenceSetAttribute) \
+  X(cublasLtMatrixLayoutCreate)           \
+  X(cublasLtMatrixLayoutDestroy)
 #define ZI_CUBLAS_SIMPLE_ENTRY_POINTS(X) \
   X(cublasCreate_v2)                     \
   X(cublasDestroy_v2)                    \
-  X(cublasSetStream_v2) X(cublasSetWorkspace_v2) X(cublasGetStatusName) X(cublasGetStatusString)
+  X(cublasSetStream_v2)                  \
+  X(cublasSetWorkspace_v2)               \
+  X(cublasGetStatusName)                 \
+  X(cublasGetStatusString)
 #define ZI_CUBLAS_SPELLED_ENTRY_POINTS(X) X(cublasGemmEx) X(cublasGemmStridedBatchedEx)
 #define ZI_CUBLAS_ENTRY_POINTS(X) ZI_CUBLAS_SIMPLE_ENTRY_POINTS(X) ZI_CUBLAS_SPELLED_ENTRY_POINTS(X)
+// clang-format on
 
 // The C entry points' types. cuBLAS's headers add C++ overloads of the two Ex GEMMs (taking the
 // legacy cudaDataType compute type), so those two are spelled out.
@@ -127,7 +138,9 @@ const Table* table() noexcept {
 Status load_cublas() noexcept {
   if (table() != nullptr) return Status::Ok();
   const std::string& why = loaded().error;
-  return Unsupported(why.empty() ? std::string("cuBLAS could not be loaded") : why);
+  // NotFound, not Unsupported: a GPU is there (the backend asks after finding one), so device
+  // "auto" reports this rather than falling back to the CPU (api/backend_choice.cpp).
+  return NotFound(why.empty() ? std::string("cuBLAS could not be loaded") : why);
 }
 
 }  // namespace zimage::cuda

@@ -16,7 +16,7 @@
 namespace zimage::cuda {
 
 // Loads libcublasLt and libcublas (the major version the program was built against) once; later
-// and concurrent calls wait for the first and return its result: Ok, or an error naming the
+// and concurrent calls wait for the first and return its result: Ok, or NotFound naming the
 // library or symbol that is missing. Thread-safe, never throws.
 Status load_cublas() noexcept;
 
