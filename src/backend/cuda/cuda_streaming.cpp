@@ -90,8 +90,8 @@ Result<Tensor> CudaBackend::host_copy(const std::vector<Tensor>& parts, bool pin
         std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 1, 16));
   size_t at = 0;
   for (const Tensor& t : parts) {
-    // In 64 MiB slices, each waiting for the read-ahead where it comes from a file it reads
-    // (core/read_gate.h): from a cold page cache the copy threads would fault it in piecemeal.
+    // In 64 MiB slices, each first asking the read gate (core/read_gate.h), which holds it only
+    // with ZIMAGE_PREFETCH_GATE=1, until the read-ahead has read it (off: measured slower).
     constexpr size_t kSlice = size_t{64} << 20;
     const auto* src = static_cast<const uint8_t*>(t.data());
     for (size_t off = 0; off < t.nbytes(); off += kSlice) {

@@ -120,8 +120,8 @@ Status PinnedUploader::staged_copy(void* dst, const void* src, size_t bytes) {
   for (const StagePiece& p : pieces_) {
     if (p.wait) ZI_CUDA_TRY(cudaEventSynchronize(events_[static_cast<size_t>(p.buffer)]));
     uint8_t* buf = staging_ + static_cast<size_t>(p.buffer) * opt_.buffer_bytes + p.buffer_offset;
-    // From a cold page cache, let the read-ahead bring the piece in with large reads rather than
-    // the copy threads fault it in a few pages at a time (core/read_gate.h).
+    // The read gate (core/read_gate.h): with ZIMAGE_PREFETCH_GATE=1, waits until the read-ahead
+    // has read the piece rather than let the copy threads fault it in (off: measured slower).
     wait_readable(s + p.src_offset, p.bytes);
     parallel_copy(*pool_, buf, s + p.src_offset, p.bytes, opt_.grain);
     ZI_CUDA_TRY(cudaMemcpyAsync(d + p.src_offset, buf, p.bytes, cudaMemcpyHostToDevice, stream_));
