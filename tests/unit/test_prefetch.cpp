@@ -73,7 +73,7 @@ class Prefetch : public ::testing::Test {
   fs::path dir_;
 };
 
-constexpr size_t kSize = 20u << 20;  // 2.5 chunks
+constexpr size_t kSize = FilePrefetcher::kChunkBytes * 5 / 2;  // 2.5 chunks
 
 TEST_F(Prefetch, ReadsWhatIsNotCachedAndSkipsWhatIs) {
   const std::string f = write_file("a.bin", kSize);
@@ -119,20 +119,31 @@ TEST_F(Prefetch, StopsAtItsByteLimit) {
   EXPECT_LE(q->stats().read_bytes, limit + 4 * FilePrefetcher::kChunkBytes);
 }
 
-// Four threads over three files take every chunk exactly once, in file order.
+// Four threads over three files take every chunk exactly once, each on its own slice of every
+// file (the default) or all taking the next chunk in turn; as many threads as a file has chunks,
+// or more (a file of one chunk: one thread has work).
 TEST_F(Prefetch, ThreadsShareTheChunksOfSeveralFiles) {
   std::vector<std::string> files;
   for (size_t size : {kSize, size_t{3} << 20, kSize + 5})
     files.push_back(write_file("f" + std::to_string(files.size()), size));
-  for (const std::string& f : files) drop(f);
-  auto p = FilePrefetcher::start(files, 0, /*threads=*/4);
-  ASSERT_NE(p, nullptr);
-  p->wait();
-  const FilePrefetcher::Stats s = p->stats();
-  EXPECT_EQ(s.files, 3);
-  EXPECT_EQ(s.chunks, 3u + 1u + 3u);
-  EXPECT_EQ(s.read_bytes + s.cached_bytes, kSize + (size_t{3} << 20) + kSize + 5);
-  for (const std::string& f : files) EXPECT_GT(resident_fraction(f), 0.99) << f;
+  for (bool slices : {true, false}) {
+    for (int threads : {4, 3, 1}) {
+      for (const std::string& f : files) drop(f);
+      FilePrefetcher::Options o;
+      o.threads = threads;
+      o.slices = slices;
+      auto p = FilePrefetcher::start(files, o);
+      ASSERT_NE(p, nullptr);
+      p->wait();
+      const FilePrefetcher::Stats s = p->stats();
+      const std::string tag =
+          std::string(slices ? "slices, " : "interleaved, ") + std::to_string(threads) + " threads";
+      EXPECT_EQ(s.files, 3) << tag;
+      EXPECT_EQ(s.chunks, 3u + 1u + 3u) << tag;
+      EXPECT_EQ(s.read_bytes + s.cached_bytes, kSize + (size_t{3} << 20) + kSize + 5) << tag;
+      for (const std::string& f : files) EXPECT_GT(resident_fraction(f), 0.99) << f << ", " << tag;
+    }
+  }
 }
 
 TEST_F(Prefetch, GoesPastFilesItCannotReadWithoutHanging) {

@@ -122,6 +122,7 @@ std::unique_ptr<FilePrefetcher> FilePrefetcher::start(std::vector<std::string> f
   if (!p) return nullptr;
   p->paths_ = std::move(files);
   p->max_bytes_ = options.max_bytes;
+  p->slices_ = options.slices;
   p->before_chunk_ = std::move(options.before_chunk);
   try {
     p->open_files();
@@ -143,7 +144,8 @@ std::unique_ptr<FilePrefetcher> FilePrefetcher::start(std::vector<std::string> f
   p->running_.store(want);
   int started = 0;
   try {
-    for (; started < want; ++started) p->threads_.emplace_back([raw = p.get()] { raw->run(); });
+    for (; started < want; ++started)
+      p->threads_.emplace_back([raw = p.get(), started, want] { raw->run(started, want); });
   } catch (const std::system_error&) {  // fewer threads, or none
   } catch (const std::bad_alloc&) {
   }
@@ -219,7 +221,7 @@ void FilePrefetcher::open_files() {
   }
 }
 
-void FilePrefetcher::run() {
+void FilePrefetcher::run(int thread, int threads) {
   // The last thread out tells the gate that nothing more will be read.
   struct Leave {
     FilePrefetcher* p;
@@ -234,34 +236,52 @@ void FilePrefetcher::run() {
   } catch (const std::bad_alloc&) {
     return;
   }
+  auto more = [&] { return !stop_.load() && (max_bytes_ == 0 || read_bytes_.load() < max_bytes_); };
+  if (slices_) {
+    // File by file, this thread's slice of each front to back: `threads` sequential streams.
+    // (A thread that could not be started leaves its slices to the loader's own reads.)
+    uint64_t base = 0;  // chunks in the files before this one
+    for (size_t k = 0; k < files_.size(); ++k) {
+      const uint64_t n = files_[k]->chunks;
+      const uint64_t per =
+          (n + static_cast<uint64_t>(threads) - 1) / static_cast<uint64_t>(threads);
+      const uint64_t first = std::min(n, per * static_cast<uint64_t>(thread));
+      const uint64_t last = std::min(n, first + per);
+      for (uint64_t i = first; i < last; ++i) {
+        if (!more()) return;
+        take_chunk(k, i, base + i, buffer, resident);
+      }
+      base += n;
+    }
+    return;
+  }
   for (;;) {
-    if (stop_.load()) return;
-    if (max_bytes_ != 0 && read_bytes_.load() >= max_bytes_) return;
+    if (!more()) return;
     // The next chunk in file order: threads take chunks one at a time, so they read the files
     // front to back together, each keeping one request in flight.
     const uint64_t index = next_.fetch_add(1);
     uint64_t i = index;
-    File* f = nullptr;
     size_t k = 0;
-    for (; k < files_.size(); ++k) {
-      if (i < files_[k]->chunks) {
-        f = files_[k].get();
-        break;
-      }
-      i -= files_[k]->chunks;
-    }
-    if (f == nullptr) return;  // past the last chunk
-    if (before_chunk_) before_chunk_(index);
-    if (!f->failed.load()) {
-      if (prefetch_chunk(*f, i, buffer, resident)) {
-        gate_->chunk_done(k, i);
-      } else {
-        f->failed.store(true);
-        gate_->file_failed(k);
-      }
-    }
-    if (f->chunks_done.fetch_add(1) + 1 == f->chunks) files_done_.fetch_add(1);
+    for (; k < files_.size() && i >= files_[k]->chunks; ++k) i -= files_[k]->chunks;
+    if (k == files_.size()) return;  // past the last chunk
+    take_chunk(k, i, index, buffer, resident);
   }
+}
+
+void FilePrefetcher::take_chunk(size_t k, uint64_t i, uint64_t index,
+                                std::vector<unsigned char>& buffer,
+                                std::vector<unsigned char>& resident) {
+  File& f = *files_[k];
+  if (before_chunk_) before_chunk_(index);
+  if (!f.failed.load()) {
+    if (prefetch_chunk(f, i, buffer, resident)) {
+      gate_->chunk_done(k, i);
+    } else {
+      f.failed.store(true);
+      gate_->file_failed(k);
+    }
+  }
+  if (f.chunks_done.fetch_add(1) + 1 == f.chunks) files_done_.fetch_add(1);
 }
 
 bool FilePrefetcher::prefetch_chunk(File& f, uint64_t c, std::vector<unsigned char>& buffer,

@@ -4,7 +4,7 @@
 // files in piece by piece; a sequential reader started at once overlaps the disk with that
 // start-up and keeps large requests in flight while the uploader copies.
 //
-// What it does, per 8 MiB chunk of each file: asks the kernel which pages are cached (mincore on a
+// What it does, per 16 MiB chunk of each file: asks the kernel which pages are cached (mincore on a
 // read-only mapping) and reads the chunk with pread only when some are not, so a warm page cache
 // costs one system call per chunk and no copying. It stops after `max_bytes` read (the caller
 // passes what the machine can cache without evicting what it just read), at the end of the list,
@@ -16,7 +16,16 @@
 // the page cache; a 0.4 s start-up simulated first, then the files read the uploader's way, 64 MiB
 // pieces copied by 2 threads from the mapping): 6.6-6.9 s alone, 4.5-4.9 s with 1 or 2 prefetch
 // threads, 3.7 s with 4, against 2.6 s for `dd` of the same files (+ the 0.4 s); with the files
-// cached, 4 threads go through them in 0.08 s. Hence 4 threads by default.
+// cached, 4 threads go through them in 0.08 s.
+//
+// How the threads share a file: each reads its own contiguous slice of it front to back (by
+// default), rather than all of them taking the next chunk in turn. Measured with
+// tools/cold_read_probe.cpp on a 5 GB file dropped from the page cache (docs/BENCHMARKS.md,
+// "Session 21"): on an H100 host's disk, one stream of 16 MiB reads 2.46 GB/s, 4 or 16 threads
+// taking 8 MiB chunks in turn 1.74-1.88, 8 threads on contiguous slices 2.45; on the
+// development machine's virtio disk (2 GB file) 0.48-1.16, 1.56-1.85 and 2.13-2.74. Interleaved
+// requests broke the host's sequential read-ahead; slices keep it and still keep several reads
+// in flight. Hence 8 threads on slices, 16 MiB a read.
 //
 // The gate (core/read_gate.h; Options::gate, off by default): while it runs, a copy out of a
 // registered mapping of one of its files (io/fs/mapped_files.h; the safetensors and GGUF readers
@@ -50,12 +59,15 @@ class FilePrefetcher {
     double gate_wait_seconds = 0;
   };
 
-  static constexpr uint64_t kChunkBytes = uint64_t{8} << 20;
+  static constexpr uint64_t kChunkBytes = uint64_t{16} << 20;
 
   struct Options {
     uint64_t max_bytes = 0;  // 0: read them all
-    int threads = 4;         // each takes the next chunk, so they keep that many reads in flight
-    bool gate = false;       // registers the gate described above while running (opt-in)
+    int threads = 8;         // reads in flight
+    // Each thread reads its own contiguous slice of each file (true), or every thread takes the
+    // next chunk in file order (false: the whole list read front to back together).
+    bool slices = true;
+    bool gate = false;  // registers the gate described above while running (opt-in)
     // Tests only: called on a prefetch thread before chunk `index` (counted over all files in
     // order) is looked at, so a test can hold the read-ahead back.
     std::function<void(uint64_t index)> before_chunk;
@@ -64,7 +76,7 @@ class FilePrefetcher {
   // Starts reading `files` in order; nullptr when no thread could be started.
   static std::unique_ptr<FilePrefetcher> start(std::vector<std::string> files, Options options);
   static std::unique_ptr<FilePrefetcher> start(std::vector<std::string> files,
-                                               uint64_t max_bytes = 0, int threads = 4) {
+                                               uint64_t max_bytes = 0, int threads = 8) {
     Options o;
     o.max_bytes = max_bytes;
     o.threads = threads;
@@ -97,7 +109,10 @@ class FilePrefetcher {
 
   FilePrefetcher() = default;
   void open_files();
-  void run();
+  void run(int thread, int threads);
+  // Looks at chunk `i` of file `k` (`index` counted over all files in order).
+  void take_chunk(size_t k, uint64_t i, uint64_t index, std::vector<unsigned char>& buffer,
+                  std::vector<unsigned char>& resident);
   // Reads (or finds cached) chunk `c` of file `f`; false when the file cannot be read further.
   bool prefetch_chunk(File& f, uint64_t c, std::vector<unsigned char>& buffer,
                       std::vector<unsigned char>& resident);
@@ -105,6 +120,7 @@ class FilePrefetcher {
   std::vector<std::string> paths_;
   std::vector<std::unique_ptr<File>> files_;
   uint64_t max_bytes_ = 0;
+  bool slices_ = true;
   std::function<void(uint64_t)> before_chunk_;
   std::shared_ptr<Gate> gate_;   // outlives this object while a copy waits in it
   std::atomic<int> running_{0};  // threads still in run()
