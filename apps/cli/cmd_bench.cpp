@@ -47,9 +47,10 @@ void register_bench_command(CLI::App& app) {
   cmd->add_option("--sizes", o->sizes, "Square image sizes (the first is used for whole images)")
       ->delimiter(',')
       ->check(CLI::Range(16, 4096));
-  cmd->add_option("--batch", o->batches, "Batch sizes for the DiT forward and whole images")
-      ->delimiter(',')
-      ->check(CLI::Range(1, 64));
+  CLI::Option* batch =
+      cmd->add_option("--batch", o->batches, "Batch sizes for the DiT forward and whole images")
+          ->delimiter(',')
+          ->check(CLI::Range(1, 64));
   cmd->add_option("--steps", o->steps, "DiT forwards per image")->check(CLI::Range(1, 1000));
   cmd->add_option("--iters", o->iters, "Timed repetitions (median reported)")
       ->check(CLI::Range(1, 1000));
@@ -72,11 +73,16 @@ void register_bench_command(CLI::App& app) {
                   "this LoRA file (zimage make-random-lora makes one), at the first --sizes");
   cmd->add_option("--lora-scale", o->lora_scale, "Strength of the --lora LoRA (default 1)")
       ->check(finite_number(true));
-  cmd->add_option("--fp8-quality", o->fp8_groups,
-                  "Instead of the other figures: --precision fp8's quality (DiT output, image) "
-                  "and speed against bf16, one row per group of FP8 linears, e.g. qkv out w13 w2 "
-                  "all")
-      ->expected(1, -1);
+  CLI::Option* fp8_quality =
+      cmd->add_option(
+             "--fp8-quality", o->fp8_groups,
+             "Instead of the other figures: --precision fp8's quality (DiT output, image) "
+             "and speed against bf16, one row per group of FP8 linears, e.g. qkv out w13 w2 "
+             "all")
+          ->expected(1, -1);
+  // Its rows are batch 1 at the first size: a --batch it would not use is refused rather than
+  // left out silently.
+  fp8_quality->excludes(batch);
   cmd->add_option("--weights", o->weights,
                   "bf16 or fp8 weights for the --vram-budget and --lora rows")
       ->check(CLI::IsMember({"bf16", "fp8"}));

@@ -95,6 +95,15 @@ TEST(CliFloatFlags, OtherCommandsRefuseNaN) {
   }
 }
 
+// bench --fp8-quality measures batch 1 only: a --batch beside it is refused, naming both, rather
+// than its rows silently left out.
+TEST(CliBench, Fp8QualityRefusesBatch) {
+  const auto r = zimage({"bench", "--device", "cpu", "--fp8-quality", "all", "--batch", "4"});
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("--fp8-quality"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("--batch"), std::string::npos) << r.err;
+}
+
 TEST(CliSeeds, MinusZeroIsZero) {
   TempDir d("seed");
   const std::string a = (d.path / "a.png").string(), b = (d.path / "b.png").string();
