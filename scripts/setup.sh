@@ -28,5 +28,6 @@ echo "setup: all build dependencies present"
 scripts/fetch_cudnn_frontend.sh
 scripts/fetch_cutlass.sh
 scripts/fetch_flashinfer.sh
+scripts/fetch_flash3.sh
 scripts/fetch_cuobjdump.sh
 scripts/setup_python.sh

@@ -1,10 +1,11 @@
 // CUDA attention against the CPU oracle: the flash kernel (bf16, head_dim 64/128) and the general
 // path (any head_dim, f32, forced for bf16 too), with GQA, causal masks (Sq != Sk included),
 // key_len padding (a fully masked batch item must give zeros), S > 1000 with head_dim 128, and
-// the VAE's single 512-wide head; FlashInfer's Hopper (FA3) kernel where the GPU has it, at the
-// DiT's 1024^2 shape too; long key rows for the general path's softmax (kept on chip up to 65536
-// keys, read three times past it, and with the hook off). A DiT-sized case (30 heads x 4224 x 128)
-// checks the flash kernel against the general path on the GPU alone.
+// the VAE's single 512-wide head; FlashInfer's Hopper (FA3) kernel and FlashAttention-3's own
+// (non-causal head_dim 128, ungrouped) where the GPU has them, at the DiT's 1024^2 shape too; long
+// key rows for the general path's softmax (kept on chip up to 65536 keys, read three times past it,
+// and with the hook off). A DiT-sized case (30 heads x 4224 x 128) checks the flash kernel against
+// the general path on the GPU alone.
 #include <cmath>
 #include <limits>
 #include <string>
@@ -46,17 +47,22 @@ void run_case(const AttnCase& c, DType dt, cuda::AttentionPath path, uint32_t se
   g->set_attention_path(path);
   const Status st = g->attention(q.gpu, k.gpu, v.gpu, p, o.gpu);
   g->set_attention_path(cuda::AttentionPath::kAuto);
-  const bool library = path == cuda::AttentionPath::kCudnn || path == cuda::AttentionPath::kFa3;
+  const bool library = path == cuda::AttentionPath::kCudnn || path == cuda::AttentionPath::kFa3 ||
+                       path == cuda::AttentionPath::kFlash3;
   if (library && st.code() == ErrorCode::kUnsupported) {
-    // cuDNN may have no engine for an odd shape, the FA3 kernel refuses some masks; kAuto then
-    // falls back. Say so, visibly.
+    // cuDNN may have no engine for an odd shape, the Hopper kernels refuse some masks and shapes;
+    // kAuto then falls back. Say so, visibly.
     std::printf("  %s [%s]: unsupported (%s)\n", describe(c).c_str(),
-                path == cuda::AttentionPath::kFa3 ? "fa3" : "cudnn", st.message().c_str());
+                path == cuda::AttentionPath::kFa3      ? "fa3"
+                : path == cuda::AttentionPath::kFlash3 ? "flash3"
+                                                       : "cudnn",
+                st.message().c_str());
     return;
   }
   ZI_ASSERT_OK(st);
   const char* tag = path == cuda::AttentionPath::kCudnn                       ? " [cudnn]"
                     : path == cuda::AttentionPath::kFa3                       ? " [fa3]"
+                    : path == cuda::AttentionPath::kFlash3                    ? " [flash3]"
                     : path == cuda::AttentionPath::kAuto                      ? " [auto]"
                     : path != cuda::AttentionPath::kFlash                     ? " [general]"
                     : g->flash_variant() == cuda::FlashVariant::kQInRegisters ? " [flash, Q regs]"
@@ -114,6 +120,8 @@ TEST(CudaOps, AttentionAgainstCpu) {
       }
       if (dt == DType::kBF16 && gpu(dt)->has_fa3_attention())
         run_case(c, dt, cuda::AttentionPath::kFa3, seed);
+      if (dt == DType::kBF16 && gpu(dt)->has_flash3_attention())
+        run_case(c, dt, cuda::AttentionPath::kFlash3, seed);
       seed += 3;
     }
   }
@@ -140,10 +148,12 @@ TEST(CudaOps, FlashMatchesGeneralAtDitSize) {
   expect_close("attn 30 x 4224 x 128 flash vs general", DType::kBF16, fetch(*g, of), fetch(*g, og));
 }
 
-// The library kernels on the shapes zimage runs, cuDNN's fused attention and FlashInfer's Hopper
-// (FA3) kernel: the DiT (30 heads x 4224 x 128, batch 2 with key padding), the text encoder
-// (causal GQA 32/8; FA3 only unpadded, its causal mask being bottom-right aligned). Each must be
-// supported (no silent fallback) and match the general path.
+// The library kernels on the shapes zimage runs, cuDNN's fused attention, FlashInfer's Hopper
+// (FA3) kernel and FlashAttention-3's own: the DiT (30 heads x 4224 x 128, its 1024^2, 1536^2
+// and 2048^2 sequences, batch 2 with key padding), the text encoder (causal GQA 32/8; FA3 only
+// unpadded, its causal mask being bottom-right aligned; FlashAttention-3 is built for the DiT's
+// case only). Each must be supported where it is meant to be (no silent fallback) and match the
+// general path.
 TEST(CudaOps, LibraryAttentionAtModelShapes) {
   ZI_REQUIRE_GPU();
   cuda::CudaBackend* g = gpu(DType::kBF16);
@@ -152,7 +162,8 @@ TEST(CudaOps, LibraryAttentionAtModelShapes) {
   const AttnCase cases[] = {
       {1, 4224, 4224, 30, 30, 128, false, {}},   {2, 4160, 4160, 30, 30, 128, false, {4160, 4128}},
       {2, 64, 64, 30, 30, 128, false, {64, 32}}, {2, 35, 35, 32, 8, 128, true, {35, 20}},
-      {1, 35, 35, 32, 8, 128, true, {}},
+      {1, 35, 35, 32, 8, 128, true, {}},         {1, 9280, 9280, 30, 30, 128, false, {}},
+      {1, 16448, 16448, 30, 30, 128, false, {}},
   };
   uint32_t seed = 1200;
   for (const AttnCase& c : cases) {
@@ -175,9 +186,12 @@ TEST(CudaOps, LibraryAttentionAtModelShapes) {
     ZI_ASSERT_OK(g->attention(q, k, v, p, og));
     g->set_attention_path(cuda::AttentionPath::kAuto);
     const bool fa3_takes = !(c.causal && !c.key_len.empty());
+    const bool flash3_takes = !c.causal && c.hq == c.hkv && c.d == 128;
     for (auto [path, name, have] :
          {std::tuple{cuda::AttentionPath::kCudnn, "cudnn", g->has_cudnn_attention()},
-          std::tuple{cuda::AttentionPath::kFa3, "fa3", g->has_fa3_attention() && fa3_takes}}) {
+          std::tuple{cuda::AttentionPath::kFa3, "fa3", g->has_fa3_attention() && fa3_takes},
+          std::tuple{cuda::AttentionPath::kFlash3, "flash3",
+                     g->has_flash3_attention() && flash3_takes}}) {
       if (!have) continue;
       Tensor oc = take(g->alloc(DType::kBF16, q.shape()), "oc");
       ZI_ASSERT_OK(g->fill(oc, std::numeric_limits<float>::quiet_NaN()));

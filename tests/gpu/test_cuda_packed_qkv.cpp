@@ -105,7 +105,7 @@ TEST(CudaPackedQkv, AttentionReadsTheProjectionInPlace) {
   };
   for (DType dt : kDTypes) {
     cuda::CudaBackend* g = gpu(dt);
-    if (dt == DType::kBF16 && g->has_fa3_attention()) {
+    if (dt == DType::kBF16 && (g->has_fa3_attention() || g->has_flash3_attention())) {
       EXPECT_TRUE(g->reads_packed_qkv()) << "bf16 on sm_90: the DiT keeps q|k|v packed";
     }
     if (dt == DType::kF32) {

@@ -404,14 +404,20 @@ TEST(CudaOpsPerf, AttentionBf16) {
       {"auto 1 x 16384 x 512 (VAE 1024^2)", 16384, 1, 1, 512, false, cuda::AttentionPath::kAuto},
       {"auto 1 x 65536 x 512 (VAE 2048^2)", 65536, 1, 1, 512, false, cuda::AttentionPath::kAuto},
       // The DiT's attention at 1024^2, 1536^2, 2048^2 (image + caption tokens): cuDNN's fused
-      // attention against FlashInfer's Hopper (FA3) kernel.
+      // attention against FlashInfer's Hopper (FA3) kernel and FlashAttention-3's own.
       {"cudnn 30 x 4160 x 128 (DiT 1024^2)", 4160, 30, 30, 128, false, cuda::AttentionPath::kCudnn},
       {"fa3 30 x 4160 x 128 (DiT 1024^2)", 4160, 30, 30, 128, false, cuda::AttentionPath::kFa3},
+      {"flash3 30 x 4160 x 128 (DiT 1024^2)", 4160, 30, 30, 128, false,
+       cuda::AttentionPath::kFlash3},
       {"cudnn 30 x 9280 x 128 (DiT 1536^2)", 9280, 30, 30, 128, false, cuda::AttentionPath::kCudnn},
       {"fa3 30 x 9280 x 128 (DiT 1536^2)", 9280, 30, 30, 128, false, cuda::AttentionPath::kFa3},
+      {"flash3 30 x 9280 x 128 (DiT 1536^2)", 9280, 30, 30, 128, false,
+       cuda::AttentionPath::kFlash3},
       {"cudnn 30 x 16448 x 128 (DiT 2048^2)", 16448, 30, 30, 128, false,
        cuda::AttentionPath::kCudnn},
       {"fa3 30 x 16448 x 128 (DiT 2048^2)", 16448, 30, 30, 128, false, cuda::AttentionPath::kFa3},
+      {"flash3 30 x 16448 x 128 (DiT 2048^2)", 16448, 30, 30, 128, false,
+       cuda::AttentionPath::kFlash3},
       {"cudnn causal 32/8 x 512 x 128 (Qwen3)", 512, 32, 8, 128, true, cuda::AttentionPath::kCudnn},
       {"fa3 causal 32/8 x 512 x 128 (Qwen3)", 512, 32, 8, 128, true, cuda::AttentionPath::kFa3},
   };
@@ -436,6 +442,7 @@ TEST(CudaOpsPerf, AttentionBf16) {
       }
       g->set_flash_variant(keep);
     } else if ((c.path == cuda::AttentionPath::kFa3 && !g->has_fa3_attention()) ||
+               (c.path == cuda::AttentionPath::kFlash3 && !g->has_flash3_attention()) ||
                (c.path == cuda::AttentionPath::kCudnn && !g->has_cudnn_attention())) {
       std::printf("  PERF attention %s skipped: that kernel is not in this build or GPU\n", c.name);
     } else {

@@ -402,7 +402,8 @@ TEST(ApiLoad, BadAttentionSettingIsAnErrorNotACpuFallback) {
   ::unsetenv("ZIMAGE_ATTENTION");
   ASSERT_FALSE(e.ok());
   EXPECT_EQ(e.status().code(), ErrorCode::kInvalidArgument) << e.status().to_string();
-  EXPECT_NE(e.status().message().find("ZIMAGE_ATTENTION: 'fastest' is not one of auto, cudnn"),
+  EXPECT_NE(e.status().message().find(
+                "ZIMAGE_ATTENTION: 'fastest' is not one of auto, flashinfer, cudnn"),
             std::string::npos)
       << e.status().to_string();
   EXPECT_TRUE(good.ok()) << good.status().to_string();

@@ -17,6 +17,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/kernels/kernels.h"
 #include "backend/cuda/libs/attention_fa3.h"
+#include "backend/cuda/libs/attention_flash3.h"
 #include "backend/cuda/libs/gemm_cublaslt.h"
 #include "backend/cuda/libs/sdpa_cudnn.h"
 #include "backend/cuda/runtime/capture_guard.h"
@@ -47,11 +48,28 @@ Status CudaBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v,
   if (b > 65535 || hq > 65535 || sq > INT32_MAX || sk > INT32_MAX)
     return Unsupported("attention: shape too large");
 
-  // FlashInfer's Hopper kernel first (FA3 design; measured against cuDNN at the DiT's shapes in
+  // FlashAttention-3's own Hopper kernel first where it is built for the request (the DiT's:
+  // bf16, head_dim 128, non-causal; measured against FlashInfer's in docs/BENCHMARKS.md);
+  // kFlash3 forces it.
+  if (attention_path_ == AttentionPath::kFlash3 ||
+      (attention_path_ == AttentionPath::kAuto && flash3_)) {
+    Status s = Unsupported(flash3_ ? "FlashAttention-3: needs bf16"
+                                   : "FlashAttention-3: not built, or this GPU is not sm_90");
+    if (flash3_ && q.dtype() == DType::kBF16) {
+      const Fa3Request r{q.data(), k.data(), v.data(), out.data(), b,          sq, sk, hq,
+                         hkv,      d,        p.scale,  p.causal,   &p.key_len, 0,  0};
+      s = run_flash3(r);
+    }
+    if (s.ok() || s.code() != ErrorCode::kUnsupported) return s;
+    if (attention_path_ == AttentionPath::kFlash3) return s;
+  }
+  // FlashInfer's Hopper kernel next (FA3 design; measured against cuDNN at the DiT's shapes in
   // docs/BENCHMARKS.md), where it takes the request (bf16, head_dim 64/128/256, see
   // fa3_supported); kFa3 forces it.
-  const bool fa3_first =
-      attention_path_ == AttentionPath::kFa3 || (attention_path_ == AttentionPath::kAuto && fa3_);
+  const bool fa3_first = attention_path_ == AttentionPath::kFa3 ||
+                         ((attention_path_ == AttentionPath::kAuto ||
+                           attention_path_ == AttentionPath::kFlashInferFirst) &&
+                          fa3_);
   if (fa3_first) {
     Status s = Unsupported(fa3_ ? "FA3 attention: needs bf16"
                                 : "FA3 attention: not built, or this GPU is not sm_90");
@@ -68,10 +86,11 @@ Status CudaBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v,
   // CudaOpsPerf.AttentionBf16) 6.76 ms at 16384 tokens and 112.6 ms at 65536 (~80 TFLOP/s),
   // against 2.73 / 50.1 ms (~200 TFLOP/s) for the general path's two GEMMs around a softmax.
   // So auto sends head_dim > 256 to the general path; kCudnn still forces cuDNN.
-  const bool cudnn_first =
-      attention_path_ == AttentionPath::kCudnn ||
-      ((attention_path_ == AttentionPath::kAuto || attention_path_ == AttentionPath::kCudnnFirst) &&
-       d <= kCudnnMaxHeadDim);
+  const bool cudnn_first = attention_path_ == AttentionPath::kCudnn ||
+                           ((attention_path_ == AttentionPath::kAuto ||
+                             attention_path_ == AttentionPath::kFlashInferFirst ||
+                             attention_path_ == AttentionPath::kCudnnFirst) &&
+                            d <= kCudnnMaxHeadDim);
   if (cudnn_first) {
     Status s = Unsupported("cuDNN attention: f32");
     if (q.dtype() != DType::kF32) {
@@ -109,9 +128,21 @@ Status CudaBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v,
   return attention_general(q, k, v, p, out);
 }
 
+Status CudaBackend::run_flash3(const Fa3Request& r) {
+  ZI_TRY(flash3_supported(r));
+  const int64_t bytes = flash3_scratch_bytes(r);
+  ZI_ASSIGN_OR_RETURN(Tensor lse, alloc(DType::kF32, {(bytes + 3) / 4}));
+  return flash3_attention(r, lse.data(), num_sms_, stream_);
+}
+
 bool CudaBackend::reads_packed_qkv() const {
-  return packed_qkv_ && fa3_ && act_ == DType::kBF16 && !fused_qkv_ &&
-         (attention_path_ == AttentionPath::kAuto || attention_path_ == AttentionPath::kFa3);
+  // Either Hopper kernel reads q, k and v by their token stride.
+  const bool hopper = (flash3_ && (attention_path_ == AttentionPath::kAuto ||
+                                   attention_path_ == AttentionPath::kFlash3)) ||
+                      (fa3_ && (attention_path_ == AttentionPath::kAuto ||
+                                attention_path_ == AttentionPath::kFlashInferFirst ||
+                                attention_path_ == AttentionPath::kFa3));
+  return packed_qkv_ && hopper && act_ == DType::kBF16 && !fused_qkv_;
 }
 
 Status CudaBackend::attention_packed(const Tensor& qkv, int64_t hq, int64_t hkv,
@@ -151,8 +182,15 @@ Status CudaBackend::attention_packed(const Tensor& qkv, int64_t hq, int64_t hkv,
                &p.key_len,
                f,
                f};
-  const Status st = fa3_attention(r, stream_);
-  // Shapes the kernel does not take (a head_dim other than 64/128/256, a row with no key): the
+  Status st = Unsupported("FlashAttention-3: not chosen");
+  if (flash3_ &&
+      (attention_path_ == AttentionPath::kAuto || attention_path_ == AttentionPath::kFlash3)) {
+    st = run_flash3(r);
+    if (st.code() != ErrorCode::kUnsupported || attention_path_ == AttentionPath::kFlash3)
+      return st;
+  }
+  if (fa3_ && attention_path_ != AttentionPath::kFlash3) st = fa3_attention(r, stream_);
+  // Shapes the kernels do not take (a head_dim other than 64/128/256, a row with no key): the
   // parts are copied out and attention() picks its path.
   if (st.code() == ErrorCode::kUnsupported) return Backend::attention_packed(qkv, hq, hkv, p, out);
   return st;

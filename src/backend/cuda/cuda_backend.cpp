@@ -15,6 +15,7 @@
 
 #include "backend/cuda/kernels/kernels.h"
 #include "backend/cuda/libs/attention_fa3.h"
+#include "backend/cuda/libs/attention_flash3.h"
 #include "backend/cuda/libs/conv_cudnn.h"
 #include "backend/cuda/libs/conv_graph.h"
 #include "backend/cuda/libs/cublas_loader.h"
@@ -60,13 +61,16 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(int device_index, DType
     return InvalidArgument(std::string("cuda backend: act dtype must be bf16 or f32, got ") +
                            dtype_name(act_dtype));
   // ZIMAGE_ATTENTION: which attention kernels auto may use (benchmarks compare them; a user can
-  // step back from the FA3-class kernel): "auto" (default), "cudnn" (cuDNN's fused attention
-  // first, the path before FlashInfer's kernel), "own" (the project's kernels), "general". Read
+  // step back from the Hopper kernels): "auto" (default), "flashinfer" (FlashInfer's kernel
+  // first, the path before FlashAttention-3's own), "cudnn" (cuDNN's fused attention first, the
+  // path before both), "own" (the project's kernels), "general". Read
   // before anything else, so a bad value is an error on any machine, never a silent CPU fallback.
   AttentionPath attention = AttentionPath::kAuto;
   if (const char* att = std::getenv("ZIMAGE_ATTENTION"); att && *att) {
     const std::string a(att);
-    if (a == "cudnn")
+    if (a == "flashinfer")
+      attention = AttentionPath::kFlashInferFirst;
+    else if (a == "cudnn")
       attention = AttentionPath::kCudnnFirst;
     else if (a == "own")
       attention = AttentionPath::kOwn;
@@ -74,7 +78,7 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(int device_index, DType
       attention = AttentionPath::kGeneral;
     else if (a != "auto")
       return InvalidArgument("ZIMAGE_ATTENTION: '" + a +
-                             "' is not one of auto, cudnn, own, general");
+                             "' is not one of auto, flashinfer, cudnn, own, general");
   }
   // cuBLAS's libraries load on a thread of their own while the driver starts below
   // (libs/cublas_loader.h says why); joined before the first cuBLAS handle.
@@ -141,6 +145,8 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(int device_index, DType
   b->sdpa_ = CudnnSdpa::create(b->stream_);
   const double cudnn_ms = ms_since(tp);
   b->fa3_ = fa3_available(device_index);
+  b->flash3_ = flash3_built() && b->sm_ == 90;
+  b->num_sms_ = prop.multiProcessorCount;
   // What the cached run-time choices depend on (io/fs/plan_cache.h): the GPU and the libraries.
   const std::string identity = std::string(prop.name) + " sm_" + std::to_string(b->sm_) +
                                " cudnn " + std::to_string(cudnnGetVersion()) + " cublasLt " +

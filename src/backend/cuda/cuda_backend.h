@@ -39,6 +39,8 @@
 
 namespace zimage::cuda {
 
+struct Fa3Request;  // libs/attention_fa3.h
+
 class LtGemm;
 class ConvPlanner;
 class CudnnSdpa;
@@ -61,13 +63,25 @@ class CudaGraph {
   cudaGraphExec_t exec_ = nullptr;
 };
 
-// kAuto: on sm_90, FlashInfer's FlashAttention-3-class Hopper kernel (bf16, head_dim 64/128/256;
-// libs/attention_fa3.h), else cuDNN's fused attention where it has an engine, else the own flash
-// kernel (bf16, head_dim 64/128), else the general GEMM + softmax path. kCudnnFirst: kAuto without
-// the FA3 kernel (the path before it; benchmarks compare the two). kOwn: the project's kernels
-// only (flash, else general). kFa3 / kCudnn / kFlash / kGeneral force one path (kUnsupported where
-// it cannot run).
-enum class AttentionPath { kAuto, kCudnnFirst, kOwn, kFa3, kCudnn, kFlash, kGeneral };
+// kAuto: on sm_90, FlashAttention-3's own Hopper kernel where it is built for the request (bf16,
+// head_dim 128, non-causal: the DiT's; libs/attention_flash3.h), else FlashInfer's FA3-class
+// Hopper kernel (bf16, head_dim 64/128/256; libs/attention_fa3.h), else cuDNN's fused attention
+// where it has an engine, else the own flash kernel (bf16, head_dim 64/128), else the general
+// GEMM + softmax path. kFlashInferFirst: kAuto without FlashAttention-3's kernel. kCudnnFirst:
+// kAuto without either Hopper kernel (the path before them; benchmarks compare them). kOwn: the
+// project's kernels only (flash, else general). kFlash3 / kFa3 / kCudnn / kFlash / kGeneral force
+// one path (kUnsupported where it cannot run).
+enum class AttentionPath {
+  kAuto,
+  kFlashInferFirst,
+  kCudnnFirst,
+  kOwn,
+  kFlash3,
+  kFa3,
+  kCudnn,
+  kFlash,
+  kGeneral
+};
 
 class CudaBackend final : public Backend {
  public:
@@ -270,6 +284,8 @@ class CudaBackend final : public Backend {
   bool has_cudnn_attention() const;
   // Whether FlashInfer's Hopper (FA3-class) attention is built in and runs on this GPU.
   bool has_fa3_attention() const { return fa3_; }
+  // Whether FlashAttention-3's own Hopper kernel is built in and runs on this GPU.
+  bool has_flash3_attention() const { return flash3_; }
   // Which build of the flash kernel to use (benchmarks compare them).
   void set_flash_variant(FlashVariant v) { flash_variant_ = v; }
   FlashVariant flash_variant() const { return flash_variant_; }
@@ -322,7 +338,11 @@ class CudaBackend final : public Backend {
   std::unique_ptr<LtGemm> gemm_;
   std::unique_ptr<ConvPlanner> conv_;
   std::unique_ptr<CudnnSdpa> sdpa_;
-  bool fa3_ = false;  // FlashInfer's Hopper attention is built in and this GPU is sm_90
+  // FlashAttention-3's kernel with its log-sum-exp scratch from the allocator (cuda_attention.cpp).
+  Status run_flash3(const Fa3Request& r);
+  bool fa3_ = false;     // FlashInfer's Hopper attention is built in and this GPU is sm_90
+  bool flash3_ = false;  // FlashAttention-3's Hopper kernel is built in and this GPU is sm_90
+  int num_sms_ = 0;      // the device's SM count (FlashAttention-3's persistent grid)
   std::unique_ptr<ConvGraphs> conv_graphs_;
   bool use_conv_graphs_ = true;
   bool pad_narrow_conv_ = false;  // ZIMAGE_CONV_PAD_COUT

@@ -1,0 +1,42 @@
+// FlashAttention-3's own Hopper forward kernel (Dao-AILab/flash-attention, hopper/; BSD-3-Clause),
+// used as a library for the DiT's attention: the same design as FlashInfer's kernel
+// (attention_fa3.h: a producer warp loading K and V tiles by TMA, two consumer warpgroups on
+// wgmma), plus what FlashInfer's lacks: the softmax of one tile overlapped with the QKᵀ of the
+// next inside each warpgroup (intra-warpgroup overlap), P kept in registers for the PV GEMM, a
+// 128 x 176 tile, and a persistent grid of one CTA per SM walking the tiles. Only the call is ours
+// (the library's launcher exits the process on a CUDA error; this one returns a Status).
+//
+// Built when scripts/setup.sh fetched the headers (third_party/flash3) and the CUDA code targets
+// sm_90a (CMake defines ZIMAGE_WITH_FLASH3); otherwise every call answers kUnsupported and
+// CudaBackend::attention takes the next path. One instantiation is built, the DiT's: bf16,
+// head_dim 128, non-causal, no padding mask (a batch with padded keys runs one launch per item
+// with its own key count). Everything else answers kUnsupported.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "backend/cuda/libs/attention_fa3.h"  // Fa3Request: the same request
+#include "core/status.h"
+
+namespace zimage::cuda {
+
+// True when this build carries the kernel (it runs on sm_90 GPUs only: the caller checks).
+bool flash3_built();
+
+// Bytes of device scratch flash3_attention needs for `r` (the kernel writes each row's
+// log-sum-exp, which the backend does not use: batch · heads_q · seq_q floats).
+int64_t flash3_scratch_bytes(const Fa3Request& r);
+
+// kUnsupported unless: bf16 operands (the caller's business), head_dim 128, heads_q == heads_kv,
+// not causal, every key_len in [1, Sk], 16-byte aligned pointers and token strides that are
+// multiples of 8 elements.
+Status flash3_supported(const Fa3Request& r);
+
+// softmax(scale · Q Kᵀ [keys past key_len[b] masked]) V, as fa3_attention. `scratch` holds at
+// least flash3_scratch_bytes(r) bytes (device memory, 4-byte aligned); `num_sm` is the device's
+// SM count (the persistent grid's width).
+Status flash3_attention(const Fa3Request& r, void* scratch, int num_sm, cudaStream_t stream);
+
+}  // namespace zimage::cuda
