@@ -146,6 +146,26 @@ TEST_F(Prefetch, ThreadsShareTheChunksOfSeveralFiles) {
   }
 }
 
+// More slices than threads (as when some threads could not be started): the threads take the
+// slices no one took, so every chunk is still read exactly once.
+TEST_F(Prefetch, SlicesOutnumberingTheThreadsAreAllRead) {
+  std::vector<std::string> files;
+  for (size_t size : {kSize * 3, size_t{5} << 20, kSize})
+    files.push_back(write_file("s" + std::to_string(files.size()), size));
+  for (const std::string& f : files) drop(f);
+  FilePrefetcher::Options o;
+  o.threads = 2;
+  o.slices_per_file = 5;
+  auto p = FilePrefetcher::start(files, o);
+  ASSERT_NE(p, nullptr);
+  p->wait();
+  const FilePrefetcher::Stats s = p->stats();
+  EXPECT_EQ(s.files, 3);
+  EXPECT_EQ(s.chunks, 8u + 1u + 3u);
+  EXPECT_EQ(s.read_bytes + s.cached_bytes, kSize * 3 + (size_t{5} << 20) + kSize);
+  for (const std::string& f : files) EXPECT_GT(resident_fraction(f), 0.99) << f;
+}
+
 TEST_F(Prefetch, GoesPastFilesItCannotReadWithoutHanging) {
   const std::string good = write_file("good.bin", 1u << 20);
   const std::string empty = write_file("empty.bin", 0);

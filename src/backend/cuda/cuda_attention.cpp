@@ -131,8 +131,12 @@ Status CudaBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v,
 Status CudaBackend::run_flash3(const Fa3Request& r) {
   ZI_TRY(flash3_supported(r));
   const int64_t bytes = flash3_scratch_bytes(r);
-  ZI_ASSIGN_OR_RETURN(Tensor lse, alloc(DType::kF32, {(bytes + 3) / 4}));
-  return flash3_attention(r, lse.data(), num_sms_, stream_);
+  Result<Tensor> lse = alloc(DType::kF32, {(bytes + 3) / 4});
+  // No memory for its scratch: the next kernel (FlashInfer's needs none) takes the request.
+  if (!lse.ok())
+    return Unsupported("FlashAttention-3: no device memory for its scratch (" +
+                       lse.status().message() + ")");
+  return flash3_attention(r, lse->data(), num_sms_, stream_);
 }
 
 bool CudaBackend::reads_packed_qkv() const {

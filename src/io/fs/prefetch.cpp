@@ -123,6 +123,7 @@ std::unique_ptr<FilePrefetcher> FilePrefetcher::start(std::vector<std::string> f
   p->paths_ = std::move(files);
   p->max_bytes_ = options.max_bytes;
   p->slices_ = options.slices;
+  p->slices_per_file_ = std::max(0, options.slices_per_file);
   p->before_chunk_ = std::move(options.before_chunk);
   try {
     p->open_files();
@@ -141,11 +142,12 @@ std::unique_ptr<FilePrefetcher> FilePrefetcher::start(std::vector<std::string> f
   }
   // Counted before any thread runs, so that the last one out (which ends the gate) is the last.
   const int want = std::max(1, options.threads);
+  const int slices = p->slices_per_file_ > 0 ? p->slices_per_file_ : want;
   p->running_.store(want);
   int started = 0;
   try {
     for (; started < want; ++started)
-      p->threads_.emplace_back([raw = p.get(), started, want] { raw->run(started, want); });
+      p->threads_.emplace_back([raw = p.get(), slices] { raw->run(slices); });
   } catch (const std::system_error&) {  // fewer threads, or none
   } catch (const std::bad_alloc&) {
   }
@@ -200,8 +202,10 @@ uint64_t FilePrefetcher::default_limit() {
 }
 
 void FilePrefetcher::open_files() {
+  uint64_t chunks_before = 0;
   for (const std::string& path : paths_) {
     files_.push_back(std::make_unique<File>());
+    first_chunk_.push_back(chunks_before);
     File& f = *files_.back();
     // O_NONBLOCK: a FIFO in a model folder must not hang the thread (the loader rejects it).
     const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
@@ -216,12 +220,13 @@ void FilePrefetcher::open_files() {
     f.device = static_cast<uint64_t>(st.st_dev);
     f.inode = static_cast<uint64_t>(st.st_ino);
     f.chunks = (f.size + kChunkBytes - 1) / kChunkBytes;
+    chunks_before += f.chunks;
     void* map = ::mmap(nullptr, f.size, PROT_READ, MAP_SHARED, fd, 0);
     if (map != MAP_FAILED) f.map = static_cast<const unsigned char*>(map);
   }
 }
 
-void FilePrefetcher::run(int thread, int threads) {
+void FilePrefetcher::run(int slices) {
   // The last thread out tells the gate that nothing more will be read.
   struct Leave {
     FilePrefetcher* p;
@@ -229,31 +234,36 @@ void FilePrefetcher::run(int thread, int threads) {
       if (p->running_.fetch_sub(1) == 1 && p->gate_) p->gate_->end();
     }
   } leave{this};
-  std::vector<unsigned char> buffer, resident;
+  // Not zeroed: with a warm page cache nothing is read, and its pages are never touched.
+  std::unique_ptr<unsigned char[]> buffer(new (std::nothrow) unsigned char[kChunkBytes]);
+  std::vector<unsigned char> resident;
   try {
-    buffer.resize(kChunkBytes);
     resident.resize(kChunkBytes / 4096 + 1);
   } catch (const std::bad_alloc&) {
     return;
   }
-  auto more = [&] { return !stop_.load() && (max_bytes_ == 0 || read_bytes_.load() < max_bytes_); };
+  if (!buffer) return;
+  auto more = [&] {
+    return !stop_.load() && (max_bytes_ != 0 ? read_bytes_.load() < max_bytes_ : true);
+  };
   if (slices_) {
-    // File by file, this thread's slice of each front to back: `threads` sequential streams.
-    // (A thread that could not be started leaves its slices to the loader's own reads.)
-    uint64_t base = 0;  // chunks in the files before this one
-    for (size_t k = 0; k < files_.size(); ++k) {
-      const uint64_t n = files_[k]->chunks;
-      const uint64_t per =
-          (n + static_cast<uint64_t>(threads) - 1) / static_cast<uint64_t>(threads);
-      const uint64_t first = std::min(n, per * static_cast<uint64_t>(thread));
-      const uint64_t last = std::min(n, first + per);
+    // Each file in `slices` contiguous slices, taken in order (the first file's slices, then the
+    // next file's) and each read front to back by the thread that took it: as many sequential
+    // streams as threads. Taken rather than assigned, so threads that could not start (or
+    // stopped early) leave no slice unread.
+    const auto per_file = static_cast<uint64_t>(slices);
+    for (;;) {
+      if (!more()) return;
+      const uint64_t item = next_.fetch_add(1);
+      const uint64_t k = item / per_file, j = item % per_file;
+      if (k >= files_.size()) return;
+      const uint64_t n = files_[k]->chunks, per = (n + per_file - 1) / per_file;
+      const uint64_t first = std::min(n, per * j), last = std::min(n, first + per);
       for (uint64_t i = first; i < last; ++i) {
         if (!more()) return;
-        take_chunk(k, i, base + i, buffer, resident);
+        take_chunk(k, i, first_chunk_[k] + i, buffer.get(), resident);
       }
-      base += n;
     }
-    return;
   }
   for (;;) {
     if (!more()) return;
@@ -264,12 +274,11 @@ void FilePrefetcher::run(int thread, int threads) {
     size_t k = 0;
     for (; k < files_.size() && i >= files_[k]->chunks; ++k) i -= files_[k]->chunks;
     if (k == files_.size()) return;  // past the last chunk
-    take_chunk(k, i, index, buffer, resident);
+    take_chunk(k, i, index, buffer.get(), resident);
   }
 }
 
-void FilePrefetcher::take_chunk(size_t k, uint64_t i, uint64_t index,
-                                std::vector<unsigned char>& buffer,
+void FilePrefetcher::take_chunk(size_t k, uint64_t i, uint64_t index, unsigned char* buffer,
                                 std::vector<unsigned char>& resident) {
   File& f = *files_[k];
   if (before_chunk_) before_chunk_(index);
@@ -284,7 +293,7 @@ void FilePrefetcher::take_chunk(size_t k, uint64_t i, uint64_t index,
   if (f.chunks_done.fetch_add(1) + 1 == f.chunks) files_done_.fetch_add(1);
 }
 
-bool FilePrefetcher::prefetch_chunk(File& f, uint64_t c, std::vector<unsigned char>& buffer,
+bool FilePrefetcher::prefetch_chunk(File& f, uint64_t c, unsigned char* buffer,
                                     std::vector<unsigned char>& resident) {
   const uint64_t off = c * kChunkBytes;
   const uint64_t n = std::min(kChunkBytes, f.size - off);
@@ -301,7 +310,7 @@ bool FilePrefetcher::prefetch_chunk(File& f, uint64_t c, std::vector<unsigned ch
       return true;
     }
   }
-  const ssize_t r = ::pread(f.fd, buffer.data(), n, static_cast<off_t>(off));
+  const ssize_t r = ::pread(f.fd, buffer, n, static_cast<off_t>(off));
   if (r <= 0) return false;  // the loader meets and reports the same error
   read_bytes_.fetch_add(static_cast<uint64_t>(r));
   return true;

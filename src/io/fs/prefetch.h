@@ -10,7 +10,8 @@
 // passes what the machine can cache without evicting what it just read), at the end of the list,
 // or when destroyed (the destructor waits for the chunks being read). Errors (a file that cannot
 // be opened or read) end the prefetch of that file silently: the loader reads it anyway and
-// reports its own error. Never throws; a thread that cannot be started means no prefetch.
+// reports its own error. Never throws; threads that cannot be started leave their share to the
+// others (none started: no prefetch).
 //
 // Measured on this project's development machine (virtio disk; the 8 GB text encoder dropped from
 // the page cache; a 0.4 s start-up simulated first, then the files read the uploader's way, 64 MiB
@@ -67,6 +68,9 @@ class FilePrefetcher {
     // Each thread reads its own contiguous slice of each file (true), or every thread takes the
     // next chunk in file order (false: the whole list read front to back together).
     bool slices = true;
+    // Slices a file is cut into; 0: one per thread. (Tests: more slices than threads, as when
+    // some threads could not be started.)
+    int slices_per_file = 0;
     bool gate = false;  // registers the gate described above while running (opt-in)
     // Tests only: called on a prefetch thread before chunk `index` (counted over all files in
     // order) is looked at, so a test can hold the read-ahead back.
@@ -109,24 +113,28 @@ class FilePrefetcher {
 
   FilePrefetcher() = default;
   void open_files();
-  void run(int thread, int threads);
+  void run(int slices);
   // Looks at chunk `i` of file `k` (`index` counted over all files in order).
-  void take_chunk(size_t k, uint64_t i, uint64_t index, std::vector<unsigned char>& buffer,
+  void take_chunk(size_t k, uint64_t i, uint64_t index, unsigned char* buffer,
                   std::vector<unsigned char>& resident);
   // Reads (or finds cached) chunk `c` of file `f`; false when the file cannot be read further.
-  bool prefetch_chunk(File& f, uint64_t c, std::vector<unsigned char>& buffer,
+  bool prefetch_chunk(File& f, uint64_t c, unsigned char* buffer,
                       std::vector<unsigned char>& resident);
 
   std::vector<std::string> paths_;
   std::vector<std::unique_ptr<File>> files_;
+  std::vector<uint64_t> first_chunk_;  // chunks in the files before each one
   uint64_t max_bytes_ = 0;
   bool slices_ = true;
+  int slices_per_file_ = 0;
   std::function<void(uint64_t)> before_chunk_;
   std::shared_ptr<Gate> gate_;   // outlives this object while a copy waits in it
   std::atomic<int> running_{0};  // threads still in run()
   bool gate_registered_ = false;
   std::atomic<bool> stop_{false};
-  std::atomic<uint64_t> next_{0};  // the next chunk to take, counted over all files in order
+  // The next chunk to take, counted over all files in order (or, with slices, the next slice:
+  // file by file, slice by slice).
+  std::atomic<uint64_t> next_{0};
   std::atomic<uint64_t> chunks_{0}, read_bytes_{0}, cached_bytes_{0};
   std::atomic<int> files_done_{0};
   std::vector<std::thread> threads_;

@@ -1,10 +1,11 @@
 // FlashAttention-3's own Hopper forward kernel (Dao-AILab/flash-attention, hopper/; BSD-3-Clause),
-// used as a library for the DiT's attention: the same design as FlashInfer's kernel
-// (attention_fa3.h: a producer warp loading K and V tiles by TMA, two consumer warpgroups on
-// wgmma), plus what FlashInfer's lacks: the softmax of one tile overlapped with the QKᵀ of the
-// next inside each warpgroup (intra-warpgroup overlap), P kept in registers for the PV GEMM, a
-// 128 x 176 tile, and a persistent grid of one CTA per SM walking the tiles. Only the call is ours
-// (the library's launcher exits the process on a CUDA error; this one returns a Status).
+// used as a library for the DiT's attention. The design is FlashInfer's too (attention_fa3.h: a
+// producer warp loading K and V tiles by TMA, two consumer warpgroups on wgmma, each overlapping
+// the softmax of one tile with its GEMMs, P kept in registers for PV); what differs at the DiT's
+// shapes is the tile (128 x 176 against FlashInfer's 128 x 192) and the grid: one persistent CTA
+// per SM walking the tiles, against one CTA per tile. Measured 1.09-1.11x FlashInfer's kernel
+// there (docs/BENCHMARKS.md, "Session 21"). Only the call is ours (the library's launcher exits
+// the process on a CUDA error; this one returns a Status).
 //
 // Built when scripts/setup.sh fetched the headers (third_party/flash3) and the CUDA code targets
 // sm_90a (CMake defines ZIMAGE_WITH_FLASH3); otherwise every call answers kUnsupported and
