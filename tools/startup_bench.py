@@ -174,6 +174,25 @@ def median_row(rows):
     return med
 
 
+def write_results(args, results, dd_result):
+    """<tag>.json and <tag>.md: every row measured so far (medians in the table)."""
+    with open(os.path.join(args.out, args.tag + ".json"), "w") as f:
+        json.dump(results, f, indent=1)
+    cols = ["wall_s", "backend_s", "load_s", "text_encoder_load_s", "transformer_load_s",
+            "text_encoder_s", "step0_s", "step1_s", "vae_decode_s", "image_s", "after_image_s",
+            "max_rss_gib"]
+    with open(os.path.join(args.out, args.tag + ".md"), "w") as f:
+        f.write("| row | " + " | ".join(cols) + " |\n|" + " --- |" * (len(cols) + 1) + "\n")
+        for name, r in results["rows"].items():
+            m = r["median"]
+            f.write("| %s | " % name + " | ".join(
+                "%.3f" % m[c] if isinstance(m.get(c), (int, float)) else "-" for c in cols) + " |\n")
+        if dd_result is not None:
+            d = dd_result
+            f.write("\ncold: dd of the same files after the same drop: %.2f s, %.2f GB/s "
+                    "(resident before %.4f)\n" % (d["seconds"], d["gbps"], d["resident_before"]))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", required=True)
@@ -256,6 +275,8 @@ def main():
             r = run_once(args, name, i, configs[config], env)
             r.update(rows_extra)
             rows.append(r)
+            results["rows"][name] = {"median": median_row(rows), "runs": list(rows)}
+            write_results(args, results, dd_result)
             if config == "empty":
                 shutil.rmtree(env["XDG_CACHE_HOME"], ignore_errors=True)
                 shutil.rmtree(env["CUDA_CACHE_PATH"], ignore_errors=True)
@@ -275,21 +296,9 @@ def main():
                          "gbps": round(total / dd / 1e9, 2), "resident_before": round(before, 4)}
             results["rows"][name]["dd"] = dd_result
             read_into_page_cache(files)
-    with open(os.path.join(args.out, args.tag + ".json"), "w") as f:
-        json.dump(results, f, indent=1)
-    cols = ["wall_s", "backend_s", "load_s", "text_encoder_load_s", "transformer_load_s",
-            "text_encoder_s", "step0_s", "step1_s", "vae_decode_s", "image_s", "after_image_s",
-            "max_rss_gib"]
-    with open(os.path.join(args.out, args.tag + ".md"), "w") as f:
-        f.write("| row | " + " | ".join(cols) + " |\n|" + " --- |" * (len(cols) + 1) + "\n")
-        for name, r in results["rows"].items():
-            m = r["median"]
-            f.write("| %s | " % name + " | ".join(
-                "%.3f" % m[c] if isinstance(m.get(c), (int, float)) else "-" for c in cols) + " |\n")
-        if dd_result is not None:
-            d = dd_result
-            f.write("\ncold: dd of the same files after the same drop: %.2f s, %.2f GB/s "
-                    "(resident before %.4f)\n" % (d["seconds"], d["gbps"], d["resident_before"]))
+        # After every row, so that a run cut short (a stage's timeout) keeps the rows it finished.
+        write_results(args, results, dd_result)
+    write_results(args, results, dd_result)
     shutil.rmtree(warm_cache, ignore_errors=True)
     print(open(os.path.join(args.out, args.tag + ".md")).read())
 
