@@ -89,6 +89,7 @@ TEST(CudaOps, AttentionAgainstCpu) {
       {2, 1031, 1031, 4, 2, 128, false, {1031, 700}},
       {1, 1031, 1031, 2, 2, 128, true, {}},
       {2, 77, 300, 4, 4, 128, false, {300, 0}},
+      {1, 77, 300, 4, 4, 128, false, {}},  // non-causal Sq != Sk (FlashAttention-3 takes it)
       {1, 129, 200, 2, 1, 64, true, {}},
       {2, 130, 65, 8, 2, 64, true, {65, 33}},
       {1, 300, 257, 1, 1, 512, false, {}},
