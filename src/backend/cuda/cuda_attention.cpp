@@ -51,8 +51,7 @@ Status CudaBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v,
   // FlashAttention-3's own Hopper kernel first where it is built for the request (the DiT's:
   // bf16, head_dim 128, non-causal; measured against FlashInfer's in docs/BENCHMARKS.md);
   // kFlash3 forces it.
-  if (attention_path_ == AttentionPath::kFlash3 ||
-      (attention_path_ == AttentionPath::kAuto && flash3_)) {
+  if (attention_path_ == AttentionPath::kFlash3 || flash3_allowed()) {
     Status s = Unsupported(flash3_ ? "FlashAttention-3: needs bf16"
                                    : "FlashAttention-3: not built, or this GPU is not sm_90");
     if (flash3_ && q.dtype() == DType::kBF16) {
@@ -66,11 +65,7 @@ Status CudaBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v,
   // FlashInfer's Hopper kernel next (FA3 design; measured against cuDNN at the DiT's shapes in
   // docs/BENCHMARKS.md), where it takes the request (bf16, head_dim 64/128/256, see
   // fa3_supported); kFa3 forces it.
-  const bool fa3_first = attention_path_ == AttentionPath::kFa3 ||
-                         ((attention_path_ == AttentionPath::kAuto ||
-                           attention_path_ == AttentionPath::kFlashInferFirst) &&
-                          fa3_);
-  if (fa3_first) {
+  if (attention_path_ == AttentionPath::kFa3 || fa3_allowed()) {
     Status s = Unsupported(fa3_ ? "FA3 attention: needs bf16"
                                 : "FA3 attention: not built, or this GPU is not sm_90");
     if (fa3_ && q.dtype() == DType::kBF16) {
@@ -139,14 +134,20 @@ Status CudaBackend::run_flash3(const Fa3Request& r) {
   return flash3_attention(r, lse->data(), num_sms_, stream_);
 }
 
+bool CudaBackend::flash3_allowed() const {
+  return flash3_ &&
+         (attention_path_ == AttentionPath::kAuto || attention_path_ == AttentionPath::kFlash3);
+}
+
+bool CudaBackend::fa3_allowed() const {
+  return fa3_ && (attention_path_ == AttentionPath::kAuto ||
+                  attention_path_ == AttentionPath::kFlashInferFirst ||
+                  attention_path_ == AttentionPath::kFa3);
+}
+
 bool CudaBackend::reads_packed_qkv() const {
   // Either Hopper kernel reads q, k and v by their token stride.
-  const bool hopper = (flash3_ && (attention_path_ == AttentionPath::kAuto ||
-                                   attention_path_ == AttentionPath::kFlash3)) ||
-                      (fa3_ && (attention_path_ == AttentionPath::kAuto ||
-                                attention_path_ == AttentionPath::kFlashInferFirst ||
-                                attention_path_ == AttentionPath::kFa3));
-  return packed_qkv_ && hopper && act_ == DType::kBF16 && !fused_qkv_;
+  return packed_qkv_ && (flash3_allowed() || fa3_allowed()) && act_ == DType::kBF16 && !fused_qkv_;
 }
 
 Status CudaBackend::attention_packed(const Tensor& qkv, int64_t hq, int64_t hkv,
@@ -186,14 +187,13 @@ Status CudaBackend::attention_packed(const Tensor& qkv, int64_t hq, int64_t hkv,
                &p.key_len,
                f,
                f};
-  Status st = Unsupported("FlashAttention-3: not chosen");
-  if (flash3_ &&
-      (attention_path_ == AttentionPath::kAuto || attention_path_ == AttentionPath::kFlash3)) {
+  Status st = Unsupported("no Hopper kernel chosen");
+  if (flash3_allowed()) {
     st = run_flash3(r);
     if (st.code() != ErrorCode::kUnsupported || attention_path_ == AttentionPath::kFlash3)
       return st;
   }
-  if (fa3_ && attention_path_ != AttentionPath::kFlash3) st = fa3_attention(r, stream_);
+  if (fa3_allowed()) st = fa3_attention(r, stream_);
   // Shapes the kernels do not take (a head_dim other than 64/128/256, a row with no key): the
   // parts are copied out and attention() picks its path.
   if (st.code() == ErrorCode::kUnsupported) return Backend::attention_packed(qkv, hq, hkv, p, out);

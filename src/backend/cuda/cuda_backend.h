@@ -340,6 +340,10 @@ class CudaBackend final : public Backend {
   std::unique_ptr<CudnnSdpa> sdpa_;
   // FlashAttention-3's kernel with its log-sum-exp scratch from the allocator (cuda_attention.cpp).
   Status run_flash3(const Fa3Request& r);
+  // Whether the attention path in force lets FlashAttention-3's / FlashInfer's kernel run (and
+  // this GPU has it): the one rule attention(), attention_packed() and reads_packed_qkv() share.
+  bool flash3_allowed() const;
+  bool fa3_allowed() const;
   bool fa3_ = false;     // FlashInfer's Hopper attention is built in and this GPU is sm_90
   bool flash3_ = false;  // FlashAttention-3's Hopper kernel is built in and this GPU is sm_90
   int num_sms_ = 0;      // the device's SM count (FlashAttention-3's persistent grid)

@@ -122,8 +122,6 @@ std::unique_ptr<FilePrefetcher> FilePrefetcher::start(std::vector<std::string> f
   if (!p) return nullptr;
   p->paths_ = std::move(files);
   p->max_bytes_ = options.max_bytes;
-  p->slices_ = options.slices;
-  p->slices_per_file_ = std::max(0, options.slices_per_file);
   p->before_chunk_ = std::move(options.before_chunk);
   try {
     p->open_files();
@@ -142,12 +140,12 @@ std::unique_ptr<FilePrefetcher> FilePrefetcher::start(std::vector<std::string> f
   }
   // Counted before any thread runs, so that the last one out (which ends the gate) is the last.
   const int want = std::max(1, options.threads);
-  const int slices = p->slices_per_file_ > 0 ? p->slices_per_file_ : want;
+  if (options.slices)
+    p->slices_per_file_ = options.slices_per_file > 0 ? options.slices_per_file : want;
   p->running_.store(want);
   int started = 0;
   try {
-    for (; started < want; ++started)
-      p->threads_.emplace_back([raw = p.get(), slices] { raw->run(slices); });
+    for (; started < want; ++started) p->threads_.emplace_back([raw = p.get()] { raw->run(); });
   } catch (const std::system_error&) {  // fewer threads, or none
   } catch (const std::bad_alloc&) {
   }
@@ -226,7 +224,7 @@ void FilePrefetcher::open_files() {
   }
 }
 
-void FilePrefetcher::run(int slices) {
+void FilePrefetcher::run() {
   // The last thread out tells the gate that nothing more will be read.
   struct Leave {
     FilePrefetcher* p;
@@ -243,15 +241,13 @@ void FilePrefetcher::run(int slices) {
     return;
   }
   if (!buffer) return;
-  auto more = [&] {
-    return !stop_.load() && (max_bytes_ != 0 ? read_bytes_.load() < max_bytes_ : true);
-  };
-  if (slices_) {
-    // Each file in `slices` contiguous slices, taken in order (the first file's slices, then the
-    // next file's) and each read front to back by the thread that took it: as many sequential
-    // streams as threads. Taken rather than assigned, so threads that could not start (or
-    // stopped early) leave no slice unread.
-    const auto per_file = static_cast<uint64_t>(slices);
+  auto more = [&] { return !stop_.load() && (max_bytes_ == 0 || read_bytes_.load() < max_bytes_); };
+  if (slices_per_file_ > 0) {
+    // Each file in `slices_per_file_` contiguous slices, taken in order (the first file's slices,
+    // then the next file's) and each read front to back by the thread that took it: as many
+    // sequential streams as threads. Taken rather than assigned, so threads that could not start
+    // (or stopped early) leave no slice unread.
+    const auto per_file = static_cast<uint64_t>(slices_per_file_);
     for (;;) {
       if (!more()) return;
       const uint64_t item = next_.fetch_add(1);
