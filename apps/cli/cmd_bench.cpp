@@ -83,6 +83,10 @@ void register_bench_command(CLI::App& app) {
   // Its rows are batch 1 at the first size: a --batch it would not use is refused rather than
   // left out silently.
   fp8_quality->excludes(batch);
+  cmd->add_option("--fp8-layers", o->fp8_layers,
+                  "The DiT forward, image and profile rows with these DiT layers in FP8, as "
+                  "zimage generate --precision fp8 --fp8-layers (e.g. all, or all,sdpa)")
+      ->excludes(fp8_quality);
   cmd->add_option("--weights", o->weights,
                   "bf16 or fp8 weights for the --vram-budget and --lora rows")
       ->check(CLI::IsMember({"bf16", "fp8"}));

@@ -208,6 +208,15 @@ Status Backend::attention_packed(const Tensor& qkv, int64_t hq, int64_t hkv,
   return attention(q, k, v, p, out);
 }
 
+Status Backend::attention_packed_fp8(const Tensor&, int64_t, int64_t, const Tensor&, const Tensor&,
+                                     float, const Tensor&, const AttentionParams&, Tensor&) {
+  return fp8_attention_support();
+}
+
+Status Backend::fp8_attention_support() const {
+  return Unsupported("FP8 attention is not implemented on the " + name() + " backend");
+}
+
 Status Backend::matmul_qkv_norm_rope(const Tensor& x, const Tensor& wqkv, const Tensor& norm_q,
                                      const Tensor& norm_k, float eps, const Tensor& freqs,
                                      Tensor& qkv, Tensor& q, Tensor& k, Tensor& v) {

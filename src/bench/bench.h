@@ -35,6 +35,9 @@ struct Options {
   std::string json_path;
   // --fp8-quality: DiT-output and image quality of --precision fp8 per layer group, against bf16
   std::vector<std::string> fp8_groups;
+  // --fp8-layers LIST: the standard rows with these DiT layers in FP8 (--precision fp8's layers,
+  // model/common/linear.h; e.g. "all" or "all,sdpa"); empty = bf16.
+  std::string fp8_layers;
   std::string lora;  // --lora FILE: the per-request LoRA rows (lora_costs.cpp) instead
   float lora_scale = 1.0f;
   // --pipeline t2i,img2img,...: the image-conditioned pipelines' rows (pipelines.cpp)

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "bench/common.h"
+#include "model/common/linear.h"
 
 namespace zimage::bench {
 namespace {
@@ -31,7 +32,14 @@ void memory_figures(const StandardRun& s, json& j) {
 
 void load_phase(StandardRun& s) {
   s.mem0 = gpu_used_gib();
-  auto loaded = load_all(s.dir, s.o.device, DType::kBF16, s.o.threads);
+  WeightPlacement place;
+  if (!s.o.fp8_layers.empty()) {
+    auto bits = parse_fp8_layers(s.o.fp8_layers);
+    if (!bits.ok()) fail(bits.status());
+    place.fp8_compute = *bits;
+    s.R["fp8_layers"] = fp8_layers_string(*bits);
+  }
+  auto loaded = load_all(s.dir, s.o.device, DType::kBF16, s.o.threads, place);
   if (!loaded.ok()) fail(loaded.status());
   s.L = std::move(*loaded);
   Backend& be = *s.L.be;
@@ -39,7 +47,9 @@ void load_phase(StandardRun& s) {
   s.R["load_s"] = s.L.load_s;
   s.R["gpu_gib_after_load"] = gpu_used_gib() - s.mem0;
   s.R["alloc_in_use_gib_after_load"] = alloc_counters(be).in_use_gib;
-  std::fprintf(stderr, "bench: loaded in %.2f s on %s\n", s.L.load_s, be.name().c_str());
+  std::fprintf(stderr, "bench: loaded in %.2f s on %s%s%s\n", s.L.load_s, be.name().c_str(),
+               s.o.fp8_layers.empty() ? "" : ", FP8 layers ",
+               s.o.fp8_layers.empty() ? "" : fp8_layers_string(place.fp8_compute).c_str());
   s.sampler = GpuSampler::open(be.pci_bus_id());
   if (!s.sampler->active() && !be.pci_bus_id().empty())
     std::fprintf(stderr, "bench: no clock or power readings (%s)\n", s.sampler->why().c_str());

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "backend/cuda/kernels/kernels.h"
+#include "backend/cuda/libs/attention_flash3.h"
 #include "backend/cuda/libs/gemm_cublaslt.h"
 #include "backend/cuda/libs/gemm_cutlass.h"
 #include "cuda_test_util.h"
@@ -456,6 +457,63 @@ TEST(CudaOpsPerf, AttentionBf16) {
       }
     }
     g->set_attention_path(cuda::AttentionPath::kAuto);
+  }
+}
+
+// The opt-in FP8 attention at the DiT's shapes: the bf16 path (prologue in place, then
+// FlashAttention-3's bf16 kernel reading the projection) against attention_packed_fp8 (the FP8
+// prologue, v's scales and quantisation, FlashAttention-3's e4m3 kernel), and that kernel alone.
+TEST(CudaOpsPerf, AttentionFp8) {
+  ZI_REQUIRE_GPU();
+  cuda::CudaBackend* g = gpu(DType::kBF16);
+  if (!g->fp8_attention_support().ok()) GTEST_SKIP() << g->fp8_attention_support().message();
+  constexpr int64_t h = 30, d = 128, f = 3 * h * d;
+  uint32_t seed = 2300;
+  for (int64_t s : {4160, 9280, 16448}) {
+    Tensor qkv = rand_dev(g, {1, s, f}, seed++);
+    Tensor wq = rand_dev(g, {d}, seed++, 0.5f, 1.5f), wk = rand_dev(g, {d}, seed++, 0.5f, 1.5f);
+    Tensor o = take(g->alloc(DType::kBF16, {1, s, h, d}), "o");
+    AttentionParams p;
+    p.scale = 1.0f / std::sqrt(static_cast<float>(d));
+    const double flop = 4.0 * s * s * d * h;
+    const Tensor none;
+    g->set_attention_path(cuda::AttentionPath::kFlash3);
+    report(cat("attention bf16, prologue + flash3, 30 x ", s),
+           median_ms(g,
+                     [&] {
+                       ZI_TRY(g->qk_norm_rope_packed(qkv, h, h, wq, wk, 1e-6f, none));
+                       return g->attention_packed(qkv, h, h, p, o);
+                     }),
+           flop, 0);
+    g->set_attention_path(cuda::AttentionPath::kAuto);
+    report(
+        cat("attention fp8, prologue + v + flash3 e4m3, 30 x ", s),
+        median_ms(g, [&] { return g->attention_packed_fp8(qkv, h, h, wq, wk, 1e-6f, none, p, o); }),
+        flop, 0);
+    // The e4m3 kernel alone, on an operand the two quantising kernels wrote once.
+    Tensor q8 = take(g->alloc(DType::kF8E4M3, {1, s, f}), "q8");
+    Tensor sc = take(g->alloc(DType::kF32, {2 + h}), "scales");
+    Tensor amax = take(g->alloc(DType::kF32, {h}), "amax");
+    Tensor lse = take(g->alloc(DType::kF32, {h * s}), "lse");
+    ASSERT_EQ(cuda::launch_qk_norm_rope_packed_fp8(
+                  cuda::KType::kBF16, qkv.data(), wq.data(), wk.data(), nullptr, q8.data(),
+                  sc.data_as<float>(), s, 0, h, h, d, 1e-6f, g->stream()),
+              cudaSuccess);
+    ASSERT_EQ(
+        cuda::launch_quantize_packed_v_fp8(cuda::KType::kBF16, qkv.data(), q8.data(), amax.data(),
+                                           sc.data_as<float>() + 2, s, h, h, d, g->stream()),
+        cudaSuccess);
+    auto* b8 = static_cast<uint8_t*>(q8.data());
+    const cuda::Fa3Request r{b8, b8 + h * d, b8 + 2 * h * d, o.data(), 1,       s, s, h,
+                             h,  d,          p.scale,        false,    nullptr, f, f};
+    const float* scp = sc.data_as<float>();
+    report(cat("attention fp8, flash3 e4m3 kernel alone, 30 x ", s),
+           median_ms(g,
+                     [&] {
+                       return cuda::flash3_attention_fp8(r, {scp, scp + 1, scp + 2}, lse.data(),
+                                                         g->num_sms(), g->stream());
+                     }),
+           flop, 0);
   }
 }
 

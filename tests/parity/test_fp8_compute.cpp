@@ -4,10 +4,13 @@
 //    outlier does not coarsen the others (the failure of per-tensor activation scales);
 //  * the layer-group names of --fp8-layers;
 //  * the golden DiT with each layer group in FP8 stays close to the f32 model (cosine reported),
-//    really differs from it (the FP8 path ran), and streams bit for bit like the resident one.
+//    really differs from it (the FP8 path ran), and streams bit for bit like the resident one;
+//  * the FP8 attention's oracle (attention_packed_fp8): close to exact attention, scale-exact
+//    per v head, unsaturated where q passes e4m3's range before its scale, arguments checked.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 
 #include "core/dtype.h"
@@ -145,7 +148,11 @@ TEST(Fp8Compute, LayerNames) {
             static_cast<unsigned>(kFp8Qkv | kFp8W2 | kFp8Refiners));
   EXPECT_EQ(fp8_layers_string(kFp8Default), "qkv,out,w13,w2,refiners");
   EXPECT_EQ(fp8_layers_string(0), "none");
-  for (const char* bad : {"", "qkv,", "mlp", "qkv,,out"}) {
+  EXPECT_EQ(*parse_fp8_layers("sdpa"), static_cast<unsigned>(kFp8Sdpa));
+  EXPECT_EQ(*parse_fp8_layers("all,sdpa"), static_cast<unsigned>(kFp8Default | kFp8Sdpa));
+  EXPECT_EQ(fp8_layers_string(kFp8Default | kFp8Sdpa), "qkv,out,w13,w2,refiners,sdpa");
+  EXPECT_EQ((kFp8Default & kFp8Sdpa), 0u) << "FP8 attention is opt-in, outside the default";
+  for (const char* bad : {"", "qkv,", "mlp", "qkv,,out", "none,sdpa"}) {
     auto r = parse_fp8_layers(bad);
     EXPECT_FALSE(r.ok()) << bad;
   }
@@ -160,7 +167,8 @@ TEST(Fp8Compute, GoldenDitPerLayerGroup) {
   ASSERT_NE(ref, nullptr);
   const Tensor a = dit_step0(c, *ref);
   ASSERT_TRUE(a.defined());
-  for (const char* groups : {"qkv", "out", "w13", "w2", "qkv,out,w13,w2", "all"}) {
+  for (const char* groups :
+       {"qkv", "out", "w13", "w2", "qkv,out,w13,w2", "all", "sdpa,refiners", "all,sdpa"}) {
     WeightPlacement p;
     p.fp8_compute = *parse_fp8_layers(groups);
     auto dit = dit_with(c, p);
@@ -183,4 +191,115 @@ TEST(Fp8Compute, GoldenDitPerLayerGroup) {
   auto streamed = dit_with(c, p);
   ASSERT_NE(streamed, nullptr);
   EXPECT_EQ(max_abs(dit_step0(c, *resident), dit_step0(c, *streamed)), 0.0);
+}
+
+namespace {
+
+// A packed projection [b, s, 3·h·dh] with its norm weights and RoPE table for the FP8 attention.
+struct PackedAttention {
+  int64_t b, s, h, dh;
+  Tensor qkv, wq, wk, freqs;
+};
+
+PackedAttention packed_case(int64_t b, int64_t s, int64_t h, int64_t dh, uint32_t seed, float wq_hi,
+                            float wk_hi) {
+  PackedAttention c{b,
+                    s,
+                    h,
+                    dh,
+                    gaussian({b, s, 3 * h * dh}, seed, 1.f),
+                    Tensor::host(DType::kF32, {dh}),
+                    Tensor::host(DType::kF32, {dh}),
+                    Tensor::host(DType::kF32, {b, s, dh / 2, 2})};
+  std::mt19937 rng(seed + 1);
+  std::uniform_real_distribution<float> u(0.f, 1.f);
+  for (int64_t i = 0; i < dh; ++i) {
+    c.wq.data_as<float>()[i] = wq_hi * (1.f + 2.f * u(rng)) / 3.f;
+    c.wk.data_as<float>()[i] = wk_hi * (1.f + 2.f * u(rng)) / 3.f;
+  }
+  for (int64_t i = 0; i < c.freqs.numel() / 2; ++i) {
+    const float a = 6.4f * u(rng) - 3.2f;
+    c.freqs.data_as<float>()[2 * i] = std::cos(a);
+    c.freqs.data_as<float>()[2 * i + 1] = std::sin(a);
+  }
+  return c;
+}
+
+Tensor run_fp8_attention(const PackedAttention& c, const AttentionParams& p) {
+  Tensor out = Tensor::host(DType::kF32, {c.b, c.s, c.h, c.dh});
+  const Status st = cpu().attention_packed_fp8(c.qkv, c.h, c.h, c.wq, c.wk, 1e-6f, c.freqs, p, out);
+  EXPECT_TRUE(st.ok()) << st.to_string();
+  return out;
+}
+
+Tensor run_exact_attention(const PackedAttention& c, const AttentionParams& p) {
+  Tensor qkv = Tensor::host(DType::kF32, c.qkv.shape());
+  std::memcpy(qkv.data(), c.qkv.data(), static_cast<size_t>(c.qkv.numel()) * 4);
+  EXPECT_TRUE(cpu().qk_norm_rope_packed(qkv, c.h, c.h, c.wq, c.wk, 1e-6f, c.freqs).ok());
+  Tensor out = Tensor::host(DType::kF32, {c.b, c.s, c.h, c.dh});
+  EXPECT_TRUE(cpu().attention_packed(qkv, c.h, c.h, p, out).ok());
+  return out;
+}
+
+double rel_l2(const Tensor& a, const Tensor& ref) {
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    const double d = static_cast<double>(a.data_as<float>()[i]) - ref.data_as<float>()[i];
+    num += d * d;
+    den += static_cast<double>(ref.data_as<float>()[i]) * ref.data_as<float>()[i];
+  }
+  return std::sqrt(num / den);
+}
+
+}  // namespace
+
+TEST(Fp8Attention, OracleCloseToExactAttention) {
+  AttentionParams p;
+  p.scale = 1.f / std::sqrt(128.f);
+  // Norm weights near 1, then q far past e4m3's 448 before its scale (k small, so the scores
+  // stay as they were): a missing or wrong scale would saturate q and show here.
+  for (auto [wq, wk] : {std::pair<float, float>{1.5f, 1.5f}, {300.f, 0.005f}}) {
+    const PackedAttention c = packed_case(2, 96, 3, 128, 77, wq, wk);
+    p.key_len = {96, 70};
+    const Tensor fp8 = run_fp8_attention(c, p);
+    const Tensor exact = run_exact_attention(c, p);
+    const double e = rel_l2(fp8, exact);
+    report("fp8 attention (oracle) vs exact, |wq| <= " + std::to_string(wq) + ": relative L2", e);
+    EXPECT_LT(e, 0.06);  // e4m3's rounding of q, k and v
+    EXPECT_GT(e, 1e-4);  // it rounded
+  }
+}
+
+TEST(Fp8Attention, VScaleIsPerHeadAndExact) {
+  // Scaling one v head by 2^10 scales its scale by 2^10 and leaves its e4m3 values as they were:
+  // that head's output scales exactly, the other heads' outputs do not move.
+  AttentionParams p;
+  p.scale = 1.f / std::sqrt(128.f);
+  PackedAttention c = packed_case(1, 40, 3, 128, 91, 1.f, 1.f);
+  const Tensor before = run_fp8_attention(c, p);
+  const int64_t f = 3 * c.h * c.dh, v1 = (2 * c.h + 1) * c.dh;  // v of head 1
+  for (int64_t r = 0; r < c.s; ++r)
+    for (int64_t i = 0; i < c.dh; ++i) c.qkv.data_as<float>()[r * f + v1 + i] *= 1024.f;
+  const Tensor after = run_fp8_attention(c, p);
+  for (int64_t r = 0; r < c.s; ++r)
+    for (int64_t h = 0; h < c.h; ++h)
+      for (int64_t i = 0; i < c.dh; ++i) {
+        const int64_t at = (r * c.h + h) * c.dh + i;
+        const float want = before.data_as<float>()[at] * (h == 1 ? 1024.f : 1.f);
+        ASSERT_EQ(after.data_as<float>()[at], want) << "row " << r << " head " << h << " " << i;
+      }
+}
+
+TEST(Fp8Attention, BadCallsAreNamed) {
+  const PackedAttention c = packed_case(1, 8, 2, 128, 5, 1.f, 1.f);
+  AttentionParams p;
+  Tensor out = Tensor::host(DType::kF32, {1, 8, 2, 128});
+  const Tensor none;
+  const Status no_norm = cpu().attention_packed_fp8(c.qkv, 2, 2, none, none, 1e-6f, none, p, out);
+  EXPECT_EQ(no_norm.code(), ErrorCode::kInvalidArgument);
+  EXPECT_NE(no_norm.message().find("norm"), std::string::npos) << no_norm.message();
+  const Status heads = cpu().attention_packed_fp8(c.qkv, 3, 2, c.wq, c.wk, 1e-6f, none, p, out);
+  EXPECT_EQ(heads.code(), ErrorCode::kInvalidArgument);
+  EXPECT_NE(heads.message().find("attention_packed_fp8"), std::string::npos) << heads.message();
+  EXPECT_TRUE(cpu().fp8_attention_support().ok());
 }

@@ -92,6 +92,8 @@ class CheckBackend final : public Backend {
                    Tensor&) override {
     return no_op("attention");
   }
+  // Binding a model that asks for FP8 attention is fine here; running it is not.
+  Status fp8_attention_support() const override { return Status::Ok(); }
   Status silu(const Tensor&, Tensor&) override { return no_op("silu"); }
   Status tanh(const Tensor&, Tensor&) override { return no_op("tanh"); }
   Status clamp(const Tensor&, float, float, Tensor&) override { return no_op("clamp"); }

@@ -12,6 +12,8 @@
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/cpu_check.h"
 #include "backend/cpu/cpu_gemm.h"
+#include "backend/fp8_attention.h"
+#include "core/dtype.h"
 
 namespace zimage::cpu {
 
@@ -82,6 +84,81 @@ Status CpuBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v,
       }
     }
   }
+  return Status::Ok();
+}
+
+namespace {
+
+// x rounded to e4m3 after dividing by its scale (multiplying by inv = 1 / scale, clamped to the
+// format's range), as the CUDA kernels do; the e4m3 value itself, not scaled back.
+float e4m3_of(float x, float inv) {
+  return f8e4m3_to_f32(f32_to_f8e4m3(std::clamp(x * inv, -kFp8Max, kFp8Max)));
+}
+
+float max_abs(const Tensor& t) {
+  const float* d = t.data_as<const float>();
+  float m = 0.f;
+  for (int64_t i = 0; i < t.numel(); ++i) m = std::max(m, std::fabs(d[i]));
+  return m;
+}
+
+}  // namespace
+
+// The oracle of the FP8 attention (Backend::attention_packed_fp8): the bf16 path's prologue on a
+// copy, q, k and v rounded to e4m3 with their scales (the values kept, the scales folded into the
+// softmax scale and applied to each head's output), then the exact attention above.
+Status CpuBackend::attention_packed_fp8(const Tensor& qkv, int64_t hq, int64_t hkv,
+                                        const Tensor& norm_q, const Tensor& norm_k, float eps,
+                                        const Tensor& freqs, const AttentionParams& p,
+                                        Tensor& out) {
+  constexpr const char* op = "attention_packed_fp8";
+  if (!qkv.defined() || qkv.rank() != 3 || hq <= 0 || hkv <= 0 || hq % hkv != 0 ||
+      qkv.dim(2) % (hq + 2 * hkv) != 0)
+    return InvalidArgument(std::string(op) + ": qkv must be [B, S, (Hq + 2*Hkv) * Dh] (qkv " +
+                           (qkv.defined() ? desc(qkv) : std::string("undefined")) + ")");
+  if (!norm_q.defined() || !norm_k.defined())
+    return InvalidArgument(std::string(op) + ": needs the q and k norm weights (their scales)");
+  for (const Tensor* t : {&qkv, &norm_q, &norm_k})
+    if (t->device() != Device::kCPU || t->dtype() != DType::kF32)
+      return InvalidArgument(std::string(op) + ": " + desc(*t) + " is not a host f32 tensor");
+  const int64_t b = qkv.dim(0), s = qkv.dim(1), f = qkv.dim(2), dh = f / (hq + 2 * hkv);
+  const int64_t rows = b * s;
+  ZI_ASSIGN_OR_RETURN(Tensor work, alloc(DType::kF32, qkv.shape()));
+  std::memcpy(work.data(), qkv.data(), static_cast<size_t>(qkv.numel()) * 4);
+  ZI_TRY(qk_norm_rope_packed(work, hq, hkv, norm_q, norm_k, eps, freqs));
+
+  const float sq = fp8_attention_qk_scale(max_abs(norm_q));
+  const float sk = fp8_attention_qk_scale(max_abs(norm_k));
+  std::vector<float> sv(static_cast<size_t>(hkv), 0.f);  // per KV head: max |v|, then the scale
+  float* w = work.data_as<float>();
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t h = 0; h < hkv; ++h) {
+      const float* vh = w + r * f + (hq + hkv + h) * dh;
+      for (int64_t i = 0; i < dh; ++i)
+        sv[static_cast<size_t>(h)] = std::max(sv[static_cast<size_t>(h)], std::fabs(vh[i]));
+    }
+  for (float& x : sv) x = fp8_attention_v_scale(x);
+  const float inv_q = 1.0f / sq, inv_k = 1.0f / sk;
+  for (int64_t r = 0; r < rows; ++r) {
+    float* row = w + r * f;
+    for (int64_t i = 0; i < hq * dh; ++i) row[i] = e4m3_of(row[i], inv_q);
+    for (int64_t i = hq * dh; i < (hq + hkv) * dh; ++i) row[i] = e4m3_of(row[i], inv_k);
+    for (int64_t h = 0; h < hkv; ++h) {
+      const float inv_v = 1.0f / sv[static_cast<size_t>(h)];
+      float* vh = row + (hq + hkv + h) * dh;
+      for (int64_t i = 0; i < dh; ++i) vh[i] = e4m3_of(vh[i], inv_v);
+    }
+  }
+  AttentionParams p8 = p;
+  p8.scale = p.scale * sq * sk;
+  ZI_TRY(attention_packed(work, hq, hkv, p8, out));
+  float* o = out.data_as<float>();
+  const int64_t group = hq / hkv;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t h = 0; h < hq; ++h) {
+      const float scale = sv[static_cast<size_t>(h / group)];
+      for (int64_t i = 0; i < dh; ++i) o[(r * hq + h) * dh + i] *= scale;
+    }
   return Status::Ok();
 }
 

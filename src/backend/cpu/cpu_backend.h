@@ -88,6 +88,10 @@ class CpuBackend final : public Backend {
   // cpu_attention.cpp
   Status attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& p,
                    Tensor& out) override;
+  Status attention_packed_fp8(const Tensor& qkv, int64_t hq, int64_t hkv, const Tensor& norm_q,
+                              const Tensor& norm_k, float eps, const Tensor& freqs,
+                              const AttentionParams& p, Tensor& out) override;
+  Status fp8_attention_support() const override { return Status::Ok(); }
 
   // cpu_conv.cpp
   Status conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dParams& p,

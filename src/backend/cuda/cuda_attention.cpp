@@ -200,6 +200,83 @@ Status CudaBackend::attention_packed(const Tensor& qkv, int64_t hq, int64_t hkv,
   return st;
 }
 
+Status CudaBackend::fp8_attention_support() const {
+  if (!flash3_)
+    return Unsupported(
+        "FP8 attention runs on FlashAttention-3's kernel: it needs an sm_90 GPU (H100, H200) "
+        "and a build with its headers (scripts/setup.sh)");
+  if (act_ != DType::kBF16) return Unsupported("FP8 attention needs bf16 activations");
+  return Status::Ok();
+}
+
+Status CudaBackend::attention_packed_fp8(const Tensor& qkv, int64_t hq, int64_t hkv,
+                                         const Tensor& norm_q, const Tensor& norm_k, float eps,
+                                         const Tensor& freqs, const AttentionParams& p,
+                                         Tensor& out) {
+  constexpr const char* op = "attention_packed_fp8";
+  ZI_TRY(fp8_attention_support());
+  ZI_OP_SCOPE("attention_packed_fp8", &qkv);
+  ZI_TRY(check_cuda_tensor(op, "qkv", qkv));
+  ZI_TRY(check_cuda_tensor(op, "out", out));
+  ZI_TRY(check_dtype(op, "qkv", qkv, act_));
+  ZI_TRY(check_dtype(op, "out", out, act_));
+  ZI_TRY(check_rank(op, "qkv", qkv, 3));
+  if (hq <= 0 || hkv <= 0 || hq % hkv != 0 || qkv.dim(2) % (hq + 2 * hkv) != 0)
+    return InvalidArgument("attention_packed_fp8: qkv " + qkv.describe() + " is not [B, S, (" +
+                           std::to_string(hq) + " + 2*" + std::to_string(hkv) + ") * D]");
+  const int64_t b = qkv.dim(0), s = qkv.dim(1), f = qkv.dim(2), d = f / (hq + 2 * hkv);
+  if (!norm_q.defined() || !norm_k.defined())
+    return InvalidArgument("attention_packed_fp8: needs the q and k norm weights (their scales)");
+  ZI_ASSIGN_OR_RETURN(const bool shared,
+                      check_prologue_tables(op, norm_q, norm_k, freqs, b, s, d, act_));
+  ZI_TRY(check_shape(op, "out", out, {b, s, hq, d}));
+  if (overlaps(out, qkv)) return InvalidArgument("attention_packed_fp8: out must not alias qkv");
+  if (!p.key_len.empty() && static_cast<int64_t>(p.key_len.size()) != b)
+    return InvalidArgument("attention_packed_fp8: key_len has " + std::to_string(p.key_len.size()) +
+                           " entries for a batch of " + std::to_string(b));
+  if (out.numel() == 0) return Status::Ok();
+  // The e4m3 operand (q, k, v at the projection's offsets) and its scales: q, k, v per KV head.
+  ZI_ASSIGN_OR_RETURN(Tensor qkv8, alloc(DType::kF8E4M3, {b, s, f}));
+  ZI_ASSIGN_OR_RETURN(Tensor scales, alloc(DType::kF32, {2 + hkv}));
+  ZI_ASSIGN_OR_RETURN(Tensor amax, alloc(DType::kF32, {hkv}));
+  auto* base = static_cast<uint8_t*>(qkv8.data());
+  Fa3Request r{base,
+               base + hq * d,
+               base + (hq + hkv) * d,
+               out.data(),
+               b,
+               s,
+               s,
+               hq,
+               hkv,
+               d,
+               p.scale,
+               p.causal,
+               &p.key_len,
+               f,
+               f};
+  ZI_TRY(flash3_supported_fp8(r));
+  const float* fr = freqs.defined() ? freqs.data_as<float>() : nullptr;
+  if (d != 128 ||
+      !qk_norm_rope_packed_fits(qkv.data(), norm_q.data(), norm_k.data(), fr, static_cast<int>(d)))
+    return Unsupported("attention_packed_fp8: head_dim 128 and 16-byte aligned operands only");
+  float* sc = scales.data_as<float>();
+  ZI_ASSIGN_OR_RETURN(KType kt, ktype_of(op, act_));
+  ZI_LAUNCH_TRY(
+      "attention_packed_fp8 (q, k)",
+      launch_qk_norm_rope_packed_fp8(kt, qkv.data(), norm_q.data(), norm_k.data(), fr, base, sc,
+                                     b * s, shared ? s : 0, static_cast<int>(hq),
+                                     static_cast<int>(hkv), static_cast<int>(d), eps, stream_));
+  ZI_LAUNCH_TRY("attention_packed_fp8 (v)",
+                launch_quantize_packed_v_fp8(kt, qkv.data(), base, amax.data(), sc + 2, b * s,
+                                             static_cast<int>(hq), static_cast<int>(hkv),
+                                             static_cast<int>(d), stream_));
+  const int64_t bytes = flash3_scratch_bytes(r);
+  ZI_ASSIGN_OR_RETURN(Tensor lse, alloc(DType::kF32, {(bytes + 3) / 4}));
+  return flash3_attention_fp8(r, Flash3Fp8Scales{sc, sc + 1, sc + 2}, lse.data(), num_sms_,
+                              stream_);
+}
+
 Status CudaBackend::attention_general(const Tensor& q, const Tensor& k, const Tensor& v,
                                       const AttentionParams& p, Tensor& out) {
   const DType dt = q.dtype();

@@ -192,6 +192,13 @@ class CudaBackend final : public Backend {
   bool reads_packed_qkv() const override;
   Status attention_packed(const Tensor& qkv, int64_t hq, int64_t hkv, const AttentionParams& p,
                           Tensor& out) override;
+  // FlashAttention-3's e4m3 kernel (sm_90, bf16 activations, head_dim 128, Hq == Hkv): the
+  // prologue writes q and k as e4m3 into a packed buffer from the allocator, v follows with its
+  // per-head scales, then the kernel (cuda_attention.cpp).
+  Status attention_packed_fp8(const Tensor& qkv, int64_t hq, int64_t hkv, const Tensor& norm_q,
+                              const Tensor& norm_k, float eps, const Tensor& freqs,
+                              const AttentionParams& p, Tensor& out) override;
+  Status fp8_attention_support() const override;
   // Fused, when switched on (ZIMAGE_FUSED_QKV=1; off by default: on the H200 the fused GEMM has
   // not yet beaten cuBLASLt's GEMM + the prologue kernel, docs/BENCHMARKS.md "Session 12"), on
   // sm_90 for head_dim 128 in bf16 (CUTLASS's Hopper GEMM with the prologue in its epilogue,
@@ -286,6 +293,8 @@ class CudaBackend final : public Backend {
   bool has_fa3_attention() const { return fa3_; }
   // Whether FlashAttention-3's own Hopper kernel is built in and runs on this GPU.
   bool has_flash3_attention() const { return flash3_; }
+  // The device's SM count (FlashAttention-3's persistent grid; tests call its kernels directly).
+  int num_sms() const { return num_sms_; }
   // Which build of the flash kernel to use (benchmarks compare them).
   void set_flash_variant(FlashVariant v) { flash_variant_ = v; }
   FlashVariant flash_variant() const { return flash_variant_; }

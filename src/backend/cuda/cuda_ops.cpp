@@ -190,35 +190,6 @@ Status CudaBackend::rope_interleaved(Tensor& x, const Tensor& freqs) {
   return Status::Ok();
 }
 
-namespace {
-
-// The attention prologue's tables: norm weights q and k [dh] in the act dtype (both or neither),
-// (cos, sin) freqs [b or 1, s, dh / 2, 2] f32. Whether the freqs are shared over the batch.
-Result<bool> check_prologue_tables(const char* op, const Tensor& norm_q, const Tensor& norm_k,
-                                   const Tensor& freqs, int64_t b, int64_t s, int64_t dh,
-                                   DType act) {
-  if (norm_q.defined() != norm_k.defined())
-    return InvalidArgument(std::string(op) + ": give both q and k norm weights or neither");
-  if (norm_q.defined()) {
-    for (const auto& [name, t] : {std::pair<const char*, const Tensor*>{"norm_q", &norm_q},
-                                  std::pair<const char*, const Tensor*>{"norm_k", &norm_k}}) {
-      ZI_TRY(check_cuda_tensor(op, name, *t));
-      ZI_TRY(check_dtype(op, name, *t, act));
-      ZI_TRY(check_shape(op, name, *t, {dh}));
-    }
-  }
-  bool shared = false;
-  if (freqs.defined()) {
-    ZI_TRY(check_cuda_tensor(op, "freqs", freqs));
-    ZI_TRY(check_dtype(op, "freqs", freqs, DType::kF32));
-    shared = freqs.rank() == 4 && freqs.dim(0) == 1 && b != 1;
-    ZI_TRY(check_shape(op, "freqs", freqs, {shared ? 1 : b, s, dh / 2, 2}));
-  }
-  return shared;
-}
-
-}  // namespace
-
 Status CudaBackend::qkv_split_norm_rope(const Tensor& qkv, const Tensor& norm_q,
                                         const Tensor& norm_k, float eps, const Tensor& freqs,
                                         Tensor& q, Tensor& k, Tensor& v) {

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <string>
+#include <utility>
 
 #include "backend/cuda/kernels/kernels.h"
 #include "backend/op_contract.h"
@@ -84,6 +85,31 @@ inline bool overlaps(const Tensor& a, const Tensor& b) {
   const char* pa = static_cast<const char*>(a.data());
   const char* pb = static_cast<const char*>(b.data());
   return pa < pb + b.nbytes() && pb < pa + a.nbytes();
+}
+
+// The attention prologue's tables: norm weights q and k [dh] in the act dtype (both or neither),
+// (cos, sin) freqs [b or 1, s, dh / 2, 2] f32. Whether the freqs are shared over the batch.
+inline Result<bool> check_prologue_tables(const char* op, const Tensor& norm_q,
+                                          const Tensor& norm_k, const Tensor& freqs, int64_t b,
+                                          int64_t s, int64_t dh, DType act) {
+  if (norm_q.defined() != norm_k.defined())
+    return InvalidArgument(std::string(op) + ": give both q and k norm weights or neither");
+  if (norm_q.defined()) {
+    for (const auto& [name, t] : {std::pair<const char*, const Tensor*>{"norm_q", &norm_q},
+                                  std::pair<const char*, const Tensor*>{"norm_k", &norm_k}}) {
+      ZI_TRY(check_cuda_tensor(op, name, *t));
+      ZI_TRY(check_dtype(op, name, *t, act));
+      ZI_TRY(check_shape(op, name, *t, {dh}));
+    }
+  }
+  bool shared = false;
+  if (freqs.defined()) {
+    ZI_TRY(check_cuda_tensor(op, "freqs", freqs));
+    ZI_TRY(check_dtype(op, "freqs", freqs, DType::kF32));
+    shared = freqs.rank() == 4 && freqs.dim(0) == 1 && b != 1;
+    ZI_TRY(check_shape(op, "freqs", freqs, {shared ? 1 : b, s, dh / 2, 2}));
+  }
+  return shared;
 }
 
 }  // namespace zimage::cuda

@@ -126,10 +126,14 @@ Result<unsigned> parse_fp8_layers(const std::string& list) {
       bits |= kFp8Qkv | kFp8Out;
     else if (name == "refiners")
       bits |= kFp8Refiners;
+    else if (name == "sdpa")
+      bits |= kFp8Sdpa;
+    else if (name == "all")
+      bits |= kFp8Default;
     else
       return InvalidArgument("fp8 layers: '" + name + "' in '" + list +
-                             "' is not one of qkv, out, w13, w2, ffn, attn, refiners (or all, "
-                             "none)");
+                             "' is not one of qkv, out, w13, w2, ffn, attn, refiners, sdpa, all "
+                             "(or none alone)");
     pos = comma + 1;
   }
   return bits;
@@ -137,11 +141,9 @@ Result<unsigned> parse_fp8_layers(const std::string& list) {
 
 std::string fp8_layers_string(unsigned layers) {
   std::string s;
-  const std::pair<unsigned, const char*> names[] = {{kFp8Qkv, "qkv"},
-                                                    {kFp8Out, "out"},
-                                                    {kFp8W13, "w13"},
-                                                    {kFp8W2, "w2"},
-                                                    {kFp8Refiners, "refiners"}};
+  const std::pair<unsigned, const char*> names[] = {{kFp8Qkv, "qkv"},           {kFp8Out, "out"},
+                                                    {kFp8W13, "w13"},           {kFp8W2, "w2"},
+                                                    {kFp8Refiners, "refiners"}, {kFp8Sdpa, "sdpa"}};
   for (const auto& [bit, name] : names) {
     if (!(layers & bit)) continue;
     if (!s.empty()) s += ",";

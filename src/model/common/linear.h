@@ -54,20 +54,24 @@ struct LinearWeight {
 // The DiT linears that run as W8A8 FP8 GEMMs under --precision fp8 (bits of
 // WeightPlacement::fp8_compute): attention q|k|v and out, feed-forward w1|w3 and w2, in the main
 // layers, and in the noise and context refiners too with kFp8Refiners. Embedders, adaLN and the
-// final layer stay in the compute dtype (small GEMMs, and where FP8 hurts most).
+// final layer stay in the compute dtype (small GEMMs, and where FP8 hurts most). kFp8Sdpa is
+// not a linear: the attention itself (softmax(QKᵀ)V) on e4m3 operands
+// (Backend::attention_packed_fp8), opt-in, outside the default set, in the same layers.
 enum Fp8Layers : unsigned {
   kFp8Qkv = 1u,
   kFp8Out = 2u,
   kFp8W13 = 4u,
   kFp8W2 = 8u,
   kFp8Refiners = 16u,
+  kFp8Sdpa = 32u,
   kFp8AllLinears = kFp8Qkv | kFp8Out | kFp8W13 | kFp8W2,
   kFp8Default = kFp8AllLinears | kFp8Refiners,
 };
-// "qkv,out,w13,w2,refiners" (any subset, comma-separated), "all" (= the default set), "ffn"
-// (= w13,w2), "attn" (= qkv,out) or "none"; an unknown name is an error naming it.
+// "qkv,out,w13,w2,refiners,sdpa" (any subset, comma-separated), "all" (= the default set, also
+// inside a list: "all,sdpa"), "ffn" (= w13,w2), "attn" (= qkv,out) or "none"; an unknown name is
+// an error naming it.
 Result<unsigned> parse_fp8_layers(const std::string& list);
-std::string fp8_layers_string(unsigned layers);  // "qkv,out,w13,w2,refiners"
+std::string fp8_layers_string(unsigned layers);  // "qkv,out,w13,w2,refiners,sdpa"
 
 struct WeightPlacement {
   // Store the blocks' big linear weights (attention q|k|v and out, feed-forward) as FP8 rows.

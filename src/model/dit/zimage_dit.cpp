@@ -162,13 +162,19 @@ Status ZImageDiT::run_block(const Block& blk, int set, bool prenormed, const Blo
   if (!prenormed) ZI_TRY(be_.rms_norm(xr, blk.attn_norm1, eps, scale_a, s.norm));  // [B*S, D]
   // q|k|v [B*S, 3D]: per-head RMS norm of q and k (when qk_norm), then RoPE, then attention
   // [B, S, H, Dh]. Where the backend reads q, k and v inside the projection (reads_packed_qkv)
-  // they stay there; otherwise (and always under sequence parallelism) they are split out.
-  if (attn == nullptr && be_.reads_packed_qkv()) {
+  // they stay there; otherwise (and always under sequence parallelism) they are split out. FP8
+  // attention (opt-in) reads the projection too: its prologue writes q, k and v as e4m3.
+  if (attn == nullptr && (blk.fp8_attention || be_.reads_packed_qkv())) {
     const int64_t h = cfg_.n_heads;
     Tensor qkv = s.qkv.view({b, sq, 3 * d});
     ZI_TRY(linear(be_, s.norm, blk.wqkv, none, wide_scratch_, s.qkv));
-    ZI_TRY(be_.qk_norm_rope_packed(qkv, h, h, blk.norm_q, blk.norm_k, kQkNormEps, freqs));
-    ZI_TRY(be_.attention_packed(qkv, h, h, ap, s.o));
+    if (blk.fp8_attention) {
+      ZI_TRY(
+          be_.attention_packed_fp8(qkv, h, h, blk.norm_q, blk.norm_k, kQkNormEps, freqs, ap, s.o));
+    } else {
+      ZI_TRY(be_.qk_norm_rope_packed(qkv, h, h, blk.norm_q, blk.norm_k, kQkNormEps, freqs));
+      ZI_TRY(be_.attention_packed(qkv, h, h, ap, s.o));
+    }
   } else {
     ZI_TRY(linear_qkv_norm_rope(be_, s.norm, blk.wqkv, blk.norm_q, blk.norm_k, kQkNormEps, freqs,
                                 wide_scratch_, s.qkv, s.q, s.k, s.v));

@@ -140,6 +140,8 @@ class ZImageDiT {
     Tensor attn_norm1, attn_norm2, ffn_norm1, ffn_norm2;  // [D] each
     LinearWeight w13;                                     // [2F, D]: w1 (gate) rows, then w3 (up)
     LinearWeight w2;                                      // [D, F]
+    // The attention itself on e4m3 operands (--fp8-layers ...,sdpa; Backend::attention_packed_fp8).
+    bool fp8_attention = false;
     std::vector<LinearWeight*> linears() { return {&wqkv, &wo, &w13, &w2}; }
     // Every tensor, in fixed positions (weight streaming moves them as a unit).
     std::vector<Tensor*> tensors() {

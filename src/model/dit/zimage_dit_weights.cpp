@@ -270,6 +270,14 @@ Status ZImageDiT::place_block(Block& b, int index) {
   // execution order: noise refiners, context refiners, then the main layers.
   const unsigned fp8 = placement_.fp8_compute;
   const bool refiner = index < 2 * cfg_.n_refiner_layers;
+  // FP8 attention (opt-in), in the same layers as the FP8 linears; its q and k scales come from
+  // the qk norm weights.
+  b.fp8_attention = (fp8 & kFp8Sdpa) && (!refiner || (fp8 & kFp8Refiners));
+  if (b.fp8_attention) {
+    if (!b.norm_q.defined())
+      return InvalidArgument(what + ": FP8 attention (sdpa) needs the q/k norms (qk_norm)");
+    ZI_TRY(be_.fp8_attention_support().with_context("--fp8-layers sdpa"));
+  }
   if ((fp8 & kFp8AllLinears) && (!refiner || (fp8 & kFp8Refiners))) {
     const std::pair<unsigned, LinearWeight*> linears[] = {
         {kFp8Qkv, &b.wqkv}, {kFp8Out, &b.wo}, {kFp8W13, &b.w13}, {kFp8W2, &b.w2}};

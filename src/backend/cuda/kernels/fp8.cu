@@ -6,6 +6,7 @@
 
 #include "backend/cuda/kernels/device_utils.cuh"
 #include "backend/cuda/kernels/kernels.h"
+#include "backend/fp8_attention.h"
 
 namespace zimage::cuda {
 namespace {
@@ -100,6 +101,81 @@ __global__ void scale_rows_cols_kernel(T* __restrict__ y, const float* __restric
   }
 }
 
+// The v heads of a packed projection to e4m3, one scale per head (the FP8 attention's V):
+// packed_v_amax_kernel takes max |v| per head over the rows (a block's threads keep their packs'
+// heads fixed from row to row, so each reduces in registers, then over the lanes sharing a
+// head, then one atomic per head and block); quantize_packed_v_kernel divides by amax / 448 and
+// writes the bytes at the same element offsets of out8. Head dim 128 (16 lanes of 8 bf16).
+constexpr int kVHeadDim = 128;
+constexpr int kVMaxPacksPerThread = 8;  // hkv · 128 / pack <= 8 · kThreads
+
+template <typename T>
+__global__ void packed_v_amax_kernel(const T* __restrict__ qkv, int64_t rows, int heads_in, int v0,
+                                     int hkv, unsigned int* __restrict__ amax) {
+  constexpr int V = kVec16<T>, L = kVHeadDim / V;  // elements per pack, packs per head
+  const int packs = hkv * L;
+  float m[kVMaxPacksPerThread];
+#pragma unroll
+  for (int j = 0; j < kVMaxPacksPerThread; ++j) m[j] = 0.f;
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const T* row = qkv + (r * heads_in + v0) * kVHeadDim;
+#pragma unroll
+    for (int j = 0; j < kVMaxPacksPerThread; ++j) {
+      const int p = static_cast<int>(threadIdx.x) + j * kThreads;
+      if (p >= packs) break;
+      const Pack<T, V> pk = reinterpret_cast<const Pack<T, V>*>(row)[p];
+#pragma unroll
+      for (int i = 0; i < V; ++i) m[j] = fmaxf(m[j], fabsf(to_f32<T>(pk.v[i])));
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < kVMaxPacksPerThread; ++j) {
+    const int p = static_cast<int>(threadIdx.x) + j * kThreads;
+    float x = m[j];
+#pragma unroll
+    for (int o = L / 2; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+    if (p < packs && p % L == 0) atomicMax(amax + p / L, __float_as_uint(x));
+  }
+}
+
+__device__ __forceinline__ float v_descale_of(unsigned int amax_bits) {
+  return fp8_attention_v_scale(__uint_as_float(amax_bits));
+}
+
+template <typename T>
+__global__ void quantize_packed_v_kernel(const T* __restrict__ qkv, int64_t rows, int heads_in,
+                                         int v0, int hkv, const unsigned int* __restrict__ amax,
+                                         float* __restrict__ v_descale,
+                                         uint8_t* __restrict__ out8) {
+  constexpr int V = kVec16<T>, L = kVHeadDim / V;
+  const int packs = hkv * L;
+  if (blockIdx.x == 0)
+    for (int h = static_cast<int>(threadIdx.x); h < hkv; h += kThreads)
+      v_descale[h] = v_descale_of(amax[h]);
+  float inv[kVMaxPacksPerThread];
+#pragma unroll
+  for (int j = 0; j < kVMaxPacksPerThread; ++j) {
+    const int p = static_cast<int>(threadIdx.x) + j * kThreads;
+    inv[j] = p < packs ? __frcp_rn(v_descale_of(amax[p / L])) : 1.f;
+  }
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const int64_t off = (r * heads_in + v0) * kVHeadDim;
+#pragma unroll
+    for (int j = 0; j < kVMaxPacksPerThread; ++j) {
+      const int p = static_cast<int>(threadIdx.x) + j * kThreads;
+      if (p >= packs) break;
+      const Pack<T, V> pk = reinterpret_cast<const Pack<T, V>*>(qkv + off)[p];
+      Pack<uint8_t, V> o;
+#pragma unroll
+      for (int i = 0; i < V; ++i) {
+        const float x = fminf(fmaxf(__fmul_rn(to_f32<T>(pk.v[i]), inv[j]), -kE4M3Max), kE4M3Max);
+        o.v[i] = __nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3);
+      }
+      reinterpret_cast<Pack<uint8_t, V>*>(out8 + off)[p] = o;
+    }
+  }
+}
+
 }  // namespace
 
 cudaError_t launch_scale_rows_cols(KType t, void* y, const float* sx, const float* sw,
@@ -162,6 +238,32 @@ cudaError_t launch_quantize_fp8(KType t, const void* x, int64_t n, void* amax_sc
     amax_kernel<T><<<scan, kThreads, 0, s>>>(static_cast<const T*>(x), n, amax);
     quantize_kernel<T><<<grid_for(n, kThreads), kThreads, 0, s>>>(
         static_cast<const T*>(x), n, amax, scale, static_cast<__nv_fp8_storage_t*>(q));
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t launch_quantize_packed_v_fp8(KType t, const void* qkv, void* out8, void* amax_scratch,
+                                         float* v_descale, int64_t rows, int hq, int hkv, int dh,
+                                         cudaStream_t s) {
+  if (dh != kVHeadDim || hkv <= 0 || hq < 0 || !aligned16(qkv) || !aligned16(out8) ||
+      amax_scratch == nullptr || v_descale == nullptr)
+    return cudaErrorInvalidValue;
+  auto* amax = static_cast<unsigned int*>(amax_scratch);
+  cudaError_t e = cudaMemsetAsync(amax, 0, sizeof(unsigned int) * hkv, s);
+  if (e != cudaSuccess) return e;
+  return dispatch_ktype(t, [&](auto tag) {
+    using T = decltype(tag);
+    if (hkv * (kVHeadDim / kVec16<T>) > kVMaxPacksPerThread * kThreads)
+      return cudaErrorInvalidValue;
+    const int heads_in = hq + 2 * hkv, v0 = hq + hkv;
+    // The max over a capped grid (one atomic per head and block); the quantisation over all rows.
+    const unsigned scan = rows < 1024 ? static_cast<unsigned>(rows > 0 ? rows : 1) : 1024u;
+    const unsigned grid =
+        rows < 65535 * 16 ? static_cast<unsigned>(rows > 0 ? rows : 1) : 65535u * 16;
+    const auto* x = static_cast<const T*>(qkv);
+    packed_v_amax_kernel<T><<<scan, kThreads, 0, s>>>(x, rows, heads_in, v0, hkv, amax);
+    quantize_packed_v_kernel<T><<<grid, kThreads, 0, s>>>(x, rows, heads_in, v0, hkv, amax,
+                                                          v_descale, static_cast<uint8_t*>(out8));
     return cudaGetLastError();
   });
 }

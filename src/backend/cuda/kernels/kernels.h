@@ -68,6 +68,13 @@ cudaError_t launch_sum_squares(KType t, const void* x, int64_t rows, int64_t col
 // goes through amax_scratch (4 bytes of device memory). No host round trip.
 cudaError_t launch_quantize_fp8(KType t, const void* x, int64_t n, void* amax_scratch, float* scale,
                                 void* q, cudaStream_t s);
+// The v heads of a packed projection qkv[rows, (hq + 2 hkv) * dh] as e4m3 at the same element
+// offsets of out8, one scale per head: v_descale[h] = max over the rows of |v| in head h / 448
+// (1 for an all-zero head), through amax_scratch (hkv unsigned ints of device memory). dh 128,
+// 16-byte aligned qkv and out8, hkv at most 2048 / (16 / element size) heads.
+cudaError_t launch_quantize_packed_v_fp8(KType t, const void* qkv, void* out8, void* amax_scratch,
+                                         float* v_descale, int64_t rows, int hq, int hkv, int dh,
+                                         cudaStream_t s);
 // Per-row weights: w[rows, cols] -> q (e4m3) and scale[rows] (s = max|row| / 448, 1 for a zero
 // row), one block per row; and back: out[rows, cols] (type t) = float(q) * scale[row].
 cudaError_t launch_quantize_fp8_rows(KType t, const void* w, int64_t rows, int64_t cols, void* q,
@@ -99,6 +106,15 @@ bool qk_norm_rope_packed_fits(const void* qkv, const void* wq, const void* wk, c
 cudaError_t launch_qk_norm_rope_packed(KType t, void* qkv, const void* wq, const void* wk,
                                        const float* freqs, int64_t rows, int64_t seq_if_shared,
                                        int hq, int hkv, int dh, float eps, cudaStream_t s);
+// The FP8 attention's operand (CudaBackend::attention_packed_fp8): the same norm and RoPE of the
+// q and k heads of qkv (read, not written), each divided by a scale bounded from its norm weight
+// (prologue.cu says how) and written as e4m3 at the same element offsets of out8[rows, (hq + 2
+// hkv) * dh]; descale[0] and descale[1] get the q and k scales. wq and wk must be given; dh 128
+// and 16-byte aligned operands, as qk_norm_rope_packed_fits.
+cudaError_t launch_qk_norm_rope_packed_fp8(KType t, const void* qkv, const void* wq, const void* wk,
+                                           const float* freqs, void* out8, float* descale,
+                                           int64_t rows, int64_t seq_if_shared, int hq, int hkv,
+                                           int dh, float eps, cudaStream_t s);
 // mod = c[b, k] · w[4d, k]ᵀ + bias[4d] (bias may be null; fp32 sums, rounded to the type), then
 // launch_dit_modulation's outputs from it, without mod in memory. For b <= 4, k a multiple of
 // the 16-byte pack, c and w 16-byte aligned (adaln_modulation_fits); cudaErrorInvalidValue else.

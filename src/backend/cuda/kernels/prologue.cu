@@ -5,10 +5,13 @@
 // pass and one launch. Roundings match the composed ops (norm -> round -> * weight -> round ->
 // RoPE in f32 -> round), so fused and unfused results agree to an ulp (FMA contraction and the
 // order of the sum of squares may differ).
+#include <cuda_fp8.h>
+
 #include <type_traits>
 
 #include "backend/cuda/kernels/device_utils.cuh"
 #include "backend/cuda/kernels/kernels.h"
+#include "backend/fp8_attention.h"
 
 namespace zimage::cuda {
 namespace {
@@ -90,6 +93,12 @@ __global__ void qkv_norm_rope_kernel(const T* __restrict__ qkv, const T* __restr
 // kPacked: in place on the packed projection (`io`: each row's q heads, k heads, v heads) for
 // attention that reads q, k and v there (Backend::qk_norm_rope_packed): only the q and k heads
 // are items, each written back where it was read; qkv, q, k and v are unused (null).
+//
+// kFp8 (with kPacked): the same items read from `io`, which is left as it is, and written as
+// e4m3 at the same element offsets of `out8` (the FP8 attention's packed operand), divided by
+// one scale for q and one for k, bounds known from the norm weights (backend/fp8_attention.h).
+// Each lane holds its part of the weights; the head's lanes reduce the max, every block finds
+// the same scales, and block 0 writes them to descale[0] (q) and descale[1] (k).
 constexpr int kD128 = 128;
 
 template <typename T>
@@ -97,12 +106,19 @@ struct alignas(16) Pack16 {
   T v[16 / sizeof(T)];
 };
 
-template <typename T, int kPasses, bool kPacked>
+template <int N>
+struct alignas(N) Bytes {
+  uint8_t b[N];
+};
+
+template <typename T, int kPasses, bool kPacked, bool kFp8 = false>
 __global__ void qkv_norm_rope_d128_kernel(const T* __restrict__ qkv, const T* __restrict__ wq,
                                           const T* __restrict__ wk, const float* __restrict__ freqs,
                                           T* __restrict__ q, T* __restrict__ k, T* __restrict__ v,
                                           T* io, int64_t rows, int64_t seq_if_shared, int hq,
-                                          int hkv, float eps) {
+                                          int hkv, float eps, uint8_t* __restrict__ out8 = nullptr,
+                                          float* __restrict__ descale = nullptr) {
+  static_assert(!kFp8 || kPacked, "the FP8 output is the packed operand's");
   constexpr int V = 16 / sizeof(T);  // elements a lane holds
   constexpr int L = kD128 / V;       // lanes a head takes
   constexpr int G = 32 / L;          // heads a warp holds at once
@@ -116,6 +132,23 @@ __global__ void qkv_norm_rope_d128_kernel(const T* __restrict__ qkv, const T* __
   Pack16<T> wqv{}, wkv{};
   if (wq) wqv = reinterpret_cast<const Pack16<T>*>(wq)[part];
   if (wk) wkv = reinterpret_cast<const Pack16<T>*>(wk)[part];
+  float inv_q = 1.f, inv_k = 1.f;  // kFp8: 1 / scale
+  if constexpr (kFp8) {
+    float mq = 0.f, mk = 0.f;
+#pragma unroll
+    for (int i = 0; i < V; ++i) {
+      mq = fmaxf(mq, fabsf(to_f32<T>(wqv.v[i])));
+      mk = fmaxf(mk, fabsf(to_f32<T>(wkv.v[i])));
+    }
+#pragma unroll
+    for (int o = L / 2; o > 0; o >>= 1) {
+      mq = fmaxf(mq, __shfl_xor_sync(0xffffffffu, mq, o));
+      mk = fmaxf(mk, __shfl_xor_sync(0xffffffffu, mk, o));
+    }
+    const float dq = fp8_attention_qk_scale(mq), dk = fp8_attention_qk_scale(mk);
+    inv_q = __frcp_rn(dq), inv_k = __frcp_rn(dk);
+    if (blockIdx.x == 0 && threadIdx.x == 0) descale[0] = dq, descale[1] = dk;
+  }
   int64_t f_row = -1;  // the row whose (cos, sin) fr holds
   float fr[V] = {};
   for (int64_t base = (int64_t{blockIdx.x} * kWarps + (threadIdx.x >> 5)) * kHeads; base < total;
@@ -180,6 +213,18 @@ __global__ void qkv_norm_rope_d128_kernel(const T* __restrict__ qkv, const T* __
           e[i] = y0, e[i + 1] = y1;
         }
       }
+      if constexpr (kFp8) {
+        // The value the bf16 prologue writes, then divided by its scale and rounded to e4m3.
+        const float inv = is_q ? inv_q : inv_k;
+        Bytes<V> o8;
+#pragma unroll
+        for (int i = 0; i < V; ++i) {
+          const float x = fminf(fmaxf(__fmul_rn(round_to<T>(e[i]), inv), -kFp8Max), kFp8Max);
+          o8.b[i] = __nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3);
+        }
+        reinterpret_cast<Bytes<V>*>(out8 + (r * heads_in + h) * kD128)[part] = o8;
+        continue;
+      }
       T* dst = kPacked ? io + (r * heads_in + h) * kD128
                : is_q  ? q + (r * hq + h) * kD128
                        : (is_v ? v + (r * hkv + (h - hq - hkv)) * kD128
@@ -194,10 +239,11 @@ __global__ void qkv_norm_rope_d128_kernel(const T* __restrict__ qkv, const T* __
 
 // Launches qkv_norm_rope_d128_kernel for `rows` rows of its items (q, k and v heads split, or the
 // q and k heads in place) with the tuned passes per warp (RowKernelTuning::prologue_items).
-template <typename T, bool kPacked>
+template <typename T, bool kPacked, bool kFp8 = false>
 cudaError_t launch_d128(const T* qkv, const T* wq, const T* wk, const float* freqs, T* q, T* k,
                         T* v, T* io, int64_t rows, int64_t seq_if_shared, int hq, int hkv,
-                        float eps, cudaStream_t s) {
+                        float eps, cudaStream_t s, uint8_t* out8 = nullptr,
+                        float* descale = nullptr) {
   const int tuned = row_kernel_tuning().prologue_items;
   const int passes = tuned != 0 ? tuned : row_kernel_defaults().prologue_items;
   constexpr int64_t G = 32 / (kD128 / (16 / sizeof(T)));  // heads a warp holds at once
@@ -206,8 +252,8 @@ cudaError_t launch_d128(const T* qkv, const T* wq, const T* wk, const float* fre
   const int64_t blocks = (warps + kWarps - 1) / kWarps;
   const unsigned grid = static_cast<unsigned>(blocks < (int64_t{1} << 30) ? blocks : 1 << 30);
   auto launch = [&](auto n) {
-    qkv_norm_rope_d128_kernel<T, decltype(n)::value, kPacked><<<grid, kWarps * 32, 0, s>>>(
-        qkv, wq, wk, freqs, q, k, v, io, rows, seq_if_shared, hq, hkv, eps);
+    qkv_norm_rope_d128_kernel<T, decltype(n)::value, kPacked, kFp8><<<grid, kWarps * 32, 0, s>>>(
+        qkv, wq, wk, freqs, q, k, v, io, rows, seq_if_shared, hq, hkv, eps, out8, descale);
     return cudaGetLastError();
   };
   if (passes == 4) return launch(std::integral_constant<int, 4>{});
@@ -365,6 +411,23 @@ cudaError_t launch_qk_norm_rope_packed(KType t, void* qkv, const void* wq, const
     return launch_d128<T, true>(nullptr, static_cast<const T*>(wq), static_cast<const T*>(wk),
                                 freqs, nullptr, nullptr, nullptr, static_cast<T*>(qkv), rows,
                                 seq_if_shared, hq, hkv, eps, s);
+  });
+}
+
+cudaError_t launch_qk_norm_rope_packed_fp8(KType t, const void* qkv, const void* wq, const void* wk,
+                                           const float* freqs, void* out8, float* descale,
+                                           int64_t rows, int64_t seq_if_shared, int hq, int hkv,
+                                           int dh, float eps, cudaStream_t s) {
+  if (rows <= 0 || hq + hkv <= 0) return cudaSuccess;
+  if (wq == nullptr || wk == nullptr || descale == nullptr || !aligned16(out8) ||
+      !qk_norm_rope_packed_fits(qkv, wq, wk, freqs, dh))
+    return cudaErrorInvalidValue;
+  return dispatch_ktype(t, [&](auto tag) {
+    using T = decltype(tag);
+    return launch_d128<T, true, true>(
+        nullptr, static_cast<const T*>(wq), static_cast<const T*>(wk), freqs, nullptr, nullptr,
+        nullptr, const_cast<T*>(static_cast<const T*>(qkv)), rows, seq_if_shared, hq, hkv, eps, s,
+        static_cast<uint8_t*>(out8), descale);
   });
 }
 

@@ -37,7 +37,10 @@ bool aligned16(const void* p) {
 
 }  // namespace
 
-Status flash3_supported(const Fa3Request& r) {
+namespace {
+
+// The checks both kernels share; `elem` is the operands' size in bytes (2: bf16, 1: e4m3).
+Status supported(const Fa3Request& r, int elem) {
   if (r.head_dim != 128)
     return Unsupported("FlashAttention-3: head_dim " + std::to_string(r.head_dim) +
                        " (built for 128)");
@@ -48,9 +51,10 @@ Status flash3_supported(const Fa3Request& r) {
     return Unsupported("FlashAttention-3: shape too large");
   if (!aligned16(r.q) || !aligned16(r.k) || !aligned16(r.v) || !aligned16(r.out))
     return Unsupported("FlashAttention-3: operands not 16-byte aligned");
-  // TMA: every row of a tile starts on 16 bytes (8 bf16); a token holds all its heads.
+  // TMA: every row of a tile starts on 16 bytes; a token holds all its heads.
+  const int64_t per16 = 16 / elem;
   for (int64_t st : {r.q_token_stride, r.kv_token_stride})
-    if (st < 0 || st % 8 != 0) return Unsupported("FlashAttention-3: token stride");
+    if (st < 0 || st % per16 != 0) return Unsupported("FlashAttention-3: token stride");
   if ((r.q_token_stride > 0 && r.q_token_stride < r.heads_q * r.head_dim) ||
       (r.kv_token_stride > 0 && r.kv_token_stride < r.heads_kv * r.head_dim))
     return Unsupported("FlashAttention-3: token stride shorter than the heads");
@@ -63,6 +67,16 @@ Status flash3_supported(const Fa3Request& r) {
   return Status::Ok();
 }
 
+}  // namespace
+
+Status flash3_supported(const Fa3Request& r) {
+  return supported(r, 2);
+}
+
+Status flash3_supported_fp8(const Fa3Request& r) {
+  return supported(r, 1);
+}
+
 int64_t flash3_scratch_bytes(const Fa3Request& r) {
   return r.batch * r.heads_q * r.seq_q * static_cast<int64_t>(sizeof(float));
 }
@@ -72,36 +86,52 @@ namespace {
 
 using namespace cute;
 
-using Element = cutlass::bfloat16_t;
 constexpr int kHeadDim = 128;
 constexpr bool kCausal = false;
-// {kBlockM, kBlockN, MmaPV_is_RS, IntraWGOverlap}: the library's choice for these flags.
-constexpr auto kTile = tile_size_fwd_sm90(kHeadDim, kHeadDim, kCausal, /*is_local=*/false,
-                                          sizeof(Element), /*v_colmajor=*/false,
-                                          /*paged_kv_non_TMA=*/false, /*softcap=*/false);
-constexpr int kBlockM = std::get<0>(kTile);
-constexpr int kBlockN = std::get<1>(kTile);
-using TileShape_MNK = Shape<Int<kBlockM>, Int<kBlockN>, Int<kHeadDim>>;
-using TileShape_MNK_PV = Shape<Int<kBlockM>, Int<kHeadDim>, Int<kBlockN>>;
-using ClusterShape = Shape<_1, _1, _1>;
-using Mainloop = flash::CollectiveMainloopFwdSm90<
-    /*Stages=*/2, ClusterShape, TileShape_MNK, kHeadDim, Element, float, cutlass::arch::Sm90,
-    kCausal, /*Is_local=*/false, /*Has_softcap=*/false, /*Varlen=*/false,
-    /*PagedKVNonTMA=*/false, /*AppendKV=*/false, /*HasQv=*/false,
-    /*MmaPV_is_RS=*/std::get<2>(kTile), /*IntraWGOverlap=*/std::get<3>(kTile),
-    /*PackGQA=*/false, /*Split=*/false, /*V_colmajor=*/false>;
-using Epilogue = flash::CollectiveEpilogueFwd<TileShape_MNK_PV, ClusterShape, Element,
-                                              cutlass::arch::Sm90, Mainloop::NumMmaThreads,
-                                              /*Varlen=*/false, /*PackGQA=*/false,
-                                              /*Split=*/false, /*FP8PermuteCol=*/false>;
-using Scheduler = flash::StaticPersistentTileScheduler</*Split=*/false>;
-using Kernel = flash::enable_sm90_or_later<flash::FlashAttnFwdSm90<Mainloop, Epilogue, Scheduler>>;
+
+// The kernel for one operand type: bf16 in and out, or e4m3 in and bf16 out (the FP8 kernel
+// transposes V in shared memory, so V stays row-major as the projection writes it, and its
+// output's columns come back permuted, which the epilogue undoes: FP8PermuteCol).
+template <typename Element>
+struct Flash3 {
+  static constexpr bool kFp8 = sizeof(Element) == 1;
+  using Out = cutlass::bfloat16_t;
+  // {kBlockM, kBlockN, MmaPV_is_RS, IntraWGOverlap}: the library's choice for these flags
+  // (128 x 176 for bf16, 128 x 224 for e4m3).
+  static constexpr auto kTile = tile_size_fwd_sm90(kHeadDim, kHeadDim, kCausal, /*is_local=*/false,
+                                                   sizeof(Element), /*v_colmajor=*/false,
+                                                   /*paged_kv_non_TMA=*/false, /*softcap=*/false);
+  static constexpr int kBlockM = std::get<0>(kTile);
+  static constexpr int kBlockN = std::get<1>(kTile);
+  using TileShape_MNK = Shape<Int<kBlockM>, Int<kBlockN>, Int<kHeadDim>>;
+  using TileShape_MNK_PV = Shape<Int<kBlockM>, Int<kHeadDim>, Int<kBlockN>>;
+  using ClusterShape = Shape<_1, _1, _1>;
+  using Mainloop = flash::CollectiveMainloopFwdSm90<
+      /*Stages=*/2, ClusterShape, TileShape_MNK, kHeadDim, Element, float, cutlass::arch::Sm90,
+      kCausal, /*Is_local=*/false, /*Has_softcap=*/false, /*Varlen=*/false,
+      /*PagedKVNonTMA=*/false, /*AppendKV=*/false, /*HasQv=*/false,
+      /*MmaPV_is_RS=*/std::get<2>(kTile), /*IntraWGOverlap=*/std::get<3>(kTile),
+      /*PackGQA=*/false, /*Split=*/false, /*V_colmajor=*/false>;
+  using Epilogue = flash::CollectiveEpilogueFwd<TileShape_MNK_PV, ClusterShape, Out,
+                                                cutlass::arch::Sm90, Mainloop::NumMmaThreads,
+                                                /*Varlen=*/false, /*PackGQA=*/false,
+                                                /*Split=*/false, /*FP8PermuteCol=*/kFp8>;
+  using Scheduler = flash::StaticPersistentTileScheduler</*Split=*/false>;
+  using Kernel =
+      flash::enable_sm90_or_later<flash::FlashAttnFwdSm90<Mainloop, Epilogue, Scheduler>>;
+};
 
 // One launch: `b` items of seq_q queries against seq_k keys each, every item `*_item` elements
-// after the previous one.
-Status launch(const Fa3Request& r, const Element* q, const Element* k, const Element* v, Element* o,
-              float* lse, int b, int seq_k, int64_t q_item, int64_t kv_item, int64_t o_item,
-              int num_sm, int device, cudaStream_t stream) {
+// after the previous one. `descale`: the FP8 kernel's q, k and per-head v scales (null: bf16).
+template <typename Element>
+Status launch(const Fa3Request& r, const Element* q, const Element* k, const Element* v,
+              cutlass::bfloat16_t* o, float* lse, int b, int seq_k, int64_t q_item, int64_t kv_item,
+              int64_t o_item, const Flash3Fp8Scales* descale, int num_sm, int device,
+              cudaStream_t stream) {
+  using F = Flash3<Element>;
+  using Mainloop = typename F::Mainloop;
+  using Epilogue = typename F::Epilogue;
+  using Kernel = typename F::Kernel;
   const int64_t qs = r.q_token_stride > 0 ? r.q_token_stride : r.heads_q * r.head_dim;
   const int64_t kvs = r.kv_token_stride > 0 ? r.kv_token_stride : r.heads_kv * r.head_dim;
   const int64_t os = r.heads_q * r.head_dim;
@@ -134,12 +164,12 @@ Status launch(const Fa3Request& r, const Element* q, const Element* k, const Ele
       {b, 0},
       {0, _1{}},
       r.scale,
-      nullptr,  // descales (FP8 only)
-      nullptr,
-      nullptr,
+      descale ? descale->q : nullptr,  // descales (FP8 only): one q and one k scale,
+      descale ? descale->k : nullptr,  // one v scale per head
+      descale ? descale->v : nullptr,
       {0, 0},
       {0, 0},
-      {0, 0},
+      {0, 1},
       seq_k - 1,  // window left/right: the whole sequence (not local)
       sq - 1,
       0,    // attention_chunk
@@ -158,7 +188,7 @@ Status launch(const Fa3Request& r, const Element* q, const Element* k, const Ele
       {_1{}, 0, 0, 0},
       hk,
   };
-  const int num_blocks_m = (sq + kBlockM - 1) / kBlockM;
+  const int num_blocks_m = (sq + F::kBlockM - 1) / F::kBlockM;
   flash::TileSchedulerArguments scheduler{
       num_blocks_m, h, b, 1, h / hk, sq, seq_k, d, d, static_cast<int>(sizeof(Element))};
   const typename Kernel::Params params =
@@ -178,14 +208,10 @@ Status launch(const Fa3Request& r, const Element* q, const Element* k, const Ele
   return Status::Ok();
 }
 
-}  // namespace
-
-bool flash3_built() {
-  return true;
-}
-
-Status flash3_attention(const Fa3Request& r, void* scratch, int num_sm, cudaStream_t stream) {
-  ZI_TRY(flash3_supported(r));
+// Both kernels' calls: the checks, then one launch, or one per item where keys are padded.
+template <typename Element>
+Status run(const Fa3Request& r, const Flash3Fp8Scales* descale, void* scratch, int num_sm,
+           cudaStream_t stream) {
   if (scratch == nullptr || num_sm <= 0)
     return InvalidArgument("FlashAttention-3: no scratch or SM count");
   int device = 0;
@@ -200,20 +226,39 @@ Status flash3_attention(const Fa3Request& r, void* scratch, int num_sm, cudaStre
   const auto* q = static_cast<const Element*>(r.q);
   const auto* k = static_cast<const Element*>(r.k);
   const auto* v = static_cast<const Element*>(r.v);
-  auto* o = static_cast<Element*>(r.out);
+  auto* o = static_cast<cutlass::bfloat16_t*>(r.out);
   auto* lse = static_cast<float*>(scratch);
   const bool padded =
       r.key_len != nullptr && !r.key_len->empty() &&
       std::any_of(r.key_len->begin(), r.key_len->end(), [&](int32_t n) { return n != r.seq_k; });
   if (!padded)
     return launch(r, q, k, v, o, lse, static_cast<int>(r.batch), static_cast<int>(r.seq_k), q_item,
-                  kv_item, o_item, num_sm, device, stream);
+                  kv_item, o_item, descale, num_sm, device, stream);
   // Padded keys: each item on its own with its key count (the mask the backend means).
   for (int64_t b = 0; b < r.batch; ++b)
     ZI_TRY(launch(r, q + b * q_item, k + b * kv_item, v + b * kv_item, o + b * o_item, lse, 1,
-                  (*r.key_len)[static_cast<size_t>(b)], q_item, kv_item, o_item, num_sm, device,
-                  stream));
+                  (*r.key_len)[static_cast<size_t>(b)], q_item, kv_item, o_item, descale, num_sm,
+                  device, stream));
   return Status::Ok();
+}
+
+}  // namespace
+
+bool flash3_built() {
+  return true;
+}
+
+Status flash3_attention(const Fa3Request& r, void* scratch, int num_sm, cudaStream_t stream) {
+  ZI_TRY(flash3_supported(r));
+  return run<cutlass::bfloat16_t>(r, nullptr, scratch, num_sm, stream);
+}
+
+Status flash3_attention_fp8(const Fa3Request& r, const Flash3Fp8Scales& descale, void* scratch,
+                            int num_sm, cudaStream_t stream) {
+  ZI_TRY(flash3_supported_fp8(r));
+  if (descale.q == nullptr || descale.k == nullptr || descale.v == nullptr)
+    return InvalidArgument("FlashAttention-3 FP8: missing scales");
+  return run<cutlass::float_e4m3_t>(r, &descale, scratch, num_sm, stream);
 }
 
 #else  // !ZIMAGE_WITH_FLASH3
@@ -223,6 +268,10 @@ bool flash3_built() {
 }
 Status flash3_attention(const Fa3Request& r, void*, int, cudaStream_t) {
   ZI_TRY(flash3_supported(r));
+  return Unsupported("FlashAttention-3: not built (needs scripts/setup.sh's headers and sm_90a)");
+}
+Status flash3_attention_fp8(const Fa3Request& r, const Flash3Fp8Scales&, void*, int, cudaStream_t) {
+  ZI_TRY(flash3_supported_fp8(r));
   return Unsupported("FlashAttention-3: not built (needs scripts/setup.sh's headers and sm_90a)");
 }
 

@@ -9,9 +9,10 @@
 //
 // Built when scripts/setup.sh fetched the headers (third_party/flash3) and the CUDA code targets
 // sm_90a (CMake defines ZIMAGE_WITH_FLASH3); otherwise every call answers kUnsupported and
-// CudaBackend::attention takes the next path. One instantiation is built, the DiT's: bf16,
-// head_dim 128, non-causal, no padding mask (a batch with padded keys runs one launch per item
-// with its own key count). Everything else answers kUnsupported.
+// CudaBackend::attention takes the next path. Two instantiations are built, both the DiT's
+// (head_dim 128, non-causal, no padding mask: a batch with padded keys runs one launch per item
+// with its own key count): bf16 operands, and e4m3 operands with bf16 output for the opt-in FP8
+// attention (CudaBackend::attention_packed_fp8). Everything else answers kUnsupported.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -35,9 +36,25 @@ int64_t flash3_scratch_bytes(const Fa3Request& r);
 // multiples of 8 elements.
 Status flash3_supported(const Fa3Request& r);
 
+// kUnsupported unless as flash3_supported, with e4m3 operands: token strides multiples of 16.
+Status flash3_supported_fp8(const Fa3Request& r);
+
+// The FP8 kernel's scales, device pointers: q and k one float each, v one per head (heads_kv).
+// The kernel computes softmax(scale · q_descale · k_descale · Q8 K8ᵀ) (V8 · v_descale[h]), with the
+// probabilities rounded to e4m3 (times 256, the library's offset) before they meet V.
+struct Flash3Fp8Scales {
+  const float* q = nullptr;
+  const float* k = nullptr;
+  const float* v = nullptr;
+};
+
 // softmax(scale · Q Kᵀ [keys past key_len[b] masked]) V, as fa3_attention. `scratch` holds at
 // least flash3_scratch_bytes(r) bytes (device memory, 4-byte aligned); `num_sm` is the device's
 // SM count (the persistent grid's width).
 Status flash3_attention(const Fa3Request& r, void* scratch, int num_sm, cudaStream_t stream);
+
+// The same with e4m3 q, k and v (r.q, r.k, r.v) and bf16 out; scratch as above.
+Status flash3_attention_fp8(const Fa3Request& r, const Flash3Fp8Scales& descale, void* scratch,
+                            int num_sm, cudaStream_t stream);
 
 }  // namespace zimage::cuda

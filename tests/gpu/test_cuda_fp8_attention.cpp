@@ -1,0 +1,159 @@
+// The opt-in FP8 attention on the GPU (Backend::attention_packed_fp8: the prologue writing q and
+// k as e4m3 with scales bounded from the norm weights, v quantised per head, FlashAttention-3's
+// e4m3 kernel) against the CPU oracle of the same formula, and against exact attention (what
+// FP8 costs); in a whole forward, recorded against eager, and against the CPU model with the
+// same layers in FP8.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "gpu/cuda_test_util.h"
+#include "gpu/dit_test_util.h"
+#include "io/weights/weights.h"
+#include "model/common/linear.h"
+
+namespace zimage::test {
+namespace {
+
+// (cos, sin) pairs of random angles: [rows, s, dh / 2, 2].
+Tensor rope_table(int64_t rows, int64_t s, int64_t dh, uint32_t seed) {
+  const Tensor a = rand_host({rows, s, dh / 2}, seed, DType::kF32, -3.2f, 3.2f);
+  Tensor t = Tensor::host(DType::kF32, {rows, s, dh / 2, 2});
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    t.data_as<float>()[2 * i] = std::cos(a.data_as<float>()[i]);
+    t.data_as<float>()[2 * i + 1] = std::sin(a.data_as<float>()[i]);
+  }
+  return t;
+}
+
+TEST(CudaFp8Attention, AgainstCpuOracle) {
+  ZI_REQUIRE_GPU();
+  cuda::CudaBackend* g = gpu(DType::kBF16);
+  const Status support = g->fp8_attention_support();
+  if (!support.ok()) GTEST_SKIP() << support.message();
+  struct Case {
+    int64_t b, s, h;
+    std::vector<int32_t> key_len;
+    bool shared_freqs;
+    float wq_hi, wk_hi;  // norm weights uniform in [wq_hi / 3, wq_hi]
+  };
+  const Case cases[] = {
+      {1, 4160, 30, {}, false, 1.5f, 1.5f},       // the DiT at 1024²
+      {2, 600, 4, {600, 544}, true, 1.5f, 1.5f},  // padded keys, freqs shared over the batch
+      {1, 300, 2, {}, false, 1.5f, 1.5f},         // shorter than one key tile
+      {1, 513, 3, {}, false, 300.f, 0.005f},      // q past e4m3's 448 before its scale
+  };
+  constexpr int64_t d = 128;
+  uint32_t seed = 9700;
+  for (const Case& c : cases) {
+    const int64_t f = 3 * c.h * d;
+    const Tensor host = rand_host({c.b, c.s, f}, seed++, DType::kBF16, -2.f, 2.f);
+    Both wq = both_rand({d}, seed++, DType::kBF16, c.wq_hi / 3, c.wq_hi);
+    Both wk = both_rand({d}, seed++, DType::kBF16, c.wk_hi / 3, c.wk_hi);
+    Both fr =
+        both_as(rope_table(c.shared_freqs ? 1 : c.b, c.s, d, seed++), DType::kBF16, DType::kF32);
+    AttentionParams p;
+    p.scale = 1.0f / std::sqrt(static_cast<float>(d));
+    p.key_len = c.key_len;
+    Tensor qkv = take(g->upload(host, DType::kBF16), "qkv");
+    const std::vector<float> before = fetch(*g, qkv);
+    Both out = outputs({c.b, c.s, c.h, d}, DType::kBF16);
+    ZI_ASSERT_OK(g->attention_packed_fp8(qkv, c.h, c.h, wq.gpu, wk.gpu, 1e-6f, fr.gpu, p, out.gpu));
+    Tensor qkv_cpu = take(cpu_oracle().upload(host, DType::kF32), "qkv cpu");
+    ZI_ASSERT_OK(cpu_oracle().attention_packed_fp8(qkv_cpu, c.h, c.h, wq.cpu, wk.cpu, 1e-6f, fr.cpu,
+                                                   p, out.cpu));
+    // Exact attention on the same prologue: what the FP8 rounding costs.
+    Tensor exact_in = take(cpu_oracle().upload(host, DType::kF32), "exact");
+    ZI_ASSERT_OK(
+        cpu_oracle().qk_norm_rope_packed(exact_in, c.h, c.h, wq.cpu, wk.cpu, 1e-6f, fr.cpu));
+    Tensor exact = take(cpu_oracle().alloc(DType::kF32, {c.b, c.s, c.h, d}), "exact out");
+    ZI_ASSERT_OK(cpu_oracle().attention_packed(exact_in, c.h, c.h, p, exact));
+    const std::string tag = cat(" b", c.b, " s", c.s, " h", c.h, c.key_len.empty() ? "" : " padded",
+                                c.shared_freqs ? " shared" : "", " |wq| <= ", c.wq_hi);
+    const std::vector<float> got = fetch(*g, out.gpu);
+    // The probabilities' e4m3 rounding (the kernel's, not the oracle's) and bf16 on the way
+    // account for the distance to the oracle; against exact attention FP8 costs more.
+    expect_close("fp8 attention vs CPU fp8 oracle" + tag, DType::kBF16, got,
+                 fetch(cpu_oracle(), out.cpu), 5e-2);
+    expect_close("fp8 attention vs exact attention" + tag, DType::kBF16, got,
+                 fetch(cpu_oracle(), exact), 1e-1);
+    const std::vector<float> after = fetch(*g, qkv);
+    EXPECT_EQ(std::memcmp(before.data(), after.data(), before.size() * sizeof(float)), 0)
+        << "the projection is read, not written" << tag;
+  }
+}
+
+TEST(CudaFp8Attention, BadCallsAreNamed) {
+  ZI_REQUIRE_GPU();
+  cuda::CudaBackend* g = gpu(DType::kBF16);
+  if (!g->fp8_attention_support().ok()) GTEST_SKIP() << g->fp8_attention_support().message();
+  Tensor qkv = take(g->alloc(DType::kBF16, {1, 8, 3 * 2 * 128}), "qkv");
+  Tensor out = take(g->alloc(DType::kBF16, {1, 8, 2, 128}), "out");
+  Tensor w = take(g->alloc(DType::kBF16, {128}), "w");
+  ZI_ASSERT_OK(g->fill(w, 1.f));
+  AttentionParams p;
+  const Tensor none;
+  const Status no_norm = g->attention_packed_fp8(qkv, 2, 2, none, none, 1e-6f, none, p, out);
+  EXPECT_EQ(no_norm.code(), ErrorCode::kInvalidArgument) << no_norm.to_string();
+  EXPECT_NE(no_norm.message().find("norm"), std::string::npos) << no_norm.message();
+  const Status heads = g->attention_packed_fp8(qkv, 3, 2, w, w, 1e-6f, none, p, out);
+  EXPECT_EQ(heads.code(), ErrorCode::kInvalidArgument) << heads.to_string();
+  Tensor wrong = take(g->alloc(DType::kBF16, {1, 8, 3, 128}), "wrong");
+  EXPECT_EQ(g->attention_packed_fp8(qkv, 2, 2, w, w, 1e-6f, none, p, wrong).code(),
+            ErrorCode::kInvalidArgument);
+  Tensor grouped = take(g->alloc(DType::kBF16, {1, 8, (4 + 2 * 2) * 128}), "grouped");
+  Tensor out4 = take(g->alloc(DType::kBF16, {1, 8, 4, 128}), "out4");
+  EXPECT_EQ(g->attention_packed_fp8(grouped, 4, 2, w, w, 1e-6f, none, p, out4).code(),
+            ErrorCode::kUnsupported)
+      << "grouped KV heads: the kernel is built ungrouped";
+}
+
+// A whole forward with FP8 attention in every block: each block's attention goes through the FP8
+// op, the recorded forward equals the eager one bit for bit, and the output stays with the CPU
+// model of the same formula.
+TEST(CudaFp8Attention, TransformerRecordedEqualsEagerAndCpu) {
+  ZI_REQUIRE_GPU();
+  cuda::CudaBackend* g = gpu(DType::kBF16);
+  if (!g->fp8_attention_support().ok()) GTEST_SKIP() << g->fp8_attention_support().message();
+  TransformerConfig cfg;
+  const std::string dir = write_wide_dit(cfg, "zimage_fp8_attention_dit");
+  auto ws = WeightStore::open(dir);
+  ASSERT_TRUE(ws.ok()) << ws.status().to_string();
+  const Tensor lat = rand_host({1, 16, 32, 32}, 51, DType::kBF16);
+  const Tensor cap = rand_host({20, cfg.cap_feat_dim}, 52, DType::kBF16);
+  WeightPlacement fp8;
+  fp8.fp8_compute = kFp8Sdpa | kFp8Refiners;
+  auto dit = ZImageDiT::load(cfg, *ws, *g, fp8);
+  ASSERT_TRUE(dit.ok()) << dit.status().to_string();
+  auto bf16 = ZImageDiT::load(cfg, *ws, *g);
+  ASSERT_TRUE(bf16.ok()) << bf16.status().to_string();
+  auto cpu_dit = ZImageDiT::load(cfg, *ws, cpu_oracle(), fp8);
+  ASSERT_TRUE(cpu_dit.ok()) << cpu_dit.status().to_string();
+  auto cpu_exact = ZImageDiT::load(cfg, *ws, cpu_oracle());
+  ASSERT_TRUE(cpu_exact.ok()) << cpu_exact.status().to_string();
+  std::vector<int64_t> calls;
+  const Tensor eager =
+      profiled_forward(**dit, *g, lat, cap, {"attention_packed_fp8", "attention_packed"}, calls);
+  EXPECT_EQ(calls[0], 4) << "every block's attention (2 layers, 2 refiners) in FP8";
+  const Tensor recorded = forward(**dit, *g, lat, cap);
+  const Tensor replayed = forward(**dit, *g, lat, cap);
+  const Tensor plain = forward(**bf16, *g, lat, cap);
+  const Tensor ref = forward(**cpu_dit, cpu_oracle(), lat, cap);
+  const Tensor exact = forward(**cpu_exact, cpu_oracle(), lat, cap);
+  ASSERT_TRUE(eager.defined() && recorded.defined() && replayed.defined() && plain.defined() &&
+              ref.defined() && exact.defined());
+  EXPECT_EQ(values(recorded), values(eager)) << "recorded differs from eager";
+  EXPECT_EQ(values(replayed), values(eager)) << "replayed differs from eager";
+  EXPECT_NE(values(eager), values(plain)) << "the FP8 path ran";
+  expect_close("transformer, fp8 attention vs CPU fp8 model", DType::kBF16, values(eager),
+               values(ref), 5e-2);
+  expect_close("transformer, fp8 attention vs CPU exact model", DType::kBF16, values(eager),
+               values(exact), 1e-1);
+  dit->reset();
+  bf16->reset();
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace zimage::test
