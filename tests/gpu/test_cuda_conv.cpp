@@ -86,9 +86,12 @@ TEST(CudaOps, Conv2dNarrowOutputsPadded) {
 // conv2d_add: the residual summed in the cuDNN graph's epilogue (bf16: one rounding) against the
 // CPU oracle's conv2d, then add; against the unfused path on the GPU (ZIMAGE_FUSED_CONV_ADD=0);
 // 3 outputs (no tensor-core plan for the plain convolution) and asymmetric padding (padded
-// explicitly first) included. A residual overlapping y is refused.
+// explicitly first) included. Only runtime-compiled engines take the fused graph, so the test
+// lets cuDNN compile them (ZIMAGE_CONV_RUNTIME_COMPILE=1; off by default, when conv2d_add runs
+// the unfused ops). A residual overlapping y is refused.
 TEST(CudaOps, Conv2dAdd) {
   ZI_REQUIRE_GPU();
+  for (DType dt : kDTypes) gpu(dt)->set_conv_runtime_compile(true);
   const ConvCase cases[] = {
       {{1, 16, 16, 128}, 128, 3, {1, 1, 1, 1, 1}, true},  // a VAE resnet's conv2
       {{2, 12, 10, 64}, 32, 3, {1, 1, 1, 1, 1}, true},    // batch 2, fewer outputs
@@ -118,6 +121,7 @@ TEST(CudaOps, Conv2dAdd) {
       expect_close(what + " residual untouched", dt, fetch(*g, r.gpu), fetch(cpu_oracle(), r.cpu),
                    0.0);
     }
+    g->set_conv_runtime_compile(false);
   }
   Tensor x = take(gpu(DType::kBF16)->alloc(DType::kBF16, {1, 8, 8, 16}), "x");
   Tensor w = take(gpu(DType::kBF16)->alloc(DType::kBF16, {16, 3, 3, 16}), "w");

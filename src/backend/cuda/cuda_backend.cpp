@@ -188,6 +188,11 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(int device_index, DType
   ZI_TRY(env_switch("ZIMAGE_FUSED_CONV_ADD", b->fused_conv_add_));
   ZI_TRY(env_switch("ZIMAGE_CONV_PAD_COUT", b->pad_narrow_conv_));
   ZI_TRY(env_switch("ZIMAGE_WARM_EXECUTE", b->warm_execute_));
+  {
+    bool compile = false;  // ConvGraphs::set_runtime_compile's default
+    ZI_TRY(env_switch("ZIMAGE_CONV_RUNTIME_COMPILE", compile));
+    b->set_conv_runtime_compile(compile);
+  }
   ZI_TRY(env_switch("ZIMAGE_PACKED_QKV", b->packed_qkv_));
   ZI_TRY(env_switch("ZIMAGE_FUSED_ADALN", b->fused_adaln_));
   ZI_TRY(env_switch("ZIMAGE_FUSED_SWIGLU", b->fused_swiglu_));

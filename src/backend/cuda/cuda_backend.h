@@ -293,6 +293,8 @@ class CudaBackend final : public Backend {
   bool has_fa3_attention() const { return fa3_; }
   // Whether FlashAttention-3's own Hopper kernel is built in and runs on this GPU.
   bool has_flash3_attention() const { return flash3_; }
+  // ConvGraphs::set_runtime_compile (ZIMAGE_CONV_RUNTIME_COMPILE; tests of the fused residual).
+  void set_conv_runtime_compile(bool on);
   // The device's SM count (FlashAttention-3's persistent grid; tests call its kernels directly).
   int num_sms() const { return num_sms_; }
   // Which build of the flash kernel to use (benchmarks compare them).

@@ -23,6 +23,10 @@ Status CudaBackend::conv2d(const Tensor& x, const Tensor& w, const Tensor& bias,
   return conv2d_impl(x, w, bias, nullptr, p, y);
 }
 
+void CudaBackend::set_conv_runtime_compile(bool on) {
+  if (conv_graphs_) conv_graphs_->set_runtime_compile(on);
+}
+
 Status CudaBackend::conv2d_add(const Tensor& x, const Tensor& w, const Tensor& bias,
                                const Tensor& residual, const Conv2dParams& p, Tensor& y) {
   if (!fused_conv_add_) return Backend::conv2d_add(x, w, bias, residual, p, y);

@@ -131,6 +131,7 @@ struct ConvGraphs::Impl {
   cudaStream_t stream = nullptr;
   cudnnHandle_t handle = nullptr;
   std::mutex mu;  // plans: run() and preload_saved() may be called from different threads
+  bool runtime_compile = false;  // set_runtime_compile
   std::map<Key, Plan> plans;
   std::shared_ptr<PlanCache> cache;
 
@@ -297,12 +298,30 @@ struct ConvGraphs::Impl {
     }
     // Build only the candidates that are timed: the first kMaxTimedPlans, in the heuristics'
     // order, that build. Building every plan (BuildPlanPolicy_t::ALL) compiled engines that were
-    // never timed, runtime-compiled ones at a compile each.
+    // never timed, runtime-compiled ones at a compile each. Unless runtime_compile is on, the
+    // engines cuDNN would compile (NVRTC) are passed over: a graph only they take (the conv +
+    // bias + residual epilogue: 2.3-2.8 s a shape) answers kUnsupported and its caller runs the
+    // unfused ops.
     std::vector<int64_t> candidates;
     const int64_t total = g->get_execution_plan_count();
-    for (int64_t i = 0; i < total && static_cast<int>(candidates.size()) < kMaxTimedPlans; ++i)
+    auto compiles = [&](int64_t i) {
+      std::vector<fe::BehaviorNote_t> notes;
+      return g->get_behavior_notes_for_plan_at_index(i, notes).is_good() &&
+             std::find(notes.begin(), notes.end(), fe::BehaviorNote_t::RUNTIME_COMPILATION) !=
+                 notes.end();
+    };
+    bool passed_over = false;
+    for (int64_t i = 0; i < total && static_cast<int>(candidates.size()) < kMaxTimedPlans; ++i) {
+      if (!runtime_compile && compiles(i)) {
+        passed_over = true;
+        continue;
+      }
       if (g->build_plan_at_index(i).is_good()) candidates.push_back(i);
-    if (candidates.empty()) return Unsupported("cuDNN conv graph: no plan builds");
+    }
+    if (candidates.empty())
+      return Unsupported(passed_over ? "cuDNN conv graph: only runtime-compiled engines take it "
+                                       "(ZIMAGE_CONV_RUNTIME_COMPILE=1 compiles them)"
+                                     : "cuDNN conv graph: no plan builds");
 
     // Time the candidates on the real buffers and keep the fastest.
     std::unordered_map<int64_t, void*> pack = variant_pack(r, bias, residual);
@@ -374,6 +393,11 @@ std::unique_ptr<ConvGraphs> ConvGraphs::create(cudaStream_t stream,
 
 bool ConvGraphs::available() const {
   return impl_->handle != nullptr;
+}
+
+void ConvGraphs::set_runtime_compile(bool on) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->runtime_compile = on;
 }
 
 std::string ConvGraphs::cache_tag() {
@@ -494,6 +518,7 @@ std::unique_ptr<ConvGraphs> ConvGraphs::create(cudaStream_t, std::shared_ptr<Pla
 bool ConvGraphs::available() const {
   return false;
 }
+void ConvGraphs::set_runtime_compile(bool) {}
 std::string ConvGraphs::cache_tag() {
   return "conv-graphs v2";
 }

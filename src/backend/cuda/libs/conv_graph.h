@@ -39,6 +39,14 @@ class ConvGraphs {
   ConvGraphs& operator=(const ConvGraphs&) = delete;
 
   bool available() const;
+  // Whether a shape's plan search (no saved plan, no cached index) may build engines cuDNN
+  // compiles at run time (NVRTC). Off (the default; ZIMAGE_CONV_RUNTIME_COMPILE=1 turns it on):
+  // only precompiled engines are timed, and a graph only compiled ones take answers kUnsupported,
+  // so the caller runs the unfused ops. The VAE's conv + bias + residual graphs are such: their
+  // compiles took 2.3-2.8 s each, 10.5 s of a new process's first decode with empty caches, for
+  // ~0.6 ms a decode once cached (docs/BENCHMARKS.md, "Session 22"). Plans saved by a process
+  // that had it on still load.
+  void set_runtime_compile(bool on);
   // What the saved plans depend on besides the GPU and cuDNN: this code's layout of the graphs and
   // the frontend's serialisation (part of the plan cache's identity).
   static std::string cache_tag();
