@@ -90,7 +90,10 @@ namespace {
 enum Uid : int64_t { kX = 1, kW, kBias, kY, kResidual };
 
 constexpr int kMaxTimedPlans = 4;  // candidates timed per shape (heuristics order)
-constexpr int kTimedRuns = 2;      // after one warm-up run
+// The plan cache's hint for a graph only runtime-compiled engines take: a later process (with
+// runtime compilation off) runs the unfused ops without asking cuDNN's heuristics again.
+constexpr int64_t kOnlyCompiled = -2;
+constexpr int kTimedRuns = 2;  // after one warm-up run
 
 Status fe_status(fe::error_t e, const char* step) {
   if (e.is_good()) return Status::Ok();
@@ -139,7 +142,7 @@ struct ConvGraphs::Impl {
   bool build_cached(fe::graph::Graph& g, const std::string& key, Plan& p) {
     if (!cache) return false;
     const std::optional<int64_t> idx = cache->get(key);
-    if (!idx) return false;
+    if (!idx || *idx == kOnlyCompiled) return false;
     int64_t ws = 0;
     if (*idx >= 0 && *idx < g.get_execution_plan_count() && g.build_plan_at_index(*idx).is_good() &&
         g.get_workspace_size_plan_at_index(*idx, ws).is_good()) {
@@ -236,6 +239,10 @@ struct ConvGraphs::Impl {
                CachingAllocator& alloc, Plan& p) {
     const std::string key = cache_key(r, epilogue_of(bias, residual));
     if (load_saved(key, p)) return Status::Ok();
+    if (!runtime_compile && cache && cache->get(key) == kOnlyCompiled)
+      return Unsupported(
+          "cuDNN conv graph: only runtime-compiled engines take it (remembered; "
+          "ZIMAGE_CONV_RUNTIME_COMPILE=1 compiles them)");
     const fe::DataType_t io =
         r.dt == DType::kBF16 ? fe::DataType_t::BFLOAT16
                              : (r.dt == DType::kF16 ? fe::DataType_t::HALF : fe::DataType_t::FLOAT);
@@ -318,10 +325,13 @@ struct ConvGraphs::Impl {
       }
       if (g->build_plan_at_index(i).is_good()) candidates.push_back(i);
     }
-    if (candidates.empty())
-      return Unsupported(passed_over ? "cuDNN conv graph: only runtime-compiled engines take it "
-                                       "(ZIMAGE_CONV_RUNTIME_COMPILE=1 compiles them)"
-                                     : "cuDNN conv graph: no plan builds");
+    if (candidates.empty() && passed_over) {
+      if (cache) cache->put(key, kOnlyCompiled);
+      return Unsupported(
+          "cuDNN conv graph: only runtime-compiled engines take it (ZIMAGE_CONV_RUNTIME_COMPILE=1 "
+          "compiles them)");
+    }
+    if (candidates.empty()) return Unsupported("cuDNN conv graph: no plan builds");
 
     // Time the candidates on the real buffers and keep the fastest.
     std::unordered_map<int64_t, void*> pack = variant_pack(r, bias, residual);
