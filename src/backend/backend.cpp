@@ -210,7 +210,7 @@ Status Backend::attention_packed(const Tensor& qkv, int64_t hq, int64_t hkv,
 
 Status Backend::attention_packed_fp8(const Tensor&, int64_t, int64_t, const Tensor&, const Tensor&,
                                      float, const Tensor&, const AttentionParams&, Tensor&) {
-  return fp8_attention_support();
+  return Unsupported("attention_packed_fp8 is not implemented on the " + name() + " backend");
 }
 
 Status Backend::fp8_attention_support() const {

@@ -334,10 +334,10 @@ class Backend {
   // Whether attention_packed and qk_norm_rope_packed work in place here, so that a model saves
   // the split (the copy of q, k and v) by keeping its projection packed.
   virtual bool reads_packed_qkv() const { return false; }
-  // FP8 attention (opt-in; the DiT's `--fp8-layers ...,attention`): attention_packed over the
+  // FP8 attention (opt-in; the DiT's `--fp8-layers ...,sdpa`): attention_packed over the
   // packed projection qkv[B, S, (Hq + 2·Hkv)·Dh] after qk_norm_rope_packed's norm and RoPE of q
   // and k (norm_q and norm_k required; qkv itself is not written), with q, k and v rounded to
-  // e4m3 first: q and k each divided by one scale, fp8_attention_qk_scale(max |norm weight|), v
+  // e4m3 first: q and k each divided by one scale, fp8_attention_qk_scale(max |norm weight|, Dh), v
   // by one per KV head, fp8_attention_v_scale(max |v| over the batch's rows)
   // (backend/fp8_attention.h); the scales are multiplied back in f32. out[B, S, Hq, Dh] in the act
   // dtype. The CPU backend computes exactly this with an exact softmax (the oracle); CUDA's

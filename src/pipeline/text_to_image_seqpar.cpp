@@ -5,6 +5,7 @@
 #include "core/log.h"
 #include "io/model/model_source.h"
 #include "model/adapters/lora_merge.h"
+#include "model/common/linear.h"
 #include "pipeline/text_to_image.h"
 
 namespace zimage {
@@ -20,6 +21,12 @@ Status TextToImage::enable_sequence_parallel(const std::vector<Backend*>& rank_b
     return InvalidArgument("sequence parallel: the pipeline was not loaded from files");
   if (controlnet_)
     ZI_INFO("sequence parallel: steps with ControlNet residuals run on rank 0 alone");
+  // Ulysses attention runs the bf16 kernels on the scattered heads: FP8 attention has no path
+  // there, and running bf16 instead of what was asked would be silent.
+  if (options.dit_fp8_compute & kFp8Sdpa)
+    return InvalidArgument(
+        "sequence parallel: --fp8-layers sdpa (FP8 attention) runs on one GPU only; drop sdpa "
+        "or the sequence parallelism");
   const auto start = std::chrono::steady_clock::now();
   ZI_ASSIGN_OR_RETURN(ModelSource src, ModelSource::open(paths_));
   WeightPlacement place;  // resident on every rank (no streaming plan for the extra ranks)

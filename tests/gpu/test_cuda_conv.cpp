@@ -91,7 +91,15 @@ TEST(CudaOps, Conv2dNarrowOutputsPadded) {
 // the unfused ops). A residual overlapping y is refused.
 TEST(CudaOps, Conv2dAdd) {
   ZI_REQUIRE_GPU();
-  for (DType dt : kDTypes) gpu(dt)->set_conv_runtime_compile(true);
+  // Runtime compilation on for this test only, off again however it ends.
+  struct CompileOn {
+    CompileOn() {
+      for (DType dt : kDTypes) gpu(dt)->set_conv_runtime_compile(true);
+    }
+    ~CompileOn() {
+      for (DType dt : kDTypes) gpu(dt)->set_conv_runtime_compile(false);
+    }
+  } compile_on;
   const ConvCase cases[] = {
       {{1, 16, 16, 128}, 128, 3, {1, 1, 1, 1, 1}, true},  // a VAE resnet's conv2
       {{2, 12, 10, 64}, 32, 3, {1, 1, 1, 1, 1}, true},    // batch 2, fewer outputs
@@ -116,12 +124,17 @@ TEST(CudaOps, Conv2dAdd) {
       const Status st = g->conv2d_add(x.gpu, w.gpu, b.gpu, r.gpu, c.p, y2);
       g->set_fused_conv_add(true);
       ZI_ASSERT_OK(st);
-      expect_close(what + " fused vs unfused", dt, fetch(*g, y.gpu), fetch(*g, y2));
+      const std::vector<float> fused = fetch(*g, y.gpu), unfused = fetch(*g, y2);
+      expect_close(what + " fused vs unfused", dt, fused, unfused);
+      // bf16: the fused graph ran (one rounding fewer: the bits differ; session 22, call 3,
+      // measured rel. L2 1.6-2.5e-3 on every case). f32 runs the legacy path either way.
+      if (dt == DType::kBF16) {
+        EXPECT_NE(fused, unfused) << what << ": the fused graph did not run";
+      }
       // The residual is read, never written.
       expect_close(what + " residual untouched", dt, fetch(*g, r.gpu), fetch(cpu_oracle(), r.cpu),
                    0.0);
     }
-    g->set_conv_runtime_compile(false);
   }
   Tensor x = take(gpu(DType::kBF16)->alloc(DType::kBF16, {1, 8, 8, 16}), "x");
   Tensor w = take(gpu(DType::kBF16)->alloc(DType::kBF16, {16, 3, 3, 16}), "w");

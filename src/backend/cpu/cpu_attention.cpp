@@ -127,8 +127,8 @@ Status CpuBackend::attention_packed_fp8(const Tensor& qkv, int64_t hq, int64_t h
   std::memcpy(work.data(), qkv.data(), static_cast<size_t>(qkv.numel()) * 4);
   ZI_TRY(qk_norm_rope_packed(work, hq, hkv, norm_q, norm_k, eps, freqs));
 
-  const float sq = fp8_attention_qk_scale(max_abs(norm_q));
-  const float sk = fp8_attention_qk_scale(max_abs(norm_k));
+  const float sq = fp8_attention_qk_scale(max_abs(norm_q), static_cast<int>(dh));
+  const float sk = fp8_attention_qk_scale(max_abs(norm_k), static_cast<int>(dh));
   std::vector<float> sv(static_cast<size_t>(hkv), 0.f);  // per KV head: max |v|, then the scale
   float* w = work.data_as<float>();
   for (int64_t r = 0; r < rows; ++r)

@@ -235,6 +235,7 @@ Status CudaBackend::attention_packed_fp8(const Tensor& qkv, int64_t hq, int64_t 
     return InvalidArgument("attention_packed_fp8: key_len has " + std::to_string(p.key_len.size()) +
                            " entries for a batch of " + std::to_string(b));
   if (out.numel() == 0) return Status::Ok();
+  if (hkv > 128) return Unsupported("attention_packed_fp8: more than 128 KV heads");
   // The e4m3 operand (q, k, v at the projection's offsets) and its scales: q, k, v per KV head.
   ZI_ASSIGN_OR_RETURN(Tensor qkv8, alloc(DType::kF8E4M3, {b, s, f}));
   ZI_ASSIGN_OR_RETURN(Tensor scales, alloc(DType::kF32, {2 + hkv}));

@@ -71,7 +71,7 @@ cudaError_t launch_quantize_fp8(KType t, const void* x, int64_t n, void* amax_sc
 // The v heads of a packed projection qkv[rows, (hq + 2 hkv) * dh] as e4m3 at the same element
 // offsets of out8, one scale per head: v_descale[h] = max over the rows of |v| in head h / 448
 // (1 for an all-zero head), through amax_scratch (hkv unsigned ints of device memory). dh 128,
-// 16-byte aligned qkv and out8, hkv at most 2048 / (16 / element size) heads.
+// 16-byte aligned qkv and out8, hkv * 128 / (16 / element size) at most 2048 (128 bf16 heads).
 cudaError_t launch_quantize_packed_v_fp8(KType t, const void* qkv, void* out8, void* amax_scratch,
                                          float* v_descale, int64_t rows, int hq, int hkv, int dh,
                                          cudaStream_t s);

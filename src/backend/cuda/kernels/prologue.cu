@@ -145,7 +145,7 @@ __global__ void qkv_norm_rope_d128_kernel(const T* __restrict__ qkv, const T* __
       mq = fmaxf(mq, __shfl_xor_sync(0xffffffffu, mq, o));
       mk = fmaxf(mk, __shfl_xor_sync(0xffffffffu, mk, o));
     }
-    const float dq = fp8_attention_qk_scale(mq), dk = fp8_attention_qk_scale(mk);
+    const float dq = fp8_attention_qk_scale(mq, kD128), dk = fp8_attention_qk_scale(mk, kD128);
     inv_q = __frcp_rn(dq), inv_k = __frcp_rn(dk);
     if (blockIdx.x == 0 && threadIdx.x == 0) descale[0] = dq, descale[1] = dk;
   }

@@ -138,11 +138,23 @@ struct ConvGraphs::Impl {
   std::map<Key, Plan> plans;
   std::shared_ptr<PlanCache> cache;
 
+  // Whether cuDNN compiles the graph's plan `i` at run time (NVRTC).
+  static bool compiles(fe::graph::Graph& g, int64_t i) {
+    std::vector<fe::BehaviorNote_t> notes;
+    return g.get_behavior_notes_for_plan_at_index(i, notes).is_good() &&
+           std::find(notes.begin(), notes.end(), fe::BehaviorNote_t::RUNTIME_COMPILATION) !=
+               notes.end();
+  }
+
   // The plan the cache names, built alone; false (and the hint forgotten) when it does not build.
+  // A runtime-compiled plan is not built while runtime_compile is off (a cache from before the
+  // switch): false, the hint kept, and the search passes it over.
   bool build_cached(fe::graph::Graph& g, const std::string& key, Plan& p) {
     if (!cache) return false;
     const std::optional<int64_t> idx = cache->get(key);
     if (!idx || *idx == kOnlyCompiled) return false;
+    if (!runtime_compile && *idx >= 0 && *idx < g.get_execution_plan_count() && compiles(g, *idx))
+      return false;
     int64_t ws = 0;
     if (*idx >= 0 && *idx < g.get_execution_plan_count() && g.build_plan_at_index(*idx).is_good() &&
         g.get_workspace_size_plan_at_index(*idx, ws).is_good()) {
@@ -311,21 +323,17 @@ struct ConvGraphs::Impl {
     // unfused ops.
     std::vector<int64_t> candidates;
     const int64_t total = g->get_execution_plan_count();
-    auto compiles = [&](int64_t i) {
-      std::vector<fe::BehaviorNote_t> notes;
-      return g->get_behavior_notes_for_plan_at_index(i, notes).is_good() &&
-             std::find(notes.begin(), notes.end(), fe::BehaviorNote_t::RUNTIME_COMPILATION) !=
-                 notes.end();
-    };
-    bool passed_over = false;
+    bool passed_over = false, precompiled = false;  // engines of each kind seen
     for (int64_t i = 0; i < total && static_cast<int>(candidates.size()) < kMaxTimedPlans; ++i) {
-      if (!runtime_compile && compiles(i)) {
+      if (!runtime_compile && compiles(*g, i)) {
         passed_over = true;
         continue;
       }
+      precompiled = true;
       if (g->build_plan_at_index(i).is_good()) candidates.push_back(i);
     }
-    if (candidates.empty() && passed_over) {
+    // Remembered only where no precompiled engine exists (not where one failed to build).
+    if (candidates.empty() && passed_over && !precompiled) {
       if (cache) cache->put(key, kOnlyCompiled);
       return Unsupported(
           "cuDNN conv graph: only runtime-compiled engines take it (ZIMAGE_CONV_RUNTIME_COMPILE=1 "
