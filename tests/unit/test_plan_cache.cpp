@@ -34,13 +34,16 @@ TEST(PlanCache, HintsSurviveANewInstance) {
     EXPECT_FALSE(c->get("conv,1,2").has_value());
     c->put("conv,1,2", 3);
     c->put("conv,4,5", 0);
+    c->put("conv,6,7", -2);  // conv_graph.cpp's hint: only runtime-compiled engines take it
     EXPECT_EQ(c->get("conv,1,2"), 3);
   }
   auto c = PlanCache::open(d.string(), "H200 sm_90 cudnn 91000");
   ASSERT_NE(c, nullptr);
-  EXPECT_EQ(c->size(), 2u);
+  EXPECT_EQ(c->size(), 3u);
   EXPECT_EQ(c->get("conv,1,2"), 3);
   EXPECT_EQ(c->get("conv,4,5"), 0);
+  EXPECT_EQ(c->get("conv,6,7"), -2) << "a negative hint survives as it is";
+  c->forget("conv,6,7");
   c->forget("conv,1,2");
   EXPECT_FALSE(c->get("conv,1,2").has_value());
   auto again = PlanCache::open(d.string(), "H200 sm_90 cudnn 91000");
