@@ -19,6 +19,10 @@ import zimage
 
 NONE = "(none)"
 MAX_SEED = 2**64 - 1
+# The loaders' fp8_layers input (zimage generate --fp8-layers).
+FP8_LAYERS_TIP = ("with precision fp8: the DiT layers in FP8, e.g. all (every linear), or "
+                  "all,sdpa to run the attention in FP8 too (H100/H200; quality in zimage's "
+                  "docs/BENCHMARKS.md)")
 
 
 def _folder_files(kind: str) -> list:
@@ -98,16 +102,19 @@ class ZImageLoader:
                                      "tooltip": "under a VRAM budget, where the streamed layers "
                                                 "come from: host copies made at load, or the "
                                                 "weight files (no load-time copy)"}),
+                "fp8_layers": ("STRING", {"default": "all", "tooltip": FP8_LAYERS_TIP}),
             },
         }
 
     def load(self, model_folder, device, precision, weights, vram_budget_gib, dit=NONE,
-             text_encoder=NONE, vae=NONE, controlnet="", streamed_weights="copy"):
+             text_encoder=NONE, vae=NONE, controlnet="", streamed_weights="copy",
+             fp8_layers="all"):
         engine = zimage.Engine(
             model_folder.strip() or None, device, dit=_full_path("diffusion_models", dit),
             text_encoder=_full_path("text_encoders", text_encoder), vae=_full_path("vae", vae),
             precision=precision, weights=weights, vram_budget=vram_budget_gib,
-            streamed_weights=streamed_weights, controlnet=controlnet.strip() or None)
+            streamed_weights=streamed_weights, controlnet=controlnet.strip() or None,
+            fp8_layers=fp8_layers.strip() or "all")
         return (engine,)
 
 

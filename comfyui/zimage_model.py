@@ -98,6 +98,10 @@ class ZImageModelLoader:
                 "lora_name": (["None"] + folder_paths.get_filename_list("loras"),),
                 "lora_strength": ("FLOAT", {"default": 1.0, "min": -10.0, "max": 10.0,
                                             "step": 0.01}),
+                "fp8_layers": ("STRING", {"default": "all", "tooltip":
+                               "with precision fp8: the DiT layers in FP8, e.g. all (every "
+                               "linear), or all,sdpa to run the attention in FP8 too "
+                               "(H100/H200)"}),
             },
         }
 
@@ -106,13 +110,14 @@ class ZImageModelLoader:
     CATEGORY = "zimage"
 
     def load(self, unet_name, device, precision, weights, path="", lora_name="None",
-             lora_strength=1.0):
+             lora_strength=1.0, fp8_layers="all"):
         src = path.strip() or folder_paths.get_full_path_or_raise("diffusion_models", unet_name)
         loras = []
         if lora_name and lora_name != "None":
             loras.append((folder_paths.get_full_path_or_raise("loras", lora_name), lora_strength))
         transformer = ZImageTransformer2DModel.from_pretrained(
-            src, device=device, precision=precision, weights=weights, loras=loras)
+            src, device=device, precision=precision, weights=weights, loras=loras,
+            fp8_layers=fp8_layers.strip() or "all")
         return (zimage_comfy_model(transformer),)
 
 

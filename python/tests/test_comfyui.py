@@ -76,6 +76,19 @@ def test_text_to_image_node(comfy, engine):
     assert max_diff(np.round(images * 255).astype(np.uint8), np.stack(ref)) == 0
 
 
+def test_loader_fp8_layers(comfy):
+    """The loader's fp8_layers input reaches the engine (FP8 itself needs a CUDA device; a GPU
+    test covers it): a bad list is an error naming the bad item, and a good one asks for
+    precision fp8."""
+    nodes, _, _ = comfy
+    loader = nodes.NODE_CLASS_MAPPINGS["ZImageLoader"]
+    assert loader.INPUT_TYPES()["optional"]["fp8_layers"][1]["default"] == "all"
+    with pytest.raises(Exception, match="'mlp'"):
+        loader().load("", "cpu", "auto", "bf16", 0.0, fp8_layers="all,mlp")
+    with pytest.raises(Exception, match="needs precision fp8"):
+        loader().load("", "cpu", "auto", "bf16", 0.0, fp8_layers="all,sdpa")
+
+
 def test_cancel_and_image_inputs(comfy, engine, golden_dir):
     from PIL import Image
 
