@@ -36,6 +36,53 @@ cudaDataType_t cuda_type(DType dt) {
   return dt == DType::kBF16 ? CUDA_R_16BF : dt == DType::kF16 ? CUDA_R_16F : CUDA_R_32F;
 }
 
+// The packed projection's dimensions: qkv[B, S, F] with F = (Hq + 2·Hkv)·D.
+struct PackedDims {
+  int64_t b = 0, s = 0, f = 0, d = 0;
+};
+
+// The checks attention_packed and attention_packed_fp8 share: qkv [B, S, (Hq + 2·Hkv)·D] and out
+// [B, S, Hq, D] on this device in the act dtype, not overlapping; one key_len per item or none.
+Result<PackedDims> check_packed(const char* op, const Tensor& qkv, int64_t hq, int64_t hkv,
+                                const AttentionParams& p, const Tensor& out, DType act) {
+  ZI_TRY(check_cuda_tensor(op, "qkv", qkv));
+  ZI_TRY(check_cuda_tensor(op, "out", out));
+  ZI_TRY(check_dtype(op, "qkv", qkv, act));
+  ZI_TRY(check_dtype(op, "out", out, act));
+  ZI_TRY(check_rank(op, "qkv", qkv, 3));
+  if (hq <= 0 || hkv <= 0 || hq % hkv != 0 || qkv.dim(2) % (hq + 2 * hkv) != 0)
+    return InvalidArgument(std::string(op) + ": qkv " + qkv.describe() + " is not [B, S, (" +
+                           std::to_string(hq) + " + 2*" + std::to_string(hkv) + ") * D]");
+  PackedDims n{qkv.dim(0), qkv.dim(1), qkv.dim(2), qkv.dim(2) / (hq + 2 * hkv)};
+  ZI_TRY(check_shape(op, "out", out, {n.b, n.s, hq, n.d}));
+  if (overlaps(out, qkv)) return InvalidArgument(std::string(op) + ": out must not alias qkv");
+  if (!p.key_len.empty() && static_cast<int64_t>(p.key_len.size()) != n.b)
+    return InvalidArgument(std::string(op) + ": key_len has " + std::to_string(p.key_len.size()) +
+                           " entries for a batch of " + std::to_string(n.b));
+  return n;
+}
+
+// The Hopper kernels' request over a packed projection at `base` (`es` bytes an element): q, k
+// and v are its three parts, a token F elements after the previous one.
+Fa3Request packed_request(const uint8_t* base, size_t es, const PackedDims& n, int64_t hq,
+                          int64_t hkv, const AttentionParams& p, void* out) {
+  return Fa3Request{base,
+                    base + hq * n.d * es,
+                    base + (hq + hkv) * n.d * es,
+                    out,
+                    n.b,
+                    n.s,
+                    n.s,
+                    hq,
+                    hkv,
+                    n.d,
+                    p.scale,
+                    p.causal,
+                    &p.key_len,
+                    n.f,
+                    n.f};
+}
+
 }  // namespace
 
 Status CudaBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v,
@@ -154,39 +201,11 @@ Status CudaBackend::attention_packed(const Tensor& qkv, int64_t hq, int64_t hkv,
                                      const AttentionParams& p, Tensor& out) {
   if (!reads_packed_qkv()) return Backend::attention_packed(qkv, hq, hkv, p, out);
   ZI_OP_SCOPE("attention_packed", &qkv);
-  constexpr const char* op = "attention_packed";
-  ZI_TRY(check_cuda_tensor(op, "qkv", qkv));
-  ZI_TRY(check_cuda_tensor(op, "out", out));
-  ZI_TRY(check_dtype(op, "qkv", qkv, act_));
-  ZI_TRY(check_dtype(op, "out", out, act_));
-  ZI_TRY(check_rank(op, "qkv", qkv, 3));
-  if (hq <= 0 || hkv <= 0 || hq % hkv != 0 || qkv.dim(2) % (hq + 2 * hkv) != 0)
-    return InvalidArgument("attention_packed: qkv " + qkv.describe() + " is not [B, S, (" +
-                           std::to_string(hq) + " + 2*" + std::to_string(hkv) + ") * D]");
-  const int64_t b = qkv.dim(0), s = qkv.dim(1), f = qkv.dim(2), d = f / (hq + 2 * hkv);
-  ZI_TRY(check_shape(op, "out", out, {b, s, hq, d}));
-  if (overlaps(out, qkv)) return InvalidArgument("attention_packed: out must not alias qkv");
-  if (!p.key_len.empty() && static_cast<int64_t>(p.key_len.size()) != b)
-    return InvalidArgument("attention_packed: key_len has " + std::to_string(p.key_len.size()) +
-                           " entries for a batch of " + std::to_string(b));
+  ZI_ASSIGN_OR_RETURN(const PackedDims n,
+                      check_packed("attention_packed", qkv, hq, hkv, p, out, act_));
   if (out.numel() == 0) return Status::Ok();
-  const auto* base = static_cast<const uint8_t*>(qkv.data());
-  const size_t es = dtype_size(act_);
-  Fa3Request r{base,
-               base + hq * d * es,
-               base + (hq + hkv) * d * es,
-               out.data(),
-               b,
-               s,
-               s,
-               hq,
-               hkv,
-               d,
-               p.scale,
-               p.causal,
-               &p.key_len,
-               f,
-               f};
+  const Fa3Request r = packed_request(static_cast<const uint8_t*>(qkv.data()), dtype_size(act_), n,
+                                      hq, hkv, p, out.data());
   Status st = Unsupported("no Hopper kernel chosen");
   if (flash3_allowed()) {
     st = run_flash3(r);
@@ -216,24 +235,12 @@ Status CudaBackend::attention_packed_fp8(const Tensor& qkv, int64_t hq, int64_t 
   constexpr const char* op = "attention_packed_fp8";
   ZI_TRY(fp8_attention_support());
   ZI_OP_SCOPE("attention_packed_fp8", &qkv);
-  ZI_TRY(check_cuda_tensor(op, "qkv", qkv));
-  ZI_TRY(check_cuda_tensor(op, "out", out));
-  ZI_TRY(check_dtype(op, "qkv", qkv, act_));
-  ZI_TRY(check_dtype(op, "out", out, act_));
-  ZI_TRY(check_rank(op, "qkv", qkv, 3));
-  if (hq <= 0 || hkv <= 0 || hq % hkv != 0 || qkv.dim(2) % (hq + 2 * hkv) != 0)
-    return InvalidArgument("attention_packed_fp8: qkv " + qkv.describe() + " is not [B, S, (" +
-                           std::to_string(hq) + " + 2*" + std::to_string(hkv) + ") * D]");
-  const int64_t b = qkv.dim(0), s = qkv.dim(1), f = qkv.dim(2), d = f / (hq + 2 * hkv);
+  ZI_ASSIGN_OR_RETURN(const PackedDims n, check_packed(op, qkv, hq, hkv, p, out, act_));
+  const int64_t b = n.b, s = n.s, f = n.f, d = n.d;
   if (!norm_q.defined() || !norm_k.defined())
     return InvalidArgument("attention_packed_fp8: needs the q and k norm weights (their scales)");
   ZI_ASSIGN_OR_RETURN(const bool shared,
                       check_prologue_tables(op, norm_q, norm_k, freqs, b, s, d, act_));
-  ZI_TRY(check_shape(op, "out", out, {b, s, hq, d}));
-  if (overlaps(out, qkv)) return InvalidArgument("attention_packed_fp8: out must not alias qkv");
-  if (!p.key_len.empty() && static_cast<int64_t>(p.key_len.size()) != b)
-    return InvalidArgument("attention_packed_fp8: key_len has " + std::to_string(p.key_len.size()) +
-                           " entries for a batch of " + std::to_string(b));
   if (out.numel() == 0) return Status::Ok();
   if (hkv > 128) return Unsupported("attention_packed_fp8: more than 128 KV heads");
   // The e4m3 operand (q, k, v at the projection's offsets) and its scales: q, k, v per KV head.
@@ -241,21 +248,7 @@ Status CudaBackend::attention_packed_fp8(const Tensor& qkv, int64_t hq, int64_t 
   ZI_ASSIGN_OR_RETURN(Tensor scales, alloc(DType::kF32, {2 + hkv}));
   ZI_ASSIGN_OR_RETURN(Tensor amax, alloc(DType::kF32, {hkv}));
   auto* base = static_cast<uint8_t*>(qkv8.data());
-  Fa3Request r{base,
-               base + hq * d,
-               base + (hq + hkv) * d,
-               out.data(),
-               b,
-               s,
-               s,
-               hq,
-               hkv,
-               d,
-               p.scale,
-               p.causal,
-               &p.key_len,
-               f,
-               f};
+  const Fa3Request r = packed_request(base, 1, n, hq, hkv, p, out.data());
   ZI_TRY(flash3_supported_fp8(r));
   const float* fr = freqs.defined() ? freqs.data_as<float>() : nullptr;
   if (d != 128 ||
