@@ -84,9 +84,8 @@ const char* common_help(EngineFlag flag) {
       return "auto, bf16, f32 or fp8 (default auto)";
     case EngineFlag::kFp8Layers:
       return "With --precision fp8: the DiT layers in FP8, a comma-separated list of qkv, out, "
-             "w13, "
-             "w2, refiners, sdpa (the attention itself, opt-in: FlashAttention-3's FP8 kernel on "
-             "H100/H200), ffn, attn, all (default all: every linear, not sdpa)";
+             "w13, w2, refiners, sdpa (the attention itself, opt-in: FlashAttention-3's FP8 "
+             "kernel on H100/H200), ffn, attn, all (default all: every linear, not sdpa)";
     case EngineFlag::kWeights:
       return "bf16 or fp8 weight storage (default bf16)";
     case EngineFlag::kVaeTiling:

@@ -104,6 +104,20 @@ TEST(CliBench, Fp8QualityRefusesBatch) {
   EXPECT_NE(r.err.find("--batch"), std::string::npos) << r.err;
 }
 
+// bench --fp8-layers (the standard rows in FP8) and --fp8-quality (its own table) exclude each
+// other; a bad layer list is an error naming the bad item.
+TEST(CliBench, Fp8LayersExcludesQualityAndNamesABadLayer) {
+  const auto both =
+      zimage({"bench", "--device", "cpu", "--fp8-quality", "all", "--fp8-layers", "all,sdpa"});
+  EXPECT_EQ(both.exit_code, 2) << both.err;
+  EXPECT_NE(both.err.find("--fp8-layers"), std::string::npos) << both.err;
+  // (Parsed before the precision is looked at: this CPU machine has no fp8.)
+  const auto bad = zimage({"generate", "--device", "cpu", "--fp8-layers", "all,mlp", "--prompt",
+                           "x", "--output", "/dev/null"});
+  EXPECT_NE(bad.exit_code, 0) << bad.err;
+  EXPECT_NE(bad.err.find("'mlp'"), std::string::npos) << bad.err;
+}
+
 TEST(CliSeeds, MinusZeroIsZero) {
   TempDir d("seed");
   const std::string a = (d.path / "a.png").string(), b = (d.path / "b.png").string();

@@ -137,16 +137,19 @@ Status CpuBackend::attention_packed_fp8(const Tensor& qkv, int64_t hq, int64_t h
       for (int64_t i = 0; i < dh; ++i)
         sv[static_cast<size_t>(h)] = std::max(sv[static_cast<size_t>(h)], std::fabs(vh[i]));
     }
-  for (float& x : sv) x = fp8_attention_v_scale(x);
+  std::vector<float> inv_v(sv.size());
+  for (size_t h = 0; h < sv.size(); ++h) {
+    sv[h] = fp8_attention_v_scale(sv[h]);
+    inv_v[h] = 1.0f / sv[h];
+  }
   const float inv_q = 1.0f / sq, inv_k = 1.0f / sk;
   for (int64_t r = 0; r < rows; ++r) {
     float* row = w + r * f;
     for (int64_t i = 0; i < hq * dh; ++i) row[i] = e4m3_of(row[i], inv_q);
     for (int64_t i = hq * dh; i < (hq + hkv) * dh; ++i) row[i] = e4m3_of(row[i], inv_k);
-    for (int64_t h = 0; h < hkv; ++h) {
-      const float inv_v = 1.0f / sv[static_cast<size_t>(h)];
-      float* vh = row + (hq + hkv + h) * dh;
-      for (int64_t i = 0; i < dh; ++i) vh[i] = e4m3_of(vh[i], inv_v);
+    for (int64_t i = 0; i < hkv * dh; ++i) {
+      float& x = row[(hq + hkv) * dh + i];
+      x = e4m3_of(x, inv_v[static_cast<size_t>(i / dh)]);
     }
   }
   AttentionParams p8 = p;

@@ -95,33 +95,27 @@ Status CudaBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v,
   if (b > 65535 || hq > 65535 || sq > INT32_MAX || sk > INT32_MAX)
     return Unsupported("attention: shape too large");
 
+  // The Hopper kernels' request (contiguous q, k, v: token strides 0).
+  const Fa3Request hopper{q.data(), k.data(), v.data(), out.data(), b,          sq, sk, hq,
+                          hkv,      d,        p.scale,  p.causal,   &p.key_len, 0,  0};
+  const bool bf16 = q.dtype() == DType::kBF16;
   // FlashAttention-3's own Hopper kernel first where it is built for the request (the DiT's:
   // bf16, head_dim 128, non-causal; measured against FlashInfer's in docs/BENCHMARKS.md);
   // kFlash3 forces it.
   if (attention_path_ == AttentionPath::kFlash3 || flash3_allowed()) {
-    Status s = Unsupported(flash3_ ? "FlashAttention-3: needs bf16"
-                                   : "FlashAttention-3: not built, or this GPU is not sm_90");
-    if (flash3_ && q.dtype() == DType::kBF16) {
-      const Fa3Request r{q.data(), k.data(), v.data(), out.data(), b,          sq, sk, hq,
-                         hkv,      d,        p.scale,  p.causal,   &p.key_len, 0,  0};
-      s = run_flash3(r);
-    }
-    if (s.ok() || s.code() != ErrorCode::kUnsupported) return s;
-    if (attention_path_ == AttentionPath::kFlash3) return s;
+    const Status s = !flash3_ ? Unsupported("FlashAttention-3: not built, or this GPU is not sm_90")
+                     : !bf16  ? Unsupported("FlashAttention-3: needs bf16")
+                              : run_flash3(hopper);
+    if (s.code() != ErrorCode::kUnsupported || attention_path_ == AttentionPath::kFlash3) return s;
   }
   // FlashInfer's Hopper kernel next (FA3 design; measured against cuDNN at the DiT's shapes in
   // docs/BENCHMARKS.md), where it takes the request (bf16, head_dim 64/128/256, see
   // fa3_supported); kFa3 forces it.
   if (attention_path_ == AttentionPath::kFa3 || fa3_allowed()) {
-    Status s = Unsupported(fa3_ ? "FA3 attention: needs bf16"
-                                : "FA3 attention: not built, or this GPU is not sm_90");
-    if (fa3_ && q.dtype() == DType::kBF16) {
-      const Fa3Request r{q.data(), k.data(), v.data(), out.data(), b,          sq, sk, hq,
-                         hkv,      d,        p.scale,  p.causal,   &p.key_len, 0,  0};
-      s = fa3_attention(r, stream_);
-    }
-    if (s.ok() || s.code() != ErrorCode::kUnsupported) return s;
-    if (attention_path_ == AttentionPath::kFa3) return s;
+    const Status s = !fa3_   ? Unsupported("FA3 attention: not built, or this GPU is not sm_90")
+                     : !bf16 ? Unsupported("FA3 attention: needs bf16")
+                             : fa3_attention(hopper, stream_);
+    if (s.code() != ErrorCode::kUnsupported || attention_path_ == AttentionPath::kFa3) return s;
   }
   // cuDNN's fused attention for head_dim up to 256 (the DiT's 128, Qwen3's 128). The VAE's one
   // 512-wide head also has a cuDNN engine, but a slow one: measured on an H200 (bf16,
@@ -170,10 +164,13 @@ Status CudaBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v,
   return attention_general(q, k, v, p, out);
 }
 
+Result<Tensor> CudaBackend::flash3_scratch(const Fa3Request& r) {
+  return alloc(DType::kF32, {(flash3_scratch_bytes(r) + 3) / 4});
+}
+
 Status CudaBackend::run_flash3(const Fa3Request& r) {
   ZI_TRY(flash3_supported(r));
-  const int64_t bytes = flash3_scratch_bytes(r);
-  Result<Tensor> lse = alloc(DType::kF32, {(bytes + 3) / 4});
+  Result<Tensor> lse = flash3_scratch(r);
   // No memory for its scratch: the next kernel (FlashInfer's needs none) takes the request.
   if (!lse.ok())
     return Unsupported("FlashAttention-3: no device memory for its scratch (" +
@@ -243,17 +240,18 @@ Status CudaBackend::attention_packed_fp8(const Tensor& qkv, int64_t hq, int64_t 
                       check_prologue_tables(op, norm_q, norm_k, freqs, b, s, d, act_));
   if (out.numel() == 0) return Status::Ok();
   if (hkv > 128) return Unsupported("attention_packed_fp8: more than 128 KV heads");
-  // The e4m3 operand (q, k, v at the projection's offsets) and its scales: q, k, v per KV head.
-  ZI_ASSIGN_OR_RETURN(Tensor qkv8, alloc(DType::kF8E4M3, {b, s, f}));
-  ZI_ASSIGN_OR_RETURN(Tensor scales, alloc(DType::kF32, {2 + hkv}));
-  ZI_ASSIGN_OR_RETURN(Tensor amax, alloc(DType::kF32, {hkv}));
-  auto* base = static_cast<uint8_t*>(qkv8.data());
-  const Fa3Request r = packed_request(base, 1, n, hq, hkv, p, out.data());
-  ZI_TRY(flash3_supported_fp8(r));
   const float* fr = freqs.defined() ? freqs.data_as<float>() : nullptr;
   if (d != 128 ||
       !qk_norm_rope_packed_fits(qkv.data(), norm_q.data(), norm_k.data(), fr, static_cast<int>(d)))
     return Unsupported("attention_packed_fp8: head_dim 128 and 16-byte aligned operands only");
+  // The e4m3 operand (q, k, v at the projection's offsets) and its scales: q, k, v per KV head.
+  ZI_ASSIGN_OR_RETURN(Tensor qkv8, alloc(DType::kF8E4M3, {b, s, f}));
+  auto* base = static_cast<uint8_t*>(qkv8.data());
+  const Fa3Request r = packed_request(base, 1, n, hq, hkv, p, out.data());
+  ZI_TRY(flash3_supported_fp8(r));  // grouped heads, causal, shapes: before the other buffers
+  ZI_ASSIGN_OR_RETURN(Tensor scales, alloc(DType::kF32, {2 + hkv}));
+  ZI_ASSIGN_OR_RETURN(Tensor amax, alloc(DType::kF32, {hkv}));
+  ZI_ASSIGN_OR_RETURN(Tensor lse, flash3_scratch(r));
   float* sc = scales.data_as<float>();
   ZI_ASSIGN_OR_RETURN(KType kt, ktype_of(op, act_));
   ZI_LAUNCH_TRY(
@@ -265,8 +263,6 @@ Status CudaBackend::attention_packed_fp8(const Tensor& qkv, int64_t hq, int64_t 
                 launch_quantize_packed_v_fp8(kt, qkv.data(), base, amax.data(), sc + 2, b * s,
                                              static_cast<int>(hq), static_cast<int>(hkv),
                                              static_cast<int>(d), stream_));
-  const int64_t bytes = flash3_scratch_bytes(r);
-  ZI_ASSIGN_OR_RETURN(Tensor lse, alloc(DType::kF32, {(bytes + 3) / 4}));
   return flash3_attention_fp8(r, Flash3Fp8Scales{sc, sc + 1, sc + 2}, lse.data(), num_sms_,
                               stream_);
 }

@@ -349,8 +349,10 @@ class CudaBackend final : public Backend {
   std::unique_ptr<LtGemm> gemm_;
   std::unique_ptr<ConvPlanner> conv_;
   std::unique_ptr<CudnnSdpa> sdpa_;
-  // FlashAttention-3's kernel with its log-sum-exp scratch from the allocator (cuda_attention.cpp).
+  // FlashAttention-3's kernel with its log-sum-exp scratch from the allocator (cuda_attention.cpp);
+  // that scratch alone (the FP8 path's).
   Status run_flash3(const Fa3Request& r);
+  Result<Tensor> flash3_scratch(const Fa3Request& r);
   // Whether the attention path in force lets FlashAttention-3's / FlashInfer's kernel run (and
   // this GPU has it): the one rule attention(), attention_packed() and reads_packed_qkv() share.
   bool flash3_allowed() const;

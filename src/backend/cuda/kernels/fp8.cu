@@ -12,7 +12,7 @@ namespace zimage::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr float kE4M3Max = 448.f;
+constexpr float kE4M3Max = kFp8Max;  // backend/fp8_attention.h
 
 template <typename T>
 __global__ void amax_kernel(const T* __restrict__ x, int64_t n, unsigned int* __restrict__ amax) {
