@@ -43,7 +43,8 @@ void use_path(cuda::CudaBackend* g, Fp8Path p) {
   g->set_fp8_fast_accum(p == Fp8Path::kCutlassFastAccum);
 }
 
-void compare_with_oracle(int64_t m, int64_t n, int64_t k, bool with_bias, Fp8Path path) {
+void compare_with_oracle(int64_t m, int64_t n, int64_t k, bool with_bias, Fp8Path path,
+                         cuda::Fp8Tile tile = cuda::Fp8Tile::kAuto) {
   cuda::CudaBackend* g = gpu(DType::kBF16);
   ASSERT_NE(g, nullptr);
   const Tensor xh = rand_host({m, k}, 5, DType::kBF16, -3.f, 3.f);
@@ -64,16 +65,18 @@ void compare_with_oracle(int64_t m, int64_t n, int64_t k, bool with_bias, Fp8Pat
   Tensor y = take(g->alloc(DType::kBF16, {m, n}), "alloc");
   ZI_ASSERT_OK(g->fill(y, std::numeric_limits<float>::quiet_NaN()));
   use_path(g, path);
+  g->set_fp8_tile(tile);
   const Status st = g->matmul_fp8_rows(x, w8, sw, b, y);
   use_path(g, Fp8Path::kCutlassFastAccum);  // the default again
+  g->set_fp8_tile(cuda::Fp8Tile::kAuto);
   ZI_ASSERT_OK(st);
   const std::vector<float> ref(cy.data_as<float>(), cy.data_as<float>() + cy.numel());
   // The same quantised operands; the accumulation order and the bf16 roundings differ: one
   // rounding of the scaled sum through CUTLASS, two through cuBLASLt (the raw sums, then the
   // scaled value: ~2.8e-3 each, measured).
-  expect_close(std::string(path_name(path)) + " matmul_fp8_rows [" + std::to_string(m) + "x" +
-                   std::to_string(k) + "]x[" + std::to_string(n) + "]" +
-                   (with_bias ? " + bias" : ""),
+  expect_close(std::string(path_name(path)) + " " + cuda::fp8_tile_name(tile) +
+                   " matmul_fp8_rows [" + std::to_string(m) + "x" + std::to_string(k) + "]x[" +
+                   std::to_string(n) + "]" + (with_bias ? " + bias" : ""),
                DType::kBF16, fetch(*g, y), ref, path == Fp8Path::kCutlass ? 4e-3 : 6e-3);
 }
 
@@ -168,6 +171,34 @@ TEST(CudaFp8Compute, MatchesTheCpuOracleAtDitShapes) {
         static_cast<long long>(rows), static_cast<long long>(k), static_cast<long long>(n),
         static_cast<long long>(k), t8fast, flop / t8fast / 1e9, t8, t8lt, t16, flop / t16 / 1e9,
         t16 / t8fast);
+  }
+}
+
+// Every fast-accumulation tile (gemm_cutlass.h Fp8Tile; ZIMAGE_FP8_GEMM) against the CPU oracle
+// through the backend, at DiT shapes and ragged tiles; and each tile called directly must run
+// (not answer unsupported, which the backend would hide behind its cuBLASLt path).
+TEST(CudaFp8Compute, EveryTileMatchesTheCpuOracle) {
+  ZI_REQUIRE_GPU();
+  if (!cuda::cutlass_available() || !cuda::cutlass_device_is_sm90())
+    GTEST_SKIP() << "no CUTLASS FP8 GEMM on this build or device";
+  for (cuda::Fp8Tile tile : {cuda::Fp8Tile::kPingpong128, cuda::Fp8Tile::kCoopWide,
+                             cuda::Fp8Tile::kCoopTall, cuda::Fp8Tile::kPingpongWide}) {
+    compare_with_oracle(300, 3 * 3840, 3840, false, Fp8Path::kCutlassFastAccum, tile);
+    compare_with_oracle(300, 3840, 10240, true, Fp8Path::kCutlassFastAccum, tile);
+    compare_with_oracle(517, 264, 272, true, Fp8Path::kCutlassFastAccum, tile);  // ragged
+    cuda::CudaBackend* g = gpu(DType::kBF16);
+    const int64_t mm = 517, n = 264, k = 272;
+    Tensor x8 = take(g->alloc(DType::kF8E4M3, {mm, k}), "alloc");
+    Tensor w8 = take(g->alloc(DType::kF8E4M3, {n, k}), "alloc");
+    Tensor sx = take(g->alloc(DType::kF32, {mm}), "alloc");
+    Tensor sw = take(g->alloc(DType::kF32, {n}), "alloc");
+    Tensor y = take(g->alloc(DType::kBF16, {mm, n}), "alloc");
+    const size_t ws = cuda::cutlass_fp8_rows_workspace(mm, n, k);
+    Tensor wsp = ws ? take(g->alloc(DType::kU8, {static_cast<int64_t>(ws)}), "alloc") : Tensor();
+    ZI_ASSERT_OK(cuda::cutlass_fp8_rows(x8.data(), w8.data(), sx.data_as<float>(),
+                                        sw.data_as<float>(), nullptr, y.data(), mm, n, k,
+                                        ws ? wsp.data() : nullptr, ws, g->stream(), true, tile));
+    ZI_ASSERT_OK(g->synchronize());
   }
 }
 

@@ -197,6 +197,54 @@ TEST(CudaOpsPerf, MatmulSwiglu) {
   g->set_fused_swiglu(false);
 }
 
+// The W8A8 FP8 GEMM's tiles (CUTLASS, fast accumulation; gemm_cutlass.h Fp8Tile) at the DiT's
+// four linears for 1024² and 2048², on operands quantised once: the fastest per shape is what
+// fp8_tile_for should pick. Also the activations' row quantisation (every FP8 GEMM's first
+// kernel) against the memory's rate.
+TEST(CudaOpsPerf, Fp8GemmTiles) {
+  ZI_REQUIRE_GPU();
+  cuda::CudaBackend* g = gpu(DType::kBF16);
+  if (!cuda::cutlass_available() || !cuda::cutlass_device_is_sm90())
+    GTEST_SKIP() << "no CUTLASS FP8 GEMM on this build or device";
+  constexpr cuda::Fp8Tile kTiles[] = {cuda::Fp8Tile::kPingpong128, cuda::Fp8Tile::kCoopWide,
+                                      cuda::Fp8Tile::kCoopTall, cuda::Fp8Tile::kPingpongWide};
+  for (const int64_t m : {int64_t{4160}, int64_t{16448}}) {
+    for (const auto& [n, k] :
+         {std::pair<int64_t, int64_t>{11520, 3840}, {3840, 3840}, {20480, 3840}, {3840, 10240}}) {
+      Tensor x = rand_dev(g, {m, k}, 4000, -3.f, 3.f);
+      Tensor w = rand_dev(g, {n, k}, 4001, -0.05f, 0.05f);
+      Tensor x8 = take(g->alloc(DType::kF8E4M3, {m, k}), "x8");
+      Tensor sx = take(g->alloc(DType::kF32, {m}), "sx");
+      Tensor w8 = take(g->alloc(DType::kF8E4M3, {n, k}), "w8");
+      Tensor sw = take(g->alloc(DType::kF32, {n}), "sw");
+      Tensor y = take(g->alloc(DType::kBF16, {m, n}), "y");
+      ZI_ASSERT_OK(g->quantize_fp8_rows(w, w8, sw));
+      const double tq = sustained_ms(g, [&] { return g->quantize_fp8_rows(x, x8, sx); });
+      report(cat("fp8 row quantisation ", m, "x", k), tq, 0, 3.0 * m * k + 4.0 * m);
+      const size_t ws_bytes = cuda::cutlass_fp8_rows_workspace(m, n, k);
+      Tensor ws =
+          ws_bytes ? take(g->alloc(DType::kU8, {static_cast<int64_t>(ws_bytes)}), "ws") : Tensor();
+      const double flop = 2.0 * m * n * k;
+      double best = 1e30;
+      cuda::Fp8Tile best_tile = cuda::Fp8Tile::kAuto;
+      for (const cuda::Fp8Tile tile : kTiles) {
+        const double t = sustained_ms(g, [&] {
+          return cuda::cutlass_fp8_rows(x8.data(), w8.data(), sx.data_as<float>(),
+                                        sw.data_as<float>(), nullptr, y.data(), m, n, k,
+                                        ws_bytes ? ws.data() : nullptr, ws_bytes, g->stream(),
+                                        /*fast_accum=*/true, tile);
+        });
+        report(cat("fp8 GEMM ", m, "x", n, "x", k, " ", cuda::fp8_tile_name(tile)), t, flop, 0);
+        if (t < best) best = t, best_tile = tile;
+      }
+      const cuda::Fp8Tile chosen = cuda::fp8_tile_for(m, n, k);
+      std::printf("  PERF fp8 GEMM %lldx%lldx%lld: fastest %s, fp8_tile_for picks %s\n",
+                  static_cast<long long>(m), static_cast<long long>(n), static_cast<long long>(k),
+                  cuda::fp8_tile_name(best_tile), cuda::fp8_tile_name(chosen));
+    }
+  }
+}
+
 // The DiT's q|k|v linear and attention prologue at 1024² and 2048²: cuBLASLt's GEMM + the prologue
 // kernel against the GEMM with the prologue in its epilogue, every tuning.
 TEST(CudaOpsPerf, MatmulQkvNormRope) {

@@ -170,6 +170,25 @@ TEST(GemmTuning, ParsesAndNamesWhatIsWrong) {
   }
 }
 
+// ZIMAGE_FP8_GEMM: every tile name round-trips; a bad one is named with the choices.
+TEST(Fp8Tile, ParsesEveryNameAndNamesWhatIsWrong) {
+  for (cuda::Fp8Tile t :
+       {cuda::Fp8Tile::kAuto, cuda::Fp8Tile::kPingpong128, cuda::Fp8Tile::kCoopWide,
+        cuda::Fp8Tile::kCoopTall, cuda::Fp8Tile::kPingpongWide}) {
+    auto r = cuda::parse_fp8_tile(cuda::fp8_tile_name(t));
+    ASSERT_TRUE(r.ok()) << cuda::fp8_tile_name(t);
+    EXPECT_EQ(*r, t);
+  }
+  auto bad = cuda::parse_fp8_tile("wide");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("'wide'"), std::string::npos);
+  EXPECT_NE(bad.status().message().find("coop-tall"), std::string::npos);
+  // kAuto resolves to a real tile at every DiT shape.
+  for (int64_t m : {int64_t{64}, int64_t{4160}, int64_t{16448}})
+    for (int64_t n : {int64_t{3840}, int64_t{11520}, int64_t{20480}})
+      EXPECT_NE(cuda::fp8_tile_for(m, n, 3840), cuda::Fp8Tile::kAuto);
+}
+
 // ZIMAGE_ROW_KERNELS: three parts, each checked, a bad one named.
 TEST(RowKernelTuning, ParsesAndNamesWhatIsWrong) {
   auto t = cuda::parse_row_kernel_tuning("2,4,2");

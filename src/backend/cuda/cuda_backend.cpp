@@ -167,6 +167,11 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(int device_index, DType
     if (!tuning.ok()) return tuning.status().with_context("ZIMAGE_ROW_KERNELS");
     set_row_kernel_tuning(*tuning);
   }
+  if (const char* t = std::getenv("ZIMAGE_FP8_GEMM")) {
+    auto tile = parse_fp8_tile(t);
+    if (!tile.ok()) return tile.status().with_context("ZIMAGE_FP8_GEMM");
+    b->fp8_tile_ = *tile;
+  }
   if (const char* t = std::getenv("ZIMAGE_SWIGLU_GEMM")) {
     auto tuning = parse_gemm_tuning(t);
     if (!tuning.ok()) return tuning.status().with_context("ZIMAGE_SWIGLU_GEMM");

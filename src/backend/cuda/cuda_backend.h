@@ -325,6 +325,8 @@ class CudaBackend final : public Backend {
   // against bf16 measured the same as with fp32 promotion, 8 % faster) or promoted to fp32
   // (ZIMAGE_FP8_ACCUM=fp32, or this; benchmarks and tests compare them).
   void set_fp8_fast_accum(bool on) override { fp8_fast_accum_ = on; }
+  // The FP8 GEMM's tile (ZIMAGE_FP8_GEMM; kAuto: fp8_tile_for's choice per shape).
+  void set_fp8_tile(Fp8Tile tile) { fp8_tile_ = tile; }
   // Whether cuDNN loaded; without it conv2d runs a direct (slow) kernel.
   bool has_cudnn() const;
   // Caps the device memory the allocator may hold (0 = no cap): the memory planner's budget less
@@ -367,6 +369,7 @@ class CudaBackend final : public Backend {
   bool packed_qkv_ = true;        // ZIMAGE_PACKED_QKV: reads_packed_qkv() where it can
   bool use_cutlass_ = true;
   bool fp8_fast_accum_ = true;  // ZIMAGE_FP8_ACCUM=fp32 turns it off (the constructor reads it)
+  Fp8Tile fp8_tile_ = Fp8Tile::kAuto;
   bool fused_ = true;
   int sm_ = 0;              // compute capability, major * 10 + minor
   uint64_t next_pool_ = 1;  // private allocator pools for recorded work

@@ -366,9 +366,10 @@ Status CudaBackend::matmul_fp8_rows(const Tensor& x, const Tensor& w8, const Ten
     if (ws_bytes > 0) {
       ZI_ASSIGN_OR_RETURN(ws, alloc(DType::kU8, {static_cast<int64_t>(ws_bytes)}));
     }
-    const Status cs = cutlass_fp8_rows(
-        x8.data(), w8.data(), sx.data_as<float>(), w_scale.data_as<float>(), ptr_or_null(bias),
-        y.data(), m, n, k, ws_bytes ? ws.data() : nullptr, ws_bytes, stream_, fp8_fast_accum_);
+    const Status cs =
+        cutlass_fp8_rows(x8.data(), w8.data(), sx.data_as<float>(), w_scale.data_as<float>(),
+                         ptr_or_null(bias), y.data(), m, n, k, ws_bytes ? ws.data() : nullptr,
+                         ws_bytes, stream_, fp8_fast_accum_, fp8_tile_);
     if (cs.ok()) return Status::Ok();
     if (cs.code() != ErrorCode::kUnsupported) return cs.with_context(op);
   }

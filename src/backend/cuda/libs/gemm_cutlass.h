@@ -35,10 +35,57 @@ bool cutlass_device_is_sm90();
 // `fast_accum`: leave the sums in the tensor cores' reduced-precision FP8 accumulator
 // (CUTLASS's FP8FastAccum; faster, less exact for long K) instead of promoting them to fp32
 // (CudaBackend passes true unless ZIMAGE_FP8_ACCUM=fp32).
+// `tile` (fast accumulation only; the fp32-promoted sums always run cooperative 128 × 128): the
+// output tile and kernel schedule, kAuto for fp8_tile_for's choice.
+enum class Fp8Tile {
+  kAuto,
+  kPingpong128,  // 128 × 128, ping-pong (each consumer warp group owns a tile)
+  kCoopWide,     // 128 × 256, cooperative (two warp groups split each tile)
+  kCoopTall,     // 256 × 128, cooperative
+  kPingpongWide  // 64 × 256, ping-pong
+};
 Status cutlass_fp8_rows(const void* x8, const void* w8, const float* sx, const float* sw,
                         const void* bias, void* y, int64_t m, int64_t n, int64_t k, void* workspace,
-                        size_t workspace_bytes, cudaStream_t stream, bool fast_accum = false);
+                        size_t workspace_bytes, cudaStream_t stream, bool fast_accum = false,
+                        Fp8Tile tile = Fp8Tile::kAuto);
 size_t cutlass_fp8_rows_workspace(int64_t m, int64_t n, int64_t k);
+
+// The tile kAuto runs for an m × n × k FP8 GEMM (CudaOpsPerf.Fp8GemmTiles times each at the DiT's
+// shapes on the GPU).
+inline Fp8Tile fp8_tile_for(int64_t /*m*/, int64_t /*n*/, int64_t /*k*/) {
+  return Fp8Tile::kPingpong128;
+}
+inline const char* fp8_tile_name(Fp8Tile t) {
+  switch (t) {
+    case Fp8Tile::kPingpong128:
+      return "pingpong";
+    case Fp8Tile::kCoopWide:
+      return "coop-wide";
+    case Fp8Tile::kCoopTall:
+      return "coop-tall";
+    case Fp8Tile::kPingpongWide:
+      return "pingpong-wide";
+    default:
+      return "auto";
+  }
+}
+// "auto", "pingpong", "coop-wide", "coop-tall" or "pingpong-wide" (ZIMAGE_FP8_GEMM); an error
+// names a bad value and the choices.
+inline Result<Fp8Tile> parse_fp8_tile(const std::string& text) {
+  for (Fp8Tile t : {Fp8Tile::kAuto, Fp8Tile::kPingpong128, Fp8Tile::kCoopWide, Fp8Tile::kCoopTall,
+                    Fp8Tile::kPingpongWide})
+    if (text == fp8_tile_name(t)) return t;
+  return InvalidArgument("FP8 GEMM tile '" + text +
+                         "': auto, pingpong, coop-wide, coop-tall or pingpong-wide");
+}
+
+namespace detail {
+// The tiles other than kPingpong128 (gemm_fp8_tiles.cu), behind cutlass_fp8_rows' checks.
+Status cutlass_fp8_rows_tile(Fp8Tile tile, const void* x8, const void* w8, const float* sx,
+                             const float* sw, const void* bias, void* y, int m, int n, int k,
+                             void* workspace, size_t workspace_bytes, cudaStream_t stream);
+size_t cutlass_fp8_tiles_workspace(int m, int n, int k);
+}  // namespace detail
 
 // How the GEMMs with an epilogue of ours are run on Hopper (CudaOpsPerf.MatmulSwiglu and
 // MatmulQkvNormRope time the choices):
