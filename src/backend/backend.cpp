@@ -49,6 +49,24 @@ Status Backend::residual_norm_gate_then_norm(Tensor& x, const Tensor& y, const T
   return rms_norm(x.view({x.numel() / d, d}), w_next, eps, scale_next, out);
 }
 
+Status Backend::matmul_fp8_quantized(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                                     const Tensor&, Tensor&) {
+  return Unsupported("matmul_fp8_quantized: not implemented by this backend");
+}
+
+Status Backend::residual_norm_gate_then_norm_fp8(Tensor& x, const Tensor& y, const Tensor& w,
+                                                 float eps, const Tensor& gate,
+                                                 const Tensor& w_next, const Tensor& scale_next,
+                                                 Tensor& out, Tensor& out8, Tensor& out_scale) {
+  ZI_TRY(residual_norm_gate_then_norm(x, y, w, eps, gate, w_next, scale_next, out));
+  return quantize_fp8_rows(out, out8, out_scale);
+}
+
+Status Backend::swiglu_fp8(const Tensor& x, Tensor& y, Tensor& y8, Tensor& y_scale) {
+  ZI_TRY(swiglu(x, y));
+  return quantize_fp8_rows(y, y8, y_scale);
+}
+
 Status Backend::conv2d_add(const Tensor& x, const Tensor& w, const Tensor& bias,
                            const Tensor& residual, const Conv2dParams& p, Tensor& y) {
   if (!residual.defined()) return InvalidArgument("conv2d_add: residual is undefined");

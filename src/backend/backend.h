@@ -255,6 +255,29 @@ class Backend {
   virtual Status matmul_fp8_rows(const Tensor& x, const Tensor& w8, const Tensor& w_scale,
                                  const Tensor& bias, Tensor& y);
 
+  // ---- FP8 activations made by the op that produces them (the W8A8 linears' inputs) ----
+  // Rows quantised as quantize_fp8_rows quantises them: x8 kF8E4M3 [M, K] and x_scale f32 [M].
+  // Whether this backend runs the three ops below (else the model quantises inside
+  // matmul_fp8_rows).
+  virtual bool takes_fp8_inputs() const { return false; }
+  // matmul_fp8_rows after its quantisation: y[m, n] = sx[m] · sw[n] · Σ_k x8[m, k] · w8[n, k]
+  // (+ bias[n]), the same result as matmul_fp8_rows of the rows x8 came from. The default
+  // answers kUnsupported.
+  virtual Status matmul_fp8_quantized(const Tensor& x8, const Tensor& x_scale, const Tensor& w8,
+                                      const Tensor& w_scale, const Tensor& bias, Tensor& y);
+  // residual_norm_gate_then_norm with its output quantised per row into out8 [R, D] and
+  // out_scale [R]: the bytes of residual_norm_gate_then_norm into `out` (act dtype [R, D]) then
+  // quantize_fp8_rows(out), which is what the default runs; a backend may fuse them and leave
+  // `out` unwritten.
+  virtual Status residual_norm_gate_then_norm_fp8(Tensor& x, const Tensor& y, const Tensor& w,
+                                                  float eps, const Tensor& gate,
+                                                  const Tensor& w_next, const Tensor& scale_next,
+                                                  Tensor& out, Tensor& out8, Tensor& out_scale);
+  // swiglu with its output quantised per row into y8 [M, F] and y_scale [M]: the bytes of
+  // swiglu(x, y) then quantize_fp8_rows(y), which is what the default runs (y: act dtype [M, F]);
+  // a backend may fuse them and leave y unwritten.
+  virtual Status swiglu_fp8(const Tensor& x, Tensor& y, Tensor& y8, Tensor& y_scale);
+
   // ---- normalisation ----
   // y[R, D] = x / sqrt(mean(x², over D) + eps) * w[D]; w undefined = no weight. In place allowed.
   // If `scale` is defined ([B, D], rows split evenly into B groups of R/B rows), the result is

@@ -702,6 +702,38 @@ Status matmul_fp8_rows(const OpEnv& env, const Tensor& x, const Tensor& w8, cons
   return check_alias(op, "bias", bias, "y", y, false);
 }
 
+Status fp8_rows_out(const OpEnv& env, const char* op, int64_t rows, int64_t cols, const Tensor& q,
+                    const Tensor& scale) {
+  ZI_TRY(tensor(env, op, "out8", q));
+  if (q.dtype() != DType::kF8E4M3 || q.numel() != rows * cols || q.rank() < 1 || q.dim(-1) != cols)
+    return InvalidArgument(prefix(op, "out8", q) + " must be f8e4m3 [" + std::to_string(rows) +
+                           ", " + std::to_string(cols) + "]");
+  ZI_TRY(tensor(env, op, "out_scale", scale));
+  if (scale.dtype() != DType::kF32 || scale.numel() != rows)
+    return InvalidArgument(prefix(op, "out_scale", scale) + " must be f32 [" +
+                           std::to_string(rows) + "]");
+  return check_alias(op, "out8", q, "out_scale", scale, false);
+}
+
+Status matmul_fp8_quantized(const OpEnv& env, const Tensor& x8, const Tensor& x_scale,
+                            const Tensor& w8, const Tensor& w_scale, const Tensor& bias,
+                            const Tensor& y) {
+  const char* op = "matmul_fp8_quantized";
+  ZI_TRY(check_fp8_weight(env, op, w8, w_scale, true));
+  ZI_TRY(tensor(env, op, "x8", x8));
+  if (x8.dtype() != DType::kF8E4M3)
+    return InvalidArgument(prefix(op, "x8", x8) + " must be f8e4m3 [.., K]");
+  ZI_TRY(act_tensor(env, op, "y", y));
+  ZI_TRY(check_vector(env, op, "bias", bias, w8.dim(0), "w8", w8));
+  ZI_TRY(check_fp8_rows(op, x8, w8, y));
+  const int64_t m = x8.numel() / std::max<int64_t>(w8.dim(1), 1);
+  ZI_TRY(tensor(env, op, "x_scale", x_scale));
+  if (x_scale.dtype() != DType::kF32 || x_scale.numel() != m)
+    return InvalidArgument(prefix(op, "x_scale", x_scale) + " must be f32 [" + std::to_string(m) +
+                           "] (one scale a row of x8 " + desc(x8) + ")");
+  return check_alias(op, "bias", bias, "y", y, false);
+}
+
 Status dequantize_fp8_rows(const OpEnv& env, const Tensor& w8, const Tensor& scale,
                            const Tensor& y) {
   const char* op = "dequantize_fp8_rows";

@@ -139,6 +139,14 @@ Status matmul_fp8(const OpEnv& env, const Tensor& x, const Tensor& w8, const Ten
                   const Tensor& y);
 Status matmul_fp8_rows(const OpEnv& env, const Tensor& x, const Tensor& w8, const Tensor& w_scale,
                        const Tensor& bias, const Tensor& y);
+// An op's rows quantised to FP8 (Backend::residual_norm_gate_then_norm_fp8, swiglu_fp8): q
+// f8e4m3 [rows, cols] (any leading shape), scale f32 of `rows` elements, the two disjoint.
+Status fp8_rows_out(const OpEnv& env, const char* op, int64_t rows, int64_t cols, const Tensor& q,
+                    const Tensor& scale);
+// matmul_fp8_rows' checks with x8 f8e4m3 [.., K] in place of x and x_scale f32, one per row.
+Status matmul_fp8_quantized(const OpEnv& env, const Tensor& x8, const Tensor& x_scale,
+                            const Tensor& w8, const Tensor& w_scale, const Tensor& bias,
+                            const Tensor& y);
 // w8 f8e4m3 or f8e5m2 [N, K], scale f32 [N], y (compute dtype) of N * K elements.
 Status dequantize_fp8_rows(const OpEnv& env, const Tensor& w8, const Tensor& scale,
                            const Tensor& y);

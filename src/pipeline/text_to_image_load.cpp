@@ -539,8 +539,10 @@ MemoryPlanInput TextToImage::plan_input(const ZImageConfigs& configs, DType act,
   const int64_t dit_rows = b * (img_tokens + 512 + 64);
   // FP8 attention (sdpa) adds its e4m3 copy of q|k|v: 3d bytes a row.
   const int64_t fp8_qkv = (o.dit_fp8_compute & kFp8Sdpa) ? 3 * d : 0;
+  // W8A8 linears take their inputs as FP8 rows (ZImageDiT's scratch): F bytes and a scale a row.
+  const int64_t fp8_rows = (o.dit_fp8_compute & kFp8AllLinears) ? f + 4 : 0;
   in.dit_activation_bytes =
-      static_cast<uint64_t>(dit_rows * ((12 * d + 3 * f) * es + fp8_qkv) * 5 / 4);
+      static_cast<uint64_t>(dit_rows * ((12 * d + 3 * f) * es + fp8_qkv + fp8_rows) * 5 / 4);
   const int64_t hd = ec.hidden_size, ff = ec.intermediate_size;
   const int64_t q = ec.num_attention_heads * ec.head_dim, kv = ec.num_key_value_heads * ec.head_dim;
   in.te_activation_bytes =

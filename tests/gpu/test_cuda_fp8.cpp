@@ -231,4 +231,136 @@ TEST(CudaFp8Compute, GoldenDitRecordedEqualsEagerAndStaysClose) {
               e.max_abs);
   EXPECT_LT(e.rel_l2, 0.1);
   EXPECT_GT(e.max_abs, 0.0);  // the FP8 path ran
+  // The W8A8 linears' inputs quantised by the ops that make them (takes_fp8_inputs) against
+  // each linear quantising its own: the same bytes, so the same output bit for bit.
+  g->set_fp8_inputs(false);
+  const Tensor own = run_dit(**dit, dir, *g);
+  g->set_fp8_inputs(true);
+  ASSERT_TRUE(own.defined());
+  EXPECT_EQ(max_abs_diff(own, eager), 0.0);
+}
+
+namespace {
+
+Tensor copy_of(cuda::CudaBackend* g, const Tensor& t) {
+  Tensor c = take(g->alloc(t.dtype(), t.shape()), "alloc");
+  EXPECT_TRUE(g->copy_2d(t, 0, t.numel(), c, 0, t.numel(), 1, t.numel()).ok());
+  return c;
+}
+
+// Bytes of a device tensor, for bit-for-bit comparisons.
+std::vector<uint8_t> bytes_of(cuda::CudaBackend* g, const Tensor& t) {
+  Tensor h = Tensor::host(t.dtype(), t.shape());
+  EXPECT_TRUE(g->download(t, h).ok());
+  const auto* p = static_cast<const uint8_t*>(h.data());
+  return std::vector<uint8_t>(p, p + h.nbytes());
+}
+
+// True when every value of the device tensor is NaN (a buffer the op did not write).
+bool untouched(cuda::CudaBackend* g, const Tensor& t) {
+  for (float v : fetch(*g, t))
+    if (!std::isnan(v)) return false;
+  return true;
+}
+
+Tensor rand_dev(cuda::CudaBackend* g, const Shape& s, uint32_t seed, float lo, float hi) {
+  return take(g->upload(rand_host(s, seed, DType::kF32, lo, hi), DType::kBF16), "upload");
+}
+
+}  // namespace
+
+// residual_norm_gate_then_norm_fp8 and swiglu_fp8 give the bytes of the op, then
+// quantize_fp8_rows, bit for bit: at the DiT's widths (one row a block), at widths a warp's
+// threads share, and at widths the fused kernels do not take (the backend composes the two ops).
+// Where the fused kernel ran, the act-dtype buffer stays unwritten.
+TEST(CudaFp8Inputs, NormAndSwigluRowsAreTheTwoOpsBytes) {
+  ZI_REQUIRE_GPU();
+  cuda::CudaBackend* g = gpu(DType::kBF16);
+  const float eps = 1e-6f;
+  for (const auto& [rows, d, groups, fused] :
+       {std::tuple<int64_t, int64_t, int64_t, bool>{300, 3840, 2, true},
+        {64, 3840, 1, true},
+        {33, 64, 3, true},
+        {40, 1000, 1, true},
+        {17, 100, 1, false}}) {
+    SCOPED_TRACE(cat("norm rows ", rows, " d ", d, " groups ", groups));
+    const Tensor x0 = rand_dev(g, {groups, rows / groups, d}, 1, -4.f, 4.f);
+    const Tensor y = rand_dev(g, {groups, rows / groups, d}, 2, -30.f, 30.f);
+    const Tensor w = rand_dev(g, {d}, 3, 0.5f, 1.5f);
+    const Tensor gate = rand_dev(g, {groups, d}, 4, -1.f, 1.f);
+    const Tensor w_next = rand_dev(g, {d}, 5, 0.5f, 2.f);
+    const Tensor scale = rand_dev(g, {groups, d}, 6, 0.f, 2.f);
+    Tensor xa = copy_of(g, x0), xb = copy_of(g, x0);
+    Tensor out = take(g->alloc(DType::kBF16, {rows, d}), "alloc");
+    Tensor q_ref = take(g->alloc(DType::kF8E4M3, {rows, d}), "alloc");
+    Tensor s_ref = take(g->alloc(DType::kF32, {rows}), "alloc");
+    ZI_ASSERT_OK(g->residual_norm_gate_then_norm(xa, y, w, eps, gate, w_next, scale, out));
+    ZI_ASSERT_OK(g->quantize_fp8_rows(out, q_ref, s_ref));
+    Tensor tmp = take(g->alloc(DType::kBF16, {rows, d}), "alloc");
+    ZI_ASSERT_OK(g->fill(tmp, std::numeric_limits<float>::quiet_NaN()));
+    Tensor q = take(g->alloc(DType::kF8E4M3, {rows, d}), "alloc");
+    Tensor sc = take(g->alloc(DType::kF32, {rows}), "alloc");
+    ZI_ASSERT_OK(
+        g->residual_norm_gate_then_norm_fp8(xb, y, w, eps, gate, w_next, scale, tmp, q, sc));
+    EXPECT_EQ(bytes_of(g, xa), bytes_of(g, xb));
+    EXPECT_EQ(bytes_of(g, q), bytes_of(g, q_ref));
+    EXPECT_EQ(bytes_of(g, sc), bytes_of(g, s_ref));
+    EXPECT_EQ(untouched(g, tmp), fused);
+  }
+  for (const auto& [m, f, fused] : {std::tuple<int64_t, int64_t, bool>{300, 10240, true},
+                                    {5, 16384, true},
+                                    {7, 64, true},
+                                    {9, 20000, false},
+                                    {9, 100, false}}) {
+    SCOPED_TRACE(cat("swiglu m ", m, " f ", f));
+    const Tensor h = rand_dev(g, {m, 2 * f}, 7, -6.f, 6.f);
+    Tensor y = take(g->alloc(DType::kBF16, {m, f}), "alloc");
+    Tensor q_ref = take(g->alloc(DType::kF8E4M3, {m, f}), "alloc");
+    Tensor s_ref = take(g->alloc(DType::kF32, {m}), "alloc");
+    ZI_ASSERT_OK(g->swiglu(h, y));
+    ZI_ASSERT_OK(g->quantize_fp8_rows(y, q_ref, s_ref));
+    Tensor tmp = take(g->alloc(DType::kBF16, {m, f}), "alloc");
+    ZI_ASSERT_OK(g->fill(tmp, std::numeric_limits<float>::quiet_NaN()));
+    Tensor q = take(g->alloc(DType::kF8E4M3, {m, f}), "alloc");
+    Tensor sc = take(g->alloc(DType::kF32, {m}), "alloc");
+    ZI_ASSERT_OK(g->swiglu_fp8(h, tmp, q, sc));
+    EXPECT_EQ(bytes_of(g, q), bytes_of(g, q_ref));
+    EXPECT_EQ(bytes_of(g, sc), bytes_of(g, s_ref));
+    EXPECT_EQ(untouched(g, tmp), fused);
+  }
+}
+
+// matmul_fp8_quantized on the rows quantize_fp8_rows made is matmul_fp8_rows bit for bit (the
+// same GEMM on the same operands), at the DiT's q|k|v and w2 shapes and a ragged one.
+TEST(CudaFp8Inputs, QuantizedInputGemmIsMatmulFp8Rows) {
+  ZI_REQUIRE_GPU();
+  cuda::CudaBackend* g = gpu(DType::kBF16);
+  for (const auto& [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{4160, 3 * 3840, 3840},
+                                {300, 3840, 10240},
+                                {517, 264, 272}}) {
+    SCOPED_TRACE(cat("gemm ", m, "x", n, "x", k));
+    const Tensor x = rand_dev(g, {m, k}, 8, -3.f, 3.f);
+    const Tensor w = rand_dev(g, {n, k}, 9, -0.05f, 0.05f);
+    const Tensor bias = rand_dev(g, {n}, 10, -1.f, 1.f);
+    Tensor w8 = take(g->alloc(DType::kF8E4M3, {n, k}), "alloc");
+    Tensor sw = take(g->alloc(DType::kF32, {n}), "alloc");
+    ZI_ASSERT_OK(g->quantize_fp8_rows(w, w8, sw));
+    Tensor x8 = take(g->alloc(DType::kF8E4M3, {m, k}), "alloc");
+    Tensor sx = take(g->alloc(DType::kF32, {m}), "alloc");
+    ZI_ASSERT_OK(g->quantize_fp8_rows(x, x8, sx));
+    Tensor ya = take(g->alloc(DType::kBF16, {m, n}), "alloc");
+    Tensor yb = take(g->alloc(DType::kBF16, {m, n}), "alloc");
+    ZI_ASSERT_OK(g->matmul_fp8_rows(x, w8, sw, bias, ya));
+    ZI_ASSERT_OK(g->matmul_fp8_quantized(x8, sx, w8, sw, bias, yb));
+    EXPECT_EQ(bytes_of(g, ya), bytes_of(g, yb));
+  }
+  // A scale that does not match x8's rows is named.
+  Tensor x8 = take(g->alloc(DType::kF8E4M3, {4, 32}), "alloc");
+  Tensor sx = take(g->alloc(DType::kF32, {3}), "alloc");
+  Tensor w8 = take(g->alloc(DType::kF8E4M3, {16, 32}), "alloc");
+  Tensor sw = take(g->alloc(DType::kF32, {16}), "alloc");
+  Tensor y = take(g->alloc(DType::kBF16, {4, 16}), "alloc");
+  const Status bad = g->matmul_fp8_quantized(x8, sx, w8, sw, Tensor(), y);
+  EXPECT_FALSE(bad.ok());
+  EXPECT_NE(bad.message().find("x_scale"), std::string::npos) << bad.to_string();
 }

@@ -53,6 +53,9 @@ class CpuBackend final : public Backend {
   Status matmul_fp8(const Tensor& x, const Tensor& w8, const Tensor& w_scale, Tensor& y) override;
   Status matmul_fp8_rows(const Tensor& x, const Tensor& w8, const Tensor& w_scale,
                          const Tensor& bias, Tensor& y) override;
+  bool takes_fp8_inputs() const override { return true; }
+  Status matmul_fp8_quantized(const Tensor& x8, const Tensor& x_scale, const Tensor& w8,
+                              const Tensor& w_scale, const Tensor& bias, Tensor& y) override;
   Status quantize_fp8_rows(const Tensor& w, Tensor& w8, Tensor& scale) override;
   Status dequantize_fp8_rows(const Tensor& w8, const Tensor& scale, Tensor& y) override;
   Status dequantize_packed(uint32_t ggml_type, const Tensor& blocks, Tensor& y) override;

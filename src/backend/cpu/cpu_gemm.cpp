@@ -148,17 +148,24 @@ Status CpuBackend::matmul_fp8(const Tensor& x, const Tensor& w8, const Tensor& w
 Status CpuBackend::matmul_fp8_rows(const Tensor& x, const Tensor& w8, const Tensor& w_scale,
                                    const Tensor& bias, Tensor& y) {
   ZI_TRY(contract::matmul_fp8_rows(cpu_env(), x, w8, w_scale, bias, y));
-  const int64_t n = w8.dim(0), k = w8.dim(1);
+  const int64_t k = w8.dim(1);
   const int64_t m = x.numel() / std::max<int64_t>(k, 1);
-  Tensor x2 = x.view({m, k});
   Tensor x8 = Tensor::host(DType::kF8E4M3, {m, k});
   Tensor sx = Tensor::host(DType::kF32, {m});
+  if (!x8.defined() || !sx.defined()) return OutOfMemory("matmul_fp8_rows: host buffers");
+  ZI_TRY(quantize_fp8_rows(x.view({m, k}), x8, sx));
+  return matmul_fp8_quantized(x8, sx, w8, w_scale, bias, y);
+}
+
+Status CpuBackend::matmul_fp8_quantized(const Tensor& x8, const Tensor& x_scale, const Tensor& w8,
+                                        const Tensor& w_scale, const Tensor& bias, Tensor& y) {
+  ZI_TRY(contract::matmul_fp8_quantized(cpu_env(), x8, x_scale, w8, w_scale, bias, y));
+  const int64_t n = w8.dim(0), k = w8.dim(1);
+  const int64_t m = x8.numel() / std::max<int64_t>(k, 1);
   Tensor xd = Tensor::host(DType::kF32, {m, k});
   Tensor wd = Tensor::host(DType::kF32, {n, k});
-  if (!x8.defined() || !sx.defined() || !xd.defined() || !wd.defined())
-    return OutOfMemory("matmul_fp8_rows: host buffers");
-  ZI_TRY(quantize_fp8_rows(x2, x8, sx));
-  ZI_TRY(dequantize_fp8_rows(x8, sx, xd));
+  if (!xd.defined() || !wd.defined()) return OutOfMemory("matmul_fp8_quantized: host buffers");
+  ZI_TRY(dequantize_fp8_rows(x8.view({m, k}), x_scale.view({m}), xd));
   ZI_TRY(dequantize_fp8_rows(w8, w_scale, wd));
   return matmul(xd, wd, bias, y);
 }

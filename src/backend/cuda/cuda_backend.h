@@ -134,6 +134,16 @@ class CudaBackend final : public Backend {
   Status matmul_fp8(const Tensor& x, const Tensor& w8, const Tensor& w_scale, Tensor& y) override;
   Status matmul_fp8_rows(const Tensor& x, const Tensor& w8, const Tensor& w_scale,
                          const Tensor& bias, Tensor& y) override;
+  bool takes_fp8_inputs() const override { return fp8_inputs_ && sm_ >= 89; }
+  // Test hook: off, the W8A8 linears quantise their own inputs (the path before the fused ops).
+  void set_fp8_inputs(bool on) { fp8_inputs_ = on; }
+  Status matmul_fp8_quantized(const Tensor& x8, const Tensor& x_scale, const Tensor& w8,
+                              const Tensor& w_scale, const Tensor& bias, Tensor& y) override;
+  Status residual_norm_gate_then_norm_fp8(Tensor& x, const Tensor& y, const Tensor& w, float eps,
+                                          const Tensor& gate, const Tensor& w_next,
+                                          const Tensor& scale_next, Tensor& out, Tensor& out8,
+                                          Tensor& out_scale) override;
+  Status swiglu_fp8(const Tensor& x, Tensor& y, Tensor& y8, Tensor& y_scale) override;
   Status quantize_fp8_rows(const Tensor& w, Tensor& w8, Tensor& scale) override;
   Status dequantize_fp8_rows(const Tensor& w8, const Tensor& scale, Tensor& y) override;
   Status dequantize_packed(uint32_t ggml_type, const Tensor& blocks, Tensor& y) override;
@@ -340,6 +350,9 @@ class CudaBackend final : public Backend {
  private:
   CudaBackend(int device, DType act);
   Status check_fp8_capable() const;
+  // matmul_fp8_rows' and matmul_fp8_quantized's GEMM on checked operands: x8 [m, k], sx [m].
+  Status fp8_gemm(const Tensor& x8, const Tensor& sx, const Tensor& w8, const Tensor& w_scale,
+                  const Tensor& bias, Tensor& y);
   Status attention_general(const Tensor& q, const Tensor& k, const Tensor& v,
                            const AttentionParams& p, Tensor& out);
 
@@ -370,6 +383,7 @@ class CudaBackend final : public Backend {
   bool use_cutlass_ = true;
   bool fp8_fast_accum_ = true;  // ZIMAGE_FP8_ACCUM=fp32 turns it off (the constructor reads it)
   Fp8Tile fp8_tile_ = Fp8Tile::kAuto;
+  bool fp8_inputs_ = true;
   bool fused_ = true;
   int sm_ = 0;              // compute capability, major * 10 + minor
   uint64_t next_pool_ = 1;  // private allocator pools for recorded work

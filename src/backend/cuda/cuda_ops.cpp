@@ -149,6 +149,43 @@ Status CudaBackend::residual_norm_gate_then_norm(Tensor& x, const Tensor& y, con
   return Status::Ok();
 }
 
+Status CudaBackend::residual_norm_gate_then_norm_fp8(Tensor& x, const Tensor& y, const Tensor& w,
+                                                     float eps, const Tensor& gate,
+                                                     const Tensor& w_next, const Tensor& scale_next,
+                                                     Tensor& out, Tensor& out8, Tensor& out_scale) {
+  auto composed = [&] {
+    return Backend::residual_norm_gate_then_norm_fp8(x, y, w, eps, gate, w_next, scale_next, out,
+                                                     out8, out_scale);
+  };
+  if (!fused_norm_) return composed();
+  ZI_OP_SCOPE("residual_norm_gate_then_norm_fp8", &x);
+  constexpr const char* op = "residual_norm_gate_then_norm_fp8";
+  ZI_TRY(check_fp8_capable());
+  ZI_ASSIGN_OR_RETURN(contract::RowNorm a,
+                      contract::residual_rms_norm_gate(cuda_env(act_), x, y, w, gate));
+  const Tensor xr = x.view({a.rows, a.d});
+  ZI_ASSIGN_OR_RETURN(contract::RowNorm b,
+                      contract::rms_norm(cuda_env(act_), xr, w_next, scale_next, out));
+  ZI_TRY(contract::fp8_rows_out(cuda_env(act_), op, a.rows, a.d, out8, out_scale));
+  const bool fusable =
+      !overlaps(out8, x) && !overlaps(out8, y) && !overlaps(out_scale, x) &&
+      !overlaps(out_scale, y) &&
+      (!gate.defined() || !scale_next.defined() || rows_per_group(a) == rows_per_group(b));
+  ZI_ASSIGN_OR_RETURN(KType kt, ktype_of(op, act_));
+  const cudaError_t e =
+      fusable ? launch_residual_norm_then_norm_fp8(
+                    kt, x.data(), y.data(), ptr_or_null(w), ptr_or_null(gate), ptr_or_null(w_next),
+                    ptr_or_null(scale_next), out8.data(), out_scale.data_as<float>(), a.rows, a.d,
+                    gate.defined() ? rows_per_group(a) : rows_per_group(b), eps, stream_)
+              : cudaErrorNotSupported;
+  if (e == cudaErrorNotSupported) {  // a row the fused form does not take
+    cudaGetLastError();
+    return composed();
+  }
+  ZI_LAUNCH_TRY(op, e);
+  return Status::Ok();
+}
+
 Status CudaBackend::group_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, int groups,
                                float eps, bool silu, Tensor& y) {
   ZI_OP_SCOPE("group_norm", &x);
@@ -399,6 +436,26 @@ Status CudaBackend::swiglu(const Tensor& x, Tensor& y) {
     return InvalidArgument("swiglu: y must not alias x (except one row in place)");
   ZI_ASSIGN_OR_RETURN(KType kt, ktype_of(op, x.dtype()));
   ZI_LAUNCH_TRY(op, launch_swiglu(kt, x.data(), y.data(), m, f, stream_));
+  return Status::Ok();
+}
+
+Status CudaBackend::swiglu_fp8(const Tensor& x, Tensor& y, Tensor& y8, Tensor& y_scale) {
+  ZI_OP_SCOPE("swiglu_fp8", &x);
+  constexpr const char* op = "swiglu_fp8";
+  ZI_TRY(check_fp8_capable());
+  ZI_TRY(contract::swiglu(cuda_env(act_), x, y));
+  const int64_t f = y.dim(-1), m = f == 0 ? 0 : y.numel() / f;
+  ZI_TRY(contract::fp8_rows_out(cuda_env(act_), op, m, f, y8, y_scale));
+  if (overlaps(x, y8) || overlaps(x, y_scale))
+    return InvalidArgument("swiglu_fp8: y8 and y_scale must not alias x");
+  ZI_ASSIGN_OR_RETURN(KType kt, ktype_of(op, x.dtype()));
+  const cudaError_t e =
+      launch_swiglu_fp8(kt, x.data(), y8.data(), y_scale.data_as<float>(), m, f, stream_);
+  if (e == cudaErrorNotSupported) {  // rows the fused form does not take
+    cudaGetLastError();
+    return Backend::swiglu_fp8(x, y, y8, y_scale);
+  }
+  ZI_LAUNCH_TRY(op, e);
   return Status::Ok();
 }
 

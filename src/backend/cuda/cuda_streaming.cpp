@@ -343,20 +343,39 @@ Status CudaBackend::dequantize_fp8_rows(const Tensor& w8, const Tensor& scale, T
   return Status::Ok();
 }
 
-// Activations quantised per row by the weights' own row kernel, then an FP8 GEMM (three ways,
-// below). Every way multiplies the same FP8 operands; they differ in roundings only.
+// Activations quantised per row by the weights' own row kernel, then an FP8 GEMM
+// (matmul_fp8_quantized).
 Status CudaBackend::matmul_fp8_rows(const Tensor& x, const Tensor& w8, const Tensor& w_scale,
                                     const Tensor& bias, Tensor& y) {
   ZI_OP_SCOPE("matmul_fp8_rows", &x, &w8);
-  constexpr const char* op = "matmul_fp8_rows";
   ZI_TRY(check_fp8_capable());
   ZI_TRY(contract::matmul_fp8_rows(cuda_env(act_), x, w8, w_scale, bias, y));
-  const int64_t n = w8.dim(0), k = w8.dim(1);
+  const int64_t k = w8.dim(1);
   const int64_t m = x.numel() / std::max<int64_t>(k, 1);
-  if (m == 0 || n == 0) return Status::Ok();
+  if (m == 0 || w8.dim(0) == 0) return Status::Ok();
   ZI_ASSIGN_OR_RETURN(Tensor x8, alloc(DType::kF8E4M3, {m, k}));
   ZI_ASSIGN_OR_RETURN(Tensor sx, alloc(DType::kF32, {m}));
   ZI_TRY(quantize_fp8_rows(x.view({m, k}), x8, sx));
+  return fp8_gemm(x8, sx, w8, w_scale, bias, y);
+}
+
+Status CudaBackend::matmul_fp8_quantized(const Tensor& x8, const Tensor& x_scale, const Tensor& w8,
+                                         const Tensor& w_scale, const Tensor& bias, Tensor& y) {
+  ZI_OP_SCOPE("matmul_fp8_quantized", &x8, &w8);
+  ZI_TRY(check_fp8_capable());
+  ZI_TRY(contract::matmul_fp8_quantized(cuda_env(act_), x8, x_scale, w8, w_scale, bias, y));
+  const int64_t k = w8.dim(1);
+  const int64_t m = x8.numel() / std::max<int64_t>(k, 1);
+  if (m == 0 || w8.dim(0) == 0) return Status::Ok();
+  return fp8_gemm(x8.view({m, k}), x_scale.view({m}), w8, w_scale, bias, y);
+}
+
+// The FP8 GEMM of checked, quantised operands (x8 [m, k], sx [m]), three ways; every way
+// multiplies the same FP8 operands, they differ in roundings only.
+Status CudaBackend::fp8_gemm(const Tensor& x8, const Tensor& sx, const Tensor& w8,
+                             const Tensor& w_scale, const Tensor& bias, Tensor& y) {
+  constexpr const char* op = "matmul_fp8_rows";
+  const int64_t n = w8.dim(0), k = w8.dim(1), m = x8.dim(0);
   ZI_ASSIGN_OR_RETURN(KType kt, ktype_of(op, act_));
   // 0. CUTLASS's Hopper FP8 GEMM with both scales and the bias in its epilogue (bf16 out): one
   //    pass over the output, the fp32 sums rounded once.

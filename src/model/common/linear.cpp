@@ -33,6 +33,17 @@ Status linear(Backend& be, const Tensor& x, const LinearWeight& w, const Tensor&
   return Status::Ok();
 }
 
+bool takes_fp8_input(const Backend& be, const LinearWeight& w) {
+  return be.takes_fp8_inputs() && w.fp8_compute && !w.lora && !w.packed();
+}
+
+Status linear_fp8_input(Backend& be, const Tensor& x8, const Tensor& x_scale, const LinearWeight& w,
+                        const Tensor& bias, Tensor& y) {
+  if (!takes_fp8_input(be, w))
+    return InternalError("linear: " + w.w.describe() + " does not take FP8 input rows");
+  return be.matmul_fp8_quantized(x8, x_scale, w.w, w.scale, bias, y);
+}
+
 Status linear_swiglu(Backend& be, const Tensor& x, const LinearWeight& w13, const Tensor& scratch,
                      const Tensor& wide, Tensor& y) {
   if (w13.swiglu_block > 0) {

@@ -115,6 +115,15 @@ struct WeightPlacement {
 Status linear(Backend& be, const Tensor& x, const LinearWeight& w, const Tensor& bias,
               const Tensor& scratch, Tensor& y);
 
+// Whether `w` takes its input as FP8 rows made by the op before it (Backend::takes_fp8_inputs,
+// e.g. residual_norm_gate_then_norm_fp8): a W8A8 weight (fp8_compute) without a runtime LoRA
+// side, whose side GEMM would read the act-dtype input.
+bool takes_fp8_input(const Backend& be, const LinearWeight& w);
+// linear() of the rows x8 [M, K] e4m3 with one scale a row x_scale [M] f32 (the activation the
+// W8A8 GEMM would have quantised itself): Backend::matmul_fp8_quantized. `w` must take it.
+Status linear_fp8_input(Backend& be, const Tensor& x8, const Tensor& x_scale, const LinearWeight& w,
+                        const Tensor& bias, Tensor& y);
+
 // A feed-forward's gate and up linears and SwiGLU: y[M, F] = silu(x · w1ᵀ) * (x · w3ᵀ) for a
 // w1|w3 weight [2F, K]. A weight in blocks (swiglu_block > 0, no LoRA side) runs as one fused op
 // (Backend::matmul_swiglu); any other goes through linear() into `wide` ([M, 2F] act dtype, taken

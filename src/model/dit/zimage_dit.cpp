@@ -39,6 +39,10 @@ struct ZImageDiT::Scratch {
   Tensor proj;        // [B*S, D]
   Tensor ffn;         // [B*S, 2F]
   Tensor act;         // [B*S, F]
+  // FP8 rows made by the op before a W8A8 linear (Backend::takes_fp8_inputs; undefined when no
+  // linear takes them): the q|k|v and w1|w3 inputs [B*S, D], the w2 input [B*S, F] (one at a time)
+  // and their scales [B*S].
+  Tensor x8, x8_scale;
   // A block's adaLN modulation: mod [B, 4D] -> 1 + s_a, tanh(g_a), 1 + s_f, tanh(g_f) [B, D];
   // two sets, so the next block's can be made while this one's gates are still to be used.
   struct Modulation {
@@ -47,7 +51,8 @@ struct ZImageDiT::Scratch {
   };
   Modulation mods[2];
 
-  static Result<Scratch> make(Backend& be, const TransformerConfig& c, int64_t b, int64_t s) {
+  static Result<Scratch> make(Backend& be, const TransformerConfig& c, int64_t b, int64_t s,
+                              bool fp8_rows) {
     const int64_t d = c.dim, h = c.n_heads, dh = c.head_dim(), f = c.ffn_hidden(), r = b * s;
     const DType t = be.act_dtype();
     Scratch x;
@@ -60,6 +65,11 @@ struct ZImageDiT::Scratch {
     ZI_ASSIGN_OR_RETURN(x.proj, load::alloc(be, t, {r, d}, "dit.proj"));
     ZI_ASSIGN_OR_RETURN(x.ffn, load::alloc(be, t, {r, 2 * f}, "dit.ffn"));
     ZI_ASSIGN_OR_RETURN(x.act, load::alloc(be, t, {r, f}, "dit.ffn_act"));
+    if (fp8_rows) {
+      ZI_ASSIGN_OR_RETURN(x.x8,
+                          load::alloc(be, DType::kF8E4M3, {r, std::max(d, f)}, "dit.fp8_rows"));
+      ZI_ASSIGN_OR_RETURN(x.x8_scale, load::alloc(be, DType::kF32, {r}, "dit.fp8_row_scales"));
+    }
     for (Modulation& m : x.mods) {
       ZI_ASSIGN_OR_RETURN(m.mod, load::alloc(be, t, {b, 4 * d}, "dit.mod"));
       ZI_ASSIGN_OR_RETURN(m.scale_a, load::alloc(be, t, {b, d}, "dit.scale_attn"));
@@ -88,12 +98,21 @@ struct ZImageDiT::Scratch {
     x.proj = lead(proj, {r, d});
     x.ffn = lead(ffn, {r, 2 * f});
     x.act = lead(act, {r, f});
+    if (x8.defined()) {
+      x.x8 = lead(x8, {r, std::max(d, f)});
+      x.x8_scale = lead(x8_scale, {r});
+    }
     return x;
+  }
+  // The leading [B*S, cols] of x8 (cols: D for q|k|v and w1|w3 inputs, F for w2's).
+  Tensor rows8(int64_t cols) const {
+    const int64_t r = x8_scale.numel();
+    return Tensor(x8.storage(), x8.byte_offset(), x8.dtype(), {r, cols});
   }
 };
 
 Result<std::shared_ptr<ZImageDiT::Scratch>> ZImageDiT::make_scratch(int64_t b, int64_t s) {
-  ZI_ASSIGN_OR_RETURN(Scratch x, Scratch::make(be_, cfg_, b, s));
+  ZI_ASSIGN_OR_RETURN(Scratch x, Scratch::make(be_, cfg_, b, s, fp8_rows()));
   return std::make_shared<Scratch>(std::move(x));
 }
 
@@ -143,6 +162,15 @@ Status ZImageDiT::run_block(const Block& blk, Tensor& x, const Tensor& freqs, co
   return run_block(blk, 0, /*prenormed=*/false, nullptr, x, freqs, ap, s, attn);
 }
 
+bool ZImageDiT::fp8_rows() const {
+  return be_.takes_fp8_inputs() && (fp8_compute() & kFp8AllLinears) != 0;
+}
+
+bool ZImageDiT::qkv_takes_fp8(const Block& blk, const Scratch& s, const AttentionFn* attn) const {
+  return s.x8.defined() && attn == nullptr && (blk.fp8_attention || be_.reads_packed_qkv()) &&
+         takes_fp8_input(be_, blk.wqkv);
+}
+
 Status ZImageDiT::run_block(const Block& blk, int set, bool prenormed, const Block* next, Tensor& x,
                             const Tensor& freqs, const AttentionParams& ap, Scratch& s,
                             const AttentionFn* attn) {
@@ -157,8 +185,13 @@ Status ZImageDiT::run_block(const Block& blk, int set, bool prenormed, const Blo
   const Tensor& gate_a = blk.modulated ? m.gate_a : none;
   const Tensor& scale_f = blk.modulated ? m.scale_f : none;
   const Tensor& gate_f = blk.modulated ? m.gate_f : none;
+  // Where a W8A8 linear takes FP8 rows (qkv_takes_fp8, takes_fp8_input), the op before it makes
+  // them in s.x8 instead of act-dtype rows, so no quantisation pass of its own runs.
+  Tensor norm8 = s.x8.defined() ? s.rows8(d) : Tensor();
   // --- attention ---
-  // Its pre-norm, unless the previous block's last op made it (prenormed: s.norm holds it).
+  // Its pre-norm, unless the previous block's last op made it (prenormed: s.norm holds it, or
+  // s.x8 where this block's q|k|v linear takes FP8 rows: the same test there and here).
+  const bool qkv8 = prenormed && qkv_takes_fp8(blk, s, attn);
   if (!prenormed) ZI_TRY(be_.rms_norm(xr, blk.attn_norm1, eps, scale_a, s.norm));  // [B*S, D]
   // q|k|v [B*S, 3D]: per-head RMS norm of q and k (when qk_norm), then RoPE, then attention
   // [B, S, H, Dh]. Where the backend reads q, k and v inside the projection (reads_packed_qkv)
@@ -167,7 +200,10 @@ Status ZImageDiT::run_block(const Block& blk, int set, bool prenormed, const Blo
   if (attn == nullptr && (blk.fp8_attention || be_.reads_packed_qkv())) {
     const int64_t h = cfg_.n_heads;
     Tensor qkv = s.qkv.view({b, sq, 3 * d});
-    ZI_TRY(linear(be_, s.norm, blk.wqkv, none, wide_scratch_, s.qkv));
+    if (qkv8)
+      ZI_TRY(linear_fp8_input(be_, norm8, s.x8_scale, blk.wqkv, none, s.qkv));
+    else
+      ZI_TRY(linear(be_, s.norm, blk.wqkv, none, wide_scratch_, s.qkv));
     if (blk.fp8_attention) {
       ZI_TRY(
           be_.attention_packed_fp8(qkv, h, h, blk.norm_q, blk.norm_k, kQkNormEps, freqs, ap, s.o));
@@ -186,18 +222,48 @@ Status ZImageDiT::run_block(const Block& blk, int set, bool prenormed, const Blo
   }
   ZI_TRY(linear(be_, s.o.view({rows, d}), blk.wo, none, wide_scratch_, s.proj));  // [B*S, D]
   // x += gate_a * norm(proj), then the feed-forward's pre-norm of that x: [B*S, D]
-  ZI_TRY(be_.residual_norm_gate_then_norm(x, s.proj.view({b, sq, d}), blk.attn_norm2, eps, gate_a,
-                                          blk.ffn_norm1, scale_f, s.norm));
-  // --- SwiGLU feed-forward ---
-  ZI_TRY(linear_swiglu(be_, s.norm, blk.w13, wide_scratch_, s.ffn, s.act));  // [B*S, F]
-  ZI_TRY(linear(be_, s.act, blk.w2, none, wide_scratch_, s.proj));           // [B*S, D]
+  const bool w13_8 = s.x8.defined() && blk.w13.swiglu_block == 0 && takes_fp8_input(be_, blk.w13);
+  if (w13_8)
+    ZI_TRY(be_.residual_norm_gate_then_norm_fp8(x, s.proj.view({b, sq, d}), blk.attn_norm2, eps,
+                                                gate_a, blk.ffn_norm1, scale_f, s.norm, norm8,
+                                                s.x8_scale));
+  else
+    ZI_TRY(be_.residual_norm_gate_then_norm(x, s.proj.view({b, sq, d}), blk.attn_norm2, eps, gate_a,
+                                            blk.ffn_norm1, scale_f, s.norm));
+  ZI_TRY(feed_forward(blk, w13_8, s));  // s.proj [B*S, D]
   if (next == nullptr)
     return be_.residual_rms_norm_gate(x, s.proj.view({b, sq, d}), blk.ffn_norm2, eps, gate_f);
   // x += gate_f * norm(proj), then the next block's attention pre-norm of that x (its
   // modulation in the other set): one pass over x instead of two.
   const Tensor& next_scale = next->modulated ? s.mods[1 - set].scale_a : none;
+  if (qkv_takes_fp8(*next, s, attn))
+    return be_.residual_norm_gate_then_norm_fp8(x, s.proj.view({b, sq, d}), blk.ffn_norm2, eps,
+                                                gate_f, next->attn_norm1, next_scale, s.norm, norm8,
+                                                s.x8_scale);
   return be_.residual_norm_gate_then_norm(x, s.proj.view({b, sq, d}), blk.ffn_norm2, eps, gate_f,
                                           next->attn_norm1, next_scale, s.norm);
+}
+
+Status ZImageDiT::feed_forward(const Block& blk, bool in8, Scratch& s) {
+  const Tensor none;
+  // (A w1|w3 weight in row blocks runs fused with its SwiGLU: w2 then takes act-dtype rows.)
+  const bool w2_8 = s.x8.defined() && blk.w13.swiglu_block == 0 && takes_fp8_input(be_, blk.w2);
+  if (!in8 && !w2_8) {
+    ZI_TRY(linear_swiglu(be_, s.norm, blk.w13, wide_scratch_, s.ffn, s.act));  // [B*S, F]
+    return linear(be_, s.act, blk.w2, none, wide_scratch_, s.proj);            // [B*S, D]
+  }
+  // Through s.ffn [B*S, 2F] (w1|w3 in the files' row order: not in blocks, as checked).
+  if (in8)
+    ZI_TRY(linear_fp8_input(be_, s.rows8(cfg_.dim), s.x8_scale, blk.w13, none, s.ffn));
+  else
+    ZI_TRY(linear(be_, s.norm, blk.w13, none, wide_scratch_, s.ffn));
+  if (!w2_8) {
+    ZI_TRY(be_.swiglu(s.ffn, s.act));
+    return linear(be_, s.act, blk.w2, none, wide_scratch_, s.proj);
+  }
+  Tensor act8 = s.rows8(cfg_.ffn_hidden());
+  ZI_TRY(be_.swiglu_fp8(s.ffn, s.act, act8, s.x8_scale));
+  return linear_fp8_input(be_, act8, s.x8_scale, blk.w2, none, s.proj);
 }
 
 Result<ZImageDiT::Layout> ZImageDiT::make_layout(int64_t b, int64_t lh, int64_t lw,
@@ -396,8 +462,9 @@ Status ZImageDiT::compute(const Layout& L, const Tensor& latents, const Tensor& 
                           const std::vector<Tensor>& caps, Tensor& out, DebugSink* dbg,
                           const std::string& pfx, const ControlResiduals* control) {
   // One set of activation buffers for the longest stage (Scratch::view).
-  ZI_ASSIGN_OR_RETURN(Scratch scratch,
-                      Scratch::make(be_, cfg_, L.b, std::max({L.np, L.lp_max, L.s_max})));
+  ZI_ASSIGN_OR_RETURN(
+      Scratch scratch,
+      Scratch::make(be_, cfg_, L.b, std::max({L.np, L.lp_max, L.s_max}), fp8_rows()));
   Pass P{L, Tensor(), dbg, pfx, control};
   ZI_TRY(timestep_embedding(sinusoid, P.c));  // [B, adaln]
   debug_tensor(dbg, pfx + ".t_emb", be_, P.c);

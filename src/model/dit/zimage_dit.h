@@ -218,6 +218,14 @@ class ZImageDiT {
   Status run_block(const Block& blk, int set, bool prenormed, const Block* next, Tensor& x,
                    const Tensor& freqs, const AttentionParams& ap, Scratch& s,
                    const AttentionFn* attn);
+  // The feed-forward of run_block: s.proj = w2 · swiglu(w1|w3 · s.norm). `in8`: its input is in
+  // s.x8 (FP8 rows, made by the norm before it); w2's input is made as FP8 rows by the SwiGLU
+  // where w2 takes them (takes_fp8_input).
+  Status feed_forward(const Block& blk, bool in8, Scratch& s);
+  // Whether the scratch holds FP8 rows for the W8A8 linears (the backend takes them and some
+  // linear runs in FP8), and whether blk's q|k|v linear takes them in this forward.
+  bool fp8_rows() const;
+  bool qkv_takes_fp8(const Block& blk, const Scratch& s, const AttentionFn* attn) const;
   // blk's adaLN modulation from the conditioning c into s.mods[set] (nothing when unmodulated).
   Status modulate(const Block& blk, const Tensor& c, Scratch& s, int set);
 

@@ -2,10 +2,13 @@
 // Memory-bound, so each thread moves one 16-byte pack when every pointer is 16-byte aligned (and
 // the broadcast period is a whole number of packs); otherwise the same kernel runs with packs of
 // one element. A pack that straddles the end is finished element by element (tails).
+#include <cuda_fp8.h>
+
 #include <algorithm>
 #include <climits>
 
 #include "backend/cuda/kernels/device_utils.cuh"
+#include "backend/fp8_attention.h"
 
 namespace zimage::cuda {
 namespace {
@@ -134,6 +137,49 @@ __global__ void swiglu_rows_kernel(const T* x, T* y, int64_t m, int64_t f) {
 #pragma unroll
     for (int k = 0; k < VEC; ++k) gv[k] = round_to<T>(silu_f(gv[k])) * uv[k];
     store_f32<T, VEC>(y + row * f + c0, gv);
+  }
+}
+
+// swiglu_rows_kernel's rows quantised as quantize_fp8_rows quantises a row (fp8.cu: the same
+// amax, scale, reciprocal and rounding of the values y would hold) into y8 [m, f] e4m3 and
+// ys [m]: the feed-forward's w2 input without a pass of its own. One block a row, each thread
+// holding up to PPT packs of it in registers.
+template <typename T, int VEC, int PPT>
+__global__ void __launch_bounds__(kThreads)
+    swiglu_fp8_rows_kernel(const T* x, __nv_fp8_storage_t* y8, float* ys, int64_t f) {
+  __shared__ float scratch[32];
+  const int64_t row = blockIdx.x;
+  const int packs = static_cast<int>(f / VEC);
+  const T* g = x + row * 2 * f;
+  float v[PPT][VEC];
+  float amax = 0.f;
+#pragma unroll
+  for (int p = 0; p < PPT; ++p) {
+    const int pk = threadIdx.x + p * kThreads;
+    if (pk >= packs) continue;
+    float uv[VEC];
+    load_f32<T, VEC>(g + int64_t{pk} * VEC, v[p]);
+    load_f32<T, VEC>(g + f + int64_t{pk} * VEC, uv);
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) {
+      v[p][k] = round_to<T>(round_to<T>(silu_f(v[p][k])) * uv[k]);  // the value y would hold
+      amax = fmaxf(amax, fabsf(v[p][k]));
+    }
+  }
+  amax = block_max(amax, scratch);
+  const float sc = amax > 0.f && amax < 3.0e38f ? __fdiv_rn(amax, kFp8Max) : 1.f;
+  const float inv = __frcp_rn(sc);
+  if (threadIdx.x == 0) ys[row] = sc;
+#pragma unroll
+  for (int p = 0; p < PPT; ++p) {
+    const int pk = threadIdx.x + p * kThreads;
+    if (pk >= packs) continue;
+    Pack<__nv_fp8_storage_t, VEC> q;
+#pragma unroll
+    for (int k = 0; k < VEC; ++k)
+      q.v[k] = __nv_cvt_float_to_fp8(fminf(fmaxf(__fmul_rn(v[p][k], inv), -kFp8Max), kFp8Max),
+                                     __NV_SATFINITE, __NV_E4M3);
+    *reinterpret_cast<Pack<__nv_fp8_storage_t, VEC>*>(y8 + row * f + int64_t{pk} * VEC) = q;
   }
 }
 
@@ -383,6 +429,22 @@ cudaError_t launch_swiglu(KType t, const void* x, void* y, int64_t m, int64_t f,
     } else {
       swiglu_kernel<T, 1><<<grid_for(m * f, kThreads), kThreads, 0, s>>>(xp, yp, m, f);
     }
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t launch_swiglu_fp8(KType t, const void* x, void* y8, float* y_scale, int64_t m,
+                              int64_t f, cudaStream_t s) {
+  if (m <= 0 || f <= 0) return cudaSuccess;
+  return dispatch_ktype(t, [&](auto tag) -> cudaError_t {
+    using T = decltype(tag);
+    constexpr int V = kVec16<T>;
+    constexpr int kPpt = 8;  // rows of up to 8 · 256 packs (16384 bf16 values)
+    if (f % V != 0 || f / V > int64_t{kPpt} * kThreads || !aligned16(x) ||
+        reinterpret_cast<uintptr_t>(y8) % V != 0 || m > 0x7fffffff)
+      return cudaErrorNotSupported;
+    swiglu_fp8_rows_kernel<T, V, kPpt><<<static_cast<unsigned>(m), kThreads, 0, s>>>(
+        static_cast<const T*>(x), static_cast<__nv_fp8_storage_t*>(y8), y_scale, f);
     return cudaGetLastError();
   });
 }

@@ -25,6 +25,11 @@ cudaError_t launch_clamp(KType t, const void* x, void* y, int64_t n, float lo, f
                          cudaStream_t s);
 // x[M, 2F] = [gate | up] -> y[M, F] = silu(gate) * up.
 cudaError_t launch_swiglu(KType t, const void* x, void* y, int64_t m, int64_t f, cudaStream_t s);
+// launch_swiglu's rows quantised per row as launch_quantize_fp8_rows would quantise y: y8 [m, f]
+// e4m3, y_scale [m]. cudaErrorNotSupported for rows it does not take (f not a multiple of the
+// 16-byte pack or above 16384 bf16 values, misaligned operands).
+cudaError_t launch_swiglu_fp8(KType t, const void* x, void* y8, float* y_scale, int64_t m,
+                              int64_t f, cudaStream_t s);
 cudaError_t launch_axpby(KType t, float a, const void* x, float b, const void* y, void* out,
                          int64_t n, cudaStream_t s);
 // out[i] = x[i] + y[i % ny]; ny divides n.
@@ -147,6 +152,14 @@ cudaError_t launch_residual_norm_then_norm(KType t, void* x, const void* y, cons
                                            const void* gate, const void* w_next, const void* scale,
                                            void* out, int64_t rows, int64_t d,
                                            int64_t rows_per_group, float eps, cudaStream_t s);
+// The same with the normed rows quantised per row (launch_quantize_fp8_rows' bytes of the rows
+// `out` would hold) into out8 [rows, d] e4m3 and out_scale [rows]; cudaErrorNotSupported where
+// launch_residual_norm_then_norm is.
+cudaError_t launch_residual_norm_then_norm_fp8(KType t, void* x, const void* y, const void* w,
+                                               const void* gate, const void* w_next,
+                                               const void* scale, void* out8, float* out_scale,
+                                               int64_t rows, int64_t d, int64_t rows_per_group,
+                                               float eps, cudaStream_t s);
 // NHWC group norm (+ SiLU). `workspace` must hold group_norm_workspace_bytes(...) bytes.
 size_t group_norm_workspace_bytes(int64_t batch, int64_t hw, int64_t c, int groups);
 cudaError_t launch_group_norm(KType t, const void* x, const void* gamma, const void* beta, void* y,

@@ -7,11 +7,14 @@
 // narrow rows such as the 128-wide q/k norms, a whole block for wide rows such as the DiT's
 // 3840), reduced with shuffles or shared memory, and written from the registers: one read and one
 // write of the row. Other shapes use a warp-per-row loop kernel that reads the row twice.
+#include <cuda_fp8.h>
+
 #include <atomic>
 #include <type_traits>
 
 #include "backend/cuda/kernels/device_utils.cuh"
 #include "backend/cuda/kernels/kernels.h"
+#include "backend/fp8_attention.h"
 
 namespace zimage::cuda {
 
@@ -161,6 +164,17 @@ __device__ __forceinline__ float row_sum(float v, int tpr, float* scratch) {
   }
 }
 
+// Max over the threads sharing a row (as row_sum).
+template <bool kBlock>
+__device__ __forceinline__ float row_max(float v, int tpr, float* scratch) {
+  if constexpr (kBlock) {
+    return block_max(v, scratch);
+  } else {
+    for (int o = tpr / 2; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+  }
+}
+
 // This thread's place in the fast path: its row, its index t within the row's group of tpr
 // threads, and whether the row exists (threads past the last row still join the reductions).
 struct RowSlot {
@@ -256,10 +270,15 @@ __global__ void __launch_bounds__(1024)
 // (rms_norm_reg_kernel<kResidual>'s roundings, x rounded to T as it is stored), then out =
 // rms_norm(x) * w_next * scale from the x just stored, held in registers (the rms_norm's
 // roundings, the same thread layout and reduction order, so the same bits as the two kernels).
-template <typename T, int VEC, int PPT, bool kBlock>
+//
+// kFp8: `out` is not written; its row, as it would be stored in T, is quantised as
+// quantize_fp8_rows quantises a row (fp8.cu: the same amax, scale, reciprocal and rounding) into
+// out8 [rows, d] e4m3 and out_scale [rows]: the W8A8 GEMM's input without a pass of its own.
+template <typename T, int VEC, int PPT, bool kBlock, bool kFp8>
 __global__ void __launch_bounds__(1024)
     residual_norm_then_norm_reg_kernel(const T* y, const T* w, const T* gate, T* x, const T* w_next,
-                                       const T* scale, T* out, int64_t rows, int d,
+                                       const T* scale, T* out, __nv_fp8_storage_t* out8,
+                                       float* out_scale, int64_t rows, int d,
                                        int64_t rows_per_group, float eps, int tpr) {
   __shared__ float scratch[32];
   const RowSlot rs = row_slot<kBlock>(tpr, rows);
@@ -294,17 +313,42 @@ __global__ void __launch_bounds__(1024)
   }
   const float ss2 =
       row_sum_of<VEC, PPT, kBlock>(v, rs, tpr, packs, scratch, [](float e) { return e * e; });
-  if (!rs.valid) return;
   const float r2 = rsqrtf(ss2 / static_cast<float>(d) + eps);
-  const T* sr = scale ? scale + (rs.row / rows_per_group) * d : nullptr;
-  for_row_packs<PPT>(rs, tpr, packs, [&](int p, int pk) {
-    float o[VEC];
+  const T* sr = scale && rs.valid ? scale + (rs.row / rows_per_group) * d : nullptr;
+  float amax = 0.f;
+  if (rs.valid) {
+    for_row_packs<PPT>(rs, tpr, packs, [&](int p, int pk) {
+      float o[VEC];
 #pragma unroll
-    for (int k = 0; k < VEC; ++k) o[k] = round_to<T>(v[p][k] * r2);
-    mul_pack<T, VEC, true>(w_next, pk * VEC, o);
-    mul_pack<T, VEC, false>(sr, pk * VEC, o);
-    store_f32<T, VEC>(out + rs.row * d + pk * VEC, o);
-  });
+      for (int k = 0; k < VEC; ++k) o[k] = round_to<T>(v[p][k] * r2);
+      mul_pack<T, VEC, true>(w_next, pk * VEC, o);
+      mul_pack<T, VEC, false>(sr, pk * VEC, o);
+      if constexpr (kFp8) {
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) {
+          v[p][k] = round_to<T>(o[k]);  // the value out would hold
+          amax = fmaxf(amax, fabsf(v[p][k]));
+        }
+      } else {
+        store_f32<T, VEC>(out + rs.row * d + pk * VEC, o);
+      }
+    });
+  }
+  if constexpr (kFp8) {
+    amax = row_max<kBlock>(amax, tpr, scratch);  // every thread joins, as in the sums
+    if (!rs.valid) return;
+    const float sc = amax > 0.f && amax < 3.0e38f ? __fdiv_rn(amax, kFp8Max) : 1.f;
+    const float inv = __frcp_rn(sc);
+    if (rs.t == 0) out_scale[rs.row] = sc;
+    for_row_packs<PPT>(rs, tpr, packs, [&](int p, int pk) {
+      Pack<__nv_fp8_storage_t, VEC> q;
+#pragma unroll
+      for (int k = 0; k < VEC; ++k)
+        q.v[k] = __nv_cvt_float_to_fp8(fminf(fmaxf(__fmul_rn(v[p][k], inv), -kFp8Max), kFp8Max),
+                                       __NV_SATFINITE, __NV_E4M3);
+      *reinterpret_cast<Pack<__nv_fp8_storage_t, VEC>*>(out8 + rs.row * d + pk * VEC) = q;
+    });
+  }
 }
 
 template <typename T, int VEC, int PPT, bool kBlock>
@@ -496,27 +540,59 @@ cudaError_t launch_residual_rms_norm_gate(KType t, void* x, const void* y, const
   return launch_rms<true>(t, y, w, gate, x, rows, d, rows_per_group, eps, s);
 }
 
-cudaError_t launch_residual_norm_then_norm(KType t, void* x, const void* y, const void* w,
-                                           const void* gate, const void* w_next, const void* scale,
-                                           void* out, int64_t rows, int64_t d,
-                                           int64_t rows_per_group, float eps, cudaStream_t s) {
+namespace {
+
+// launch_residual_norm_then_norm and its FP8 form (out8 and out_scale set, out unused).
+cudaError_t launch_norm_then_norm(KType t, void* x, const void* y, const void* w, const void* gate,
+                                  const void* w_next, const void* scale, void* out, void* out8,
+                                  float* out_scale, int64_t rows, int64_t d, int64_t rows_per_group,
+                                  float eps, cudaStream_t s) {
   if (rows <= 0 || d <= 0) return cudaSuccess;
   return dispatch_ktype(t, [&](auto tag) -> cudaError_t {
     using T = decltype(tag);
     constexpr int V = kVec16<T>;
     RowCfg cfg;
-    if (d % V != 0 || !all_aligned({x, y, w, gate, w_next, scale, out}) || rows >= 0x7fffffff ||
-        !pick_row_cfg(d / V, &cfg))
+    if (d % V != 0 || !all_aligned({x, y, w, gate, w_next, scale, out, out8}) ||
+        rows >= 0x7fffffff || !pick_row_cfg(d / V, &cfg))
       return cudaErrorNotSupported;
+    auto* q = static_cast<__nv_fp8_storage_t*>(out8);
     return with_row_cfg(cfg, [&](auto ppt, auto blk) {
-      residual_norm_then_norm_reg_kernel<T, V, decltype(ppt)::value, decltype(blk)::value>
-          <<<row_cfg_grid(cfg, rows), row_cfg_block(cfg), 0, s>>>(
-              static_cast<const T*>(y), static_cast<const T*>(w), static_cast<const T*>(gate),
-              static_cast<T*>(x), static_cast<const T*>(w_next), static_cast<const T*>(scale),
-              static_cast<T*>(out), rows, static_cast<int>(d), rows_per_group, eps, cfg.tpr);
+      auto launch = [&](auto fp8) {
+        residual_norm_then_norm_reg_kernel<T, V, decltype(ppt)::value, decltype(blk)::value,
+                                           decltype(fp8)::value>
+            <<<row_cfg_grid(cfg, rows), row_cfg_block(cfg), 0, s>>>(
+                static_cast<const T*>(y), static_cast<const T*>(w), static_cast<const T*>(gate),
+                static_cast<T*>(x), static_cast<const T*>(w_next), static_cast<const T*>(scale),
+                static_cast<T*>(out), q, out_scale, rows, static_cast<int>(d), rows_per_group, eps,
+                cfg.tpr);
+      };
+      if (out8 != nullptr)
+        launch(std::true_type{});
+      else
+        launch(std::false_type{});
       return cudaGetLastError();
     });
   });
+}
+
+}  // namespace
+
+cudaError_t launch_residual_norm_then_norm(KType t, void* x, const void* y, const void* w,
+                                           const void* gate, const void* w_next, const void* scale,
+                                           void* out, int64_t rows, int64_t d,
+                                           int64_t rows_per_group, float eps, cudaStream_t s) {
+  return launch_norm_then_norm(t, x, y, w, gate, w_next, scale, out, nullptr, nullptr, rows, d,
+                               rows_per_group, eps, s);
+}
+
+cudaError_t launch_residual_norm_then_norm_fp8(KType t, void* x, const void* y, const void* w,
+                                               const void* gate, const void* w_next,
+                                               const void* scale, void* out8, float* out_scale,
+                                               int64_t rows, int64_t d, int64_t rows_per_group,
+                                               float eps, cudaStream_t s) {
+  if (out8 == nullptr || out_scale == nullptr) return cudaErrorInvalidValue;
+  return launch_norm_then_norm(t, x, y, w, gate, w_next, scale, nullptr, out8, out_scale, rows, d,
+                               rows_per_group, eps, s);
 }
 
 }  // namespace zimage::cuda

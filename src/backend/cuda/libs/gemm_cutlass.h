@@ -50,10 +50,16 @@ Status cutlass_fp8_rows(const void* x8, const void* w8, const float* sx, const f
                         Fp8Tile tile = Fp8Tile::kAuto);
 size_t cutlass_fp8_rows_workspace(int64_t m, int64_t n, int64_t k);
 
-// The tile kAuto runs for an m × n × k FP8 GEMM (CudaOpsPerf.Fp8GemmTiles times each at the DiT's
-// shapes on the GPU).
-inline Fp8Tile fp8_tile_for(int64_t /*m*/, int64_t /*n*/, int64_t /*k*/) {
-  return Fp8Tile::kPingpong128;
+// The tile kAuto runs for an m × n × k FP8 GEMM. CudaOpsPerf.Fp8GemmTiles timed each at the DiT's
+// four linears for 1024² and 2048² (M 4160, 16448) on an H100 (docs/BENCHMARKS.md, session 23):
+// 128 × 256 cooperative was the fastest at seven of the eight, by 4-24 % over the 128 × 128
+// ping-pong (2048² forward 370.7 → 357.4 ms, 1024² 66.0 → 61.8), which stayed ahead for the
+// q|k|v shape at M 16448 (1.09 against 1.22 ms). Few rows (the captions' refiner, a small image)
+// keep the 128 × 128 tile: half as many tiles of 256 columns would leave SMs idle.
+inline Fp8Tile fp8_tile_for(int64_t m, int64_t n, int64_t k) {
+  if (m < 1024) return Fp8Tile::kPingpong128;
+  if (m >= 8192 && n == 3 * k) return Fp8Tile::kPingpong128;
+  return Fp8Tile::kCoopWide;
 }
 inline const char* fp8_tile_name(Fp8Tile t) {
   switch (t) {
