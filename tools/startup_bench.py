@@ -257,11 +257,13 @@ def main():
     # (ZIMAGE_PREFETCH_GATE=1; "+nogate" the default, explicitly), "<row>+blasserial" loads
     # cuBLAS after the CUDA context rather than beside the driver's start (ZIMAGE_CUBLAS_THREAD=0),
     # "<row>+nograph" runs every DiT forward eagerly (ZIMAGE_DIT_GRAPHS=0), "<row>+warmup2" also records the first image's
-    # linears during the load (ZIMAGE_WARM_UP=2).
+    # linears during the load (ZIMAGE_WARM_UP=2), "<row>+nohuge" keeps large host buffers in small
+    # pages (ZIMAGE_HOST_HUGE_PAGES=0).
     suffixes = {"alloc": ("ZIMAGE_HOST_PIN", "alloc"), "noexec": ("ZIMAGE_WARM_EXECUTE", "0"),
                 "nogate": ("ZIMAGE_PREFETCH_GATE", "0"), "gate": ("ZIMAGE_PREFETCH_GATE", "1"),
                 "blasserial": ("ZIMAGE_CUBLAS_THREAD", "0"),
-                "nograph": ("ZIMAGE_DIT_GRAPHS", "0"), "warmup2": ("ZIMAGE_WARM_UP", "2")}
+                "nograph": ("ZIMAGE_DIT_GRAPHS", "0"), "warmup2": ("ZIMAGE_WARM_UP", "2"),
+                "nohuge": ("ZIMAGE_HOST_HUGE_PAGES", "0")}
     dd_result = None  # `dd` of the dropped files, once per run however many cold rows
     for name in args.rows.split(","):
         rows = []

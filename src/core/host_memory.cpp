@@ -1,9 +1,14 @@
 #include "core/host_memory.h"
 
 #include <unistd.h>
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
+#include <string>
 
 namespace zimage {
 namespace {
@@ -34,6 +39,23 @@ uint64_t host_memory_bytes() {
 
 uint64_t default_pinned_limit() {
   return host_memory_bytes() / 2;
+}
+
+void* allocate_large(size_t bytes) {
+  constexpr size_t kHuge = size_t{2} << 20;
+  void* p = nullptr;
+  if (::posix_memalign(&p, kHuge, std::max<size_t>(bytes, 1)) != 0) return nullptr;
+#if defined(MADV_HUGEPAGE)
+  // The whole huge pages inside the buffer; advice only (small pages where THP is off).
+  // ZIMAGE_HOST_HUGE_PAGES=0 leaves them in small pages (to measure what the advice buys).
+  static const bool advise = [] {
+    const char* v = std::getenv("ZIMAGE_HOST_HUGE_PAGES");
+    return v == nullptr || std::string(v) != "0";
+  }();
+  const size_t whole = bytes / kHuge * kHuge;
+  if (advise && whole > 0) (void)::madvise(p, whole, MADV_HUGEPAGE);
+#endif
+  return p;
 }
 
 }  // namespace zimage

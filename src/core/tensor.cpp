@@ -5,6 +5,8 @@
 #include <limits>
 #include <sstream>
 
+#include "core/host_memory.h"
+
 namespace zimage {
 
 const char* device_name(Device d) {
@@ -31,7 +33,8 @@ int64_t shape_numel(const Shape& s) {
 
 std::shared_ptr<HostStorage> HostStorage::allocate(size_t bytes) {
   const size_t rounded = (bytes + 63) / 64 * 64;
-  void* p = std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
+  void* p = bytes >= kLargeHostBytes ? allocate_large(bytes)
+                                     : std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
   if (!p) return nullptr;
   return std::shared_ptr<HostStorage>(new HostStorage(p, bytes));
 }

@@ -1,8 +1,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
 
 #include "core/dtype.h"
+#include "core/host_memory.h"
 #include "core/status.h"
 #include "core/tensor.h"
 
@@ -90,4 +94,24 @@ TEST(Status, ResultCarriesError) {
   Result<int> v = 3;
   EXPECT_TRUE(v.ok());
   EXPECT_EQ(*v, 3);
+}
+
+// Large host buffers (core/host_memory.h allocate_large, HostStorage from kLargeHostBytes on)
+// start on a 2 MiB boundary, so transparent huge pages can back them; smaller ones keep the
+// 64-byte alignment; every byte is writable and the tensor's view of it is whole.
+TEST(HostMemory, LargeBuffersStartOnAHugePage) {
+  const size_t big = kLargeHostBytes + 12345;
+  void* p = allocate_large(big);
+  ASSERT_NE(p, nullptr);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % (size_t{2} << 20), 0u);
+  std::memset(p, 0x5a, big);
+  EXPECT_EQ(static_cast<unsigned char*>(p)[big - 1], 0x5a);
+  std::free(p);
+  const Tensor t = Tensor::host(DType::kF32, {static_cast<int64_t>(big / 4)});
+  ASSERT_TRUE(t.defined());
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(t.data()) % (size_t{2} << 20), 0u);
+  EXPECT_EQ(t.data_as<float>()[t.numel() - 1], 0.f);  // Tensor::host zeroes
+  const Tensor s = Tensor::host(DType::kF32, {1000});
+  ASSERT_TRUE(s.defined());
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(s.data()) % 64, 0u);
 }

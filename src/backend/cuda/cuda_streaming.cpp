@@ -23,6 +23,7 @@
 #include "backend/cuda/runtime/pinned_host.h"
 #include "backend/cuda/runtime/upload_plan.h"
 #include "backend/cuda/validate.h"
+#include "core/host_memory.h"
 #include "core/log.h"
 #include "core/read_gate.h"
 #include "core/thread_pool.h"
@@ -73,7 +74,7 @@ Result<Tensor> CudaBackend::host_copy(const std::vector<Tensor>& parts, bool pin
     ZI_ASSIGN_OR_RETURN(locked, PinnedHost::allocate(std::max<size_t>(bytes, 1)));
     p = locked.data();
   } else {
-    p = std::aligned_alloc(kAlign, rounded);
+    p = allocate_large(rounded);  // in huge pages where THP is on "madvise"
     if (p == nullptr) return OutOfMemory("host copy of " + std::to_string(bytes >> 20) + " MiB");
   }
   // Owned here until a storage takes it: the pinned allocation at once, the ordinary one after
