@@ -2,13 +2,11 @@
 // Memory-bound, so each thread moves one 16-byte pack when every pointer is 16-byte aligned (and
 // the broadcast period is a whole number of packs); otherwise the same kernel runs with packs of
 // one element. A pack that straddles the end is finished element by element (tails).
-#include <cuda_fp8.h>
-
 #include <algorithm>
 #include <climits>
 
 #include "backend/cuda/kernels/device_utils.cuh"
-#include "backend/fp8_attention.h"
+#include "backend/cuda/kernels/fp8_rows.cuh"
 
 namespace zimage::cuda {
 namespace {
@@ -167,19 +165,13 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
   amax = block_max(amax, scratch);
-  const float sc = amax > 0.f && amax < 3.0e38f ? __fdiv_rn(amax, kFp8Max) : 1.f;
+  const float sc = fp8_row_scale(amax);
   const float inv = __frcp_rn(sc);
   if (threadIdx.x == 0) ys[row] = sc;
 #pragma unroll
   for (int p = 0; p < PPT; ++p) {
     const int pk = threadIdx.x + p * kThreads;
-    if (pk >= packs) continue;
-    Pack<__nv_fp8_storage_t, VEC> q;
-#pragma unroll
-    for (int k = 0; k < VEC; ++k)
-      q.v[k] = __nv_cvt_float_to_fp8(fminf(fmaxf(__fmul_rn(v[p][k], inv), -kFp8Max), kFp8Max),
-                                     __NV_SATFINITE, __NV_E4M3);
-    *reinterpret_cast<Pack<__nv_fp8_storage_t, VEC>*>(y8 + row * f + int64_t{pk} * VEC) = q;
+    if (pk < packs) store_fp8_codes<VEC>(y8 + row * f + int64_t{pk} * VEC, v[p], inv);
   }
 }
 

@@ -5,6 +5,7 @@
 #include <cuda_fp8.h>
 
 #include "backend/cuda/kernels/device_utils.cuh"
+#include "backend/cuda/kernels/fp8_rows.cuh"
 #include "backend/cuda/kernels/kernels.h"
 #include "backend/fp8_attention.h"
 
@@ -57,22 +58,12 @@ __global__ void quantize_rows_kernel(const T* __restrict__ w, int64_t cols,
   const T* wr = w + row * cols;
   float m = 0.f;
   for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) m = fmaxf(m, fabsf(to_f32<T>(wr[i])));
-  for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
-  __shared__ float warp_max[kThreads / 32];
-  __shared__ float row_scale;
-  if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x >> 5] = m;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    for (int k = 1; k < kThreads / 32; ++k) m = fmaxf(m, warp_max[k]);
-    row_scale = m > 0.f && m < 3.0e38f ? __fdiv_rn(m, kE4M3Max) : 1.f;
-    scale[row] = row_scale;
-  }
-  __syncthreads();
+  __shared__ float scratch[32];
+  const float row_scale = fp8_row_scale(block_max(m, scratch));
+  if (threadIdx.x == 0) scale[row] = row_scale;
   const float inv = __frcp_rn(row_scale);
-  for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) {
-    const float v = fminf(fmaxf(__fmul_rn(to_f32<T>(wr[i]), inv), -kE4M3Max), kE4M3Max);
-    q[row * cols + i] = __nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3);
-  }
+  for (int64_t i = threadIdx.x; i < cols; i += blockDim.x)
+    q[row * cols + i] = fp8_code(to_f32<T>(wr[i]), inv);
 }
 
 // quantize_rows_kernel with 16-byte loads (8 bf16 / half elements, 4 floats) and the codes
@@ -96,27 +87,14 @@ __global__ void quantize_rows_vec_kernel(const T* __restrict__ w, int64_t cols,
 #pragma unroll
     for (int i = 0; i < V; ++i) m = fmaxf(m, fabsf(v[i]));
   }
-  for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
-  __shared__ float warp_max[kThreads / 32];
-  __shared__ float row_scale;
-  if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x >> 5] = m;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    for (int k = 1; k < kThreads / 32; ++k) m = fmaxf(m, warp_max[k]);
-    row_scale = m > 0.f && m < 3.0e38f ? __fdiv_rn(m, kE4M3Max) : 1.f;
-    scale[row] = row_scale;
-  }
-  __syncthreads();
+  __shared__ float scratch[32];
+  const float row_scale = fp8_row_scale(block_max(m, scratch));
+  if (threadIdx.x == 0) scale[row] = row_scale;
   const float inv = __frcp_rn(row_scale);
   for (int64_t p = threadIdx.x; p < packs; p += blockDim.x) {
     float v[V];
     load_f32<T, V>(wr + p * V, v);
-    Pack<__nv_fp8_storage_t, V> out;
-#pragma unroll
-    for (int i = 0; i < V; ++i)
-      out.v[i] = __nv_cvt_float_to_fp8(fminf(fmaxf(__fmul_rn(v[i], inv), -kE4M3Max), kE4M3Max),
-                                       __NV_SATFINITE, __NV_E4M3);
-    *reinterpret_cast<Pack<__nv_fp8_storage_t, V>*>(q + row * cols + p * V) = out;
+    store_fp8_codes<V>(q + row * cols + p * V, v, inv);
   }
 }
 

@@ -7,14 +7,12 @@
 // narrow rows such as the 128-wide q/k norms, a whole block for wide rows such as the DiT's
 // 3840), reduced with shuffles or shared memory, and written from the registers: one read and one
 // write of the row. Other shapes use a warp-per-row loop kernel that reads the row twice.
-#include <cuda_fp8.h>
-
 #include <atomic>
 #include <type_traits>
 
 #include "backend/cuda/kernels/device_utils.cuh"
+#include "backend/cuda/kernels/fp8_rows.cuh"
 #include "backend/cuda/kernels/kernels.h"
-#include "backend/fp8_attention.h"
 
 namespace zimage::cuda {
 
@@ -337,16 +335,11 @@ __global__ void __launch_bounds__(1024)
   if constexpr (kFp8) {
     amax = row_max<kBlock>(amax, tpr, scratch);  // every thread joins, as in the sums
     if (!rs.valid) return;
-    const float sc = amax > 0.f && amax < 3.0e38f ? __fdiv_rn(amax, kFp8Max) : 1.f;
+    const float sc = fp8_row_scale(amax);
     const float inv = __frcp_rn(sc);
     if (rs.t == 0) out_scale[rs.row] = sc;
     for_row_packs<PPT>(rs, tpr, packs, [&](int p, int pk) {
-      Pack<__nv_fp8_storage_t, VEC> q;
-#pragma unroll
-      for (int k = 0; k < VEC; ++k)
-        q.v[k] = __nv_cvt_float_to_fp8(fminf(fmaxf(__fmul_rn(v[p][k], inv), -kFp8Max), kFp8Max),
-                                       __NV_SATFINITE, __NV_E4M3);
-      *reinterpret_cast<Pack<__nv_fp8_storage_t, VEC>*>(out8 + rs.row * d + pk * VEC) = q;
+      store_fp8_codes<VEC>(out8 + rs.row * d + pk * VEC, v[p], inv);
     });
   }
 }

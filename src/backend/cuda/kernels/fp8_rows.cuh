@@ -1,0 +1,37 @@
+// The per-row e4m3 quantisation every FP8 row kernel shares: quantize_fp8_rows (fp8.cu) and the
+// norm and SwiGLU kernels that write a W8A8 linear's input as FP8 rows (norm.cu, elementwise.cu).
+// One definition, so that their bytes and scales are the same by construction.
+#pragma once
+
+#include <cuda_fp8.h>
+
+#include "backend/fp8_attention.h"
+
+namespace zimage::cuda {
+
+// A row's scale from its max |value|: amax / 448 (correctly rounded), 1 for an all-zero or
+// non-finite row.
+__device__ __forceinline__ float fp8_row_scale(float amax) {
+  return amax > 0.f && amax < 3.0e38f ? __fdiv_rn(amax, kFp8Max) : 1.f;
+}
+
+// A value's e4m3 code, given the reciprocal of its row's scale (__frcp_rn(fp8_row_scale(..))):
+// v · inv rounded once, clamped to ±448, rounded to nearest even.
+__device__ __forceinline__ __nv_fp8_storage_t fp8_code(float v, float inv) {
+  return __nv_cvt_float_to_fp8(fminf(fmaxf(__fmul_rn(v, inv), -kFp8Max), kFp8Max), __NV_SATFINITE,
+                               __NV_E4M3);
+}
+
+// VEC values' codes stored as one unit at q (aligned to VEC bytes).
+template <int VEC>
+__device__ __forceinline__ void store_fp8_codes(__nv_fp8_storage_t* q, const float (&v)[VEC],
+                                                float inv) {
+  struct alignas(VEC) Codes {
+    __nv_fp8_storage_t c[VEC];
+  } out;
+#pragma unroll
+  for (int k = 0; k < VEC; ++k) out.c[k] = fp8_code(v[k], inv);
+  *reinterpret_cast<Codes*>(q) = out;
+}
+
+}  // namespace zimage::cuda
