@@ -73,6 +73,9 @@ LIBC.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_i
 LIBC.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
 
 
+LOW_BIT = bytes(i & 1 for i in range(256))  # mincore's other bits are reserved
+
+
 def resident_fraction(files):
     """Bytes of `files` in the page cache / their size (mincore on a mapping of each)."""
     page = os.sysconf("SC_PAGE_SIZE")
@@ -85,8 +88,8 @@ def resident_fraction(files):
         try:
             p = LIBC.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
             vec = ctypes.create_string_buffer((size + page - 1) // page)
-            if LIBC.mincore(p, size, vec) == 0:  # one byte a page, 1 when resident
-                raw = vec.raw[:(size + page - 1) // page]
+            if LIBC.mincore(p, size, vec) == 0:  # one byte a page; bit 0: resident
+                raw = vec.raw[:(size + page - 1) // page].translate(LOW_BIT)
                 resident += min(size, (len(raw) - raw.count(0)) * page)
             LIBC.munmap(p, size)
         finally:
@@ -96,8 +99,9 @@ def resident_fraction(files):
 
 
 def read_into_page_cache(files):
-    """Reads into the page cache what of `files` is not resident (mincore): a full re-read of 20
-    GB before every process cost seconds each, most of a GPU call's startup stage."""
+    """Reads into the page cache each of `files` that is not wholly resident (mincore), whole: a
+    re-read of all 20 GB before every process cost seconds each, most of a GPU call's startup
+    stage."""
     t = time.monotonic()
     read = 0
     for f in files:

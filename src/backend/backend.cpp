@@ -54,17 +54,29 @@ Status Backend::matmul_fp8_quantized(const Tensor&, const Tensor&, const Tensor&
   return Unsupported("matmul_fp8_quantized: not implemented by this backend");
 }
 
+// quantize_fp8_rows over x's last dimension, whatever x's leading shape (the FP8 row ops take
+// their outputs in any leading shape).
+Status Backend::quantize_rows_of(const Tensor& x, Tensor& q, Tensor& scale) {
+  const int64_t d = x.rank() > 0 ? x.dim(-1) : 0;
+  if (d <= 0 || x.numel() % d != 0 || q.numel() != x.numel() || scale.numel() != x.numel() / d)
+    return InvalidArgument("FP8 rows of " + x.describe() + ": codes " + q.describe() +
+                           " and scales " + scale.describe() + " do not hold them");
+  const int64_t r = x.numel() / d;
+  Tensor q2 = q.view({r, d}), s2 = scale.view({r});
+  return quantize_fp8_rows(x.view({r, d}), q2, s2);
+}
+
 Status Backend::residual_norm_gate_then_norm_fp8(Tensor& x, const Tensor& y, const Tensor& w,
                                                  float eps, const Tensor& gate,
                                                  const Tensor& w_next, const Tensor& scale_next,
                                                  Tensor& out, Tensor& out8, Tensor& out_scale) {
   ZI_TRY(residual_norm_gate_then_norm(x, y, w, eps, gate, w_next, scale_next, out));
-  return quantize_fp8_rows(out, out8, out_scale);
+  return quantize_rows_of(out, out8, out_scale);
 }
 
 Status Backend::swiglu_fp8(const Tensor& x, Tensor& y, Tensor& y8, Tensor& y_scale) {
   ZI_TRY(swiglu(x, y));
-  return quantize_fp8_rows(y, y8, y_scale);
+  return quantize_rows_of(y, y8, y_scale);
 }
 
 Status Backend::conv2d_add(const Tensor& x, const Tensor& w, const Tensor& bias,

@@ -278,6 +278,11 @@ class Backend {
   // a backend may fuse them and leave y unwritten.
   virtual Status swiglu_fp8(const Tensor& x, Tensor& y, Tensor& y8, Tensor& y_scale);
 
+ protected:
+  // The FP8 row ops' defaults: quantize_fp8_rows over x's last dimension, any leading shape.
+  Status quantize_rows_of(const Tensor& x, Tensor& q, Tensor& scale);
+
+ public:
   // ---- normalisation ----
   // y[R, D] = x / sqrt(mean(x², over D) + eps) * w[D]; w undefined = no weight. In place allowed.
   // If `scale` is defined ([B, D], rows split evenly into B groups of R/B rows), the result is

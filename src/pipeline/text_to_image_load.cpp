@@ -540,7 +540,7 @@ MemoryPlanInput TextToImage::plan_input(const ZImageConfigs& configs, DType act,
   // FP8 attention (sdpa) adds its e4m3 copy of q|k|v: 3d bytes a row.
   const int64_t fp8_qkv = (o.dit_fp8_compute & kFp8Sdpa) ? 3 * d : 0;
   // W8A8 linears take their inputs as FP8 rows (ZImageDiT's scratch): F bytes and a scale a row.
-  const int64_t fp8_rows = (o.dit_fp8_compute & kFp8AllLinears) ? f + 4 : 0;
+  const int64_t fp8_rows = (o.dit_fp8_compute & (kFp8Qkv | kFp8W13 | kFp8W2)) ? f + 4 : 0;
   in.dit_activation_bytes =
       static_cast<uint64_t>(dit_rows * ((12 * d + 3 * f) * es + fp8_qkv + fp8_rows) * 5 / 4);
   const int64_t hd = ec.hidden_size, ff = ec.intermediate_size;

@@ -12,6 +12,7 @@
 #include <fstream>
 #include <functional>
 #include <limits>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <tuple>
 
@@ -190,10 +191,13 @@ TEST(CudaFp8Compute, EveryTileMatchesTheCpuOracle) {
     GTEST_SKIP() << "no CUTLASS FP8 GEMM on this build or device";
   for (cuda::Fp8Tile tile : {cuda::Fp8Tile::kPingpong128, cuda::Fp8Tile::kCoopWide,
                              cuda::Fp8Tile::kCoopTall, cuda::Fp8Tile::kPingpongWide}) {
-    compare_with_oracle(300, 3 * 3840, 3840, false, Fp8Path::kCutlassFastAccum, tile);
-    compare_with_oracle(300, 3840, 10240, true, Fp8Path::kCutlassFastAccum, tile);
-    compare_with_oracle(517, 264, 272, true, Fp8Path::kCutlassFastAccum, tile);  // ragged
-    ZI_ASSERT_OK(run_cutlass_fp8(gpu(DType::kBF16), 517, 264, 272, true, tile));
+    for (const auto& [m, n, k, bias] :
+         {std::tuple<int64_t, int64_t, int64_t, bool>{300, 3 * 3840, 3840, false},
+          {300, 3840, 10240, true},
+          {517, 264, 272, true}}) {  // the last ragged
+      compare_with_oracle(m, n, k, bias, Fp8Path::kCutlassFastAccum, tile);
+      ZI_ASSERT_OK(run_cutlass_fp8(gpu(DType::kBF16), m, n, k, true, tile));
+    }
   }
 }
 
@@ -233,6 +237,19 @@ TEST(CudaFp8Compute, GoldenDitRecordedEqualsEagerAndStaysClose) {
   g->set_fp8_inputs(true);
   ASSERT_TRUE(own.defined());
   EXPECT_EQ(max_abs_diff(own, eager), 0.0);
+  // ... and the eager forward above took the FP8-input ops (not only the linears' own path).
+  g->set_profiling(true);
+  const Tensor again = run_dit(**dit, dir, *g);
+  g->set_profiling(false);
+  auto prof = g->op_profile();
+  ASSERT_TRUE(prof.ok()) << prof.status().to_string();
+  std::map<std::string, int64_t> calls;
+  for (const auto& row : *prof) calls[row.op.substr(0, row.op.find(' '))] += row.calls;
+  EXPECT_GT(calls["residual_norm_gate_then_norm_fp8"], 0);
+  EXPECT_GT(calls["swiglu_fp8"], 0);
+  EXPECT_GT(calls["matmul_fp8_quantized"], 0);
+  EXPECT_GT(calls["matmul_fp8_rows"], 0);  // the out projection quantises its own input
+  EXPECT_EQ(max_abs_diff(again, eager), 0.0);
 }
 
 namespace {
@@ -270,28 +287,47 @@ Tensor rand_dev(cuda::CudaBackend* g, const Shape& s, uint32_t seed, float lo, f
 // Where the fused kernel ran, the act-dtype buffer stays unwritten.
 TEST(CudaFp8Inputs, NormAndSwigluRowsAreTheTwoOpsBytes) {
   ZI_REQUIRE_GPU();
-  cuda::CudaBackend* g = gpu(DType::kBF16);
   const float eps = 1e-6f;
-  for (const auto& [rows, d, groups, fused] :
-       {std::tuple<int64_t, int64_t, int64_t, bool>{300, 3840, 2, true},
-        {64, 3840, 1, true},
-        {33, 64, 3, true},
-        {40, 1000, 1, true},
-        {17, 100, 1, false}}) {
-    SCOPED_TRACE(cat("norm rows ", rows, " d ", d, " groups ", groups));
-    const Tensor x0 = rand_dev(g, {groups, rows / groups, d}, 1, -4.f, 4.f);
-    const Tensor y = rand_dev(g, {groups, rows / groups, d}, 2, -30.f, 30.f);
-    const Tensor w = rand_dev(g, {d}, 3, 0.5f, 1.5f);
-    const Tensor gate = rand_dev(g, {groups, d}, 4, -1.f, 1.f);
-    const Tensor w_next = rand_dev(g, {d}, 5, 0.5f, 2.f);
-    const Tensor scale = rand_dev(g, {groups, d}, 6, 0.f, 2.f);
+  const cuda::RowKernelTuning was = cuda::row_kernel_tuning();
+  // rows, width, modulation groups (0: no gate or scale, the context refiner's), a gate grouped
+  // unlike the scale (the composed ops), the activations' dtype, packs per thread, fused.
+  struct Case {
+    int64_t rows, d, groups;
+    bool mixed;
+    DType act;
+    int ppt;
+    bool fused;
+  };
+  for (const Case& c : {Case{300, 3840, 2, false, DType::kBF16, 0, true},
+                        Case{300, 3840, 2, false, DType::kBF16, 2, true},
+                        Case{300, 3840, 2, false, DType::kBF16, 4, true},
+                        Case{64, 3840, 0, false, DType::kBF16, 0, true},
+                        Case{33, 64, 3, false, DType::kBF16, 0, true},
+                        Case{40, 1000, 1, false, DType::kBF16, 0, true},
+                        Case{60, 3840, 2, false, DType::kF32, 0, true},
+                        Case{300, 3840, 2, true, DType::kBF16, 0, false},
+                        Case{17, 100, 1, false, DType::kBF16, 0, false}}) {
+    const int64_t rows = c.rows, d = c.d, groups = std::max<int64_t>(c.groups, 1);
+    SCOPED_TRACE(cat("norm rows ", rows, " d ", d, " groups ", c.groups, c.mixed ? " mixed" : "",
+                     " ", dtype_name(c.act), " ppt ", c.ppt));
+    cuda::set_row_kernel_tuning({c.ppt, was.prologue_items, was.row_walk});
+    cuda::CudaBackend* g = gpu(c.act);
+    auto dev = [&](const Shape& sh, uint32_t seed, float lo, float hi) {
+      return take(g->upload(rand_host(sh, seed, DType::kF32, lo, hi), c.act), "upload");
+    };
+    const Tensor x0 = dev({groups, rows / groups, d}, 1, -4.f, 4.f);
+    const Tensor y = dev({groups, rows / groups, d}, 2, -30.f, 30.f);
+    const Tensor w = dev({d}, 3, 0.5f, 1.5f);
+    const Tensor gate = c.groups > 0 ? dev({groups, d}, 4, -1.f, 1.f) : Tensor();
+    const Tensor w_next = dev({d}, 5, 0.5f, 2.f);
+    const Tensor scale = c.groups > 0 ? dev({c.mixed ? 3 : groups, d}, 6, 0.f, 2.f) : Tensor();
     Tensor xa = copy_of(g, x0), xb = copy_of(g, x0);
-    Tensor out = take(g->alloc(DType::kBF16, {rows, d}), "alloc");
+    Tensor out = take(g->alloc(c.act, {rows, d}), "alloc");
     Tensor q_ref = take(g->alloc(DType::kF8E4M3, {rows, d}), "alloc");
     Tensor s_ref = take(g->alloc(DType::kF32, {rows}), "alloc");
     ZI_ASSERT_OK(g->residual_norm_gate_then_norm(xa, y, w, eps, gate, w_next, scale, out));
     ZI_ASSERT_OK(g->quantize_fp8_rows(out, q_ref, s_ref));
-    Tensor tmp = take(g->alloc(DType::kBF16, {rows, d}), "alloc");
+    Tensor tmp = take(g->alloc(c.act, {rows, d}), "alloc");
     ZI_ASSERT_OK(g->fill(tmp, std::numeric_limits<float>::quiet_NaN()));
     Tensor q = take(g->alloc(DType::kF8E4M3, {rows, d}), "alloc");
     Tensor sc = take(g->alloc(DType::kF32, {rows}), "alloc");
@@ -300,8 +336,10 @@ TEST(CudaFp8Inputs, NormAndSwigluRowsAreTheTwoOpsBytes) {
     EXPECT_EQ(bytes_of(g, xa), bytes_of(g, xb));
     EXPECT_EQ(bytes_of(g, q), bytes_of(g, q_ref));
     EXPECT_EQ(bytes_of(g, sc), bytes_of(g, s_ref));
-    EXPECT_EQ(untouched(g, tmp), fused);
+    EXPECT_EQ(untouched(g, tmp), c.fused);
   }
+  cuda::set_row_kernel_tuning(was);
+  cuda::CudaBackend* g = gpu(DType::kBF16);
   for (const auto& [m, f, fused] : {std::tuple<int64_t, int64_t, bool>{300, 10240, true},
                                     {5, 16384, true},
                                     {7, 64, true},

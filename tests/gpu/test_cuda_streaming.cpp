@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <vector>
 
@@ -55,6 +56,8 @@ TEST(CudaFp8Rows, SameBytesAndScalesAsTheCpuOracle) {
         w.data_as<float>()[r * k + i] = round_bf16(w.data_as<float>()[r * k + i] *
                                                    std::ldexp(1.f, static_cast<int>(r % 9) - 4));
     w.data_as<float>()[5 * k + 17] = 900.f;
+    // A NaN: left out of the row's max and coded as -448 by both backends (fmaxf's rule).
+    w.data_as<float>()[3 * k + 11] = std::numeric_limits<float>::quiet_NaN();
     for (int64_t i = 0; i < k; ++i) w.data_as<float>()[7 * k + i] = 0.f;
     Tensor c8 = Tensor::host(DType::kF8E4M3, {n, k}), cs = Tensor::host(DType::kF32, {n});
     ZI_ASSERT_OK(cpu_oracle().quantize_fp8_rows(w, c8, cs));

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <random>
 
 #include "io/weights/weights.h"
@@ -230,6 +231,18 @@ TEST(Fp8Weights, RowQuantiserContract) {
   // Shape errors are errors.
   Tensor bad = Tensor::host(DType::kF32, {n - 1});
   EXPECT_FALSE(cpu().quantize_fp8_rows(w, w8, bad).ok());
+  // A NaN is left out of its row's max and coded as -448, as the GPU kernels code it
+  // (fminf(fmaxf(NaN, -448), 448) = -448; CudaFp8Rows compares the bytes).
+  Tensor nan_row = Tensor::host(DType::kF32, {1, 4});
+  const float vals[4] = {std::numeric_limits<float>::quiet_NaN(), 1.f, -2.f, 0.5f};
+  std::copy(vals, vals + 4, nan_row.data_as<float>());
+  Tensor q = Tensor::host(DType::kF8E4M3, {1, 4}), qs = Tensor::host(DType::kF32, {1});
+  Tensor qb = Tensor::host(DType::kF32, {1, 4});
+  ASSERT_TRUE(cpu().quantize_fp8_rows(nan_row, q, qs).ok());
+  EXPECT_EQ(qs.data_as<float>()[0], 2.f / 448.f);
+  ASSERT_TRUE(cpu().dequantize_fp8_rows(q, qs, qb).ok());
+  EXPECT_EQ(qb.data_as<float>()[0], -2.f);  // -448 codes, times the scale
+  EXPECT_EQ(qb.data_as<float>()[2], -2.f);
 }
 
 TEST(Fp8Weights, DitAndTextEncoderStayClose) {

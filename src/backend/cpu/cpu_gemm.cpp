@@ -20,8 +20,15 @@
 namespace zimage::cpu {
 
 namespace {
-constexpr int64_t kMaxBlasM = INT_MAX / 2;  // M is split into pieces below this
+
+// v clamped to e4m3's ±448 as the GPU kernels clamp (fminf(fmaxf(v, -448), 448)): a NaN becomes
+// -448 on both backends, so both write the same code for it.
+float clamp_e4m3(float v) {
+  return std::fmin(std::fmax(v, -448.f), 448.f);
 }
+
+constexpr int64_t kMaxBlasM = INT_MAX / 2;  // M is split into pieces below this
+}  // namespace
 
 void sgemm_nt(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
               const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
@@ -117,7 +124,7 @@ Status CpuBackend::quantize_fp8(const Tensor& x, Tensor& x8, Tensor& scale) {
   const float s = amax > 0.f && amax < 3.0e38f ? amax / 448.f : 1.f;
   const float inv = 1.f / s;
   auto* q = static_cast<uint8_t*>(x8.data());
-  for (int64_t i = 0; i < n; ++i) q[i] = f32_to_f8e4m3(std::clamp(xp[i] * inv, -448.f, 448.f));
+  for (int64_t i = 0; i < n; ++i) q[i] = f32_to_f8e4m3(clamp_e4m3(xp[i] * inv));
   scale.data_as<float>()[0] = s;
   return Status::Ok();
 }
@@ -198,8 +205,7 @@ Status CpuBackend::quantize_fp8_rows(const Tensor& w, Tensor& w8, Tensor& scale)
       for (float v : row) amax = std::max(amax, std::fabs(v));
       const float s = amax > 0.f && amax < 3.0e38f ? amax / 448.f : 1.f;
       const float inv = 1.f / s;
-      for (int64_t i = 0; i < k; ++i)
-        q[r * k + i] = f32_to_f8e4m3(std::clamp(row[i] * inv, -448.f, 448.f));
+      for (int64_t i = 0; i < k; ++i) q[r * k + i] = f32_to_f8e4m3(clamp_e4m3(row[i] * inv));
       sp[r] = s;
     }
   });

@@ -163,7 +163,9 @@ Status ZImageDiT::run_block(const Block& blk, Tensor& x, const Tensor& freqs, co
 }
 
 bool ZImageDiT::fp8_rows() const {
-  return be_.takes_fp8_inputs() && (fp8_compute() & kFp8AllLinears) != 0;
+  // The linears whose inputs the norms and the SwiGLU make (the out projection's comes from the
+  // attention, which makes act-dtype rows).
+  return be_.takes_fp8_inputs() && (fp8_compute() & (kFp8Qkv | kFp8W13 | kFp8W2)) != 0;
 }
 
 bool ZImageDiT::qkv_takes_fp8(const Block& blk, const Scratch& s, const AttentionFn* attn) const {

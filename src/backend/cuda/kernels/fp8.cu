@@ -69,8 +69,9 @@ __global__ void quantize_rows_kernel(const T* __restrict__ w, int64_t cols,
 // quantize_rows_kernel with 16-byte loads (8 bf16 / half elements, 4 floats) and the codes
 // stored 8 or 4 at a time: the same operations in the same order, so the same bytes and scales,
 // for rows whose length is a multiple of the pack and whose operands are aligned to it. The row
-// is read twice (its max, then its codes); the second read comes from L1 / L2. The activations
-// of every FP8 GEMM pass through here (matmul_fp8_rows), where the element-wise kernel's 2-byte
+// is read twice (its max, then its codes); the second read comes from L1 / L2. The inputs of the
+// W8A8 linears that no op before them quantises (matmul_fp8_rows: the attention's output, and all
+// of them with ZIMAGE_FP8_INPUTS=0) pass through here, where the element-wise kernel's 2-byte
 // loads and 1-byte stores ran well below the memory's rate.
 template <typename T>
 __global__ void quantize_rows_vec_kernel(const T* __restrict__ w, int64_t cols,

@@ -37,18 +37,16 @@ constexpr int kAlignD = 8;
 
 // The configurations, all with 128-deep K steps and two CTAs per cluster sharing the weight tile's
 // TMA multicast:
-//  * Fast (128 × 128, what --precision fp8 runs by default): ping-pong consumers (one warp group's
-//  epilogue overlaps
-//    the other's MMAs) with FP8FastAccum, the sums left in the tensor cores' reduced-precision
-//    accumulator (what vLLM and SGLang ship for W8A8). Normwise 2.0e-3 (K 3840) and 2.7e-3
-//    (K 10240) against exact sums; the DiT's cosine against bf16 is unchanged (0.99259 against
-//    0.99256 with the cuBLASLt path, H200, session 6).
-//  * Accurate (128 × 128, ZIMAGE_FP8_ACCUM=fp32): cooperative consumers (two warp groups split each
-//  tile);
-//    the mainloop promotes the FP8 sums into fp32 registers every few MMAs, as cuBLASLt does by
-//    default; normwise 1.7e-3, 8-11 % slower. The promotion keeps a second accumulator in
-//    registers, which a ping-pong warp group owning a whole 128×128 tile cannot hold without
-//    spilling (measured: 2.5× slower), hence the cooperative schedule.
+//  * Fast (128 × 128, ping-pong): each consumer warp group owns a tile, so one's epilogue
+//    overlaps the other's MMAs; with FP8FastAccum, the sums stay in the tensor cores'
+//    reduced-precision accumulator (what vLLM and SGLang ship for W8A8). Normwise 2.0e-3 (K 3840)
+//    and 2.7e-3 (K 10240) against exact sums; the DiT's cosine against bf16 is unchanged (0.99259
+//    against 0.99256 with the cuBLASLt path, H200, session 6).
+//  * Accurate (128 × 128, ZIMAGE_FP8_ACCUM=fp32): cooperative consumers (two warp groups split
+//    each tile); the mainloop promotes the FP8 sums into fp32 registers every few MMAs, as
+//    cuBLASLt does by default; normwise 1.7e-3, 8-11 % slower. The promotion keeps a second
+//    accumulator in registers, which a ping-pong warp group owning a whole 128×128 tile cannot
+//    hold without spilling (measured: 2.5× slower), hence the cooperative schedule.
 struct Accurate {
   using TileShape = Shape<_128, _128, _128>;
   using ClusterShape = Shape<_2, _1, _1>;
