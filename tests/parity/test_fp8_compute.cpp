@@ -140,6 +140,64 @@ TEST(Fp8Compute, MatmulFp8RowsFollowsItsFormula) {
   EXPECT_FALSE(cpu().matmul_fp8_rows(bad_x, w8, sw, Tensor(), y).ok());
 }
 
+// The FP8-input ops (Backend::takes_fp8_inputs) on the CPU oracle: the norm's and SwiGLU's FP8
+// rows are the op into act-dtype rows then quantize_fp8_rows, whatever the outputs' leading shape
+// ([B, S, D] here), and matmul_fp8_quantized on those rows is matmul_fp8_rows of the act-dtype
+// rows, bit for bit; a scale that does not match x8's rows is named.
+TEST(Fp8Compute, Fp8InputOpsAreTheComposedOps) {
+  Backend& be = cpu();
+  ASSERT_TRUE(be.takes_fp8_inputs());
+  const int64_t b = 2, s = 5, d = 64, f = 48;
+  const float eps = 1e-6f;
+  const Tensor x0 = gaussian({b, s, d}, 11, 2.f), y = gaussian({b, s, d}, 12, 5.f);
+  const Tensor w = gaussian({d}, 13, 1.f), gate = gaussian({b, d}, 14, 1.f);
+  const Tensor w_next = gaussian({d}, 15, 1.f), scale = gaussian({b, d}, 16, 1.f);
+  auto copy = [](const Tensor& t) {
+    Tensor c = Tensor::host(t.dtype(), t.shape());
+    std::memcpy(c.data(), t.data(), t.nbytes());
+    return c;
+  };
+  Tensor xa = copy(x0), xb = copy(x0);
+  Tensor out = Tensor::host(DType::kF32, {b * s, d});
+  Tensor q_ref = Tensor::host(DType::kF8E4M3, {b * s, d}),
+         s_ref = Tensor::host(DType::kF32, {b * s});
+  ASSERT_TRUE(be.residual_norm_gate_then_norm(xa, y, w, eps, gate, w_next, scale, out).ok());
+  ASSERT_TRUE(be.quantize_fp8_rows(out, q_ref, s_ref).ok());
+  Tensor tmp = Tensor::host(DType::kF32, {b * s, d});
+  Tensor q = Tensor::host(DType::kF8E4M3, {b, s, d}), sc = Tensor::host(DType::kF32, {b, s});
+  const Status st =
+      be.residual_norm_gate_then_norm_fp8(xb, y, w, eps, gate, w_next, scale, tmp, q, sc);
+  ASSERT_TRUE(st.ok()) << st.to_string();
+  EXPECT_EQ(std::memcmp(xa.data(), xb.data(), xa.nbytes()), 0);
+  EXPECT_EQ(std::memcmp(q.data(), q_ref.data(), q.nbytes()), 0);
+  EXPECT_EQ(std::memcmp(sc.data(), s_ref.data(), sc.nbytes()), 0);
+
+  const Tensor h = gaussian({b * s, 2 * f}, 17, 3.f);
+  Tensor act = Tensor::host(DType::kF32, {b * s, f});
+  Tensor a8_ref = Tensor::host(DType::kF8E4M3, {b * s, f}),
+         as_ref = Tensor::host(DType::kF32, {b * s});
+  ASSERT_TRUE(be.swiglu(h, act).ok());
+  ASSERT_TRUE(be.quantize_fp8_rows(act, a8_ref, as_ref).ok());
+  Tensor act2 = Tensor::host(DType::kF32, {b * s, f});
+  Tensor a8 = Tensor::host(DType::kF8E4M3, {b * s, f}), as = Tensor::host(DType::kF32, {b * s});
+  ASSERT_TRUE(be.swiglu_fp8(h, act2, a8, as).ok());
+  EXPECT_EQ(std::memcmp(a8.data(), a8_ref.data(), a8.nbytes()), 0);
+  EXPECT_EQ(std::memcmp(as.data(), as_ref.data(), as.nbytes()), 0);
+
+  const int64_t n = 24;
+  Tensor w8 = Tensor::host(DType::kF8E4M3, {n, f}), sw = Tensor::host(DType::kF32, {n});
+  ASSERT_TRUE(be.quantize_fp8_rows(gaussian({n, f}, 18, 0.05f), w8, sw).ok());
+  const Tensor bias = gaussian({n}, 19, 0.1f);
+  Tensor ya = Tensor::host(DType::kF32, {b * s, n}), yb = Tensor::host(DType::kF32, {b * s, n});
+  ASSERT_TRUE(be.matmul_fp8_rows(act, w8, sw, bias, ya).ok());
+  ASSERT_TRUE(be.matmul_fp8_quantized(a8, as, w8, sw, bias, yb).ok());
+  EXPECT_EQ(std::memcmp(ya.data(), yb.data(), ya.nbytes()), 0);
+  Tensor bad = Tensor::host(DType::kF32, {b * s - 1});
+  const Status e = be.matmul_fp8_quantized(a8, bad, w8, sw, bias, yb);
+  EXPECT_FALSE(e.ok());
+  EXPECT_NE(e.message().find("x_scale"), std::string::npos) << e.to_string();
+}
+
 TEST(Fp8Compute, LayerNames) {
   EXPECT_EQ(*parse_fp8_layers("all"), static_cast<unsigned>(kFp8Default));
   EXPECT_EQ(*parse_fp8_layers("none"), 0u);
