@@ -10,6 +10,8 @@
 #include <cstdlib>
 #include <string>
 
+#include "core/log.h"
+
 namespace zimage {
 namespace {
 
@@ -48,9 +50,17 @@ void* allocate_large(size_t bytes) {
 #if defined(MADV_HUGEPAGE)
   // The whole huge pages inside the buffer; advice only (small pages where THP is off).
   // ZIMAGE_HOST_HUGE_PAGES=0 leaves them in small pages (to measure what the advice buys).
+  // Another value is named in a warning and the default kept (this runs inside allocations, which
+  // have no error to return for a setting).
   static const bool advise = [] {
     const char* v = std::getenv("ZIMAGE_HOST_HUGE_PAGES");
-    return v == nullptr || std::string(v) != "0";
+    if (v == nullptr || std::string(v) == "1") return true;
+    if (std::string(v) == "0") return false;
+    ZI_WARN(
+        "ZIMAGE_HOST_HUGE_PAGES='%s' is neither 0 nor 1; large host buffers stay advised into "
+        "huge pages",
+        v);
+    return true;
   }();
   const size_t whole = bytes / kHuge * kHuge;
   if (advise && whole > 0) (void)::madvise(p, whole, MADV_HUGEPAGE);
