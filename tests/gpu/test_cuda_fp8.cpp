@@ -189,8 +189,7 @@ TEST(CudaFp8Compute, EveryTileMatchesTheCpuOracle) {
   ZI_REQUIRE_GPU();
   if (!cuda::cutlass_available() || !cuda::cutlass_device_is_sm90())
     GTEST_SKIP() << "no CUTLASS FP8 GEMM on this build or device";
-  for (cuda::Fp8Tile tile : {cuda::Fp8Tile::kPingpong128, cuda::Fp8Tile::kCoopWide,
-                             cuda::Fp8Tile::kCoopTall, cuda::Fp8Tile::kPingpongWide}) {
+  for (cuda::Fp8Tile tile : cuda::kFp8Tiles) {
     for (const auto& [m, n, k, bias] :
          {std::tuple<int64_t, int64_t, int64_t, bool>{300, 3 * 3840, 3840, false},
           {300, 3840, 10240, true},

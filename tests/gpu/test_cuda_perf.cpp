@@ -155,6 +155,68 @@ void plain_cutlass_rows(cuda::CudaBackend* g, const std::string& what, const Ten
   }
 }
 
+// Tiles larger than the fused GEMMs' (gemm_cutlass.h PlainTile) at the DiT's four linears for
+// 1024² and 2048², back to back against cuBLASLt's kernel (measured first and last, since the
+// clock drifts under the power limit) and CUTLASS's 128 × 256: whether a mainloop that moves fewer
+// operand bytes per product catches cuBLASLt's 192 × 192. Each output is checked against
+// cuBLASLt's (both sum in fp32 and round once, so only the summation order differs).
+TEST(CudaOpsPerf, MatmulLargeTiles) {
+  ZI_REQUIRE_GPU();
+  cuda::CudaBackend* g = gpu(DType::kBF16);
+  if (!cuda::cutlass_available() || !cuda::cutlass_device_is_sm90())
+    GTEST_SKIP() << "no CUTLASS GEMM on this build or device";
+  constexpr std::pair<cuda::PlainTile, const char*> kTiles[] = {
+      {cuda::PlainTile::kCoop256x192, "256x192 coop 1x2"}};
+  for (const int64_t m : {int64_t{4160}, int64_t{16448}}) {
+    for (const auto& [n, k] :
+         {std::pair<int64_t, int64_t>{20480, 3840}, {11520, 3840}, {3840, 10240}, {3840, 3840}}) {
+      Tensor x = rand_dev(g, {m, k}, 5000);
+      Tensor w = rand_dev(g, {n, k}, 5001, -0.05f, 0.05f);
+      Tensor ref = take(g->alloc(DType::kBF16, {m, n}), "ref");
+      Tensor y = take(g->alloc(DType::kBF16, {m, n}), "y");
+      const double flop = 2.0 * m * n * k;
+      const std::string shape = cat(m, "x", n, "x", k);
+      auto lt = [&] { return g->matmul(x, w, Tensor(), ref); };
+      const double t_first = sustained_ms(g, lt);
+      report(cat("cuBLASLt ", shape), t_first, flop, 0);
+      const std::vector<float> want = fetch(*g, ref);
+      const size_t ws_bytes = cuda::cutlass_bf16_gemm_workspace(m, n, k);
+      Tensor ws =
+          ws_bytes ? take(g->alloc(DType::kU8, {static_cast<int64_t>(ws_bytes)}), "ws") : Tensor();
+      void* wsp = ws_bytes ? ws.data() : nullptr;
+      report(cat("CUTLASS 128x256 coop ", shape),
+             sustained_ms(g,
+                          [&] {
+                            return cuda::cutlass_bf16_gemm(x.data(), w.data(), y.data(), m, n, k,
+                                                           wsp, ws_bytes, g->stream());
+                          }),
+             flop, 0);
+      double best = 1e30;
+      const char* best_name = "";
+      for (auto [tile, name] : kTiles) {
+        auto op = [&, tile = tile] {
+          return cuda::cutlass_bf16_gemm_tile(tile, x.data(), w.data(), y.data(), m, n, k, wsp,
+                                              ws_bytes, g->stream());
+        };
+        const Status st = op();
+        if (!st.ok()) {
+          std::printf("  PERF CUTLASS %s %s: %s\n", name, shape.c_str(), st.to_string().c_str());
+          continue;
+        }
+        const double t = sustained_ms(g, op);
+        report(cat("CUTLASS ", name, " ", shape), t, flop, 0);
+        expect_close(cat("CUTLASS ", name, " ", shape, " vs cuBLASLt"), DType::kBF16, fetch(*g, y),
+                     want, 2e-3);
+        if (t < best) best = t, best_name = name;
+      }
+      const double t_last = sustained_ms(g, lt);
+      report(cat("cuBLASLt again ", shape), t_last, flop, 0);
+      std::printf("  PERF %s: best large tile %s %.3f ms, cuBLASLt %.3f / %.3f ms (%.3fx)\n",
+                  shape.c_str(), best_name, best, t_first, t_last, 0.5 * (t_first + t_last) / best);
+    }
+  }
+}
+
 // The DiT's feed-forward w1|w3 at 1024² and 2048²: cuBLASLt's GEMM + the swiglu kernel against
 // the GEMM with SwiGLU in its epilogue, every tuning.
 TEST(CudaOpsPerf, MatmulSwiglu) {
@@ -197,6 +259,34 @@ TEST(CudaOpsPerf, MatmulSwiglu) {
   g->set_fused_swiglu(false);
 }
 
+// swiglu_fp8 at the DiT's feed-forward (F 10240, 1024² and 2048²): the SwiGLU and the row
+// quantisation apart, the two together (the default) and the one-kernel form
+// (ZIMAGE_FUSED_SWIGLU_FP8=1), with the bytes each moves.
+TEST(CudaOpsPerf, SwigluFp8) {
+  ZI_REQUIRE_GPU();
+  cuda::CudaBackend* g = gpu(DType::kBF16);
+  const int64_t f = 10240;
+  for (const int64_t m : {int64_t{4160}, int64_t{16448}}) {
+    Tensor h = rand_dev(g, {m, 2 * f}, 4100, -6.f, 6.f);
+    Tensor y = take(g->alloc(DType::kBF16, {m, f}), "y");
+    Tensor y8 = take(g->alloc(DType::kF8E4M3, {m, f}), "y8");
+    Tensor ys = take(g->alloc(DType::kF32, {m}), "ys");
+    if (const Status st = g->swiglu_fp8(h, y, y8, ys); !st.ok()) GTEST_SKIP() << st.message();
+    const double mf = static_cast<double>(m) * f;
+    report(cat("swiglu bf16 ", m, "x", f), sustained_ms(g, [&] { return g->swiglu(h, y); }), 0,
+           mf * 6);
+    report(cat("fp8 row quantisation ", m, "x", f),
+           sustained_ms(g, [&] { return g->quantize_fp8_rows(y, y8, ys); }), 0, mf * 3 + 4.0 * m);
+    for (const bool one : {false, true}) {
+      g->set_fused_swiglu_fp8(one);
+      report(cat("swiglu_fp8 ", one ? "one kernel " : "two kernels ", m, "x", f),
+             sustained_ms(g, [&] { return g->swiglu_fp8(h, y, y8, ys); }), 0,
+             one ? mf * 5 + 4.0 * m : mf * 9 + 4.0 * m);
+    }
+    g->set_fused_swiglu_fp8(false);
+  }
+}
+
 // The W8A8 FP8 GEMM's tiles (CUTLASS, fast accumulation; gemm_cutlass.h Fp8Tile) at the DiT's
 // four linears for 1024² and 2048², on operands quantised once: the fastest per shape is what
 // fp8_tile_for should pick. Also the activations' row quantisation (every FP8 GEMM's first
@@ -206,8 +296,6 @@ TEST(CudaOpsPerf, Fp8GemmTiles) {
   cuda::CudaBackend* g = gpu(DType::kBF16);
   if (!cuda::cutlass_available() || !cuda::cutlass_device_is_sm90())
     GTEST_SKIP() << "no CUTLASS FP8 GEMM on this build or device";
-  constexpr cuda::Fp8Tile kTiles[] = {cuda::Fp8Tile::kPingpong128, cuda::Fp8Tile::kCoopWide,
-                                      cuda::Fp8Tile::kCoopTall, cuda::Fp8Tile::kPingpongWide};
   for (const int64_t m : {int64_t{4160}, int64_t{16448}}) {
     for (const auto& [n, k] :
          {std::pair<int64_t, int64_t>{11520, 3840}, {3840, 3840}, {20480, 3840}, {3840, 10240}}) {
@@ -227,7 +315,7 @@ TEST(CudaOpsPerf, Fp8GemmTiles) {
       const double flop = 2.0 * m * n * k;
       double best = 1e30;
       cuda::Fp8Tile best_tile = cuda::Fp8Tile::kAuto;
-      for (const cuda::Fp8Tile tile : kTiles) {
+      for (const cuda::Fp8Tile tile : cuda::kFp8Tiles) {
         const double t = sustained_ms(g, [&] {
           return cuda::cutlass_fp8_rows(x8.data(), w8.data(), sx.data_as<float>(),
                                         sw.data_as<float>(), nullptr, y.data(), m, n, k,
@@ -551,6 +639,41 @@ TEST(CudaOpsPerf, AttentionFp8) {
         cuda::launch_quantize_packed_v_fp8(cuda::KType::kBF16, qkv.data(), q8.data(), amax.data(),
                                            sc.data_as<float>() + 2, s, h, h, d, g->stream()),
         cudaSuccess);
+    // The quantising kernels apart (the bytes each moves: q and k read and written in e4m3, with
+    // the RoPE table; v read twice, its max then its codes, and written once), and the bf16
+    // prologue, at each number of items a warp loads before it computes (RowKernelTuning).
+    Tensor fr32 = rand_dev(g, {1, s, d / 2, 2}, seed++);
+    Tensor freqs = take(g->alloc(DType::kF32, {1, s, d / 2, 2}), "freqs");
+    ZI_ASSERT_OK(g->convert(fr32, freqs));
+    const cuda::RowKernelTuning was = cuda::row_kernel_tuning();
+    for (const int items : {1, 2, 4}) {
+      cuda::set_row_kernel_tuning({was.norm_ppt, items, was.row_walk});
+      report(cat("attention fp8, q/k norm + RoPE to e4m3, items ", items, ", 30 x ", s),
+             median_ms(g,
+                       [&] {
+                         return cuda::launch_qk_norm_rope_packed_fp8(
+                                    cuda::KType::kBF16, qkv.data(), wq.data(), wk.data(),
+                                    freqs.data_as<float>(), q8.data(), sc.data_as<float>(), s, 0, h,
+                                    h, d, 1e-6f, g->stream()) == cudaSuccess
+                                    ? Status::Ok()
+                                    : InternalError("launch");
+                       }),
+             0, static_cast<double>(s) * 2 * h * d * 3 + 4.0 * s * d);
+      report(cat("attention bf16, q/k norm + RoPE in place, items ", items, ", 30 x ", s),
+             median_ms(g, [&] { return g->qk_norm_rope_packed(qkv, h, h, wq, wk, 1e-6f, freqs); }),
+             0, static_cast<double>(s) * 2 * h * d * 4 + 4.0 * s * d);
+    }
+    cuda::set_row_kernel_tuning(was);
+    report(cat("attention fp8, v max + v to e4m3, 30 x ", s),
+           median_ms(g,
+                     [&] {
+                       return cuda::launch_quantize_packed_v_fp8(
+                                  cuda::KType::kBF16, qkv.data(), q8.data(), amax.data(),
+                                  sc.data_as<float>() + 2, s, h, h, d, g->stream()) == cudaSuccess
+                                  ? Status::Ok()
+                                  : InternalError("launch");
+                     }),
+           0, static_cast<double>(s) * h * d * 5);
     auto* b8 = static_cast<uint8_t*>(q8.data());
     const cuda::Fa3Request r{b8, b8 + h * d, b8 + 2 * h * d, o.data(), 1,       s, s, h,
                              h,  d,          p.scale,        false,    nullptr, f, f};

@@ -1,5 +1,8 @@
 // CPU matmul against a double-precision reference: y = x · wᵀ + b over odd shapes, rank-3
 // activations, with and without bias, and the validation errors the op must return.
+#include <iterator>
+#include <vector>
+
 #include "model/common/linear.h"
 #include "test_cpu_util.h"
 
@@ -172,9 +175,10 @@ TEST(GemmTuning, ParsesAndNamesWhatIsWrong) {
 
 // ZIMAGE_FP8_GEMM: every tile name round-trips; a bad one is named with the choices.
 TEST(Fp8Tile, ParsesEveryNameAndNamesWhatIsWrong) {
-  for (cuda::Fp8Tile t :
-       {cuda::Fp8Tile::kAuto, cuda::Fp8Tile::kPingpong128, cuda::Fp8Tile::kCoopWide,
-        cuda::Fp8Tile::kCoopTall, cuda::Fp8Tile::kPingpongWide}) {
+  std::vector<cuda::Fp8Tile> tiles(std::begin(cuda::kFp8Tiles), std::end(cuda::kFp8Tiles));
+  tiles.push_back(cuda::Fp8Tile::kAuto);
+  EXPECT_EQ(tiles.size(), 7u);
+  for (cuda::Fp8Tile t : tiles) {
     auto r = cuda::parse_fp8_tile(cuda::fp8_tile_name(t));
     ASSERT_TRUE(r.ok()) << cuda::fp8_tile_name(t);
     EXPECT_EQ(*r, t);
@@ -183,6 +187,13 @@ TEST(Fp8Tile, ParsesEveryNameAndNamesWhatIsWrong) {
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("'wide'"), std::string::npos);
   EXPECT_NE(bad.status().message().find("coop-tall"), std::string::npos);
+  EXPECT_NE(bad.status().message().find("coop-256x192"), std::string::npos);
+  // The measured choices (session 24): q|k|v and w1|w3 at 2048² have their own tiles.
+  EXPECT_EQ(cuda::fp8_tile_for(16448, 11520, 3840), cuda::Fp8Tile::kPingpong128);
+  EXPECT_EQ(cuda::fp8_tile_for(16448, 20480, 3840), cuda::Fp8Tile::kCoopWide12);
+  EXPECT_EQ(cuda::fp8_tile_for(16448, 3840, 10240), cuda::Fp8Tile::kCoopWide);
+  EXPECT_EQ(cuda::fp8_tile_for(4160, 20480, 3840), cuda::Fp8Tile::kCoopWide);
+  EXPECT_EQ(cuda::fp8_tile_for(64, 20480, 3840), cuda::Fp8Tile::kPingpong128);
   // kAuto resolves to a real tile at every DiT shape.
   for (int64_t m : {int64_t{64}, int64_t{4160}, int64_t{16448}})
     for (int64_t n : {int64_t{3840}, int64_t{11520}, int64_t{20480}})

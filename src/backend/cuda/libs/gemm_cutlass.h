@@ -39,11 +39,17 @@ bool cutlass_device_is_sm90();
 // output tile and kernel schedule, kAuto for fp8_tile_for's choice.
 enum class Fp8Tile {
   kAuto,
-  kPingpong128,  // 128 × 128, ping-pong (each consumer warp group owns a tile)
-  kCoopWide,     // 128 × 256, cooperative (two warp groups split each tile)
-  kCoopTall,     // 256 × 128, cooperative
-  kPingpongWide  // 64 × 256, ping-pong
+  kPingpong128,   // 128 × 128, ping-pong (each consumer warp group owns a tile)
+  kCoopWide,      // 128 × 256, cooperative (two warp groups split each tile)
+  kCoopTall,      // 256 × 128, cooperative
+  kPingpongWide,  // 64 × 256, ping-pong
+  kCoopWide12,    // 128 × 256, cooperative, the cluster's two CTAs side by side along N
+  kCoop256x192,   // 256 × 192, cooperative, 1 × 2 clusters
 };
+// Every tile kAuto may stand for (the tests run each).
+inline constexpr Fp8Tile kFp8Tiles[] = {Fp8Tile::kPingpong128, Fp8Tile::kCoopWide,
+                                        Fp8Tile::kCoopTall,    Fp8Tile::kPingpongWide,
+                                        Fp8Tile::kCoopWide12,  Fp8Tile::kCoop256x192};
 Status cutlass_fp8_rows(const void* x8, const void* w8, const float* sx, const float* sw,
                         const void* bias, void* y, int64_t m, int64_t n, int64_t k, void* workspace,
                         size_t workspace_bytes, cudaStream_t stream, bool fast_accum = false,
@@ -51,14 +57,17 @@ Status cutlass_fp8_rows(const void* x8, const void* w8, const float* sx, const f
 size_t cutlass_fp8_rows_workspace(int64_t m, int64_t n, int64_t k);
 
 // The tile kAuto runs for an m × n × k FP8 GEMM. CudaOpsPerf.Fp8GemmTiles timed each at the DiT's
-// four linears for 1024² and 2048² (M 4160, 16448) on an H100 (docs/BENCHMARKS.md, session 23):
-// 128 × 256 cooperative was the fastest at seven of the eight, by 4-24 % over the 128 × 128
-// ping-pong (2048² forward 370.7 → 357.4 ms, 1024² 66.0 → 61.8), which stayed ahead for the
-// q|k|v shape at M 16448 (1.09 against 1.22 ms). Few rows (the captions' refiner, a small image)
-// keep the 128 × 128 tile: half as many tiles of 256 columns would leave SMs idle.
+// four linears for 1024² and 2048² (M 4160, 16448) on H100s (docs/BENCHMARKS.md, sessions 23 and
+// 24): 128 × 256 cooperative was the fastest at most, by 4-24 % over the 128 × 128 ping-pong
+// (2048² forward 370.7 → 357.4 ms, 1024² 66.0 → 61.8), which stayed ahead for the q|k|v shape
+// at M 16448 (session 24: 1.09 against 1.17 ms); the feed-forward's w1|w3 (n ≥ 4k) at M 16448 ran 4
+// % faster with the cluster's two CTAs along N (2.16 against 2.24 ms). Few rows (the captions'
+// refiner, a small image) keep the 128 × 128 tile: half as many tiles of 256 columns would leave
+// SMs idle.
 inline Fp8Tile fp8_tile_for(int64_t m, int64_t n, int64_t k) {
   if (m < 1024) return Fp8Tile::kPingpong128;
   if (m >= 8192 && n == 3 * k) return Fp8Tile::kPingpong128;
+  if (m >= 8192 && n >= 4 * k) return Fp8Tile::kCoopWide12;
   return Fp8Tile::kCoopWide;
 }
 inline const char* fp8_tile_name(Fp8Tile t) {
@@ -71,18 +80,23 @@ inline const char* fp8_tile_name(Fp8Tile t) {
       return "coop-tall";
     case Fp8Tile::kPingpongWide:
       return "pingpong-wide";
+    case Fp8Tile::kCoopWide12:
+      return "coop-wide-1x2";
+    case Fp8Tile::kCoop256x192:
+      return "coop-256x192";
     default:
       return "auto";
   }
 }
-// "auto", "pingpong", "coop-wide", "coop-tall" or "pingpong-wide" (ZIMAGE_FP8_GEMM); an error
-// names a bad value and the choices.
+// "auto", "pingpong", "coop-wide", "coop-tall", "pingpong-wide", "coop-wide-1x2" or
+// "coop-256x192" (ZIMAGE_FP8_GEMM); an error names a bad value and the choices.
 inline Result<Fp8Tile> parse_fp8_tile(const std::string& text) {
   for (Fp8Tile t : {Fp8Tile::kAuto, Fp8Tile::kPingpong128, Fp8Tile::kCoopWide, Fp8Tile::kCoopTall,
-                    Fp8Tile::kPingpongWide})
+                    Fp8Tile::kPingpongWide, Fp8Tile::kCoopWide12, Fp8Tile::kCoop256x192})
     if (text == fp8_tile_name(t)) return t;
-  return InvalidArgument("FP8 GEMM tile '" + text +
-                         "': auto, pingpong, coop-wide, coop-tall or pingpong-wide");
+  return InvalidArgument(
+      "FP8 GEMM tile '" + text +
+      "': auto, pingpong, coop-wide, coop-tall, pingpong-wide, coop-wide-1x2 or coop-256x192");
 }
 
 namespace detail {
@@ -179,6 +193,15 @@ Status cutlass_bf16_gemm(const void* x, const void* w, void* y, int64_t m, int64
                          void* workspace, size_t workspace_bytes, cudaStream_t stream,
                          const GemmTuning& tuning = {});
 size_t cutlass_bf16_gemm_workspace(int64_t m, int64_t n, int64_t k);
+// The same in a tile larger than the fused GEMMs' (gemm_plain.cu): whether a CUTLASS mainloop
+// that moves fewer operand bytes per product than cuBLASLt's 192 × 192 kernel catches it under the
+// board's power limit (session 24: it does not, 0.90-1.01×). Test only, as cutlass_bf16_gemm.
+enum class PlainTile {
+  kCoop256x192,  // cooperative, 1 × 2 clusters
+};
+Status cutlass_bf16_gemm_tile(PlainTile tile, const void* x, const void* w, void* y, int64_t m,
+                              int64_t n, int64_t k, void* workspace, size_t workspace_bytes,
+                              cudaStream_t stream);
 
 // bf16 q|k|v linear with the attention prologue in its epilogue (Backend::qkv_split_norm_rope
 // for head_dim kQkvHeadDim): t = x · wqkvᵀ, rounded to bf16, [m, (hq + 2·hkv)·128], split per
