@@ -18,8 +18,7 @@ namespace {
 
 // Runs `body` under each setting of the row kernels' tuning (1, 2 and 4 packs per thread / items
 // per warp; the flat and the row-walking group norm and SwiGLU; cuda::RowKernelTuning), then
-// restores the
-// setting: each layout is a path that ships.
+// restores the setting: each layout is a path that ships.
 template <typename F>
 void for_each_row_tuning(F&& body) {
   const cuda::RowKernelTuning was = cuda::row_kernel_tuning();

@@ -140,28 +140,41 @@ __global__ void swiglu_rows_kernel(const T* x, T* y, int64_t m, int64_t f) {
 
 // swiglu_rows_kernel's rows quantised as quantize_fp8_rows quantises a row (fp8.cu: the same
 // amax, scale, reciprocal and rounding of the values y would hold) into y8 [m, f] e4m3 and
-// ys [m]: the feed-forward's w2 input without a pass of its own. One block a row, each thread
-// holding up to PPT packs of it in registers.
-template <typename T, int VEC, int PPT>
-__global__ void __launch_bounds__(kThreads)
+// ys [m]: the feed-forward's w2 input without a pass of its own. One block a row, each of its
+// blockDim.x threads holding up to PPT packs of it in registers, as T (the SwiGLU's values are
+// T's to begin with: y would hold them): session 24 measured the first form of this kernel at
+// 1.5 TB/s, whether with 256 threads of 5 packs each (fp32 registers for a whole row: few rows
+// in flight) or 640 threads of 2 packs as fp32 (54 registers a thread, so one block a
+// multiprocessor). Rows of up to 640 threads (F = 10240) are compiled for two blocks a
+// multiprocessor (47 registers; three would spill).
+template <typename T, int VEC, int PPT, int kMaxThreads, int kMinBlocks>
+__global__ void __launch_bounds__(kMaxThreads, kMinBlocks)
     swiglu_fp8_rows_kernel(const T* x, __nv_fp8_storage_t* y8, float* ys, int64_t f) {
   __shared__ float scratch[32];
   const int64_t row = blockIdx.x;
   const int packs = static_cast<int>(f / VEC);
+  const int nt = static_cast<int>(blockDim.x);
   const T* g = x + row * 2 * f;
-  float v[PPT][VEC];
+  Pack<T, VEC> gate[PPT], up[PPT];
+#pragma unroll
+  for (int p = 0; p < PPT; ++p) {  // every load issued before any math
+    const int pk = threadIdx.x + p * nt;
+    if (pk >= packs) continue;
+    gate[p] = reinterpret_cast<const Pack<T, VEC>*>(g)[pk];
+    up[p] = reinterpret_cast<const Pack<T, VEC>*>(g + f)[pk];
+  }
   float amax = 0.f;
 #pragma unroll
   for (int p = 0; p < PPT; ++p) {
-    const int pk = threadIdx.x + p * kThreads;
+    const int pk = threadIdx.x + p * nt;
     if (pk >= packs) continue;
-    float uv[VEC];
-    load_f32<T, VEC>(g + int64_t{pk} * VEC, v[p]);
-    load_f32<T, VEC>(g + f + int64_t{pk} * VEC, uv);
 #pragma unroll
     for (int k = 0; k < VEC; ++k) {
-      v[p][k] = round_to<T>(round_to<T>(silu_f(v[p][k])) * uv[k]);  // the value y would hold
-      amax = fmaxf(amax, fabsf(v[p][k]));
+      // The value y would hold, kept as T (exact: it is rounded to T).
+      const float y =
+          round_to<T>(round_to<T>(silu_f(to_f32<T>(gate[p].v[k]))) * to_f32<T>(up[p].v[k]));
+      gate[p].v[k] = from_f32<T>(y);
+      amax = fmaxf(amax, fabsf(y));
     }
   }
   amax = block_max(amax, scratch);
@@ -170,8 +183,12 @@ __global__ void __launch_bounds__(kThreads)
   if (threadIdx.x == 0) ys[row] = sc;
 #pragma unroll
   for (int p = 0; p < PPT; ++p) {
-    const int pk = threadIdx.x + p * kThreads;
-    if (pk < packs) store_fp8_codes<VEC>(y8 + row * f + int64_t{pk} * VEC, v[p], inv);
+    const int pk = threadIdx.x + p * nt;
+    if (pk >= packs) continue;
+    float v[VEC];
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) v[k] = to_f32<T>(gate[p].v[k]);
+    store_fp8_codes<VEC>(y8 + row * f + int64_t{pk} * VEC, v, inv);
   }
 }
 
@@ -431,12 +448,19 @@ cudaError_t launch_swiglu_fp8(KType t, const void* x, void* y8, float* y_scale, 
   return dispatch_ktype(t, [&](auto tag) -> cudaError_t {
     using T = decltype(tag);
     constexpr int V = kVec16<T>;
-    constexpr int kPpt = 8;  // rows of up to 8 · 256 packs (16384 bf16 values)
-    if (f % V != 0 || f / V > int64_t{kPpt} * kThreads || !aligned16(x) ||
+    const int64_t packs = f / V;
+    if (f % V != 0 || packs > int64_t{2} * 1024 || !aligned16(x) ||
         reinterpret_cast<uintptr_t>(y8) % V != 0 || m > 0x7fffffff)
       return cudaErrorNotSupported;
-    swiglu_fp8_rows_kernel<T, V, kPpt><<<static_cast<unsigned>(m), kThreads, 0, s>>>(
-        static_cast<const T*>(x), static_cast<__nv_fp8_storage_t*>(y8), y_scale, f);
+    // Two packs a thread, as many threads as the row needs (640 for F = 10240), whole warps.
+    const unsigned threads = static_cast<unsigned>(((packs + 1) / 2 + 31) / 32 * 32);
+    const auto* xp = static_cast<const T*>(x);
+    auto* qp = static_cast<__nv_fp8_storage_t*>(y8);
+    const unsigned grid = static_cast<unsigned>(m);
+    if (threads <= 640)
+      swiglu_fp8_rows_kernel<T, V, 2, 640, 2><<<grid, threads, 0, s>>>(xp, qp, y_scale, f);
+    else
+      swiglu_fp8_rows_kernel<T, V, 2, 1024, 1><<<grid, threads, 0, s>>>(xp, qp, y_scale, f);
     return cudaGetLastError();
   });
 }
