@@ -351,7 +351,7 @@ TEST(CudaFp8Inputs, NormAndSwigluRowsAreTheTwoOpsBytes) {
     Tensor s_ref = take(g->alloc(DType::kF32, {m}), "alloc");
     ZI_ASSERT_OK(g->swiglu(h, y));
     ZI_ASSERT_OK(g->quantize_fp8_rows(y, q_ref, s_ref));
-    // The default (the two kernels) and the one-kernel form (opt-in).
+    // The two kernels (ZIMAGE_FUSED_SWIGLU_FP8=0) and the one-kernel form (the default).
     for (const bool one_kernel : {false, true}) {
       SCOPED_TRACE(one_kernel ? "one kernel" : "two kernels");
       g->set_fused_swiglu_fp8(one_kernel);
@@ -360,7 +360,7 @@ TEST(CudaFp8Inputs, NormAndSwigluRowsAreTheTwoOpsBytes) {
       Tensor q = take(g->alloc(DType::kF8E4M3, {m, f}), "alloc");
       Tensor sc = take(g->alloc(DType::kF32, {m}), "alloc");
       const Status st = g->swiglu_fp8(h, tmp, q, sc);
-      g->set_fused_swiglu_fp8(false);
+      g->set_fused_swiglu_fp8(true);  // the default
       ZI_ASSERT_OK(st);
       EXPECT_EQ(bytes_of(g, q), bytes_of(g, q_ref));
       EXPECT_EQ(bytes_of(g, sc), bytes_of(g, s_ref));

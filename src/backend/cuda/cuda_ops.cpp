@@ -448,9 +448,8 @@ Status CudaBackend::swiglu_fp8(const Tensor& x, Tensor& y, Tensor& y8, Tensor& y
   ZI_TRY(contract::fp8_rows_out(cuda_env(act_), op, m, f, y8, y_scale));
   if (overlaps(x, y8) || overlaps(x, y_scale))
     return InvalidArgument("swiglu_fp8: y8 and y_scale must not alias x");
-  // The SwiGLU, then the row quantisation, unless the one-kernel form is asked for: as it stands
-  // (one row a block of 256 threads) it ran at 1.5 TB/s, slower than the two kernels together
-  // (BENCHMARKS.md, session 23's call 7).
+  // One kernel (the rows the fused form takes), or the SwiGLU, then the row quantisation
+  // (ZIMAGE_FUSED_SWIGLU_FP8=0): the same bytes either way.
   if (!fused_swiglu_fp8_) return Backend::swiglu_fp8(x, y, y8, y_scale);
   ZI_ASSIGN_OR_RETURN(KType kt, ktype_of(op, x.dtype()));
   const cudaError_t e =

@@ -43,32 +43,31 @@ enum class Fp8Tile {
   kCoopWide,      // 128 × 256, cooperative (two warp groups split each tile)
   kCoopTall,      // 256 × 128, cooperative
   kPingpongWide,  // 64 × 256, ping-pong
-  kCoopWide12,    // 128 × 256, cooperative, the cluster's two CTAs side by side along N
   kCoop256x192,   // 256 × 192, cooperative, 1 × 2 clusters
 };
 // Every tile kAuto may stand for (the tests run each).
 inline constexpr Fp8Tile kFp8Tiles[] = {Fp8Tile::kPingpong128, Fp8Tile::kCoopWide,
-                                        Fp8Tile::kCoopTall,    Fp8Tile::kPingpongWide,
-                                        Fp8Tile::kCoopWide12,  Fp8Tile::kCoop256x192};
+                                        Fp8Tile::kCoopTall, Fp8Tile::kPingpongWide,
+                                        Fp8Tile::kCoop256x192};
 Status cutlass_fp8_rows(const void* x8, const void* w8, const float* sx, const float* sw,
                         const void* bias, void* y, int64_t m, int64_t n, int64_t k, void* workspace,
                         size_t workspace_bytes, cudaStream_t stream, bool fast_accum = false,
                         Fp8Tile tile = Fp8Tile::kAuto);
 size_t cutlass_fp8_rows_workspace(int64_t m, int64_t n, int64_t k);
 
-// The tile kAuto runs for an m × n × k FP8 GEMM. CudaOpsPerf.Fp8GemmTiles timed each at the DiT's
-// four linears for 1024² and 2048² (M 4160, 16448) on H100s (docs/BENCHMARKS.md, sessions 23 and
-// 24): 128 × 256 cooperative was the fastest at most, by 4-24 % over the 128 × 128 ping-pong
-// (2048² forward 370.7 → 357.4 ms, 1024² 66.0 → 61.8), which stayed ahead for the q|k|v shape
-// at M 16448 (session 24: 1.09 against 1.17 ms); the feed-forward's w1|w3 (n ≥ 4k) at M 16448 ran 4
-// % faster with the cluster's two CTAs along N (2.16 against 2.24 ms). Few rows (the captions'
-// refiner, a small image) keep the 128 × 128 tile: half as many tiles of 256 columns would leave
-// SMs idle.
-inline Fp8Tile fp8_tile_for(int64_t m, int64_t n, int64_t k) {
-  if (m < 1024) return Fp8Tile::kPingpong128;
-  if (m >= 8192 && n == 3 * k) return Fp8Tile::kPingpong128;
-  if (m >= 8192 && n >= 4 * k) return Fp8Tile::kCoopWide12;
-  return Fp8Tile::kCoopWide;
+// The tile kAuto runs for an m × n × k FP8 GEMM: 256 × 192 (cooperative, 1 × 2 clusters) from
+// 1024 rows, 128 × 128 ping-pong below (few rows: larger tiles would leave SMs idle).
+// Measured on H100s (docs/BENCHMARKS.md, sessions 23 and 24). Timed alone, back to back
+// (CudaOpsPerf.Fp8GemmTiles), 128 × 256 cooperative is the fastest at most of the DiT's eight
+// shapes (M 4160, 16448) and 256 × 192 1-19 % behind it. In whole forwards, where the board runs at
+// its 700 W limit with attention between the GEMMs, 256 × 192 everywhere was faster in both calls
+// that ran it: 2048² 349.4 / 354.6 ms against 356.0-364.6, 1024² 60.7 / 61.1 against 61.5-62.0,
+// at higher clocks (1635-1680 against 1590-1635 MHz). It loads (256 + 192) × 128 operand bytes
+// for 256 · 192 · 128 products, 12 % less than 128 × 256; moving fewer bytes plausibly leaves more
+// of the power budget to the clock, which short back-to-back timings do not see (inferred, not
+// measured).
+inline Fp8Tile fp8_tile_for(int64_t m, int64_t /*n*/, int64_t /*k*/) {
+  return m < 1024 ? Fp8Tile::kPingpong128 : Fp8Tile::kCoop256x192;
 }
 inline const char* fp8_tile_name(Fp8Tile t) {
   switch (t) {
@@ -80,23 +79,20 @@ inline const char* fp8_tile_name(Fp8Tile t) {
       return "coop-tall";
     case Fp8Tile::kPingpongWide:
       return "pingpong-wide";
-    case Fp8Tile::kCoopWide12:
-      return "coop-wide-1x2";
     case Fp8Tile::kCoop256x192:
       return "coop-256x192";
     default:
       return "auto";
   }
 }
-// "auto", "pingpong", "coop-wide", "coop-tall", "pingpong-wide", "coop-wide-1x2" or
-// "coop-256x192" (ZIMAGE_FP8_GEMM); an error names a bad value and the choices.
+// "auto", "pingpong", "coop-wide", "coop-tall", "pingpong-wide" or "coop-256x192"
+// (ZIMAGE_FP8_GEMM); an error names a bad value and the choices.
 inline Result<Fp8Tile> parse_fp8_tile(const std::string& text) {
   for (Fp8Tile t : {Fp8Tile::kAuto, Fp8Tile::kPingpong128, Fp8Tile::kCoopWide, Fp8Tile::kCoopTall,
-                    Fp8Tile::kPingpongWide, Fp8Tile::kCoopWide12, Fp8Tile::kCoop256x192})
+                    Fp8Tile::kPingpongWide, Fp8Tile::kCoop256x192})
     if (text == fp8_tile_name(t)) return t;
-  return InvalidArgument(
-      "FP8 GEMM tile '" + text +
-      "': auto, pingpong, coop-wide, coop-tall, pingpong-wide, coop-wide-1x2 or coop-256x192");
+  return InvalidArgument("FP8 GEMM tile '" + text +
+                         "': auto, pingpong, coop-wide, coop-tall, pingpong-wide or coop-256x192");
 }
 
 namespace detail {

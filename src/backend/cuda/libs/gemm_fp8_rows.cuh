@@ -84,18 +84,11 @@ struct FastPingWide {
   using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecialized;
 };
 
-//  * The same 128 × 256 with the cluster's two CTAs side by side along N (sharing the activation
-//    tile's multicast rather than the weight tile's): CudaOpsPerf.MatmulLargeTiles measured a 1 × 2
-//    cluster 1-15 % faster than 2 × 1 for CUTLASS's bf16 256 × 192 at M 16448 (session 24).
-struct FastWide12 {
-  using TileShape = Shape<_128, _256, _128>;
-  using ClusterShape = Shape<_1, _2, _1>;
-  using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedCooperativeFP8FastAccum;
-  using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecializedCooperative;
-};
-//  * 256 × 192, cooperative, 1 × 2 clusters: two warp groups of 128 × 192 (192 accumulator
-//    registers each); (256 + 192) × 128 operand bytes for 256 · 192 · 128 products, 12 % less
-//    than 128 × 256.
+//  * 256 × 192, cooperative, 1 × 2 clusters (the cluster's CTAs side by side along N, sharing the
+//    activation tile's multicast: 1-15 % faster than 2 × 1 for CUTLASS's bf16 256 × 192 at
+//    M 16448, CudaOpsPerf.MatmulLargeTiles, session 24): two warp groups of 128 × 192 (192
+//    accumulator registers each); (256 + 192) × 128 operand bytes for 256 · 192 · 128 products,
+//    12 % less than 128 × 256. fp8_tile_for's choice from 1024 rows.
 struct Fast256x192 {
   using TileShape = Shape<_256, _192, _128>;
   using ClusterShape = Shape<_1, _2, _1>;

@@ -25,9 +25,6 @@ Status cutlass_fp8_rows_tile(Fp8Tile tile, const void* x8, const void* w8, const
     case Fp8Tile::kPingpongWide:
       return Fp8Rows<FastPingWide>::run(x8, w8, sx, sw, bias, y, m, n, k, workspace,
                                         workspace_bytes, stream);
-    case Fp8Tile::kCoopWide12:
-      return Fp8Rows<FastWide12>::run(x8, w8, sx, sw, bias, y, m, n, k, workspace, workspace_bytes,
-                                      stream);
     case Fp8Tile::kCoop256x192:
       return Fp8Rows<Fast256x192>::run(x8, w8, sx, sw, bias, y, m, n, k, workspace, workspace_bytes,
                                        stream);
@@ -41,7 +38,6 @@ size_t cutlass_fp8_tiles_workspace(int m, int n, int k) {
   using namespace fp8rows;
   return std::max({Fp8Rows<FastWide>::workspace(m, n, k), Fp8Rows<FastTall>::workspace(m, n, k),
                    Fp8Rows<FastPingWide>::workspace(m, n, k),
-                   Fp8Rows<FastWide12>::workspace(m, n, k),
                    Fp8Rows<Fast256x192>::workspace(m, n, k)});
 }
 
