@@ -180,7 +180,8 @@ TEST(CudaOpsPerf, MatmulLargeTiles) {
       const double t_first = sustained_ms(g, lt);
       report(cat("cuBLASLt ", shape), t_first, flop, 0);
       const std::vector<float> want = fetch(*g, ref);
-      const size_t ws_bytes = cuda::cutlass_bf16_gemm_workspace(m, n, k);
+      const size_t ws_bytes = std::max(cuda::cutlass_bf16_gemm_workspace(m, n, k),
+                                       cuda::cutlass_bf16_gemm_tile_workspace(m, n, k));
       Tensor ws =
           ws_bytes ? take(g->alloc(DType::kU8, {static_cast<int64_t>(ws_bytes)}), "ws") : Tensor();
       void* wsp = ws_bytes ? ws.data() : nullptr;

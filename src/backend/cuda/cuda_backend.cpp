@@ -172,6 +172,17 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(int device_index, DType
     if (!tile.ok()) return tile.status().with_context("ZIMAGE_FP8_GEMM");
     b->fp8_tile_ = *tile;
   }
+  if (const char* t = std::getenv("ZIMAGE_BF16_GEMM")) {
+    const std::string v(t);
+    if (v != "cublaslt" && v != "cutlass-256x192")
+      return InvalidArgument("ZIMAGE_BF16_GEMM: '" + v +
+                             "' is not one of cublaslt, cutlass-256x192");
+    b->bf16_wide_tile_ = v == "cutlass-256x192";
+    if (b->bf16_wide_tile_ && !fused_gemms_available())
+      return InvalidArgument(
+          "ZIMAGE_BF16_GEMM=cutlass-256x192: this build has no CUTLASS bf16 tiles (configure "
+          "with -DZIMAGE_FUSED_GEMMS=ON, which needs CUTLASS and sm_90a)");
+  }
   if (const char* t = std::getenv("ZIMAGE_SWIGLU_GEMM")) {
     auto tuning = parse_gemm_tuning(t);
     if (!tuning.ok()) return tuning.status().with_context("ZIMAGE_SWIGLU_GEMM");

@@ -341,6 +341,10 @@ class CudaBackend final : public Backend {
   void set_fp8_fast_accum(bool on) override { fp8_fast_accum_ = on; }
   // The FP8 GEMM's tile (ZIMAGE_FP8_GEMM; kAuto: fp8_tile_for's choice per shape).
   void set_fp8_tile(Fp8Tile tile) { fp8_tile_ = tile; }
+  // bf16 GEMMs without a bias from 1024 rows (the DiT's linears) in CUTLASS's 256 × 192 tile
+  // instead of cuBLASLt's kernel (ZIMAGE_BF16_GEMM=cutlass-256x192; the default `cublaslt`):
+  // opt-in, to be measured as whole forwards (gemm_cutlass.h cutlass_bf16_gemm_tile).
+  void set_bf16_gemm_wide_tile(bool on) { bf16_wide_tile_ = on; }
   // Whether cuDNN loaded; without it conv2d runs a direct (slow) kernel.
   bool has_cudnn() const;
   // Caps the device memory the allocator may hold (0 = no cap): the memory planner's budget less
@@ -387,6 +391,7 @@ class CudaBackend final : public Backend {
   bool use_cutlass_ = true;
   bool fp8_fast_accum_ = true;  // ZIMAGE_FP8_ACCUM=fp32 turns it off (the constructor reads it)
   Fp8Tile fp8_tile_ = Fp8Tile::kAuto;
+  bool bf16_wide_tile_ = false;
   bool fp8_inputs_ = true;
   bool fused_ = true;
   int sm_ = 0;              // compute capability, major * 10 + minor

@@ -35,6 +35,18 @@ Status CudaBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bias,
                   launch_add(kt, y.data(), bias.data(), y.data(), m * n, n, stream_));
     return Status::Ok();
   }
+  if (bf16_wide_tile_ && !bias.defined() && m >= 1024 && sm_ == 90 && x.dtype() == DType::kBF16 &&
+      w.dtype() == DType::kBF16 && y.dtype() == DType::kBF16) {
+    const size_t ws_bytes = cutlass_bf16_gemm_tile_workspace(m, n, k);
+    Tensor ws;
+    if (ws_bytes > 0) {
+      ZI_ASSIGN_OR_RETURN(ws, alloc(DType::kU8, {static_cast<int64_t>(ws_bytes)}));
+    }
+    const Status st =
+        cutlass_bf16_gemm_tile(PlainTile::kCoop256x192, x.data(), w.data(), y.data(), m, n, k,
+                               ws_bytes ? ws.data() : nullptr, ws_bytes, stream_);
+    if (st.code() != ErrorCode::kUnsupported) return st.with_context(op);
+  }
   return gemm_->linear(x.data(), w.data(), ptr_or_null(bias), y.data(), m, n, k, x.dtype())
       .with_context(op);
 }

@@ -189,12 +189,16 @@ Status cutlass_bf16_gemm(const void* x, const void* w, void* y, int64_t m, int64
                          void* workspace, size_t workspace_bytes, cudaStream_t stream,
                          const GemmTuning& tuning = {});
 size_t cutlass_bf16_gemm_workspace(int64_t m, int64_t n, int64_t k);
-// The same in a tile larger than the fused GEMMs' (gemm_plain.cu): whether a CUTLASS mainloop
-// that moves fewer operand bytes per product than cuBLASLt's 192 × 192 kernel catches it under the
-// board's power limit (session 24: it does not, 0.90-1.01×). Test only, as cutlass_bf16_gemm.
+// The same in a tile larger than cuBLASLt's (gemm_bf16_tiles.cu; built with the fused GEMMs):
+// back to back it runs at 0.89-1.01× cuBLASLt's rate at the DiT's shapes (session 24,
+// CudaOpsPerf.MatmulLargeTiles); whether it wins whole forwards at the power limit, as the FP8
+// 256 × 192 tile did, is what ZIMAGE_BF16_GEMM=cutlass-256x192 measures. kUnsupported as
+// cutlass_bf16_gemm, or when the build has no fused GEMMs. `workspace` of
+// cutlass_bf16_gemm_tile_workspace(m, n, k) bytes at least.
 enum class PlainTile {
   kCoop256x192,  // cooperative, 1 × 2 clusters
 };
+size_t cutlass_bf16_gemm_tile_workspace(int64_t m, int64_t n, int64_t k);
 Status cutlass_bf16_gemm_tile(PlainTile tile, const void* x, const void* w, void* y, int64_t m,
                               int64_t n, int64_t k, void* workspace, size_t workspace_bytes,
                               cudaStream_t stream);
