@@ -20,11 +20,6 @@ namespace {
 using namespace plain_gemm;
 using Coop256x192 = Plain<Shape<_256, _192, _64>, CoopSched, CoopEpi, Shape<_1, _2, _1>>;
 
-bool fits(int64_t m, int64_t n, int64_t k) {
-  return m > 0 && n > 0 && k > 0 && m <= INT32_MAX && n <= INT32_MAX && k <= INT32_MAX &&
-         n % 8 == 0 && k % 8 == 0;
-}
-
 }  // namespace
 
 size_t cutlass_bf16_gemm_tile_workspace(int64_t m, int64_t n, int64_t k) {
@@ -35,14 +30,7 @@ size_t cutlass_bf16_gemm_tile_workspace(int64_t m, int64_t n, int64_t k) {
 Status cutlass_bf16_gemm_tile(PlainTile tile, const void* x, const void* w, void* y, int64_t m,
                               int64_t n, int64_t k, void* workspace, size_t workspace_bytes,
                               cudaStream_t stream) {
-  static const bool sm90 = cutlass_device_is_sm90();
-  if (!sm90) return Unsupported("CUTLASS bf16 GEMM: the device is not sm_90");
-  if (!fits(m, n, k))
-    return Unsupported("CUTLASS bf16 GEMM: shape " + std::to_string(m) + "x" + std::to_string(n) +
-                       "x" + std::to_string(k) + " (needs n % 8 == 0, k % 8 == 0)");
-  using register_epilogue::aligned16;
-  if (!aligned16(x) || !aligned16(w) || !aligned16(y))
-    return Unsupported("CUTLASS bf16 GEMM: operands not 16-byte aligned");
+  ZI_TRY(check_plain(x, w, y, m, n, k));
   const int mi = static_cast<int>(m), ni = static_cast<int>(n), ki = static_cast<int>(k);
   switch (tile) {
     case PlainTile::kCoop256x192:

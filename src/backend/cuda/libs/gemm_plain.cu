@@ -23,11 +23,6 @@ using CooperativeTall = Plain<Shape<_256, _128, _64>, CoopSched, CoopEpi>;
 using Pingpong = Plain<Shape<_64, _256, _64>, PingSched, PingEpi>;
 using PingpongNarrow = Plain<Shape<_128, _128, _64>, PingSched, PingEpi>;
 
-bool fits(int64_t m, int64_t n, int64_t k) {
-  return m > 0 && n > 0 && k > 0 && m <= INT32_MAX && n <= INT32_MAX && k <= INT32_MAX &&
-         n % 8 == 0 && k % 8 == 0;
-}
-
 }  // namespace
 
 size_t cutlass_bf16_gemm_workspace(int64_t m, int64_t n, int64_t k) {
@@ -40,14 +35,7 @@ size_t cutlass_bf16_gemm_workspace(int64_t m, int64_t n, int64_t k) {
 Status cutlass_bf16_gemm(const void* x, const void* w, void* y, int64_t m, int64_t n, int64_t k,
                          void* workspace, size_t workspace_bytes, cudaStream_t stream,
                          const GemmTuning& tuning) {
-  static const bool sm90 = cutlass_device_is_sm90();
-  if (!sm90) return Unsupported("CUTLASS bf16 GEMM: the device is not sm_90");
-  if (!fits(m, n, k))
-    return Unsupported("CUTLASS bf16 GEMM: shape " + std::to_string(m) + "x" + std::to_string(n) +
-                       "x" + std::to_string(k) + " (needs n % 8 == 0, k % 8 == 0)");
-  using register_epilogue::aligned16;
-  if (!aligned16(x) || !aligned16(w) || !aligned16(y))
-    return Unsupported("CUTLASS bf16 GEMM: operands not 16-byte aligned");
+  ZI_TRY(check_plain(x, w, y, m, n, k));
   const int mi = static_cast<int>(m), ni = static_cast<int>(n), ki = static_cast<int>(k);
   switch (tuning.schedule) {
     case GemmSchedule::kCooperativeTall:

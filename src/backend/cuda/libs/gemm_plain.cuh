@@ -13,6 +13,7 @@
 #include <cutlass/gemm/collective/collective_builder.hpp>
 #include <cutlass/gemm/dispatch_policy.hpp>
 #include <cutlass/gemm/kernel/gemm_universal.hpp>
+#include <string>
 
 #include "backend/cuda/libs/cutlass_register_epilogue.cuh"
 
@@ -67,6 +68,26 @@ struct Plain {
         "CUTLASS bf16 GEMM", arguments(x, w, y, m, n, k, tuning), m, n, k, ws, ws_bytes, stream);
   }
 };
+
+// Whether a plain GEMM can take the problem: the device, the shape (int32 extents, n and k
+// multiples of 8 for the 16-byte TMA rows) and 16-byte aligned operands; kUnsupported names what
+// is not so.
+inline bool fits(int64_t m, int64_t n, int64_t k) {
+  return m > 0 && n > 0 && k > 0 && m <= INT32_MAX && n <= INT32_MAX && k <= INT32_MAX &&
+         n % 8 == 0 && k % 8 == 0;
+}
+inline Status check_plain(const void* x, const void* w, const void* y, int64_t m, int64_t n,
+                          int64_t k) {
+  static const bool sm90 = cutlass_device_is_sm90();
+  if (!sm90) return Unsupported("CUTLASS bf16 GEMM: the device is not sm_90");
+  if (!fits(m, n, k))
+    return Unsupported("CUTLASS bf16 GEMM: shape " + std::to_string(m) + "x" + std::to_string(n) +
+                       "x" + std::to_string(k) + " (needs n % 8 == 0, k % 8 == 0)");
+  using register_epilogue::aligned16;
+  if (!aligned16(x) || !aligned16(w) || !aligned16(y))
+    return Unsupported("CUTLASS bf16 GEMM: operands not 16-byte aligned");
+  return Status::Ok();
+}
 
 using CoopSched = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
 using PingSched = cutlass::gemm::KernelTmaWarpSpecializedPingpong;
