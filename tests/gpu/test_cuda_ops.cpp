@@ -64,9 +64,6 @@ TEST(CudaOps, Matmul) {
   }
 }
 
-// FP8: the quantisation against the CPU oracle byte for byte (same scale, same rounding), and the
-// FP8 GEMM against the oracle's GEMM of the dequantised operands, at DiT shapes and odd M.
-
 // ZIMAGE_BF16_GEMM=cutlass-256x192 (CudaBackend::set_bf16_gemm_wide_tile): bias-free bf16 GEMMs
 // from 1024 rows run CUTLASS's 256 × 192 tile (others, and builds or devices without it, stay on
 // cuBLASLt). Against the CPU oracle at ragged and DiT shapes, an operand at an odd offset (the
@@ -87,6 +84,7 @@ TEST(CudaOps, MatmulWideTileAgainstCpuAndCublasLt) {
     Both y = outputs({c.m, c.n}, DType::kBF16);
     Tensor ref = take(g->alloc(DType::kBF16, {c.m, c.n}), "ref");
     ZI_ASSERT_OK(cpu_oracle().matmul(x.cpu, w.cpu, Tensor(), y.cpu));
+    g->set_bf16_gemm_wide_tile(false);
     ZI_ASSERT_OK(g->matmul(x.gpu, w.gpu, Tensor(), ref));  // cuBLASLt
     g->set_bf16_gemm_wide_tile(true);
     const Status st = g->matmul(x.gpu, w.gpu, Tensor(), y.gpu);
@@ -94,12 +92,24 @@ TEST(CudaOps, MatmulWideTileAgainstCpuAndCublasLt) {
     ZI_ASSERT_OK(st);
     const std::string what = cat("matmul 256x192 tile ", c.m, "x", c.n, "x", c.k);
     expect_match(what, DType::kBF16, y);
-    const ErrStats e = errors(fetch(*g, y.gpu), fetch(*g, ref));
+    const std::vector<float> got = fetch(*g, y.gpu);
+    const ErrStats e = errors(got, fetch(*g, ref));
     std::printf("  %-56s against cuBLASLt: max |diff| %.2e (%s)\n", what.c_str(), e.max_abs,
                 tile ? "the tile ran" : "no tile here: cuBLASLt both times");
     if (!tile) {
       EXPECT_EQ(e.max_abs, 0.0);
+      continue;
     }
+    // matmul must have run the tile, not hidden a refusal behind cuBLASLt: the tile called
+    // directly gives the same bytes.
+    Tensor direct = take(g->alloc(DType::kBF16, {c.m, c.n}), "direct");
+    const size_t ws_bytes = cuda::cutlass_bf16_gemm_tile_workspace(c.m, c.n, c.k);
+    Tensor ws =
+        ws_bytes ? take(g->alloc(DType::kU8, {static_cast<int64_t>(ws_bytes)}), "ws") : Tensor();
+    ZI_ASSERT_OK(cuda::cutlass_bf16_gemm_tile(
+        cuda::PlainTile::kCoop256x192, x.gpu.data(), w.gpu.data(), direct.data(), c.m, c.n, c.k,
+        ws_bytes ? ws.data() : nullptr, ws_bytes, g->stream()));
+    EXPECT_EQ(errors(got, fetch(*g, direct)).max_abs, 0.0) << what;
   }
   // x one element into its buffer (not 16-byte aligned): the tile answers unsupported, cuBLASLt
   // computes it.
@@ -115,6 +125,9 @@ TEST(CudaOps, MatmulWideTileAgainstCpuAndCublasLt) {
   ZI_ASSERT_OK(st);
   expect_match("matmul 256x192 tile, x at an odd offset", DType::kBF16, y);
 }
+
+// FP8: the quantisation against the CPU oracle byte for byte (same scale, same rounding), and the
+// FP8 GEMM against the oracle's GEMM of the dequantised operands, at DiT shapes and odd M.
 TEST(CudaOps, Fp8QuantizeAndMatmul) {
   ZI_REQUIRE_GPU();
   cuda::CudaBackend* g = gpu(DType::kBF16);

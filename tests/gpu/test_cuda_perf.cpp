@@ -163,8 +163,9 @@ void plain_cutlass_rows(cuda::CudaBackend* g, const std::string& what, const Ten
 TEST(CudaOpsPerf, MatmulLargeTiles) {
   ZI_REQUIRE_GPU();
   cuda::CudaBackend* g = gpu(DType::kBF16);
-  if (!cuda::cutlass_available() || !cuda::cutlass_device_is_sm90())
-    GTEST_SKIP() << "no CUTLASS GEMM on this build or device";
+  if (!cuda::cutlass_available() || !cuda::cutlass_device_is_sm90() ||
+      !cuda::fused_gemms_available())
+    GTEST_SKIP() << "no CUTLASS bf16 tiles on this build or device";
   constexpr std::pair<cuda::PlainTile, const char*> kTiles[] = {
       {cuda::PlainTile::kCoop256x192, "256x192 coop 1x2"}};
   for (const int64_t m : {int64_t{4160}, int64_t{16448}}) {

@@ -35,8 +35,8 @@ Status CudaBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bias,
                   launch_add(kt, y.data(), bias.data(), y.data(), m * n, n, stream_));
     return Status::Ok();
   }
-  if (bf16_wide_tile_ && !bias.defined() && m >= 1024 && sm_ == 90 && x.dtype() == DType::kBF16 &&
-      w.dtype() == DType::kBF16 && y.dtype() == DType::kBF16) {
+  if (bf16_wide_tile_ && use_cutlass_ && !bias.defined() && m >= 1024 && sm_ == 90 &&
+      x.dtype() == DType::kBF16 && w.dtype() == DType::kBF16 && y.dtype() == DType::kBF16) {
     const size_t ws_bytes = cutlass_bf16_gemm_tile_workspace(m, n, k);
     Tensor ws;
     if (ws_bytes > 0) {

@@ -19,8 +19,9 @@ namespace zimage::cuda {
 
 // True when this build carries the CUTLASS kernels.
 bool cutlass_available();
-// Whether this build has the fused GEMMs (gemm_swiglu.cu, gemm_qkv.cu; the ZIMAGE_FUSED_GEMMS
-// build option): false, their entry points answer kUnsupported.
+// Whether this build has the fused GEMMs and the bf16 256 × 192 tile (gemm_swiglu.cu, gemm_qkv.cu,
+// gemm_bf16_tiles.cu; the ZIMAGE_FUSED_GEMMS build option): false, their entry points answer
+// kUnsupported.
 bool fused_gemms_available();
 // True when the current device is sm_90 (the CUTLASS kernels' target); used by their units.
 bool cutlass_device_is_sm90();
@@ -63,7 +64,7 @@ size_t cutlass_fp8_rows_workspace(int64_t m, int64_t n, int64_t k);
 // its 700 W limit with attention between the GEMMs, 256 × 192 everywhere was faster in both calls
 // that ran it: 2048² 349.4 / 354.6 ms against 356.0-364.6, 1024² 60.7 / 61.1 against 61.5-62.0,
 // at higher clocks (1635-1680 against 1590-1635 MHz). It loads (256 + 192) × 128 operand bytes
-// for 256 · 192 · 128 products, 12 % less than 128 × 256; moving fewer bytes plausibly leaves more
+// for 256 · 192 · 128 products, 22 % less than 128 × 256; moving fewer bytes plausibly leaves more
 // of the power budget to the clock, which short back-to-back timings do not see (inferred, not
 // measured).
 inline Fp8Tile fp8_tile_for(int64_t m, int64_t /*n*/, int64_t /*k*/) {

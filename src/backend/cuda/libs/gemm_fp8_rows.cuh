@@ -35,8 +35,8 @@ constexpr int kAlignA = 16;  // elements: 16 bytes
 constexpr int kAlignB = 16;
 constexpr int kAlignD = 8;
 
-// The configurations, all with 128-deep K steps and two CTAs per cluster sharing the weight tile's
-// TMA multicast:
+// The configurations, all with 128-deep K steps and two CTAs per cluster, 2 × 1 (sharing the
+// weight tile's TMA multicast) except 256 × 192 (1 × 2, sharing the activation tile's):
 //  * Fast (128 × 128, ping-pong): each consumer warp group owns a tile, so one's epilogue
 //    overlaps the other's MMAs; with FP8FastAccum, the sums stay in the tensor cores'
 //    reduced-precision accumulator (what vLLM and SGLang ship for W8A8). Normwise 2.0e-3 (K 3840)
@@ -88,7 +88,7 @@ struct FastPingWide {
 //    activation tile's multicast: 1-15 % faster than 2 × 1 for CUTLASS's bf16 256 × 192 at
 //    M 16448, CudaOpsPerf.MatmulLargeTiles, session 24): two warp groups of 128 × 192 (192
 //    accumulator registers each); (256 + 192) × 128 operand bytes for 256 · 192 · 128 products,
-//    12 % less than 128 × 256. fp8_tile_for's choice from 1024 rows.
+//    22 % less than 128 × 256. fp8_tile_for's choice from 1024 rows.
 struct Fast256x192 {
   using TileShape = Shape<_256, _192, _128>;
   using ClusterShape = Shape<_1, _2, _1>;
