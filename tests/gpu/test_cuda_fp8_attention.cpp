@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "backend/cuda/kernels/kernels.h"
 #include "gpu/cuda_test_util.h"
 #include "gpu/dit_test_util.h"
 #include "io/weights/weights.h"
@@ -86,6 +87,70 @@ TEST(CudaFp8Attention, AgainstCpuOracle) {
     EXPECT_EQ(std::memcmp(before.data(), after.data(), before.size() * sizeof(float)), 0)
         << "the projection is read, not written" << tag;
   }
+}
+
+// The e4m3 prologue in each form that ships (the default block-per-row kernel and the
+// warp-item kernel at 1, 2 and 4 items): the same codes and scales byte for byte, the projection
+// left as it was. Rows of 60 q and k heads (the DiT's), 40 with a shared table, and 80 (past the
+// row kernel, so the default takes the warp-item kernel).
+TEST(CudaFp8Attention, PrologueFormsWriteTheSameBytes) {
+  ZI_REQUIRE_GPU();
+  cuda::CudaBackend* g = gpu(DType::kBF16);
+  if (!g->fp8_attention_support().ok()) GTEST_SKIP() << g->fp8_attention_support().message();
+  struct Case {
+    int64_t s, h;
+    bool shared;  // two sequences of s tokens sharing one table of s rows
+  };
+  constexpr int64_t d = 128;
+  uint32_t seed = 9900;
+  const cuda::RowKernelTuning was = cuda::row_kernel_tuning();
+  for (const Case& c : {Case{4160, 30, false}, Case{77, 20, true}, Case{33, 40, false}}) {
+    const int64_t f = 3 * c.h * d, rows = c.shared ? 2 * c.s : c.s;
+    const Tensor host = rand_host({1, rows, f}, seed++, DType::kBF16, -3.f, 3.f);
+    Tensor qkv = take(g->upload(host, DType::kBF16), "qkv");
+    Tensor wq =
+        take(g->upload(rand_host({d}, seed++, DType::kBF16, 0.5f, 1.5f), DType::kBF16), "wq");
+    Tensor wk =
+        take(g->upload(rand_host({d}, seed++, DType::kBF16, 0.2f, 2.f), DType::kBF16), "wk");
+    Tensor fr = take(g->upload(rope_table(1, c.s, d, seed++), DType::kF32), "freqs");
+    const std::vector<float> before = fetch(*g, qkv);
+    std::vector<uint8_t> first;
+    for (int items : {0, 1, 2, 4}) {
+      cuda::set_row_kernel_tuning({was.norm_ppt, items, was.row_walk});
+      Tensor q8 = take(g->alloc(DType::kF8E4M3, {1, rows, f}), "q8");
+      ASSERT_EQ(cudaMemset(q8.data(), 0, static_cast<size_t>(rows * f)), cudaSuccess);
+      Tensor sc = take(g->alloc(DType::kF32, {2}), "scales");
+      ASSERT_EQ(cuda::launch_qk_norm_rope_packed_fp8(cuda::KType::kBF16, qkv.data(), wq.data(),
+                                                     wk.data(), fr.data_as<float>(), q8.data(),
+                                                     sc.data_as<float>(), rows, c.shared ? c.s : 0,
+                                                     c.h, c.h, d, 1e-6f, g->stream()),
+                cudaSuccess);
+      ZI_ASSERT_OK(g->synchronize());
+      std::vector<uint8_t> got(static_cast<size_t>(rows * f) + 2 * sizeof(float));
+      ASSERT_EQ(
+          cudaMemcpy(got.data(), q8.data(), static_cast<size_t>(rows * f), cudaMemcpyDeviceToHost),
+          cudaSuccess);
+      ASSERT_EQ(
+          cudaMemcpy(got.data() + rows * f, sc.data(), 2 * sizeof(float), cudaMemcpyDeviceToHost),
+          cudaSuccess);
+      const std::string tag =
+          cat(" s", c.s, " h", c.h, c.shared ? " shared" : "", " items ", items);
+      if (first.empty()) {
+        first = got;
+        size_t nonzero = 0;
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t i = r * f; i < r * f + 2 * c.h * d; ++i)
+            nonzero += got[static_cast<size_t>(i)] != 0;
+        EXPECT_GT(nonzero, static_cast<size_t>(rows * 2 * c.h * d / 2)) << "q and k written" << tag;
+      } else {
+        EXPECT_EQ(got, first) << "e4m3 codes and scales against the default's" << tag;
+      }
+      const std::vector<float> after = fetch(*g, qkv);
+      EXPECT_EQ(std::memcmp(before.data(), after.data(), before.size() * sizeof(float)), 0)
+          << "the projection is read, not written" << tag;
+    }
+  }
+  cuda::set_row_kernel_tuning(was);
 }
 
 TEST(CudaFp8Attention, BadCallsAreNamed) {

@@ -45,9 +45,10 @@ double max_diff(const Tensor& a, const Tensor& b) {
 
 TEST(CudaFp8Rows, SameBytesAndScalesAsTheCpuOracle) {
   ZI_REQUIRE_GPU();
-  // k 1000: whole 16-byte packs (the vectorised kernel, which every FP8 GEMM's activations take);
-  // k 1003: the element-wise kernel. Both must give the oracle's bytes.
-  for (const int64_t k : {int64_t{1000}, int64_t{1003}}) {
+  // k 1000 and 3840: whole 16-byte packs (the vectorised kernel, which every FP8 GEMM's
+  // activations take), the row staged in shared memory; k 25000: past its 48 KB, so read twice;
+  // k 1003: the element-wise kernel. Each must give the oracle's bytes.
+  for (const int64_t k : {int64_t{1000}, int64_t{3840}, int64_t{25000}, int64_t{1003}}) {
     SCOPED_TRACE("k " + std::to_string(k));
     const int64_t n = 37;
     Tensor w = rand_host({n, k}, 11, DType::kBF16, -2.f, 2.f);

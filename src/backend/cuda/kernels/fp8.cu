@@ -68,23 +68,41 @@ __global__ void quantize_rows_kernel(const T* __restrict__ w, int64_t cols,
 
 // quantize_rows_kernel with 16-byte loads (8 bf16 / half elements, 4 floats) and the codes
 // stored 8 or 4 at a time: the same operations in the same order, so the same bytes and scales,
-// for rows whose length is a multiple of the pack and whose operands are aligned to it. The row
-// is read twice (its max, then its codes); the second read comes from L1 / L2. The inputs of the
-// W8A8 linears that no op before them quantises (matmul_fp8_rows: the attention's output, and all
-// of them with ZIMAGE_FP8_INPUTS=0) pass through here, where the element-wise kernel's 2-byte
-// loads and 1-byte stores ran well below the memory's rate.
-template <typename T>
+// for rows whose length is a multiple of the pack and whose operands are aligned to it. The inputs
+// of the W8A8 linears that no op before them quantises (matmul_fp8_rows: the attention's output,
+// and all of them with ZIMAGE_FP8_INPUTS=0) pass through here, where the element-wise kernel's
+// 2-byte loads and 1-byte stores ran well below the memory's rate.
+//
+// kStaged (rows of up to 48 KB): the row is copied into shared memory with cp.async, all of it in
+// flight at once, and both passes (its max, then its codes) read it there. Otherwise the row is
+// read twice, the second time from L1 / L2, and each thread's loads of the first pass wait on one
+// another around the loop.
+template <typename T, bool kStaged>
 __global__ void quantize_rows_vec_kernel(const T* __restrict__ w, int64_t cols,
                                          __nv_fp8_storage_t* __restrict__ q,
                                          float* __restrict__ scale) {
   constexpr int V = kVec16<T>;
+  extern __shared__ uint4 row_tile[];  // kStaged: the row's packs
   const int64_t row = blockIdx.x;
   const T* wr = w + row * cols;
   const int64_t packs = cols / V;
+  if constexpr (kStaged) {
+    for (int64_t p = threadIdx.x; p < packs; p += blockDim.x)
+      cp_async16(smem_addr(&row_tile[p]), wr + p * V, true);
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncthreads();
+  }
+  auto pack = [&](int64_t p, float(&v)[V]) {
+    if constexpr (kStaged)
+      load_f32<T, V>(reinterpret_cast<const T*>(&row_tile[p]), v);
+    else
+      load_f32<T, V>(wr + p * V, v);
+  };
   float m = 0.f;
   for (int64_t p = threadIdx.x; p < packs; p += blockDim.x) {
     float v[V];
-    load_f32<T, V>(wr + p * V, v);
+    pack(p, v);
 #pragma unroll
     for (int i = 0; i < V; ++i) m = fmaxf(m, fabsf(v[i]));
   }
@@ -94,7 +112,7 @@ __global__ void quantize_rows_vec_kernel(const T* __restrict__ w, int64_t cols,
   const float inv = __frcp_rn(row_scale);
   for (int64_t p = threadIdx.x; p < packs; p += blockDim.x) {
     float v[V];
-    load_f32<T, V>(wr + p * V, v);
+    pack(p, v);
     store_fp8_codes<V>(q + row * cols + p * V, v, inv);
   }
 }
@@ -223,10 +241,15 @@ cudaError_t launch_quantize_fp8_rows(KType t, const void* w, int64_t rows, int64
   return dispatch_ktype(t, [&](auto tag) {
     using T = decltype(tag);
     constexpr int V = kVec16<T>;
-    if (cols % V == 0 && aligned16(w) && (reinterpret_cast<uintptr_t>(q) % V) == 0)
-      quantize_rows_vec_kernel<T><<<static_cast<unsigned>(rows), kThreads, 0, s>>>(
-          static_cast<const T*>(w), cols, static_cast<__nv_fp8_storage_t*>(q), scale);
-    else
+    const size_t row_bytes = static_cast<size_t>(cols) * sizeof(T);
+    if (cols % V == 0 && aligned16(w) && (reinterpret_cast<uintptr_t>(q) % V) == 0) {
+      if (row_bytes + 32 * sizeof(float) <= 48 * 1024)  // beside block_max's scratch
+        quantize_rows_vec_kernel<T, true><<<static_cast<unsigned>(rows), kThreads, row_bytes, s>>>(
+            static_cast<const T*>(w), cols, static_cast<__nv_fp8_storage_t*>(q), scale);
+      else
+        quantize_rows_vec_kernel<T, false><<<static_cast<unsigned>(rows), kThreads, 0, s>>>(
+            static_cast<const T*>(w), cols, static_cast<__nv_fp8_storage_t*>(q), scale);
+    } else
       quantize_rows_kernel<T><<<static_cast<unsigned>(rows), kThreads, 0, s>>>(
           static_cast<const T*>(w), cols, static_cast<__nv_fp8_storage_t*>(q), scale);
     return cudaGetLastError();

@@ -111,6 +111,52 @@ struct alignas(N) Bytes {
   uint8_t b[N];
 };
 
+// The per-head steps of the two head_dim-128 kernels below, shared so that both compile the same
+// expressions (and so give the same bits): a lane's 16 bytes of a head as floats with their sum
+// of squares (zeros where the lane's item does not exist), the RMS norm by the head's summed
+// squares and the weight (q's or k's, chosen element by element: a reference to one of the two
+// packs puts both on the stack), interleaved RoPE on (cos, sin) pairs, and the e4m3 codes of
+// the values as the bf16 prologue would store them, divided by their scale.
+template <typename T, int V>
+__device__ __forceinline__ float unpack_sum_sq(const Pack16<T>& in, bool valid, float (&e)[V]) {
+  float ss = 0.f;
+#pragma unroll
+  for (int i = 0; i < V; ++i) {
+    e[i] = valid ? to_f32<T>(in.v[i]) : 0.f;
+    ss += e[i] * e[i];
+  }
+  return ss;
+}
+template <typename T, int V>
+__device__ __forceinline__ void norm_head(float (&e)[V], float ss, const Pack16<T>& wq,
+                                          const Pack16<T>& wk, bool is_q, float eps) {
+  const float rs = rsqrtf(ss / static_cast<float>(kD128) + eps);
+#pragma unroll
+  for (int i = 0; i < V; ++i) {
+    const float wi = to_f32<T>(is_q ? wq.v[i] : wk.v[i]);
+    e[i] = round_to<T>(round_to<T>(e[i] * rs) * wi);
+  }
+}
+template <int V>
+__device__ __forceinline__ void rope_pairs(float (&e)[V], const float (&fr)[V]) {
+#pragma unroll
+  for (int i = 0; i < V; i += 2) {
+    const float c = fr[i], sn = fr[i + 1];
+    const float y0 = e[i] * c - e[i + 1] * sn, y1 = e[i] * sn + e[i + 1] * c;
+    e[i] = y0, e[i + 1] = y1;
+  }
+}
+template <typename T, int V>
+__device__ __forceinline__ Bytes<V> e4m3_codes(const float (&e)[V], float inv) {
+  Bytes<V> o8;
+#pragma unroll
+  for (int i = 0; i < V; ++i) {
+    const float x = fminf(fmaxf(__fmul_rn(round_to<T>(e[i]), inv), -kFp8Max), kFp8Max);
+    o8.b[i] = __nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3);
+  }
+  return o8;
+}
+
 template <typename T, int kPasses, bool kPacked, bool kFp8 = false>
 __global__ void qkv_norm_rope_d128_kernel(const T* __restrict__ qkv, const T* __restrict__ wq,
                                           const T* __restrict__ wk, const float* __restrict__ freqs,
@@ -177,24 +223,14 @@ __global__ void qkv_norm_rope_d128_kernel(const T* __restrict__ qkv, const T* __
       const bool valid = r < rows;
       const bool is_q = h < hq, is_v = !kPacked && h >= hq + hkv;
       float e[V];
-      float ss = 0.f;
-#pragma unroll
-      for (int i = 0; i < V; ++i) {
-        e[i] = valid ? to_f32<T>(in[p].v[i]) : 0.f;
-        ss += e[i] * e[i];
-      }
+      float ss = unpack_sum_sq<T, V>(in[p], valid, e);
       // Every lane takes part in the reduction over its head's L lanes (xor offsets below L stay
       // inside the group), whatever its head needs.
 #pragma unroll
       for (int o = L / 2; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
       if (!valid) continue;
       const bool norm = is_v ? false : (is_q ? wq != nullptr : wk != nullptr);
-      if (norm) {
-        const float rs = rsqrtf(ss / static_cast<float>(kD128) + eps);
-        const Pack16<T>& wv = is_q ? wqv : wkv;
-#pragma unroll
-        for (int i = 0; i < V; ++i) e[i] = round_to<T>(round_to<T>(e[i] * rs) * to_f32<T>(wv.v[i]));
-      }
+      if (norm) norm_head<T, V>(e, ss, wqv, wkv, is_q, eps);
       if (!is_v && freqs) {
         if (r != f_row) {
           const int64_t token = seq_if_shared > 0 ? r % seq_if_shared : r;
@@ -206,23 +242,12 @@ __global__ void qkv_norm_rope_d128_kernel(const T* __restrict__ qkv, const T* __
           }
           f_row = r;
         }
-#pragma unroll
-        for (int i = 0; i < V; i += 2) {
-          const float c = fr[i], sn = fr[i + 1];
-          const float y0 = e[i] * c - e[i + 1] * sn, y1 = e[i] * sn + e[i + 1] * c;
-          e[i] = y0, e[i + 1] = y1;
-        }
+        rope_pairs<V>(e, fr);
       }
       if constexpr (kFp8) {
         // The value the bf16 prologue writes, then divided by its scale and rounded to e4m3.
-        const float inv = is_q ? inv_q : inv_k;
-        Bytes<V> o8;
-#pragma unroll
-        for (int i = 0; i < V; ++i) {
-          const float x = fminf(fmaxf(__fmul_rn(round_to<T>(e[i]), inv), -kFp8Max), kFp8Max);
-          o8.b[i] = __nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3);
-        }
-        reinterpret_cast<Bytes<V>*>(out8 + (r * heads_in + h) * kD128)[part] = o8;
+        reinterpret_cast<Bytes<V>*>(out8 + (r * heads_in + h) * kD128)[part] =
+            e4m3_codes<T, V>(e, is_q ? inv_q : inv_k);
         continue;
       }
       T* dst = kPacked ? io + (r * heads_in + h) * kD128
@@ -237,14 +262,115 @@ __global__ void qkv_norm_rope_d128_kernel(const T* __restrict__ qkv, const T* __
   }
 }
 
-// Launches qkv_norm_rope_d128_kernel for `rows` rows of its items (q, k and v heads split, or the
-// q and k heads in place) with the tuned passes per warp (RowKernelTuning::prologue_items).
+// The packed prologue (in place, or to e4m3 as kFp8 above) with a block per token row, staged
+// through shared memory: the block copies the row's q and k heads (contiguous at the row's start:
+// 60 heads, 15 KB of bf16 in the DiT) and its (cos, sin) table with cp.async, which holds no
+// registers while in flight, then each 16 lanes take a head (16 bytes a lane) from shared memory
+// and write it back. The warp-item kernel above holds its loads in registers (64 a thread, so 32
+// warps and ~32 KB in flight a multiprocessor, each warp one round of loads and then the RoPE
+// table's): 1.35 TB/s to e4m3 and 1.92 TB/s in place at 16448 rows (docs/BENCHMARKS.md, session
+// 24). Holding the row in registers instead took 104-114 registers a thread. Same items, sums and
+// roundings as that kernel, so the same bytes. 2-byte T; rows of up to kRowHeads q and k heads.
+constexpr int kRowThreads = 256;
+constexpr int kRowHeads = 64;
+
+template <typename T, bool kFp8>
+__global__ void __launch_bounds__(kRowThreads, 6)
+    qk_norm_rope_row_kernel(T* io, const T* __restrict__ wq, const T* __restrict__ wk,
+                            const float* __restrict__ freqs, int64_t rows, int64_t seq_if_shared,
+                            int hq, int hkv, float eps, uint8_t* __restrict__ out8,
+                            float* __restrict__ descale) {
+  static_assert(sizeof(T) == 2, "16 lanes of 8 elements a head");
+  constexpr int V = 8, L = kD128 / V, kSlots = kRowThreads / L;
+  __shared__ Pack16<T> tile[kRowHeads * L];
+  __shared__ float4 table[kD128 / 4];
+  const int part = static_cast<int>(threadIdx.x) % L, slot = static_cast<int>(threadIdx.x) / L;
+  const int nh = hq + hkv, heads_in = hq + 2 * hkv, chunks = nh * L;
+  Pack16<T> wqv{}, wkv{};
+  if (wq) wqv = reinterpret_cast<const Pack16<T>*>(wq)[part];
+  if (wk) wkv = reinterpret_cast<const Pack16<T>*>(wk)[part];
+  float inv_q = 1.f, inv_k = 1.f;  // kFp8: 1 / scale, as the kernel above finds them
+  if constexpr (kFp8) {
+    float mq = 0.f, mk = 0.f;
+#pragma unroll
+    for (int i = 0; i < V; ++i) {
+      mq = fmaxf(mq, fabsf(to_f32<T>(wqv.v[i])));
+      mk = fmaxf(mk, fabsf(to_f32<T>(wkv.v[i])));
+    }
+#pragma unroll
+    for (int o = L / 2; o > 0; o >>= 1) {
+      mq = fmaxf(mq, __shfl_xor_sync(0xffffffffu, mq, o));
+      mk = fmaxf(mk, __shfl_xor_sync(0xffffffffu, mk, o));
+    }
+    const float dq = fp8_attention_qk_scale(mq, kD128), dk = fp8_attention_qk_scale(mk, kD128);
+    inv_q = __frcp_rn(dq), inv_k = __frcp_rn(dk);
+    if (blockIdx.x == 0 && threadIdx.x == 0) descale[0] = dq, descale[1] = dk;
+  }
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    T* row = io + r * heads_in * kD128;
+    const auto* src = reinterpret_cast<const Pack16<T>*>(row);
+    for (int c = static_cast<int>(threadIdx.x); c < chunks; c += kRowThreads)
+      cp_async16(smem_addr(&tile[c]), src + c, true);
+    if (freqs && threadIdx.x < kD128 / 4) {
+      const int64_t token = seq_if_shared > 0 ? r % seq_if_shared : r;
+      cp_async16(smem_addr(&table[threadIdx.x]), freqs + token * kD128 + threadIdx.x * 4, true);
+    }
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncthreads();
+    float fr[V];
+    if (freqs) {
+#pragma unroll
+      for (int i = 0; i < V / 4; ++i) {
+        const float4 c = table[part * (V / 4) + i];
+        fr[4 * i] = c.x, fr[4 * i + 1] = c.y, fr[4 * i + 2] = c.z, fr[4 * i + 3] = c.w;
+      }
+    }
+    for (int h0 = 0; h0 < nh; h0 += kSlots) {
+      const int h = h0 + slot;  // the same for the 16 lanes of a head
+      const bool valid = h < nh, is_q = h < hq;
+      float e[V];
+      float ss = unpack_sum_sq<T, V>(valid ? tile[h * L + part] : Pack16<T>{}, valid, e);
+      // Both half-warps join the reduction (xor offsets below 16 stay inside a head).
+#pragma unroll
+      for (int o = L / 2; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+      if (!valid) continue;
+      if (is_q ? wq != nullptr : wk != nullptr) norm_head<T, V>(e, ss, wqv, wkv, is_q, eps);
+      if (freqs) rope_pairs<V>(e, fr);
+      if constexpr (kFp8) {
+        reinterpret_cast<Bytes<V>*>(out8 + (r * heads_in + h) * kD128)[part] =
+            e4m3_codes<T, V>(e, is_q ? inv_q : inv_k);
+      } else {
+        Pack16<T> out;
+#pragma unroll
+        for (int i = 0; i < V; ++i) out.v[i] = from_f32<T>(e[i]);
+        reinterpret_cast<Pack16<T>*>(row + h * kD128)[part] = out;
+      }
+    }
+    __syncthreads();  // the tile is refilled for the next row
+  }
+}
+
+// Launches the head_dim-128 prologue for `rows` rows: the packed forms (q and k heads in place, or
+// to e4m3) of 2-byte types in qk_norm_rope_row_kernel by default, where the row's q and k heads
+// fit it; otherwise, or under ZIMAGE_ROW_KERNELS' items 1, 2 or 4, qkv_norm_rope_d128_kernel
+// (also the split form's) with that many passes per warp (RowKernelTuning::prologue_items).
 template <typename T, bool kPacked, bool kFp8 = false>
 cudaError_t launch_d128(const T* qkv, const T* wq, const T* wk, const float* freqs, T* q, T* k,
                         T* v, T* io, int64_t rows, int64_t seq_if_shared, int hq, int hkv,
                         float eps, cudaStream_t s, uint8_t* out8 = nullptr,
                         float* descale = nullptr) {
   const int tuned = row_kernel_tuning().prologue_items;
+  if constexpr (kPacked && sizeof(T) == 2) {
+    // The default for the packed forms: a block per row where the row's items fit its passes
+    // (ZIMAGE_ROW_KERNELS' items 1, 2 or 4 choose the warp-item kernel instead).
+    if (tuned == 0 && hq + hkv <= kRowHeads) {
+      const unsigned grid = static_cast<unsigned>(rows < (int64_t{1} << 30) ? rows : 1 << 30);
+      qk_norm_rope_row_kernel<T, kFp8><<<grid, kRowThreads, 0, s>>>(
+          io, wq, wk, freqs, rows, seq_if_shared, hq, hkv, eps, out8, descale);
+      return cudaGetLastError();
+    }
+  }
   const int passes = tuned != 0 ? tuned : row_kernel_defaults().prologue_items;
   constexpr int64_t G = 32 / (kD128 / (16 / sizeof(T)));  // heads a warp holds at once
   const int64_t items = rows * (kPacked ? hq + hkv : hq + 2 * hkv);
