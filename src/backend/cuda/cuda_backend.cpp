@@ -200,6 +200,11 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(int device_index, DType
     ZI_ASSIGN_OR_RETURN(flag, parse_switch(name, v));
     return Status::Ok();
   };
+  if (std::getenv("ZIMAGE_STAGED_ROWS")) {  // process-wide, like ZIMAGE_ROW_KERNELS
+    bool staged = true;
+    ZI_TRY(env_switch("ZIMAGE_STAGED_ROWS", staged));
+    set_staged_row_kernels(staged);
+  }
   ZI_TRY(env_switch("ZIMAGE_FUSED_NORM", b->fused_norm_));
   ZI_TRY(env_switch("ZIMAGE_FUSED_CONV_ADD", b->fused_conv_add_));
   ZI_TRY(env_switch("ZIMAGE_CONV_PAD_COUT", b->pad_narrow_conv_));

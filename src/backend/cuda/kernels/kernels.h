@@ -95,6 +95,12 @@ cudaError_t launch_scale_rows_cols(KType t, void* y, const float* sx, const floa
 void set_row_kernel_tuning(const RowKernelTuning& t);
 RowKernelTuning row_kernel_tuning();  // as set (zeros for the defaults)
 RowKernelTuning row_kernel_defaults();
+// Whether the memory-bound row kernels stage their operands through shared memory with cp.async:
+// the packed attention prologue as a block per row (where prologue_items is 0), the residual
+// norm's per-feature vectors, the FP8 row quantisation's row (session 25; the same bytes either
+// way). Process-wide like the tuning above, on by default; ZIMAGE_STAGED_ROWS=0 turns it off.
+void set_staged_row_kernels(bool on);
+bool staged_row_kernels();
 
 // ---- fused prologues (prologue.cu) ----
 // qkv[rows, (hq + 2 hkv) * dh] -> q[rows, hq, dh], k/v[rows, hkv, dh]; q, k RMS-normed with wq/wk

@@ -18,7 +18,15 @@ namespace zimage::cuda {
 
 namespace {
 std::atomic<int> g_norm_ppt{0}, g_prologue_items{0}, g_row_walk{0};
+std::atomic<bool> g_staged_rows{true};
 }  // namespace
+
+void set_staged_row_kernels(bool on) {
+  g_staged_rows.store(on);
+}
+bool staged_row_kernels() {
+  return g_staged_rows.load();
+}
 
 void set_row_kernel_tuning(const RowKernelTuning& t) {
   auto pick = [](int v) { return v == 1 || v == 2 || v == 4 ? v : 0; };
@@ -599,7 +607,8 @@ cudaError_t launch_norm_then_norm(KType t, void* x, const void* y, const void* w
       constexpr bool kCanStage =
           sizeof(T) == 2 && decltype(ppt)::value == 1 && decltype(blk)::value;
       const size_t stage_bytes = 4 * sizeof(uint4) * row_cfg_block(cfg);
-      const bool stage = kCanStage && stage_bytes + 32 * sizeof(float) <= 48 * 1024;
+      const bool stage =
+          kCanStage && staged_row_kernels() && stage_bytes + 32 * sizeof(float) <= 48 * 1024;
       auto launch = [&](auto fp8) {
         auto go = [&](auto staged) {
           residual_norm_then_norm_reg_kernel<T, V, decltype(ppt)::value, decltype(blk)::value,

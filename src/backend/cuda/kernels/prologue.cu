@@ -364,7 +364,7 @@ cudaError_t launch_d128(const T* qkv, const T* wq, const T* wk, const float* fre
   if constexpr (kPacked && sizeof(T) == 2) {
     // The default for the packed forms: a block per row where the row's items fit its passes
     // (ZIMAGE_ROW_KERNELS' items 1, 2 or 4 choose the warp-item kernel instead).
-    if (tuned == 0 && hq + hkv <= kRowHeads) {
+    if (tuned == 0 && staged_row_kernels() && hq + hkv <= kRowHeads) {
       const unsigned grid = static_cast<unsigned>(rows < (int64_t{1} << 30) ? rows : 1 << 30);
       qk_norm_rope_row_kernel<T, kFp8><<<grid, kRowThreads, 0, s>>>(
           io, wq, wk, freqs, rows, seq_if_shared, hq, hkv, eps, out8, descale);
