@@ -104,6 +104,8 @@ TEST(CudaFp8Attention, PrologueFormsWriteTheSameBytes) {
   constexpr int64_t d = 128;
   uint32_t seed = 9900;
   const cuda::RowKernelTuning was = cuda::row_kernel_tuning();
+  const bool was_staged = cuda::staged_row_kernels();
+  cuda::set_staged_row_kernels(true);  // items 0: the block-per-row kernel where it applies
   for (const Case& c : {Case{4160, 30, false}, Case{77, 20, true}, Case{33, 40, false}}) {
     const int64_t f = 3 * c.h * d, rows = c.shared ? 2 * c.s : c.s;
     const Tensor host = rand_host({1, rows, f}, seed++, DType::kBF16, -3.f, 3.f);
@@ -151,6 +153,7 @@ TEST(CudaFp8Attention, PrologueFormsWriteTheSameBytes) {
     }
   }
   cuda::set_row_kernel_tuning(was);
+  cuda::set_staged_row_kernels(was_staged);
 }
 
 TEST(CudaFp8Attention, BadCallsAreNamed) {

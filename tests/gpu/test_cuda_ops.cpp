@@ -16,18 +16,27 @@
 namespace zimage::test {
 namespace {
 
-// Runs `body` under each setting of the row kernels' tuning (1, 2 and 4 packs per thread / items
-// per warp; the flat and the row-walking group norm and SwiGLU; cuda::RowKernelTuning), then
-// restores the setting: each layout is a path that ships.
+// Runs `body` under each setting of the row kernels' tuning (the defaults with and without the
+// shared-memory staging, ZIMAGE_STAGED_ROWS; 1, 2 and 4 packs per thread / items per warp; the
+// flat and the row-walking group norm and SwiGLU; cuda::RowKernelTuning), then restores the
+// settings: each layout is a path that ships.
 template <typename F>
 void for_each_row_tuning(F&& body) {
   const cuda::RowKernelTuning was = cuda::row_kernel_tuning();
-  for (int t : {1, 2, 4}) {
-    SCOPED_TRACE(cat("RowKernelTuning ", t));
-    cuda::set_row_kernel_tuning({t, t, t == 1 ? 1 : 2});
+  const bool was_staged = cuda::staged_row_kernels();
+  struct Setting {
+    int t;
+    bool staged;
+  };
+  for (const Setting& c : {Setting{0, true}, Setting{0, false}, Setting{1, true}, Setting{2, true},
+                           Setting{4, true}}) {
+    SCOPED_TRACE(cat("RowKernelTuning ", c.t, c.staged ? " staged" : " unstaged"));
+    cuda::set_row_kernel_tuning({c.t, c.t, c.t == 1 ? 1 : c.t == 0 ? 0 : 2});
+    cuda::set_staged_row_kernels(c.staged);
     body();
   }
   cuda::set_row_kernel_tuning(was);
+  cuda::set_staged_row_kernels(was_staged);
 }
 
 TEST(CudaOps, Matmul) {

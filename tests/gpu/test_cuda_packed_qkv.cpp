@@ -44,6 +44,8 @@ TEST(CudaPackedQkv, PrologueInPlaceIsTheSplitBitForBit) {
       {1, 9, 40, 40, 128, true, true, false},  // 80 q and k heads: past the row kernel's 64
   };
   const cuda::RowKernelTuning was = cuda::row_kernel_tuning();
+  const bool was_staged = cuda::staged_row_kernels();
+  cuda::set_staged_row_kernels(true);
   // 0: the default (for 2-byte types a block per row staged through shared memory, where the
   // row's q and k heads fit it); 1, 2, 4: the warp-item kernel's items in flight. Each ships.
   for (int items : {0, 1, 2, 4}) {
@@ -94,6 +96,7 @@ TEST(CudaPackedQkv, PrologueInPlaceIsTheSplitBitForBit) {
     }
   }
   cuda::set_row_kernel_tuning(was);
+  cuda::set_staged_row_kernels(was_staged);
 }
 
 TEST(CudaPackedQkv, AttentionReadsTheProjectionInPlace) {

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <vector>
 
+#include "backend/cuda/kernels/kernels.h"
 #include "backend/cuda/runtime/slot_stager.h"
 #include "gpu/cuda_test_util.h"
 #include "io/model/model_folder.h"
@@ -64,7 +65,11 @@ TEST(CudaFp8Rows, SameBytesAndScalesAsTheCpuOracle) {
     ZI_ASSERT_OK(cpu_oracle().quantize_fp8_rows(w, c8, cs));
     Tensor cback = Tensor::host(DType::kF32, {n, k});
     ZI_ASSERT_OK(cpu_oracle().dequantize_fp8_rows(c8, cs, cback));
-    for (DType act : {DType::kF32, DType::kBF16}) {
+    const bool was_staged = cuda::staged_row_kernels();
+    for (int form = 0; form < 4; ++form) {  // each type with and without the staged row
+      const DType act = form % 2 ? DType::kBF16 : DType::kF32;
+      cuda::set_staged_row_kernels(form < 2);
+      SCOPED_TRACE(form < 2 ? "staged" : "unstaged");
       cuda::CudaBackend* g = gpu(act);
       ASSERT_NE(g, nullptr);
       Tensor dw = take(g->upload(w, act), "upload");
@@ -88,6 +93,7 @@ TEST(CudaFp8Rows, SameBytesAndScalesAsTheCpuOracle) {
       std::printf("  fp8 rows %s: dequantised vs CPU max|diff| %.3g\n", dtype_name(act), worst);
       EXPECT_EQ(worst, 0.0);
     }
+    cuda::set_staged_row_kernels(was_staged);
   }
 }
 
