@@ -46,8 +46,9 @@ TEST(CudaPackedQkv, PrologueInPlaceIsTheSplitBitForBit) {
   const cuda::RowKernelTuning was = cuda::row_kernel_tuning();
   const bool was_staged = cuda::staged_row_kernels();
   cuda::set_staged_row_kernels(true);
-  // 0: the default (for 2-byte types a block per row staged through shared memory, where the
-  // row's q and k heads fit it); 1, 2, 4: the warp-item kernel's items in flight. Each ships.
+  // 0 with the staging on (ZIMAGE_STAGED_ROWS=1): for 2-byte types a block per row staged through
+  // shared memory, where the row's q and k heads fit it; 1, 2, 4: the warp-item kernel's items in
+  // flight. Each ships.
   for (int items : {0, 1, 2, 4}) {
     cuda::set_row_kernel_tuning({was.norm_ppt, items, was.row_walk});
     for (DType dt : kDTypes) {

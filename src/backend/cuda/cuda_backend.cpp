@@ -201,7 +201,7 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(int device_index, DType
     return Status::Ok();
   };
   if (std::getenv("ZIMAGE_STAGED_ROWS")) {  // process-wide, like ZIMAGE_ROW_KERNELS
-    bool staged = true;
+    bool staged = false;
     ZI_TRY(env_switch("ZIMAGE_STAGED_ROWS", staged));
     set_staged_row_kernels(staged);
   }

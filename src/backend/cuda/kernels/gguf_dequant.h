@@ -3,9 +3,9 @@
 // each one right before its GEMM (or once at load). Blocks are the bytes io/gguf/gguf.h's packed()
 // views (or WeightStore::packed) hand out, already copied to the device.
 //
-// f32 output equals the CPU oracle (io/gguf/gguf_quants.h dequantize_rows) bit for bit: the kernels do
-// the same float32 operations in the same order, without fused multiply-adds. bf16 output is that
-// f32 value rounded to nearest even (core/dtype.h f32_to_bf16).
+// f32 output equals the CPU oracle (io/gguf/gguf_quants.h dequantize_rows) bit for bit: the kernels
+// do the same float32 operations in the same order, without fused multiply-adds. bf16 output is
+// that f32 value rounded to nearest even (core/dtype.h f32_to_bf16).
 #pragma once
 
 #include <cuda_runtime_api.h>

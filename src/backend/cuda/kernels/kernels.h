@@ -98,7 +98,8 @@ RowKernelTuning row_kernel_defaults();
 // Whether the memory-bound row kernels stage their operands through shared memory with cp.async:
 // the packed attention prologue as a block per row (where prologue_items is 0), the residual
 // norm's per-feature vectors, the FP8 row quantisation's row (session 25; the same bytes either
-// way). Process-wide like the tuning above, on by default; ZIMAGE_STAGED_ROWS=0 turns it off.
+// way). Process-wide like the tuning above; off by default until measured on a GPU
+// (ZIMAGE_STAGED_ROWS=1 turns it on).
 void set_staged_row_kernels(bool on);
 bool staged_row_kernels();
 

@@ -18,7 +18,7 @@ namespace zimage::cuda {
 
 namespace {
 std::atomic<int> g_norm_ppt{0}, g_prologue_items{0}, g_row_walk{0};
-std::atomic<bool> g_staged_rows{true};
+std::atomic<bool> g_staged_rows{false};  // opt-in until measured on a GPU (session 25)
 }  // namespace
 
 void set_staged_row_kernels(bool on) {
@@ -43,8 +43,8 @@ RowKernelTuning row_kernel_tuning() {
 // per warp (2,2,2) gained nothing more. Session 16 (one H100, CudaOpsPerf.RowKernelTuning, with
 // one (cos, sin) load per token row): the prologue at 2 items per warp 0.102 / 0.386 ms at 4160 /
 // 16448 rows against 0.124 / 0.476 at 1 item (4 items: 0.109 / 0.409), so 2 is the default of the
-// warp-item kernel. The packed prologue of 2-byte types takes a block per row when the setting is
-// 0 (prologue.cu qk_norm_rope_row_kernel, session 25); 1, 2 or 4 choose the warp-item kernel.
+// warp-item kernel. Under staged_row_kernels() the packed prologue of 2-byte types takes a block
+// per row when the setting is 0 (prologue.cu qk_norm_rope_row_kernel, session 25).
 RowKernelTuning row_kernel_defaults() {
   return {1, 2, 2};
 }

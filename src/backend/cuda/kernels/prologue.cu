@@ -352,9 +352,10 @@ __global__ void __launch_bounds__(kRowThreads, 6)
 }
 
 // Launches the head_dim-128 prologue for `rows` rows: the packed forms (q and k heads in place, or
-// to e4m3) of 2-byte types in qk_norm_rope_row_kernel by default, where the row's q and k heads
-// fit it; otherwise, or under ZIMAGE_ROW_KERNELS' items 1, 2 or 4, qkv_norm_rope_d128_kernel
-// (also the split form's) with that many passes per warp (RowKernelTuning::prologue_items).
+// to e4m3) of 2-byte types in qk_norm_rope_row_kernel under staged_row_kernels(), where the row's
+// q and k heads fit it; otherwise, or under ZIMAGE_ROW_KERNELS' items 1, 2 or 4,
+// qkv_norm_rope_d128_kernel (also the split form's) with that many passes per warp
+// (RowKernelTuning::prologue_items).
 template <typename T, bool kPacked, bool kFp8 = false>
 cudaError_t launch_d128(const T* qkv, const T* wq, const T* wk, const float* freqs, T* q, T* k,
                         T* v, T* io, int64_t rows, int64_t seq_if_shared, int hq, int hkv,
@@ -362,8 +363,8 @@ cudaError_t launch_d128(const T* qkv, const T* wq, const T* wk, const float* fre
                         float* descale = nullptr) {
   const int tuned = row_kernel_tuning().prologue_items;
   if constexpr (kPacked && sizeof(T) == 2) {
-    // The default for the packed forms: a block per row where the row's items fit its passes
-    // (ZIMAGE_ROW_KERNELS' items 1, 2 or 4 choose the warp-item kernel instead).
+    // The packed forms under staged_row_kernels(): a block per row where the row's q and k heads
+    // fit it (ZIMAGE_ROW_KERNELS' items 1, 2 or 4 choose the warp-item kernel instead).
     if (tuned == 0 && staged_row_kernels() && hq + hkv <= kRowHeads) {
       const unsigned grid = static_cast<unsigned>(rows < (int64_t{1} << 30) ? rows : 1 << 30);
       qk_norm_rope_row_kernel<T, kFp8><<<grid, kRowThreads, 0, s>>>(
