@@ -157,6 +157,29 @@ __device__ __forceinline__ Bytes<V> e4m3_codes(const float (&e)[V], float inv) {
   return o8;
 }
 
+// The FP8 prologue's q and k scales, bounded from the norm weights alone
+// (backend/fp8_attention.h): each lane holds its part of the two weights (L lanes a head), the
+// head's lanes reduce the max, every block finds the same scales and block 0 writes them to
+// descale[0] (q) and descale[1] (k); inv_q and inv_k get their reciprocals.
+template <typename T, int V, int L>
+__device__ __forceinline__ void qk_e4m3_scales(const Pack16<T>& wqv, const Pack16<T>& wkv,
+                                               float* descale, float& inv_q, float& inv_k) {
+  float mq = 0.f, mk = 0.f;
+#pragma unroll
+  for (int i = 0; i < V; ++i) {
+    mq = fmaxf(mq, fabsf(to_f32<T>(wqv.v[i])));
+    mk = fmaxf(mk, fabsf(to_f32<T>(wkv.v[i])));
+  }
+#pragma unroll
+  for (int o = L / 2; o > 0; o >>= 1) {
+    mq = fmaxf(mq, __shfl_xor_sync(0xffffffffu, mq, o));
+    mk = fmaxf(mk, __shfl_xor_sync(0xffffffffu, mk, o));
+  }
+  const float dq = fp8_attention_qk_scale(mq, kD128), dk = fp8_attention_qk_scale(mk, kD128);
+  inv_q = __frcp_rn(dq), inv_k = __frcp_rn(dk);
+  if (blockIdx.x == 0 && threadIdx.x == 0) descale[0] = dq, descale[1] = dk;
+}
+
 template <typename T, int kPasses, bool kPacked, bool kFp8 = false>
 __global__ void qkv_norm_rope_d128_kernel(const T* __restrict__ qkv, const T* __restrict__ wq,
                                           const T* __restrict__ wk, const float* __restrict__ freqs,
@@ -179,22 +202,7 @@ __global__ void qkv_norm_rope_d128_kernel(const T* __restrict__ qkv, const T* __
   if (wq) wqv = reinterpret_cast<const Pack16<T>*>(wq)[part];
   if (wk) wkv = reinterpret_cast<const Pack16<T>*>(wk)[part];
   float inv_q = 1.f, inv_k = 1.f;  // kFp8: 1 / scale
-  if constexpr (kFp8) {
-    float mq = 0.f, mk = 0.f;
-#pragma unroll
-    for (int i = 0; i < V; ++i) {
-      mq = fmaxf(mq, fabsf(to_f32<T>(wqv.v[i])));
-      mk = fmaxf(mk, fabsf(to_f32<T>(wkv.v[i])));
-    }
-#pragma unroll
-    for (int o = L / 2; o > 0; o >>= 1) {
-      mq = fmaxf(mq, __shfl_xor_sync(0xffffffffu, mq, o));
-      mk = fmaxf(mk, __shfl_xor_sync(0xffffffffu, mk, o));
-    }
-    const float dq = fp8_attention_qk_scale(mq, kD128), dk = fp8_attention_qk_scale(mk, kD128);
-    inv_q = __frcp_rn(dq), inv_k = __frcp_rn(dk);
-    if (blockIdx.x == 0 && threadIdx.x == 0) descale[0] = dq, descale[1] = dk;
-  }
+  if constexpr (kFp8) qk_e4m3_scales<T, V, L>(wqv, wkv, descale, inv_q, inv_k);
   int64_t f_row = -1;  // the row whose (cos, sin) fr holds
   float fr[V] = {};
   for (int64_t base = (int64_t{blockIdx.x} * kWarps + (threadIdx.x >> 5)) * kHeads; base < total;
@@ -289,23 +297,8 @@ __global__ void __launch_bounds__(kRowThreads, 6)
   Pack16<T> wqv{}, wkv{};
   if (wq) wqv = reinterpret_cast<const Pack16<T>*>(wq)[part];
   if (wk) wkv = reinterpret_cast<const Pack16<T>*>(wk)[part];
-  float inv_q = 1.f, inv_k = 1.f;  // kFp8: 1 / scale, as the kernel above finds them
-  if constexpr (kFp8) {
-    float mq = 0.f, mk = 0.f;
-#pragma unroll
-    for (int i = 0; i < V; ++i) {
-      mq = fmaxf(mq, fabsf(to_f32<T>(wqv.v[i])));
-      mk = fmaxf(mk, fabsf(to_f32<T>(wkv.v[i])));
-    }
-#pragma unroll
-    for (int o = L / 2; o > 0; o >>= 1) {
-      mq = fmaxf(mq, __shfl_xor_sync(0xffffffffu, mq, o));
-      mk = fmaxf(mk, __shfl_xor_sync(0xffffffffu, mk, o));
-    }
-    const float dq = fp8_attention_qk_scale(mq, kD128), dk = fp8_attention_qk_scale(mk, kD128);
-    inv_q = __frcp_rn(dq), inv_k = __frcp_rn(dk);
-    if (blockIdx.x == 0 && threadIdx.x == 0) descale[0] = dq, descale[1] = dk;
-  }
+  float inv_q = 1.f, inv_k = 1.f;  // kFp8: 1 / scale
+  if constexpr (kFp8) qk_e4m3_scales<T, V, L>(wqv, wkv, descale, inv_q, inv_k);
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     T* row = io + r * heads_in * kD128;
     const auto* src = reinterpret_cast<const Pack16<T>*>(row);
