@@ -301,15 +301,16 @@ __global__ void __launch_bounds__(1024)
   extern __shared__ uint4 staged[];  // kStaged: [4][blockDim.x] packs
   const RowSlot rs = row_slot<kBlock>(tpr, rows);
   const int packs = d / VEC;
-  const T* gr = gate && rs.valid ? gate + (rs.row / rows_per_group) * d : nullptr;
-  const T* sr = scale && rs.valid ? scale + (rs.row / rows_per_group) * d : nullptr;
-  const bool mine = rs.valid && rs.t < packs;  // kStaged: this thread's pack lies in the row
   if constexpr (kStaged) {
-    const T* vecs[4] = {w, gr, w_next, sr};
+    if (rs.valid && rs.t < packs) {  // this thread's pack lies in the row
+      const int64_t group = rs.row / rows_per_group;
+      const T* vecs[4] = {w, gate ? gate + group * d : nullptr, w_next,
+                          scale ? scale + group * d : nullptr};
 #pragma unroll
-    for (int i = 0; i < 4; ++i)
-      if (mine && vecs[i])
-        cp_async16(smem_addr(&staged[i * blockDim.x + threadIdx.x]), vecs[i] + rs.t * VEC, true);
+      for (int i = 0; i < 4; ++i)
+        if (vecs[i])
+          cp_async16(smem_addr(&staged[i * blockDim.x + threadIdx.x]), vecs[i] + rs.t * VEC, true);
+    }
     cp_async_commit();
   }
   // The staged pack i (0: w, 1: gate, 2: w_next, 3: scale) as mul_pack would load it.
@@ -335,6 +336,7 @@ __global__ void __launch_bounds__(1024)
   if constexpr (kStaged) cp_async_wait<0>();
   if (rs.valid) {  // every thread still joins the second reduction
     const float r = rsqrtf(ss / static_cast<float>(d) + eps);
+    const T* gr = gate ? gate + (rs.row / rows_per_group) * d : nullptr;
     for_row_packs<PPT>(rs, tpr, packs, [&](int p, int pk) {
       float o[VEC];
 #pragma unroll
@@ -359,6 +361,7 @@ __global__ void __launch_bounds__(1024)
   const float ss2 =
       row_sum_of<VEC, PPT, kBlock>(v, rs, tpr, packs, scratch, [](float e) { return e * e; });
   const float r2 = rsqrtf(ss2 / static_cast<float>(d) + eps);
+  const T* sr = scale && rs.valid ? scale + (rs.row / rows_per_group) * d : nullptr;
   float amax = 0.f;
   if (rs.valid) {
     for_row_packs<PPT>(rs, tpr, packs, [&](int p, int pk) {

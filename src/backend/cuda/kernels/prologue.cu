@@ -114,9 +114,8 @@ struct alignas(N) Bytes {
 // The per-head steps of the two head_dim-128 kernels below, shared so that both compile the same
 // expressions (and so give the same bits): a lane's 16 bytes of a head as floats with their sum
 // of squares (zeros where the lane's item does not exist), the RMS norm by the head's summed
-// squares and the weight (q's or k's, chosen element by element: a reference to one of the two
-// packs puts both on the stack), interleaved RoPE on (cos, sin) pairs, and the e4m3 codes of
-// the values as the bf16 prologue would store them, divided by their scale.
+// squares and its weight pack, interleaved RoPE on (cos, sin) pairs, and a value's e4m3 code
+// (the value as the bf16 prologue would store it, divided by its scale).
 template <typename T, int V>
 __device__ __forceinline__ float unpack_sum_sq(const Pack16<T>& in, bool valid, float (&e)[V]) {
   float ss = 0.f;
@@ -128,14 +127,10 @@ __device__ __forceinline__ float unpack_sum_sq(const Pack16<T>& in, bool valid, 
   return ss;
 }
 template <typename T, int V>
-__device__ __forceinline__ void norm_head(float (&e)[V], float ss, const Pack16<T>& wq,
-                                          const Pack16<T>& wk, bool is_q, float eps) {
+__device__ __forceinline__ void norm_head(float (&e)[V], float ss, const Pack16<T>& w, float eps) {
   const float rs = rsqrtf(ss / static_cast<float>(kD128) + eps);
 #pragma unroll
-  for (int i = 0; i < V; ++i) {
-    const float wi = to_f32<T>(is_q ? wq.v[i] : wk.v[i]);
-    e[i] = round_to<T>(round_to<T>(e[i] * rs) * wi);
-  }
+  for (int i = 0; i < V; ++i) e[i] = round_to<T>(round_to<T>(e[i] * rs) * to_f32<T>(w.v[i]));
 }
 template <int V>
 __device__ __forceinline__ void rope_pairs(float (&e)[V], const float (&fr)[V]) {
@@ -146,15 +141,10 @@ __device__ __forceinline__ void rope_pairs(float (&e)[V], const float (&fr)[V]) 
     e[i] = y0, e[i + 1] = y1;
   }
 }
-template <typename T, int V>
-__device__ __forceinline__ Bytes<V> e4m3_codes(const float (&e)[V], float inv) {
-  Bytes<V> o8;
-#pragma unroll
-  for (int i = 0; i < V; ++i) {
-    const float x = fminf(fmaxf(__fmul_rn(round_to<T>(e[i]), inv), -kFp8Max), kFp8Max);
-    o8.b[i] = __nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3);
-  }
-  return o8;
+template <typename T>
+__device__ __forceinline__ uint8_t e4m3_code(float e, float inv) {
+  const float x = fminf(fmaxf(__fmul_rn(round_to<T>(e), inv), -kFp8Max), kFp8Max);
+  return __nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3);
 }
 
 // The FP8 prologue's q and k scales, bounded from the norm weights alone
@@ -238,7 +228,7 @@ __global__ void qkv_norm_rope_d128_kernel(const T* __restrict__ qkv, const T* __
       for (int o = L / 2; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
       if (!valid) continue;
       const bool norm = is_v ? false : (is_q ? wq != nullptr : wk != nullptr);
-      if (norm) norm_head<T, V>(e, ss, wqv, wkv, is_q, eps);
+      if (norm) norm_head<T, V>(e, ss, is_q ? wqv : wkv, eps);
       if (!is_v && freqs) {
         if (r != f_row) {
           const int64_t token = seq_if_shared > 0 ? r % seq_if_shared : r;
@@ -254,8 +244,11 @@ __global__ void qkv_norm_rope_d128_kernel(const T* __restrict__ qkv, const T* __
       }
       if constexpr (kFp8) {
         // The value the bf16 prologue writes, then divided by its scale and rounded to e4m3.
-        reinterpret_cast<Bytes<V>*>(out8 + (r * heads_in + h) * kD128)[part] =
-            e4m3_codes<T, V>(e, is_q ? inv_q : inv_k);
+        const float inv = is_q ? inv_q : inv_k;
+        Bytes<V> o8;
+#pragma unroll
+        for (int i = 0; i < V; ++i) o8.b[i] = e4m3_code<T>(e[i], inv);
+        reinterpret_cast<Bytes<V>*>(out8 + (r * heads_in + h) * kD128)[part] = o8;
         continue;
       }
       T* dst = kPacked ? io + (r * heads_in + h) * kD128
@@ -328,11 +321,20 @@ __global__ void __launch_bounds__(kRowThreads, 6)
 #pragma unroll
       for (int o = L / 2; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
       if (!valid) continue;
-      if (is_q ? wq != nullptr : wk != nullptr) norm_head<T, V>(e, ss, wqv, wkv, is_q, eps);
+      if (is_q ? wq != nullptr : wk != nullptr) {
+        Pack16<T>
+            wv;  // chosen element by element: a reference to either pack put both on the stack
+#pragma unroll
+        for (int i = 0; i < V; ++i) wv.v[i] = is_q ? wqv.v[i] : wkv.v[i];
+        norm_head<T, V>(e, ss, wv, eps);
+      }
       if (freqs) rope_pairs<V>(e, fr);
       if constexpr (kFp8) {
-        reinterpret_cast<Bytes<V>*>(out8 + (r * heads_in + h) * kD128)[part] =
-            e4m3_codes<T, V>(e, is_q ? inv_q : inv_k);
+        const float inv = is_q ? inv_q : inv_k;
+        Bytes<V> o8;
+#pragma unroll
+        for (int i = 0; i < V; ++i) o8.b[i] = e4m3_code<T>(e[i], inv);
+        reinterpret_cast<Bytes<V>*>(out8 + (r * heads_in + h) * kD128)[part] = o8;
       } else {
         Pack16<T> out;
 #pragma unroll
