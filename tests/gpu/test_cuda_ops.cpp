@@ -192,9 +192,8 @@ TEST(CudaOps, ResidualRmsNormGate) {
 // fused form does not take (odd widths) and out == x fall back to the two kernels.
 TEST(CudaOps, ResidualNormGateThenNormFused) {
   ZI_REQUIRE_GPU();
-  // 3840 and 2048 wide at one pack a thread: the staged kernel for 2-byte types (per-row gate and
-  // scale of 1, 2 and 3 groups); 6144 (768 threads): just past its 48 KB, so unstaged; 10240 at
-  // two packs a thread; the narrow ones in warps.
+  // 3840, 2048 and 6144 wide at one pack a thread (per-row gate and scale of 1, 2 and 3 groups);
+  // 10240 at two packs a thread; the narrow ones in warps.
   const Shape shapes[] = {{1, 1, 8},    {2, 17, 128}, {2, 33, 512},  {1, 5, 3840}, {2, 9, 3840},
                           {3, 4, 2048}, {1, 3, 6144}, {2, 3, 10240}, {1, 3, 7}};
   for_each_row_tuning([&] {

@@ -648,8 +648,10 @@ TEST(CudaOpsPerf, AttentionFp8) {
     Tensor freqs = take(g->alloc(DType::kF32, {1, s, d / 2, 2}), "freqs");
     ZI_ASSERT_OK(g->convert(fr32, freqs));
     const cuda::RowKernelTuning was = cuda::row_kernel_tuning();
-    for (const int items : {0, 1, 2, 4}) {  // 0: the default, a block per row (2-byte types)
+    const bool was_staged = cuda::staged_row_kernels();
+    for (const int items : {0, 1, 2, 4}) {  // 0: a block per row (ZIMAGE_STAGED_ROWS=1)
       cuda::set_row_kernel_tuning({was.norm_ppt, items, was.row_walk});
+      cuda::set_staged_row_kernels(items == 0);
       report(cat("attention fp8, q/k norm + RoPE to e4m3, items ", items, ", 30 x ", s),
              median_ms(g,
                        [&] {
@@ -666,6 +668,7 @@ TEST(CudaOpsPerf, AttentionFp8) {
              0, static_cast<double>(s) * 2 * h * d * 4 + 4.0 * s * d);
     }
     cuda::set_row_kernel_tuning(was);
+    cuda::set_staged_row_kernels(was_staged);
     report(cat("attention fp8, v max + v to e4m3, 30 x ", s),
            median_ms(g,
                      [&] {

@@ -47,8 +47,9 @@ double max_diff(const Tensor& a, const Tensor& b) {
 TEST(CudaFp8Rows, SameBytesAndScalesAsTheCpuOracle) {
   ZI_REQUIRE_GPU();
   // k 1000 and 3840: whole 16-byte packs (the vectorised kernel, which every FP8 GEMM's
-  // activations take), the row staged in shared memory; k 25000: past its 48 KB, so read twice;
-  // k 1003: the element-wise kernel. Each must give the oracle's bytes.
+  // activations take), bf16 rows staged in shared memory; k 25000 (and f32 rows of 12500 or
+  // more): past its 48 KB, so read twice; k 1003: the element-wise kernel. Each must give the
+  // oracle's bytes.
   for (const int64_t k : {int64_t{1000}, int64_t{3840}, int64_t{25000}, int64_t{1003}}) {
     SCOPED_TRACE("k " + std::to_string(k));
     const int64_t n = 37;
@@ -65,11 +66,7 @@ TEST(CudaFp8Rows, SameBytesAndScalesAsTheCpuOracle) {
     ZI_ASSERT_OK(cpu_oracle().quantize_fp8_rows(w, c8, cs));
     Tensor cback = Tensor::host(DType::kF32, {n, k});
     ZI_ASSERT_OK(cpu_oracle().dequantize_fp8_rows(c8, cs, cback));
-    const bool was_staged = cuda::staged_row_kernels();
-    for (int form = 0; form < 4; ++form) {  // each type with and without the staged row
-      const DType act = form % 2 ? DType::kBF16 : DType::kF32;
-      cuda::set_staged_row_kernels(form < 2);
-      SCOPED_TRACE(form < 2 ? "staged" : "unstaged");
+    for (const DType act : {DType::kF32, DType::kBF16}) {
       cuda::CudaBackend* g = gpu(act);
       ASSERT_NE(g, nullptr);
       Tensor dw = take(g->upload(w, act), "upload");
@@ -93,7 +90,6 @@ TEST(CudaFp8Rows, SameBytesAndScalesAsTheCpuOracle) {
       std::printf("  fp8 rows %s: dequantised vs CPU max|diff| %.3g\n", dtype_name(act), worst);
       EXPECT_EQ(worst, 0.0);
     }
-    cuda::set_staged_row_kernels(was_staged);
   }
 }
 

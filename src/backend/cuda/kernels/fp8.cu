@@ -73,10 +73,13 @@ __global__ void quantize_rows_kernel(const T* __restrict__ w, int64_t cols,
 // and all of them with ZIMAGE_FP8_INPUTS=0) pass through here, where the element-wise kernel's
 // 2-byte loads and 1-byte stores ran well below the memory's rate.
 //
-// kStaged (rows of up to 48 KB beside block_max's scratch, staged_row_kernels()): the row is
-// copied into shared memory with cp.async, all of it in flight at once, and both passes (its max,
-// then its codes) read it there. Otherwise the row is read twice, the second time from L1 / L2,
-// and each thread's loads of the first pass wait on one another around the loop.
+// kStaged (rows of up to 48 KB beside block_max's scratch): the row is copied into shared memory
+// with cp.async, all of it in flight at once, and both passes (its max, then its codes) read it
+// there. Otherwise (longer rows) the row is read twice, the second time from L1 / L2, and each
+// thread's loads of the first pass wait on one another around the loop. On an H100, staged,
+// 4160 / 16448 bf16 rows of 10240 took 0.048 / 0.169 ms against 0.053 / 0.183 read twice
+// (CudaOpsPerf.SwigluFp8), and FP8 forwards (all,sdpa) 59.2 / 345 ms at 1024² / 2048² against
+// 59.7 / 347 (docs/BENCHMARKS.md "Session 26").
 template <typename T, bool kStaged>
 __global__ void quantize_rows_vec_kernel(const T* __restrict__ w, int64_t cols,
                                          __nv_fp8_storage_t* __restrict__ q,
@@ -243,7 +246,7 @@ cudaError_t launch_quantize_fp8_rows(KType t, const void* w, int64_t rows, int64
     constexpr int V = kVec16<T>;
     const size_t row_bytes = static_cast<size_t>(cols) * sizeof(T);
     if (cols % V == 0 && aligned16(w) && (reinterpret_cast<uintptr_t>(q) % V) == 0) {
-      if (staged_row_kernels() && row_bytes + 32 * sizeof(float) <= 48 * 1024)
+      if (row_bytes + 32 * sizeof(float) <= 48 * 1024)
         quantize_rows_vec_kernel<T, true><<<static_cast<unsigned>(rows), kThreads, row_bytes, s>>>(
             static_cast<const T*>(w), cols, static_cast<__nv_fp8_storage_t*>(q), scale);
       else

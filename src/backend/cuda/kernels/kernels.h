@@ -95,11 +95,10 @@ cudaError_t launch_scale_rows_cols(KType t, void* y, const float* sx, const floa
 void set_row_kernel_tuning(const RowKernelTuning& t);
 RowKernelTuning row_kernel_tuning();  // as set (zeros for the defaults)
 RowKernelTuning row_kernel_defaults();
-// Whether the memory-bound row kernels stage their operands through shared memory with cp.async:
-// the packed attention prologue as a block per row (where prologue_items is 0), the residual
-// norm's per-feature vectors, the FP8 row quantisation's row (session 25; the same bytes either
-// way). Process-wide like the tuning above; off by default until measured on a GPU
-// (ZIMAGE_STAGED_ROWS=1 turns it on).
+// Whether the packed attention prologue runs as a block per token row that stages the row's q
+// and k heads through shared memory with cp.async (where prologue_items is 0; the same bytes as
+// the warp-item kernel). Process-wide like the tuning above; off by default: whole forwards
+// measured no faster (session 26; ZIMAGE_STAGED_ROWS=1 turns it on).
 void set_staged_row_kernels(bool on);
 bool staged_row_kernels();
 

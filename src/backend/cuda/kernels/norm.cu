@@ -18,7 +18,9 @@ namespace zimage::cuda {
 
 namespace {
 std::atomic<int> g_norm_ppt{0}, g_prologue_items{0}, g_row_walk{0};
-std::atomic<bool> g_staged_rows{false};  // opt-in until measured on a GPU (session 25)
+// The attention prologue as a block per token row (prologue.cu qk_norm_rope_row_kernel): opt-in,
+// whole forwards measured no faster than the warp-item kernel (session 26).
+std::atomic<bool> g_staged_rows{false};
 }  // namespace
 
 void set_staged_row_kernels(bool on) {
@@ -282,48 +284,15 @@ __global__ void __launch_bounds__(1024)
 // kFp8: `out` is not written; its row, as it would be stored in T, is quantised as
 // quantize_fp8_rows quantises a row (fp8.cu: the same amax, scale, reciprocal and rounding) into
 // out8 [rows, d] e4m3 and out_scale [rows]: the W8A8 GEMM's input without a pass of its own.
-//
-// kStaged (one pack per thread, a block per row): the thread's packs of the four per-feature
-// vectors (w, the gate, w_next, the scale) are copied into shared memory with cp.async as the
-// kernel starts, beside the row's loads, instead of being loaded after each reduction: those were
-// two dependent L2 round trips in every block's life, during which it had nothing in flight (the
-// kernel moved 2.2-2.4 TB/s in the DiT's forwards, 3.2 ms for 59 calls at 1024² on an H100,
-// docs/BENCHMARKS.md "Session 25"). The copies hold no registers; each thread reads back only
-// what it copied. Same sums and roundings, so the same bytes.
-template <typename T, int VEC, int PPT, bool kBlock, bool kFp8, bool kStaged = false>
+template <typename T, int VEC, int PPT, bool kBlock, bool kFp8>
 __global__ void __launch_bounds__(1024)
     residual_norm_then_norm_reg_kernel(const T* y, const T* w, const T* gate, T* x, const T* w_next,
                                        const T* scale, T* out, __nv_fp8_storage_t* out8,
                                        float* out_scale, int64_t rows, int d,
                                        int64_t rows_per_group, float eps, int tpr) {
-  static_assert(!kStaged || (PPT == 1 && kBlock), "staged: one pack per thread, a block per row");
   __shared__ float scratch[32];
-  extern __shared__ uint4 staged[];  // kStaged: [4][blockDim.x] packs
   const RowSlot rs = row_slot<kBlock>(tpr, rows);
   const int packs = d / VEC;
-  if constexpr (kStaged) {
-    if (rs.valid && rs.t < packs) {  // this thread's pack lies in the row
-      const int64_t group = rs.row / rows_per_group;
-      const T* vecs[4] = {w, gate ? gate + group * d : nullptr, w_next,
-                          scale ? scale + group * d : nullptr};
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
-        if (vecs[i])
-          cp_async16(smem_addr(&staged[i * blockDim.x + threadIdx.x]), vecs[i] + rs.t * VEC, true);
-    }
-    cp_async_commit();
-  }
-  // The staged pack i (0: w, 1: gate, 2: w_next, 3: scale) as mul_pack would load it.
-  auto staged_mul = [&](int i, bool has, auto round, float(&o)[VEC]) {
-    if (!has) return;
-    const Pack<T, VEC> pv =
-        *reinterpret_cast<const Pack<T, VEC>*>(&staged[i * blockDim.x + threadIdx.x]);
-#pragma unroll
-    for (int k = 0; k < VEC; ++k) {
-      const float f = to_f32<T>(pv.v[k]);
-      o[k] = decltype(round)::value ? round_to<T>(o[k] * f) : o[k] * f;
-    }
-  };
   float v[PPT][VEC];
   load_row<T, VEC, PPT>(y, d, rs, tpr, v);
   // x, read before the reduction so its loads are in flight with y's; at 4 packs per thread after
@@ -333,7 +302,6 @@ __global__ void __launch_bounds__(1024)
   if constexpr (kEarly) load_row<T, VEC, PPT>(x, d, rs, tpr, xs);
   const float ss =
       row_sum_of<VEC, PPT, kBlock>(v, rs, tpr, packs, scratch, [](float e) { return e * e; });
-  if constexpr (kStaged) cp_async_wait<0>();
   if (rs.valid) {  // every thread still joins the second reduction
     const float r = rsqrtf(ss / static_cast<float>(d) + eps);
     const T* gr = gate ? gate + (rs.row / rows_per_group) * d : nullptr;
@@ -341,13 +309,8 @@ __global__ void __launch_bounds__(1024)
       float o[VEC];
 #pragma unroll
       for (int k = 0; k < VEC; ++k) o[k] = round_to<T>(v[p][k] * r);
-      if constexpr (kStaged) {
-        staged_mul(0, w != nullptr, std::true_type{}, o);
-        staged_mul(1, gr != nullptr, std::true_type{}, o);
-      } else {
-        mul_pack<T, VEC, true>(w, pk * VEC, o);
-        mul_pack<T, VEC, true>(gr, pk * VEC, o);
-      }
+      mul_pack<T, VEC, true>(w, pk * VEC, o);
+      mul_pack<T, VEC, true>(gr, pk * VEC, o);
       T* xr = x + rs.row * d + pk * VEC;
       if constexpr (!kEarly) load_f32<T, VEC>(xr, xs[p]);
       float* xv = xs[p];
@@ -368,13 +331,8 @@ __global__ void __launch_bounds__(1024)
       float o[VEC];
 #pragma unroll
       for (int k = 0; k < VEC; ++k) o[k] = round_to<T>(v[p][k] * r2);
-      if constexpr (kStaged) {
-        staged_mul(2, w_next != nullptr, std::true_type{}, o);
-        staged_mul(3, sr != nullptr, std::false_type{}, o);
-      } else {
-        mul_pack<T, VEC, true>(w_next, pk * VEC, o);
-        mul_pack<T, VEC, false>(sr, pk * VEC, o);
-      }
+      mul_pack<T, VEC, true>(w_next, pk * VEC, o);
+      mul_pack<T, VEC, false>(sr, pk * VEC, o);
       if constexpr (kFp8) {
 #pragma unroll
         for (int k = 0; k < VEC; ++k) {
@@ -604,28 +562,14 @@ cudaError_t launch_norm_then_norm(KType t, void* x, const void* y, const void* w
       return cudaErrorNotSupported;
     auto* q = static_cast<__nv_fp8_storage_t*>(out8);
     return with_row_cfg(cfg, [&](auto ppt, auto blk) {
-      // Staged where a block holds a row at one pack a thread and the four vectors' packs fit
-      // the default 48 KB of shared memory beside the kernel's reduction scratch (the DiT's rows:
-      // 480 threads, 30 KB).
-      constexpr bool kCanStage =
-          sizeof(T) == 2 && decltype(ppt)::value == 1 && decltype(blk)::value;
-      const size_t stage_bytes = 4 * sizeof(uint4) * row_cfg_block(cfg);
-      const bool stage =
-          kCanStage && staged_row_kernels() && stage_bytes + 32 * sizeof(float) <= 48 * 1024;
       auto launch = [&](auto fp8) {
-        auto go = [&](auto staged) {
-          residual_norm_then_norm_reg_kernel<T, V, decltype(ppt)::value, decltype(blk)::value,
-                                             decltype(fp8)::value, decltype(staged)::value>
-              <<<row_cfg_grid(cfg, rows), row_cfg_block(cfg), staged ? stage_bytes : 0, s>>>(
-                  static_cast<const T*>(y), static_cast<const T*>(w), static_cast<const T*>(gate),
-                  static_cast<T*>(x), static_cast<const T*>(w_next), static_cast<const T*>(scale),
-                  static_cast<T*>(out), q, out_scale, rows, static_cast<int>(d), rows_per_group,
-                  eps, cfg.tpr);
-        };
-        if constexpr (kCanStage) {
-          if (stage) return go(std::true_type{});
-        }
-        go(std::false_type{});
+        residual_norm_then_norm_reg_kernel<T, V, decltype(ppt)::value, decltype(blk)::value,
+                                           decltype(fp8)::value>
+            <<<row_cfg_grid(cfg, rows), row_cfg_block(cfg), 0, s>>>(
+                static_cast<const T*>(y), static_cast<const T*>(w), static_cast<const T*>(gate),
+                static_cast<T*>(x), static_cast<const T*>(w_next), static_cast<const T*>(scale),
+                static_cast<T*>(out), q, out_scale, rows, static_cast<int>(d), rows_per_group, eps,
+                cfg.tpr);
       };
       if (out8 != nullptr)
         launch(std::true_type{});
