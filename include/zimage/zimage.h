@@ -185,7 +185,7 @@ const char* phase_name(Phase p);
 // Wall-clock seconds per phase of one generate() call.
 struct PhaseTimings {
   double tokenize_s = 0;
-  double text_encoder_s = 0;
+  double text_encoder_s = 0;  // text to image: includes the initial noise, made meanwhile
   std::vector<double> dit_s;  // one entry per denoising step (the DiT forward and the Euler step)
   double vae_s = 0;
   double vae_encode_s = 0;  // image-conditioned requests: preprocessing and the VAE encoder

@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <string>
 
+#include "core/thread_pool.h"
+
 namespace zimage {
 namespace {
 
@@ -66,9 +68,18 @@ double TorchCpuGenerator::next_normal_f64() {
   return r * std::cos(theta);
 }
 
-void TorchCpuGenerator::fill_randn_vectorised(float* out, size_t n) {
+void TorchCpuGenerator::fill_randn_vectorised(float* out, size_t n, ThreadPool* pool) {
   for (size_t i = 0; i < n; ++i) out[i] = next_uniform_f32();
-  for (size_t i = 0; i + 16 <= n; i += 16) box_muller_16(out + i);
+  // The transcendental functions are ~3/4 of the time (4 ms of 5.5 for a 1024² latent on one
+  // core); each block of 16 reads only its own uniforms, so blocks run in any order.
+  const int64_t blocks = static_cast<int64_t>(n / 16);
+  auto run = [out](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) box_muller_16(out + b * 16);
+  };
+  if (pool != nullptr)
+    pool->parallel_for(blocks, 2048, run);
+  else
+    run(0, blocks);
   if (n % 16 != 0) {
     // Recompute the last 16 values from 16 fresh uniforms (overwrites part of the last block).
     float* tail = out + (n - 16);
@@ -77,9 +88,9 @@ void TorchCpuGenerator::fill_randn_vectorised(float* out, size_t n) {
   }
 }
 
-void TorchCpuGenerator::fill_randn(float* out, size_t n) {
+void TorchCpuGenerator::fill_randn(float* out, size_t n, ThreadPool* pool) {
   if (n >= 16) {
-    fill_randn_vectorised(out, n);
+    fill_randn_vectorised(out, n, pool);
     return;
   }
   for (size_t i = 0; i < n; ++i) out[i] = static_cast<float>(next_normal_f64());
@@ -99,7 +110,7 @@ Status TorchCpuGenerator::skip_images(int64_t images, int64_t per_image) {
   return Status::Ok();
 }
 
-Result<Tensor> TorchCpuGenerator::randn(const Shape& shape) {
+Result<Tensor> TorchCpuGenerator::randn(const Shape& shape, ThreadPool* pool) {
   const int64_t n = shape_numel(shape);
   if (n < 0) {
     return InvalidArgument("randn: shape " + shape_string(shape) +
@@ -114,7 +125,7 @@ Result<Tensor> TorchCpuGenerator::randn(const Shape& shape) {
                        std::to_string(static_cast<uint64_t>(n) * sizeof(float)) + " bytes for " +
                        shape_string(shape));
   }
-  fill_randn(t.data_as<float>(), static_cast<size_t>(n));
+  fill_randn(t.data_as<float>(), static_cast<size_t>(n), pool);
   return t;
 }
 

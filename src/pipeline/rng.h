@@ -23,6 +23,8 @@
 
 namespace zimage {
 
+class ThreadPool;
+
 class TorchCpuGenerator {
  public:
   // Like torch.Generator('cpu').manual_seed(seed): only the low 32 bits seed the MT19937 engine
@@ -31,10 +33,12 @@ class TorchCpuGenerator {
 
   // torch.randn(shape, generator=this, dtype=float32) as a new host tensor. Errors: a negative
   // or overflowing dimension (InvalidArgument), allocation failure (OutOfMemory).
-  Result<Tensor> randn(const Shape& shape);
+  // With a pool, the Box-Muller blocks (independent of one another once their uniforms are
+  // drawn, in order) are spread over its threads: the same values.
+  Result<Tensor> randn(const Shape& shape, ThreadPool* pool = nullptr);
 
   // Fills out[0..n) as torch.randn of a contiguous tensor of n elements would.
-  void fill_randn(float* out, size_t n);
+  void fill_randn(float* out, size_t n, ThreadPool* pool = nullptr);
 
   // Skips what one randn of a whole batch draws for its first `images` images (`per_image`
   // values each) before the rows a part of the batch needs (GenerateRequest::first_image): a
@@ -51,7 +55,7 @@ class TorchCpuGenerator {
   float next_uniform_f32();   // (r & 0xFFFFFF) * 2^-24
   double next_uniform_f64();  // (r64 & (2^53 - 1)) * 2^-53, r64 = first << 32 | second
   double next_normal_f64();   // at::normal_distribution<double>, with the cached second value
-  void fill_randn_vectorised(float* out, size_t n);
+  void fill_randn_vectorised(float* out, size_t n, ThreadPool* pool);
 
   uint64_t seed_;
   // The standard MT19937 (init_genrand seeding, standard tempering) is bit-identical to ATen's.

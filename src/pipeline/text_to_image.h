@@ -26,6 +26,7 @@
 #include "backend/backend.h"
 #include "core/status.h"
 #include "core/tensor.h"
+#include "core/thread_pool.h"
 #include "io/fs/prefetch.h"
 #include "io/model/model_config.h"
 #include "io/model/model_folder.h"
@@ -254,9 +255,14 @@ class TextToImage {
 
  private:
   TextToImage(TextToImageComponents parts, Backend& be);
+  // Tokenizes and runs the text encoder. Its work is queued on the backend, not waited for: the
+  // caller makes the initial noise on the host meanwhile and then calls finish_text_encoder.
   Result<std::vector<Tensor>> encode_prompts(const GenerateRequest& req, bool cfg,
                                              const TextToImageHooks& hooks, PhaseTimings& t,
-                                             double start_s);
+                                             double start_s, double& encoder_t0);
+  // Waits for the text encoder, records its time from encoder_t0, and dumps its outputs.
+  Status finish_text_encoder(const std::vector<Tensor>& embeds, bool cfg,
+                             const TextToImageHooks& hooks, PhaseTimings& t, double encoder_t0);
 
   // ---- step(), one concern a function (text_to_image.cpp) ----
   // One state's rows in a step's DiT batch: from row0, its n positive rows, then its n negative
@@ -305,7 +311,8 @@ class TextToImage {
   VaeTilingPolicy vae_tiling_;
   bool device_step_ = true;
   bool float_image_ = true;
-  std::unique_ptr<Backend> host_;  // a 1-thread CPU backend: dumps of host tensors
+  std::unique_ptr<Backend> host_;           // a 1-thread CPU backend: dumps of host tensors
+  std::unique_ptr<ThreadPool> noise_pool_;  // the initial noise's Box-Muller blocks (up to 8)
   std::unique_ptr<ZImageControlNet> controlnet_;
   std::unique_ptr<SequenceParallelDiT> seqpar_;  // ranks 1..P-1 of a sequence-parallel DiT
 };
