@@ -289,6 +289,53 @@ Status Backend::matmul_dit_modulation(const Tensor& c, const Tensor& w, const Te
   return dit_modulation(mod, scale_a, gate_a, scale_f, gate_f);
 }
 
+std::array<Tensor, 4> dit_modulation_of(const Tensor& out, int64_t layer) {
+  const Tensor l = out.slice0(layer, layer + 1).view({4, out.dim(2), out.dim(3)});
+  std::array<Tensor, 4> m;
+  for (int64_t q = 0; q < 4; ++q) m[q] = l.slice0(q, q + 1).view({out.dim(2), out.dim(3)});
+  return m;
+}
+
+Status check_dit_modulation_layers(const char* op, const Tensor& c, const std::vector<Tensor>& w,
+                                   const std::vector<Tensor>& bias, const Tensor& out) {
+  const std::string o = op;
+  if (!c.defined() || c.rank() != 2)
+    return InvalidArgument(o + ": c must be [B, K], got " +
+                           (c.defined() ? c.describe() : std::string("undefined")));
+  if (w.empty() || bias.size() != w.size())
+    return InvalidArgument(o + ": " + std::to_string(w.size()) + " weights and " +
+                           std::to_string(bias.size()) + " biases (one of each per block)");
+  const int64_t b = c.dim(0), k = c.dim(1), l = static_cast<int64_t>(w.size());
+  if (!w[0].defined() || w[0].rank() != 2 || w[0].dim(0) % 4 != 0 || w[0].dim(1) != k)
+    return InvalidArgument(o + ": w[0] must be [4D, " + std::to_string(k) + "], got " +
+                           (w[0].defined() ? w[0].describe() : std::string("undefined")));
+  const int64_t d = w[0].dim(0) / 4;
+  for (size_t i = 0; i < w.size(); ++i) {
+    if (!w[i].defined() || w[i].shape() != w[0].shape())
+      return InvalidArgument(o + ": w[" + std::to_string(i) + "] must be " +
+                             shape_string(w[0].shape()));
+    if (bias[i].defined() && bias[i].shape() != Shape{4 * d})
+      return InvalidArgument(o + ": bias[" + std::to_string(i) + "] must be " +
+                             shape_string({4 * d}));
+  }
+  if (!out.defined() || out.shape() != Shape{l, 4, b, d} || out.dtype() != c.dtype())
+    return InvalidArgument(o + ": out must be " + dtype_name(c.dtype()) + " " +
+                           shape_string({l, 4, b, d}) + ", got " +
+                           (out.defined() ? out.describe() : std::string("undefined")));
+  return Status::Ok();
+}
+
+Status Backend::dit_modulation_layers(const Tensor& c, const std::vector<Tensor>& w,
+                                      const std::vector<Tensor>& bias, Tensor& out) {
+  ZI_TRY(check_dit_modulation_layers("dit_modulation_layers", c, w, bias, out));
+  ZI_ASSIGN_OR_RETURN(Tensor mod, alloc(c.dtype(), {c.dim(0), w[0].dim(0)}));
+  for (size_t l = 0; l < w.size(); ++l) {
+    std::array<Tensor, 4> m = dit_modulation_of(out, static_cast<int64_t>(l));
+    ZI_TRY(matmul_dit_modulation(c, w[l], bias[l], mod, m[0], m[1], m[2], m[3]));
+  }
+  return Status::Ok();
+}
+
 #ifndef ZIMAGE_WITH_CUDA
 Result<std::unique_ptr<Backend>> make_cuda_backend(int, DType) {
   return Unsupported("this zimage was built without CUDA (configure with nvcc on PATH)");

@@ -348,6 +348,12 @@ class Backend {
   virtual Status matmul_dit_modulation(const Tensor& c, const Tensor& w, const Tensor& bias,
                                        Tensor& mod, Tensor& scale_a, Tensor& gate_a,
                                        Tensor& scale_f, Tensor& gate_f);
+  // matmul_dit_modulation for many blocks at once (the DiT's conditioning c [B, K] is the same for
+  // all of them): w[l] [4D, K], bias[l] [4D] or undefined; out [L, 4, B, D] holds block l's
+  // scale_a, gate_a, scale_f, gate_f (dit_modulation_of gives them as views). The default runs
+  // matmul_dit_modulation block by block; a backend may run all in one op with the same roundings.
+  virtual Status dit_modulation_layers(const Tensor& c, const std::vector<Tensor>& w,
+                                       const std::vector<Tensor>& bias, Tensor& out);
 
   // ---- attention ----
   // q[B, Sq, Hq, D], k/v[B, Sk, Hkv, D] (Hq a multiple of Hkv: GQA), out[B, Sq, Hq, D].
@@ -508,5 +514,11 @@ int cuda_visible_devices();
 // The calling thread's current CUDA device's memory as the driver reports it, before any backend
 // exists: {total, free} bytes (cudaMemGetInfo). kUnsupported without CUDA.
 Result<std::pair<uint64_t, uint64_t>> cuda_device_memory();
+
+// Block `layer`'s scale_a, gate_a, scale_f, gate_f ([B, D] views) in dit_modulation_layers' out.
+std::array<Tensor, 4> dit_modulation_of(const Tensor& out, int64_t layer);
+// dit_modulation_layers' operands as it documents them, or kInvalidArgument naming `op`.
+Status check_dit_modulation_layers(const char* op, const Tensor& c, const std::vector<Tensor>& w,
+                                   const std::vector<Tensor>& bias, const Tensor& out);
 
 }  // namespace zimage

@@ -306,8 +306,10 @@ TEST(CudaFusedGemm, TransformerAgainstUnfusedAndCpu) {
   std::filesystem::remove_all(dir);
 }
 
-// The fused adaLN projection + modulation (ZIMAGE_FUSED_ADALN) in a transformer: every modulated
-// block takes it, recorded equals eager, and the output stays with the two-op model and the CPU.
+// The fused adaLN projection + modulation in a transformer, block by block (ZIMAGE_FUSED_ADALN,
+// with ZIMAGE_ADALN_LAYERS=0) and for every block in one kernel (the default): each modulated
+// block takes it, recorded equals eager, the output stays with the two-op model and the CPU, and
+// the one-kernel form gives the block-by-block kernel's bits (the same sums per block).
 TEST(CudaFusedAdaln, TransformerAgainstTwoOpsAndCpu) {
   ZI_REQUIRE_GPU();
   cuda::CudaBackend* g = gpu(DType::kBF16);
@@ -321,8 +323,9 @@ TEST(CudaFusedAdaln, TransformerAgainstTwoOpsAndCpu) {
   ASSERT_TRUE(dit.ok()) << dit.status().to_string();
   auto cpu_dit = ZImageDiT::load(cfg, *ws, cpu_oracle());
   ASSERT_TRUE(cpu_dit.ok()) << cpu_dit.status().to_string();
-  const bool was = g->fused_adaln();
+  const bool was = g->fused_adaln(), was_layers = g->adaln_layers();
 
+  g->set_adaln_layers(false);
   (*dit)->set_use_graphs(false);
   const Tensor two_ops = forward(**dit, *g, lat, cap);
   g->set_fused_adaln(true);
@@ -339,14 +342,41 @@ TEST(CudaFusedAdaln, TransformerAgainstTwoOpsAndCpu) {
   const Tensor recorded = forward(**dit, *g, lat, cap);
   const Tensor replayed = forward(**dit, *g, lat, cap);
   g->set_fused_adaln(was);
+
+  // Every block's modulation in one kernel (the default).
+  g->set_adaln_layers(true);
+  (*dit)->set_use_graphs(false);
+  g->set_profiling(true);
+  const Tensor layers_eager = forward(**dit, *g, lat, cap);
+  auto lprof = g->op_profile();
+  g->set_profiling(false);
+  ASSERT_TRUE(lprof.ok()) << lprof.status().to_string();
+  int64_t layer_calls = 0, block_calls = 0;
+  for (const auto& e : *lprof) {
+    if (e.op.rfind("dit_modulation_layers", 0) == 0) layer_calls += e.calls;
+    if (e.op.rfind("matmul_dit_modulation", 0) == 0 || e.op.rfind("dit_modulation ", 0) == 0 ||
+        e.op == "dit_modulation")
+      block_calls += e.calls;
+  }
+  EXPECT_EQ(layer_calls, 1) << "one launch for every modulated block";
+  EXPECT_EQ(block_calls, 0) << "no block made its own modulation";
+  (*dit)->set_use_graphs(true);
+  const Tensor layers_recorded = forward(**dit, *g, lat, cap);
+  const Tensor layers_replayed = forward(**dit, *g, lat, cap);
+  g->set_adaln_layers(was_layers);
+
   const Tensor ref = forward(**cpu_dit, cpu_oracle(), lat, cap);
   ASSERT_TRUE(two_ops.defined() && eager.defined() && recorded.defined() && replayed.defined() &&
-              ref.defined());
+              ref.defined() && layers_eager.defined() && layers_recorded.defined() &&
+              layers_replayed.defined());
   EXPECT_EQ(values(recorded), values(eager)) << "recorded forward differs from eager";
   EXPECT_EQ(values(replayed), values(eager)) << "replayed forward differs from eager";
   expect_close("transformer, fused adaLN vs CPU", DType::kBF16, values(eager), values(ref), 3e-2);
   expect_close("transformer, fused adaLN vs two ops", DType::kBF16, values(eager), values(two_ops),
                2e-2);
+  EXPECT_EQ(values(layers_eager), values(eager)) << "one kernel differs from block by block";
+  EXPECT_EQ(values(layers_recorded), values(layers_eager)) << "recorded (one kernel) vs eager";
+  EXPECT_EQ(values(layers_replayed), values(layers_eager)) << "replayed (one kernel) vs eager";
   dit->reset();
   std::filesystem::remove_all(dir);
 }

@@ -461,6 +461,74 @@ TEST(CudaOps, MatmulDitModulation) {
   }
 }
 
+// Every block's adaLN projection and modulation at once (dit_modulation_layers, the DiT's
+// default): against the CPU oracle's per-block ops, bit for bit against the per-block fused
+// kernel (the same sums), over more layers than one launch takes (70 > 64), with and without
+// biases; batches past 4 and operands the kernel does not take run block by block, still right.
+TEST(CudaOps, DitModulationLayers) {
+  ZI_REQUIRE_GPU();
+  struct Case {
+    int64_t layers, b, d, k;
+  };
+  const Case cases[] = {{1, 1, 7, 256},   {3, 2, 3840, 256}, {70, 1, 33, 64},
+                        {5, 4, 100, 264}, {4, 5, 16, 256},   {2, 1, 8, 12}};
+  for (DType dt : kDTypes) {
+    cuda::CudaBackend* g = gpu(dt);
+    const bool was = g->fused_adaln(), was_layers = g->adaln_layers();
+    uint32_t seed = 1170;
+    for (const Case& c : cases) {
+      const std::string tag = cat(" L", c.layers, " b", c.b, " d", c.d, " k", c.k);
+      Both cv = both_rand({c.b, c.k}, seed++, dt, -2.f, 2.f);
+      std::vector<Both> w, bias;
+      std::vector<Tensor> wc, wg, bc, bg;
+      for (int64_t l = 0; l < c.layers; ++l) {
+        w.push_back(both_rand({4 * c.d, c.k}, seed++, dt, -0.2f, 0.2f));
+        bias.push_back(both_rand({4 * c.d}, seed++, dt, -0.5f, 0.5f));
+        wc.push_back(w.back().cpu);
+        wg.push_back(w.back().gpu);
+        const bool has_bias = l % 3 != 1;  // some blocks without one
+        bc.push_back(has_bias ? bias.back().cpu : Tensor());
+        bg.push_back(has_bias ? bias.back().gpu : Tensor());
+      }
+      const Shape shape{c.layers, 4, c.b, c.d};
+      Both out = outputs(shape, dt);
+      ZI_ASSERT_OK(cpu_oracle().dit_modulation_layers(cv.cpu, wc, bc, out.cpu));
+      g->set_adaln_layers(true);
+      g->set_profiling(true);
+      ZI_ASSERT_OK(g->dit_modulation_layers(cv.gpu, wg, bg, out.gpu));
+      auto prof = g->op_profile();
+      g->set_profiling(false);
+      ASSERT_TRUE(prof.ok()) << prof.status().to_string();
+      int64_t kernel_calls = 0;
+      for (const auto& e : *prof)
+        if (e.op.rfind("dit_modulation_layers", 0) == 0) kernel_calls += e.calls;
+      const int64_t pack = 16 / static_cast<int64_t>(dtype_size(dt));
+      const bool fits = c.b <= 4 && c.k % pack == 0;
+      EXPECT_EQ(kernel_calls, fits ? 1 : 0) << tag << ": which path ran";
+      expect_match("dit_modulation_layers" + tag, dt, out);
+      // The per-block fused kernel, block by block into the same layout.
+      Both per = outputs(shape, dt);
+      g->set_fused_adaln(true);
+      g->set_adaln_layers(false);
+      ZI_ASSERT_OK(g->dit_modulation_layers(cv.gpu, wg, bg, per.gpu));
+      g->set_fused_adaln(was);
+      if (fits) {
+        EXPECT_EQ(fetch(*g, out.gpu), fetch(*g, per.gpu)) << tag << ": one kernel vs per block";
+      } else {
+        expect_match("dit_modulation_layers, per block" + tag, dt, per);
+      }
+    }
+    // Operands that do not fit the layout are named.
+    Both cv = both_rand({1, 16}, seed++, dt);
+    Both w = both_rand({4 * 8, 16}, seed++, dt);
+    Both bad = outputs({2, 4, 1, 8}, dt);
+    const Status st = g->dit_modulation_layers(cv.gpu, {w.gpu}, {Tensor()}, bad.gpu);
+    EXPECT_EQ(st.code(), ErrorCode::kInvalidArgument) << st.to_string();
+    EXPECT_NE(st.message().find("dit_modulation_layers"), std::string::npos) << st.to_string();
+    g->set_adaln_layers(was_layers);
+  }
+}
+
 TEST(CudaOps, ElementwiseOps) {
   ZI_REQUIRE_GPU();
   const Shape shapes[] = {{1}, {3, 1001}, {8, 64}, {17, 129}};

@@ -516,7 +516,28 @@ TEST(CudaOpsPerf, AdalnModulation) {
     report(fused ? "adaln 1x256 -> 4x3840 fused" : "adaln 1x256 -> 4x3840 GEMV + kernel",
            sustained_ms(g, op), 0, 2.0 * 4 * d * k);
   }
+  // A forward's 32 modulated blocks (weights in separate allocations, as loaded): block by block
+  // (GEMV + kernel, or the fused kernel), and all in one launch (dit_modulation_layers' default).
+  const int64_t layers = 32;
+  std::vector<Tensor> ws, bs;
+  for (int64_t l = 0; l < layers; ++l) {
+    ws.push_back(rand_dev(g, {4 * d, k}, 3410 + static_cast<uint32_t>(l), -0.05f, 0.05f));
+    bs.push_back(rand_dev(g, {4 * d}, 3450 + static_cast<uint32_t>(l)));
+  }
+  Tensor all = take(g->alloc(DType::kBF16, {layers, 4, 1, d}), "mods");
+  const bool was_layers = g->adaln_layers();
+  const double bytes = static_cast<double>(layers) * (4 * d * k + 4 * d) * 2;
+  for (int form = 0; form < 3; ++form) {
+    g->set_fused_adaln(form == 1);
+    g->set_adaln_layers(form == 2);
+    report(form == 0   ? "adaln x32 blocks, GEMV + kernel each"
+           : form == 1 ? "adaln x32 blocks, fused kernel each"
+                       : "adaln x32 blocks, one launch (dit_modulation_layers)",
+           sustained_ms(g, [&] { return g->dit_modulation_layers(c, ws, bs, all); }),
+           2.0 * layers * 4 * d * k, bytes);
+  }
   g->set_fused_adaln(was);
+  g->set_adaln_layers(was_layers);
 }
 
 TEST(CudaOpsPerf, AttentionBf16) {

@@ -218,6 +218,7 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(int device_index, DType
   ZI_TRY(env_switch("ZIMAGE_FP8_INPUTS", b->fp8_inputs_));
   ZI_TRY(env_switch("ZIMAGE_FUSED_SWIGLU_FP8", b->fused_swiglu_fp8_));
   ZI_TRY(env_switch("ZIMAGE_FUSED_ADALN", b->fused_adaln_));
+  ZI_TRY(env_switch("ZIMAGE_ADALN_LAYERS", b->adaln_layers_));
   ZI_TRY(env_switch("ZIMAGE_FUSED_SWIGLU", b->fused_swiglu_));
   ZI_TRY(env_switch("ZIMAGE_FUSED_QKV", b->fused_qkv_));
   for (const auto& [name, on] : {std::pair{"ZIMAGE_FUSED_SWIGLU", b->fused_swiglu_},

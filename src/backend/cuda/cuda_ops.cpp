@@ -1,6 +1,7 @@
 // CudaBackend compute ops other than attention and conv: validation at the boundary, then one
 // launcher call (dtype dispatch happens inside the launcher, once). Shapes and in-place rules are
 // those of backend/backend.h.
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -410,6 +411,40 @@ Status CudaBackend::matmul_dit_modulation(const Tensor& c, const Tensor& w, cons
       op, launch_adaln_modulation(kt, c.data(), w.data(), bias.defined() ? bias.data() : nullptr,
                                   scale_a.data(), gate_a.data(), scale_f.data(), gate_f.data(), b,
                                   d, k, stream_));
+  return Status::Ok();
+}
+
+Status CudaBackend::dit_modulation_layers(const Tensor& c, const std::vector<Tensor>& w,
+                                          const std::vector<Tensor>& bias, Tensor& out) {
+  constexpr const char* op = "dit_modulation_layers";
+  ZI_TRY(check_dit_modulation_layers(op, c, w, bias, out));
+  auto composed = [&] { return Backend::dit_modulation_layers(c, w, bias, out); };
+  if (!fused_ || !adaln_layers_) return composed();
+  // Plain act-dtype operands of a small batch, aligned for 16-byte loads; anything else
+  // (quantised or FP8 weights, other dtypes, wide batches) runs block by block.
+  auto plain = [&](const Tensor& t) {
+    return check_cuda_tensor(op, "operand", t).ok() && t.dtype() == act_;
+  };
+  const int64_t b = c.dim(0), k = c.dim(1), d = w[0].dim(0) / 4;
+  if (!plain(c) || !plain(out)) return composed();
+  for (size_t l = 0; l < w.size(); ++l)
+    if (!plain(w[l]) || (bias[l].defined() && !plain(bias[l])) ||
+        !adaln_modulation_fits(b, k, c.data(), w[l].data(),
+                               bias[l].defined() ? bias[l].data() : nullptr, dtype_size(act_)))
+      return composed();
+  ZI_OP_SCOPE(op, &c, &w[0]);
+  ZI_ASSIGN_OR_RETURN(KType kt, ktype_of(op, act_));
+  const int64_t layers = static_cast<int64_t>(w.size());
+  for (int64_t l0 = 0; l0 < layers; l0 += kAdaLayers) {
+    const int n = static_cast<int>(std::min<int64_t>(kAdaLayers, layers - l0));
+    AdaLayerWeights p{};
+    for (int i = 0; i < n; ++i) {
+      p.w[i] = w[l0 + i].data();
+      p.bias[i] = bias[l0 + i].defined() ? bias[l0 + i].data() : nullptr;
+    }
+    ZI_LAUNCH_TRY(op, launch_adaln_modulation_layers(
+                          kt, p, n, c.data(), out.slice0(l0, l0 + n).data(), b, d, k, stream_));
+  }
   return Status::Ok();
 }
 

@@ -156,6 +156,40 @@ Status ZImageDiT::modulate(const Block& blk, const Tensor& c, Scratch& s, int se
                                    m.scale_f, m.gate_f);
 }
 
+Status ZImageDiT::modulate_all(Pass& P) {
+  // With streamed blocks some weights are not on the device until their block runs.
+  if (streamer_) return Status::Ok();
+  const int n = static_cast<int>(noise_refiner_.size() + context_refiner_.size() + layers_.size());
+  std::vector<Tensor> w, bias;
+  P.mod_slot.assign(n, -1);
+  for (int i = 0; i < n; ++i) {
+    const Block& blk = block_at(i);
+    if (!blk.modulated) continue;
+    P.mod_slot[i] = static_cast<int>(w.size());
+    w.push_back(blk.adaln_w);
+    bias.push_back(blk.adaln_b);
+  }
+  if (w.empty()) return Status::Ok();
+  const int64_t m = static_cast<int64_t>(w.size());
+  ZI_ASSIGN_OR_RETURN(
+      P.mods, load::alloc(be_, be_.act_dtype(), {m, 4, P.c.dim(0), cfg_.dim}, "dit.modulations"));
+  return be_.dit_modulation_layers(P.c, w, bias, P.mods);
+}
+
+Status ZImageDiT::modulate_block(const Pass& P, int index, const Block& blk, const Tensor& c,
+                                 Scratch& s, int set) {
+  if (!blk.modulated) return Status::Ok();
+  const int slot = index < static_cast<int>(P.mod_slot.size()) ? P.mod_slot[index] : -1;
+  if (!P.mods.defined() || slot < 0) return modulate(blk, c, s, set);
+  const std::array<Tensor, 4> v = dit_modulation_of(P.mods, slot);
+  Scratch::Modulation& m = s.mods[set];
+  m.scale_a = v[0];
+  m.gate_a = v[1];
+  m.scale_f = v[2];
+  m.gate_f = v[3];
+  return Status::Ok();
+}
+
 Status ZImageDiT::run_block(const Block& blk, Tensor& x, const Tensor& freqs, const Tensor& c,
                             const AttentionParams& ap, Scratch& s, const AttentionFn* attn) {
   ZI_TRY(modulate(blk, c, s, 0));
@@ -424,12 +458,12 @@ Status ZImageDiT::run_stage(const Pass& P, Stage st, Tensor& x, const Tensor& fr
       blk = std::move(next);  // acquired, modulated and pre-normed by the previous block
     } else {
       ZI_ASSIGN_OR_RETURN(blk, use_block(first + l));
-      ZI_TRY(modulate(blk, *c, s, set));
+      ZI_TRY(modulate_block(P, first + l, blk, *c, s, set));
     }
     const bool fuse = l + 1 < count && !streamer_ && !hinted(l);
     if (fuse) {
       ZI_ASSIGN_OR_RETURN(next, use_block(first + l + 1));
-      ZI_TRY(modulate(next, *c, s, 1 - set));
+      ZI_TRY(modulate_block(P, first + l + 1, next, *c, s, 1 - set));
     }
     ZI_TRY(run_block(blk, set, prenormed, fuse ? &next : nullptr, x, freqs, ap, s,
                      attn));  // [B, S, D]
@@ -470,6 +504,7 @@ Status ZImageDiT::compute(const Layout& L, const Tensor& latents, const Tensor& 
   Pass P{L, Tensor(), dbg, pfx, control};
   ZI_TRY(timestep_embedding(sinusoid, P.c));  // [B, adaln]
   debug_tensor(dbg, pfx + ".t_emb", be_, P.c);
+  ZI_TRY(modulate_all(P));  // every block's adaLN modulation, from c
 
   ZI_ASSIGN_OR_RETURN(Tensor tokens, patch_tokens(L, latents));  // [B, N, p*p*C]
   ZI_ASSIGN_OR_RETURN(Tensor x, embed_image(L, tokens));         // [B, Np, D]

@@ -239,7 +239,16 @@ class ZImageDiT {
     DebugSink* dbg = nullptr;  // dumps <pfx>.<stage>.<l> (none when null)
     std::string pfx;
     const ControlResiduals* control = nullptr;  // added after the main layers they name
+    // Every modulated block's modulation, made at once from c (modulate_all): [M, 4, B, D], and
+    // each block index's layer in it (-1: unmodulated). Undefined with streamed blocks.
+    Tensor mods;
+    std::vector<int> mod_slot;
   };
+  // P.mods and P.mod_slot from P.c when every block is resident (Backend::dit_modulation_layers).
+  Status modulate_all(Pass& P);
+  // Block `index`'s modulation into s.mods[set]: its views of P.mods, else modulate.
+  Status modulate_block(const Pass& P, int index, const Block& blk, const Tensor& c, Scratch& s,
+                        int set);
   // The latents' patches [B, N, p*p*C].
   Result<Tensor> patch_tokens(const Layout& L, const Tensor& latents);
   // x_embedder of the patches, each item's N rows followed by Np - N pad tokens: [B, Np, D].

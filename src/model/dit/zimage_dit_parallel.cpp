@@ -239,6 +239,7 @@ Status ZImageDiT::compute_parallel(Communicator& comm, const Layout& L, const Te
 
   // ---- replicated on every rank: as compute() up to the unified sequence ----
   ZI_TRY(timestep_embedding(sinusoid, P.c));                     // [B, adaln]
+  ZI_TRY(modulate_all(P));                                       // every block's modulation
   ZI_ASSIGN_OR_RETURN(Tensor tokens, patch_tokens(L, latents));  // [B, N, p*p*C]
   ZI_ASSIGN_OR_RETURN(Tensor x, embed_image(L, tokens));         // [B, Np, D]
   tokens = Tensor();

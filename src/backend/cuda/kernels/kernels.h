@@ -134,6 +134,17 @@ bool adaln_modulation_fits(int64_t b, int64_t k, const void* c, const void* w, c
 cudaError_t launch_adaln_modulation(KType t, const void* c, const void* w, const void* bias,
                                     void* scale_a, void* gate_a, void* scale_f, void* gate_f,
                                     int64_t b, int64_t d, int64_t k, cudaStream_t s);
+// launch_adaln_modulation for `layers` layers at once (the same c; layer l's w and bias from p,
+// each as adaln_modulation_fits requires), into out [layers, 4, b, d]: layer l's scale_a, gate_a,
+// scale_f, gate_f in that order. Up to kAdaLayers layers a launch.
+constexpr int kAdaLayers = 64;
+struct AdaLayerWeights {
+  const void* w[kAdaLayers];
+  const void* bias[kAdaLayers];  // null: no bias
+};
+cudaError_t launch_adaln_modulation_layers(KType t, const AdaLayerWeights& p, int layers,
+                                           const void* c, void* out, int64_t b, int64_t d,
+                                           int64_t k, cudaStream_t s);
 // mod[b, 4d] -> 1 + mod[:, 0:d], tanh(mod[:, d:2d]), 1 + mod[:, 2d:3d], tanh(mod[:, 3d:4d]).
 cudaError_t launch_dit_modulation(KType t, const void* mod, void* scale_a, void* gate_a,
                                   void* scale_f, void* gate_f, int64_t b, int64_t d,

@@ -405,15 +405,14 @@ __global__ void dit_modulation_kernel(const T* __restrict__ mod, T* __restrict__
 constexpr int kAdaRows = 4;
 constexpr int kAdaMaxBatch = 4;
 
+// One warp's kAdaRows rows j0.. of w (all lanes; warp-uniform exits): dst[q] is the output of
+// quarter q of 4D, [kB, d] each.
 template <typename T, int kB>
-__global__ void adaln_modulation_kernel(const T* __restrict__ c, const T* __restrict__ w,
-                                        const T* __restrict__ bias, T* __restrict__ scale_a,
-                                        T* __restrict__ gate_a, T* __restrict__ scale_f,
-                                        T* __restrict__ gate_f, int64_t d, int k) {
+__device__ __forceinline__ void adaln_warp_rows(const T* __restrict__ c, const T* __restrict__ w,
+                                                const T* __restrict__ bias, T* const (&dst)[4],
+                                                int64_t d, int k, int64_t j0, int lane) {
   constexpr int V = kVec16<T>;
-  const int lane = static_cast<int>(threadIdx.x & 31);
   const int64_t n = 4 * d;
-  const int64_t j0 = (int64_t{blockIdx.x} * kWarps + (threadIdx.x >> 5)) * kAdaRows;
   if (j0 >= n) return;  // warp-uniform
   float acc[kAdaRows][kB];
 #pragma unroll
@@ -443,14 +442,36 @@ __global__ void adaln_modulation_kernel(const T* __restrict__ c, const T* __rest
     if (j >= n) break;  // warp-uniform
     const int q = static_cast<int>(j / d);
     const int64_t col = j - q * d;
-    T* dst = q == 0 ? scale_a : q == 1 ? gate_a : q == 2 ? scale_f : gate_f;
+    T* out = dst[q];
     const float bj = bias ? to_f32<T>(bias[j]) : 0.f;
 #pragma unroll
     for (int bi = 0; bi < kB; ++bi) {
       const float m = round_to<T>(warp_sum(acc[r][bi]) + bj);  // the GEMM's output, rounded
-      if (lane == bi) dst[bi * d + col] = from_f32<T>(q % 2 == 0 ? m + 1.0f : tanhf(m));
+      if (lane == bi) out[bi * d + col] = from_f32<T>(q % 2 == 0 ? m + 1.0f : tanhf(m));
     }
   }
+}
+
+template <typename T, int kB>
+__global__ void adaln_modulation_kernel(const T* __restrict__ c, const T* __restrict__ w,
+                                        const T* __restrict__ bias, T* scale_a, T* gate_a,
+                                        T* scale_f, T* gate_f, int64_t d, int k) {
+  T* const dst[4] = {scale_a, gate_a, scale_f, gate_f};
+  const int64_t j0 = (int64_t{blockIdx.x} * kWarps + (threadIdx.x >> 5)) * kAdaRows;
+  adaln_warp_rows<T, kB>(c, w, bias, dst, d, k, j0, static_cast<int>(threadIdx.x & 31));
+}
+
+// Every layer's projection and modulation in one launch (blockIdx.y: the layer): the weights of
+// up to kAdaLayers layers by value, out [layers, 4, kB, d].
+template <typename T, int kB>
+__global__ void adaln_modulation_layers_kernel(AdaLayerWeights p, const T* __restrict__ c,
+                                               T* __restrict__ out, int64_t d, int k) {
+  const int layer = static_cast<int>(blockIdx.y);
+  T* o = out + int64_t{layer} * 4 * kB * d;
+  T* const dst[4] = {o, o + kB * d, o + 2 * kB * d, o + 3 * kB * d};
+  const int64_t j0 = (int64_t{blockIdx.x} * kWarps + (threadIdx.x >> 5)) * kAdaRows;
+  adaln_warp_rows<T, kB>(c, static_cast<const T*>(p.w[layer]), static_cast<const T*>(p.bias[layer]),
+                         dst, d, k, j0, static_cast<int>(threadIdx.x & 31));
 }
 
 }  // namespace
@@ -479,6 +500,36 @@ cudaError_t launch_adaln_modulation(KType t, const void* c, const void* w, const
               static_cast<const T*>(c), static_cast<const T*>(w), static_cast<const T*>(bias),
               static_cast<T*>(scale_a), static_cast<T*>(gate_a), static_cast<T*>(scale_f),
               static_cast<T*>(gate_f), d, static_cast<int>(k));
+      return cudaGetLastError();
+    };
+    switch (b) {
+      case 1:
+        return launch(std::integral_constant<int, 1>{});
+      case 2:
+        return launch(std::integral_constant<int, 2>{});
+      case 3:
+        return launch(std::integral_constant<int, 3>{});
+      default:
+        return launch(std::integral_constant<int, 4>{});
+    }
+  });
+}
+
+cudaError_t launch_adaln_modulation_layers(KType t, const AdaLayerWeights& p, int layers,
+                                           const void* c, void* out, int64_t b, int64_t d,
+                                           int64_t k, cudaStream_t s) {
+  if (layers <= 0 || b <= 0 || d <= 0) return cudaSuccess;
+  if (layers > kAdaLayers || b > kAdaMaxBatch || k <= 0 || k > (int64_t{1} << 30))
+    return cudaErrorInvalidValue;
+  const int64_t warps = (4 * d + kAdaRows - 1) / kAdaRows;
+  const int64_t blocks = (warps + kWarps - 1) / kWarps;
+  if (blocks >= (int64_t{1} << 31)) return cudaErrorInvalidValue;
+  return dispatch_ktype(t, [&](auto tag) {
+    using T = decltype(tag);
+    auto launch = [&](auto nb) {
+      adaln_modulation_layers_kernel<T, decltype(nb)::value>
+          <<<dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(layers)), kWarps * 32, 0,
+             s>>>(p, static_cast<const T*>(c), static_cast<T*>(out), d, static_cast<int>(k));
       return cudaGetLastError();
     };
     switch (b) {
