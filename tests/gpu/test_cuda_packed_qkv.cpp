@@ -46,7 +46,7 @@ TEST(CudaPackedQkv, PrologueInPlaceIsTheSplitBitForBit) {
   const cuda::RowKernelTuning was = cuda::row_kernel_tuning();
   const bool was_staged = cuda::staged_row_kernels();
   cuda::set_staged_row_kernels(true);
-  // 0 with the staging on (ZIMAGE_STAGED_ROWS=1): for 2-byte types a block per row staged through
+  // 0 with the staging on (the default): for 2-byte types a block per row staged through
   // shared memory, where the row's q and k heads fit it; 1, 2, 4: the warp-item kernel's items in
   // flight. Each ships.
   for (int items : {0, 1, 2, 4}) {

@@ -670,7 +670,7 @@ TEST(CudaOpsPerf, AttentionFp8) {
     ZI_ASSERT_OK(g->convert(fr32, freqs));
     const cuda::RowKernelTuning was = cuda::row_kernel_tuning();
     const bool was_staged = cuda::staged_row_kernels();
-    for (const int items : {0, 1, 2, 4}) {  // 0: a block per row (ZIMAGE_STAGED_ROWS=1)
+    for (const int items : {0, 1, 2, 4}) {  // 0: a block per row (the default)
       cuda::set_row_kernel_tuning({was.norm_ppt, items, was.row_walk});
       cuda::set_staged_row_kernels(items == 0);
       report(cat("attention fp8, q/k norm + RoPE to e4m3, items ", items, ", 30 x ", s),

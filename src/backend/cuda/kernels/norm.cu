@@ -18,9 +18,12 @@ namespace zimage::cuda {
 
 namespace {
 std::atomic<int> g_norm_ppt{0}, g_prologue_items{0}, g_row_walk{0};
-// The attention prologue as a block per token row (prologue.cu qk_norm_rope_row_kernel): opt-in,
-// whole forwards measured no faster than the warp-item kernel (session 26).
-std::atomic<bool> g_staged_rows{false};
+// The attention prologue as a block per token row (prologue.cu qk_norm_rope_row_kernel): 24-35 %
+// faster than the warp-item kernel per op on an H100 (in place at 4160 / 9280 rows 0.054 / 0.108
+// ms against 0.071 / 0.155; to e4m3 0.051 / 0.110 against 0.079 / 0.170; a 2048² forward's 30
+// calls 5.5 ms against 8.6), docs/BENCHMARKS.md "Session 26". ZIMAGE_STAGED_ROWS=0: the warp
+// kernel.
+std::atomic<bool> g_staged_rows{true};
 }  // namespace
 
 void set_staged_row_kernels(bool on) {
@@ -45,8 +48,9 @@ RowKernelTuning row_kernel_tuning() {
 // per warp (2,2,2) gained nothing more. Session 16 (one H100, CudaOpsPerf.RowKernelTuning, with
 // one (cos, sin) load per token row): the prologue at 2 items per warp 0.102 / 0.386 ms at 4160 /
 // 16448 rows against 0.124 / 0.476 at 1 item (4 items: 0.109 / 0.409), so 2 is the default of the
-// warp-item kernel. Under staged_row_kernels() the packed prologue of 2-byte types takes a block
-// per row when the setting is 0 (prologue.cu qk_norm_rope_row_kernel, session 25).
+// warp-item kernel. Under staged_row_kernels() (the default since session 26) the packed prologue
+// of 2-byte types takes a block per row when the setting is 0 (prologue.cu
+// qk_norm_rope_row_kernel).
 RowKernelTuning row_kernel_defaults() {
   return {1, 2, 2};
 }

@@ -14,9 +14,9 @@ namespace zimage::cuda {
 // 0 in a field = the measured default. norm_ppt: 16-byte packs each thread of a block-per-row
 // norm holds (1, 2 or 4; more packs per thread = more loads in flight per multiprocessor, fewer
 // threads per row). prologue_items: (token, head) items one warp of the head_dim-128 attention
-// prologue loads before it computes (1, 2 or 4); 0 = 2, or with the staging on
-// (staged_row_kernels) a block per token row for the packed forms of 2-byte types (the same bytes
-// as the warp kernel's). norm_ppt changes which thread sums what, so the last bit of a bf16 result
+// prologue loads before it computes (1, 2 or 4); 0 = a block per token row for the packed forms
+// of 2-byte types while the staging is on (staged_row_kernels, the default; the same bytes as the
+// warp kernel's), else 2. norm_ppt changes which thread sums what, so the last bit of a bf16 result
 // may move; every launch in the process uses the same setting. row_walk:
 // 1 = the flat-index kernels, 2 = the row-walking kernels of the VAE's group norm (channel counts
 // of a power-of-two number of 16-byte packs), its nearest upsampling and SwiGLU (widths a multiple
