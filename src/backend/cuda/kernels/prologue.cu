@@ -484,14 +484,39 @@ bool adaln_modulation_fits(int64_t b, int64_t k, const void* c, const void* w, c
          (bias == nullptr || reinterpret_cast<uintptr_t>(bias) % elem == 0);
 }
 
+namespace {
+
+// launch(std::integral_constant<int, b>) for the batches the adaLN kernels are built for (1..4).
+template <typename F>
+cudaError_t with_ada_batch(int64_t b, F&& launch) {
+  switch (b) {
+    case 1:
+      return launch(std::integral_constant<int, 1>{});
+    case 2:
+      return launch(std::integral_constant<int, 2>{});
+    case 3:
+      return launch(std::integral_constant<int, 3>{});
+    default:
+      return launch(std::integral_constant<int, 4>{});
+  }
+}
+
+// Blocks of kWarps warps, kAdaRows rows of the 4d outputs a warp; 0 when that does not fit a grid.
+int64_t ada_blocks(int64_t d) {
+  const int64_t warps = (4 * d + kAdaRows - 1) / kAdaRows;
+  const int64_t blocks = (warps + kWarps - 1) / kWarps;
+  return blocks < (int64_t{1} << 31) ? blocks : 0;
+}
+
+}  // namespace
+
 cudaError_t launch_adaln_modulation(KType t, const void* c, const void* w, const void* bias,
                                     void* scale_a, void* gate_a, void* scale_f, void* gate_f,
                                     int64_t b, int64_t d, int64_t k, cudaStream_t s) {
   if (b <= 0 || d <= 0) return cudaSuccess;
   if (b > kAdaMaxBatch || k <= 0 || k > (int64_t{1} << 30)) return cudaErrorInvalidValue;
-  const int64_t warps = (4 * d + kAdaRows - 1) / kAdaRows;
-  const int64_t blocks = (warps + kWarps - 1) / kWarps;
-  if (blocks >= (int64_t{1} << 31)) return cudaErrorInvalidValue;
+  const int64_t blocks = ada_blocks(d);
+  if (blocks == 0) return cudaErrorInvalidValue;
   return dispatch_ktype(t, [&](auto tag) {
     using T = decltype(tag);
     auto launch = [&](auto nb) {
@@ -502,16 +527,7 @@ cudaError_t launch_adaln_modulation(KType t, const void* c, const void* w, const
               static_cast<T*>(gate_f), d, static_cast<int>(k));
       return cudaGetLastError();
     };
-    switch (b) {
-      case 1:
-        return launch(std::integral_constant<int, 1>{});
-      case 2:
-        return launch(std::integral_constant<int, 2>{});
-      case 3:
-        return launch(std::integral_constant<int, 3>{});
-      default:
-        return launch(std::integral_constant<int, 4>{});
-    }
+    return with_ada_batch(b, launch);
   });
 }
 
@@ -521,9 +537,8 @@ cudaError_t launch_adaln_modulation_layers(KType t, const AdaLayerWeights& p, in
   if (layers <= 0 || b <= 0 || d <= 0) return cudaSuccess;
   if (layers > kAdaLayers || b > kAdaMaxBatch || k <= 0 || k > (int64_t{1} << 30))
     return cudaErrorInvalidValue;
-  const int64_t warps = (4 * d + kAdaRows - 1) / kAdaRows;
-  const int64_t blocks = (warps + kWarps - 1) / kWarps;
-  if (blocks >= (int64_t{1} << 31)) return cudaErrorInvalidValue;
+  const int64_t blocks = ada_blocks(d);
+  if (blocks == 0) return cudaErrorInvalidValue;
   return dispatch_ktype(t, [&](auto tag) {
     using T = decltype(tag);
     auto launch = [&](auto nb) {
@@ -532,16 +547,7 @@ cudaError_t launch_adaln_modulation_layers(KType t, const AdaLayerWeights& p, in
              s>>>(p, static_cast<const T*>(c), static_cast<T*>(out), d, static_cast<int>(k));
       return cudaGetLastError();
     };
-    switch (b) {
-      case 1:
-        return launch(std::integral_constant<int, 1>{});
-      case 2:
-        return launch(std::integral_constant<int, 2>{});
-      case 3:
-        return launch(std::integral_constant<int, 3>{});
-      default:
-        return launch(std::integral_constant<int, 4>{});
-    }
+    return with_ada_batch(b, launch);
   });
 }
 
