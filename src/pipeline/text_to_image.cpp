@@ -191,15 +191,8 @@ Result<std::unique_ptr<DenoiseState>> TextToImage::begin(const GenerateRequest& 
   };
   st->cfg = req.guidance > 0.0f;  // diffusers: do_classifier_free_guidance = scale > 0
 
-  // 1-2. Tokenize and encode the prompts (and the negative prompt under CFG).
-  if (cancelled()) return Cancelled("generation cancelled before it started");
-  report(Phase::kTokenize, 0, 0);
-  double encoder_t0 = 0;
-  ZI_ASSIGN_OR_RETURN(st->embeds,
-                      encode_prompts(req, st->cfg, hooks, st->timings, st->start_s, encoder_t0));
-
-  // 3. Noise: ONE generator per request, [n, C, h, w] in one call (diffusers' prepare_latents):
-  // a request's noise does not depend on what it is batched with.
+  // The latent's size and the schedule first: nothing fails between the text encoder's start and
+  // its wait but the noise below.
   st->n = static_cast<int64_t>(req.prompts.size()) * req.images_per_prompt;
   st->channels = latent_channels();
   st->h = req.height / vae_factor();
@@ -209,14 +202,36 @@ Result<std::unique_ptr<DenoiseState>> TextToImage::begin(const GenerateRequest& 
       FlowMatchEulerScheduler sched,
       FlowMatchEulerScheduler::create(c_.scheduler, req.steps, (st->h / p) * (st->w / p)));
   st->scheduler = std::move(sched);
+
+  // 1-2. Tokenize and encode the prompts (and the negative prompt under CFG).
+  if (cancelled()) return Cancelled("generation cancelled before it started");
+  report(Phase::kTokenize, 0, 0);
+  double encoder_t0 = 0;
+  ZI_ASSIGN_OR_RETURN(st->embeds,
+                      encode_prompts(req, st->cfg, hooks, st->timings, st->start_s, encoder_t0));
+
+  // 3. Noise: ONE generator per request, [n, C, h, w] in one call (diffusers' prepare_latents):
+  // a request's noise does not depend on what it is batched with.
   TorchCpuGenerator gen(req.seed);
   const bool image_start = req.control_image || req.init_image;
   Tensor noise;
   if (!image_start) {
     // Text to image: the noise is made on the host while the backend runs the text encoder
-    // (~5 ms of torch's Box-Muller for a 1024² latent, as long as the encoder at 35 tokens).
-    ZI_TRY(gen.skip_images(req.first_image, st->channels * st->h * st->w));
-    ZI_ASSIGN_OR_RETURN(noise, gen.randn({st->n, st->channels, st->h, st->w}, noise_pool_.get()));
+    // (~5 ms of torch's Box-Muller for a 1024² latent, as long as the encoder at 35 tokens). A
+    // failure here still waits for the encoder (its own error first), so none of its work or
+    // its faults reach the next request.
+    Status made = gen.skip_images(req.first_image, st->channels * st->h * st->w);
+    if (made.ok()) {
+      auto r = gen.randn({st->n, st->channels, st->h, st->w}, noise_pool_.get());
+      if (r.ok())
+        noise = std::move(r).value();
+      else
+        made = r.status();
+    }
+    if (!made.ok()) {
+      const Status waited = be_.synchronize();
+      return waited.ok() ? made : waited;
+    }
   }
   ZI_TRY(finish_text_encoder(st->embeds, st->cfg, hooks, st->timings, encoder_t0));
   if (req.control_image) {

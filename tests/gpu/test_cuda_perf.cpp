@@ -510,9 +510,10 @@ TEST(CudaOpsPerf, AdalnModulation) {
   Tensor o[4];
   for (Tensor& t : o) t = take(g->alloc(DType::kBF16, {1, d}), "o");
   auto op = [&] { return g->matmul_dit_modulation(c, w, bias, mod, o[0], o[1], o[2], o[3]); };
-  const bool was = g->fused_adaln();
+  const bool was = g->fused_adaln(), was_layers = g->adaln_layers();
   for (bool fused : {false, true}) {
     g->set_fused_adaln(fused);
+    g->set_adaln_layers(false);
     report(fused ? "adaln 1x256 -> 4x3840 fused" : "adaln 1x256 -> 4x3840 GEMV + kernel",
            sustained_ms(g, op), 0, 2.0 * 4 * d * k);
   }
@@ -525,7 +526,6 @@ TEST(CudaOpsPerf, AdalnModulation) {
     bs.push_back(rand_dev(g, {4 * d}, 3450 + static_cast<uint32_t>(l)));
   }
   Tensor all = take(g->alloc(DType::kBF16, {layers, 4, 1, d}), "mods");
-  const bool was_layers = g->adaln_layers();
   const double bytes = static_cast<double>(layers) * (4 * d * k + 4 * d) * 2;
   for (int form = 0; form < 3; ++form) {
     g->set_fused_adaln(form == 1);

@@ -263,13 +263,14 @@ TEST(Rng, ShapesAndErrors) {
   EXPECT_EQ(test::max_abs_diff(*a, *b), 0.0);
 }
 
-// The pipeline spreads the Box-Muller blocks over a pool: the same bits as one thread, for a
-// 1024² latent, a batch of two, a ragged tail and a draw below one pool chunk; and the stream
-// after it continues the same way.
+// The pipeline spreads the Box-Muller blocks over a pool (chunks of 2048 blocks, from 4096
+// blocks up): the same bits as one thread, for a 1024² latent, a batch of two, counts whose last
+// chunk is short (38400 blocks; 4375 blocks and a ragged tail of one value), draws the pool runs
+// inline (1683 blocks, 64 blocks); and the stream after each continues the same way.
 TEST(Rng, PoolGivesTheSameBits) {
   ThreadPool pool(4);
-  for (const Shape& shape :
-       {Shape{1, 16, 128, 128}, Shape{2, 16, 64, 96}, Shape{3, 16, 33, 17}, Shape{1, 16, 8, 8}}) {
+  for (const Shape& shape : {Shape{1, 16, 128, 128}, Shape{2, 16, 64, 96}, Shape{3, 16, 128, 100},
+                             Shape{1, 70001}, Shape{3, 16, 33, 17}, Shape{1, 16, 8, 8}}) {
     TorchCpuGenerator one(1234), many(1234);
     for (int draw = 0; draw < 2; ++draw) {
       auto a = one.randn(shape);

@@ -228,8 +228,9 @@ class CudaBackend final : public Backend {
   Status dit_modulation(const Tensor& mod, Tensor& scale_a, Tensor& gate_a, Tensor& scale_f,
                         Tensor& gate_f) override;
   // One kernel (a GEMV with the modulation applied to its sums) for act-dtype operands and
-  // batches up to 4, when switched on (ZIMAGE_FUSED_ADALN=1; off until measured on a GPU: it
-  // replaces a cuBLASLt GEMV of ~10 µs and a kernel of ~5 µs per block); else the two ops.
+  // batches up to 4, when switched on (ZIMAGE_FUSED_ADALN=1) or while dit_modulation_layers runs
+  // its one kernel (the default: the blocks that make their own, streamed or a ControlNet's, then
+  // get its sums); else the two ops (cuBLASLt's GEMV and the modulation kernel).
   Status matmul_dit_modulation(const Tensor& c, const Tensor& w, const Tensor& bias, Tensor& mod,
                                Tensor& scale_a, Tensor& gate_a, Tensor& scale_f,
                                Tensor& gate_f) override;

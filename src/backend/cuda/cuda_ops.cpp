@@ -388,7 +388,10 @@ Status CudaBackend::matmul_dit_modulation(const Tensor& c, const Tensor& w, cons
   auto composed = [&] {
     return Backend::matmul_dit_modulation(c, w, bias, mod, scale_a, gate_a, scale_f, gate_f);
   };
-  if (!fused_ || !fused_adaln_) return composed();
+  // Under dit_modulation_layers' one kernel (the default) a block that makes its own modulation
+  // (streamed weights, a ControlNet's blocks) takes the per-block kernel, the same sums: the bits
+  // do not depend on where the weights live.
+  if (!fused_ || !(fused_adaln_ || adaln_layers_)) return composed();
   // The fused GEMV takes plain act-dtype operands of a small batch; anything else (quantised or
   // FP8 weights, other dtypes, wide batches, odd widths) runs the two ops.
   auto plain = [&](const Tensor& t) {
