@@ -17,32 +17,26 @@ namespace zimage::test {
 namespace {
 
 // Runs `body` under each setting of the row kernels' tuning (the defaults with and without the
-// shared-memory staging, ZIMAGE_STAGED_ROWS, and with and without the persistent pipelined wide
-// rows, ZIMAGE_PIPELINED_ROWS; 1, 2 and 4 packs per thread / items per warp; the flat and the
-// row-walking group norm and SwiGLU; cuda::RowKernelTuning), then restores the settings: each
-// layout is a path that ships.
+// shared-memory staging, ZIMAGE_STAGED_ROWS; 1, 2 and 4 packs per thread / items per warp; the
+// flat and the row-walking group norm and SwiGLU; cuda::RowKernelTuning), then restores the
+// settings: each layout is a path that ships.
 template <typename F>
 void for_each_row_tuning(F&& body) {
   const cuda::RowKernelTuning was = cuda::row_kernel_tuning();
   const bool was_staged = cuda::staged_row_kernels();
-  const bool was_pipelined = cuda::pipelined_row_kernels();
   struct Setting {
     int t;
-    bool staged, pipelined;
+    bool staged;
   };
-  for (const Setting& c :
-       {Setting{0, true, true}, Setting{0, true, false}, Setting{0, false, false},
-        Setting{1, true, true}, Setting{2, true, true}, Setting{4, true, true}}) {
-    SCOPED_TRACE(cat("RowKernelTuning ", c.t, c.staged ? " staged" : " unstaged",
-                     c.pipelined ? " pipelined" : ""));
+  for (const Setting& c : {Setting{0, true}, Setting{0, false}, Setting{1, true}, Setting{2, true},
+                           Setting{4, true}}) {
+    SCOPED_TRACE(cat("RowKernelTuning ", c.t, c.staged ? " staged" : " unstaged"));
     cuda::set_row_kernel_tuning({c.t, c.t, c.t == 1 ? 1 : c.t == 0 ? 0 : 2});
     cuda::set_staged_row_kernels(c.staged);
-    cuda::set_pipelined_row_kernels(c.pipelined);
     body();
   }
   cuda::set_row_kernel_tuning(was);
   cuda::set_staged_row_kernels(was_staged);
-  cuda::set_pipelined_row_kernels(was_pipelined);
 }
 
 TEST(CudaOps, Matmul) {
@@ -199,10 +193,9 @@ TEST(CudaOps, ResidualRmsNormGate) {
 TEST(CudaOps, ResidualNormGateThenNormFused) {
   ZI_REQUIRE_GPU();
   // 3840, 2048 and 6144 wide at one pack a thread (per-row gate and scale of 1, 2 and 3 groups);
-  // 10240 at two packs a thread; the narrow ones in warps. 2 x 1500 rows of 3840: more rows than
-  // the pipelined form's resident blocks (each walks several, across the two groups' gates).
+  // 10240 at two packs a thread; the narrow ones in warps.
   const Shape shapes[] = {{1, 1, 8},    {2, 17, 128}, {2, 33, 512},  {1, 5, 3840}, {2, 9, 3840},
-                          {3, 4, 2048}, {1, 3, 6144}, {2, 3, 10240}, {1, 3, 7},    {2, 1500, 3840}};
+                          {3, 4, 2048}, {1, 3, 6144}, {2, 3, 10240}, {1, 3, 7}};
   for_each_row_tuning([&] {
     for (DType dt : kDTypes) {
       uint32_t seed = 250;

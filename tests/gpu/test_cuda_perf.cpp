@@ -289,53 +289,6 @@ TEST(CudaOpsPerf, SwigluFp8) {
   }
 }
 
-// The DiT's wide row kernels that have a persistent, double-buffered form (ZIMAGE_PIPELINED_ROWS,
-// row_pipeline.cuh) against their block-per-row kernels, at 1024² and 2048²: the gated residual +
-// next norm (bf16 out, and FP8 rows out), and the FP8 SwiGLU, with the bytes each moves.
-TEST(CudaOpsPerf, PipelinedRows) {
-  ZI_REQUIRE_GPU();
-  cuda::CudaBackend* g = gpu(DType::kBF16);
-  const int64_t d = 3840, f = 10240;
-  uint32_t seed = 4200;
-  Tensor w = rand_dev(g, {d}, seed++, 0.5f, 1.5f);
-  Tensor gate = rand_dev(g, {1, d}, seed++);
-  Tensor scale = rand_dev(g, {1, d}, seed++, 0.5f, 1.5f);
-  const bool was = cuda::pipelined_row_kernels();
-  for (const int64_t m : {int64_t{4160}, int64_t{16448}}) {
-    Tensor x = rand_dev(g, {1, m, d}, seed++);
-    Tensor y = rand_dev(g, {1, m, d}, seed++);
-    Tensor out = take(g->alloc(DType::kBF16, {m, d}), "out");
-    Tensor out8 = take(g->alloc(DType::kF8E4M3, {m, d}), "out8");
-    Tensor outs = take(g->alloc(DType::kF32, {m}), "outs");
-    Tensor h = rand_dev(g, {m, 2 * f}, seed++, -6.f, 6.f);
-    Tensor act = take(g->alloc(DType::kBF16, {m, f}), "act");
-    Tensor act8 = take(g->alloc(DType::kF8E4M3, {m, f}), "act8");
-    Tensor acts = take(g->alloc(DType::kF32, {m}), "acts");
-    const double row = 2.0 * m * d;  // bytes of one [m, d] bf16 tensor
-    for (const bool pipe : {false, true, false, true}) {
-      cuda::set_pipelined_row_kernels(pipe);
-      const char* form = pipe ? " pipelined" : " block per row";
-      report(
-          cat("residual_norm_gate_then_norm ", m, "x", d, form),
-          sustained_ms(
-              g,
-              [&] { return g->residual_norm_gate_then_norm(x, y, w, 1e-6f, gate, w, scale, out); }),
-          0, 4 * row);
-      report(cat("residual_norm_gate_then_norm_fp8 ", m, "x", d, form),
-             sustained_ms(g,
-                          [&] {
-                            return g->residual_norm_gate_then_norm_fp8(x, y, w, 1e-6f, gate, w,
-                                                                       scale, out, out8, outs);
-                          }),
-             0, 3.5 * row + 4.0 * m);
-      report(cat("swiglu_fp8 ", m, "x", f, form),
-             sustained_ms(g, [&] { return g->swiglu_fp8(h, act, act8, acts); }), 0,
-             5.0 * m * f + 4.0 * m);
-    }
-  }
-  cuda::set_pipelined_row_kernels(was);
-}
-
 // The W8A8 FP8 GEMM's tiles (CUTLASS, fast accumulation; gemm_cutlass.h Fp8Tile) at the DiT's
 // four linears for 1024² and 2048², on operands quantised once: the fastest per shape is what
 // fp8_tile_for should pick. Also the activations' row quantisation (every FP8 GEMM's first

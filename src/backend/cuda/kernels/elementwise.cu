@@ -7,15 +7,11 @@
 
 #include "backend/cuda/kernels/device_utils.cuh"
 #include "backend/cuda/kernels/fp8_rows.cuh"
-#include "backend/cuda/kernels/row_pipeline.cuh"
 
 namespace zimage::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-// The pipelined FP8 SwiGLU's two rows of x (4 F values) in shared memory, at most: 128 KB (F up
-// to 16384 in bf16); wider rows take the block-per-row kernel.
-constexpr size_t kSwigluPipeSmemMax = 128 * 1024;
 
 __device__ __forceinline__ float silu_f(float v) {
   return v / (1.0f + expf(-v));
@@ -151,15 +147,22 @@ __global__ void swiglu_rows_kernel(const T* x, T* y, int64_t m, int64_t f) {
 // in flight) or 640 threads of 2 packs as fp32 (54 registers a thread, so one block a
 // multiprocessor). Rows of up to 640 threads (F = 10240) are compiled for two blocks a
 // multiprocessor (47 registers; three would spill).
-// The row's math once its gate and up packs are in registers (this thread's packs
-// pk = threadIdx.x + p * blockDim.x): the SwiGLU values, the row's amax over the block, the codes.
-// Shared by the block-per-row kernel and its pipelined form, so both compute one expression.
-template <typename T, int VEC, int PPT>
-__device__ __forceinline__ void swiglu_fp8_row(Pack<T, VEC> (&gate)[PPT],
-                                               const Pack<T, VEC> (&up)[PPT], int packs,
-                                               float* scratch, __nv_fp8_storage_t* y8row,
-                                               float* ys_row) {
+template <typename T, int VEC, int PPT, int kMaxThreads, int kMinBlocks>
+__global__ void __launch_bounds__(kMaxThreads, kMinBlocks)
+    swiglu_fp8_rows_kernel(const T* x, __nv_fp8_storage_t* y8, float* ys, int64_t f) {
+  __shared__ float scratch[32];
+  const int64_t row = blockIdx.x;
+  const int packs = static_cast<int>(f / VEC);
   const int nt = static_cast<int>(blockDim.x);
+  const T* g = x + row * 2 * f;
+  Pack<T, VEC> gate[PPT], up[PPT];
+#pragma unroll
+  for (int p = 0; p < PPT; ++p) {  // every load issued before any math
+    const int pk = threadIdx.x + p * nt;
+    if (pk >= packs) continue;
+    gate[p] = reinterpret_cast<const Pack<T, VEC>*>(g)[pk];
+    up[p] = reinterpret_cast<const Pack<T, VEC>*>(g + f)[pk];
+  }
   float amax = 0.f;
 #pragma unroll
   for (int p = 0; p < PPT; ++p) {
@@ -177,7 +180,7 @@ __device__ __forceinline__ void swiglu_fp8_row(Pack<T, VEC> (&gate)[PPT],
   amax = block_max(amax, scratch);
   const float sc = fp8_row_scale(amax);
   const float inv = __frcp_rn(sc);
-  if (threadIdx.x == 0) *ys_row = sc;
+  if (threadIdx.x == 0) ys[row] = sc;
 #pragma unroll
   for (int p = 0; p < PPT; ++p) {
     const int pk = threadIdx.x + p * nt;
@@ -185,67 +188,8 @@ __device__ __forceinline__ void swiglu_fp8_row(Pack<T, VEC> (&gate)[PPT],
     float v[VEC];
 #pragma unroll
     for (int k = 0; k < VEC; ++k) v[k] = to_f32<T>(gate[p].v[k]);
-    store_fp8_codes<VEC>(y8row + int64_t{pk} * VEC, v, inv);
+    store_fp8_codes<VEC>(y8 + row * f + int64_t{pk} * VEC, v, inv);
   }
-}
-
-template <typename T, int VEC, int PPT, int kMaxThreads, int kMinBlocks>
-__global__ void __launch_bounds__(kMaxThreads, kMinBlocks)
-    swiglu_fp8_rows_kernel(const T* x, __nv_fp8_storage_t* y8, float* ys, int64_t f) {
-  __shared__ float scratch[32];
-  const int64_t row = blockIdx.x;
-  const int packs = static_cast<int>(f / VEC);
-  const int nt = static_cast<int>(blockDim.x);
-  const T* g = x + row * 2 * f;
-  Pack<T, VEC> gate[PPT], up[PPT];
-#pragma unroll
-  for (int p = 0; p < PPT; ++p) {  // every load issued before any math
-    const int pk = threadIdx.x + p * nt;
-    if (pk >= packs) continue;
-    gate[p] = reinterpret_cast<const Pack<T, VEC>*>(g)[pk];
-    up[p] = reinterpret_cast<const Pack<T, VEC>*>(g + f)[pk];
-  }
-  swiglu_fp8_row<T, VEC, PPT>(gate, up, packs, scratch, y8 + row * f, ys + row);
-}
-
-// The same rows in the persistent, double-buffered form (row_pipeline.cuh): gridDim.x resident
-// blocks of the block-per-row layout above (the same packs a thread, so the same bytes), each
-// walking rows blockIdx.x, + gridDim.x, ... with the next row's gate and up halves (2 f values)
-// copied into the other half of 2 x 2 f values of dynamic shared memory while it works on the
-// current one. m rows of x [m, 2 f].
-template <typename T, int VEC, int PPT, int kMaxThreads, int kMinBlocks>
-__global__ void __launch_bounds__(kMaxThreads, kMinBlocks)
-    swiglu_fp8_pipe_kernel(const T* x, __nv_fp8_storage_t* y8, float* ys, int64_t m, int64_t f) {
-  extern __shared__ uint4 pipe_smem[];  // [2 buffers][gate | up]
-  __shared__ float scratch[32];
-  T* const buf = reinterpret_cast<T*>(pipe_smem);
-  const int nt = static_cast<int>(blockDim.x), t = static_cast<int>(threadIdx.x);
-  const int packs = static_cast<int>(f / VEC);
-  const auto stage = [&](int64_t row, int b) {
-    T* dst = buf + int64_t{b} * 2 * f;
-    const T* src = x + row * 2 * f;
-    stage_packs<T, VEC, PPT>(dst, src, t, nt, packs);
-    stage_packs<T, VEC, PPT>(dst + f, src + f, t, nt, packs);
-  };
-  int b = 0;
-  stage(blockIdx.x, 0);
-  cp_async_commit();
-  for (int64_t row = blockIdx.x; row < m; row += gridDim.x, b ^= 1) {
-    if (row + gridDim.x < m) stage(row + gridDim.x, b ^ 1);
-    cp_async_commit();   // possibly empty: keeps the wait count uniform
-    cp_async_wait<1>();  // this row's packs (this thread's own copies) have landed
-    const T* src = buf + int64_t{b} * 2 * f;
-    Pack<T, VEC> gate[PPT], up[PPT];
-#pragma unroll
-    for (int p = 0; p < PPT; ++p) {
-      const int pk = t + p * nt;
-      if (pk >= packs) continue;
-      gate[p] = reinterpret_cast<const Pack<T, VEC>*>(src)[pk];
-      up[p] = reinterpret_cast<const Pack<T, VEC>*>(src + f)[pk];
-    }
-    swiglu_fp8_row<T, VEC, PPT>(gate, up, packs, scratch, y8 + row * f, ys + row);
-  }
-  cp_async_wait<0>();
 }
 
 template <typename T, int VEC>
@@ -513,25 +457,10 @@ cudaError_t launch_swiglu_fp8(KType t, const void* x, void* y8, float* y_scale, 
     const auto* xp = static_cast<const T*>(x);
     auto* qp = static_cast<__nv_fp8_storage_t*>(y8);
     const unsigned grid = static_cast<unsigned>(m);
-    // The pipelined form (row_pipeline.cuh) where two rows of x fit shared memory: 80 KB for
-    // F = 10240 in bf16, two blocks a multiprocessor.
-    const size_t smem = size_t{4} * static_cast<size_t>(f) * sizeof(T);
-    auto pipelined = [&](auto* kernel) {
-      if (!pipelined_row_kernels() || smem > kSwigluPipeSmemMax) return false;
-      const int64_t resident =
-          resident_blocks(reinterpret_cast<const void*>(kernel), static_cast<int>(threads), smem);
-      if (resident <= 0) return false;
-      kernel<<<static_cast<unsigned>(std::min(m, resident)), threads, smem, s>>>(xp, qp, y_scale, m,
-                                                                                 f);
-      return true;
-    };
-    if (threads <= 640) {
-      if (!pipelined(swiglu_fp8_pipe_kernel<T, V, 2, 640, 2>))
-        swiglu_fp8_rows_kernel<T, V, 2, 640, 2><<<grid, threads, 0, s>>>(xp, qp, y_scale, f);
-    } else {
-      if (!pipelined(swiglu_fp8_pipe_kernel<T, V, 2, 1024, 1>))
-        swiglu_fp8_rows_kernel<T, V, 2, 1024, 1><<<grid, threads, 0, s>>>(xp, qp, y_scale, f);
-    }
+    if (threads <= 640)
+      swiglu_fp8_rows_kernel<T, V, 2, 640, 2><<<grid, threads, 0, s>>>(xp, qp, y_scale, f);
+    else
+      swiglu_fp8_rows_kernel<T, V, 2, 1024, 1><<<grid, threads, 0, s>>>(xp, qp, y_scale, f);
     return cudaGetLastError();
   });
 }

@@ -101,13 +101,6 @@ RowKernelTuning row_kernel_defaults();
 // session 26; ZIMAGE_STAGED_ROWS=0 turns it off).
 void set_staged_row_kernels(bool on);
 bool staged_row_kernels();
-// Whether the wide block-per-row kernels of the DiT's forward (the gated residual + next norm,
-// bf16 and FP8, and the FP8 SwiGLU) run in their persistent, double-buffered form
-// (row_pipeline.cuh: a block walks rows with the next row's loads in flight while it reduces the
-// current one; the same thread layout, so the same bytes). Process-wide; on by default;
-// ZIMAGE_PIPELINED_ROWS=0 turns it off.
-void set_pipelined_row_kernels(bool on);
-bool pipelined_row_kernels();
 
 // ---- fused prologues (prologue.cu) ----
 // qkv[rows, (hq + 2 hkv) * dh] -> q[rows, hq, dh], k/v[rows, hkv, dh]; q, k RMS-normed with wq/wk

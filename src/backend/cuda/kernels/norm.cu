@@ -7,14 +7,12 @@
 // narrow rows such as the 128-wide q/k norms, a whole block for wide rows such as the DiT's
 // 3840), reduced with shuffles or shared memory, and written from the registers: one read and one
 // write of the row. Other shapes use a warp-per-row loop kernel that reads the row twice.
-#include <algorithm>
 #include <atomic>
 #include <type_traits>
 
 #include "backend/cuda/kernels/device_utils.cuh"
 #include "backend/cuda/kernels/fp8_rows.cuh"
 #include "backend/cuda/kernels/kernels.h"
-#include "backend/cuda/kernels/row_pipeline.cuh"
 
 namespace zimage::cuda {
 
@@ -61,10 +59,6 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
-// The pipelined residual norm's two rows of y and x (4 d values) in shared memory, at most: 64 KB
-// (the DiT's 3840-wide bf16 rows take 30 KB, f32 60 KB), so at least three blocks fit a
-// multiprocessor; wider rows take the block-per-row kernel.
-constexpr size_t kPipeSmemMax = 64 * 1024;
 
 // The per-feature steps of every norm on one pack of VEC values at `off` of a row: o *= p (the
 // weight, scale or gate), rounded to T when kRound as a separate multiply in T would round it, and
@@ -294,15 +288,22 @@ __global__ void __launch_bounds__(1024)
 // kFp8: `out` is not written; its row, as it would be stored in T, is quantised as
 // quantize_fp8_rows quantises a row (fp8.cu: the same amax, scale, reciprocal and rounding) into
 // out8 [rows, d] e4m3 and out_scale [rows]: the W8A8 GEMM's input without a pass of its own.
-//
-// The row's math once its loads are issued: v holds y's packs; xs holds x's when kEarly (else
-// they are read from x here, after the first reduction). Shared by the block-per-row kernel and
-// its pipelined form, so both compute one expression.
-template <typename T, int VEC, int PPT, bool kBlock, bool kFp8, bool kEarly>
-__device__ __forceinline__ void residual_norm_then_norm_row(
-    float (&v)[PPT][VEC], float (&xs)[PPT][VEC], const RowSlot& rs, int tpr, int packs,
-    float* scratch, const T* w, const T* gate, T* x, const T* w_next, const T* scale, T* out,
-    __nv_fp8_storage_t* out8, float* out_scale, int d, int64_t rows_per_group, float eps) {
+template <typename T, int VEC, int PPT, bool kBlock, bool kFp8>
+__global__ void __launch_bounds__(1024)
+    residual_norm_then_norm_reg_kernel(const T* y, const T* w, const T* gate, T* x, const T* w_next,
+                                       const T* scale, T* out, __nv_fp8_storage_t* out8,
+                                       float* out_scale, int64_t rows, int d,
+                                       int64_t rows_per_group, float eps, int tpr) {
+  __shared__ float scratch[32];
+  const RowSlot rs = row_slot<kBlock>(tpr, rows);
+  const int packs = d / VEC;
+  float v[PPT][VEC];
+  load_row<T, VEC, PPT>(y, d, rs, tpr, v);
+  // x, read before the reduction so its loads are in flight with y's; at 4 packs per thread after
+  // it (a second row copy would spill registers under the launch bounds of 1024).
+  constexpr bool kEarly = PPT <= 2;
+  float xs[PPT][VEC];
+  if constexpr (kEarly) load_row<T, VEC, PPT>(x, d, rs, tpr, xs);
   const float ss =
       row_sum_of<VEC, PPT, kBlock>(v, rs, tpr, packs, scratch, [](float e) { return e * e; });
   if (rs.valid) {  // every thread still joins the second reduction
@@ -357,77 +358,6 @@ __device__ __forceinline__ void residual_norm_then_norm_row(
       store_fp8_codes<VEC>(out8 + rs.row * d + pk * VEC, v[p], inv);
     });
   }
-}
-
-template <typename T, int VEC, int PPT, bool kBlock, bool kFp8>
-__global__ void __launch_bounds__(1024)
-    residual_norm_then_norm_reg_kernel(const T* y, const T* w, const T* gate, T* x, const T* w_next,
-                                       const T* scale, T* out, __nv_fp8_storage_t* out8,
-                                       float* out_scale, int64_t rows, int d,
-                                       int64_t rows_per_group, float eps, int tpr) {
-  __shared__ float scratch[32];
-  const RowSlot rs = row_slot<kBlock>(tpr, rows);
-  const int packs = d / VEC;
-  float v[PPT][VEC];
-  load_row<T, VEC, PPT>(y, d, rs, tpr, v);
-  // x, read before the reduction so its loads are in flight with y's; at 4 packs per thread after
-  // it (a second row copy would spill registers under the launch bounds of 1024).
-  constexpr bool kEarly = PPT <= 2;
-  float xs[PPT][VEC];
-  if constexpr (kEarly) load_row<T, VEC, PPT>(x, d, rs, tpr, xs);
-  residual_norm_then_norm_row<T, VEC, PPT, kBlock, kFp8, kEarly>(v, xs, rs, tpr, packs, scratch, w,
-                                                                 gate, x, w_next, scale, out, out8,
-                                                                 out_scale, d, rows_per_group, eps);
-}
-
-// The same rows in the persistent, double-buffered form (row_pipeline.cuh): gridDim.x resident
-// blocks of tpr = blockDim.x threads (the block-per-row layout of
-// residual_norm_then_norm_reg_kernel, so each thread sums the same values in the same order: the
-// same bits), each walking rows blockIdx.x, + gridDim.x, ... with the next row's y and x copied
-// into the other half of 2 x 2 x d values of dynamic shared memory while it works on the current
-// one.
-//
-// Rows of up to 512 threads (the DiT's 3840-wide bf16 rows take 480 at one pack a thread); one
-// pack a thread is compiled for four blocks a multiprocessor (32 registers; the bf16-out form took
-// 42 unbounded, which holds three), two packs for two. Four packs a thread (64 registers and
-// spills) keep the block-per-row kernel.
-template <int PPT>
-constexpr int kPipeMinBlocks = PPT == 1 ? 4 : 2;
-constexpr int kPipeMaxThreads = 512;
-
-template <typename T, int VEC, int PPT, bool kFp8>
-__global__ void __launch_bounds__(kPipeMaxThreads, kPipeMinBlocks<PPT>)
-    residual_norm_then_norm_pipe_kernel(const T* y, const T* w, const T* gate, T* x,
-                                        const T* w_next, const T* scale, T* out,
-                                        __nv_fp8_storage_t* out8, float* out_scale, int64_t rows,
-                                        int d, int64_t rows_per_group, float eps) {
-  extern __shared__ uint4 pipe_smem[];  // [2 buffers][y row, x row]
-  __shared__ float scratch[32];
-  T* const buf = reinterpret_cast<T*>(pipe_smem);
-  const int tpr = static_cast<int>(blockDim.x), t = static_cast<int>(threadIdx.x);
-  const int packs = d / VEC;
-  const auto stage = [&](int64_t row, int b) {
-    T* dst = buf + int64_t{b} * 2 * d;
-    stage_packs<T, VEC, PPT>(dst, y + row * d, t, tpr, packs);
-    stage_packs<T, VEC, PPT>(dst + d, x + row * d, t, tpr, packs);
-  };
-  int b = 0;
-  stage(blockIdx.x, 0);
-  cp_async_commit();
-  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x, b ^= 1) {
-    if (row + gridDim.x < rows) stage(row + gridDim.x, b ^ 1);
-    cp_async_commit();   // possibly empty: keeps the wait count uniform
-    cp_async_wait<1>();  // this row's packs (this thread's own copies) have landed
-    float v[PPT][VEC], xs[PPT][VEC];
-    const T* src = buf + int64_t{b} * 2 * d;
-    read_staged<T, VEC, PPT>(src, t, tpr, packs, v);
-    read_staged<T, VEC, PPT>(src + d, t, tpr, packs, xs);
-    const RowSlot rs{row, t, true};
-    residual_norm_then_norm_row<T, VEC, PPT, true, kFp8, true>(v, xs, rs, tpr, packs, scratch, w,
-                                                               gate, x, w_next, scale, out, out8,
-                                                               out_scale, d, rows_per_group, eps);
-  }
-  cp_async_wait<0>();
 }
 
 template <typename T, int VEC, int PPT, bool kBlock>
@@ -636,30 +566,7 @@ cudaError_t launch_norm_then_norm(KType t, void* x, const void* y, const void* w
       return cudaErrorNotSupported;
     auto* q = static_cast<__nv_fp8_storage_t*>(out8);
     return with_row_cfg(cfg, [&](auto ppt, auto blk) {
-      constexpr int kPpt = decltype(ppt)::value;
-      constexpr bool kBlk = decltype(blk)::value;
-      // The pipelined form where it applies (a block per row, two rows of y and x in shared
-      // memory, at least one block a multiprocessor): true when it launched.
-      auto pipelined = [&](auto fp8) {
-        if constexpr (!kBlk || kPpt > 2) {
-          return false;
-        } else {
-          if (!pipelined_row_kernels() || cfg.tpr > kPipeMaxThreads) return false;
-          const size_t smem = size_t{4} * static_cast<size_t>(d) * sizeof(T);
-          if (smem > kPipeSmemMax) return false;
-          auto* kernel = residual_norm_then_norm_pipe_kernel<T, V, kPpt, decltype(fp8)::value>;
-          const int64_t resident =
-              resident_blocks(reinterpret_cast<const void*>(kernel), cfg.tpr, smem);
-          if (resident <= 0) return false;
-          kernel<<<static_cast<unsigned>(std::min(rows, resident)), cfg.tpr, smem, s>>>(
-              static_cast<const T*>(y), static_cast<const T*>(w), static_cast<const T*>(gate),
-              static_cast<T*>(x), static_cast<const T*>(w_next), static_cast<const T*>(scale),
-              static_cast<T*>(out), q, out_scale, rows, static_cast<int>(d), rows_per_group, eps);
-          return true;
-        }
-      };
       auto launch = [&](auto fp8) {
-        if (pipelined(fp8)) return;
         residual_norm_then_norm_reg_kernel<T, V, decltype(ppt)::value, decltype(blk)::value,
                                            decltype(fp8)::value>
             <<<row_cfg_grid(cfg, rows), row_cfg_block(cfg), 0, s>>>(
