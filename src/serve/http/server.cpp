@@ -11,6 +11,7 @@
 
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <atomic>
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
@@ -639,6 +640,15 @@ void Server::stop(std::chrono::milliseconds grace) {
     m.sessions.clear();
   }
   for (auto& s : open) s->close();
+  // io_context::stop() below abandons the handlers that have not run: wait (bounded) until each
+  // close has run on its connection's executor, else a connection whose close was still queued
+  // (a loaded machine) stays open until the server is destroyed.
+  const auto closed_by = Clock::now() + std::chrono::seconds(2);
+  while (Clock::now() < closed_by &&
+         std::any_of(open.begin(), open.end(), [](const std::shared_ptr<Session>& s) {
+           return s->state() != Session::State::kClosed;
+         }))
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
   open.clear();
   // Handlers still running see their connection closed (writes fail) and end.
   m.pool->join();
