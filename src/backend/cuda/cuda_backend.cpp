@@ -205,6 +205,11 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(int device_index, DType
     ZI_TRY(env_switch("ZIMAGE_STAGED_ROWS", staged));
     set_staged_row_kernels(staged);
   }
+  if (std::getenv("ZIMAGE_PACKED_ROWS")) {
+    bool packed = true;
+    ZI_TRY(env_switch("ZIMAGE_PACKED_ROWS", packed));
+    set_packed_row_kernels(packed);
+  }
   ZI_TRY(env_switch("ZIMAGE_FUSED_NORM", b->fused_norm_));
   ZI_TRY(env_switch("ZIMAGE_FUSED_CONV_ADD", b->fused_conv_add_));
   ZI_TRY(env_switch("ZIMAGE_CONV_PAD_COUT", b->pad_narrow_conv_));

@@ -4,7 +4,9 @@
 // one element. A pack that straddles the end is finished element by element (tails).
 #include <algorithm>
 #include <climits>
+#include <type_traits>
 
+#include "backend/cuda/kernels/bf16x2.cuh"
 #include "backend/cuda/kernels/device_utils.cuh"
 #include "backend/cuda/kernels/fp8_rows.cuh"
 
@@ -189,6 +191,49 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocks)
 #pragma unroll
     for (int k = 0; k < VEC; ++k) v[k] = to_f32<T>(gate[p].v[k]);
     store_fp8_codes<VEC>(y8 + row * f + int64_t{pk} * VEC, v, inv);
+  }
+}
+
+// swiglu_fp8_rows_kernel for bf16 on bf16x2 pairs (bf16x2.cuh): the same bytes with fewer
+// instructions (the fp32 form is issue-bound, docs/BENCHMARKS.md "Session 27"). The SiLU itself
+// stays fp32, expf and an IEEE division, as every other SwiGLU here computes it.
+template <int PPT, int kMaxThreads, int kMinBlocks>
+__global__ void __launch_bounds__(kMaxThreads, kMinBlocks)
+    swiglu_fp8_rows_bf16x2_kernel(const __nv_bfloat16* x, __nv_fp8_storage_t* y8, float* ys,
+                                  int64_t f) {
+  __shared__ float scratch[32];
+  const int64_t row = blockIdx.x;
+  const int packs = static_cast<int>(f / 8);
+  const int nt = static_cast<int>(blockDim.x);
+  const __nv_bfloat16* g = x + row * 2 * f;
+  Bf16x8 gate[PPT], up[PPT];
+#pragma unroll
+  for (int p = 0; p < PPT; ++p) {  // every load issued before any math
+    const int pk = threadIdx.x + p * nt;
+    if (pk >= packs) continue;
+    gate[p] = load_bf16x8(g + pk * 8);
+    up[p] = load_bf16x8(g + f + pk * 8);
+  }
+  __nv_bfloat162 amax2 = __float2bfloat162_rn(0.f);
+#pragma unroll
+  for (int p = 0; p < PPT; ++p) {
+    const int pk = threadIdx.x + p * nt;
+    if (pk >= packs) continue;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {  // y = silu(gate) rounded, times up rounded: y's values
+      const float2 gf = __bfloat1622float2(gate[p].h[k]);
+      gate[p].h[k] = __hmul2(__floats2bfloat162_rn(silu_f(gf.x), silu_f(gf.y)), up[p].h[k]);
+    }
+    amax2 = max_abs_bf16x8(gate[p], amax2);
+  }
+  const float amax = block_max(fmaxf(__low2float(amax2), __high2float(amax2)), scratch);
+  const float sc = fp8_row_scale(amax);
+  const float inv = __frcp_rn(sc);
+  if (threadIdx.x == 0) ys[row] = sc;
+#pragma unroll
+  for (int p = 0; p < PPT; ++p) {
+    const int pk = threadIdx.x + p * nt;
+    if (pk < packs) store_fp8_codes_bf16x8(y8 + row * f + int64_t{pk} * 8, gate[p], inv);
   }
 }
 
@@ -457,6 +502,16 @@ cudaError_t launch_swiglu_fp8(KType t, const void* x, void* y8, float* y_scale, 
     const auto* xp = static_cast<const T*>(x);
     auto* qp = static_cast<__nv_fp8_storage_t*>(y8);
     const unsigned grid = static_cast<unsigned>(m);
+    if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+      if (packed_row_kernels()) {
+        auto* bp = static_cast<const __nv_bfloat16*>(x);
+        if (threads <= 640)
+          swiglu_fp8_rows_bf16x2_kernel<2, 640, 2><<<grid, threads, 0, s>>>(bp, qp, y_scale, f);
+        else
+          swiglu_fp8_rows_bf16x2_kernel<2, 1024, 1><<<grid, threads, 0, s>>>(bp, qp, y_scale, f);
+        return cudaGetLastError();
+      }
+    }
     if (threads <= 640)
       swiglu_fp8_rows_kernel<T, V, 2, 640, 2><<<grid, threads, 0, s>>>(xp, qp, y_scale, f);
     else

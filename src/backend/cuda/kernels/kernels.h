@@ -101,6 +101,11 @@ RowKernelTuning row_kernel_defaults();
 // session 26; ZIMAGE_STAGED_ROWS=0 turns it off).
 void set_staged_row_kernels(bool on);
 bool staged_row_kernels();
+// Whether the gated residual + next norm (bf16 rows of a block each) and the FP8 SwiGLU of bf16
+// rows compute on bf16x2 pairs (bf16x2.cuh): the same bits as their fp32 forms with fewer
+// instructions. Process-wide; on by default (ZIMAGE_PACKED_ROWS=0 turns it off).
+void set_packed_row_kernels(bool on);
+bool packed_row_kernels();
 
 // ---- fused prologues (prologue.cu) ----
 // qkv[rows, (hq + 2 hkv) * dh] -> q[rows, hq, dh], k/v[rows, hkv, dh]; q, k RMS-normed with wq/wk

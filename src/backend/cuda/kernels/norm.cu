@@ -10,6 +10,7 @@
 #include <atomic>
 #include <type_traits>
 
+#include "backend/cuda/kernels/bf16x2.cuh"
 #include "backend/cuda/kernels/device_utils.cuh"
 #include "backend/cuda/kernels/fp8_rows.cuh"
 #include "backend/cuda/kernels/kernels.h"
@@ -24,6 +25,9 @@ std::atomic<int> g_norm_ppt{0}, g_prologue_items{0}, g_row_walk{0};
 // calls 5.5 ms against 8.6), docs/BENCHMARKS.md "Session 26". ZIMAGE_STAGED_ROWS=0: the warp
 // kernel.
 std::atomic<bool> g_staged_rows{true};
+// The gated residual + next norm and the FP8 SwiGLU of bf16 rows on bf16x2 pairs (bf16x2.cuh,
+// norm_bf16x2.cu): the same bits in fewer instructions. ZIMAGE_PACKED_ROWS=0: the fp32 forms.
+std::atomic<bool> g_packed_rows{true};
 }  // namespace
 
 void set_staged_row_kernels(bool on) {
@@ -31,6 +35,12 @@ void set_staged_row_kernels(bool on) {
 }
 bool staged_row_kernels() {
   return g_staged_rows.load();
+}
+void set_packed_row_kernels(bool on) {
+  g_packed_rows.store(on);
+}
+bool packed_row_kernels() {
+  return g_packed_rows.load();
 }
 
 void set_row_kernel_tuning(const RowKernelTuning& t) {
@@ -564,6 +574,12 @@ cudaError_t launch_norm_then_norm(KType t, void* x, const void* y, const void* w
     if (d % V != 0 || !all_aligned({x, y, w, gate, w_next, scale, out, out8}) ||
         rows >= 0x7fffffff || !pick_row_cfg(d / V, &cfg))
       return cudaErrorNotSupported;
+    if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+      if (cfg.block && packed_row_kernels())
+        return launch_residual_norm_then_norm_bf16x2(cfg.ppt, row_cfg_block(cfg), x, y, w, gate,
+                                                     w_next, scale, out, out8, out_scale, rows,
+                                                     static_cast<int>(d), rows_per_group, eps, s);
+    }
     auto* q = static_cast<__nv_fp8_storage_t*>(out8);
     return with_row_cfg(cfg, [&](auto ppt, auto blk) {
       auto launch = [&](auto fp8) {

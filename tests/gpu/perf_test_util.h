@@ -1,0 +1,75 @@
+// Timing helpers of the GPU op timings (test_cuda_perf.cpp, test_cuda_packed_rows.cpp): a call's
+// median time alone and under sustained load, random bf16 operands, and the printed PERF line.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "cuda_test_util.h"
+
+namespace zimage::test {
+
+// Median of 20 timed calls (CUDA events on the backend's stream) after 3 warm-up calls.
+inline double median_ms(cuda::CudaBackend* g, const std::function<Status()>& f) {
+  cudaEvent_t a, b;
+  cudaEventCreate(&a);
+  cudaEventCreate(&b);
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(f().ok());
+  std::vector<float> ms;
+  for (int i = 0; i < 20; ++i) {
+    cudaEventRecord(a, g->stream());
+    const Status s = f();
+    cudaEventRecord(b, g->stream());
+    cudaEventSynchronize(b);
+    EXPECT_TRUE(s.ok()) << s.to_string();
+    float t = 0;
+    cudaEventElapsedTime(&t, a, b);
+    ms.push_back(t);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+inline Tensor rand_dev(cuda::CudaBackend* g, const Shape& s, uint32_t seed, float lo = -1.f,
+                       float hi = 1.f) {
+  return take(g->upload(rand_host(s, seed, DType::kF32, lo, hi), DType::kBF16), "upload");
+}
+
+inline void report(const std::string& what, double ms, double flop, double bytes) {
+  std::printf("  PERF %-48s %8.3f ms", what.c_str(), ms);
+  if (flop > 0) std::printf("  %7.1f TFLOP/s", flop / (ms * 1e-3) / 1e12);
+  if (bytes > 0) std::printf("  %7.1f GB/s", bytes / (ms * 1e-3) / 1e9);
+  std::printf("\n");
+}
+
+// Per call over 10 calls back to back (the GPU under sustained load, as in a forward, where the
+// H200 runs at its power limit), median of 5 such runs.
+inline double sustained_ms(cuda::CudaBackend* g, const std::function<Status()>& f) {
+  cudaEvent_t a, b;
+  cudaEventCreate(&a);
+  cudaEventCreate(&b);
+  for (int i = 0; i < 5; ++i) EXPECT_TRUE(f().ok());
+  std::vector<float> ms;
+  for (int r = 0; r < 5; ++r) {
+    cudaEventRecord(a, g->stream());
+    for (int i = 0; i < 10; ++i) EXPECT_TRUE(f().ok());
+    cudaEventRecord(b, g->stream());
+    cudaEventSynchronize(b);
+    float t = 0;
+    cudaEventElapsedTime(&t, a, b);
+    ms.push_back(t / 10);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+}  // namespace zimage::test
