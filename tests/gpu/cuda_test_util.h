@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <limits>
 #include <map>
 #include <memory>
@@ -39,6 +40,22 @@ inline cuda::CudaBackend* gpu(DType dt) {
   }
   auto it = backends->find(dt);
   return it == backends->end() ? nullptr : dynamic_cast<cuda::CudaBackend*>(it->second);
+}
+
+// Runs f with the backend's op profiler on and returns how many calls each op made, by the op's
+// name (its profile key up to the first space: "matmul_fp8_rows", "dit_modulation_layers"; an
+// op not run reads 0). A profile that cannot be read fails the test and gives an empty map.
+inline std::map<std::string, int64_t> calls_by_op(cuda::CudaBackend& g,
+                                                  const std::function<void()>& f) {
+  g.set_profiling(true);
+  f();
+  auto prof = g.op_profile();
+  g.set_profiling(false);
+  EXPECT_TRUE(prof.ok()) << prof.status().to_string();
+  std::map<std::string, int64_t> calls;
+  if (prof.ok())
+    for (const auto& e : *prof) calls[e.op.substr(0, e.op.find(' '))] += e.calls;
+  return calls;
 }
 
 inline Backend& cpu_oracle() {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <filesystem>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -49,22 +50,13 @@ inline Tensor forward(ZImageDiT& dit, Backend& be, const Tensor& lat, const Tens
 }
 
 // One eager forward (the model's graphs off, then on again) with the op profiler on: its output,
-// and in `calls` how many calls the ops whose names start with each of `ops` made.
+// and in `calls` how many calls each op made (calls_by_op).
 inline Tensor profiled_forward(ZImageDiT& dit, cuda::CudaBackend& g, const Tensor& lat,
-                               const Tensor& cap, const std::vector<std::string>& ops,
-                               std::vector<int64_t>& calls) {
-  calls.assign(ops.size(), 0);
+                               const Tensor& cap, std::map<std::string, int64_t>& calls) {
   dit.set_use_graphs(false);
-  g.set_profiling(true);
-  Tensor out = forward(dit, g, lat, cap);
-  auto prof = g.op_profile();
-  g.set_profiling(false);
+  Tensor out;
+  calls = calls_by_op(g, [&] { out = forward(dit, g, lat, cap); });
   dit.set_use_graphs(true);
-  EXPECT_TRUE(prof.ok()) << prof.status().to_string();
-  if (!prof.ok()) return Tensor();
-  for (const auto& e : *prof)
-    for (size_t i = 0; i < ops.size(); ++i)
-      if (e.op.rfind(ops[i], 0) == 0) calls[i] += e.calls;
   return out;
 }
 

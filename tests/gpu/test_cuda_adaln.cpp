@@ -119,14 +119,9 @@ TEST(CudaOps, DitModulationLayers) {
       Both out = outputs(shape, dt);
       ZI_ASSERT_OK(cpu_oracle().dit_modulation_layers(cv.cpu, wc, bc, out.cpu));
       g->set_adaln_layers(true);
-      g->set_profiling(true);
-      ZI_ASSERT_OK(g->dit_modulation_layers(cv.gpu, wg, bg, out.gpu));
-      auto prof = g->op_profile();
-      g->set_profiling(false);
-      ASSERT_TRUE(prof.ok()) << prof.status().to_string();
-      int64_t kernel_calls = 0;
-      for (const auto& e : *prof)
-        if (e.op.rfind("dit_modulation_layers", 0) == 0) kernel_calls += e.calls;
+      auto calls = calls_by_op(
+          *g, [&] { EXPECT_TRUE(g->dit_modulation_layers(cv.gpu, wg, bg, out.gpu).ok()); });
+      const int64_t kernel_calls = calls["dit_modulation_layers"];
       const int64_t pack = 16 / static_cast<int64_t>(dtype_size(dt));
       const bool fits = c.b <= 4 && c.k % pack == 0;
       EXPECT_EQ(kernel_calls, fits ? 1 : 0) << tag << ": which path ran";

@@ -237,13 +237,8 @@ TEST(CudaFp8Compute, GoldenDitRecordedEqualsEagerAndStaysClose) {
   ASSERT_TRUE(own.defined());
   EXPECT_EQ(max_abs_diff(own, eager), 0.0);
   // ... and the eager forward above took the FP8-input ops (not only the linears' own path).
-  g->set_profiling(true);
-  const Tensor again = run_dit(**dit, dir, *g);
-  g->set_profiling(false);
-  auto prof = g->op_profile();
-  ASSERT_TRUE(prof.ok()) << prof.status().to_string();
-  std::map<std::string, int64_t> calls;
-  for (const auto& row : *prof) calls[row.op.substr(0, row.op.find(' '))] += row.calls;
+  Tensor again;
+  auto calls = calls_by_op(*g, [&] { again = run_dit(**dit, dir, *g); });
   EXPECT_GT(calls["residual_norm_gate_then_norm_fp8"], 0);
   EXPECT_GT(calls["swiglu_fp8"], 0);
   EXPECT_GT(calls["matmul_fp8_quantized"], 0);

@@ -284,11 +284,10 @@ TEST(CudaFusedGemm, TransformerAgainstUnfusedAndCpu) {
   ASSERT_TRUE(cpu_dit.ok()) << cpu_dit.status().to_string();
 
   // The fused model runs the fused op in every block (2 layers, 2 refiners), eagerly here.
-  std::vector<int64_t> calls;
-  const Tensor eager =
-      profiled_forward(**fused, *g, lat, cap, {"matmul_swiglu", "matmul_qkv_norm_rope"}, calls);
-  EXPECT_EQ(calls[0], 4) << "feed-forwards that ran fused";
-  EXPECT_EQ(calls[1], 4) << "attention prologues that ran fused";
+  std::map<std::string, int64_t> calls;
+  const Tensor eager = profiled_forward(**fused, *g, lat, cap, calls);
+  EXPECT_EQ(calls["matmul_swiglu"], 4) << "feed-forwards that ran fused";
+  EXPECT_EQ(calls["matmul_qkv_norm_rope"], 4) << "attention prologues that ran fused";
   const Tensor recorded = forward(**fused, *g, lat, cap);
   const Tensor replayed = forward(**fused, *g, lat, cap);
   (*plain)->set_use_graphs(false);
@@ -329,15 +328,10 @@ TEST(CudaFusedAdaln, TransformerAgainstTwoOpsAndCpu) {
   (*dit)->set_use_graphs(false);
   const Tensor two_ops = forward(**dit, *g, lat, cap);
   g->set_fused_adaln(true);
-  g->set_profiling(true);
-  const Tensor eager = forward(**dit, *g, lat, cap);
-  auto prof = g->op_profile();
-  g->set_profiling(false);
-  ASSERT_TRUE(prof.ok()) << prof.status().to_string();
-  int64_t calls = 0;
-  for (const auto& e : *prof)
-    if (e.op.rfind("matmul_dit_modulation", 0) == 0) calls += e.calls;
-  EXPECT_EQ(calls, cfg.n_layers + cfg.n_refiner_layers) << "modulated blocks that ran fused";
+  Tensor eager;
+  auto calls = calls_by_op(*g, [&] { eager = forward(**dit, *g, lat, cap); });
+  EXPECT_EQ(calls["matmul_dit_modulation"], cfg.n_layers + cfg.n_refiner_layers)
+      << "modulated blocks that ran fused";
   (*dit)->set_use_graphs(true);
   const Tensor recorded = forward(**dit, *g, lat, cap);
   const Tensor replayed = forward(**dit, *g, lat, cap);
@@ -346,20 +340,11 @@ TEST(CudaFusedAdaln, TransformerAgainstTwoOpsAndCpu) {
   // Every block's modulation in one kernel (the default).
   g->set_adaln_layers(true);
   (*dit)->set_use_graphs(false);
-  g->set_profiling(true);
-  const Tensor layers_eager = forward(**dit, *g, lat, cap);
-  auto lprof = g->op_profile();
-  g->set_profiling(false);
-  ASSERT_TRUE(lprof.ok()) << lprof.status().to_string();
-  int64_t layer_calls = 0, block_calls = 0;
-  for (const auto& e : *lprof) {
-    if (e.op.rfind("dit_modulation_layers", 0) == 0) layer_calls += e.calls;
-    if (e.op.rfind("matmul_dit_modulation", 0) == 0 || e.op.rfind("dit_modulation ", 0) == 0 ||
-        e.op == "dit_modulation")
-      block_calls += e.calls;
-  }
-  EXPECT_EQ(layer_calls, 1) << "one launch for every modulated block";
-  EXPECT_EQ(block_calls, 0) << "no block made its own modulation";
+  Tensor layers_eager;
+  calls = calls_by_op(*g, [&] { layers_eager = forward(**dit, *g, lat, cap); });
+  EXPECT_EQ(calls["dit_modulation_layers"], 1) << "one launch for every modulated block";
+  EXPECT_EQ(calls["matmul_dit_modulation"] + calls["dit_modulation"], 0)
+      << "no block made its own modulation";
   (*dit)->set_use_graphs(true);
   const Tensor layers_recorded = forward(**dit, *g, lat, cap);
   const Tensor layers_replayed = forward(**dit, *g, lat, cap);
