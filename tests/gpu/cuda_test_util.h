@@ -96,6 +96,12 @@ inline Tensor rand_host(const Shape& shape, uint32_t seed, DType dt, float lo = 
   return t;
 }
 
+// A bf16 device tensor of rand_host's values (uniform in [lo, hi), rounded to bf16).
+inline Tensor rand_dev(cuda::CudaBackend* g, const Shape& s, uint32_t seed, float lo = -1.f,
+                       float hi = 1.f) {
+  return take(g->upload(rand_host(s, seed, DType::kF32, lo, hi), DType::kBF16), "upload");
+}
+
 // The same host data on both backends: f32 on the CPU, `dt` on the GPU.
 struct Both {
   Tensor cpu, gpu;
@@ -131,6 +137,14 @@ inline std::vector<float> fetch(Backend& be, const Tensor& t) {
   EXPECT_TRUE(s.ok()) << "download: " << s.to_string();
   const float* p = h.data_as<float>();
   return std::vector<float>(p, p + h.numel());
+}
+
+// Bytes of a device tensor, for bit-for-bit comparisons.
+inline std::vector<uint8_t> bytes_of(cuda::CudaBackend* g, const Tensor& t) {
+  Tensor h = Tensor::host(t.dtype(), t.shape());
+  EXPECT_TRUE(g->download(t, h).ok());
+  const auto* p = static_cast<const uint8_t*>(h.data());
+  return std::vector<uint8_t>(p, p + h.nbytes());
 }
 
 struct ErrStats {

@@ -1,5 +1,5 @@
 // Timing helpers of the GPU op timings (test_cuda_perf.cpp, test_cuda_packed_rows.cpp): a call's
-// median time alone and under sustained load, random bf16 operands, and the printed PERF line.
+// median time alone and under sustained load, and the printed PERF line.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -35,11 +35,6 @@ inline double median_ms(cuda::CudaBackend* g, const std::function<Status()>& f) 
   cudaEventDestroy(b);
   std::sort(ms.begin(), ms.end());
   return ms[ms.size() / 2];
-}
-
-inline Tensor rand_dev(cuda::CudaBackend* g, const Shape& s, uint32_t seed, float lo = -1.f,
-                       float hi = 1.f) {
-  return take(g->upload(rand_host(s, seed, DType::kF32, lo, hi), DType::kBF16), "upload");
 }
 
 inline void report(const std::string& what, double ms, double flop, double bytes) {

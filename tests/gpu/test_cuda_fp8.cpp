@@ -254,23 +254,11 @@ Tensor copy_of(cuda::CudaBackend* g, const Tensor& t) {
   return c;
 }
 
-// Bytes of a device tensor, for bit-for-bit comparisons.
-std::vector<uint8_t> bytes_of(cuda::CudaBackend* g, const Tensor& t) {
-  Tensor h = Tensor::host(t.dtype(), t.shape());
-  EXPECT_TRUE(g->download(t, h).ok());
-  const auto* p = static_cast<const uint8_t*>(h.data());
-  return std::vector<uint8_t>(p, p + h.nbytes());
-}
-
 // True when every value of the device tensor is NaN (a buffer the op did not write).
 bool untouched(cuda::CudaBackend* g, const Tensor& t) {
   for (float v : fetch(*g, t))
     if (!std::isnan(v)) return false;
   return true;
-}
-
-Tensor rand_dev(cuda::CudaBackend* g, const Shape& s, uint32_t seed, float lo, float hi) {
-  return take(g->upload(rand_host(s, seed, DType::kF32, lo, hi), DType::kBF16), "upload");
 }
 
 }  // namespace

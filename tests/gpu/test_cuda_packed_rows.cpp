@@ -27,13 +27,6 @@ namespace {
 constexpr float kInf = std::numeric_limits<float>::infinity();
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
-std::vector<uint8_t> bytes_of(cuda::CudaBackend* g, const Tensor& t) {
-  Tensor h = Tensor::host(t.dtype(), t.shape());
-  EXPECT_TRUE(g->download(t, h).ok());
-  const auto* p = static_cast<const uint8_t*>(h.data());
-  return std::vector<uint8_t>(p, p + h.nbytes());
-}
-
 bool bf16_nan(uint16_t b) {
   return (b & 0x7f80u) == 0x7f80u && (b & 0x007fu) != 0;
 }
