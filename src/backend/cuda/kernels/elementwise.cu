@@ -180,9 +180,7 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocks)
     }
   }
   amax = block_max(amax, scratch);
-  const float sc = fp8_row_scale(amax);
-  const float inv = __frcp_rn(sc);
-  if (threadIdx.x == 0) ys[row] = sc;
+  const float inv = fp8_row_finish(amax, threadIdx.x == 0, ys + row);
 #pragma unroll
   for (int p = 0; p < PPT; ++p) {
     const int pk = threadIdx.x + p * nt;
@@ -227,9 +225,7 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocks)
     amax2 = max_abs_bf16x8(gate[p], amax2);
   }
   const float amax = block_max(fmaxf(__low2float(amax2), __high2float(amax2)), scratch);
-  const float sc = fp8_row_scale(amax);
-  const float inv = __frcp_rn(sc);
-  if (threadIdx.x == 0) ys[row] = sc;
+  const float inv = fp8_row_finish(amax, threadIdx.x == 0, ys + row);
 #pragma unroll
   for (int p = 0; p < PPT; ++p) {
     const int pk = threadIdx.x + p * nt;

@@ -59,9 +59,7 @@ __global__ void quantize_rows_kernel(const T* __restrict__ w, int64_t cols,
   float m = 0.f;
   for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) m = fmaxf(m, fabsf(to_f32<T>(wr[i])));
   __shared__ float scratch[32];
-  const float row_scale = fp8_row_scale(block_max(m, scratch));
-  if (threadIdx.x == 0) scale[row] = row_scale;
-  const float inv = __frcp_rn(row_scale);
+  const float inv = fp8_row_finish(block_max(m, scratch), threadIdx.x == 0, scale + row);
   for (int64_t i = threadIdx.x; i < cols; i += blockDim.x)
     q[row * cols + i] = fp8_code(to_f32<T>(wr[i]), inv);
 }
@@ -110,9 +108,7 @@ __global__ void quantize_rows_vec_kernel(const T* __restrict__ w, int64_t cols,
     for (int i = 0; i < V; ++i) m = fmaxf(m, fabsf(v[i]));
   }
   __shared__ float scratch[32];
-  const float row_scale = fp8_row_scale(block_max(m, scratch));
-  if (threadIdx.x == 0) scale[row] = row_scale;
-  const float inv = __frcp_rn(row_scale);
+  const float inv = fp8_row_finish(block_max(m, scratch), threadIdx.x == 0, scale + row);
   for (int64_t p = threadIdx.x; p < packs; p += blockDim.x) {
     float v[V];
     pack(p, v);

@@ -15,6 +15,15 @@ __device__ __forceinline__ float fp8_row_scale(float amax) {
   return amax > 0.f && amax < 3.0e38f ? __fdiv_rn(amax, kFp8Max) : 1.f;
 }
 
+// The end of a row's reduction in every FP8 row kernel: the row's scale from its max |value|,
+// stored at *scale_out by the one thread that is `writer`, and its reciprocal, which each of the
+// row's codes is made with (fp8_code).
+__device__ __forceinline__ float fp8_row_finish(float amax, bool writer, float* scale_out) {
+  const float sc = fp8_row_scale(amax);
+  if (writer) *scale_out = sc;
+  return __frcp_rn(sc);
+}
+
 // A value's e4m3 code, given the reciprocal of its row's scale (__frcp_rn(fp8_row_scale(..))):
 // v · inv rounded once, clamped to ±448, rounded to nearest even.
 __device__ __forceinline__ __nv_fp8_storage_t fp8_code(float v, float inv) {

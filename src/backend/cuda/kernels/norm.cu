@@ -361,9 +361,7 @@ __global__ void __launch_bounds__(1024)
   if constexpr (kFp8) {
     amax = row_max<kBlock>(amax, tpr, scratch);  // every thread joins, as in the sums
     if (!rs.valid) return;
-    const float sc = fp8_row_scale(amax);
-    const float inv = __frcp_rn(sc);
-    if (rs.t == 0) out_scale[rs.row] = sc;
+    const float inv = fp8_row_finish(amax, rs.t == 0, out_scale + rs.row);
     for_row_packs<PPT>(rs, tpr, packs, [&](int p, int pk) {
       store_fp8_codes<VEC>(out8 + rs.row * d + pk * VEC, v[p], inv);
     });

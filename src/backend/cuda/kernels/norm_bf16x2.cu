@@ -79,9 +79,7 @@ __global__ void __launch_bounds__(1024)
   }
   if constexpr (kFp8) {
     const float amax = block_max(fmaxf(__low2float(amax2), __high2float(amax2)), scratch);
-    const float sc = fp8_row_scale(amax);
-    const float inv = __frcp_rn(sc);
-    if (threadIdx.x == 0) out_scale[row] = sc;
+    const float inv = fp8_row_finish(amax, threadIdx.x == 0, out_scale + row);
 #pragma unroll
     for (int p = 0; p < PPT; ++p) {
       const int pk = pack_at(p);
