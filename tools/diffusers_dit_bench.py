@@ -9,11 +9,19 @@ the one zimage's `bench` runs. torch.compile in its default mode with dynamic=Fa
 gets its own specialised graph (the compile of each size is timed apart, then medians of the
 steady state). Only the transformer is loaded: no text encoder or VAE time is spent.
 
+Beside each median: the board's energy per forward (NVML's energy counter over the timed calls,
+divided by their number) and the median SM clock and mean power sampled every 10 ms, as `zimage
+bench` reports them, so that the two stacks' forwards can be compared in joules at the board's
+power limit. NVML is read through ctypes (libnvidia-ml.so.1, the driver's); without it the
+columns are left out.
+
   python3 tools/diffusers_dit_bench.py --model DIR --sizes 1024,1536,2048 --json OUT.json
 """
 import argparse
+import ctypes
 import json
 import statistics
+import threading
 import time
 
 import torch
@@ -27,10 +35,56 @@ def dump(results, path):
         json.dump(results, f, indent=1)
 
 
+class Nvml:
+    """The board's energy counter, SM clock and power through the driver's NVML (ctypes)."""
+
+    def __init__(self):
+        self.h = None
+        try:
+            self.lib = ctypes.CDLL("libnvidia-ml.so.1")
+            if self.lib.nvmlInit_v2() != 0:
+                return
+            p = torch.cuda.get_device_properties(0)
+            bus = f"{p.pci_domain_id:08X}:{p.pci_bus_id:02X}:{p.pci_device_id:02X}.0".encode()
+            h = ctypes.c_void_p()
+            if (self.lib.nvmlDeviceGetHandleByPciBusId_v2(bus, ctypes.byref(h)) == 0 or
+                    self.lib.nvmlDeviceGetHandleByIndex_v2(0, ctypes.byref(h)) == 0):
+                self.h = h
+        except (OSError, AttributeError):
+            self.h = None
+
+    def energy_j(self):
+        v = ctypes.c_ulonglong()
+        if self.h is None or self.lib.nvmlDeviceGetTotalEnergyConsumption(self.h, ctypes.byref(v)):
+            return None
+        return v.value / 1000.0
+
+    def sample(self):
+        mhz, mw = ctypes.c_uint(), ctypes.c_uint()
+        ok_c = self.lib.nvmlDeviceGetClockInfo(self.h, 1, ctypes.byref(mhz)) == 0  # NVML_CLOCK_SM
+        ok_p = self.lib.nvmlDeviceGetPowerUsage(self.h, ctypes.byref(mw)) == 0
+        return (mhz.value if ok_c else None, mw.value / 1000.0 if ok_p else None)
+
+
+NVML = None
+
+
 def median_ms(fn, warm, iters):
     for _ in range(warm):
         fn()
     torch.cuda.synchronize()
+    samples, running = [], [NVML is not None and NVML.h is not None]
+
+    def sampler():
+        while running[0]:
+            samples.append(NVML.sample())
+            time.sleep(0.01)
+
+    th = threading.Thread(target=sampler) if running[0] else None
+    e0 = NVML.energy_j() if th else None
+    w0 = time.perf_counter()
+    if th:
+        th.start()
     ts = []
     for _ in range(iters):
         s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -39,7 +93,32 @@ def median_ms(fn, warm, iters):
         e.record()
         torch.cuda.synchronize()
         ts.append(s.elapsed_time(e))
-    return {"median_ms": statistics.median(ts), "min_ms": min(ts), "max_ms": max(ts), "iters": iters}
+    r = {"median_ms": statistics.median(ts), "min_ms": min(ts), "max_ms": max(ts), "iters": iters}
+    if th:
+        running[0] = False
+        th.join()
+        e1 = NVML.energy_j()
+        mhz = [m for m, _ in samples if m is not None]
+        watts = [w for _, w in samples if w is not None]
+        if mhz:
+            r["sm_mhz_median"] = statistics.median(mhz)
+        if watts:
+            r["power_w_mean"] = statistics.fmean(watts)
+        if e0 is not None and e1 is not None and e1 > e0:  # the mean power from the counter
+            r["joules_per_call"] = (e1 - e0) / iters
+            r["power_w_mean"] = (e1 - e0) / (time.perf_counter() - w0)
+    return r
+
+
+def describe(r):
+    extra = []
+    if "sm_mhz_median" in r:
+        extra.append(f"SM {r['sm_mhz_median']:.0f} MHz")
+    if "power_w_mean" in r:
+        extra.append(f"{r['power_w_mean']:.0f} W")
+    if "joules_per_call" in r:
+        extra.append(f"{r['joules_per_call']:.1f} J a run")
+    return f"{r['median_ms']:.1f} ms" + (f" ({', '.join(extra)})" if extra else "")
 
 
 def main():
@@ -50,6 +129,8 @@ def main():
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--json", required=True)
     a = ap.parse_args()
+    global NVML
+    NVML = Nvml()
     from diffusers import ZImageTransformer2DModel
     from transformers import AutoTokenizer
     import diffusers
@@ -75,7 +156,7 @@ def main():
             r = median_ms(lambda: dit(lat, t, [cap], return_dict=False), 2, a.iters)
             r["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
             R["sizes"].setdefault(str(res), {})["eager"] = r
-            print(f"eager {res}: {r['median_ms']:.1f} ms", flush=True)
+            print(f"eager {res}: {describe(r)}", flush=True)
             dump(R, a.json)  # after every row: a run cut short keeps what it measured
         if not a.no_compile:
             cdit = torch.compile(dit, dynamic=False)
@@ -90,8 +171,7 @@ def main():
                 r = median_ms(lambda: cdit(lat, t, [cap], return_dict=False), 2, a.iters)
                 r["first_call_s"] = first
                 R["sizes"][str(res)]["compile"] = r
-                print(f"compile {res}: {r['median_ms']:.1f} ms (first call {first:.0f} s)",
-                      flush=True)
+                print(f"compile {res}: {describe(r)} (first call {first:.0f} s)", flush=True)
                 dump(R, a.json)
     dump(R, a.json)
 
