@@ -85,6 +85,11 @@ def main():
     ap.add_argument("--all", action="store_true", help="also list kernels that are unchanged")
     a = ap.parse_args()
     b, c = kernels(a.before), kernels(a.after)
+    for path, found in ((a.before, b), (a.after, c)):
+        if not found:  # no SASS read: nothing would be compared, which must not pass as "same"
+            print(f"sass_diff: no kernels in {path} (is nvdisasm beside cuobjdump or on PATH?)",
+                  file=sys.stderr)
+            return 2
     pick = re.compile(a.kernel) if a.kernel else None
     names = sorted(n for n in set(b) | set(c) if pick is None or pick.search(n))
     identical = same = differ = 0
