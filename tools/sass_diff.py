@@ -5,8 +5,9 @@ For a refactor of shipped kernels that must not change their results (a helper t
 moved), this says, without a GPU, whether each kernel's arithmetic is still the same: it counts
 each kernel's instructions by opcode (predicates and operands dropped) and sorts the opcodes into
 two kinds:
-  value   float and half arithmetic, conversions, special functions, shuffles, barriers and
-          memory accesses: what decides the bytes a kernel writes;
+  value   float and half arithmetic (tensor-core MMAs included), conversions, special functions,
+          shuffles, barriers, memory accesses and bulk copies: what decides the bytes a kernel
+          writes;
   other   integer address arithmetic, moves, predicates' set-up, branches, NOPs: what the
           compiler's scheduling and register allocation reshuffle.
 A kernel whose "value" counts are equal is reported as "same arithmetic" (a necessary condition
@@ -27,8 +28,8 @@ import shutil
 import subprocess
 import sys
 
-VALUE_PREFIXES = ("F", "H", "D", "MUFU", "I2F", "I2FP", "SHFL", "BAR", "LD", "ST", "RED", "ATOM",
-                  "CVT", "MEMBAR", "VOTE", "REDUX", "HMMA", "HGMMA", "WARPSYNC")
+VALUE_PREFIXES = ("F", "H", "D", "MUFU", "I2F", "SHFL", "BAR", "LD", "ST", "RED", "ATOM", "MEMBAR",
+                  "VOTE", "REDUX", "WARPSYNC", "IMMA", "QGMMA", "UTMA", "UBLKCP", "SYNCS")
 # Opcodes that start like value ones but are integer/move idioms the compiler picks freely.
 OTHER_EXACT = {"HFMA2.MMA", "FLO", "LDC", "LDC.64", "LDC.U8", "LDC.S8", "LDC.U16", "LDC.S16"}
 INSN = re.compile(r"^\s*/\*[0-9a-f]{4,}\*/\s+(.*?);")
