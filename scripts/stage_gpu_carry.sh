@@ -9,11 +9,23 @@ cd "$(dirname "$0")/.."
 PRESET=${PRESET:-gpu}
 cmake --preset "$PRESET" >/dev/null
 cmake --build "build/$PRESET" -j "$(nproc)" --target zimage zimage_gpu_tests
+# CARRY_BINS: which programs travel (default both). The device tool's 64 MiB holds the tracked
+# tree, both programs and their libraries, but not also the diffusers wheel (.whl/): a call that
+# needs the wheel stages CARRY_BINS=zimage, a test-only call CARRY_BINS=zimage_gpu_tests.
+CARRY_BINS=${CARRY_BINS:-zimage zimage_gpu_tests}
+bins=()
+for b in $CARRY_BINS; do
+  case "$b" in
+    zimage) bins+=("build/$PRESET/zimage") ;;
+    zimage_gpu_tests) bins+=("build/$PRESET/tests/zimage_gpu_tests") ;;
+    *) echo "stage_gpu_carry: CARRY_BINS names '$b' (zimage, zimage_gpu_tests)" >&2; exit 2 ;;
+  esac
+done
 rm -rf build/carry && mkdir -p build/carry/lib
-for b in "build/$PRESET/zimage" "build/$PRESET/tests/zimage_gpu_tests"; do
+for b in "${bins[@]}"; do
   xz -T0 -c "$b" > "build/carry/$(basename "$b").xz"
 done
-for l in $(ldd "build/$PRESET/zimage" "build/$PRESET/tests/zimage_gpu_tests" | awk '/=> \//{print $3}' | sort -u |
+for l in $(ldd "${bins[@]}" | awk '/=> \//{print $3}' | sort -u |
            grep -vE 'cuda|cudnn|cublas|/libc\.|/libm\.|libdl|libpthread|librt|libgcc_s|libstdc|ld-linux'); do
   xz -T0 -c "$(readlink -f "$l")" > "build/carry/lib/$(basename "$l").xz"
 done
