@@ -49,7 +49,7 @@
 #             $OUT/pipelines_zimage.{json,md}, $OUT/pipelines_diffusers.{json,log})
 # Usage: scripts/gpu_run.sh STAGE [STAGE ...]   (e.g. build test, or model bench parity diffusers compare)
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 OUT=${OUT:-/tmp/zimage-out}
 ZR=${ZR:-/tmp/zimage-random-turbo}
 ZF=${ZF:-/tmp/zimage-formats}
@@ -339,7 +339,8 @@ print(r); json.dump(r, open('$OUT/weights_fp8_quality.json', 'w'))" || rc=1 ;;
           "$@" --json "$OUT/formats_$name.json" 2>&1 | grep -v "^bench:" | tail -3 || rc=1
       }
       convert() {  # FORMAT COMPONENT
-        local t=$(date +%s)
+        local t
+        t=$(date +%s)
         "$BIN" convert --model "$ZR" --format "$1" --component "$2" --out "$ZF" --quiet \
           2>&1 | tee -a "$OUT/formats_convert.txt" || rc=1
         echo "convert $1 $2: $(( $(date +%s) - t )) s, $(du -sh "$ZF" | cut -f1)" | tee -a "$OUT/formats_convert.txt"
