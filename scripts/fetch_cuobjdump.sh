@@ -20,7 +20,8 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 if ! python3 -m pip download -q --no-deps --only-binary=:all: -d "$tmp" \
      "nvidia-cuda-cuobjdump==$VERSION" "nvidia-cuda-nvdisasm==$VERSION" >/dev/null 2>&1; then
-  echo "setup: could not download cuobjdump $VERSION; the architecture check will be skipped"
+  echo "setup: could not download cuobjdump and nvdisasm $VERSION;" \
+       "the architecture and SASS checks will be skipped"
   exit 0
 fi
 rm -rf "$DEST" && mkdir -p "$DEST"

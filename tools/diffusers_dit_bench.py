@@ -73,16 +73,15 @@ def median_ms(fn, warm, iters):
     for _ in range(warm):
         fn()
     torch.cuda.synchronize()
-    samples, running = [], [NVML is not None and NVML.h is not None]
+    nvml = NVML if NVML is not None and NVML.h is not None else None
+    samples, done = [], threading.Event()
 
-    def sampler():
-        while running[0]:
-            samples.append(NVML.sample())
-            time.sleep(0.01)
+    def sampler():  # (SM MHz, W) every 10 ms until the timed calls end
+        while not done.wait(0.01):
+            samples.append(nvml.sample())
 
-    th = threading.Thread(target=sampler) if running[0] else None
-    e0 = NVML.energy_j() if th else None
-    w0 = time.perf_counter()
+    th = threading.Thread(target=sampler) if nvml else None
+    e0, w0 = (nvml.energy_j() if nvml else None), time.perf_counter()
     if th:
         th.start()
     ts = []
@@ -95,18 +94,18 @@ def median_ms(fn, warm, iters):
         ts.append(s.elapsed_time(e))
     r = {"median_ms": statistics.median(ts), "min_ms": min(ts), "max_ms": max(ts), "iters": iters}
     if th:
-        running[0] = False
+        done.set()
         th.join()
-        e1 = NVML.energy_j()
+        e1, seconds = nvml.energy_j(), time.perf_counter() - w0
         mhz = [m for m, _ in samples if m is not None]
         watts = [w for _, w in samples if w is not None]
         if mhz:
             r["sm_mhz_median"] = statistics.median(mhz)
-        if watts:
-            r["power_w_mean"] = statistics.fmean(watts)
         if e0 is not None and e1 is not None and e1 > e0:  # the mean power from the counter
             r["joules_per_call"] = (e1 - e0) / iters
-            r["power_w_mean"] = (e1 - e0) / (time.perf_counter() - w0)
+            r["power_w_mean"] = (e1 - e0) / seconds
+        elif watts:  # no energy counter: the sampled power
+            r["power_w_mean"] = statistics.fmean(watts)
     return r
 
 

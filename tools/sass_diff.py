@@ -30,8 +30,9 @@ import sys
 
 VALUE_PREFIXES = ("F", "H", "D", "MUFU", "I2F", "SHFL", "BAR", "LD", "ST", "RED", "ATOM", "MEMBAR",
                   "VOTE", "REDUX", "WARPSYNC", "IMMA", "QGMMA", "UTMA", "UBLKCP", "SYNCS")
-# Opcodes that start like value ones but are integer/move idioms the compiler picks freely.
-OTHER_EXACT = {"HFMA2.MMA", "FLO", "LDC", "LDC.64", "LDC.U8", "LDC.S8", "LDC.U16", "LDC.S16"}
+# Opcodes that start like value ones but are constant loads (kernel parameters) or integer/move
+# idioms the compiler picks freely.
+OTHER_PREFIXES = ("LDC", "HFMA2.MMA", "FLO")
 INSN = re.compile(r"^\s*/\*[0-9a-f]{4,}\*/\s+(.*?);")
 FUNC = re.compile(r"^\s*Function : (\S+)")
 
@@ -73,9 +74,7 @@ def kernels(path):
 
 
 def is_value(op):
-    if op in OTHER_EXACT:
-        return False
-    return op.startswith(VALUE_PREFIXES)
+    return op.startswith(VALUE_PREFIXES) and not op.startswith(OTHER_PREFIXES)
 
 
 def main():

@@ -24,7 +24,7 @@ __device__ __forceinline__ float fp8_row_finish(float amax, bool writer, float* 
   return __frcp_rn(sc);
 }
 
-// A value's e4m3 code, given the reciprocal of its row's scale (__frcp_rn(fp8_row_scale(..))):
+// A value's e4m3 code, given the reciprocal of its row's scale (fp8_row_finish):
 // v · inv rounded once, clamped to ±448, rounded to nearest even.
 __device__ __forceinline__ __nv_fp8_storage_t fp8_code(float v, float inv) {
   return __nv_cvt_float_to_fp8(fminf(fmaxf(__fmul_rn(v, inv), -kFp8Max), kFp8Max), __NV_SATFINITE,
