@@ -79,6 +79,32 @@ Status Backend::swiglu_fp8(const Tensor& x, Tensor& y, Tensor& y8, Tensor& y_sca
   return quantize_rows_of(y, y8, y_scale);
 }
 
+Status Backend::matmul_fp8_swiglu(const Tensor& x8, const Tensor& x_scale, const Tensor& w13_8,
+                                  const Tensor& w13_scale, int64_t block, Tensor& y, Tensor& y8,
+                                  Tensor& y_scale) {
+  const char* op = "matmul_fp8_swiglu";
+  if (!x8.defined() || !w13_8.defined() || !y.defined() || x8.rank() < 1 || w13_8.rank() != 2)
+    return InvalidArgument(std::string(op) + ": x8, w13_8 [2F, K] and y must be defined");
+  const int64_t k = x8.dim(-1), n = w13_8.dim(0), f = n / 2;
+  if (k <= 0 || w13_8.dim(1) != k || n % 2 != 0 || block < 0 || (block > 0 && f % block != 0))
+    return InvalidArgument(std::string(op) + ": x8 " + x8.describe() + ", w13_8 " +
+                           w13_8.describe() + ", row block " + std::to_string(block));
+  const int64_t m = x8.numel() / k;
+  if (y.numel() != m * f || y.dim(-1) != f)
+    return InvalidArgument(std::string(op) + ": y " + y.describe() + " must hold " +
+                           std::to_string(m) + " rows of " + std::to_string(f));
+  if (y8.defined() != y_scale.defined())
+    return InvalidArgument(std::string(op) + ": y8 and y_scale go together (both or neither)");
+  ZI_ASSIGN_OR_RETURN(Tensor h, alloc(y.dtype(), {m, n}));
+  ZI_TRY(matmul_fp8_quantized(x8.view({m, k}), x_scale, w13_8, w13_scale, Tensor(), h));
+  // In blocks, each run of 2B values of a row is [gate | up] for B outputs, in order.
+  const int64_t width = block > 0 ? 2 * block : n;
+  Tensor out = y.view({m * n / width, width / 2});
+  ZI_TRY(swiglu(h.view({m * n / width, width}), out));
+  if (!y8.defined()) return Status::Ok();
+  return quantize_rows_of(y.view({m, f}), y8, y_scale);
+}
+
 Status Backend::conv2d_add(const Tensor& x, const Tensor& w, const Tensor& bias,
                            const Tensor& residual, const Conv2dParams& p, Tensor& y) {
   if (!residual.defined()) return InvalidArgument("conv2d_add: residual is undefined");

@@ -277,6 +277,24 @@ class Backend {
   // swiglu(x, y) then quantize_fp8_rows(y), which is what the default runs (y: act dtype [M, F]);
   // a backend may fuse them and leave y unwritten.
   virtual Status swiglu_fp8(const Tensor& x, Tensor& y, Tensor& y8, Tensor& y_scale);
+  // The W8A8 feed-forward's w1|w3 linear and its SwiGLU in one op, from the FP8 rows x8 [.., K]
+  // and x_scale (one f32 a row): y [rows, F] (act dtype) = swiglu of matmul_fp8_quantized(x8,
+  // x_scale, w13_8, w13_scale) for a w1|w3 weight w13_8 f8e4m3 [2F, K] with its row scales
+  // w13_scale f32 [2F], both in row blocks of `block` (the layout matmul_swiglu describes;
+  // fp8_swiglu_block() asks for it; 0: gate rows first). With y8 and y_scale defined (both or
+  // neither), y is also quantised per row into them: the bytes of swiglu_fp8. They may be the
+  // memory x8 and x_scale use (the w2 input after the w1|w3 input): they are written after the
+  // GEMM has read those. What the default runs: matmul_fp8_quantized into an [rows, 2F] buffer,
+  // swiglu over it (in blocks, as matmul_swiglu does), then the rows' quantisation.
+  virtual Status matmul_fp8_swiglu(const Tensor& x8, const Tensor& x_scale, const Tensor& w13_8,
+                                   const Tensor& w13_scale, int64_t block, Tensor& y, Tensor& y8,
+                                   Tensor& y_scale);
+  // The row block in which this backend runs matmul_fp8_swiglu fused, for W8A8 w1|w3 weights of
+  // width K and 2F rows: a model reorders such a weight (and its scales) once at load. 0: none.
+  virtual int64_t fp8_swiglu_block(int64_t f, int64_t k) const {
+    (void)f, (void)k;
+    return 0;
+  }
 
  protected:
   // The FP8 row ops' defaults: quantize_fp8_rows over x's last dimension, any leading shape.

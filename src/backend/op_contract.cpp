@@ -734,6 +734,44 @@ Status matmul_fp8_quantized(const OpEnv& env, const Tensor& x8, const Tensor& x_
   return check_alias(op, "bias", bias, "y", y, false);
 }
 
+Status matmul_fp8_swiglu(const OpEnv& env, const Tensor& x8, const Tensor& x_scale,
+                         const Tensor& w13_8, const Tensor& w13_scale, int64_t block,
+                         const Tensor& y, const Tensor& y8, const Tensor& y_scale) {
+  const char* op = "matmul_fp8_swiglu";
+  ZI_TRY(check_fp8_weight(env, op, w13_8, w13_scale, true));
+  ZI_TRY(tensor(env, op, "x8", x8));
+  const int64_t n = w13_8.dim(0), k = w13_8.dim(1), f = n / 2;
+  if (x8.dtype() != DType::kF8E4M3 || x8.rank() < 1 || x8.dim(-1) != k)
+    return InvalidArgument(prefix(op, "x8", x8) + " must be f8e4m3 [.., " + std::to_string(k) +
+                           "] for w13_8 " + desc(w13_8));
+  if (n % 2 != 0)
+    return InvalidArgument(prefix(op, "w13_8", w13_8) + " must have 2F rows (gate and up)");
+  if (block < 0 || (block > 0 && f % block != 0))
+    return InvalidArgument(std::string(op) + ": row block " + std::to_string(block) +
+                           " does not divide F = " + std::to_string(f));
+  const int64_t m = x8.numel() / std::max<int64_t>(k, 1);
+  ZI_TRY(tensor(env, op, "x_scale", x_scale));
+  if (x_scale.dtype() != DType::kF32 || x_scale.numel() != m)
+    return InvalidArgument(prefix(op, "x_scale", x_scale) + " must be f32 [" + std::to_string(m) +
+                           "] (one scale a row of x8 " + desc(x8) + ")");
+  ZI_TRY(act_tensor(env, op, "y", y));
+  if (y.rank() < 1 || y.dim(-1) != f || y.numel() != m * f)
+    return InvalidArgument(prefix(op, "y", y) + " must hold [" + std::to_string(m) + ", " +
+                           std::to_string(f) + "] for x8 " + desc(x8) + " and w13_8 " +
+                           desc(w13_8));
+  ZI_TRY(check_alias(op, "x8", x8, "y", y, false));
+  ZI_TRY(check_alias(op, "x_scale", x_scale, "y", y, false));
+  ZI_TRY(check_alias(op, "w13_8", w13_8, "y", y, false));
+  ZI_TRY(check_alias(op, "w13_scale", w13_scale, "y", y, false));
+  if (y8.defined() != y_scale.defined())
+    return InvalidArgument(std::string(op) + ": y8 and y_scale go together (both or neither)");
+  if (!y8.defined()) return Status::Ok();
+  ZI_TRY(fp8_rows_out(env, op, m, f, y8, y_scale));
+  ZI_TRY(check_alias(op, "y", y, "y8", y8, false));
+  ZI_TRY(check_alias(op, "w13_8", w13_8, "y8", y8, false));
+  return check_alias(op, "y", y, "y_scale", y_scale, false);
+}
+
 Status dequantize_fp8_rows(const OpEnv& env, const Tensor& w8, const Tensor& scale,
                            const Tensor& y) {
   const char* op = "dequantize_fp8_rows";

@@ -147,6 +147,13 @@ Status fp8_rows_out(const OpEnv& env, const char* op, int64_t rows, int64_t cols
 Status matmul_fp8_quantized(const OpEnv& env, const Tensor& x8, const Tensor& x_scale,
                             const Tensor& w8, const Tensor& w_scale, const Tensor& bias,
                             const Tensor& y);
+// Backend::matmul_fp8_swiglu: x8 f8e4m3 [.., K] with x_scale f32 (one a row), w13_8 f8e4m3
+// [2F, K] with w13_scale f32 [2F], `block` 0 or a divisor of F, y (compute dtype) holding x8's
+// rows of F and disjoint from the operands; y8 and y_scale both or neither, as fp8_rows_out for
+// those rows, disjoint from y (they may share x8's and x_scale's memory).
+Status matmul_fp8_swiglu(const OpEnv& env, const Tensor& x8, const Tensor& x_scale,
+                         const Tensor& w13_8, const Tensor& w13_scale, int64_t block,
+                         const Tensor& y, const Tensor& y8, const Tensor& y_scale);
 // w8 f8e4m3 or f8e5m2 [N, K], scale f32 [N], y (compute dtype) of N * K elements.
 Status dequantize_fp8_rows(const OpEnv& env, const Tensor& w8, const Tensor& scale,
                            const Tensor& y);

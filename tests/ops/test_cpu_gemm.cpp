@@ -1,5 +1,7 @@
 // CPU matmul against a double-precision reference: y = x · wᵀ + b over odd shapes, rank-3
 // activations, with and without bias, and the validation errors the op must return.
+#include <algorithm>
+#include <cstring>
 #include <iterator>
 #include <vector>
 
@@ -137,6 +139,68 @@ TEST(CpuOps, MatmulSwigluInRowBlocks) {
   lw.w = copy_of(w);
   EXPECT_EQ(set_swiglu_block(cpu(), lw, 4).code(), ErrorCode::kInvalidArgument);
   EXPECT_EQ(lw.swiglu_block, 0);
+}
+
+// The W8A8 feed-forward op (matmul_fp8_swiglu) on the oracle, Backend's composition: gate rows
+// first and every row block that divides F, after set_swiglu_block moved the FP8 rows together
+// with their scales (and back, byte for byte); y is the SwiGLU of the gate-rows-first FP8 GEMM,
+// and its FP8 rows are quantize_fp8_rows of that y, also where the input rows were.
+TEST(CpuOps, MatmulFp8SwigluInRowBlocks) {
+  const int64_t m = 9, f = 12, k = 16;
+  const Tensor x = rand_f32({m, k}, 70, -3.f, 3.f);
+  const Tensor w = rand_f32({2 * f, k}, 71, -0.5f, 0.5f);
+  Tensor x8 = Tensor::host(DType::kF8E4M3, {m, k}), sx = f32({m});
+  ASSERT_TRUE(cpu().quantize_fp8_rows(x, x8, sx).ok());
+  Tensor w8 = Tensor::host(DType::kF8E4M3, {2 * f, k}), sw = f32({2 * f});
+  ASSERT_TRUE(cpu().quantize_fp8_rows(w, w8, sw).ok());
+  Tensor h = f32({m, 2 * f}), y_ref = f32({m, f});
+  ASSERT_TRUE(cpu().matmul_fp8_quantized(x8, sx, w8, sw, Tensor(), h).ok());
+  ASSERT_TRUE(cpu().swiglu(h, y_ref).ok());
+  std::vector<double> ref(static_cast<size_t>(m * f));
+  for (int64_t i = 0; i < m * f; ++i) ref[i] = at(y_ref, i);
+  for (int64_t block : {int64_t{0}, int64_t{1}, int64_t{4}, int64_t{6}, f}) {
+    SCOPED_TRACE("blocks of " + std::to_string(block));
+    LinearWeight lw;
+    lw.w = copy_of(w8);
+    lw.scale = copy_of(sw);
+    lw.fp8_compute = true;
+    ASSERT_TRUE(set_swiglu_block(cpu(), lw, block).ok());
+    for (int64_t r = 0; r < 2 * f; ++r) {  // blocked row r holds files' row `src`, scale too
+      const int64_t b = block > 0 ? block : f, t = r / (2 * b), p = (r / b) % 2;
+      const int64_t src = block > 0 ? p * f + t * b + r % b : r;
+      ASSERT_EQ(std::memcmp(static_cast<const uint8_t*>(lw.w.data()) + r * k,
+                            static_cast<const uint8_t*>(w8.data()) + src * k, k),
+                0)
+          << "row " << r;
+      ASSERT_EQ(lw.scale.data_as<float>()[r], sw.data_as<float>()[src]) << "scale " << r;
+    }
+    Tensor y = f32({m, f}), q = Tensor::host(DType::kF8E4M3, {m, f}), sc = f32({m});
+    ASSERT_TRUE(cpu().matmul_fp8_swiglu(x8, sx, lw.w, lw.scale, block, y, q, sc).ok());
+    expect_close("matmul_fp8_swiglu", y, ref, 1e-5, 1e-5);
+    Tensor q_ref = Tensor::host(DType::kF8E4M3, {m, f}), s_ref = f32({m});
+    ASSERT_TRUE(cpu().quantize_fp8_rows(y, q_ref, s_ref).ok());
+    EXPECT_EQ(std::memcmp(q.data(), q_ref.data(), q.nbytes()), 0);
+    EXPECT_EQ(std::memcmp(sc.data(), s_ref.data(), sc.nbytes()), 0);
+    // The FP8 rows where the input rows were (the DiT's w2 input after its w1|w3 input).
+    Tensor buf = Tensor::host(DType::kF8E4M3, {m * std::max(k, f)});
+    std::memcpy(buf.data(), x8.data(), x8.nbytes());
+    Tensor in8(buf.storage(), 0, DType::kF8E4M3, {m, k}),
+        out8(buf.storage(), 0, DType::kF8E4M3, {m, f});
+    Tensor s_io = copy_of(sx), y2 = f32({m, f});
+    ASSERT_TRUE(cpu().matmul_fp8_swiglu(in8, s_io, lw.w, lw.scale, block, y2, out8, s_io).ok());
+    EXPECT_EQ(std::memcmp(out8.data(), q.data(), q.nbytes()), 0);
+    EXPECT_EQ(std::memcmp(s_io.data(), sc.data(), sc.nbytes()), 0);
+    ASSERT_TRUE(set_swiglu_block(cpu(), lw, 0).ok());
+    EXPECT_EQ(std::memcmp(lw.w.data(), w8.data(), w8.nbytes()), 0);
+    EXPECT_EQ(std::memcmp(lw.scale.data(), sw.data(), sw.nbytes()), 0);
+  }
+  Tensor y = f32({m, f}), q = Tensor::host(DType::kF8E4M3, {m, f}), none;
+  expect_invalid(cpu().matmul_fp8_swiglu(x8, sx, w8, sw, 5, y, q, none), "row block 5");
+  expect_invalid(cpu().matmul_fp8_swiglu(x8, sx, w8, sw, 0, y, q, none), "y8 and y_scale");
+  LinearWeight stored;  // FP8 rows widened before a bf16 GEMM (--weights fp8): files' order
+  stored.w = copy_of(w8);
+  stored.scale = copy_of(sw);
+  EXPECT_EQ(set_swiglu_block(cpu(), stored, 4).code(), ErrorCode::kInvalidArgument);
 }
 
 }  // namespace

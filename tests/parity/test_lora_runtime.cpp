@@ -237,6 +237,56 @@ TEST(LoraRuntime, FeedForwardsInRowBlocks) {
   }
 }
 
+// The same with the W8A8 linears (--precision fp8): w1|w3 as FP8 rows in blocks with their
+// scales (the layout of the GPU's fused FP8 SwiGLU GEMM; here the oracle composes
+// matmul_fp8_swiglu): the base model as with gate rows first, the side GEMMs of a runtime LoRA
+// on w1 and w3 on weights put back in the files' order, and the base model again bit for bit
+// once the LoRA is off and the blocks are back.
+TEST(LoraRuntime, Fp8FeedForwardsInRowBlocks) {
+  auto plain = make_cpu_backend(2);
+  auto blocked = std::make_unique<cpu::CpuBackend>(2);
+  blocked->set_fp8_swiglu_block(17);  // F = 170 in the tiny model
+  PipelineLoadOptions opts;
+  opts.dit_fp8_compute = kFp8Default;
+  auto ref_pipe = TextToImage::load(test::tiny_model_dir(), *plain, opts);
+  auto pipe = TextToImage::load(test::tiny_model_dir(), *blocked, opts);
+  ASSERT_TRUE(ref_pipe.ok() && pipe.ok());
+  auto ref = run(**ref_pipe);
+  auto base = run(**pipe);
+  ASSERT_TRUE(ref.ok() && base.ok());
+  const double d0 = test::max_abs_diff(base->dit0, ref->dit0);
+  std::printf("  W8A8, blocks of 17 vs gate rows first: dit0 %.3g, image %.3g\n", d0,
+              test::max_abs_diff(base->image, ref->image));
+  EXPECT_LE(d0, 1e-5);
+  auto set = read_set({{lora_file("peft.safetensors"), 1.0f}});
+  ASSERT_TRUE(set.ok()) << set.status().to_string();
+  ZImageDiT& dit = (*pipe)->transformer();
+  ZImageDiT& ref_dit = (*ref_pipe)->transformer();
+  auto block_of = [&](ZImageDiT& d) -> int64_t {  // layer 0's w1|w3: W8A8, and in which blocks
+    auto slot = d.lora_slot("layers.0.feed_forward.w1.weight");
+    EXPECT_TRUE(slot.ok() && slot->linear != nullptr && slot->linear->fp8_compute);
+    return slot.ok() && slot->linear != nullptr ? slot->linear->swiglu_block : -1;
+  };
+  EXPECT_EQ(block_of(dit), 17);
+  EXPECT_EQ(block_of(ref_dit), 0);
+  ASSERT_TRUE(dit.set_loras(*set, LoraMethod::kAuto, false).ok());
+  EXPECT_EQ(block_of(dit), 0) << "a LoRA on w1 puts the weight back in the files' order";
+  ASSERT_TRUE(ref_dit.set_loras(*set, LoraMethod::kAuto, false).ok());
+  EXPECT_GT(dit.applied_loras().side_weights, 0);
+  auto with = run(**pipe);
+  auto ref_with = run(**ref_pipe);
+  ASSERT_TRUE(with.ok() && ref_with.ok());
+  const double d1 = test::max_abs_diff(with->dit0, ref_with->dit0);
+  std::printf("  W8A8 + runtime peft, blocked vs gate rows first: dit0 %.3g\n", d1);
+  EXPECT_LE(d1, 1e-5);
+  ASSERT_TRUE(dit.set_loras({}, LoraMethod::kAuto, false).ok());
+  EXPECT_EQ(block_of(dit), 17);
+  auto again = run(**pipe);
+  ASSERT_TRUE(again.ok());
+  EXPECT_TRUE(same_bits(again->dit0, base->dit0));
+  EXPECT_TRUE(same_bits(again->image, base->image));
+}
+
 // A bad set (a key that matches nothing, a shape that does not fit) fails naming the key and
 // leaves the base model in place, whatever was applied before.
 TEST(LoraRuntime, ErrorsNameTheKeyAndLeaveTheBaseModel) {

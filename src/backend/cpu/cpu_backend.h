@@ -36,6 +36,12 @@ class CpuBackend final : public Backend {
   int64_t swiglu_block(int64_t f, int64_t k) const override {
     return swiglu_block_ > 0 && f > 0 && k > 0 && f % swiglu_block_ == 0 ? swiglu_block_ : 0;
   }
+  // The same for W8A8 w1|w3 weights (matmul_fp8_swiglu runs Backend's composition over them).
+  void set_fp8_swiglu_block(int64_t block) { fp8_swiglu_block_ = block; }
+  int64_t fp8_swiglu_block(int64_t f, int64_t k) const override {
+    return fp8_swiglu_block_ > 0 && f > 0 && k > 0 && f % fp8_swiglu_block_ == 0 ? fp8_swiglu_block_
+                                                                                 : 0;
+  }
 
   // memory (cpu_backend.cpp)
   Result<Tensor> alloc(DType dtype, const Shape& shape) override;
@@ -110,6 +116,7 @@ class CpuBackend final : public Backend {
   int threads_;
   ThreadPool pool_;
   int64_t swiglu_block_ = 0;
+  int64_t fp8_swiglu_block_ = 0;
   int64_t attention_score_floats_ = int64_t{1} << 24;
 };
 

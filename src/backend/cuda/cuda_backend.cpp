@@ -226,8 +226,11 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(int device_index, DType
   ZI_TRY(env_switch("ZIMAGE_ADALN_LAYERS", b->adaln_layers_));
   ZI_TRY(env_switch("ZIMAGE_FUSED_SWIGLU", b->fused_swiglu_));
   ZI_TRY(env_switch("ZIMAGE_FUSED_QKV", b->fused_qkv_));
-  for (const auto& [name, on] : {std::pair{"ZIMAGE_FUSED_SWIGLU", b->fused_swiglu_},
-                                 std::pair{"ZIMAGE_FUSED_QKV", b->fused_qkv_}})
+  ZI_TRY(env_switch("ZIMAGE_FUSED_SWIGLU_GEMM_FP8", b->fused_swiglu_gemm_fp8_));
+  for (const auto& [name, on] :
+       {std::pair{"ZIMAGE_FUSED_SWIGLU", b->fused_swiglu_},
+        std::pair{"ZIMAGE_FUSED_QKV", b->fused_qkv_},
+        std::pair{"ZIMAGE_FUSED_SWIGLU_GEMM_FP8", b->fused_swiglu_gemm_fp8_}})
     if (on && !fused_gemms_available())
       return InvalidArgument(std::string(name) +
                              "=1: this build has no fused GEMMs (configure with "

@@ -253,6 +253,17 @@ class CudaBackend final : public Backend {
   // bf16 weights in the row blocks swiglu_block() asks for; otherwise Backend's GEMM + swiglu.
   Status matmul_swiglu(const Tensor& x, const Tensor& w13, int64_t block, Tensor& y) override;
   int64_t swiglu_block(int64_t f, int64_t k) const override;
+  // The W8A8 w1|w3 GEMM with its SwiGLU and each row's max in the epilogue, then one pass for the
+  // codes (gemm_cutlass.h cutlass_fp8_swiglu_rows, launch_quantize_rows_amax), for weights in the
+  // blocks fp8_swiglu_block() asks for: sm_90, FP8 fast accumulation, a build with the fused
+  // GEMMs, and ZIMAGE_FUSED_SWIGLU_GEMM_FP8 (set_fused_swiglu_gemm_fp8). Otherwise Backend's
+  // composition.
+  Status matmul_fp8_swiglu(const Tensor& x8, const Tensor& x_scale, const Tensor& w13_8,
+                           const Tensor& w13_scale, int64_t block, Tensor& y, Tensor& y8,
+                           Tensor& y_scale) override;
+  int64_t fp8_swiglu_block(int64_t f, int64_t k) const override;
+  void set_fused_swiglu_gemm_fp8(bool on) { fused_swiglu_gemm_fp8_ = on; }
+  bool fused_swiglu_gemm_fp8() const { return fused_swiglu_gemm_fp8_; }
   // Whether matmul_swiglu may fuse (ZIMAGE_FUSED_SWIGLU=1; off by default for the same reason as
   // the q|k|v GEMM's), and how (ZIMAGE_SWIGLU_GEMM, parse_gemm_tuning). A weight blocked under
   // one tuning falls back to the unfused path under a tuning of another block.
@@ -422,6 +433,7 @@ class CudaBackend final : public Backend {
   bool pin_by_register_ = false;
   bool fused_norm_ = true;
   bool fused_swiglu_fp8_ = true;
+  bool fused_swiglu_gemm_fp8_ = false;  // ZIMAGE_FUSED_SWIGLU_GEMM_FP8
   bool fused_conv_add_ = true;
   int64_t score_budget_ = 0;
   int warm_up_ = 1;  // ZIMAGE_WARM_UP

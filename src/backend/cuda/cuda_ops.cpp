@@ -542,6 +542,51 @@ Status CudaBackend::matmul_swiglu(const Tensor& x, const Tensor& w13, int64_t bl
   return st.with_context(op);
 }
 
+int64_t CudaBackend::fp8_swiglu_block(int64_t f, int64_t k) const {
+  const bool fits = f > 0 && f % kFp8SwigluBlock == 0 && k > 0 && k % 16 == 0 &&
+                    2 * f <= INT32_MAX && k <= INT32_MAX;
+  return fused_swiglu_gemm_fp8_ && use_cutlass_ && fp8_fast_accum_ && act_ == DType::kBF16 &&
+                 sm_ == 90 && fused_gemms_available() && fits
+             ? kFp8SwigluBlock
+             : 0;
+}
+
+Status CudaBackend::matmul_fp8_swiglu(const Tensor& x8, const Tensor& x_scale, const Tensor& w13_8,
+                                      const Tensor& w13_scale, int64_t block, Tensor& y, Tensor& y8,
+                                      Tensor& y_scale) {
+  constexpr const char* op = "matmul_fp8_swiglu";
+  ZI_TRY(check_fp8_capable());
+  ZI_TRY(contract::matmul_fp8_swiglu(cuda_env(act_), x8, x_scale, w13_8, w13_scale, block, y, y8,
+                                     y_scale));
+  const int64_t k = w13_8.dim(1), f = w13_8.dim(0) / 2, m = x8.numel() / std::max<int64_t>(k, 1);
+  auto composed = [&] {
+    return Backend::matmul_fp8_swiglu(x8, x_scale, w13_8, w13_scale, block, y, y8, y_scale);
+  };
+  if (block <= 0 || fp8_swiglu_block(f, k) != block || m > INT32_MAX) return composed();
+  if (m == 0) return Status::Ok();
+  ZI_OP_SCOPE("matmul_fp8_swiglu", &x8, &w13_8);
+  const size_t ws_bytes = cutlass_fp8_swiglu_rows_workspace(m, f, k);
+  Tensor ws, amax;
+  if (ws_bytes > 0) {
+    ZI_ASSIGN_OR_RETURN(ws, alloc(DType::kU8, {static_cast<int64_t>(ws_bytes)}));
+  }
+  if (y8.defined()) {  // each row's max |y| as float bits, folded in by the epilogue's atomics
+    ZI_ASSIGN_OR_RETURN(amax, alloc(DType::kI32, {m}));
+    ZI_LAUNCH_TRY(op, cudaMemsetAsync(amax.data(), 0, sizeof(int32_t) * m, stream_));
+  }
+  auto* amax_bits = y8.defined() ? static_cast<unsigned int*>(amax.data()) : nullptr;
+  const Status st = cutlass_fp8_swiglu_rows(x8.data(), w13_8.data(), x_scale.data_as<float>(),
+                                            w13_scale.data_as<float>(), y.data(), amax_bits, m, f,
+                                            k, ws_bytes ? ws.data() : nullptr, ws_bytes, stream_);
+  if (st.code() == ErrorCode::kUnsupported) return composed();
+  ZI_TRY(st.with_context(op));
+  if (!y8.defined()) return Status::Ok();
+  ZI_ASSIGN_OR_RETURN(KType kt, ktype_of(op, act_));
+  ZI_LAUNCH_TRY(op, launch_quantize_rows_amax(kt, y.data(), amax_bits, m, f, y8.data(),
+                                              y_scale.data_as<float>(), stream_));
+  return Status::Ok();
+}
+
 Status CudaBackend::axpby(float a, const Tensor& x, float b, const Tensor& y, Tensor& out) {
   ZI_OP_SCOPE("axpby", &x);
   constexpr const char* op = "axpby";

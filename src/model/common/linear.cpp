@@ -46,9 +46,8 @@ Status linear_fp8_input(Backend& be, const Tensor& x8, const Tensor& x_scale, co
 
 Status linear_swiglu(Backend& be, const Tensor& x, const LinearWeight& w13, const Tensor& scratch,
                      const Tensor& wide, Tensor& y) {
-  if (w13.swiglu_block > 0) {
-    if (w13.lora || w13.quantized())
-      return InternalError("feed-forward w1|w3 in row blocks with a LoRA side or quantised");
+  if (w13.swiglu_block > 0 && !w13.quantized()) {
+    if (w13.lora) return InternalError("feed-forward w1|w3 in row blocks with a LoRA side");
     return be.matmul_swiglu(x, w13.w, w13.swiglu_block, y);
   }
   const int64_t k = x.dim(-1), n = w13.rows();
@@ -60,7 +59,11 @@ Status linear_swiglu(Backend& be, const Tensor& x, const LinearWeight& w13, cons
     h = std::move(t).value();
   }
   ZI_TRY(linear(be, x.view({m, k}), w13, Tensor(), scratch, h));
-  return be.swiglu(h, y);
+  // A W8A8 weight in row blocks (made for matmul_fp8_swiglu): each run of 2B values of a row of
+  // h is [gate | up] for B outputs, in order, as Backend::matmul_swiglu reads them.
+  const int64_t width = w13.swiglu_block > 0 ? 2 * w13.swiglu_block : n;
+  Tensor out = y.view({m * n / width, width / 2});
+  return be.swiglu(h.view({m * n / width, width}), out);
 }
 
 Status linear_qkv_norm_rope(Backend& be, const Tensor& x, const LinearWeight& wqkv,
@@ -76,24 +79,33 @@ Status linear_qkv_norm_rope(Backend& be, const Tensor& x, const LinearWeight& wq
 Status set_swiglu_block(Backend& be, LinearWeight& w, int64_t block) {
   if (w.swiglu_block == block) return Status::Ok();
   const int64_t n = w.rows(), k = w.cols(), f = n / 2;
-  if (w.quantized() || w.lora || !w.w.defined() || w.w.rank() != 2 || n % 2 != 0 || block < 0 ||
-      (block > 0 && f % block != 0))
+  // A W8A8 weight moves with its row scales; any other quantised form stays in the files' order.
+  const bool fp8 = w.fp8_compute && w.fp8() && !w.packed();
+  if ((w.quantized() && !fp8) || w.lora || !w.w.defined() || w.w.rank() != 2 || n % 2 != 0 ||
+      block < 0 || (block > 0 && f % block != 0) || (fp8 && w.scale.numel() != n))
     return InvalidArgument("w1|w3 weight " + (w.w.defined() ? w.w.describe() : "(none)") +
                            " cannot be put in row blocks of " + std::to_string(block));
   if (w.swiglu_block > 0 && block > 0) ZI_TRY(set_swiglu_block(be, w, 0));  // via gate-first
-  auto t = be.alloc(w.w.dtype(), w.w.shape());
-  if (!t.ok()) return t.status().with_context("reordering a w1|w3 weight");
-  Tensor tmp = std::move(t).value();
-  ZI_TRY(be.copy_2d(w.w, 0, k, tmp, 0, k, n, k));
-  // Gate-first half p, row block t (B rows of K) <-> blocked rows [2tB + pB, 2tB + pB + B).
-  const int64_t b = block > 0 ? block : w.swiglu_block, chunk = b * k;
-  for (int64_t p = 0; p < 2; ++p) {
-    if (block > 0) {
-      ZI_TRY(be.copy_2d(tmp, p * f * k, chunk, w.w, p * chunk, 2 * chunk, f / b, chunk));
-    } else {
-      ZI_TRY(be.copy_2d(tmp, p * chunk, 2 * chunk, w.w, p * f * k, chunk, f / b, chunk));
+  const int64_t b = block > 0 ? block : w.swiglu_block;
+  // Gate-first half p, row block t (B rows of `cols`) <-> blocked rows [2tB + pB, 2tB + pB + B).
+  auto reorder = [&](Tensor& t, int64_t cols) -> Status {
+    auto tmp = be.alloc(t.dtype(), t.shape());
+    if (!tmp.ok()) return tmp.status().with_context("reordering a w1|w3 weight");
+    Tensor src = std::move(tmp).value();
+    Tensor flat = t.view({n, cols});
+    ZI_TRY(be.copy_2d(flat, 0, cols, src, 0, cols, n, cols));
+    const int64_t chunk = b * cols;
+    for (int64_t p = 0; p < 2; ++p) {
+      if (block > 0) {
+        ZI_TRY(be.copy_2d(src, p * f * cols, chunk, flat, p * chunk, 2 * chunk, f / b, chunk));
+      } else {
+        ZI_TRY(be.copy_2d(src, p * chunk, 2 * chunk, flat, p * f * cols, chunk, f / b, chunk));
+      }
     }
-  }
+    return Status::Ok();
+  };
+  ZI_TRY(reorder(w.w, k));
+  if (fp8) ZI_TRY(reorder(w.scale, 1));
   w.swiglu_block = block;
   return Status::Ok();
 }

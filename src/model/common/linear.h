@@ -139,10 +139,12 @@ Status linear_qkv_norm_rope(Backend& be, const Tensor& x, const LinearWeight& wq
                             const Tensor& freqs, const Tensor& scratch, Tensor& qkv, Tensor& q,
                             Tensor& k, Tensor& v);
 
-// Reorders the rows of a w1|w3 weight [2F, K] in the act dtype, in place (through a temporary
-// copy): into blocks of `block` rows (gate block t at rows [2tB, 2tB + B), its up block next),
-// or with `block` 0 back to gate rows first. The addresses of w.w stay; a recorded forward that
-// used the old order must be recorded again.
+// Reorders the rows of a w1|w3 weight [2F, K] in the act dtype, or of a W8A8 one (fp8_compute)
+// with its row scales, in place (through a temporary copy): into blocks of `block` rows (gate
+// block t at rows [2tB, 2tB + B), its up block next), or with `block` 0 back to gate rows first.
+// The addresses of w.w (and w.scale) stay; a recorded forward that used the old order must be
+// recorded again. A blocked act-dtype weight runs as Backend::matmul_swiglu, a blocked W8A8 one
+// as Backend::matmul_fp8_swiglu.
 Status set_swiglu_block(Backend& be, LinearWeight& w, int64_t block);
 
 // y[M, N] += (x[M, K] · side.aᵀ) · side.bᵀ through two act-dtype buffers ([M, R] and [M, N]) taken

@@ -258,7 +258,7 @@ Status ZImageDiT::run_block(const Block& blk, int set, bool prenormed, const Blo
   }
   ZI_TRY(linear(be_, s.o.view({rows, d}), blk.wo, none, wide_scratch_, s.proj));  // [B*S, D]
   // x += gate_a * norm(proj), then the feed-forward's pre-norm of that x: [B*S, D]
-  const bool w13_8 = s.x8.defined() && blk.w13.swiglu_block == 0 && takes_fp8_input(be_, blk.w13);
+  const bool w13_8 = s.x8.defined() && takes_fp8_input(be_, blk.w13);
   if (w13_8)
     ZI_TRY(be_.residual_norm_gate_then_norm_fp8(x, s.proj.view({b, sq, d}), blk.attn_norm2, eps,
                                                 gate_a, blk.ffn_norm1, scale_f, s.norm, norm8,
@@ -282,8 +282,20 @@ Status ZImageDiT::run_block(const Block& blk, int set, bool prenormed, const Blo
 
 Status ZImageDiT::feed_forward(const Block& blk, bool in8, Scratch& s) {
   const Tensor none;
-  // (A w1|w3 weight in row blocks runs fused with its SwiGLU: w2 then takes act-dtype rows.)
-  const bool w2_8 = s.x8.defined() && blk.w13.swiglu_block == 0 && takes_fp8_input(be_, blk.w2);
+  // A w1|w3 weight in row blocks runs fused with its SwiGLU: a W8A8 one (it takes the FP8 rows
+  // in8 says) as matmul_fp8_swiglu, which also makes w2's FP8 rows where w2 takes them; an
+  // act-dtype one as matmul_swiglu, whose act-dtype rows w2 then takes.
+  const bool fp8_blocks = in8 && blk.w13.swiglu_block > 0;
+  const bool w2_8 =
+      s.x8.defined() && (blk.w13.swiglu_block == 0 || fp8_blocks) && takes_fp8_input(be_, blk.w2);
+  if (fp8_blocks) {
+    Tensor act8 = w2_8 ? s.rows8(cfg_.ffn_hidden()) : Tensor();
+    Tensor act_scale = w2_8 ? s.x8_scale : Tensor();
+    ZI_TRY(be_.matmul_fp8_swiglu(s.rows8(cfg_.dim), s.x8_scale, blk.w13.w, blk.w13.scale,
+                                 blk.w13.swiglu_block, s.act, act8, act_scale));
+    if (w2_8) return linear_fp8_input(be_, act8, s.x8_scale, blk.w2, none, s.proj);
+    return linear(be_, s.act, blk.w2, none, wide_scratch_, s.proj);
+  }
   if (!in8 && !w2_8) {
     ZI_TRY(linear_swiglu(be_, s.norm, blk.w13, wide_scratch_, s.ffn, s.act));  // [B*S, F]
     return linear(be_, s.act, blk.w2, none, wide_scratch_, s.proj);            // [B*S, D]

@@ -300,10 +300,15 @@ Status ZImageDiT::place_block(Block& b, int index) {
 
 Status ZImageDiT::block_ffn_weight(Block& b) {
   LinearWeight& w = b.w13;
-  if (w.swiglu_block > 0 || w.quantized() || w.lora || !w.w.defined() ||
-      w.w.device() != be_.device() || w.w.dtype() != be_.act_dtype())
+  if (w.swiglu_block > 0 || w.lora || !w.w.defined() || w.w.device() != be_.device())
     return Status::Ok();
-  const int64_t block = be_.swiglu_block(w.rows() / 2, w.cols());
+  // A W8A8 w1|w3 that takes FP8 rows (no LoRA side) in the blocks of the backend's fused FP8
+  // GEMM; an act-dtype one in those of its fused bf16 GEMM; anything else stays as loaded.
+  int64_t block = 0;
+  if (takes_fp8_input(be_, w) && !w.packed())
+    block = be_.fp8_swiglu_block(w.rows() / 2, w.cols());
+  else if (!w.quantized() && w.w.dtype() == be_.act_dtype())
+    block = be_.swiglu_block(w.rows() / 2, w.cols());
   return block > 0 ? set_swiglu_block(be_, w, block) : Status::Ok();
 }
 

@@ -116,6 +116,29 @@ __global__ void quantize_rows_vec_kernel(const T* __restrict__ w, int64_t cols,
   }
 }
 
+// Rows whose max |value| the op that wrote them already took (row_amax: float bits, e.g. the FP8
+// SwiGLU GEMM's epilogue, gemm_fp8_swiglu.cu), quantised as quantize_rows_vec_kernel quantises
+// them: the same scale, reciprocal and codes, without the pass that finds the max. Rows of a
+// multiple of the pack; a thread takes one pack of each row it visits (grid.x across a row,
+// grid.y down the rows).
+template <typename T>
+__global__ void quantize_rows_amax_kernel(const T* __restrict__ x,
+                                          const unsigned int* __restrict__ row_amax, int64_t rows,
+                                          int64_t cols, __nv_fp8_storage_t* __restrict__ q,
+                                          float* __restrict__ scale) {
+  constexpr int V = kVec16<T>;
+  const int64_t packs = cols / V;
+  const int64_t p = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
+    const float inv =
+        fp8_row_finish(__uint_as_float(row_amax[r]), p == 0, scale + r);  // one writer a row
+    if (p >= packs) continue;
+    float v[V];
+    load_f32<T, V>(x + r * cols + p * V, v);
+    store_fp8_codes<V>(q + r * cols + p * V, v, inv);
+  }
+}
+
 template <typename T, __nv_fp8_interpretation_t kFormat>
 __global__ void dequantize_rows_kernel(const __nv_fp8_storage_t* __restrict__ q,
                                        const float* __restrict__ scale, int64_t rows, int64_t cols,
@@ -251,6 +274,26 @@ cudaError_t launch_quantize_fp8_rows(KType t, const void* w, int64_t rows, int64
     } else
       quantize_rows_kernel<T><<<static_cast<unsigned>(rows), kThreads, 0, s>>>(
           static_cast<const T*>(w), cols, static_cast<__nv_fp8_storage_t*>(q), scale);
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t launch_quantize_rows_amax(KType t, const void* x, const unsigned int* row_amax,
+                                      int64_t rows, int64_t cols, void* q, float* scale,
+                                      cudaStream_t s) {
+  if (rows <= 0 || cols <= 0) return cudaSuccess;
+  return dispatch_ktype(t, [&](auto tag) {
+    using T = decltype(tag);
+    constexpr int V = kVec16<T>;
+    if (cols % V != 0 || !aligned16(x) || (reinterpret_cast<uintptr_t>(q) % V) != 0 ||
+        row_amax == nullptr || scale == nullptr)
+      return cudaErrorInvalidValue;
+    const int64_t packs = cols / V;
+    if (packs > int64_t{kThreads} * 65535) return cudaErrorInvalidValue;
+    const dim3 grid(static_cast<unsigned>((packs + kThreads - 1) / kThreads),
+                    static_cast<unsigned>(rows < 65535 ? rows : 65535));
+    quantize_rows_amax_kernel<T><<<grid, kThreads, 0, s>>>(
+        static_cast<const T*>(x), row_amax, rows, cols, static_cast<__nv_fp8_storage_t*>(q), scale);
     return cudaGetLastError();
   });
 }

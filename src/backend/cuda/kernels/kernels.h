@@ -84,6 +84,13 @@ cudaError_t launch_quantize_packed_v_fp8(KType t, const void* qkv, void* out8, v
 // row), one block per row; and back: out[rows, cols] (type t) = float(q) * scale[row].
 cudaError_t launch_quantize_fp8_rows(KType t, const void* w, int64_t rows, int64_t cols, void* q,
                                      float* scale, cudaStream_t s);
+// launch_quantize_fp8_rows for rows x[rows, cols] whose max |value| the op that wrote them took:
+// row_amax [rows] holds it as float bits (as atomicMax leaves it). The same codes and scales as
+// launch_quantize_fp8_rows of x, in one pass. cols a multiple of 16 bytes' elements, x 16-byte
+// aligned (cudaErrorInvalidValue otherwise).
+cudaError_t launch_quantize_rows_amax(KType t, const void* x, const unsigned int* row_amax,
+                                      int64_t rows, int64_t cols, void* q, float* scale,
+                                      cudaStream_t s);
 cudaError_t launch_dequantize_fp8_rows(KType t, const void* q, const float* scale, int64_t rows,
                                        int64_t cols, void* out, cudaStream_t s, bool e5m2 = false);
 // y[m, n] = y[m, n] · sx[m] · sw[n] (+ bias[n] when not null), in place, computed in f32 and

@@ -110,16 +110,18 @@ class Base {
   Params params_;
 };
 
-// A bf16 GEMM y = x · wᵀ (x [m, k] row-major, w [n, k] row-major) with epilogue `Epi` and the
-// mainloop CUTLASS's builder makes for `TileShape`, `ClusterShape` and `KernelSchedule`.
-template <class TileShape, class ClusterShape, class KernelSchedule, class Epi>
+// A GEMM y = x · wᵀ (x [m, k] row-major, w [n, k] row-major, both `Element`: bf16, or e4m3 for
+// the W8A8 GEMMs) with epilogue `Epi` and the mainloop CUTLASS's builder makes for `TileShape`,
+// `ClusterShape` and `KernelSchedule`.
+template <class TileShape, class ClusterShape, class KernelSchedule, class Epi,
+          class Element = Bf16>
 struct Gemm {
-  static constexpr int kAlign = 8;  // elements: 16 bytes
+  static constexpr int kAlign = 16 / static_cast<int>(sizeof(Element));  // elements: 16 bytes
   using CollectiveEpilogue =
       cutlass::epilogue::collective::detail::Sm90TmaWarpSpecializedAdapter<Epi>;
   using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Bf16, cutlass::layout::RowMajor, kAlign,
-      Bf16, cutlass::layout::ColumnMajor, kAlign, float, TileShape, ClusterShape,
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, cutlass::layout::RowMajor,
+      kAlign, Element, cutlass::layout::ColumnMajor, kAlign, float, TileShape, ClusterShape,
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
           sizeof(typename CollectiveEpilogue::SharedStorage))>,
       KernelSchedule>::CollectiveOp;
@@ -139,7 +141,7 @@ struct Gemm {
     typename Adapter::Arguments args{
         cutlass::gemm::GemmUniversalMode::kGemm,
         {m, n, k, 1},
-        {static_cast<const Bf16*>(x), sa, static_cast<const Bf16*>(w), sb},
+        {static_cast<const Element*>(x), sa, static_cast<const Element*>(w), sb},
         epi};
     apply_tuning(args, tuning);
     return args;

@@ -56,6 +56,26 @@ Status cutlass_fp8_rows(const void* x8, const void* w8, const float* sx, const f
                         Fp8Tile tile = Fp8Tile::kAuto);
 size_t cutlass_fp8_rows_workspace(int64_t m, int64_t n, int64_t k);
 
+// The W8A8 feed-forward's w1|w3 linear with SwiGLU in its epilogue (gemm_fp8_swiglu.cu):
+//   y[m, j] = silu(g[m, j]) · u[m, j],  j < f
+// where g and u are what cutlass_fp8_rows would write for the gate and up rows (no bias), each
+// rounded to bf16, silu rounded to bf16 and the product rounded once: the bytes of that GEMM then
+// Backend::swiglu, given the same sums. w13_8 [2f, k] e4m3 holds w1 and w3 with their rows
+// interleaved in blocks of kFp8SwigluBlock (gate block t at rows 2·t·B.., up block t at
+// 2·t·B + B..; set_swiglu_block, model/common/linear.h) and sw13 [2f] its row scales in that
+// order. y [m, f] bf16. row_amax [m] (may be null): each row's max |y| as float bits folded in with
+// atomicMax, so it must hold zeros (or a lower bound) before the call. The mainloop is the FP8
+// fast-accumulation 128 × 256 cooperative tile of cutlass_fp8_rows (Fp8Tile::kCoopWide), so its
+// sums are that GEMM's in that tile. kUnsupported when the build has no fused GEMMs, the device is
+// not sm_90, f % kFp8SwigluBlock != 0, k % 16 != 0 or an operand is misaligned (x8, w13_8, y:
+// 16 bytes; sw13: 8). `workspace` of cutlass_fp8_swiglu_rows_workspace(m, f, k) bytes at least.
+constexpr int64_t kFp8SwigluBlock = 128;
+Status cutlass_fp8_swiglu_rows(const void* x8, const void* w13_8, const float* sx,
+                               const float* sw13, void* y, unsigned int* row_amax, int64_t m,
+                               int64_t f, int64_t k, void* workspace, size_t workspace_bytes,
+                               cudaStream_t stream);
+size_t cutlass_fp8_swiglu_rows_workspace(int64_t m, int64_t f, int64_t k);
+
 // The tile kAuto runs for an m × n × k FP8 GEMM: 256 × 192 (cooperative, 1 × 2 clusters) from
 // 1024 rows, 128 × 128 ping-pong below (few rows: larger tiles would leave SMs idle).
 // Measured on H100s (docs/BENCHMARKS.md, sessions 23 and 24). Timed alone, back to back
