@@ -37,6 +37,26 @@ struct FusedFp8SwigluOn {
   cuda::CudaBackend* g_;
 };
 
+// A feed-forward's FP8 operands: x [m, k] and a w1|w3 weight [2f, k] of random bf16 values as
+// FP8 rows (quantize_fp8_rows), the weight W8A8 with its gate rows first.
+struct Fp8Ffn {
+  Tensor x8, sx;
+  LinearWeight w13;
+};
+Fp8Ffn fp8_ffn(cuda::CudaBackend* g, int64_t m, int64_t f, int64_t k, uint32_t seed) {
+  Fp8Ffn o;
+  const Tensor x = rand_dev(g, {m, k}, seed, -3.f, 3.f);
+  const Tensor w = rand_dev(g, {2 * f, k}, seed + 1, -0.05f, 0.05f);
+  o.x8 = take(g->alloc(DType::kF8E4M3, {m, k}), "alloc");
+  o.sx = take(g->alloc(DType::kF32, {m}), "alloc");
+  EXPECT_TRUE(g->quantize_fp8_rows(x, o.x8, o.sx).ok());
+  o.w13.w = take(g->alloc(DType::kF8E4M3, {2 * f, k}), "alloc");
+  o.w13.scale = take(g->alloc(DType::kF32, {2 * f}), "alloc");
+  o.w13.fp8_compute = true;
+  EXPECT_TRUE(g->quantize_fp8_rows(w, o.w13.w, o.w13.scale).ok());
+  return o;
+}
+
 Tensor dev_copy(cuda::CudaBackend* g, const Tensor& t) {
   Tensor c = take(g->alloc(t.dtype(), t.shape()), "alloc");
   EXPECT_TRUE(g->copy_2d(t, 0, t.numel(), c, 0, t.numel(), 1, t.numel()).ok());
@@ -57,16 +77,10 @@ TEST(CudaFp8Swiglu, FusedGemmIsTheTwoOpsBytes) {
                                 {517, 384, 272},
                                 {130, 128, 64}}) {
     SCOPED_TRACE(cat("rows ", m, " f ", f, " k ", k));
-    const Tensor x = rand_dev(g, {m, k}, 31, -3.f, 3.f);
-    const Tensor w = rand_dev(g, {2 * f, k}, 32, -0.05f, 0.05f);
-    Tensor x8 = take(g->alloc(DType::kF8E4M3, {m, k}), "alloc");
-    Tensor sx = take(g->alloc(DType::kF32, {m}), "alloc");
-    ZI_ASSERT_OK(g->quantize_fp8_rows(x, x8, sx));
-    LinearWeight lw;
-    lw.w = take(g->alloc(DType::kF8E4M3, {2 * f, k}), "alloc");
-    lw.scale = take(g->alloc(DType::kF32, {2 * f}), "alloc");
-    lw.fp8_compute = true;
-    ZI_ASSERT_OK(g->quantize_fp8_rows(w, lw.w, lw.scale));
+    Fp8Ffn ops = fp8_ffn(g, m, f, k, 31);
+    const Tensor &x8 = ops.x8, &sx = ops.sx;
+    LinearWeight& lw = ops.w13;
+    const Tensor w8 = dev_copy(g, lw.w), sw = dev_copy(g, lw.scale);  // gate rows first
 
     // The two ops, the GEMM in the fused op's tile (gate rows first).
     g->set_fp8_tile(cuda::Fp8Tile::kCoopWide);
@@ -113,26 +127,16 @@ TEST(CudaFp8Swiglu, FusedGemmIsTheTwoOpsBytes) {
     EXPECT_EQ(bytes_of(g, s_io), bytes_of(g, s_ref));
 
     // Back to gate rows first: the weight and its scales as quantised, byte for byte.
-    Tensor w8_again = take(g->alloc(DType::kF8E4M3, {2 * f, k}), "alloc");
-    Tensor sw_again = take(g->alloc(DType::kF32, {2 * f}), "alloc");
-    ZI_ASSERT_OK(g->quantize_fp8_rows(w, w8_again, sw_again));
     ZI_ASSERT_OK(set_swiglu_block(*g, lw, 0));
-    EXPECT_EQ(bytes_of(g, lw.w), bytes_of(g, w8_again));
-    EXPECT_EQ(bytes_of(g, lw.scale), bytes_of(g, sw_again));
+    EXPECT_EQ(bytes_of(g, lw.w), bytes_of(g, w8));
+    EXPECT_EQ(bytes_of(g, lw.scale), bytes_of(g, sw));
     g->set_fp8_tile(cuda::Fp8Tile::kAuto);
   }
   // A row block the fused GEMM does not take runs the composed ops, with the same result.
-  const int64_t m = 40, f = 256, k = 64;
-  const Tensor x = rand_dev(g, {m, k}, 41, -3.f, 3.f);
-  const Tensor w = rand_dev(g, {2 * f, k}, 42, -0.05f, 0.05f);
-  Tensor x8 = take(g->alloc(DType::kF8E4M3, {m, k}), "alloc");
-  Tensor sx = take(g->alloc(DType::kF32, {m}), "alloc");
-  ZI_ASSERT_OK(g->quantize_fp8_rows(x, x8, sx));
-  LinearWeight lw;
-  lw.w = take(g->alloc(DType::kF8E4M3, {2 * f, k}), "alloc");
-  lw.scale = take(g->alloc(DType::kF32, {2 * f}), "alloc");
-  lw.fp8_compute = true;
-  ZI_ASSERT_OK(g->quantize_fp8_rows(w, lw.w, lw.scale));
+  const int64_t m = 40, f = 256;
+  Fp8Ffn ops = fp8_ffn(g, m, f, 64, 41);
+  const Tensor &x8 = ops.x8, &sx = ops.sx;
+  LinearWeight& lw = ops.w13;
   ZI_ASSERT_OK(set_swiglu_block(*g, lw, 64));
   Tensor y = take(g->alloc(DType::kBF16, {m, f}), "alloc");
   Tensor q = take(g->alloc(DType::kF8E4M3, {m, f}), "alloc");
@@ -213,22 +217,14 @@ TEST(CudaOpsPerf, Fp8SwigluGemm) {
   const int64_t f = 10240, k = 3840;
   if (g->fp8_swiglu_block(f, k) != cuda::kFp8SwigluBlock)
     GTEST_SKIP() << "no fused FP8 SwiGLU GEMM here (needs sm_90 and the fused CUTLASS GEMMs)";
-  const Tensor w = rand_dev(g, {2 * f, k}, 4201, -0.05f, 0.05f);
-  LinearWeight lw;
-  lw.w = take(g->alloc(DType::kF8E4M3, {2 * f, k}), "w8");
-  lw.scale = take(g->alloc(DType::kF32, {2 * f}), "sw");
-  lw.fp8_compute = true;
-  ZI_ASSERT_OK(g->quantize_fp8_rows(w, lw.w, lw.scale));
-  LinearWeight blocked;
-  blocked.w = dev_copy(g, lw.w);
-  blocked.scale = dev_copy(g, lw.scale);
-  blocked.fp8_compute = true;
-  ZI_ASSERT_OK(set_swiglu_block(*g, blocked, cuda::kFp8SwigluBlock));
   for (const int64_t m : {int64_t{4160}, int64_t{16448}}) {
-    const Tensor x = rand_dev(g, {m, k}, 4200, -3.f, 3.f);
-    Tensor x8 = take(g->alloc(DType::kF8E4M3, {m, k}), "x8");
-    Tensor sx = take(g->alloc(DType::kF32, {m}), "sx");
-    ZI_ASSERT_OK(g->quantize_fp8_rows(x, x8, sx));
+    Fp8Ffn ops = fp8_ffn(g, m, f, k, 4200);
+    const Tensor &x8 = ops.x8, &sx = ops.sx;
+    const LinearWeight& lw = ops.w13;
+    LinearWeight blocked = lw;
+    blocked.w = dev_copy(g, lw.w);
+    blocked.scale = dev_copy(g, lw.scale);
+    ZI_ASSERT_OK(set_swiglu_block(*g, blocked, cuda::kFp8SwigluBlock));
     Tensor h = take(g->alloc(DType::kBF16, {m, 2 * f}), "h");
     Tensor y = take(g->alloc(DType::kBF16, {m, f}), "y");
     Tensor y8 = take(g->alloc(DType::kF8E4M3, {m, f}), "y8");
