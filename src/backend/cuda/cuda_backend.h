@@ -256,8 +256,9 @@ class CudaBackend final : public Backend {
   // The W8A8 w1|w3 GEMM with its SwiGLU and each row's max in the epilogue, then one pass for the
   // codes (gemm_cutlass.h cutlass_fp8_swiglu_rows, launch_quantize_rows_amax), for weights in the
   // blocks fp8_swiglu_block() asks for: sm_90, FP8 fast accumulation, a build with the fused
-  // GEMMs, and ZIMAGE_FUSED_SWIGLU_GEMM_FP8 (set_fused_swiglu_gemm_fp8). Otherwise Backend's
-  // composition.
+  // GEMMs, and ZIMAGE_FUSED_SWIGLU_GEMM_FP8 (set_fused_swiglu_gemm_fp8; opt-in: on an H100 the
+  // epilogue costs the cooperative GEMM more than the bytes it saves, 0.743 against 0.562 ms at
+  // 4160 rows, docs/BENCHMARKS.md "Session 30"). Otherwise Backend's composition.
   Status matmul_fp8_swiglu(const Tensor& x8, const Tensor& x_scale, const Tensor& w13_8,
                            const Tensor& w13_scale, int64_t block, Tensor& y, Tensor& y8,
                            Tensor& y_scale) override;
