@@ -61,6 +61,21 @@ Status run_adapter(const char* what, const typename Adapter::Arguments& args, in
   return Status::Ok();
 }
 
+// The accumulator layout these epilogues read, checked once: per thread ((2, 2, V), MMA_M, 1) in
+// wgmma's layout (two adjacent columns, two rows 8 apart, V groups of 8 columns; MM row groups),
+// one MMA atom across the kTileN-wide tile of a kTileM × kTileN block.
+template <class FrgLayout, class BlockShapeMNK, int kTileM, int kTileN>
+struct AccLayout {
+  static_assert(cute::size<0>(BlockShapeMNK{}) == kTileM &&
+                cute::size<1>(BlockShapeMNK{}) == kTileN);
+  static_assert(cute::rank(FrgLayout{}) == 3 && cute::size<0, 0>(FrgLayout{}) == 2 &&
+                    cute::size<0, 1>(FrgLayout{}) == 2 && cute::size<2>(FrgLayout{}) == 1,
+                "the wgmma accumulator layout ((2, 2, V), MMA_M, 1)");
+  static constexpr int V = cute::size<0, 2>(FrgLayout{});
+  static constexpr int MM = cute::size<1>(FrgLayout{});
+  static_assert(V * 8 == kTileN, "one MMA atom spans the tile's width");
+};
+
 // The interface CUTLASS's DefaultEpilogue has (types, arguments, workspace) for a bf16-output
 // epilogue with `Args` as its arguments and no source tensor C; a derived class adds
 // can_implement and the operator() that writes the tile.

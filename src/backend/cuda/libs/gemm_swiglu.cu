@@ -51,13 +51,8 @@ class SwigluEpilogue : public register_epilogue::Base<SwigluArgs> {
                                  cute::Tensor<FrgEngine, FrgLayout> const& acc, TiledMma tiled_mma,
                                  ResidueMNK, int thread_idx, char*) {
     using namespace cute;
-    static_assert(size<0>(BlockShapeMNK{}) == kTileM && size<1>(BlockShapeMNK{}) == kTileN);
-    static_assert(rank(FrgLayout{}) == 3 && size<0, 0>(FrgLayout{}) == 2 &&
-                      size<0, 1>(FrgLayout{}) == 2 && size<2>(FrgLayout{}) == 1,
-                  "the wgmma accumulator layout ((2, 2, V), MMA_M, 1)");
-    constexpr int V = size<0, 2>(FrgLayout{});
-    static_assert(V * 8 == kTileN, "one MMA atom spans the tile's width");
-    constexpr int MM = size<1>(FrgLayout{});
+    using Acc = register_epilogue::AccLayout<FrgLayout, BlockShapeMNK, kTileM, kTileN>;
+    constexpr int V = Acc::V, MM = Acc::MM;
 
     const int m_blk = static_cast<int>(get<0>(blk_coord_mnkl));
     const int n_blk = static_cast<int>(get<1>(blk_coord_mnkl));
