@@ -97,10 +97,7 @@ Status Backend::matmul_fp8_swiglu(const Tensor& x8, const Tensor& x_scale, const
     return InvalidArgument(std::string(op) + ": y8 and y_scale go together (both or neither)");
   ZI_ASSIGN_OR_RETURN(Tensor h, alloc(y.dtype(), {m, n}));
   ZI_TRY(matmul_fp8_quantized(x8.view({m, k}), x_scale, w13_8, w13_scale, Tensor(), h));
-  // In blocks, each run of 2B values of a row is [gate | up] for B outputs, in order.
-  const int64_t width = block > 0 ? 2 * block : n;
-  Tensor out = y.view({m * n / width, width / 2});
-  ZI_TRY(swiglu(h.view({m * n / width, width}), out));
+  ZI_TRY(swiglu_in_blocks(h, block, y));
   if (!y8.defined()) return Status::Ok();
   return quantize_rows_of(y.view({m, f}), y8, y_scale);
 }
@@ -131,8 +128,21 @@ Status Backend::matmul_swiglu(const Tensor& x, const Tensor& w13, int64_t block,
                            std::to_string(m) + " rows of " + std::to_string(f));
   ZI_ASSIGN_OR_RETURN(Tensor h, alloc(y.dtype(), {m, n}));
   ZI_TRY(matmul(x.view({m, k}), w13, Tensor(), h));
-  // In blocks, each run of 2B values of a row is [gate | up] for B outputs, in order.
-  const int64_t width = block > 0 ? 2 * block : n;
+  return swiglu_in_blocks(h, block, y);
+}
+
+Status Backend::swiglu_in_blocks(const Tensor& h, int64_t block, Tensor& y) {
+  const int64_t n = h.defined() && h.rank() > 0 ? h.dim(-1) : 0;
+  if (n <= 0 || n % 2 != 0 || h.numel() % n != 0 || block < 0 ||
+      (block > 0 && (n / 2) % block != 0))
+    return InvalidArgument("swiglu in row blocks of " + std::to_string(block) + ": h " +
+                           (h.defined() ? h.describe() : "(undefined)") +
+                           " must be [M, 2F] with the block dividing F");
+  const int64_t m = h.numel() / n, width = block > 0 ? 2 * block : n;
+  if (!y.defined() || y.numel() != m * n / 2)
+    return InvalidArgument("swiglu in row blocks: y " +
+                           (y.defined() ? y.describe() : "(undefined)") + " must hold " +
+                           std::to_string(m) + " rows of " + std::to_string(n / 2));
   Tensor out = y.view({m * n / width, width / 2});
   return swiglu(h.view({m * n / width, width}), out);
 }

@@ -415,6 +415,10 @@ class Backend {
   // [M, 2F] buffer and swiglu on it (an [M, 2F] row in blocks is M·F/B rows of [gate | up]), the
   // rounding of two ops; a backend may fuse the two, with the same roundings.
   virtual Status matmul_swiglu(const Tensor& x, const Tensor& w13, int64_t block, Tensor& y);
+  // swiglu over h [M, 2F], the w1|w3 linear's output for a weight in row blocks of `block` (0:
+  // gate rows first): each run of 2B values of a row is [gate | up] for B outputs, in order, so
+  // it is swiglu over M·F/B rows of 2B. y [M, F]. What the fused ops' defaults end with.
+  Status swiglu_in_blocks(const Tensor& h, int64_t block, Tensor& y);
   // The row block in which this backend runs matmul_swiglu fused, for w13 weights of width K
   // and 2F rows in the act dtype: a model reorders such a weight once at load
   // (set_swiglu_block, model/common/linear.h). 0: no fused path, keep gate rows first.

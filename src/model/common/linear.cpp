@@ -59,11 +59,8 @@ Status linear_swiglu(Backend& be, const Tensor& x, const LinearWeight& w13, cons
     h = std::move(t).value();
   }
   ZI_TRY(linear(be, x.view({m, k}), w13, Tensor(), scratch, h));
-  // A W8A8 weight in row blocks (made for matmul_fp8_swiglu): each run of 2B values of a row of
-  // h is [gate | up] for B outputs, in order, as Backend::matmul_swiglu reads them.
-  const int64_t width = w13.swiglu_block > 0 ? 2 * w13.swiglu_block : n;
-  Tensor out = y.view({m * n / width, width / 2});
-  return be.swiglu(h.view({m * n / width, width}), out);
+  // (A W8A8 weight in row blocks, made for matmul_fp8_swiglu, lands here in that order.)
+  return be.swiglu_in_blocks(h, w13.swiglu_block, y);
 }
 
 Status linear_qkv_norm_rope(Backend& be, const Tensor& x, const LinearWeight& wqkv,
