@@ -392,10 +392,38 @@ Status TextToImage::dit_forward(const StepBatch& batch, const Tensor& in,
   // Sequence parallel (pipeline/seqpar.h): without ControlNet residuals or runtime LoRAs, which
   // only rank 0 holds.
   const bool split = seqpar_ && residuals == nullptr && c_.transformer->applied_loras().empty();
-  return (split ? seqpar_->forward(*c_.transformer, in, batch.t_model, batch.caps, out)
-                : c_.transformer->forward(in, batch.t_model, batch.caps, out, dbg,
-                                          "dit." + step_name, residuals))
-      .with_context("denoising step " + std::to_string(first.steps_done()));
+  const std::string context = "denoising step " + std::to_string(first.steps_done());
+  if (split)
+    return seqpar_->forward(*c_.transformer, in, batch.t_model, batch.caps, out)
+        .with_context(context);
+  if (refine_once_ && dbg == nullptr && c_.transformer->refines_captions_once()) {
+    auto refined = refined_captions(batch);
+    if (!refined.ok()) return refined.status().with_context(context);
+    return c_.transformer
+        ->forward_refined(in, batch.t_model, **refined, out, nullptr, "dit." + step_name, residuals)
+        .with_context(context);
+  }
+  return c_.transformer
+      ->forward(in, batch.t_model, batch.caps, out, dbg, "dit." + step_name, residuals)
+      .with_context(context);
+}
+
+Result<const ZImageDiT::RefinedCaptions*> TextToImage::refined_captions(const StepBatch& batch) {
+  ZImageDiT& dit = *c_.transformer;
+  auto same = [](const Tensor& a, const Tensor& b) {
+    return a.storage() == b.storage() && a.byte_offset() == b.byte_offset() &&
+           a.dtype() == b.dtype() && a.shape() == b.shape();
+  };
+  CaptionCache& c = caption_cache_;
+  bool hit = c.refined.defined() && c.refined.weights_version == dit.weights_version() &&
+             c.caps.size() == batch.caps.size();
+  for (size_t i = 0; hit && i < batch.caps.size(); ++i) hit = same(c.caps[i], batch.caps[i]);
+  if (!hit) {
+    c = CaptionCache();  // the old tokens go before the new ones are made
+    ZI_ASSIGN_OR_RETURN(c.refined, dit.refine_captions(batch.caps));
+    c.caps = batch.caps;
+  }
+  return &c.refined;
 }
 
 Status TextToImage::check_dit_output(DenoiseState& st, const Tensor& o) {
@@ -484,7 +512,8 @@ Result<TextToImageOutput> TextToImage::finish(DenoiseState& st) {
   const TextToImageHooks& hooks = st.hooks;
   auto cancelled = [&] { return hooks.cancel != nullptr && hooks.cancel->load(); };
   const GenerateRequest& req = st.req;
-  st.embeds.clear();  // frees the text features on the backend before the VAE runs
+  st.embeds.clear();                // frees the text features on the backend before the VAE runs
+  caption_cache_ = CaptionCache();  // and the caption tokens refined from them
   TextToImageOutput result;
   result.timings = st.timings;
 

@@ -213,6 +213,17 @@ class TextToImage {
   // with the DiT output downloaded every step (the same float32 result).
   void set_device_step(bool on) { device_step_ = on; }
 
+  // Whether a denoising loop refines its captions once (ZImageDiT::refine_captions: the caption
+  // embedder and the context refiner depend on the captions alone) and each step's forward reads
+  // the tokens, or every forward computes them (off; ZIMAGE_CAPTION_CACHE=0 at load). The images
+  // are the same bits. Kept while a step's rows read the same caption tensors with the same
+  // weights; not with debug dumps (each step dumps its own), in forwards split over several GPUs,
+  // or where a context refiner block streams in (ZImageDiT::refines_captions_once). Default on.
+  void set_refine_captions_once(bool on) {
+    refine_once_ = on;
+    caption_cache_ = CaptionCache();
+  }
+
   // How finish() decodes: tiled as diffusers' enable_tiling() or not (model/vae/vae_tiling.h).
   // Default: auto with the backend's free memory as the budget.
   void set_vae_tiling(const VaeTilingPolicy& p) { vae_tiling_ = p; }
@@ -290,6 +301,9 @@ class TextToImage {
                            const std::string& step_name, ControlResiduals& residuals);
   Status dit_forward(const StepBatch& batch, const Tensor& in, const ControlResiduals* residuals,
                      DebugSink* dbg, const std::string& step_name, Tensor& out);
+  // The caption tokens of a step's rows (caption_cache_'s when they read the same tensors with
+  // the same weights, else refined now and kept).
+  Result<const ZImageDiT::RefinedCaptions*> refined_captions(const StepBatch& batch);
   // A part's DiT output rows `o` free of NaN/Inf, else the error naming where they came from.
   Status check_dit_output(DenoiseState& st, const Tensor& o);
   // A part's CFG combine and Euler step from its output rows `o`, the inpainting blend, and its
@@ -311,6 +325,14 @@ class TextToImage {
   VaeTilingPolicy vae_tiling_;
   bool device_step_ = true;
   bool float_image_ = true;
+  bool refine_once_ = true;
+  // The last refined captions and the caption tensors they came from (held, so their memory is
+  // not reused while the tokens are kept; released when a state finishes).
+  struct CaptionCache {
+    std::vector<Tensor> caps;
+    ZImageDiT::RefinedCaptions refined;
+  };
+  CaptionCache caption_cache_;
   std::unique_ptr<Backend> host_;           // a 1-thread CPU backend: dumps of host tensors
   std::unique_ptr<ThreadPool> noise_pool_;  // the initial noise's Box-Muller blocks (up to 8)
   std::unique_ptr<ZImageControlNet> controlnet_;

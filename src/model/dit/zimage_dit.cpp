@@ -334,14 +334,13 @@ Result<ZImageDiT::Layout> ZImageDiT::make_layout(int64_t b, int64_t lh, int64_t 
   }
 
   // ---- RoPE tables: [B, S, Dh/2, (cos, sin)] f32; batch-padding rows stay 0 ----
-  Tensor img_f = Tensor::host(DType::kF32, {b, np, half, 2});      // [B, Np, Dh/2, 2]
-  Tensor cap_f = Tensor::host(DType::kF32, {b, lp_max, half, 2});  // [B, Lp, Dh/2, 2]
-  Tensor uni_f = Tensor::host(DType::kF32, {b, s_max, half, 2});   // [B, S, Dh/2, 2]
-  if (!img_f.defined() || !cap_f.defined() || !uni_f.defined())
-    return OutOfMemory("transformer RoPE tables");
+  ZI_ASSIGN_OR_RETURN(Tensor cap_f, caption_rope_host(cap_len, cap_pad, lp_max));  // [B, Lp, ..]
+  Tensor img_f = Tensor::host(DType::kF32, {b, np, half, 2});     // [B, Np, Dh/2, 2]
+  Tensor uni_f = Tensor::host(DType::kF32, {b, s_max, half, 2});  // [B, S, Dh/2, 2]
+  if (!img_f.defined() || !uni_f.defined()) return OutOfMemory("transformer RoPE tables");
   for (int64_t i = 0; i < b; ++i) {
     float* fi = img_f.data_as<float>() + i * np * half * 2;
-    float* fc = cap_f.data_as<float>() + i * lp_max * half * 2;
+    const float* fc = cap_f.data_as<float>() + i * lp_max * half * 2;
     for (int64_t n = 0; n < np; ++n) {  // image token (r, s) -> (Lp + 1, r, s); pads -> 0
       const bool real = n < n_img;
       if (!rope_row(real ? cap_pad[i] + 1 : 0, real ? n / wt : 0, real ? n % wt : 0,
@@ -351,13 +350,6 @@ Result<ZImageDiT::Layout> ZImageDiT::make_layout(int64_t b, int64_t lh, int64_t 
             " tokens with a " + std::to_string(cap_pad[i]) +
             "-token caption exceeds the RoPE axes_lens " + std::to_string(cfg_.axes_lens[0]) + "/" +
             std::to_string(cfg_.axes_lens[1]) + "/" + std::to_string(cfg_.axes_lens[2]));
-      }
-    }
-    for (int64_t j = 0; j < cap_pad[i]; ++j) {  // caption token j (pads included) -> (1 + j, 0, 0)
-      if (!rope_row(1 + j, 0, 0, fc + j * half * 2)) {
-        return InvalidArgument(
-            "transformer: caption of " + std::to_string(cap_len[i]) +
-            " tokens exceeds RoPE axes_lens[0] = " + std::to_string(cfg_.axes_lens[0]));
       }
     }
     float* fu = uni_f.data_as<float>() + i * s_max * half * 2;
@@ -399,24 +391,6 @@ Result<Tensor> ZImageDiT::embed_image(const Layout& L, const Tensor& tokens) {
     ZI_TRY(be_.copy_2d(x_pad_, 0, d, x, (i * np + n_img) * d, d, np - n_img, d));  // pads
   }
   return x;
-}
-
-Result<Tensor> ZImageDiT::embed_caption(const Layout& L, const std::vector<Tensor>& caps) {
-  const int64_t b = L.b, lp_max = L.lp_max, d = cfg_.dim;
-  const DType act = be_.act_dtype();
-  const Tensor none;
-  ZI_ASSIGN_OR_RETURN(Tensor cap, load::alloc(be_, act, {b, lp_max, d}, "dit.caption_tokens"));
-  if (L.ragged) ZI_TRY(be_.fill(cap, 0.0f));
-  for (int64_t i = 0; i < b; ++i) {
-    const int64_t len = L.cap_len[i], pad = L.cap_pad[i];
-    ZI_ASSIGN_OR_RETURN(Tensor cn, load::alloc(be_, act, {len, cfg_.cap_feat_dim}, "dit.cap_norm"));
-    ZI_TRY(be_.rms_norm(caps[i], cap_norm_, cfg_.norm_eps, none, cn));  // [L_i, Fc]
-    Tensor rows = cap.view({b * lp_max, d}).slice0(i * lp_max, i * lp_max + len);
-    ZI_TRY(be_.matmul(cn, cap_w_, cap_b_, rows));  // [L_i, D]
-    if (pad > len)
-      ZI_TRY(be_.copy_2d(cap_pad_, 0, d, cap, (i * lp_max + len) * d, d, pad - len, d));  // pads
-  }
-  return cap;
 }
 
 Result<Tensor> ZImageDiT::unify(const Layout& L, Tensor x, Tensor cap) {
@@ -507,8 +481,8 @@ Result<Tensor> ZImageDiT::final_layer(const Tensor& u, const Tensor& c) {
 }
 
 Status ZImageDiT::compute(const Layout& L, const Tensor& latents, const Tensor& sinusoid,
-                          const std::vector<Tensor>& caps, Tensor& out, DebugSink* dbg,
-                          const std::string& pfx, const ControlResiduals* control) {
+                          const std::vector<Tensor>& caps, const Tensor& refined, Tensor& out,
+                          DebugSink* dbg, const std::string& pfx, const ControlResiduals* control) {
   // One set of activation buffers for the longest stage (Scratch::view).
   ZI_ASSIGN_OR_RETURN(
       Scratch scratch,
@@ -523,9 +497,10 @@ Status ZImageDiT::compute(const Layout& L, const Tensor& latents, const Tensor& 
   debug_tensor(dbg, pfx + ".x_embed", be_, x);
   ZI_TRY(run_stage(P, Stage::kNoiseRefiner, x, L.img_freqs, scratch));
 
-  ZI_ASSIGN_OR_RETURN(Tensor cap, embed_caption(L, caps));  // [B, Lp, D]
-  debug_tensor(dbg, pfx + ".cap_embed", be_, cap);
-  ZI_TRY(run_stage(P, Stage::kContextRefiner, cap, L.cap_freqs, scratch));
+  Tensor cap = refined;  // [B, Lp, D]: refine_captions' tokens, else made here
+  if (!cap.defined()) {
+    ZI_ASSIGN_OR_RETURN(cap, caption_tokens(P, caps, scratch));
+  }
 
   ZI_ASSIGN_OR_RETURN(Tensor u, unify(L, std::move(x), std::move(cap)));  // [B, S, D]
   ZI_TRY(run_stage(P, Stage::kLayers, u, L.uni_freqs, scratch));
@@ -539,7 +514,8 @@ Status ZImageDiT::compute(const Layout& L, const Tensor& latents, const Tensor& 
 
 Result<std::vector<int64_t>> ZImageDiT::check_inputs(const Tensor& latents,
                                                      const std::vector<float>& t_model,
-                                                     const std::vector<Tensor>& caps, Tensor& out) {
+                                                     const std::vector<Tensor>* caps,
+                                                     const RefinedCaptions* refined, Tensor& out) {
   const int64_t p = cfg_.patch_size, ch = cfg_.in_channels;
   if (!latents.defined() || latents.rank() != 4 || latents.dtype() != DType::kF32 ||
       latents.dim(1) != ch || latents.dim(2) % p != 0 || latents.dim(3) % p != 0 ||
@@ -549,20 +525,21 @@ Result<std::vector<int64_t>> ZImageDiT::check_inputs(const Tensor& latents,
                            (latents.defined() ? latents.describe() : std::string("undefined")));
   }
   const int64_t b = latents.dim(0), lh = latents.dim(2), lw = latents.dim(3);
-  if (static_cast<int64_t>(t_model.size()) != b || static_cast<int64_t>(caps.size()) != b) {
-    return InvalidArgument("transformer: batch " + std::to_string(b) + " but " +
-                           std::to_string(t_model.size()) + " timesteps and " +
-                           std::to_string(caps.size()) + " caption tensors");
-  }
-  std::vector<int64_t> cap_len(b);
-  for (int64_t i = 0; i < b; ++i) {
-    const Tensor& c = caps[i];
-    if (!c.defined() || c.rank() != 2 || c.dim(1) != cfg_.cap_feat_dim || c.dim(0) < 1) {
-      return InvalidArgument("transformer: caption " + std::to_string(i) + " must be [L, " +
-                             std::to_string(cfg_.cap_feat_dim) + "] with L >= 1, got " +
-                             (c.defined() ? c.describe() : std::string("undefined")));
+  std::vector<int64_t> cap_len;
+  if (refined != nullptr) {
+    if (static_cast<int64_t>(t_model.size()) != b)
+      return InvalidArgument("transformer: batch " + std::to_string(b) + " but " +
+                             std::to_string(t_model.size()) + " timesteps");
+    ZI_TRY(check_refined(*refined, b));
+    cap_len = refined->cap_len;
+  } else {
+    const size_t n = caps != nullptr ? caps->size() : 0;
+    if (static_cast<int64_t>(t_model.size()) != b || static_cast<int64_t>(n) != b) {
+      return InvalidArgument("transformer: batch " + std::to_string(b) + " but " +
+                             std::to_string(t_model.size()) + " timesteps and " +
+                             std::to_string(n) + " caption tensors");
     }
-    cap_len[i] = c.dim(0);
+    ZI_ASSIGN_OR_RETURN(cap_len, check_captions(*caps));
   }
   const Shape out_shape{b, ch, lh, lw};
   if (!out.defined()) {
@@ -590,8 +567,18 @@ Status ZImageDiT::alloc_graph_buffers(const Tensor& latents, const std::vector<T
 Status ZImageDiT::forward(const Tensor& latents, const std::vector<float>& t_model,
                           const std::vector<Tensor>& caps, Tensor& out, DebugSink* dbg,
                           const std::string& pfx, const ControlResiduals* control) {
+  return forward_impl(latents, t_model, &caps, nullptr, out, dbg, pfx, control);
+}
+
+Status ZImageDiT::forward_impl(const Tensor& latents, const std::vector<float>& t_model,
+                               const std::vector<Tensor>* caps, const RefinedCaptions* refined,
+                               Tensor& out, DebugSink* dbg, const std::string& pfx,
+                               const ControlResiduals* control) {
   ZI_ASSIGN_OR_RETURN(const std::vector<int64_t> cap_len,
-                      check_inputs(latents, t_model, caps, out));
+                      check_inputs(latents, t_model, caps, refined, out));
+  static const std::vector<Tensor> kNoCaptions;
+  const std::vector<Tensor>& cap_list = caps != nullptr ? *caps : kNoCaptions;
+  const Tensor& tokens = refined != nullptr ? refined->tokens : Tensor();
   const int64_t b = latents.dim(0), lh = latents.dim(2), lw = latents.dim(3);
   if (control != nullptr) ZI_TRY(check_control(*control, b, lh, lw, cap_len));
   Tensor sin_host = timestep_sinusoid(t_model);  // [B, 256] f32
@@ -602,7 +589,8 @@ Status ZImageDiT::forward(const Tensor& latents, const std::vector<float>& t_mod
   auto run_eagerly = [&]() -> Status {
     ZI_ASSIGN_OR_RETURN(Layout lay, make_layout(b, lh, lw, cap_len));
     ZI_ASSIGN_OR_RETURN(Tensor sinusoid, load::upload_host(be_, sin_host, be_.act_dtype()));
-    return compute(lay, latents, sinusoid, caps, out, dbg, pfx, control);
+    if (refined == nullptr) ++caption_refinements_;
+    return compute(lay, latents, sinusoid, cap_list, tokens, out, dbg, pfx, control);
   };
   // Streamed weights: eager too (the copies and their events run beside the compute stream; at
   // the link's speed the launch overhead a graph saves is noise).
@@ -612,6 +600,7 @@ Status ZImageDiT::forward(const Tensor& latents, const std::vector<float>& t_mod
   // device and the forward is recorded once; each call copies its inputs in, replays, copies out.
   std::vector<int64_t> key{b, lh, lw};
   key.insert(key.end(), cap_len.begin(), cap_len.end());
+  if (refined != nullptr) key.push_back(-2);  // reads caption tokens: its own recording
   if (control != nullptr) {  // with control: its own recording, keyed by the layers it feeds
     key.push_back(-1);
     key.insert(key.end(), control->layers.begin(), control->layers.end());
@@ -621,7 +610,11 @@ Status ZImageDiT::forward(const Tensor& latents, const std::vector<float>& t_mod
     if (graphs_.size() >= max_graphs_) graphs_.clear();  // bounded: shapes seen recently
     Graphed g;
     ZI_ASSIGN_OR_RETURN(g.layout, make_layout(b, lh, lw, cap_len));
-    ZI_TRY(alloc_graph_buffers(latents, caps, out, g));
+    ZI_TRY(alloc_graph_buffers(latents, cap_list, out, g));
+    if (refined != nullptr) {
+      ZI_ASSIGN_OR_RETURN(
+          g.refined, load::alloc(be_, tokens.dtype(), tokens.shape(), "dit.graph_caption_tokens"));
+    }
     if (control != nullptr) {
       g.control.layers = control->layers;
       for (const Tensor& h : control->hints) {
@@ -633,7 +626,8 @@ Status ZImageDiT::forward(const Tensor& latents, const std::vector<float>& t_mod
   }
   Graphed& g = it->second;
   ZI_TRY(be_.convert(latents, g.latents));
-  for (size_t i = 0; i < caps.size(); ++i) ZI_TRY(be_.convert(caps[i], g.caps[i]));
+  for (size_t i = 0; i < cap_list.size(); ++i) ZI_TRY(be_.convert(cap_list[i], g.caps[i]));
+  if (refined != nullptr) ZI_TRY(be_.convert(tokens, g.refined));
   for (size_t k = 0; control != nullptr && k < control->hints.size(); ++k)
     ZI_TRY(be_.convert(control->hints[k], g.control.hints[k]));
   {
@@ -645,8 +639,9 @@ Status ZImageDiT::forward(const Tensor& latents, const std::vector<float>& t_mod
   bool recorded_now = false;
   if (!g.work) {
     const ControlResiduals* gc = control != nullptr ? &g.control : nullptr;
-    auto rec = be_.record(
-        [&] { return compute(g.layout, g.latents, g.sinusoid, g.caps, g.out, nullptr, pfx, gc); });
+    auto rec = be_.record([&] {
+      return compute(g.layout, g.latents, g.sinusoid, g.caps, g.refined, g.out, nullptr, pfx, gc);
+    });
     if (!rec.ok()) {
       if (rec.status().code() != ErrorCode::kUnsupported) return rec.status();
       ZI_DEBUG("transformer: forwards run eagerly (%s)", rec.status().message().c_str());
@@ -657,6 +652,7 @@ Status ZImageDiT::forward(const Tensor& latents, const std::vector<float>& t_mod
     g.work = std::move(*rec);
     recorded_now = true;
   }
+  if (refined == nullptr) ++caption_refinements_;
   if (!recorded_now) ZI_TRY(g.work->replay());
   return be_.convert(g.out, out);
 }

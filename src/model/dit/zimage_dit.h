@@ -82,6 +82,37 @@ class ZImageDiT {
                  const std::vector<Tensor>& caps, Tensor& out, DebugSink* dbg = nullptr,
                  const std::string& dbg_prefix = "dit", const ControlResiduals* control = nullptr);
 
+  // ---- caption tokens refined once ----
+  // The caption embedder and the context refiner read the caption features alone (the context
+  // refiner is unmodulated, spec §4): every step of a denoising loop would compute the same caption
+  // tokens. refine_captions computes them once, as forward would from `caps`, and forward_refined
+  // runs the rest of forward on them: its output is forward's bit for bit (the same ops on the
+  // same shapes; tests/parity/test_refined_captions.cpp). Dumps <prefix>.cap_embed and
+  // .context_refiner.<i> come from refine_captions.
+  struct RefinedCaptions {
+    std::vector<int64_t> cap_len;  // each caption's tokens
+    Tensor tokens;                 // [B, Lp, D] act dtype: each caption's tokens and pads
+    uint64_t weights_version = 0;  // weights_version() when they were made
+    bool defined() const { return tokens.defined(); }
+  };
+  Result<RefinedCaptions> refine_captions(const std::vector<Tensor>& caps, DebugSink* dbg = nullptr,
+                                          const std::string& dbg_prefix = "dit");
+  // forward with the caption tokens of refine_captions (made for this batch's B captions, with
+  // the weights as they are now: tokens of another weights_version() are refused).
+  Status forward_refined(const Tensor& latents, const std::vector<float>& t_model,
+                         const RefinedCaptions& caps, Tensor& out, DebugSink* dbg = nullptr,
+                         const std::string& dbg_prefix = "dit",
+                         const ControlResiduals* control = nullptr);
+  // Changes whenever the weights do (runtime LoRAs set or taken off).
+  uint64_t weights_version() const { return weights_version_; }
+  // Whether refining once saves work: not where a context refiner block streams in, because the
+  // weight streamer copies blocks in the order every forward uses them (skipping two would stall
+  // the copies of the blocks after them), so there each forward refines its captions itself.
+  bool refines_captions_once() const;
+  // How many times the caption tokens were computed: by refine_captions and by forward (each
+  // call of either; replays included).
+  uint64_t caption_refinements() const { return caption_refinements_; }
+
   const TransformerConfig& config() const { return cfg_; }
 
   // Sequence parallelism (zimage_dit_parallel.cpp, docs/PARALLEL.md): called on every rank of
@@ -164,6 +195,7 @@ class ZImageDiT {
     Layout layout;
     Tensor latents, sinusoid, out;
     std::vector<Tensor> caps;
+    Tensor refined;            // forward_refined's: the caption tokens [B, Lp, D]
     ControlResiduals control;  // the hints' fixed buffers (forwards with control)
     std::unique_ptr<RecordedWork> work;
   };
@@ -191,15 +223,31 @@ class ZImageDiT {
   Status timestep_embedding(const Tensor& sinusoid, Tensor& c);
   // forward's and forward_parallel's input checks; the caption lengths. Allocates `out` when
   // undefined, else checks its shape.
+  // `caps` or `refined` (the other null).
   Result<std::vector<int64_t>> check_inputs(const Tensor& latents,
                                             const std::vector<float>& t_model,
-                                            const std::vector<Tensor>& caps, Tensor& out);
+                                            const std::vector<Tensor>* caps,
+                                            const RefinedCaptions* refined, Tensor& out);
+  // The captions' shapes ([L_i, cap_feat_dim], L_i >= 1): their lengths.
+  Result<std::vector<int64_t>> check_captions(const std::vector<Tensor>& caps) const;
+  // refine_captions' tokens for a batch of b, from these weights.
+  Status check_refined(const RefinedCaptions& r, int64_t b) const;
   Result<Layout> make_layout(int64_t b, int64_t lh, int64_t lw,
                              const std::vector<int64_t>& cap_len);
-  // The whole forward on device inputs: only backend ops, so it can be recorded.
+  // The caption part of make_layout (b, cap_len, cap_pad, lp_max, ragged, cap_freqs), for
+  // refine_captions; the host RoPE rows of the captions [B, Lp, Dh/2, 2] make_layout also uses.
+  Result<Layout> caption_layout(const std::vector<int64_t>& cap_len);
+  Result<Tensor> caption_rope_host(const std::vector<int64_t>& cap_len,
+                                   const std::vector<int64_t>& cap_pad, int64_t lp_max) const;
+  // The whole forward on device inputs: only backend ops, so it can be recorded. `refined`
+  // (defined): the caption tokens refine_captions made, instead of computing them from `caps`.
   Status compute(const Layout& L, const Tensor& latents, const Tensor& sinusoid,
-                 const std::vector<Tensor>& caps, Tensor& out, DebugSink* dbg,
-                 const std::string& pfx, const ControlResiduals* control = nullptr);
+                 const std::vector<Tensor>& caps, const Tensor& refined, Tensor& out,
+                 DebugSink* dbg, const std::string& pfx, const ControlResiduals* control = nullptr);
+  // forward and forward_refined: `caps` or `refined` (the other null).
+  Status forward_impl(const Tensor& latents, const std::vector<float>& t_model,
+                      const std::vector<Tensor>* caps, const RefinedCaptions* refined, Tensor& out,
+                      DebugSink* dbg, const std::string& pfx, const ControlResiduals* control);
   // The ControlNet (model/adapters/zimage_controlnet.cpp) runs this model's embedders, refiners,
   // RoPE tables and block code on its own tokens.
   friend class ZImageControlNet;
@@ -255,6 +303,9 @@ class ZImageDiT {
   Result<Tensor> embed_image(const Layout& L, const Tensor& tokens);
   // cap_embedder of each caption, then its pad tokens: [B, Lp, D] (zeros past a short one).
   Result<Tensor> embed_caption(const Layout& L, const std::vector<Tensor>& caps);
+  // The caption tokens [B, Lp, D]: embed_caption, then the context refiner (in `scratch`).
+  Result<Tensor> caption_tokens(const Pass& P, const std::vector<Tensor>& caps,
+                                const Scratch& scratch);
   // [image ; caption] per item [B, S, D] (zeros past a short one); x and cap are released.
   Result<Tensor> unify(const Layout& L, Tensor x, Tensor cap);
   // The blocks of `st` on x [B, S, D] with the RoPE table `freqs` [B, S, Dh/2, 2], in views of
@@ -307,6 +358,8 @@ class ZImageDiT {
   // Recorded sequence-parallel forwards (communicators that can be recorded: NCCL), per shape.
   std::map<std::vector<int64_t>, Graphed> par_graphs_;
   AppliedLoras lora_applied_;  // the runtime LoRA set now applied
+  uint64_t weights_version_ = 0;
+  uint64_t caption_refinements_ = 0;
 };
 
 }  // namespace zimage

@@ -177,7 +177,7 @@ Status ZImageDiT::forward_parallel(Communicator& comm, const Tensor& latents,
   if (comm.size() == 1) return forward(latents, t_model, caps, out);  // the ordinary path
   auto run = [&]() -> Status {
     ZI_ASSIGN_OR_RETURN(const std::vector<int64_t> cap_len,
-                        check_inputs(latents, t_model, caps, out));
+                        check_inputs(latents, t_model, &caps, nullptr, out));
     const int64_t b = latents.dim(0), lh = latents.dim(2), lw = latents.dim(3);
     Tensor sin_host = timestep_sinusoid(t_model);  // [B, 256] f32
     if (!sin_host.defined()) return OutOfMemory("timestep sinusoid");

@@ -1,0 +1,202 @@
+// Caption tokens refined once (ZImageDiT::refine_captions, forward_refined) on the CPU: the
+// forward on them is forward's bit for bit on every golden case's batch (ragged CFG batches,
+// several prompts, images per prompt), at two steps with one refinement; the pipeline's images
+// are the same bits with the cache on and off, with one refinement per batch of captions instead
+// of one per step; tokens used where they do not belong (another batch, another shape, weights
+// changed by a runtime LoRA since) are refused with a message naming what is wrong.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/cpu/cpu_backend.h"
+#include "common/golden_harness.h"
+#include "common/npy.h"
+#include "golden_models_util.h"
+#include "io/lora/lora.h"
+#include "model/adapters/lora_runtime.h"
+#include "pipeline/text_to_image.h"
+
+namespace zimage {
+namespace {
+
+using golden::cat0;
+using golden::cpu;
+using golden::load_case;
+using golden::npy;
+using golden::t_model_at;
+using golden::to_device;
+using golden::to_host;
+
+bool same_bits(const Tensor& a, const Tensor& b) {
+  return a.defined() && b.defined() && a.shape() == b.shape() && a.dtype() == b.dtype() &&
+         std::memcmp(a.data(), b.data(), a.nbytes()) == 0;
+}
+
+// A golden case's DiT batch as the pipeline builds it at a CFG step (check_dit_step's order:
+// each prompt's embeddings images_per_prompt times, then the negatives), the latents twice.
+struct DitBatch {
+  std::vector<Tensor> caps;
+  Tensor lat0, lat1;  // step 0's and the last step's latents, doubled under CFG
+};
+
+DitBatch dit_batch(const golden::Case& c) {
+  DitBatch b;
+  for (size_t i = 0; i < c.ids.size(); ++i) {
+    const Tensor e = to_device(npy(c.dir + "/prompt_embeds_" + std::to_string(i) + ".npy"));
+    for (int k = 0; k < c.images_per_prompt; ++k) b.caps.push_back(e);
+  }
+  Tensor l0 = npy(c.dir + "/init_noise.npy");
+  Tensor l1 = npy(c.dir + "/debug/latents_after_step" + std::to_string(c.steps - 2) + ".npy");
+  if (c.cfg) {
+    auto te = golden::load_te(c);
+    EXPECT_NE(te, nullptr);
+    if (te == nullptr) return b;
+    auto neg = te->encode(std::vector<std::vector<int32_t>>(c.ids.size(), c.neg_ids));
+    EXPECT_TRUE(neg.ok()) << neg.status().to_string();
+    if (!neg.ok()) return b;
+    for (const Tensor& t : *neg)
+      for (int k = 0; k < c.images_per_prompt; ++k) b.caps.push_back(t);
+    l0 = cat0({l0, l0});
+    l1 = cat0({l1, l1});
+  }
+  b.lat0 = l0;
+  b.lat1 = l1;
+  return b;
+}
+
+Tensor run_forward(ZImageDiT& dit, const Tensor& lat, float t, const std::vector<Tensor>* caps,
+                   const ZImageDiT::RefinedCaptions* refined) {
+  const std::vector<float> ts(static_cast<size_t>(lat.dim(0)), t);
+  Tensor out;
+  const Status st = refined != nullptr ? dit.forward_refined(to_device(lat), ts, *refined, out)
+                                       : dit.forward(to_device(lat), ts, *caps, out);
+  EXPECT_TRUE(st.ok()) << st.to_string();
+  return st.ok() ? to_host(out) : Tensor();
+}
+
+class RefinedCaptionsDit : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(RefinedCaptionsDit, ForwardRefinedIsForwardBitForBit) {
+  const golden::Case c = load_case(GetParam());
+  auto dit = golden::load_dit(c);
+  ASSERT_NE(dit, nullptr);
+  const DitBatch b = dit_batch(c);
+  ASSERT_FALSE(b.caps.empty());
+  ASSERT_EQ(static_cast<int64_t>(b.caps.size()), b.lat0.dim(0));
+  const uint64_t n0 = dit->caption_refinements();
+  auto refined = dit->refine_captions(b.caps);
+  ASSERT_TRUE(refined.ok()) << refined.status().to_string();
+  EXPECT_EQ(dit->caption_refinements(), n0 + 1);
+  const float t0 = t_model_at(c.steps, 0), t1 = t_model_at(c.steps, c.steps - 1);
+  const Tensor a0 = run_forward(*dit, b.lat0, t0, nullptr, &*refined);
+  const Tensor a1 = run_forward(*dit, b.lat1, t1, nullptr, &*refined);
+  EXPECT_EQ(dit->caption_refinements(), n0 + 1) << "forward_refined refined the captions again";
+  const Tensor r0 = run_forward(*dit, b.lat0, t0, &b.caps, nullptr);
+  const Tensor r1 = run_forward(*dit, b.lat1, t1, &b.caps, nullptr);
+  EXPECT_EQ(dit->caption_refinements(), n0 + 3);
+  EXPECT_TRUE(same_bits(a0, r0)) << "step 0 of " << b.caps.size() << " captions";
+  EXPECT_TRUE(same_bits(a1, r1)) << "last step of " << b.caps.size() << " captions";
+  // Against diffusers too (forward's golden tolerance, tests/parity/test_golden_models.cpp) at
+  // step 0, where every case's rows are the CFG batch built here.
+  const Tensor ref = npy(c.dir + "/debug/dit_out_step0.npy");
+  ASSERT_EQ(ref.numel(), a0.numel());
+  const double err = test::max_abs_diff(a0, ref);
+  golden::report(GetParam() + " dit step 0 on refined captions", err);
+  EXPECT_LE(err, 1.5e-5);
+}
+
+INSTANTIATE_TEST_SUITE_P(, RefinedCaptionsDit,
+                         ::testing::Values("v_turbo", "v_cfg", "v_batch", "v_batch_cfg", "v_multi"),
+                         [](const ::testing::TestParamInfo<std::string>& p) { return p.param; });
+
+TEST(RefinedCaptions, MisuseIsNamed) {
+  const golden::Case c = load_case("v_turbo");
+  auto dit = golden::load_dit(c);
+  ASSERT_NE(dit, nullptr);
+  const DitBatch b = dit_batch(c);
+  ASSERT_EQ(b.caps.size(), 1u);
+  auto refined = dit->refine_captions(b.caps);
+  ASSERT_TRUE(refined.ok()) << refined.status().to_string();
+  const float t = t_model_at(c.steps, 0);
+  auto fails = [&](const Tensor& lat, const ZImageDiT::RefinedCaptions& r,
+                   const std::string& what) {
+    Tensor out;
+    const std::vector<float> ts(static_cast<size_t>(lat.dim(0)), t);
+    const Status st = dit->forward_refined(to_device(lat), ts, r, out);
+    EXPECT_FALSE(st.ok()) << what;
+    EXPECT_NE(st.message().find(what), std::string::npos) << st.to_string();
+  };
+  fails(cat0({b.lat0, b.lat0}), *refined, "batch 2 but refined captions for 1");
+  fails(b.lat0, ZImageDiT::RefinedCaptions{}, "batch 1 but refined captions for 0");
+  ZImageDiT::RefinedCaptions narrow = *refined;
+  narrow.tokens = to_device(Tensor::host(DType::kF32, {1, refined->tokens.dim(1), 8}));
+  fails(b.lat0, narrow, "refined caption tokens must be");
+  ZImageDiT::RefinedCaptions stale = *refined;
+  stale.weights_version += 1;
+  fails(b.lat0, stale, "refine them again");
+
+  EXPECT_FALSE(dit->refine_captions({}).ok());
+  auto wrong = dit->refine_captions({to_device(Tensor::host(DType::kF32, {3, 5}))});
+  ASSERT_FALSE(wrong.ok());
+  EXPECT_NE(wrong.status().message().find("caption 0 must be"), std::string::npos)
+      << wrong.status().to_string();
+
+  // A runtime LoRA changes the weights: tokens refined before are refused, tokens refined after
+  // give forward's output with the LoRA; taking it off refuses those again.
+  auto lora = read_lora(std::string(ZIMAGE_LORA_DIR) + "/kohya.safetensors", 1.0f);
+  ASSERT_TRUE(lora.ok()) << lora.status().to_string();
+  const std::vector<RuntimeLora> set{{std::make_shared<const LoraFile>(std::move(*lora)), 0.8f}};
+  const uint64_t v0 = dit->weights_version();
+  ASSERT_TRUE(dit->set_loras(set, LoraMethod::kMerge, false).ok());
+  EXPECT_NE(dit->weights_version(), v0);
+  fails(b.lat0, *refined, "refine them again");
+  auto with_lora = dit->refine_captions(b.caps);
+  ASSERT_TRUE(with_lora.ok()) << with_lora.status().to_string();
+  EXPECT_TRUE(same_bits(run_forward(*dit, b.lat0, t, nullptr, &*with_lora),
+                        run_forward(*dit, b.lat0, t, &b.caps, nullptr)));
+  ASSERT_TRUE(dit->set_loras({}, LoraMethod::kMerge, false).ok());
+  fails(b.lat0, *with_lora, "refine them again");
+  auto base = dit->refine_captions(b.caps);
+  ASSERT_TRUE(base.ok());
+  EXPECT_TRUE(same_bits(to_host(base->tokens), to_host(refined->tokens)))
+      << "the base model's tokens after the LoRA came off";
+}
+
+// The pipeline with the cache on (the default) and off: the same image bits; one refinement per
+// batch of captions (two where cfg_truncation drops the negatives part-way) against one per step.
+class RefinedCaptionsPipeline : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(RefinedCaptionsPipeline, SameImageBitsWithOneRefinementPerBatchOfCaptions) {
+  const test::GoldenCase c = test::read_golden_case(test::GoldenFamily::kTextToImage, GetParam());
+  std::unique_ptr<Backend> be = make_cpu_backend(0);
+  auto pipe = TextToImage::load(c.model, *be);
+  ASSERT_TRUE(pipe.ok()) << pipe.status().to_string();
+  ZImageDiT& dit = (*pipe)->transformer();
+  auto run = [&](bool once, uint64_t& refinements) -> Tensor {
+    (*pipe)->set_refine_captions_once(once);
+    const uint64_t n0 = dit.caption_refinements();
+    auto out = (*pipe)->run(c.req, {});
+    EXPECT_TRUE(out.ok()) << out.status().to_string();
+    refinements = dit.caption_refinements() - n0;
+    return out.ok() ? out->image : Tensor();
+  };
+  uint64_t every_step = 0, once = 0;
+  const Tensor plain = run(false, every_step);
+  const Tensor cached = run(true, once);
+  EXPECT_TRUE(same_bits(plain, cached)) << GetParam();
+  EXPECT_EQ(every_step, static_cast<uint64_t>(c.req.steps));
+  const bool truncated = c.req.guidance > 0.0f && c.req.cfg_truncation < 1.0f;
+  EXPECT_EQ(once, truncated ? 2u : 1u) << GetParam();
+}
+
+INSTANTIATE_TEST_SUITE_P(, RefinedCaptionsPipeline,
+                         ::testing::Values("v_turbo", "v_cfg", "v_cfg_trunc", "v_batch_cfg",
+                                           "v_multi"),
+                         [](const ::testing::TestParamInfo<std::string>& p) { return p.param; });
+
+}  // namespace
+}  // namespace zimage
