@@ -396,7 +396,7 @@ Status TextToImage::dit_forward(const StepBatch& batch, const Tensor& in,
   if (split)
     return seqpar_->forward(*c_.transformer, in, batch.t_model, batch.caps, out)
         .with_context(context);
-  if (refine_once_ && dbg == nullptr && c_.transformer->refines_captions_once()) {
+  if (refine_once_ && dbg == nullptr) {
     auto refined = refined_captions(batch);
     if (!refined.ok()) return refined.status().with_context(context);
     return c_.transformer

@@ -217,8 +217,9 @@ class TextToImage {
   // embedder and the context refiner depend on the captions alone) and each step's forward reads
   // the tokens, or every forward computes them (off; ZIMAGE_CAPTION_CACHE=0 at load). The images
   // are the same bits. Kept while a step's rows read the same caption tensors with the same
-  // weights; not with debug dumps (each step dumps its own), in forwards split over several GPUs,
-  // or where a context refiner block streams in (ZImageDiT::refines_captions_once). Default on.
+  // weights; not with debug dumps (each step dumps its own) or in forwards split over several
+  // GPUs. With streamed weights the context refiner's blocks are then copied in once per batch of
+  // captions instead of at every step. Default on.
   void set_refine_captions_once(bool on) {
     refine_once_ = on;
     caption_cache_ = CaptionCache();

@@ -17,6 +17,7 @@
 #include "common/npy.h"
 #include "golden_models_util.h"
 #include "io/lora/lora.h"
+#include "io/weights/weights.h"
 #include "model/adapters/lora_runtime.h"
 #include "pipeline/text_to_image.h"
 
@@ -164,6 +165,73 @@ TEST(RefinedCaptions, MisuseIsNamed) {
   ASSERT_TRUE(base.ok());
   EXPECT_TRUE(same_bits(to_host(base->tokens), to_host(refined->tokens)))
       << "the base model's tokens after the LoRA came off";
+}
+
+// Copies a streamed pass makes in a steady state, every block streamed (unit = block) through
+// `slots` slots (unit u in slot u % slots): in each slot, each block of the pass that uses it,
+// unless it is the slot's only one (it then stays). `skip_ctx`: the context refiner's blocks
+// (after the noise refiner's) are not used.
+uint64_t copies_a_pass(int n, int slots, int n_noise, int n_ctx, bool skip_ctx) {
+  uint64_t copies = 0;
+  for (int k = 0; k < slots; ++k) {
+    uint64_t used = 0;
+    for (int u = k; u < n; u += slots)
+      if (!(skip_ctx && u >= n_noise && u < n_noise + n_ctx)) ++used;
+    if (used >= 2) copies += used;
+  }
+  return copies;
+}
+
+// Streamed blocks (the low-VRAM placements): a forward on refined captions skips the context
+// refiner's blocks, and the streamer copies only the blocks that run (none of its copies is spent
+// on them), with the resident model's output bit for bit; forwards from captions copy every block.
+TEST(RefinedCaptions, StreamedForwardsCopyOnlyTheBlocksThatRun) {
+  const golden::Case c = load_case("v_turbo");
+  auto resident = golden::load_dit(c);
+  ASSERT_NE(resident, nullptr);
+  const DitBatch b = dit_batch(c);
+  const int n = resident->num_blocks(), n_noise = c.dit.n_refiner_layers,
+            n_ctx = c.dit.n_refiner_layers;
+  ASSERT_GE(n_ctx, 1);
+  auto ref_tokens = resident->refine_captions(b.caps);
+  ASSERT_TRUE(ref_tokens.ok()) << ref_tokens.status().to_string();
+  auto ws = WeightStore::open(c.dir + "/model/transformer");
+  ASSERT_TRUE(ws.ok()) << ws.status().to_string();
+  // One slot (every block copied at every pass): the context refiner's blocks are the copies
+  // saved.
+  EXPECT_EQ(copies_a_pass(n, 1, n_noise, n_ctx, true) + n_ctx,
+            copies_a_pass(n, 1, n_noise, n_ctx, false));
+  for (const int slots : {1, 2, 3}) {
+    WeightPlacement p;
+    p.streamed.assign(static_cast<size_t>(n), true);
+    p.slots = slots;
+    auto dit = ZImageDiT::load(c.dit, *ws, cpu(), p);
+    ASSERT_TRUE(dit.ok()) << dit.status().to_string();
+    ZImageDiT& m = **dit;
+    auto tokens = m.refine_captions(b.caps);
+    ASSERT_TRUE(tokens.ok()) << tokens.status().to_string();
+    EXPECT_TRUE(same_bits(to_host(tokens->tokens), to_host(ref_tokens->tokens)));
+    for (int step = 0; step < 3; ++step) {
+      const float t = 0.2f + 0.3f * static_cast<float>(step);
+      const uint64_t before = m.streamed_loads();
+      const Tensor got = run_forward(m, b.lat0, t, nullptr, &*tokens);
+      const uint64_t loads = m.streamed_loads() - before;
+      EXPECT_TRUE(same_bits(got, run_forward(*resident, b.lat0, t, nullptr, &*ref_tokens)))
+          << "slots " << slots << ", step " << step;
+      // The first forward after the refinement may copy again what the refinement's copies
+      // displaced; from then on, exactly the blocks that run and share their slot.
+      if (step > 0) {
+        EXPECT_EQ(loads, copies_a_pass(n, slots, n_noise, n_ctx, true)) << "slots " << slots;
+      }
+    }
+    EXPECT_TRUE(run_forward(m, b.lat0, t_model_at(c.steps, 0), &b.caps, nullptr).defined());
+    const uint64_t before = m.streamed_loads();
+    const Tensor plain1 = run_forward(m, b.lat0, t_model_at(c.steps, 1), &b.caps, nullptr);
+    EXPECT_EQ(m.streamed_loads() - before, copies_a_pass(n, slots, n_noise, n_ctx, false))
+        << "slots " << slots;
+    EXPECT_TRUE(same_bits(
+        plain1, run_forward(*resident, b.lat0, t_model_at(c.steps, 1), &b.caps, nullptr)));
+  }
 }
 
 // The pipeline with the cache on (the default) and off: the same image bits; one refinement per

@@ -186,6 +186,15 @@ Status WeightStreamer::load(int slot, int unit) {
   }
   ZI_TRY(be_.stream_in(first_slot_ + slot, copies));
   in_slot_[slot] = unit;
+  ++loads_;
+  return Status::Ok();
+}
+
+Status WeightStreamer::set_skipped(std::vector<bool> skipped) {
+  if (!skipped.empty() && static_cast<int>(skipped.size()) != units())
+    return InternalError("weight streamer: " + std::to_string(skipped.size()) + " skip flags for " +
+                         std::to_string(units()) + " units");
+  skipped_ = std::move(skipped);
   return Status::Ok();
 }
 
@@ -203,10 +212,18 @@ Status WeightStreamer::release(int unit) {
     return InternalError("weight streamer: unit " + std::to_string(unit) + " out of range");
   const int slot = unit % slots_;
   ZI_TRY(be_.release_slot(first_slot_ + slot));
-  // The unit that uses this slot next: `slots` later, or in the next pass unit `slot` (units
-  // use slot unit % slots, and slots <= units).
-  const int next = unit + slots_ < units() ? unit + slots_ : slot;
-  if (next == unit) return Status::Ok();  // no more units than slots: it stays where it is
+  // The unit that uses this slot next: a multiple of `slots` later in this pass, else the first
+  // of the slot's units in the next pass (units use slot unit % slots, and slots <= units),
+  // passing over skipped units.
+  auto used = [&](int u) { return skipped_.empty() || !skipped_[u]; };
+  int next = -1;
+  for (int u = unit + slots_; u < units() && next < 0; u += slots_)
+    if (used(u)) next = u;
+  for (int u = slot; u <= unit && next < 0; u += slots_)
+    if (used(u)) next = u;
+  // None (every unit of the slot skipped), or the same unit (no more used units than slots): it
+  // stays where it is.
+  if (next < 0 || next == unit) return Status::Ok();
   return load(slot, next);
 }
 

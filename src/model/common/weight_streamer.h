@@ -69,6 +69,14 @@ class WeightStreamer {
   // streamed block that uses the slot next.
   Status release(int unit);
 
+  // Units the coming passes do not use (a DiT forward on refined captions skips its context
+  // refiner's blocks): release() then queues, for the slot it frees, the next unit that is used,
+  // so the copies stay ahead of the compute with none spent on skipped units. Empty: every unit is
+  // used. Acquiring a skipped unit still works (its copy is queued then, not ahead).
+  Status set_skipped(std::vector<bool> skipped);
+  // Copies queued since creation, one per unit put in a slot (what skipping saves, for tests).
+  uint64_t loads() const { return loads_; }
+
   int units() const { return static_cast<int>(units_.size()); }
   int slots() const { return slots_; }
   uint64_t slot_bytes() const { return slot_bytes_; }      // device memory of all slots
@@ -94,6 +102,8 @@ class WeightStreamer {
   std::vector<std::vector<StreamSource>> units_;  // host
   std::vector<std::vector<Tensor>> buffers_;      // per slot, per position: device bytes
   std::vector<int> in_slot_;                      // per slot: unit loaded or being loaded, -1 none
+  std::vector<bool> skipped_;                     // per unit (empty: none skipped)
+  uint64_t loads_ = 0;
   int first_slot_ = 0;
   int slots_ = 0;
   int from_files_ = 0;

@@ -576,6 +576,7 @@ Status ZImageDiT::forward_impl(const Tensor& latents, const std::vector<float>& 
                                const ControlResiduals* control) {
   ZI_ASSIGN_OR_RETURN(const std::vector<int64_t> cap_len,
                       check_inputs(latents, t_model, caps, refined, out));
+  ZI_TRY(skip_streamed_context(refined != nullptr));
   static const std::vector<Tensor> kNoCaptions;
   const std::vector<Tensor>& cap_list = caps != nullptr ? *caps : kNoCaptions;
   const Tensor& tokens = refined != nullptr ? refined->tokens : Tensor();

@@ -66,6 +66,8 @@ class ZImageDiT {
   // Bytes of weight-file pages page-locked in place for streaming (WeightPlacement::lock_files).
   uint64_t streamed_locked_bytes() const { return streamer_ ? streamer_->locked_bytes() : 0; }
   uint64_t streamed_bytes_per_forward() const { return streamer_ ? streamer_->stream_bytes() : 0; }
+  // Blocks copied in so far (WeightStreamer::loads).
+  uint64_t streamed_loads() const { return streamer_ ? streamer_->loads() : 0; }
 
   // latents [B, C, h, w] f32 on the backend; t_model: B host floats ((1000 - T)/1000, spec §6.1);
   // caps: B tensors [L_i, cap_feat_dim] in act dtype (lengths may differ). out: [B, C, h, w] f32,
@@ -105,10 +107,6 @@ class ZImageDiT {
                          const ControlResiduals* control = nullptr);
   // Changes whenever the weights do (runtime LoRAs set or taken off).
   uint64_t weights_version() const { return weights_version_; }
-  // Whether refining once saves work: not where a context refiner block streams in, because the
-  // weight streamer copies blocks in the order every forward uses them (skipping two would stall
-  // the copies of the blocks after them), so there each forward refines its captions itself.
-  bool refines_captions_once() const;
   // How many times the caption tokens were computed: by refine_captions and by forward (each
   // call of either; replays included).
   uint64_t caption_refinements() const { return caption_refinements_; }
@@ -325,6 +323,9 @@ class ZImageDiT {
   // After loading: FP8 rows and host placement as `placement` says; the streamer.
   Status apply_placement(const WeightPlacement& placement);
   Status place_block(Block& b, int index);
+  // With streamed blocks: tells the streamer whether the coming forwards skip the context
+  // refiner's blocks (forward_refined), so its copies stay ahead of the blocks that run.
+  Status skip_streamed_context(bool skip);
   // A resident block's w1|w3 put in the row blocks the backend fuses (Backend::swiglu_block),
   // when it can; block_ffn_weights does it for every resident block (after LoRAs come off).
   Status block_ffn_weight(Block& b);

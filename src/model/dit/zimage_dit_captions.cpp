@@ -80,12 +80,13 @@ Status ZImageDiT::forward_refined(const Tensor& latents, const std::vector<float
   return forward_impl(latents, t_model, nullptr, &caps, out, dbg, pfx, control);
 }
 
-bool ZImageDiT::refines_captions_once() const {
-  if (!streamer_) return true;
+Status ZImageDiT::skip_streamed_context(bool skip) {
+  if (!streamer_) return Status::Ok();
+  std::vector<bool> skipped(static_cast<size_t>(streamer_->units()), false);
   const int first = static_cast<int>(noise_refiner_.size());
-  for (int i = 0; i < static_cast<int>(context_refiner_.size()); ++i)
-    if (unit_of_block_[first + i] >= 0) return false;
-  return true;
+  for (int i = 0; skip && i < static_cast<int>(context_refiner_.size()); ++i)
+    if (const int unit = unit_of_block_[first + i]; unit >= 0) skipped[unit] = true;
+  return streamer_->set_skipped(std::move(skipped));
 }
 
 Result<ZImageDiT::RefinedCaptions> ZImageDiT::refine_captions(const std::vector<Tensor>& caps,
