@@ -208,8 +208,11 @@ TEST(RefinedCaptions, StreamedForwardsCopyOnlyTheBlocksThatRun) {
     auto dit = ZImageDiT::load(c.dit, *ws, cpu(), p);
     ASSERT_TRUE(dit.ok()) << dit.status().to_string();
     ZImageDiT& m = **dit;
+    const uint64_t at_load = m.streamed_loads();
     auto tokens = m.refine_captions(b.caps);
     ASSERT_TRUE(tokens.ok()) << tokens.status().to_string();
+    // The refinement copies the context refiner's blocks only (none queued after them).
+    EXPECT_EQ(m.streamed_loads() - at_load, static_cast<uint64_t>(n_ctx)) << "slots " << slots;
     EXPECT_TRUE(same_bits(to_host(tokens->tokens), to_host(ref_tokens->tokens)));
     for (int step = 0; step < 3; ++step) {
       const float t = 0.2f + 0.3f * static_cast<float>(step);

@@ -207,11 +207,12 @@ Result<std::vector<Tensor>> WeightStreamer::acquire(int unit) {
   return views(slot, unit);
 }
 
-Status WeightStreamer::release(int unit) {
+Status WeightStreamer::release(int unit, bool queue_next) {
   if (unit < 0 || unit >= units())
     return InternalError("weight streamer: unit " + std::to_string(unit) + " out of range");
   const int slot = unit % slots_;
   ZI_TRY(be_.release_slot(first_slot_ + slot));
+  if (!queue_next) return Status::Ok();
   // The unit that uses this slot next: a multiple of `slots` later in this pass, else the first
   // of the slot's units in the next pass (units use slot unit % slots, and slots <= units),
   // passing over skipped units.

@@ -66,8 +66,9 @@ class WeightStreamer {
   // its copy first if it is not in its slot yet; compute queued after this waits for the copy.
   Result<std::vector<Tensor>> acquire(int unit);
   // Marks the compute queued so far as the last use of `unit`'s slot and queues the copy of the
-  // streamed block that uses the slot next.
-  Status release(int unit);
+  // streamed block that uses the slot next (`queue_next` false: leaves the slot as it is, for a
+  // block used out of the passes' order, whose next block would be copied too early).
+  Status release(int unit, bool queue_next = true);
 
   // Units the coming passes do not use (a DiT forward on refined captions skips its context
   // refiner's blocks): release() then queues, for the slot it frees, the next unit that is used,

@@ -361,6 +361,7 @@ class ZImageDiT {
   AppliedLoras lora_applied_;  // the runtime LoRA set now applied
   uint64_t weights_version_ = 0;
   uint64_t caption_refinements_ = 0;
+  bool refining_ = false;  // refine_captions is running (done_block: streamed releases)
 };
 
 }  // namespace zimage

@@ -99,7 +99,11 @@ Result<ZImageDiT::RefinedCaptions> ZImageDiT::refine_captions(const std::vector<
   Pass P{L, Tensor(), dbg, pfx, nullptr};
   ++caption_refinements_;
   RefinedCaptions r;
-  ZI_ASSIGN_OR_RETURN(r.tokens, caption_tokens(P, caps, *scratch));
+  refining_ = true;
+  auto tokens = caption_tokens(P, caps, *scratch);
+  refining_ = false;
+  if (!tokens.ok()) return tokens.status();
+  r.tokens = std::move(tokens).value();
   r.cap_len = std::move(cap_len);
   r.weights_version = weights_version_;
   return r;

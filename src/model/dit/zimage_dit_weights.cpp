@@ -376,7 +376,9 @@ Result<ZImageDiT::Block> ZImageDiT::use_block(int index) {
 
 Status ZImageDiT::done_block(int index) {
   const int unit = unit_of_block_.empty() ? -1 : unit_of_block_[index];
-  return unit < 0 ? Status::Ok() : streamer_->release(unit);
+  // While refine_captions runs the context refiner out of the passes' order, its releases queue
+  // nothing: the next pass's first blocks are the ones to copy next, not those after it.
+  return unit < 0 ? Status::Ok() : streamer_->release(unit, !refining_);
 }
 
 void ZImageDiT::build_rope_tables() {
