@@ -288,9 +288,18 @@ Status TextToImage::step(const std::vector<DenoiseState*>& states) {
   const std::string step_name = "step" + std::to_string(first.steps_done());
   ControlResiduals residuals;
   const bool control = first.control.defined();
-  if (control) ZI_TRY(control_residuals(batch, in, dbg, step_name, residuals));
+  // The caption tokens, refined once per batch of captions where the forward reads them (not with
+  // dumps, which each step makes, nor when the forward is split over several GPUs).
+  const ZImageDiT::RefinedCaptions* refined = nullptr;
+  if (refine_once_ && dbg == nullptr && !split_forward(control)) {
+    auto r = refined_captions(batch);
+    if (!r.ok())
+      return r.status().with_context("denoising step " + std::to_string(first.steps_done()));
+    refined = *r;
+  }
+  if (control) ZI_TRY(control_residuals(batch, in, dbg, step_name, refined, residuals));
   Tensor out;
-  ZI_TRY(dit_forward(batch, in, control ? &residuals : nullptr, dbg, step_name, out));
+  ZI_TRY(dit_forward(batch, in, control ? &residuals : nullptr, dbg, step_name, refined, out));
   residuals = ControlResiduals();
   in = Tensor();
 
@@ -375,34 +384,37 @@ Result<Tensor> TextToImage::stack_rows(const StepBatch& batch, Tensor DenoiseSta
 }
 
 Status TextToImage::control_residuals(const StepBatch& batch, const Tensor& in, DebugSink* dbg,
-                                      const std::string& step_name, ControlResiduals& residuals) {
+                                      const std::string& step_name,
+                                      const ZImageDiT::RefinedCaptions* refined,
+                                      ControlResiduals& residuals) {
   // The control context repeated as the latents are.
   const DenoiseState& first = *batch.parts.front().st;
   ZI_ASSIGN_OR_RETURN(Tensor ctl, stack_rows(batch, &DenoiseState::control));
   return controlnet_
       ->forward(in, batch.t_model, batch.caps, ctl, first.req.control_scale, residuals, dbg,
-                "controlnet." + step_name)
+                "controlnet." + step_name, refined)
       .with_context("denoising step " + std::to_string(first.steps_done()));
+}
+
+bool TextToImage::split_forward(bool control) const {
+  // Without ControlNet residuals or runtime LoRAs, which only rank 0 holds.
+  return seqpar_ && !control && c_.transformer->applied_loras().empty();
 }
 
 Status TextToImage::dit_forward(const StepBatch& batch, const Tensor& in,
                                 const ControlResiduals* residuals, DebugSink* dbg,
-                                const std::string& step_name, Tensor& out) {
+                                const std::string& step_name,
+                                const ZImageDiT::RefinedCaptions* refined, Tensor& out) {
   const DenoiseState& first = *batch.parts.front().st;
-  // Sequence parallel (pipeline/seqpar.h): without ControlNet residuals or runtime LoRAs, which
-  // only rank 0 holds.
-  const bool split = seqpar_ && residuals == nullptr && c_.transformer->applied_loras().empty();
   const std::string context = "denoising step " + std::to_string(first.steps_done());
-  if (split)
+  // Sequence parallel (pipeline/seqpar.h) where it can.
+  if (split_forward(residuals != nullptr))
     return seqpar_->forward(*c_.transformer, in, batch.t_model, batch.caps, out)
         .with_context(context);
-  if (refine_once_ && dbg == nullptr) {
-    auto refined = refined_captions(batch);
-    if (!refined.ok()) return refined.status().with_context(context);
+  if (refined != nullptr)
     return c_.transformer
-        ->forward_refined(in, batch.t_model, **refined, out, nullptr, "dit." + step_name, residuals)
+        ->forward_refined(in, batch.t_model, *refined, out, dbg, "dit." + step_name, residuals)
         .with_context(context);
-  }
   return c_.transformer
       ->forward(in, batch.t_model, batch.caps, out, dbg, "dit." + step_name, residuals)
       .with_context(context);

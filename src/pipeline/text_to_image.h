@@ -297,11 +297,17 @@ class TextToImage {
   // order on the backend: [rows, C, h, w].
   Result<Tensor> stack_rows(const StepBatch& batch, Tensor DenoiseState::*field) const;
   // The ControlNet's residuals for the rows `in`; and the DiT forward of `in` (with them, or on
-  // the sequence-parallel ranks when it can), named "<...>.step<k>" for the dumps.
+  // the sequence-parallel ranks when it can), named "<...>.step<k>" for the dumps. `refined`
+  // (optional): the rows' caption tokens (refined_captions), which both then read.
   Status control_residuals(const StepBatch& batch, const Tensor& in, DebugSink* dbg,
-                           const std::string& step_name, ControlResiduals& residuals);
+                           const std::string& step_name, const ZImageDiT::RefinedCaptions* refined,
+                           ControlResiduals& residuals);
   Status dit_forward(const StepBatch& batch, const Tensor& in, const ControlResiduals* residuals,
-                     DebugSink* dbg, const std::string& step_name, Tensor& out);
+                     DebugSink* dbg, const std::string& step_name,
+                     const ZImageDiT::RefinedCaptions* refined, Tensor& out);
+  // Whether this step's DiT forward is split over the sequence-parallel ranks (no ControlNet
+  // residuals, no runtime LoRAs).
+  bool split_forward(bool control) const;
   // The caption tokens of a step's rows (caption_cache_'s when they read the same tensors with
   // the same weights, else refined now and kept).
   Result<const ZImageDiT::RefinedCaptions*> refined_captions(const StepBatch& batch);

@@ -13,6 +13,7 @@
 
 #include "backend/backend.h"
 #include "backend/cpu/cpu_backend.h"
+#include "common/controlnet_model.h"
 #include "common/golden_harness.h"
 #include "common/npy.h"
 #include "golden_models_util.h"
@@ -268,6 +269,42 @@ INSTANTIATE_TEST_SUITE_P(, RefinedCaptionsPipeline,
                          ::testing::Values("v_turbo", "v_cfg", "v_cfg_trunc", "v_batch_cfg",
                                            "v_multi"),
                          [](const ::testing::TestParamInfo<std::string>& p) { return p.param; });
+
+// ControlNet requests: the ControlNet reads the DiT's refined caption tokens too (its hints the
+// same bits as from the captions), so the images are the same with the cache on and off, and the
+// captions are refined once per request instead of twice a step (the ControlNet's and the DiT's).
+class RefinedCaptionsControlNet : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(RefinedCaptionsControlNet, SameImageBitsWithOneRefinementPerRequest) {
+  const test::GoldenCase c = test::read_golden_case(test::GoldenFamily::kControlNet, GetParam());
+  std::unique_ptr<Backend> be = make_cpu_backend(0);
+  auto pipe = TextToImage::load(test::controlnet_model_dir(), *be);
+  ASSERT_TRUE(pipe.ok()) << pipe.status().to_string();
+  const Status ld = (*pipe)->load_controlnet(c.dir + "/controlnet");
+  ASSERT_TRUE(ld.ok()) << ld.to_string();
+  ZImageDiT& dit = (*pipe)->transformer();
+  auto run = [&](bool once, uint64_t& refinements) -> Tensor {
+    (*pipe)->set_refine_captions_once(once);
+    const uint64_t n0 = dit.caption_refinements();
+    auto out = (*pipe)->run(c.req, {});
+    EXPECT_TRUE(out.ok()) << out.status().to_string();
+    refinements = dit.caption_refinements() - n0;
+    return out.ok() ? out->image : Tensor();
+  };
+  uint64_t every_step = 0, once = 0;
+  const Tensor plain = run(false, every_step);
+  const Tensor cached = run(true, once);
+  EXPECT_TRUE(same_bits(plain, cached)) << GetParam();
+  const uint64_t steps = c.spec.at("timesteps").size();
+  EXPECT_EQ(every_step, 2 * steps) << "the ControlNet's refinement and the DiT's, each step";
+  EXPECT_EQ(once, 1u);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    , RefinedCaptionsControlNet,
+    ::testing::ValuesIn(test::golden_case_names(test::GoldenFamily::kControlNet)),
+    [](const ::testing::TestParamInfo<std::string>& p) { return p.param; });
+GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(RefinedCaptionsControlNet);
 
 }  // namespace
 }  // namespace zimage

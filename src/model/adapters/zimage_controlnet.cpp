@@ -337,7 +337,8 @@ Status ZImageControlNet::run_control(const std::vector<ControlBlock>& blocks, Te
 Status ZImageControlNet::forward(const Tensor& latents, const std::vector<float>& t_model,
                                  const std::vector<Tensor>& caps, const Tensor& control,
                                  float scale, ControlResiduals& out, DebugSink* dbg,
-                                 const std::string& pfx) {
+                                 const std::string& pfx,
+                                 const ZImageDiT::RefinedCaptions* refined) {
   const TransformerConfig& tc = dit_.config();
   const int64_t p = tc.patch_size, d = tc.dim, ch = tc.in_channels;
   if (dit_.streamer_)
@@ -367,6 +368,11 @@ Status ZImageControlNet::forward(const Tensor& latents, const std::vector<float>
     if (!caps[i].defined() || caps[i].rank() != 2 || caps[i].dim(1) != tc.cap_feat_dim)
       return InvalidArgument("controlnet: caption " + std::to_string(i) + " has the wrong shape");
     cap_len[i] = caps[i].dim(0);
+  }
+  if (refined != nullptr) {
+    ZI_TRY(dit_.check_refined(*refined, b));
+    if (refined->cap_len != cap_len)
+      return InvalidArgument("controlnet: refined captions of other caption lengths");
   }
   const DType act = be_.act_dtype();
   const Tensor none;
@@ -424,30 +430,13 @@ Status ZImageControlNet::forward(const Tensor& latents, const std::vector<float>
   }
   refiner_hints.clear();
 
-  // ---- caption tokens + the DiT's context refiner ----
-  ZI_ASSIGN_OR_RETURN(Tensor cap, load::alloc(be_, act, {b, lp_max, d}, "controlnet.caption"));
-  if (L.ragged) ZI_TRY(be_.fill(cap, 0.0f));
-  for (int64_t i = 0; i < b; ++i) {
-    ZI_ASSIGN_OR_RETURN(Tensor cn, load::alloc(be_, act, {cap_len[i], tc.cap_feat_dim}, "cn.cap"));
-    ZI_TRY(be_.rms_norm(caps[i], dit_.cap_norm_, tc.norm_eps, none, cn));
-    Tensor rows = cap.view({b * lp_max, d}).slice0(i * lp_max, i * lp_max + cap_len[i]);
-    ZI_TRY(be_.matmul(cn, dit_.cap_w_, dit_.cap_b_, rows));
-    if (L.cap_pad[i] > cap_len[i])
-      ZI_TRY(be_.copy_2d(dit_.cap_pad_, 0, d, cap, (i * lp_max + cap_len[i]) * d, d,
-                         L.cap_pad[i] - cap_len[i], d));
+  // ---- caption tokens: the DiT's caption embedder and context refiner (its refined tokens) ----
+  ZImageDiT::RefinedCaptions own;
+  if (refined == nullptr) {
+    ZI_ASSIGN_OR_RETURN(own, dit_.refine_captions(caps));
+    refined = &own;
   }
-  {
-    ZI_ASSIGN_OR_RETURN(auto s, dit_.make_scratch(b, lp_max));
-    AttentionParams ap{attn_scale, false, {}};
-    if (L.ragged)
-      for (int64_t i = 0; i < b; ++i) ap.key_len.push_back(static_cast<int32_t>(L.cap_pad[i]));
-    for (size_t l = 0; l < dit_.context_refiner_.size(); ++l) {
-      const int bi = static_cast<int>(dit_.noise_refiner_.size() + l);
-      ZI_ASSIGN_OR_RETURN(ZImageDiT::Block blk, dit_.use_block(bi));
-      ZI_TRY(dit_.run_block(blk, cap, L.cap_freqs, none, ap, *s));
-      ZI_TRY(dit_.done_block(bi));
-    }
-  }
+  Tensor cap = refined->tokens;  // [B, Lp, D], read only
 
   // ---- 1.0: the control tokens' own refiner (plain blocks, no hints) ----
   if (cfg_.refiner == ControlNetConfig::Refiner::kNone) {

@@ -89,11 +89,14 @@ class ZImageControlNet {
   // latents [B, C, h, w] f32, t_model B host floats, caps B × [L_i, cap_feat_dim] (as
   // ZImageDiT::forward), control [B, control_in_dim, h, w] f32, scale finite. Fills `out` with
   // one hint per controlled layer ([B, S, D], act dtype, already scaled).
-  // Intermediates: <prefix>.hint.<layer>.
+  // Intermediates: <prefix>.hint.<layer>. `refined` (optional): the DiT's caption tokens for
+  // these captions (ZImageDiT::refine_captions), which the ControlNet then reads instead of
+  // running the DiT's caption embedder and context refiner again (the same hints bit for bit).
   Status forward(const Tensor& latents, const std::vector<float>& t_model,
                  const std::vector<Tensor>& caps, const Tensor& control, float scale,
                  ControlResiduals& out, DebugSink* dbg = nullptr,
-                 const std::string& dbg_prefix = "controlnet");
+                 const std::string& dbg_prefix = "controlnet",
+                 const ZImageDiT::RefinedCaptions* refined = nullptr);
 
   const ControlNetConfig& config() const { return cfg_; }
   const std::string& path() const { return path_; }
