@@ -238,6 +238,18 @@ TEST(RefinedCaptions, StreamedForwardsCopyOnlyTheBlocksThatRun) {
   }
 }
 
+// `req` run with the caption cache on or off: its f32 image; `refinements`: how many times the
+// DiT's caption tokens were computed for it.
+Tensor run_request(TextToImage& pipe, const GenerateRequest& req, bool once,
+                   uint64_t& refinements) {
+  pipe.set_refine_captions_once(once);
+  const uint64_t n0 = pipe.transformer().caption_refinements();
+  auto out = pipe.run(req, {});
+  EXPECT_TRUE(out.ok()) << out.status().to_string();
+  refinements = pipe.transformer().caption_refinements() - n0;
+  return out.ok() ? out->image : Tensor();
+}
+
 // The pipeline with the cache on (the default) and off: the same image bits; one refinement per
 // batch of captions (two where cfg_truncation drops the negatives part-way) against one per step.
 class RefinedCaptionsPipeline : public ::testing::TestWithParam<std::string> {};
@@ -247,18 +259,9 @@ TEST_P(RefinedCaptionsPipeline, SameImageBitsWithOneRefinementPerBatchOfCaptions
   std::unique_ptr<Backend> be = make_cpu_backend(0);
   auto pipe = TextToImage::load(c.model, *be);
   ASSERT_TRUE(pipe.ok()) << pipe.status().to_string();
-  ZImageDiT& dit = (*pipe)->transformer();
-  auto run = [&](bool once, uint64_t& refinements) -> Tensor {
-    (*pipe)->set_refine_captions_once(once);
-    const uint64_t n0 = dit.caption_refinements();
-    auto out = (*pipe)->run(c.req, {});
-    EXPECT_TRUE(out.ok()) << out.status().to_string();
-    refinements = dit.caption_refinements() - n0;
-    return out.ok() ? out->image : Tensor();
-  };
   uint64_t every_step = 0, once = 0;
-  const Tensor plain = run(false, every_step);
-  const Tensor cached = run(true, once);
+  const Tensor plain = run_request(**pipe, c.req, false, every_step);
+  const Tensor cached = run_request(**pipe, c.req, true, once);
   EXPECT_TRUE(same_bits(plain, cached)) << GetParam();
   EXPECT_EQ(every_step, static_cast<uint64_t>(c.req.steps));
   const bool truncated = c.req.guidance > 0.0f && c.req.cfg_truncation < 1.0f;
@@ -282,18 +285,9 @@ TEST_P(RefinedCaptionsControlNet, SameImageBitsWithOneRefinementPerRequest) {
   ASSERT_TRUE(pipe.ok()) << pipe.status().to_string();
   const Status ld = (*pipe)->load_controlnet(c.dir + "/controlnet");
   ASSERT_TRUE(ld.ok()) << ld.to_string();
-  ZImageDiT& dit = (*pipe)->transformer();
-  auto run = [&](bool once, uint64_t& refinements) -> Tensor {
-    (*pipe)->set_refine_captions_once(once);
-    const uint64_t n0 = dit.caption_refinements();
-    auto out = (*pipe)->run(c.req, {});
-    EXPECT_TRUE(out.ok()) << out.status().to_string();
-    refinements = dit.caption_refinements() - n0;
-    return out.ok() ? out->image : Tensor();
-  };
   uint64_t every_step = 0, once = 0;
-  const Tensor plain = run(false, every_step);
-  const Tensor cached = run(true, once);
+  const Tensor plain = run_request(**pipe, c.req, false, every_step);
+  const Tensor cached = run_request(**pipe, c.req, true, once);
   EXPECT_TRUE(same_bits(plain, cached)) << GetParam();
   const uint64_t steps = c.spec.at("timesteps").size();
   EXPECT_EQ(every_step, 2 * steps) << "the ControlNet's refinement and the DiT's, each step";

@@ -172,6 +172,11 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(int device_index, DType
     if (!tile.ok()) return tile.status().with_context("ZIMAGE_FP8_GEMM");
     b->fp8_tile_ = *tile;
   }
+  if (const char* t = std::getenv("ZIMAGE_GEMM_ORDER")) {
+    auto order = parse_gemm_order(t);
+    if (!order.ok()) return order.status().with_context("ZIMAGE_GEMM_ORDER");
+    b->gemm_order_ = *order;
+  }
   if (const char* t = std::getenv("ZIMAGE_BF16_GEMM")) {
     const std::string v(t);
     if (v != "cublaslt" && v != "cutlass-256x192")

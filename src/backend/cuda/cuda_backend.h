@@ -22,6 +22,7 @@
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <mutex>
 #include <string>
 #include <tuple>
@@ -361,6 +362,13 @@ class CudaBackend final : public Backend {
   void set_fp8_fast_accum(bool on) override { fp8_fast_accum_ = on; }
   // The FP8 GEMM's tile (ZIMAGE_FP8_GEMM; kAuto: fp8_tile_for's choice per shape).
   void set_fp8_tile(Fp8Tile tile) { fp8_tile_ = tile; }
+  // The order over the output tiles of the CUTLASS GEMMs with CUTLASS's own epilogue (the FP8
+  // GEMM, the bf16 256 × 192 tile; ZIMAGE_GEMM_ORDER; the same bytes in any order). Unset:
+  // gemm_order_for's choice per shape.
+  void set_gemm_order(std::optional<GemmOrder> order) { gemm_order_ = order; }
+  const std::optional<GemmOrder>& gemm_order() const { return gemm_order_; }
+  // The order an m × n × k GEMM runs in: the one set, else the measured rule (cuda_ops.cpp).
+  GemmOrder gemm_order_for(int64_t m, int64_t n, int64_t k) const;
   // bf16 GEMMs without a bias from 1024 rows (the DiT's linears) in CUTLASS's 256 × 192 tile
   // instead of cuBLASLt's kernel (ZIMAGE_BF16_GEMM=cutlass-256x192; the default `cublaslt`):
   // opt-in, to be measured as whole forwards (gemm_cutlass.h cutlass_bf16_gemm_tile).
@@ -411,6 +419,7 @@ class CudaBackend final : public Backend {
   bool use_cutlass_ = true;
   bool fp8_fast_accum_ = true;  // ZIMAGE_FP8_ACCUM=fp32 turns it off (the constructor reads it)
   Fp8Tile fp8_tile_ = Fp8Tile::kAuto;
+  std::optional<GemmOrder> gemm_order_;
   bool bf16_wide_tile_ = false;
   bool fp8_inputs_ = true;
   bool fused_ = true;

@@ -45,11 +45,17 @@ Status CudaBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bias,
     }
     const Status st =
         cutlass_bf16_gemm_tile(PlainTile::kCoop256x192, x.data(), w.data(), y.data(), m, n, k,
-                               ws_bytes ? ws.data() : nullptr, ws_bytes, stream_);
+                               ws_bytes ? ws.data() : nullptr, ws_bytes, stream_,
+                               gemm_order_for(m, n, k));
     if (st.code() != ErrorCode::kUnsupported) return st.with_context(op);
   }
   return gemm_->linear(x.data(), w.data(), ptr_or_null(bias), y.data(), m, n, k, x.dtype())
       .with_context(op);
+}
+
+GemmOrder CudaBackend::gemm_order_for(int64_t /*m*/, int64_t /*n*/, int64_t /*k*/) const {
+  if (gemm_order_) return *gemm_order_;
+  return {};  // CUTLASS's default: its heuristic raster, swizzle 1
 }
 
 // FP8 tensor-core GEMMs (cuBLASLt) exist from Ada (sm_89) and Hopper (sm_90) on.

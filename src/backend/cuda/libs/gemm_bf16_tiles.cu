@@ -29,12 +29,13 @@ size_t cutlass_bf16_gemm_tile_workspace(int64_t m, int64_t n, int64_t k) {
 
 Status cutlass_bf16_gemm_tile(PlainTile tile, const void* x, const void* w, void* y, int64_t m,
                               int64_t n, int64_t k, void* workspace, size_t workspace_bytes,
-                              cudaStream_t stream) {
+                              cudaStream_t stream, const GemmOrder& order) {
   ZI_TRY(check_plain(x, w, y, m, n, k));
+  const GemmTuning tuning{GemmSchedule::kCooperative, order.raster, order.swizzle};
   const int mi = static_cast<int>(m), ni = static_cast<int>(n), ki = static_cast<int>(k);
   switch (tile) {
     case PlainTile::kCoop256x192:
-      return Coop256x192::run(x, w, y, mi, ni, ki, {}, workspace, workspace_bytes, stream);
+      return Coop256x192::run(x, w, y, mi, ni, ki, tuning, workspace, workspace_bytes, stream);
   }
   return InvalidArgument("CUTLASS bf16 GEMM: unknown tile");
 }
@@ -50,7 +51,7 @@ size_t cutlass_bf16_gemm_tile_workspace(int64_t, int64_t, int64_t) {
 }
 
 Status cutlass_bf16_gemm_tile(PlainTile, const void*, const void*, void*, int64_t, int64_t, int64_t,
-                              void*, size_t, cudaStream_t) {
+                              void*, size_t, cudaStream_t, const GemmOrder&) {
   return Unsupported(
       "this build has no CUTLASS bf16 tiles (scripts/setup.sh, sm_90a and "
       "-DZIMAGE_FUSED_GEMMS=ON)");

@@ -46,8 +46,8 @@ size_t cutlass_fp8_rows_workspace(int64_t m, int64_t n, int64_t k) {
 
 Status cutlass_fp8_rows(const void* x8, const void* w8, const float* sx, const float* sw,
                         const void* bias, void* y, int64_t m, int64_t n, int64_t k, void* workspace,
-                        size_t workspace_bytes, cudaStream_t stream, bool fast_accum,
-                        Fp8Tile tile) {
+                        size_t workspace_bytes, cudaStream_t stream, bool fast_accum, Fp8Tile tile,
+                        const GemmOrder& order) {
   static const bool sm90 = cutlass_device_is_sm90();
   if (!sm90) return Unsupported("CUTLASS FP8 GEMM: the device is not sm_90");
   if (m <= 0 || n <= 0 || k <= 0 || m > INT32_MAX || n > INT32_MAX || k > INT32_MAX ||
@@ -60,13 +60,13 @@ Status cutlass_fp8_rows(const void* x8, const void* w8, const float* sx, const f
   const int mi = static_cast<int>(m), ni = static_cast<int>(n), ki = static_cast<int>(k);
   if (!fast_accum)
     return fp8rows::Fp8Rows<fp8rows::Accurate>::run(x8, w8, sx, sw, bias, y, mi, ni, ki, workspace,
-                                                    workspace_bytes, stream);
+                                                    workspace_bytes, stream, order);
   if (tile == Fp8Tile::kAuto) tile = fp8_tile_for(m, n, k);
   if (tile != Fp8Tile::kPingpong128)
     return detail::cutlass_fp8_rows_tile(tile, x8, w8, sx, sw, bias, y, mi, ni, ki, workspace,
-                                         workspace_bytes, stream);
+                                         workspace_bytes, stream, order);
   return fp8rows::Fp8Rows<fp8rows::Fast>::run(x8, w8, sx, sw, bias, y, mi, ni, ki, workspace,
-                                              workspace_bytes, stream);
+                                              workspace_bytes, stream, order);
 }
 
 }  // namespace zimage::cuda
@@ -88,7 +88,8 @@ size_t cutlass_fp8_rows_workspace(int64_t, int64_t, int64_t) {
 }
 
 Status cutlass_fp8_rows(const void*, const void*, const float*, const float*, const void*, void*,
-                        int64_t, int64_t, int64_t, void*, size_t, cudaStream_t, bool, Fp8Tile) {
+                        int64_t, int64_t, int64_t, void*, size_t, cudaStream_t, bool, Fp8Tile,
+                        const GemmOrder&) {
   return Unsupported("this build has no CUTLASS kernels (run scripts/setup.sh, target sm_90a)");
 }
 

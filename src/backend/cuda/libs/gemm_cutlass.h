@@ -26,6 +26,48 @@ bool fused_gemms_available();
 // True when the current device is sm_90 (the CUTLASS kernels' target); used by their units.
 bool cutlass_device_is_sm90();
 
+// The persistent scheduler's walk over a GEMM's output tiles: along M (down a column of tiles,
+// then the next) or along N, or CUTLASS's heuristic (along M when the output has more tile
+// columns than rows, else along N); and its swizzle: 1, 2, 4 or 8 tiles of the other dimension
+// taken side by side. They decide how often the operands come back from memory rather than L2
+// (at M 16448 neither operand of the wider DiT linears fits the 50 MB L2), not the sums: each tile
+// computes the same bytes in any order.
+enum class GemmRaster { kHeuristic, kAlongM, kAlongN };
+struct GemmOrder {
+  GemmRaster raster = GemmRaster::kHeuristic;
+  int swizzle = 1;
+};
+// "RASTER[,SWIZZLE]": auto, m or n; 1, 2, 4 or 8 (ZIMAGE_GEMM_ORDER). An error names what is wrong.
+inline Result<GemmOrder> parse_gemm_order(const std::string& text) {
+  const std::vector<std::string> parts = split(text, ',');
+  const auto bad = [&](const std::string& what) {
+    return InvalidArgument("GEMM order '" + text + "': " + what + " (RASTER[,SWIZZLE]: auto|m|n, " +
+                           "1|2|4|8)");
+  };
+  if (parts.empty() || parts.size() > 2) return bad("one or two parts");
+  GemmOrder o;
+  if (parts[0] == "auto")
+    o.raster = GemmRaster::kHeuristic;
+  else if (parts[0] == "m")
+    o.raster = GemmRaster::kAlongM;
+  else if (parts[0] == "n")
+    o.raster = GemmRaster::kAlongN;
+  else
+    return bad("unknown raster order '" + parts[0] + "'");
+  if (parts.size() == 2) {
+    const std::string& z = parts[1];
+    if (z != "1" && z != "2" && z != "4" && z != "8") return bad("swizzle '" + z + "'");
+    o.swizzle = z[0] - '0';
+  }
+  return o;
+}
+inline std::string gemm_order_name(const GemmOrder& o) {  // "n,8"
+  const char* r = o.raster == GemmRaster::kAlongM   ? "m"
+                  : o.raster == GemmRaster::kAlongN ? "n"
+                                                    : "auto";
+  return std::string(r) + "," + std::to_string(o.swizzle);
+}
+
 // W8A8 FP8 linear with its scales in the epilogue: row-major bf16
 //   y[m, n] = bf16( sx[m] · (sw[n] · Σ_k x8[m, k] · w8[n, k]) + bias[n] )
 // e4m3 operands (x8 row-major [m, k], w8 row-major [n, k]), the scales and bias applied to the
@@ -50,10 +92,11 @@ enum class Fp8Tile {
 inline constexpr Fp8Tile kFp8Tiles[] = {Fp8Tile::kPingpong128, Fp8Tile::kCoopWide,
                                         Fp8Tile::kCoopTall, Fp8Tile::kPingpongWide,
                                         Fp8Tile::kCoop256x192};
+// `order`: the tiles' order (GemmOrder; the same bytes in any).
 Status cutlass_fp8_rows(const void* x8, const void* w8, const float* sx, const float* sw,
                         const void* bias, void* y, int64_t m, int64_t n, int64_t k, void* workspace,
                         size_t workspace_bytes, cudaStream_t stream, bool fast_accum = false,
-                        Fp8Tile tile = Fp8Tile::kAuto);
+                        Fp8Tile tile = Fp8Tile::kAuto, const GemmOrder& order = {});
 size_t cutlass_fp8_rows_workspace(int64_t m, int64_t n, int64_t k);
 
 // The W8A8 feed-forward's w1|w3 linear with SwiGLU in its epilogue (gemm_fp8_swiglu.cu):
@@ -120,7 +163,8 @@ namespace detail {
 // The tiles other than kPingpong128 (gemm_fp8_tiles.cu), behind cutlass_fp8_rows' checks.
 Status cutlass_fp8_rows_tile(Fp8Tile tile, const void* x8, const void* w8, const float* sx,
                              const float* sw, const void* bias, void* y, int m, int n, int k,
-                             void* workspace, size_t workspace_bytes, cudaStream_t stream);
+                             void* workspace, size_t workspace_bytes, cudaStream_t stream,
+                             const GemmOrder& order);
 size_t cutlass_fp8_tiles_workspace(int m, int n, int k);
 }  // namespace detail
 
@@ -138,7 +182,6 @@ enum class GemmSchedule {
   kPingpong,         // SwiGLU 64 x 256,  q|k|v 128 x 128
   kPingpongNarrow,   // SwiGLU 128 x 128, q|k|v 64 x 128
 };
-enum class GemmRaster { kHeuristic, kAlongM, kAlongN };
 struct GemmTuning {
   GemmSchedule schedule = GemmSchedule::kCooperative;
   GemmRaster raster = GemmRaster::kHeuristic;
@@ -222,7 +265,7 @@ enum class PlainTile {
 size_t cutlass_bf16_gemm_tile_workspace(int64_t m, int64_t n, int64_t k);
 Status cutlass_bf16_gemm_tile(PlainTile tile, const void* x, const void* w, void* y, int64_t m,
                               int64_t n, int64_t k, void* workspace, size_t workspace_bytes,
-                              cudaStream_t stream);
+                              cudaStream_t stream, const GemmOrder& order = {});
 
 // bf16 q|k|v linear with the attention prologue in its epilogue (Backend::qkv_split_norm_rope
 // for head_dim kQkvHeadDim): t = x · wqkvᵀ, rounded to bf16, [m, (hq + 2·hkv)·128], split per

@@ -15,6 +15,7 @@
 #include <cutlass/gemm/kernel/gemm_universal.hpp>
 #include <string>
 
+#include "backend/cuda/libs/gemm_cutlass.h"
 #include "core/status.h"
 
 namespace zimage::cuda {
@@ -135,7 +136,7 @@ struct Fp8Rows {
 
   static typename Gemm::Arguments arguments(const void* x8, const void* w8, const float* sx,
                                             const float* sw, const void* bias, void* y, int m,
-                                            int n, int k) {
+                                            int n, int k, const GemmOrder& order = {}) {
     using StrideA = typename Gemm::GemmKernel::StrideA;
     using StrideB = typename Gemm::GemmKernel::StrideB;
     using StrideC = typename Gemm::GemmKernel::StrideC;
@@ -155,6 +156,11 @@ struct Fp8Rows {
         {{sw, 0.f, {}}, {}, {}},                                  // sw[n] · acc
         {static_cast<const ElementD*>(bias), ElementD(0.f), {}},  // bias[n]; null: 0
         {}};
+    using Raster = cutlass::gemm::kernel::detail::RasterOrderOptions;
+    args.scheduler.raster_order = order.raster == GemmRaster::kAlongM   ? Raster::AlongM
+                                  : order.raster == GemmRaster::kAlongN ? Raster::AlongN
+                                                                        : Raster::Heuristic;
+    args.scheduler.max_swizzle_size = order.swizzle;
     return args;
   }
 
@@ -165,8 +171,8 @@ struct Fp8Rows {
 
   static Status run(const void* x8, const void* w8, const float* sx, const float* sw,
                     const void* bias, void* y, int m, int n, int k, void* ws, size_t ws_bytes,
-                    cudaStream_t stream) {
-    const auto args = arguments(x8, w8, sx, sw, bias, y, m, n, k);
+                    cudaStream_t stream, const GemmOrder& order = {}) {
+    const auto args = arguments(x8, w8, sx, sw, bias, y, m, n, k, order);
     Gemm gemm;
     if (gemm.can_implement(args) != cutlass::Status::kSuccess)
       return Unsupported("CUTLASS FP8 GEMM: cannot implement " + std::to_string(m) + "x" +

@@ -13,21 +13,22 @@ namespace zimage::cuda::detail {
 
 Status cutlass_fp8_rows_tile(Fp8Tile tile, const void* x8, const void* w8, const float* sx,
                              const float* sw, const void* bias, void* y, int m, int n, int k,
-                             void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+                             void* workspace, size_t workspace_bytes, cudaStream_t stream,
+                             const GemmOrder& order) {
   using namespace fp8rows;
   switch (tile) {
     case Fp8Tile::kCoopWide:
       return Fp8Rows<FastWide>::run(x8, w8, sx, sw, bias, y, m, n, k, workspace, workspace_bytes,
-                                    stream);
+                                    stream, order);
     case Fp8Tile::kCoopTall:
       return Fp8Rows<FastTall>::run(x8, w8, sx, sw, bias, y, m, n, k, workspace, workspace_bytes,
-                                    stream);
+                                    stream, order);
     case Fp8Tile::kPingpongWide:
       return Fp8Rows<FastPingWide>::run(x8, w8, sx, sw, bias, y, m, n, k, workspace,
-                                        workspace_bytes, stream);
+                                        workspace_bytes, stream, order);
     case Fp8Tile::kCoop256x192:
       return Fp8Rows<Fast256x192>::run(x8, w8, sx, sw, bias, y, m, n, k, workspace, workspace_bytes,
-                                       stream);
+                                       stream, order);
     default:
       return InvalidArgument(std::string("CUTLASS FP8 GEMM: no kernel for tile ") +
                              fp8_tile_name(tile) + " in this unit");
