@@ -123,6 +123,30 @@ TEST(CudaGemmOrder, SameBytesInEveryOrder) {
   }
 }
 
+// The backend's rule (CudaBackend::gemm_order_for): the FP8 GEMM's wide linears at 2048²-class
+// rows walk along M two columns at a time, everything else in CUTLASS's default order; a set
+// order (ZIMAGE_GEMM_ORDER) wins everywhere.
+TEST(CudaGemmOrder, RuleForTheDitShapes) {
+  ZI_REQUIRE_GPU();
+  cuda::CudaBackend* g = gpu(DType::kBF16);
+  const std::optional<cuda::GemmOrder> keep = g->gemm_order();
+  g->set_gemm_order(std::nullopt);
+  auto order = [&](int64_t m, int64_t n, int64_t k, bool fp8) {
+    return cuda::gemm_order_name(g->gemm_order_for(m, n, k, fp8));
+  };
+  EXPECT_EQ(order(16448, 20480, 3840, true), "m,2");      // w1|w3 at 2048²
+  EXPECT_EQ(order(16448, 11520, 3840, true), "m,2");      // q|k|v
+  EXPECT_EQ(order(16640, 20480, 3840, true), "m,2");      // four 1024² images
+  EXPECT_EQ(order(16448, 3840, 10240, true), "auto,1");   // w2
+  EXPECT_EQ(order(16448, 3840, 3840, true), "auto,1");    // out
+  EXPECT_EQ(order(4160, 20480, 3840, true), "auto,1");    // 1024²
+  EXPECT_EQ(order(16448, 20480, 3840, false), "auto,1");  // the bf16 tile
+  g->set_gemm_order(cuda::GemmOrder{cuda::GemmRaster::kAlongN, 4});
+  EXPECT_EQ(order(4160, 3840, 3840, true), "n,4");
+  EXPECT_EQ(order(16448, 20480, 3840, false), "n,4");
+  g->set_gemm_order(keep);
+}
+
 TEST(CudaGemmOrder, ParsesAndNamesOrders) {
   auto o = cuda::parse_gemm_order("n,8");
   ASSERT_TRUE(o.ok()) << o.status().to_string();

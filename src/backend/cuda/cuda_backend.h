@@ -22,8 +22,8 @@
 
 #include <map>
 #include <memory>
-#include <optional>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -367,8 +367,9 @@ class CudaBackend final : public Backend {
   // gemm_order_for's choice per shape.
   void set_gemm_order(std::optional<GemmOrder> order) { gemm_order_ = order; }
   const std::optional<GemmOrder>& gemm_order() const { return gemm_order_; }
-  // The order an m × n × k GEMM runs in: the one set, else the measured rule (cuda_ops.cpp).
-  GemmOrder gemm_order_for(int64_t m, int64_t n, int64_t k) const;
+  // The order an m × n × k GEMM (the FP8 one, else the bf16 tile) runs in: the one set, else the
+  // measured rule (cuda_ops.cpp).
+  GemmOrder gemm_order_for(int64_t m, int64_t n, int64_t k, bool fp8) const;
   // bf16 GEMMs without a bias from 1024 rows (the DiT's linears) in CUTLASS's 256 × 192 tile
   // instead of cuBLASLt's kernel (ZIMAGE_BF16_GEMM=cutlass-256x192; the default `cublaslt`):
   // opt-in, to be measured as whole forwards (gemm_cutlass.h cutlass_bf16_gemm_tile).

@@ -386,10 +386,10 @@ Status CudaBackend::fp8_gemm(const Tensor& x8, const Tensor& sx, const Tensor& w
     if (ws_bytes > 0) {
       ZI_ASSIGN_OR_RETURN(ws, alloc(DType::kU8, {static_cast<int64_t>(ws_bytes)}));
     }
-    const Status cs =
-        cutlass_fp8_rows(x8.data(), w8.data(), sx.data_as<float>(), w_scale.data_as<float>(),
-                         ptr_or_null(bias), y.data(), m, n, k, ws_bytes ? ws.data() : nullptr,
-                         ws_bytes, stream_, fp8_fast_accum_, fp8_tile_, gemm_order_for(m, n, k));
+    const Status cs = cutlass_fp8_rows(
+        x8.data(), w8.data(), sx.data_as<float>(), w_scale.data_as<float>(), ptr_or_null(bias),
+        y.data(), m, n, k, ws_bytes ? ws.data() : nullptr, ws_bytes, stream_, fp8_fast_accum_,
+        fp8_tile_, gemm_order_for(m, n, k, /*fp8=*/true));
     if (cs.ok()) return Status::Ok();
     if (cs.code() != ErrorCode::kUnsupported) return cs.with_context(op);
   }
