@@ -210,5 +210,26 @@ TEST(CudaOpsPerf, GemmOrder) {
   }
 }
 
+// The FP8 GEMM's wide linears at 2048² rows (w1|w3, q|k|v): every tile in every order.
+TEST(CudaOpsPerf, Fp8TileOrder) {
+  ZI_REQUIRE_GPU();
+  cuda::CudaBackend* g = gpu(DType::kBF16);
+  if (!have_cutlass()) GTEST_SKIP() << "no CUTLASS GEMMs on this build or device";
+  const int64_t m = 16448, k = 3840;
+  for (const int64_t n : {int64_t{20480}, int64_t{11520}}) {
+    const double flop = 2.0 * m * n * k;
+    const Fp8Operands o = fp8_operands(g, m, n, k, 5300);
+    Tensor y = take(g->alloc(DType::kBF16, {m, n}), "y");
+    const Tensor ws = workspace(g, cuda::cutlass_fp8_rows_workspace(m, n, k));
+    for (const cuda::Fp8Tile tile : cuda::kFp8Tiles)
+      for (const cuda::GemmOrder& order : every_order()) {
+        const double t = sustained_ms(g, [&] { return fp8_gemm(g, o, y, ws, order, tile); });
+        report(cat("fp8 GEMM ", m, "x", n, "x", k, " tile ", cuda::fp8_tile_name(tile), " order ",
+                   cuda::gemm_order_name(order)),
+               t, flop, 0);
+      }
+  }
+}
+
 }  // namespace
 }  // namespace zimage::test
