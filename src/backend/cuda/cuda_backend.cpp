@@ -172,15 +172,6 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(int device_index, DType
     if (!tile.ok()) return tile.status().with_context("ZIMAGE_FP8_GEMM");
     b->fp8_tile_ = *tile;
   }
-  if (const char* t = std::getenv("ZIMAGE_FP8_WIDE")) {
-    const std::string v(t);
-    const size_t comma = v.find(',');
-    auto tile = parse_fp8_tile(v.substr(0, comma));
-    if (!tile.ok()) return tile.status().with_context("ZIMAGE_FP8_WIDE (TILE,RASTER,SWIZZLE)");
-    auto order = parse_gemm_order(comma == std::string::npos ? "auto" : v.substr(comma + 1));
-    if (!order.ok()) return order.status().with_context("ZIMAGE_FP8_WIDE (TILE,RASTER,SWIZZLE)");
-    b->fp8_wide_ = Fp8Wide{*tile, *order};
-  }
   if (const char* t = std::getenv("ZIMAGE_GEMM_ORDER")) {
     auto order = parse_gemm_order(t);
     if (!order.ok()) return order.status().with_context("ZIMAGE_GEMM_ORDER");

@@ -370,14 +370,6 @@ class CudaBackend final : public Backend {
   // The order an m × n × k GEMM (the FP8 one, else the bf16 tile) runs in: the one set, else the
   // measured rule (cuda_ops.cpp).
   GemmOrder gemm_order_for(int64_t m, int64_t n, int64_t k, bool fp8) const;
-  // A measuring switch (ZIMAGE_FP8_WIDE=TILE,RASTER,SWIZZLE): the tile and order of the FP8 GEMMs
-  // the order rule walks two columns at a time (n >= 2k from 12288 rows), over ZIMAGE_FP8_GEMM /
-  // ZIMAGE_GEMM_ORDER for those only. Unset: the rule's.
-  struct Fp8Wide {
-    Fp8Tile tile = Fp8Tile::kAuto;
-    GemmOrder order;
-  };
-  void set_fp8_wide(std::optional<Fp8Wide> w) { fp8_wide_ = w; }
   // bf16 GEMMs without a bias from 1024 rows (the DiT's linears) in CUTLASS's 256 × 192 tile
   // instead of cuBLASLt's kernel (ZIMAGE_BF16_GEMM=cutlass-256x192; the default `cublaslt`):
   // opt-in, to be measured as whole forwards (gemm_cutlass.h cutlass_bf16_gemm_tile).
@@ -429,7 +421,6 @@ class CudaBackend final : public Backend {
   bool fp8_fast_accum_ = true;  // ZIMAGE_FP8_ACCUM=fp32 turns it off (the constructor reads it)
   Fp8Tile fp8_tile_ = Fp8Tile::kAuto;
   std::optional<GemmOrder> gemm_order_;
-  std::optional<Fp8Wide> fp8_wide_;
   bool bf16_wide_tile_ = false;
   bool fp8_inputs_ = true;
   bool fused_ = true;

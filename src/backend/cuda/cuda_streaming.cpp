@@ -381,17 +381,15 @@ Status CudaBackend::fp8_gemm(const Tensor& x8, const Tensor& sx, const Tensor& w
   // 0. CUTLASS's Hopper FP8 GEMM with both scales and the bias in its epilogue (bf16 out): one
   //    pass over the output, the fp32 sums rounded once.
   if (use_cutlass_ && act_ == DType::kBF16 && cutlass_available()) {
-    const bool wide = fp8_wide_ && m >= 12288 && n >= 2 * k;  // ZIMAGE_FP8_WIDE (measuring)
     const size_t ws_bytes = cutlass_fp8_rows_workspace(m, n, k);
     Tensor ws;
     if (ws_bytes > 0) {
       ZI_ASSIGN_OR_RETURN(ws, alloc(DType::kU8, {static_cast<int64_t>(ws_bytes)}));
     }
-    const Status cs =
-        cutlass_fp8_rows(x8.data(), w8.data(), sx.data_as<float>(), w_scale.data_as<float>(),
-                         ptr_or_null(bias), y.data(), m, n, k, ws_bytes ? ws.data() : nullptr,
-                         ws_bytes, stream_, fp8_fast_accum_, wide ? fp8_wide_->tile : fp8_tile_,
-                         wide ? fp8_wide_->order : gemm_order_for(m, n, k, /*fp8=*/true));
+    const Status cs = cutlass_fp8_rows(
+        x8.data(), w8.data(), sx.data_as<float>(), w_scale.data_as<float>(), ptr_or_null(bias),
+        y.data(), m, n, k, ws_bytes ? ws.data() : nullptr, ws_bytes, stream_, fp8_fast_accum_,
+        fp8_tile_, gemm_order_for(m, n, k, /*fp8=*/true));
     if (cs.ok()) return Status::Ok();
     if (cs.code() != ErrorCode::kUnsupported) return cs.with_context(op);
   }
