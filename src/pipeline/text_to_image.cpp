@@ -63,7 +63,19 @@ Result<std::unique_ptr<TextToImage>> TextToImage::create(TextToImageComponents p
                        std::to_string(parts.vae->config().latent_channels) +
                        " != transformer in_channels " + std::to_string(tc.in_channels));
   }
-  return std::unique_ptr<TextToImage>(new TextToImage(std::move(parts), be));
+  // ZIMAGE_CAPTION_CACHE=0: every step's forward refines its captions itself (the A/B switch of
+  // set_refine_captions_once; the images are the same bits either way). Read here, so that every
+  // way of making a pipeline (load, the benchmarks' own assembly) honours it.
+  bool refine_once = true;
+  if (const char* g = std::getenv("ZIMAGE_CAPTION_CACHE")) {
+    const std::string v = g;
+    if (v != "0" && v != "1")
+      return InvalidArgument("ZIMAGE_CAPTION_CACHE: '" + v + "' is not 0 or 1");
+    refine_once = v == "1";
+  }
+  std::unique_ptr<TextToImage> p(new TextToImage(std::move(parts), be));
+  p->set_refine_captions_once(refine_once);
+  return p;
 }
 
 int TextToImage::vae_factor() const {
@@ -180,6 +192,10 @@ Status TextToImage::finish_text_encoder(const std::vector<Tensor>& embeds, bool 
 
 Result<std::unique_ptr<DenoiseState>> TextToImage::begin(const GenerateRequest& req,
                                                          const TextToImageHooks& hooks) {
+  // A request that ended without finish() (cancelled, failed) leaves its caption tokens here:
+  // they go before this one's text encoder runs. In a running batch the next step's captions
+  // differ anyway, so this costs nothing there.
+  caption_cache_ = CaptionCache();
   auto st = std::make_unique<DenoiseState>();
   st->start_s = now_s();
   ZI_TRY(check(req));
@@ -633,10 +649,14 @@ Result<TextToImageOutput> TextToImage::run(const GenerateRequest& req,
                                            const TextToImageHooks& hooks) {
   ZI_ASSIGN_OR_RETURN(std::unique_ptr<DenoiseState> st, begin(req, hooks));
   while (!st->done()) {
-    if (hooks.cancel != nullptr && hooks.cancel->load())
-      return Cancelled("generation cancelled at step " + std::to_string(st->steps_done()) + " of " +
-                       std::to_string(st->steps_total()));
-    ZI_TRY(step({st.get()}));
+    Status s = hooks.cancel != nullptr && hooks.cancel->load()
+                   ? Cancelled("generation cancelled at step " + std::to_string(st->steps_done()) +
+                               " of " + std::to_string(st->steps_total()))
+                   : step({st.get()});
+    if (!s.ok()) {
+      caption_cache_ = CaptionCache();  // the request's caption tokens go with it
+      return s;
+    }
   }
   return finish(*st);
 }

@@ -367,17 +367,7 @@ Result<std::unique_ptr<TextToImage>> TextToImage::load(PreparedLoad prepared, Ba
       return InvalidArgument("ZIMAGE_DIT_GRAPHS: '" + v + "' is not 0 or 1");
     if (parts.transformer) parts.transformer->set_use_graphs(v == "1");
   }
-  // ZIMAGE_CAPTION_CACHE=0: every step's forward refines its captions itself (the A/B switch of
-  // TextToImage::set_refine_captions_once; the images are the same bits either way).
-  bool refine_once = true;
-  if (const char* g = std::getenv("ZIMAGE_CAPTION_CACHE")) {
-    const std::string v = g;
-    if (v != "0" && v != "1")
-      return InvalidArgument("ZIMAGE_CAPTION_CACHE: '" + v + "' is not 0 or 1");
-    refine_once = v == "1";
-  }
   ZI_ASSIGN_OR_RETURN(auto pipeline, create(std::move(parts), be));
-  pipeline->set_refine_captions_once(refine_once);
   pipeline->paths_ = paths;
   pipeline->plan_ = std::move(*plan);
   return pipeline;

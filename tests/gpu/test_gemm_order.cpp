@@ -75,7 +75,8 @@ bool have_cutlass() {
 }
 
 // Every order gives the default order's bytes: the FP8 GEMM in each tile (partial tiles in both
-// dimensions), the bf16 256 × 192 tile, and the backend's FP8 matmul under set_gemm_order.
+// dimensions), the bf16 256 × 192 tile, and the backend's FP8 matmul under set_gemm_order. (An
+// order passed but dropped would pass too: CudaOpsPerf.GemmOrder's times show each is applied.)
 TEST(CudaGemmOrder, SameBytesInEveryOrder) {
   ZI_REQUIRE_GPU();
   cuda::CudaBackend* g = gpu(DType::kBF16);
@@ -141,6 +142,9 @@ TEST(CudaGemmOrder, RuleForTheDitShapes) {
   EXPECT_EQ(order(16448, 3840, 3840, true), "auto,1");    // out
   EXPECT_EQ(order(4160, 20480, 3840, true), "auto,1");    // 1024²
   EXPECT_EQ(order(16448, 20480, 3840, false), "auto,1");  // the bf16 tile
+  g->set_fp8_tile(cuda::Fp8Tile::kCoopWide);  // a forced tile: the rule was measured on 256x192
+  EXPECT_EQ(order(16448, 20480, 3840, true), "auto,1");
+  g->set_fp8_tile(cuda::Fp8Tile::kAuto);
   g->set_gemm_order(cuda::GemmOrder{cuda::GemmRaster::kAlongN, 4});
   EXPECT_EQ(order(4160, 3840, 3840, true), "n,4");
   EXPECT_EQ(order(16448, 20480, 3840, false), "n,4");

@@ -6,6 +6,7 @@
 // changed by a runtime LoRA since) are refused with a message naming what is wrong.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -268,14 +269,38 @@ TEST_P(RefinedCaptionsPipeline, SameImageBitsWithOneRefinementPerBatchOfCaptions
   EXPECT_EQ(once, truncated ? 2u : 1u) << GetParam();
 }
 
+// ZIMAGE_CAPTION_CACHE reaches every pipeline (TextToImage::create reads it: load and the
+// benchmarks' own assembly); a bad value is an error naming it.
+TEST(RefinedCaptions, EnvSwitchReachesEveryPipeline) {
+  const test::GoldenCase c = test::read_golden_case(test::GoldenFamily::kTextToImage, "v_turbo");
+  std::unique_ptr<Backend> be = make_cpu_backend(0);
+  ASSERT_EQ(::setenv("ZIMAGE_CAPTION_CACHE", "0", 1), 0);
+  auto pipe = TextToImage::load(c.model, *be);
+  ASSERT_TRUE(pipe.ok()) << pipe.status().to_string();
+  const uint64_t n0 = (*pipe)->transformer().caption_refinements();
+  auto out = (*pipe)->run(c.req, {});
+  ASSERT_TRUE(out.ok()) << out.status().to_string();
+  EXPECT_EQ((*pipe)->transformer().caption_refinements() - n0, static_cast<uint64_t>(c.req.steps))
+      << "ZIMAGE_CAPTION_CACHE=0: every step refines its captions";
+  ASSERT_EQ(::setenv("ZIMAGE_CAPTION_CACHE", "2", 1), 0);
+  auto bad = TextToImage::load(c.model, *be);
+  ::unsetenv("ZIMAGE_CAPTION_CACHE");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("ZIMAGE_CAPTION_CACHE"), std::string::npos)
+      << bad.status().to_string();
+}
+
 INSTANTIATE_TEST_SUITE_P(, RefinedCaptionsPipeline,
                          ::testing::Values("v_turbo", "v_cfg", "v_cfg_trunc", "v_batch_cfg",
                                            "v_multi"),
                          [](const ::testing::TestParamInfo<std::string>& p) { return p.param; });
 
-// ControlNet requests: the ControlNet reads the DiT's refined caption tokens too (its hints the
-// same bits as from the captions), so the images are the same with the cache on and off, and the
-// captions are refined once per request instead of twice a step (the ControlNet's and the DiT's).
+// ControlNet requests: the ControlNet reads the DiT's refined caption tokens too, so the images
+// are the same with the cache on and off, and the captions are refined once per request instead of
+// twice a step (the ControlNet's and the DiT's). Both arms take ZImageDiT::refine_captions (the
+// DiT's fused pre-norm path; before session 31 the ControlNet ran its own unfused copy of it):
+// that the hints stay within diffusers' is GoldenControlNet.* (tests/parity/
+// test_golden_controlnet.cpp).
 class RefinedCaptionsControlNet : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(RefinedCaptionsControlNet, SameImageBitsWithOneRefinementPerRequest) {

@@ -363,8 +363,9 @@ class CudaBackend final : public Backend {
   // The FP8 GEMM's tile (ZIMAGE_FP8_GEMM; kAuto: fp8_tile_for's choice per shape).
   void set_fp8_tile(Fp8Tile tile) { fp8_tile_ = tile; }
   // The order over the output tiles of the CUTLASS GEMMs with CUTLASS's own epilogue (the FP8
-  // GEMM, the bf16 256 × 192 tile; ZIMAGE_GEMM_ORDER; the same bytes in any order). Unset:
-  // gemm_order_for's choice per shape.
+  // GEMM, the bf16 256 × 192 tile; not the opt-in GEMMs with an epilogue of ours, such as the
+  // fused FP8 SwiGLU; ZIMAGE_GEMM_ORDER; the same bytes in any order). Unset: gemm_order_for's
+  // choice per shape. A recorded forward keeps the order it was recorded with.
   void set_gemm_order(std::optional<GemmOrder> order) { gemm_order_ = order; }
   const std::optional<GemmOrder>& gemm_order() const { return gemm_order_; }
   // The order an m × n × k GEMM (the FP8 one, else the bf16 tile) runs in: the one set, else the

@@ -54,13 +54,16 @@ Status CudaBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bias,
 
 GemmOrder CudaBackend::gemm_order_for(int64_t m, int64_t n, int64_t k, bool fp8) const {
   if (gemm_order_) return *gemm_order_;
-  // The FP8 GEMM's wide linears at 2048²-class rows (w1|w3, q|k|v: n >= 2k) walk along M two
-  // tile columns at a time: neither operand fits the L2 there (at M 16448 x8 is 63 MB, w1|w3's
-  // weight 79 MB), and CUTLASS's heuristic walks one column down all of M, reading the whole of x8
-  // again for each column. Measured on an H100 (CudaOpsPerf.GemmOrder, docs/BENCHMARKS.md
-  // "Session 31"): w1|w3 at M 16448 1.927 against 2.138 ms, q|k|v equal; every other order, and
-  // this one at M 4160 or for w2 and the out projection, slower or equal.
-  if (fp8 && m >= 12288 && n >= 2 * k) return {GemmRaster::kAlongM, 2};
+  // The FP8 GEMM's wide linears at 2048²-class rows (w1|w3, q|k|v: n >= 2k), in the default fast-
+  // accumulation tile (256 × 192, the one measured), walk along M two tile columns at a time:
+  // neither operand fits the L2 there (at M 16448 x8 is 63 MB, w1|w3's weight 79 MB). For w1|w3
+  // (107 tile columns, 65 rows) CUTLASS's heuristic walks one column down all of M, reading the
+  // whole of x8 again for each column pair; for q|k|v (60 columns) it walks along N. Measured on
+  // an H100 (CudaOpsPerf.GemmOrder, docs/BENCHMARKS.md "Session 31"): w1|w3 at M 16448 1.927
+  // against 2.138 ms, q|k|v equal; every other order, and this one at M 4160 or for w2 and the
+  // out projection, slower or equal.
+  if (fp8 && fp8_tile_ == Fp8Tile::kAuto && fp8_fast_accum_ && m >= 12288 && n >= 2 * k)
+    return {GemmRaster::kAlongM, 2};
   return {};  // CUTLASS's default: its heuristic raster, swizzle 1
 }
 

@@ -590,8 +590,9 @@ Status ZImageDiT::forward_impl(const Tensor& latents, const std::vector<float>& 
   auto run_eagerly = [&]() -> Status {
     ZI_ASSIGN_OR_RETURN(Layout lay, make_layout(b, lh, lw, cap_len));
     ZI_ASSIGN_OR_RETURN(Tensor sinusoid, load::upload_host(be_, sin_host, be_.act_dtype()));
+    ZI_TRY(compute(lay, latents, sinusoid, cap_list, tokens, out, dbg, pfx, control));
     if (refined == nullptr) ++caption_refinements_;
-    return compute(lay, latents, sinusoid, cap_list, tokens, out, dbg, pfx, control);
+    return Status::Ok();
   };
   // Streamed weights: eager too (the copies and their events run beside the compute stream; at
   // the link's speed the launch overhead a graph saves is noise).
@@ -653,8 +654,8 @@ Status ZImageDiT::forward_impl(const Tensor& latents, const std::vector<float>& 
     g.work = std::move(*rec);
     recorded_now = true;
   }
-  if (refined == nullptr) ++caption_refinements_;
   if (!recorded_now) ZI_TRY(g.work->replay());
+  if (refined == nullptr) ++caption_refinements_;
   return be_.convert(g.out, out);
 }
 

@@ -105,10 +105,10 @@ class ZImageDiT {
                          const RefinedCaptions& caps, Tensor& out, DebugSink* dbg = nullptr,
                          const std::string& dbg_prefix = "dit",
                          const ControlResiduals* control = nullptr);
-  // Changes whenever the weights do (runtime LoRAs set or taken off).
+  // Changes whenever the weights do (runtime LoRAs set or taken off); no two models share one.
   uint64_t weights_version() const { return weights_version_; }
-  // How many times the caption tokens were computed: by refine_captions and by forward (each
-  // call of either; replays included).
+  // How many times the caption tokens were computed: by refine_captions and by forward on one
+  // device (each call that succeeded in making them; replays included).
   uint64_t caption_refinements() const { return caption_refinements_; }
 
   const TransformerConfig& config() const { return cfg_; }
@@ -359,7 +359,10 @@ class ZImageDiT {
   // Recorded sequence-parallel forwards (communicators that can be recorded: NCCL), per shape.
   std::map<std::vector<int64_t>, Graphed> par_graphs_;
   AppliedLoras lora_applied_;  // the runtime LoRA set now applied
-  uint64_t weights_version_ = 0;
+  // Unique across models in the process (next_weights_version), so tokens refined by another
+  // model are refused too.
+  uint64_t weights_version_ = next_weights_version();
+  static uint64_t next_weights_version();
   uint64_t caption_refinements_ = 0;
   bool refining_ = false;  // refine_captions is running (done_block: streamed releases)
 };

@@ -2,6 +2,7 @@
 // RoPE rows, and the caption tokens refined once for a denoising loop (refine_captions,
 // forward_refined; the rest of forward is zimage_dit.cpp).
 #include <algorithm>
+#include <atomic>
 
 #include "model/common/load_util.h"
 #include "model/dit/zimage_dit.h"
@@ -80,6 +81,11 @@ Status ZImageDiT::forward_refined(const Tensor& latents, const std::vector<float
   return forward_impl(latents, t_model, nullptr, &caps, out, dbg, pfx, control);
 }
 
+uint64_t ZImageDiT::next_weights_version() {
+  static std::atomic<uint64_t> next{1};
+  return next.fetch_add(1, std::memory_order_relaxed);
+}
+
 Status ZImageDiT::skip_streamed_context(bool skip) {
   if (!streamer_) return Status::Ok();
   std::vector<bool> skipped(static_cast<size_t>(streamer_->units()), false);
@@ -97,13 +103,13 @@ Result<ZImageDiT::RefinedCaptions> ZImageDiT::refine_captions(const std::vector<
   // Eager, once per loop (a few dozen ops): in a scratch for the captions' rows only.
   ZI_ASSIGN_OR_RETURN(std::shared_ptr<Scratch> scratch, make_scratch(L.b, L.lp_max));
   Pass P{L, Tensor(), dbg, pfx, nullptr};
-  ++caption_refinements_;
   RefinedCaptions r;
   refining_ = true;
   auto tokens = caption_tokens(P, caps, *scratch);
   refining_ = false;
   if (!tokens.ok()) return tokens.status();
   r.tokens = std::move(tokens).value();
+  ++caption_refinements_;
   r.cap_len = std::move(cap_len);
   r.weights_version = weights_version_;
   return r;

@@ -97,7 +97,8 @@ Status ZImageDiT::set_loras(const std::vector<RuntimeLora>& loras, LoraMethod me
                             bool lenient) {
   const std::string key = lora_set_key(loras);
   if (key == lora_applied_.key) return Status::Ok();
-  ++weights_version_;  // whatever follows changes weights (refined captions made before are stale)
+  // Whatever follows changes weights: refined captions made before are stale.
+  weights_version_ = next_weights_version();
   const bool had_side = !lora_applied_.sided.empty();
   Status st = remove_runtime_loras(be_, lora_applied_);
   if (had_side) release_graphs();
