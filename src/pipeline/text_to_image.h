@@ -334,8 +334,8 @@ class TextToImage {
   bool float_image_ = true;
   bool refine_once_ = true;
   // The last refined captions and the caption tensors they came from (held, so their memory is
-  // not reused while the tokens are kept; released when a state finishes, when run() fails or is
-  // cancelled, and when the next request begins).
+  // not reused while the tokens are kept; released when a state finishes and when a request
+  // begins).
   struct CaptionCache {
     std::vector<Tensor> caps;
     ZImageDiT::RefinedCaptions refined;

@@ -151,23 +151,6 @@ TEST(CudaGemmOrder, RuleForTheDitShapes) {
   g->set_gemm_order(keep);
 }
 
-TEST(CudaGemmOrder, ParsesAndNamesOrders) {
-  auto o = cuda::parse_gemm_order("n,8");
-  ASSERT_TRUE(o.ok()) << o.status().to_string();
-  EXPECT_EQ(o->raster, cuda::GemmRaster::kAlongN);
-  EXPECT_EQ(o->swizzle, 8);
-  EXPECT_EQ(cuda::gemm_order_name(*o), "n,8");
-  EXPECT_EQ(cuda::gemm_order_name(*cuda::parse_gemm_order("auto")), "auto,1");
-  for (const char* bad : {"", "x", "m,3", "m,8,1", "n,"}) {
-    auto b = cuda::parse_gemm_order(bad);
-    EXPECT_FALSE(b.ok()) << bad;
-    if (!b.ok()) {
-      EXPECT_NE(b.status().message().find("RASTER[,SWIZZLE]"), std::string::npos)
-          << b.status().to_string();
-    }
-  }
-}
-
 // Every order at the DiT's linears, 1024² and 2048² rows (sustained medians): the FP8 GEMM in its
 // default tile and the bf16 256 × 192 tile, with cuBLASLt's bf16 GEMM as the reference; the
 // fastest order of each printed.

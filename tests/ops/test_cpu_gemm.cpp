@@ -237,6 +237,30 @@ TEST(GemmTuning, ParsesAndNamesWhatIsWrong) {
   }
 }
 
+// ZIMAGE_GEMM_ORDER: RASTER[,SWIZZLE] parsed and named back; a bad one names its part and the
+// form.
+TEST(GemmTuning, ParsesAndNamesOrders) {
+  auto o = cuda::parse_gemm_order("n,8");
+  ASSERT_TRUE(o.ok()) << o.status().to_string();
+  EXPECT_EQ(o->raster, cuda::GemmRaster::kAlongN);
+  EXPECT_EQ(o->swizzle, 8);
+  EXPECT_EQ(cuda::gemm_order_name(*o), "n,8");
+  EXPECT_EQ(cuda::gemm_order_name(*cuda::parse_gemm_order("auto")), "auto,1");
+  EXPECT_EQ(cuda::gemm_order_name(*cuda::parse_gemm_order("m,2")), "m,2");
+  for (const auto& [text, needle] :
+       {std::pair<std::string, std::string>{"", "unknown raster order ''"},
+        {"x", "unknown raster order 'x'"},
+        {"m,3", "swizzle '3'"},
+        {"m,8,1", "one or two parts"},
+        {"n,", "swizzle ''"}}) {
+    auto r = cuda::parse_gemm_order(text);
+    EXPECT_FALSE(r.ok()) << text;
+    if (r.ok()) continue;
+    EXPECT_NE(r.status().message().find(needle), std::string::npos) << r.status().to_string();
+    EXPECT_NE(r.status().message().find("RASTER[,SWIZZLE]"), std::string::npos);
+  }
+}
+
 // ZIMAGE_FP8_GEMM: every tile name round-trips; a bad one is named with the choices.
 TEST(Fp8Tile, ParsesEveryNameAndNamesWhatIsWrong) {
   std::vector<cuda::Fp8Tile> tiles(std::begin(cuda::kFp8Tiles), std::end(cuda::kFp8Tiles));

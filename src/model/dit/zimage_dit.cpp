@@ -25,10 +25,6 @@ namespace {
 constexpr float kQkNormEps = 1e-5f;     // Attention(qk_norm="rms_norm", eps=1e-5), fixed
 constexpr float kFinalNormEps = 1e-6f;  // FinalLayer LayerNorm, no affine
 
-int64_t round_up(int64_t n, int64_t m) {
-  return n + ((-n) % m + m) % m;
-}
-
 }  // namespace
 
 // Activation buffers for one sequence length (reused by every block of that stage).
@@ -317,24 +313,22 @@ Status ZImageDiT::feed_forward(const Block& blk, bool in8, Scratch& s) {
 Result<ZImageDiT::Layout> ZImageDiT::make_layout(int64_t b, int64_t lh, int64_t lw,
                                                  const std::vector<int64_t>& cap_len) {
   const int64_t p = cfg_.patch_size, half = cfg_.head_dim() / 2;
-  Layout L;
-  L.b = b, L.lh = lh, L.lw = lw;
-  L.cap_len = cap_len;
-  std::vector<int64_t> cap_pad(b), seq(b);
-  for (int64_t i = 0; i < b; ++i) cap_pad[i] = round_up(cap_len[i], kSeqMultiple);
+  // The caption part (its RoPE table on the device, and on the host for the unified one).
+  Tensor cap_f;  // [B, Lp, Dh/2, 2]
+  ZI_ASSIGN_OR_RETURN(Layout L, caption_layout(cap_len, &cap_f));
+  L.lh = lh, L.lw = lw;
+  const std::vector<int64_t>& cap_pad = L.cap_pad;
+  const int64_t lp_max = L.lp_max;
   const int64_t ht = lh / p, wt = lw / p, n_img = ht * wt;
-  const int64_t np = round_up(n_img, kSeqMultiple);
-  const int64_t lp_max = *std::max_element(cap_pad.begin(), cap_pad.end());
+  const int64_t np = padded(n_img);
+  std::vector<int64_t> seq(b);
   int64_t s_max = 0;
-  bool cap_ragged = false;
   for (int64_t i = 0; i < b; ++i) {
     seq[i] = np + cap_pad[i];
     s_max = std::max(s_max, seq[i]);
-    cap_ragged = cap_ragged || cap_pad[i] != lp_max;
   }
 
   // ---- RoPE tables: [B, S, Dh/2, (cos, sin)] f32; batch-padding rows stay 0 ----
-  ZI_ASSIGN_OR_RETURN(Tensor cap_f, caption_rope_host(cap_len, cap_pad, lp_max));  // [B, Lp, ..]
   Tensor img_f = Tensor::host(DType::kF32, {b, np, half, 2});     // [B, Np, Dh/2, 2]
   Tensor uni_f = Tensor::host(DType::kF32, {b, s_max, half, 2});  // [B, S, Dh/2, 2]
   if (!img_f.defined() || !uni_f.defined()) return OutOfMemory("transformer RoPE tables");
@@ -357,12 +351,9 @@ Result<ZImageDiT::Layout> ZImageDiT::make_layout(int64_t b, int64_t lh, int64_t 
     std::copy(fc, fc + cap_pad[i] * half * 2, fu + np * half * 2);
   }
   ZI_ASSIGN_OR_RETURN(L.img_freqs, load::upload_host(be_, img_f, DType::kF32));
-  ZI_ASSIGN_OR_RETURN(L.cap_freqs, load::upload_host(be_, cap_f, DType::kF32));
   ZI_ASSIGN_OR_RETURN(L.uni_freqs, load::upload_host(be_, uni_f, DType::kF32));
-
-  L.n_img = n_img, L.np = np, L.lp_max = lp_max, L.s_max = s_max;
-  L.cap_pad = cap_pad, L.seq = seq;
-  L.ragged = cap_ragged;
+  L.n_img = n_img, L.np = np, L.s_max = s_max;
+  L.seq = std::move(seq);
   return L;
 }
 
@@ -662,9 +653,9 @@ Status ZImageDiT::forward_impl(const Tensor& latents, const std::vector<float>& 
 Status ZImageDiT::check_control(const ControlResiduals& control, int64_t b, int64_t lh, int64_t lw,
                                 const std::vector<int64_t>& cap_len) const {
   const int64_t p = cfg_.patch_size;
-  const int64_t np = round_up((lh / p) * (lw / p), kSeqMultiple);
+  const int64_t np = padded((lh / p) * (lw / p));
   int64_t s_max = 0;
-  for (int64_t len : cap_len) s_max = std::max(s_max, np + round_up(len, kSeqMultiple));
+  for (int64_t len : cap_len) s_max = std::max(s_max, np + padded(len));
   const Shape want{b, s_max, cfg_.dim};
   if (control.layers.size() != control.hints.size())
     return InvalidArgument(

@@ -32,7 +32,8 @@ struct ControlResiduals {
 
 class ZImageDiT {
  public:
-  static constexpr int kSeqMultiple = 32;   // image and caption parts are padded to this
+  static constexpr int kSeqMultiple = 32;  // image and caption parts are padded to this
+  static int64_t padded(int64_t n) { return (n + kSeqMultiple - 1) / kSeqMultiple * kSeqMultiple; }
   static constexpr int kTimeFreqDim = 256;  // timestep sinusoid width
   static constexpr int kTimeMidDim = 1024;  // t_embedder hidden width
 
@@ -232,9 +233,9 @@ class ZImageDiT {
   Status check_refined(const RefinedCaptions& r, int64_t b) const;
   Result<Layout> make_layout(int64_t b, int64_t lh, int64_t lw,
                              const std::vector<int64_t>& cap_len);
-  // The caption part of make_layout (b, cap_len, cap_pad, lp_max, ragged, cap_freqs), for
-  // refine_captions; the host RoPE rows of the captions [B, Lp, Dh/2, 2] make_layout also uses.
-  Result<Layout> caption_layout(const std::vector<int64_t>& cap_len);
+  // The caption part of a Layout (b, cap_len, cap_pad, lp_max, ragged, cap_freqs): refine_captions'
+  // and the start of make_layout's, which also takes the host rows of cap_freqs (`host`).
+  Result<Layout> caption_layout(const std::vector<int64_t>& cap_len, Tensor* host = nullptr);
   Result<Tensor> caption_rope_host(const std::vector<int64_t>& cap_len,
                                    const std::vector<int64_t>& cap_pad, int64_t lp_max) const;
   // The whole forward on device inputs: only backend ops, so it can be recorded. `refined`

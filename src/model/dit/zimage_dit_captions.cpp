@@ -9,14 +9,6 @@
 
 namespace zimage {
 
-namespace {
-
-int64_t round_up(int64_t n, int64_t m) {
-  return n + ((-n) % m + m) % m;
-}
-
-}  // namespace
-
 Result<Tensor> ZImageDiT::caption_rope_host(const std::vector<int64_t>& cap_len,
                                             const std::vector<int64_t>& cap_pad,
                                             int64_t lp_max) const {
@@ -36,16 +28,18 @@ Result<Tensor> ZImageDiT::caption_rope_host(const std::vector<int64_t>& cap_len,
   return cap_f;
 }
 
-Result<ZImageDiT::Layout> ZImageDiT::caption_layout(const std::vector<int64_t>& cap_len) {
+Result<ZImageDiT::Layout> ZImageDiT::caption_layout(const std::vector<int64_t>& cap_len,
+                                                    Tensor* host) {
   Layout L;
   L.b = static_cast<int64_t>(cap_len.size());
   L.cap_len = cap_len;
   L.cap_pad.resize(cap_len.size());
-  for (size_t i = 0; i < cap_len.size(); ++i) L.cap_pad[i] = round_up(cap_len[i], kSeqMultiple);
+  for (size_t i = 0; i < cap_len.size(); ++i) L.cap_pad[i] = padded(cap_len[i]);
   L.lp_max = *std::max_element(L.cap_pad.begin(), L.cap_pad.end());
   for (int64_t pad : L.cap_pad) L.ragged = L.ragged || pad != L.lp_max;
   ZI_ASSIGN_OR_RETURN(Tensor cap_f, caption_rope_host(cap_len, L.cap_pad, L.lp_max));
   ZI_ASSIGN_OR_RETURN(L.cap_freqs, load::upload_host(be_, cap_f, DType::kF32));
+  if (host != nullptr) *host = std::move(cap_f);
   return L;
 }
 
@@ -139,7 +133,7 @@ Status ZImageDiT::check_refined(const RefinedCaptions& r, int64_t b) const {
   int64_t lp_max = 0;
   for (int64_t len : r.cap_len) {
     if (len < 1) return InvalidArgument("transformer: refined captions of an empty caption");
-    lp_max = std::max(lp_max, round_up(len, kSeqMultiple));
+    lp_max = std::max(lp_max, padded(len));
   }
   const Shape want{b, lp_max, cfg_.dim};
   if (r.tokens.shape() != want || r.tokens.dtype() != be_.act_dtype())

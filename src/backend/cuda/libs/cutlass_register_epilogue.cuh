@@ -20,6 +20,7 @@
 #include <cutlass/gemm/kernel/gemm_universal.hpp>
 #include <string>
 
+#include "backend/cuda/libs/cutlass_order.cuh"
 #include "backend/cuda/libs/gemm_cutlass.h"
 #include "core/status.h"
 
@@ -34,11 +35,7 @@ __device__ __forceinline__ float round_bf16(float v) {
 // The raster order and swizzle of a GemmTuning on a persistent kernel's arguments.
 template <class Arguments>
 void apply_tuning(Arguments& args, const GemmTuning& tuning) {
-  using Raster = cutlass::gemm::kernel::detail::RasterOrderOptions;
-  args.scheduler.raster_order = tuning.raster == GemmRaster::kAlongM   ? Raster::AlongM
-                                : tuning.raster == GemmRaster::kAlongN ? Raster::AlongN
-                                                                       : Raster::Heuristic;
-  args.scheduler.max_swizzle_size = tuning.swizzle;
+  apply_gemm_order(args, GemmOrder{tuning.raster, tuning.swizzle});
 }
 
 // Checks, initialises and launches a CUTLASS 3.x GEMM (a GemmUniversalAdapter) on `stream`;

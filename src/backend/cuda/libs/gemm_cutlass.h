@@ -210,22 +210,11 @@ inline Result<GemmTuning> parse_gemm_tuning(const std::string& text) {
   } else {
     return bad("unknown schedule '" + s + "'");
   }
-  if (parts.size() > 1) {
-    const std::string& r = parts[1];
-    if (r == "auto") {
-      t.raster = GemmRaster::kHeuristic;
-    } else if (r == "m") {
-      t.raster = GemmRaster::kAlongM;
-    } else if (r == "n") {
-      t.raster = GemmRaster::kAlongN;
-    } else {
-      return bad("unknown raster order '" + r + "'");
-    }
-  }
-  if (parts.size() > 2) {
-    const std::string& z = parts[2];
-    if (z != "1" && z != "2" && z != "4" && z != "8") return bad("swizzle '" + z + "'");
-    t.swizzle = z[0] - '0';
+  if (parts.size() > 1) {  // RASTER[,SWIZZLE]: a GemmOrder
+    auto o = parse_gemm_order(text.substr(text.find(',') + 1));
+    if (!o.ok()) return bad(o.status().message());
+    t.raster = o->raster;
+    t.swizzle = o->swizzle;
   }
   return t;
 }

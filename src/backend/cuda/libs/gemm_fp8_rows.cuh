@@ -15,6 +15,7 @@
 #include <cutlass/gemm/kernel/gemm_universal.hpp>
 #include <string>
 
+#include "backend/cuda/libs/cutlass_order.cuh"
 #include "backend/cuda/libs/gemm_cutlass.h"
 #include "core/status.h"
 
@@ -156,11 +157,7 @@ struct Fp8Rows {
         {{sw, 0.f, {}}, {}, {}},                                  // sw[n] · acc
         {static_cast<const ElementD*>(bias), ElementD(0.f), {}},  // bias[n]; null: 0
         {}};
-    using Raster = cutlass::gemm::kernel::detail::RasterOrderOptions;
-    args.scheduler.raster_order = order.raster == GemmRaster::kAlongM   ? Raster::AlongM
-                                  : order.raster == GemmRaster::kAlongN ? Raster::AlongN
-                                                                        : Raster::Heuristic;
-    args.scheduler.max_swizzle_size = order.swizzle;
+    apply_gemm_order(args, order);
     return args;
   }
 
