@@ -73,6 +73,15 @@ Result<std::unique_ptr<TextToImage>> TextToImage::create(TextToImageComponents p
       return InvalidArgument("ZIMAGE_CAPTION_CACHE: '" + v + "' is not 0 or 1");
     refine_once = v == "1";
   }
+  // ZIMAGE_DIT_GRAPHS=0: every DiT forward eager, none recorded (to weigh a recording's cost,
+  // ~20 ms at the first step, against what replaying saves over a few steps). Read here for the
+  // same reason.
+  if (const char* g = std::getenv("ZIMAGE_DIT_GRAPHS")) {
+    const std::string v = g;
+    if (v != "0" && v != "1")
+      return InvalidArgument("ZIMAGE_DIT_GRAPHS: '" + v + "' is not 0 or 1");
+    parts.transformer->set_use_graphs(v == "1");
+  }
   std::unique_ptr<TextToImage> p(new TextToImage(std::move(parts), be));
   p->set_refine_captions_once(refine_once);
   return p;

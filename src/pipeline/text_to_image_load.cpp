@@ -359,14 +359,6 @@ Result<std::unique_ptr<TextToImage>> TextToImage::load(PreparedLoad prepared, Ba
   ZI_INFO("loaded %s on %s in %.2f s (+ %.2f s opening)", what.c_str(), be.name().c_str(), seconds,
           prepared.seconds);
   if (options.vram_budget != 0) parts.transformer->set_max_graphs(1);
-  // ZIMAGE_DIT_GRAPHS=0: every DiT forward eager, none recorded (to weigh a recording's cost,
-  // ~20 ms at the first step, against what replaying saves over a few steps).
-  if (const char* g = std::getenv("ZIMAGE_DIT_GRAPHS")) {
-    const std::string v = g;
-    if (v != "0" && v != "1")
-      return InvalidArgument("ZIMAGE_DIT_GRAPHS: '" + v + "' is not 0 or 1");
-    if (parts.transformer) parts.transformer->set_use_graphs(v == "1");
-  }
   ZI_ASSIGN_OR_RETURN(auto pipeline, create(std::move(parts), be));
   pipeline->paths_ = paths;
   pipeline->plan_ = std::move(*plan);

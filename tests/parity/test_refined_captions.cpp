@@ -6,13 +6,17 @@
 // changed by a runtime LoRA since) are refused with a message naming what is wrong.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/comm.h"
 #include "backend/cpu/cpu_backend.h"
 #include "common/controlnet_model.h"
 #include "common/golden_harness.h"
@@ -218,15 +222,17 @@ TEST(RefinedCaptions, StreamedForwardsCopyOnlyTheBlocksThatRun) {
     EXPECT_TRUE(same_bits(to_host(tokens->tokens), to_host(ref_tokens->tokens)));
     for (int step = 0; step < 3; ++step) {
       const float t = 0.2f + 0.3f * static_cast<float>(step);
-      const uint64_t before = m.streamed_loads();
+      const uint64_t before = m.streamed_loads(), late_before = m.streamed_late_loads();
       const Tensor got = run_forward(m, b.lat0, t, nullptr, &*tokens);
       const uint64_t loads = m.streamed_loads() - before;
+      const uint64_t late = m.streamed_late_loads() - late_before;
       EXPECT_TRUE(same_bits(got, run_forward(*resident, b.lat0, t, nullptr, &*ref_tokens)))
           << "slots " << slots << ", step " << step;
       // The first forward after the refinement may copy again what the refinement's copies
       // displaced; from then on, exactly the blocks that run and share their slot.
       if (step > 0) {
         EXPECT_EQ(loads, copies_a_pass(n, slots, n_noise, n_ctx, true)) << "slots " << slots;
+        EXPECT_EQ(late, 0u) << "slots " << slots << ": copies not queued ahead of their block";
       }
     }
     EXPECT_TRUE(run_forward(m, b.lat0, t_model_at(c.steps, 0), &b.caps, nullptr).defined());
@@ -236,6 +242,86 @@ TEST(RefinedCaptions, StreamedForwardsCopyOnlyTheBlocksThatRun) {
         << "slots " << slots;
     EXPECT_TRUE(same_bits(
         plain1, run_forward(*resident, b.lat0, t_model_at(c.steps, 1), &b.caps, nullptr)));
+  }
+}
+
+// A sequence-parallel forward (which refines its captions itself) after a refined one on the same
+// streamed model: the streamer's skip flags are cleared again, so every block is copied ahead of
+// its use, exactly as a forward from captions does (stale flags leave the context refiner's
+// blocks out of the copies queued ahead: the forward then waits for their copies at the block).
+TEST(RefinedCaptions, ParallelForwardAfterARefinedOneCopiesEveryBlock) {
+  const golden::Case c = load_case("v_turbo");
+  auto resident = golden::load_dit(c);
+  ASSERT_NE(resident, nullptr);
+  const DitBatch b = dit_batch(c);
+  const int n = resident->num_blocks(), n_noise = c.dit.n_refiner_layers,
+            n_ctx = c.dit.n_refiner_layers;
+  const float t = t_model_at(c.steps, 1);
+  const Tensor ref = run_forward(*resident, b.lat0, t, &b.caps, nullptr);
+  ASSERT_TRUE(ref.defined());
+  double scale = 0;  // the output's largest magnitude
+  for (int64_t i = 0; i < ref.numel(); ++i)
+    scale = std::max(scale, static_cast<double>(std::fabs(ref.data_as<float>()[i])));
+  ASSERT_GT(scale, 0.1);
+  auto ws = WeightStore::open(c.dir + "/model/transformer");
+  ASSERT_TRUE(ws.ok()) << ws.status().to_string();
+  constexpr int kRanks = 2, kSlots = 2;
+  ASSERT_NE(copies_a_pass(n, kSlots, n_noise, n_ctx, true) + n_ctx,
+            copies_a_pass(n, kSlots, n_noise, n_ctx, false));
+  LocalCommGroup group(kRanks);
+  std::vector<std::unique_ptr<Backend>> backends;
+  for (int r = 0; r < kRanks; ++r) {
+    backends.push_back(make_cpu_backend(1));
+    group.attach(r, backends.back().get());
+  }
+  std::vector<Status> status(kRanks, Status::Ok());
+  std::vector<uint64_t> loads(kRanks, 0), late(kRanks, 0);
+  std::vector<Tensor> outs(kRanks);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kRanks; ++r) {
+    threads.emplace_back([&, r] {
+      auto run = [&]() -> Status {
+        Backend& be = *backends[r];
+        ZI_TRY(be.bind_thread());
+        WeightPlacement p;
+        p.streamed.assign(static_cast<size_t>(n), true);
+        p.slots = kSlots;
+        auto dit = ZImageDiT::load(c.dit, *ws, be, p);
+        if (!dit.ok()) {
+          group.comm(r).abort(dit.status());
+          return dit.status();
+        }
+        ZImageDiT& m = **dit;
+        const std::vector<float> ts(static_cast<size_t>(b.lat0.dim(0)), t);
+        Tensor out;
+        Status st = [&]() -> Status {
+          ZI_ASSIGN_OR_RETURN(ZImageDiT::RefinedCaptions tokens, m.refine_captions(b.caps));
+          ZI_TRY(m.forward_refined(b.lat0, ts, tokens, out));  // sets the skip flags
+          // A first parallel pass may copy again what the refined one displaced; the second one
+          // is counted.
+          ZI_TRY(m.forward_parallel(group.comm(r), b.lat0, ts, b.caps, out));
+          const uint64_t before = m.streamed_loads(), late_before = m.streamed_late_loads();
+          ZI_TRY(m.forward_parallel(group.comm(r), b.lat0, ts, b.caps, out));
+          loads[r] = m.streamed_loads() - before;
+          late[r] = m.streamed_late_loads() - late_before;
+          return Status::Ok();
+        }();
+        if (!st.ok()) group.comm(r).abort(st);
+        ZI_TRY(st);
+        outs[r] = out;
+        return Status::Ok();
+      };
+      status[r] = run();
+    });
+  }
+  for (std::thread& th : threads) th.join();
+  for (int r = 0; r < kRanks; ++r) {
+    ASSERT_TRUE(status[r].ok()) << "rank " << r << ": " << status[r].to_string();
+    EXPECT_EQ(loads[r], copies_a_pass(n, kSlots, n_noise, n_ctx, false)) << "rank " << r;
+    EXPECT_EQ(late[r], 0u) << "rank " << r << ": copies not queued ahead of their block";
+    const double err = test::max_abs_diff(outs[r], ref);
+    golden::report("DiT seqpar after a refined forward, rank " + std::to_string(r), err);
+    EXPECT_LT(err, 2e-5 * std::max(1.0, scale)) << "rank " << r;
   }
 }
 
@@ -287,6 +373,26 @@ TEST(RefinedCaptions, EnvSwitchReachesEveryPipeline) {
   ::unsetenv("ZIMAGE_CAPTION_CACHE");
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("ZIMAGE_CAPTION_CACHE"), std::string::npos)
+      << bad.status().to_string();
+}
+
+// ZIMAGE_DIT_GRAPHS is read by TextToImage::create too (before session 32 only by load, so the
+// benchmarks' pipelines ignored it); a bad value is an error naming it.
+TEST(RefinedCaptions, GraphsEnvSwitchReachesEveryPipeline) {
+  const test::GoldenCase c = test::read_golden_case(test::GoldenFamily::kTextToImage, "v_turbo");
+  std::unique_ptr<Backend> be = make_cpu_backend(0);
+  for (const char* v : {"0", "1"}) {
+    ASSERT_EQ(::setenv("ZIMAGE_DIT_GRAPHS", v, 1), 0);
+    auto pipe = TextToImage::load(c.model, *be);
+    ::unsetenv("ZIMAGE_DIT_GRAPHS");
+    ASSERT_TRUE(pipe.ok()) << pipe.status().to_string();
+    EXPECT_EQ((*pipe)->transformer().use_graphs(), std::string(v) == "1") << v;
+  }
+  ASSERT_EQ(::setenv("ZIMAGE_DIT_GRAPHS", "yes", 1), 0);
+  auto bad = TextToImage::load(c.model, *be);
+  ::unsetenv("ZIMAGE_DIT_GRAPHS");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("ZIMAGE_DIT_GRAPHS"), std::string::npos)
       << bad.status().to_string();
 }
 

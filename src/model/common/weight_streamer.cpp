@@ -202,7 +202,10 @@ Result<std::vector<Tensor>> WeightStreamer::acquire(int unit) {
   if (unit < 0 || unit >= units())
     return InternalError("weight streamer: unit " + std::to_string(unit) + " out of range");
   const int slot = unit % slots_;
-  if (in_slot_[slot] != unit) ZI_TRY(load(slot, unit));
+  if (in_slot_[slot] != unit) {
+    ZI_TRY(load(slot, unit));
+    ++late_loads_;
+  }
   ZI_TRY(be_.wait_slot(first_slot_ + slot));
   return views(slot, unit);
 }

@@ -77,6 +77,10 @@ class WeightStreamer {
   Status set_skipped(std::vector<bool> skipped);
   // Copies queued since creation, one per unit put in a slot (what skipping saves, for tests).
   uint64_t loads() const { return loads_; }
+  // Of those, the copies queued by acquire() because the unit was not in its slot yet: copies
+  // the compute waits for, where release() did not queue them ahead (the passes' first units, a
+  // skipped unit acquired).
+  uint64_t late_loads() const { return late_loads_; }
 
   int units() const { return static_cast<int>(units_.size()); }
   int slots() const { return slots_; }
@@ -105,6 +109,7 @@ class WeightStreamer {
   std::vector<int> in_slot_;                      // per slot: unit loaded or being loaded, -1 none
   std::vector<bool> skipped_;                     // per unit (empty: none skipped)
   uint64_t loads_ = 0;
+  uint64_t late_loads_ = 0;
   int first_slot_ = 0;
   int slots_ = 0;
   int from_files_ = 0;

@@ -69,6 +69,8 @@ class ZImageDiT {
   uint64_t streamed_bytes_per_forward() const { return streamer_ ? streamer_->stream_bytes() : 0; }
   // Blocks copied in so far (WeightStreamer::loads).
   uint64_t streamed_loads() const { return streamer_ ? streamer_->loads() : 0; }
+  // Of those, the copies a forward waited for at the block (WeightStreamer::late_loads).
+  uint64_t streamed_late_loads() const { return streamer_ ? streamer_->late_loads() : 0; }
 
   // latents [B, C, h, w] f32 on the backend; t_model: B host floats ((1000 - T)/1000, spec §6.1);
   // caps: B tensors [L_i, cap_feat_dim] in act dtype (lengths may differ). out: [B, C, h, w] f32,
@@ -131,6 +133,7 @@ class ZImageDiT {
     use_graphs_ = on;
     if (!on) graphs_.clear(), par_graphs_.clear();
   }
+  bool use_graphs() const { return use_graphs_; }
   // At most `n` recorded forwards (input shapes) kept at once (default 4); the memory planner
   // keeps one under a budget, each holds a forward's activations.
   void set_max_graphs(size_t n) {

@@ -178,6 +178,9 @@ Status ZImageDiT::forward_parallel(Communicator& comm, const Tensor& latents,
   auto run = [&]() -> Status {
     ZI_ASSIGN_OR_RETURN(const std::vector<int64_t> cap_len,
                         check_inputs(latents, t_model, &caps, nullptr, out));
+    // This forward runs the context refiner itself: a refined forward before it may have told
+    // the streamer to pass over those blocks.
+    ZI_TRY(skip_streamed_context(false));
     const int64_t b = latents.dim(0), lh = latents.dim(2), lw = latents.dim(3);
     Tensor sin_host = timestep_sinusoid(t_model);  // [B, 256] f32
     if (!sin_host.defined()) return OutOfMemory("timestep sinusoid");
