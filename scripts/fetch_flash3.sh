@@ -13,8 +13,7 @@ VERSION=xformers-0.0.33
 URL=https://files.pythonhosted.org/packages/e1/25/711c9bc1814adbafbb0c1e300a474303fb0c1edb931a18b20a8b448fe443/xformers-0.0.33.tar.gz
 SHA256=6e524e0c3fe9d573631060d7cbb31906cb5b030802b1d414906619b5eb67f34c
 DEST=third_party/flash3
-# What VERSION holds: a change of the licence text or of the patch below refetches.
-STAMP="$VERSION (licence 2, patch 1)"
+STAMP="$VERSION (licence 2)"  # what VERSION holds: a change of the licence text refetches
 if [ -f "$DEST/include/flash_fwd_kernel_sm90.h" ] && [ "$(cat "$DEST/VERSION" 2>/dev/null)" = "$STAMP" ]; then
   echo "setup: FlashAttention-3 headers ($VERSION) present"; exit 0
 fi
@@ -31,12 +30,6 @@ top=${VERSION}/third_party/flash-attention/hopper
 tar -xzf "$tmp/src.tar.gz" -C "$tmp" --wildcards "$top/*.h" "$top/*.hpp" "${VERSION}/LICENSE"
 rm -rf "$DEST" && mkdir -p "$DEST/include"
 cp "$tmp/$top"/*.h "$tmp/$top"/*.hpp "$DEST/include/"
-# Two type slips on the library's column-major V path (scripts/patches/flash3_v_colmajor.patch
-# says which); the row-major kernels are unchanged by it.
-if ! patch -s -d "$DEST/include" -p1 < scripts/patches/flash3_v_colmajor.patch; then
-  echo "setup: could not patch FlashAttention-3's headers; building without them"
-  rm -rf "$DEST"; exit 0
-fi
 cp "$tmp/${VERSION}/LICENSE" "$DEST/LICENSE.xformers"
 # FlashAttention's own licence, as its repository states it (the archive carries only xFormers').
 cat > "$DEST/LICENSE" <<'LIC'

@@ -2,8 +2,6 @@
 # Installs every Debian package zimage needs to build and test (idempotent; needs root or sudo).
 set -euo pipefail
 PKGS=(build-essential cmake ninja-build pkg-config git
-      # the fetched third-party headers: downloads, and patch for FlashAttention-3's two slips
-      curl patch
       nlohmann-json3-dev libpng-dev zlib1g-dev libpcre2-dev libutf8proc-dev libopenblas-dev
       libcli11-dev libgtest-dev libgmock-dev libbenchmark-dev
       # zimage serve: the HTTP transport (Boost.Beast/Asio, header-only), JPEG and WebP output;

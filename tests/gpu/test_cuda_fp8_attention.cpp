@@ -46,121 +46,46 @@ TEST(CudaFp8Attention, AgainstCpuOracle) {
       {1, 513, 3, {}, false, 300.f, 0.005f},      // q past e4m3's 448 before its scale
   };
   constexpr int64_t d = 128;
-  const bool was_cols = g->fp8_attention_v_cols();
-  for (const bool cols : {false, true}) {
-    g->set_fp8_attention_v_cols(cols);
-    uint32_t seed = 9700;
-    for (const Case& c : cases) {
-      const int64_t f = 3 * c.h * d;
-      Tensor host = rand_host({c.b, c.s, f}, seed++, DType::kBF16, -2.f, 2.f);
-      // The last v head 64 times larger (exact in bf16): its own scale, or a wrong per-head
-      // scale (stride, head index) shows.
-      for (int64_t r = 0; r < c.b * c.s; ++r)
-        for (int64_t i = 0; i < d; ++i) host.data_as<float>()[r * f + f - d + i] *= 64.f;
-      Both wq = both_rand({d}, seed++, DType::kBF16, c.wq_hi / 3, c.wq_hi);
-      Both wk = both_rand({d}, seed++, DType::kBF16, c.wk_hi / 3, c.wk_hi);
-      Both fr =
-          both_as(rope_table(c.shared_freqs ? 1 : c.b, c.s, d, seed++), DType::kBF16, DType::kF32);
-      AttentionParams p;
-      p.scale = 1.0f / std::sqrt(static_cast<float>(d));
-      p.key_len = c.key_len;
-      Tensor qkv = take(g->upload(host, DType::kBF16), "qkv");
-      const std::vector<float> before = fetch(*g, qkv);
-      Both out = outputs({c.b, c.s, c.h, d}, DType::kBF16);
-      ZI_ASSERT_OK(
-          g->attention_packed_fp8(qkv, c.h, c.h, wq.gpu, wk.gpu, 1e-6f, fr.gpu, p, out.gpu));
-      Tensor qkv_cpu = take(cpu_oracle().upload(host, DType::kF32), "qkv cpu");
-      ZI_ASSERT_OK(cpu_oracle().attention_packed_fp8(qkv_cpu, c.h, c.h, wq.cpu, wk.cpu, 1e-6f,
-                                                     fr.cpu, p, out.cpu));
-      // Exact attention on the same prologue: what the FP8 rounding costs.
-      Tensor exact_in = take(cpu_oracle().upload(host, DType::kF32), "exact");
-      ZI_ASSERT_OK(
-          cpu_oracle().qk_norm_rope_packed(exact_in, c.h, c.h, wq.cpu, wk.cpu, 1e-6f, fr.cpu));
-      Tensor exact = take(cpu_oracle().alloc(DType::kF32, {c.b, c.s, c.h, d}), "exact out");
-      ZI_ASSERT_OK(cpu_oracle().attention_packed(exact_in, c.h, c.h, p, exact));
-      const std::string tag =
-          cat(" b", c.b, " s", c.s, " h", c.h, c.key_len.empty() ? "" : " padded",
-              c.shared_freqs ? " shared" : "", " |wq| <= ", c.wq_hi, cols ? " v cols" : " v rows");
-      const std::vector<float> got = fetch(*g, out.gpu);
-      // The probabilities' e4m3 rounding (the kernel's, not the oracle's) and bf16 on the way
-      // account for the distance to the oracle; against exact attention FP8 costs more.
-      expect_close("fp8 attention vs CPU fp8 oracle" + tag, DType::kBF16, got,
-                   fetch(cpu_oracle(), out.cpu), 5e-2);
-      expect_close("fp8 attention vs exact attention" + tag, DType::kBF16, got,
-                   fetch(cpu_oracle(), exact), 1e-1);
-      const std::vector<float> after = fetch(*g, qkv);
-      EXPECT_EQ(std::memcmp(before.data(), after.data(), before.size() * sizeof(float)), 0)
-          << "the projection is read, not written" << tag;
-    }
-  }
-  g->set_fp8_attention_v_cols(was_cols);
-}
-
-// V's codes transposed for the column-major kernel (ZIMAGE_FP8_ATTENTION_V=cols): the bytes and
-// scales of the row-major pass, byte for byte, at their transposed places, zeros in each row's
-// padding. One item of the DiT's 4160 tokens and 30 heads; two items of 600 tokens (padded to
-// 608); 37 tokens (padded to 48, less than one block); one head 64 times larger (its own scale).
-TEST(CudaFp8Attention, TransposedVIsTheRowPassTransposed) {
-  ZI_REQUIRE_GPU();
-  cuda::CudaBackend* g = gpu(DType::kBF16);
-  if (!g->fp8_attention_support().ok()) GTEST_SKIP() << g->fp8_attention_support().message();
-  struct Case {
-    int64_t b, s, h;
-  };
-  constexpr int64_t d = 128;
-  uint32_t seed = 9950;
-  for (const Case& c : {Case{1, 4160, 30}, Case{2, 600, 4}, Case{1, 37, 3}}) {
-    const int64_t f = 3 * c.h * d, rows = c.b * c.s, ld = (c.s + 15) / 16 * 16;
-    Tensor host = rand_host({c.b, c.s, f}, seed++, DType::kBF16, -3.f, 3.f);
-    for (int64_t r = 0; r < rows; ++r)
+  uint32_t seed = 9700;
+  for (const Case& c : cases) {
+    const int64_t f = 3 * c.h * d;
+    Tensor host = rand_host({c.b, c.s, f}, seed++, DType::kBF16, -2.f, 2.f);
+    // The last v head 64 times larger (exact in bf16): its own scale, or a wrong per-head
+    // scale (stride, head index) shows.
+    for (int64_t r = 0; r < c.b * c.s; ++r)
       for (int64_t i = 0; i < d; ++i) host.data_as<float>()[r * f + f - d + i] *= 64.f;
+    Both wq = both_rand({d}, seed++, DType::kBF16, c.wq_hi / 3, c.wq_hi);
+    Both wk = both_rand({d}, seed++, DType::kBF16, c.wk_hi / 3, c.wk_hi);
+    Both fr =
+        both_as(rope_table(c.shared_freqs ? 1 : c.b, c.s, d, seed++), DType::kBF16, DType::kF32);
+    AttentionParams p;
+    p.scale = 1.0f / std::sqrt(static_cast<float>(d));
+    p.key_len = c.key_len;
     Tensor qkv = take(g->upload(host, DType::kBF16), "qkv");
-    Tensor row8 = take(g->alloc(DType::kF8E4M3, {rows, f}), "row codes");
-    Tensor col8 = take(g->alloc(DType::kF8E4M3, {c.b, c.h, d, ld}), "column codes");
-    ASSERT_EQ(cudaMemset(col8.data(), 0xa5, static_cast<size_t>(col8.numel())), cudaSuccess);
-    Tensor amax = take(g->alloc(DType::kF32, {c.h}), "amax");
-    Tensor sc_row = take(g->alloc(DType::kF32, {c.h}), "row scales");
-    Tensor sc_col = take(g->alloc(DType::kF32, {c.h}), "column scales");
-    ASSERT_EQ(
-        cuda::launch_quantize_packed_v_fp8(cuda::KType::kBF16, qkv.data(), row8.data(), amax.data(),
-                                           sc_row.data_as<float>(), rows, static_cast<int>(c.h),
-                                           static_cast<int>(c.h), static_cast<int>(d), g->stream()),
-        cudaSuccess);
-    ASSERT_EQ(cuda::launch_quantize_packed_v_fp8_t(cuda::KType::kBF16, qkv.data(), col8.data(), ld,
-                                                   amax.data(), sc_col.data_as<float>(), c.b, c.s,
-                                                   static_cast<int>(c.h), static_cast<int>(c.h),
-                                                   static_cast<int>(d), g->stream()),
-              cudaSuccess);
-    ZI_ASSERT_OK(g->synchronize());
-    std::vector<uint8_t> rb(static_cast<size_t>(row8.numel())),
-        cb(static_cast<size_t>(col8.numel()));
-    ASSERT_EQ(cudaMemcpy(rb.data(), row8.data(), rb.size(), cudaMemcpyDeviceToHost), cudaSuccess);
-    ASSERT_EQ(cudaMemcpy(cb.data(), col8.data(), cb.size(), cudaMemcpyDeviceToHost), cudaSuccess);
-    EXPECT_EQ(fetch(*g, sc_col), fetch(*g, sc_row)) << "v scales, s " << c.s;
-    int64_t wrong = 0, pad_wrong = 0, nonzero = 0;
-    for (int64_t bi = 0; bi < c.b; ++bi)
-      for (int64_t h = 0; h < c.h; ++h)
-        for (int64_t ch = 0; ch < d; ++ch)
-          for (int64_t t = 0; t < ld; ++t) {
-            const uint8_t got = cb[static_cast<size_t>(((bi * c.h + h) * d + ch) * ld + t)];
-            if (t >= c.s) {
-              pad_wrong += got != 0;
-              continue;
-            }
-            const uint8_t want =
-                rb[static_cast<size_t>((bi * c.s + t) * f + (2 * c.h + h) * d + ch)];
-            wrong += got != want;
-            nonzero += want != 0;
-          }
-    EXPECT_EQ(wrong, 0) << "codes that differ from the row pass's, s " << c.s;
-    EXPECT_EQ(pad_wrong, 0) << "padding bytes not zero, s " << c.s;
-    EXPECT_GT(nonzero, c.b * c.s * c.h * d / 2) << "codes written, s " << c.s;
-    EXPECT_EQ(cuda::launch_quantize_packed_v_fp8_t(
-                  cuda::KType::kBF16, qkv.data(), col8.data(), ld + 8, amax.data(),
-                  sc_col.data_as<float>(), c.b, c.s, static_cast<int>(c.h), static_cast<int>(c.h),
-                  static_cast<int>(d), g->stream()),
-              cudaErrorInvalidValue)
-        << "a stride that is not a multiple of 16";
+    const std::vector<float> before = fetch(*g, qkv);
+    Both out = outputs({c.b, c.s, c.h, d}, DType::kBF16);
+    ZI_ASSERT_OK(g->attention_packed_fp8(qkv, c.h, c.h, wq.gpu, wk.gpu, 1e-6f, fr.gpu, p, out.gpu));
+    Tensor qkv_cpu = take(cpu_oracle().upload(host, DType::kF32), "qkv cpu");
+    ZI_ASSERT_OK(cpu_oracle().attention_packed_fp8(qkv_cpu, c.h, c.h, wq.cpu, wk.cpu, 1e-6f, fr.cpu,
+                                                   p, out.cpu));
+    // Exact attention on the same prologue: what the FP8 rounding costs.
+    Tensor exact_in = take(cpu_oracle().upload(host, DType::kF32), "exact");
+    ZI_ASSERT_OK(
+        cpu_oracle().qk_norm_rope_packed(exact_in, c.h, c.h, wq.cpu, wk.cpu, 1e-6f, fr.cpu));
+    Tensor exact = take(cpu_oracle().alloc(DType::kF32, {c.b, c.s, c.h, d}), "exact out");
+    ZI_ASSERT_OK(cpu_oracle().attention_packed(exact_in, c.h, c.h, p, exact));
+    const std::string tag = cat(" b", c.b, " s", c.s, " h", c.h, c.key_len.empty() ? "" : " padded",
+                                c.shared_freqs ? " shared" : "", " |wq| <= ", c.wq_hi);
+    const std::vector<float> got = fetch(*g, out.gpu);
+    // The probabilities' e4m3 rounding (the kernel's, not the oracle's) and bf16 on the way
+    // account for the distance to the oracle; against exact attention FP8 costs more.
+    expect_close("fp8 attention vs CPU fp8 oracle" + tag, DType::kBF16, got,
+                 fetch(cpu_oracle(), out.cpu), 5e-2);
+    expect_close("fp8 attention vs exact attention" + tag, DType::kBF16, got,
+                 fetch(cpu_oracle(), exact), 1e-1);
+    const std::vector<float> after = fetch(*g, qkv);
+    EXPECT_EQ(std::memcmp(before.data(), after.data(), before.size() * sizeof(float)), 0)
+        << "the projection is read, not written" << tag;
   }
 }
 
@@ -279,33 +204,25 @@ TEST(CudaFp8Attention, TransformerRecordedEqualsEagerAndCpu) {
   ASSERT_TRUE(cpu_dit.ok()) << cpu_dit.status().to_string();
   auto cpu_exact = ZImageDiT::load(cfg, *ws, cpu_oracle());
   ASSERT_TRUE(cpu_exact.ok()) << cpu_exact.status().to_string();
-  const bool was_cols = g->fp8_attention_v_cols();
-  for (const bool cols : {false, true}) {
-    SCOPED_TRACE(cols ? "v cols" : "v rows");
-    g->set_fp8_attention_v_cols(cols);
-    (*dit)->set_use_graphs(false);  // drops the recording of the other form
-    (*dit)->set_use_graphs(true);
-    std::map<std::string, int64_t> calls;
-    const Tensor eager = profiled_forward(**dit, *g, lat, cap, calls);
-    EXPECT_EQ(calls["attention_packed_fp8"], 4)
-        << "every block's attention (2 layers, 2 refiners) in FP8";
-    EXPECT_EQ(calls["attention_packed"], 0) << "a block ran bf16 attention";
-    const Tensor recorded = forward(**dit, *g, lat, cap);
-    const Tensor replayed = forward(**dit, *g, lat, cap);
-    const Tensor plain = forward(**bf16, *g, lat, cap);
-    const Tensor ref = forward(**cpu_dit, cpu_oracle(), lat, cap);
-    const Tensor exact = forward(**cpu_exact, cpu_oracle(), lat, cap);
-    ASSERT_TRUE(eager.defined() && recorded.defined() && replayed.defined() && plain.defined() &&
-                ref.defined() && exact.defined());
-    EXPECT_EQ(values(recorded), values(eager)) << "recorded differs from eager";
-    EXPECT_EQ(values(replayed), values(eager)) << "replayed differs from eager";
-    EXPECT_NE(values(eager), values(plain)) << "the FP8 path ran";
-    expect_close("transformer, fp8 attention vs CPU fp8 model", DType::kBF16, values(eager),
-                 values(ref), 5e-2);
-    expect_close("transformer, fp8 attention vs CPU exact model", DType::kBF16, values(eager),
-                 values(exact), 1e-1);
-  }
-  g->set_fp8_attention_v_cols(was_cols);
+  std::map<std::string, int64_t> calls;
+  const Tensor eager = profiled_forward(**dit, *g, lat, cap, calls);
+  EXPECT_EQ(calls["attention_packed_fp8"], 4)
+      << "every block's attention (2 layers, 2 refiners) in FP8";
+  EXPECT_EQ(calls["attention_packed"], 0) << "a block ran bf16 attention";
+  const Tensor recorded = forward(**dit, *g, lat, cap);
+  const Tensor replayed = forward(**dit, *g, lat, cap);
+  const Tensor plain = forward(**bf16, *g, lat, cap);
+  const Tensor ref = forward(**cpu_dit, cpu_oracle(), lat, cap);
+  const Tensor exact = forward(**cpu_exact, cpu_oracle(), lat, cap);
+  ASSERT_TRUE(eager.defined() && recorded.defined() && replayed.defined() && plain.defined() &&
+              ref.defined() && exact.defined());
+  EXPECT_EQ(values(recorded), values(eager)) << "recorded differs from eager";
+  EXPECT_EQ(values(replayed), values(eager)) << "replayed differs from eager";
+  EXPECT_NE(values(eager), values(plain)) << "the FP8 path ran";
+  expect_close("transformer, fp8 attention vs CPU fp8 model", DType::kBF16, values(eager),
+               values(ref), 5e-2);
+  expect_close("transformer, fp8 attention vs CPU exact model", DType::kBF16, values(eager),
+               values(exact), 1e-1);
   dit->reset();
   bf16->reset();
   std::filesystem::remove_all(dir);

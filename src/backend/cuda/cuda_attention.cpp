@@ -247,17 +247,8 @@ Status CudaBackend::attention_packed_fp8(const Tensor& qkv, int64_t hq, int64_t 
   // The e4m3 operand (q, k, v at the projection's offsets) and its scales: q, k, v per KV head.
   ZI_ASSIGN_OR_RETURN(Tensor qkv8, alloc(DType::kF8E4M3, {b, s, f}));
   auto* base = static_cast<uint8_t*>(qkv8.data());
-  Fa3Request r = packed_request(base, 1, n, hq, hkv, p, out.data());
-  // Column-major V (ZIMAGE_FP8_ATTENTION_V=cols): v's codes transposed by their own pass, each
-  // channel's tokens padded to 16 bytes, which the kernel loads without transposing its tiles.
-  const int64_t ld = (s + 15) / 16 * 16;
-  if (fp8_attention_v_cols_) r.v_dim_stride = ld;
+  const Fa3Request r = packed_request(base, 1, n, hq, hkv, p, out.data());
   ZI_TRY(flash3_supported_fp8(r));  // grouped heads, causal, shapes: before the other buffers
-  Tensor v8t;
-  if (fp8_attention_v_cols_) {
-    ZI_ASSIGN_OR_RETURN(v8t, alloc(DType::kF8E4M3, {b, hkv, d, ld}));
-    r.v = v8t.data();
-  }
   ZI_ASSIGN_OR_RETURN(Tensor scales, alloc(DType::kF32, {2 + hkv}));
   ZI_ASSIGN_OR_RETURN(Tensor amax, alloc(DType::kF32, {hkv}));
   ZI_ASSIGN_OR_RETURN(Tensor lse, flash3_scratch(r));
@@ -268,17 +259,10 @@ Status CudaBackend::attention_packed_fp8(const Tensor& qkv, int64_t hq, int64_t 
       launch_qk_norm_rope_packed_fp8(kt, qkv.data(), norm_q.data(), norm_k.data(), fr, base, sc,
                                      b * s, shared ? s : 0, static_cast<int>(hq),
                                      static_cast<int>(hkv), static_cast<int>(d), eps, stream_));
-  if (fp8_attention_v_cols_) {
-    ZI_LAUNCH_TRY("attention_packed_fp8 (v, transposed)",
-                  launch_quantize_packed_v_fp8_t(
-                      kt, qkv.data(), v8t.data(), ld, amax.data(), sc + 2, b, s,
-                      static_cast<int>(hq), static_cast<int>(hkv), static_cast<int>(d), stream_));
-  } else {
-    ZI_LAUNCH_TRY("attention_packed_fp8 (v)",
-                  launch_quantize_packed_v_fp8(kt, qkv.data(), base, amax.data(), sc + 2, b * s,
-                                               static_cast<int>(hq), static_cast<int>(hkv),
-                                               static_cast<int>(d), stream_));
-  }
+  ZI_LAUNCH_TRY("attention_packed_fp8 (v)",
+                launch_quantize_packed_v_fp8(kt, qkv.data(), base, amax.data(), sc + 2, b * s,
+                                             static_cast<int>(hq), static_cast<int>(hkv),
+                                             static_cast<int>(d), stream_));
   return flash3_attention_fp8(r, Flash3Fp8Scales{sc, sc + 1, sc + 2}, lse.data(), num_sms_,
                               stream_);
 }

@@ -172,12 +172,6 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(int device_index, DType
     if (!tile.ok()) return tile.status().with_context("ZIMAGE_FP8_GEMM");
     b->fp8_tile_ = *tile;
   }
-  if (const char* t = std::getenv("ZIMAGE_FP8_ATTENTION_V")) {
-    const std::string v(t);
-    if (v != "rows" && v != "cols")
-      return InvalidArgument("ZIMAGE_FP8_ATTENTION_V: '" + v + "' is not one of rows, cols");
-    b->fp8_attention_v_cols_ = v == "cols";
-  }
   if (const char* t = std::getenv("ZIMAGE_GEMM_ORDER")) {
     auto order = parse_gemm_order(t);
     if (!order.ok()) return order.status().with_context("ZIMAGE_GEMM_ORDER");

@@ -362,13 +362,6 @@ class CudaBackend final : public Backend {
   void set_fp8_fast_accum(bool on) override { fp8_fast_accum_ = on; }
   // The FP8 GEMM's tile (ZIMAGE_FP8_GEMM; kAuto: fp8_tile_for's choice per shape).
   void set_fp8_tile(Fp8Tile tile) { fp8_tile_ = tile; }
-  // The FP8 attention's V operand (attention_packed_fp8): row-major as the projection writes it,
-  // FlashAttention-3's kernel transposing its tiles in shared memory (false, the default), or
-  // transposed in memory by the quantising pass (true; ZIMAGE_FP8_ATTENTION_V=cols). The same
-  // codes and scales; the kernels' tiles differ (128 x 224 against 128 x 192 keys), so the sums
-  // differ in rounding. A recorded forward keeps the form it was recorded with.
-  void set_fp8_attention_v_cols(bool on) { fp8_attention_v_cols_ = on; }
-  bool fp8_attention_v_cols() const { return fp8_attention_v_cols_; }
   // The order over the output tiles of the CUTLASS GEMMs with CUTLASS's own epilogue (the FP8
   // GEMM, the bf16 256 × 192 tile; not the opt-in GEMMs with an epilogue of ours, such as the
   // fused FP8 SwiGLU; ZIMAGE_GEMM_ORDER; the same bytes in any order). Unset: gemm_order_for's
@@ -428,7 +421,6 @@ class CudaBackend final : public Backend {
   bool use_cutlass_ = true;
   bool fp8_fast_accum_ = true;  // ZIMAGE_FP8_ACCUM=fp32 turns it off (the constructor reads it)
   Fp8Tile fp8_tile_ = Fp8Tile::kAuto;
-  bool fp8_attention_v_cols_ = false;  // ZIMAGE_FP8_ATTENTION_V=cols
   std::optional<GemmOrder> gemm_order_;
   bool bf16_wide_tile_ = false;
   bool fp8_inputs_ = true;

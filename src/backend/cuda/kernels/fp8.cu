@@ -240,66 +240,6 @@ __global__ void quantize_packed_v_kernel(const T* __restrict__ qkv, int64_t rows
   }
 }
 
-// quantize_packed_v_kernel's codes, transposed (launch_quantize_packed_v_fp8_t). A block takes
-// kVtTokens tokens of one head (blockIdx.y) of one item (blockIdx.z): each thread loads 4 tokens ×
-// 8 channels (four 16-byte packs), makes their codes with the same arithmetic, and stores them as
-// one 4-token word per channel into a [128][kVtTokens + 8]-byte tile (the 8-byte pad puts the two
-// half-warps' rows 8 channels apart on distinct banks); the tile then leaves as 8-byte pieces of
-// the 128 channel rows.
-constexpr int kVtTokens = 64;
-constexpr int kVtThreads = 256;
-
-template <typename T>
-__global__ void __launch_bounds__(kVtThreads)
-    quantize_packed_v_t_kernel(const T* __restrict__ qkv, int64_t s, int heads_in, int v0, int hkv,
-                               int64_t ld, const unsigned int* __restrict__ amax,
-                               float* __restrict__ v_descale, uint8_t* __restrict__ out8t) {
-  static_assert(sizeof(T) == 2, "16 lanes of 8 elements a head");
-  constexpr int V = 8, kPitch = kVtTokens + 8;
-  static_assert(kVtThreads == (kVtTokens / 4) * (kVHeadDim / V), "a thread per 4 tokens x 8");
-  __shared__ __align__(16) uint8_t tile[kVHeadDim * kPitch];
-  const int h = static_cast<int>(blockIdx.y);
-  const int64_t bi = blockIdx.z, t0 = int64_t{blockIdx.x} * kVtTokens;
-  const float descale = v_descale_of(amax[h]);
-  if (blockIdx.x == 0 && bi == 0 && threadIdx.x == 0) v_descale[h] = descale;
-  const float inv = __frcp_rn(descale);
-  const int tg = static_cast<int>(threadIdx.x) % (kVtTokens / 4);  // tokens 4·tg ..
-  const int dg = static_cast<int>(threadIdx.x) / (kVtTokens / 4);  // channels 8·dg ..
-  Pack<T, V> pk[4] = {};
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const int64_t t = t0 + 4 * tg + j;
-    if (t < s)
-      pk[j] = reinterpret_cast<const Pack<T, V>*>(qkv + ((bi * s + t) * heads_in + v0 + h) *
-                                                            kVHeadDim)[dg];
-  }
-  uint32_t words[V] = {};
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    if (t0 + 4 * tg + j >= s) break;
-#pragma unroll
-    for (int i = 0; i < V; ++i) {
-      const float x = fminf(fmaxf(__fmul_rn(to_f32<T>(pk[j].v[i]), inv), -kE4M3Max), kE4M3Max);
-      words[i] |= uint32_t{__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3)} << (8 * j);
-    }
-  }
-#pragma unroll
-  for (int i = 0; i < V; ++i)
-    *reinterpret_cast<uint32_t*>(tile + (V * dg + i) * kPitch + 4 * tg) = words[i];
-  __syncthreads();
-  // 128 channel rows of kVtTokens bytes, as 8-byte pieces; ld and t0 are multiples of 8, so a
-  // piece that starts before ld ends by it.
-  constexpr int kPieces = kVtTokens / 8;
-  uint8_t* dst = out8t + (bi * hkv + h) * kVHeadDim * ld;
-  for (int p = static_cast<int>(threadIdx.x); p < kVHeadDim * kPieces; p += kVtThreads) {
-    const int c = p / kPieces, piece = p % kPieces;
-    const int64_t t = t0 + 8 * piece;
-    if (t >= ld) continue;
-    *reinterpret_cast<uint2*>(dst + c * ld + t) =
-        *reinterpret_cast<const uint2*>(tile + c * kPitch + 8 * piece);
-  }
-}
-
 }  // namespace
 
 cudaError_t launch_scale_rows_cols(KType t, void* y, const float* sx, const float* sw,
@@ -419,37 +359,6 @@ cudaError_t launch_quantize_packed_v_fp8(KType t, const void* qkv, void* out8, v
     quantize_packed_v_kernel<T><<<grid, kThreads, 0, s>>>(x, rows, heads_in, v0, hkv, amax,
                                                           v_descale, static_cast<uint8_t*>(out8));
     return cudaGetLastError();
-  });
-}
-
-cudaError_t launch_quantize_packed_v_fp8_t(KType t, const void* qkv, void* out8t, int64_t ld,
-                                           void* amax_scratch, float* v_descale, int64_t b,
-                                           int64_t s, int hq, int hkv, int dh, cudaStream_t st) {
-  if (dh != kVHeadDim || hkv <= 0 || hkv > 65535 || hq < 0 || b <= 0 || b > 65535 || s <= 0 ||
-      ld < s || ld % 16 != 0 || (s + kVtTokens - 1) / kVtTokens > INT32_MAX || !aligned16(qkv) ||
-      !aligned16(out8t) || amax_scratch == nullptr || v_descale == nullptr)
-    return cudaErrorInvalidValue;
-  auto* amax = static_cast<unsigned int*>(amax_scratch);
-  cudaError_t e = cudaMemsetAsync(amax, 0, sizeof(unsigned int) * hkv, st);
-  if (e != cudaSuccess) return e;
-  return dispatch_ktype(t, [&](auto tag) {
-    using T = decltype(tag);
-    if constexpr (sizeof(T) != 2) {
-      return cudaErrorInvalidValue;
-    } else {
-      if (hkv * (kVHeadDim / kVec16<T>) > kVMaxPacksPerThread * kThreads)
-        return cudaErrorInvalidValue;
-      const int heads_in = hq + 2 * hkv, v0 = hq + hkv;
-      const int64_t rows = b * s;
-      const unsigned scan = rows < 1024 ? static_cast<unsigned>(rows) : 1024u;
-      const auto* x = static_cast<const T*>(qkv);
-      packed_v_amax_kernel<T><<<scan, kThreads, 0, st>>>(x, rows, heads_in, v0, hkv, amax);
-      const dim3 grid(static_cast<unsigned>((s + kVtTokens - 1) / kVtTokens),
-                      static_cast<unsigned>(hkv), static_cast<unsigned>(b));
-      quantize_packed_v_t_kernel<T><<<grid, kVtThreads, 0, st>>>(
-          x, s, heads_in, v0, hkv, ld, amax, v_descale, static_cast<uint8_t*>(out8t));
-      return cudaGetLastError();
-    }
   });
 }
 

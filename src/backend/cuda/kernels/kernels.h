@@ -80,14 +80,6 @@ cudaError_t launch_quantize_fp8(KType t, const void* x, int64_t n, void* amax_sc
 cudaError_t launch_quantize_packed_v_fp8(KType t, const void* qkv, void* out8, void* amax_scratch,
                                          float* v_descale, int64_t rows, int hq, int hkv, int dh,
                                          cudaStream_t s);
-// The same codes and scales for b items of s tokens, written transposed for FlashAttention-3's
-// column-major V (flash3_attention_fp8 with Fa3Request::v_dim_stride = ld): the code of token t,
-// head h, channel c of item bi at out8t[((bi * hkv + h) * 128 + c) * ld + t]; tokens s .. ld - 1
-// of each row are zeros. ld >= s, a multiple of 16; 2-byte elements; out8t 16-byte aligned and
-// b * hkv * 128 * ld bytes long.
-cudaError_t launch_quantize_packed_v_fp8_t(KType t, const void* qkv, void* out8t, int64_t ld,
-                                           void* amax_scratch, float* v_descale, int64_t b,
-                                           int64_t s, int hq, int hkv, int dh, cudaStream_t st);
 // Per-row weights: w[rows, cols] -> q (e4m3) and scale[rows] (s = max|row| / 448, 1 for a zero
 // row), one block per row; and back: out[rows, cols] (type t) = float(q) * scale[row].
 cudaError_t launch_quantize_fp8_rows(KType t, const void* w, int64_t rows, int64_t cols, void* q,

@@ -60,7 +60,6 @@ bool fa3_available(int device) {
 Status fa3_supported(const Fa3Request& r) {
   if (r.head_dim != 64 && r.head_dim != 128 && r.head_dim != 256)
     return Unsupported("FA3 attention: head_dim " + std::to_string(r.head_dim));
-  if (r.v_dim_stride != 0) return Unsupported("FA3 attention: column-major v");
   if (r.heads_kv <= 0 || r.heads_q % r.heads_kv != 0)
     return Unsupported("FA3 attention: query heads not a multiple of KV heads");
   if (r.seq_q > INT32_MAX || r.seq_k > INT32_MAX || r.heads_q > 65535)

@@ -34,10 +34,6 @@ struct Fa3Request {
   // passes its row width for all three, with k and v pointing at their first head in row 0.
   int64_t q_token_stride = 0;
   int64_t kv_token_stride = 0;
-  // 0: v as above. Otherwise v is column-major (FlashAttention-3's e4m3 kernel only,
-  // flash3_attention_fp8): element (b, t, h, d) at ((b·Hkv + h)·D + d)·v_dim_stride + t, with
-  // v_dim_stride >= Sk and a multiple of 16 (kv_token_stride then describes k alone).
-  int64_t v_dim_stride = 0;
 };
 
 // softmax(scale · Q Kᵀ [masked]) V for each batch item and head (Hq a multiple of Hkv: grouped

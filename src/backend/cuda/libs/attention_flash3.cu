@@ -58,8 +58,6 @@ Status supported(const Fa3Request& r, int elem) {
   if ((r.q_token_stride > 0 && r.q_token_stride < r.heads_q * r.head_dim) ||
       (r.kv_token_stride > 0 && r.kv_token_stride < r.heads_kv * r.head_dim))
     return Unsupported("FlashAttention-3: token stride shorter than the heads");
-  if (r.v_dim_stride != 0 && (elem != 1 || r.v_dim_stride < r.seq_k || r.v_dim_stride % 16 != 0))
-    return Unsupported("FlashAttention-3: column-major v (e4m3 only, a stride of 16 or more)");
   if (r.key_len != nullptr && !r.key_len->empty()) {
     if (static_cast<int64_t>(r.key_len->size()) != r.batch)
       return Unsupported("FlashAttention-3: key_len size");
@@ -91,21 +89,17 @@ using namespace cute;
 constexpr int kHeadDim = 128;
 constexpr bool kCausal = false;
 
-// The kernel for one operand type: bf16 in and out, or e4m3 in and bf16 out. The e4m3 kernel
-// takes V row-major as the projection writes it and transposes its tiles in shared memory (the
-// FP8 wgmma reads both operands K-major), its output's columns coming back permuted, which the
-// epilogue undoes (FP8PermuteCol); or, kVColMajor, V already transposed in memory, loaded by TMA
-// as it is (the library's V_colmajor: 128 x 192 tiles, one producer warp, no transpose; two
-// type slips in the library's headers on that path are patched by scripts/fetch_flash3.sh).
-template <typename Element, bool kVColMajor = false>
+// The kernel for one operand type: bf16 in and out, or e4m3 in and bf16 out (the FP8 kernel
+// transposes V in shared memory, so V stays row-major as the projection writes it, and its
+// output's columns come back permuted, which the epilogue undoes: FP8PermuteCol).
+template <typename Element>
 struct Flash3 {
   static constexpr bool kFp8 = sizeof(Element) == 1;
-  static_assert(kFp8 || !kVColMajor, "column-major V is the e4m3 kernel's");
   using Out = cutlass::bfloat16_t;
   // {kBlockM, kBlockN, MmaPV_is_RS, IntraWGOverlap}: the library's choice for these flags
   // (128 x 176 for bf16, 128 x 224 for e4m3).
   static constexpr auto kTile = tile_size_fwd_sm90(kHeadDim, kHeadDim, kCausal, /*is_local=*/false,
-                                                   sizeof(Element), /*v_colmajor=*/kVColMajor,
+                                                   sizeof(Element), /*v_colmajor=*/false,
                                                    /*paged_kv_non_TMA=*/false, /*softcap=*/false);
   static constexpr int kBlockM = std::get<0>(kTile);
   static constexpr int kBlockN = std::get<1>(kTile);
@@ -117,12 +111,11 @@ struct Flash3 {
       kCausal, /*Is_local=*/false, /*Has_softcap=*/false, /*Varlen=*/false,
       /*PagedKVNonTMA=*/false, /*AppendKV=*/false, /*HasQv=*/false,
       /*MmaPV_is_RS=*/std::get<2>(kTile), /*IntraWGOverlap=*/std::get<3>(kTile),
-      /*PackGQA=*/false, /*Split=*/false, /*V_colmajor=*/kVColMajor>;
+      /*PackGQA=*/false, /*Split=*/false, /*V_colmajor=*/false>;
   using Epilogue = flash::CollectiveEpilogueFwd<TileShape_MNK_PV, ClusterShape, Out,
                                                 cutlass::arch::Sm90, Mainloop::NumMmaThreads,
                                                 /*Varlen=*/false, /*PackGQA=*/false,
-                                                /*Split=*/false,
-                                                /*FP8PermuteCol=*/kFp8 && !kVColMajor>;
+                                                /*Split=*/false, /*FP8PermuteCol=*/kFp8>;
   using Scheduler = flash::StaticPersistentTileScheduler</*Split=*/false>;
   using Kernel =
       flash::enable_sm90_or_later<flash::FlashAttnFwdSm90<Mainloop, Epilogue, Scheduler>>;
@@ -130,12 +123,12 @@ struct Flash3 {
 
 // One launch: `b` items of seq_q queries against seq_k keys each, every item `*_item` elements
 // after the previous one. `descale`: the FP8 kernel's q, k and per-head v scales (null: bf16).
-template <typename Element, bool kVColMajor>
+template <typename Element>
 Status launch(const Fa3Request& r, const Element* q, const Element* k, const Element* v,
               cutlass::bfloat16_t* o, float* lse, int b, int seq_k, int64_t q_item, int64_t kv_item,
-              int64_t v_item, int64_t o_item, const Flash3Fp8Scales* descale, int num_sm,
-              int device, cudaStream_t stream) {
-  using F = Flash3<Element, kVColMajor>;
+              int64_t o_item, const Flash3Fp8Scales* descale, int num_sm, int device,
+              cudaStream_t stream) {
+  using F = Flash3<Element>;
   using Mainloop = typename F::Mainloop;
   using Epilogue = typename F::Epilogue;
   using Kernel = typename F::Kernel;
@@ -144,18 +137,6 @@ Status launch(const Fa3Request& r, const Element* q, const Element* k, const Ele
   const int64_t os = r.heads_q * r.head_dim;
   const int sq = static_cast<int>(r.seq_q), h = static_cast<int>(r.heads_q);
   const int hk = static_cast<int>(r.heads_kv), d = static_cast<int>(r.head_dim);
-  const typename Mainloop::StrideV stride_v = [&] {
-    if constexpr (kVColMajor)
-      return make_stride(_1{}, r.v_dim_stride, int64_t{d} * r.v_dim_stride, v_item);
-    else
-      return make_stride(kvs, _1{}, int64_t{d}, v_item);
-  }();
-  const typename Mainloop::StrideV stride_v_new = [&] {  // no new keys
-    if constexpr (kVColMajor)
-      return make_stride(_1{}, int64_t{0}, int64_t{0}, int64_t{0});
-    else
-      return make_stride(int64_t{0}, _1{}, int64_t{0}, int64_t{0});
-  }();
   typename Mainloop::Arguments mainloop{
       q,
       {sq, d, h, b},                   // shape_Q
@@ -164,13 +145,13 @@ Status launch(const Fa3Request& r, const Element* q, const Element* k, const Ele
       {seq_k, d, hk, b},                 // shape_K
       {kvs, _1{}, int64_t{d}, kv_item},  // stride_K
       const_cast<Element*>(v),
-      d,         // headdim_v
-      stride_v,  // stride_V
-      nullptr,   // K_new
+      d,                                 // headdim_v
+      {kvs, _1{}, int64_t{d}, kv_item},  // stride_V
+      nullptr,                           // K_new
       {0, d, hk, 1},
       {0, _1{}, 0, 0},
       nullptr,  // V_new
-      stride_v_new,
+      {0, _1{}, 0, 0},
       nullptr,  // Qv
       {0, _1{}, 0, 0},
       nullptr,  // rotary cos
@@ -228,7 +209,7 @@ Status launch(const Fa3Request& r, const Element* q, const Element* k, const Ele
 }
 
 // Both kernels' calls: the checks, then one launch, or one per item where keys are padded.
-template <typename Element, bool kVColMajor = false>
+template <typename Element>
 Status run(const Fa3Request& r, const Flash3Fp8Scales* descale, void* scratch, int num_sm,
            cudaStream_t stream) {
   if (scratch == nullptr || num_sm <= 0)
@@ -241,7 +222,6 @@ Status run(const Fa3Request& r, const Flash3Fp8Scales* descale, void* scratch, i
   const int64_t qs = r.q_token_stride > 0 ? r.q_token_stride : r.heads_q * r.head_dim;
   const int64_t kvs = r.kv_token_stride > 0 ? r.kv_token_stride : r.heads_kv * r.head_dim;
   const int64_t q_item = r.seq_q * qs, kv_item = r.seq_k * kvs;
-  const int64_t v_item = kVColMajor ? r.heads_kv * r.head_dim * r.v_dim_stride : kv_item;
   const int64_t o_item = r.seq_q * r.heads_q * r.head_dim;
   const auto* q = static_cast<const Element*>(r.q);
   const auto* k = static_cast<const Element*>(r.k);
@@ -252,15 +232,13 @@ Status run(const Fa3Request& r, const Flash3Fp8Scales* descale, void* scratch, i
       r.key_len != nullptr && !r.key_len->empty() &&
       std::any_of(r.key_len->begin(), r.key_len->end(), [&](int32_t n) { return n != r.seq_k; });
   if (!padded)
-    return launch<Element, kVColMajor>(r, q, k, v, o, lse, static_cast<int>(r.batch),
-                                       static_cast<int>(r.seq_k), q_item, kv_item, v_item, o_item,
-                                       descale, num_sm, device, stream);
+    return launch(r, q, k, v, o, lse, static_cast<int>(r.batch), static_cast<int>(r.seq_k), q_item,
+                  kv_item, o_item, descale, num_sm, device, stream);
   // Padded keys: each item on its own with its key count (the mask the backend means).
   for (int64_t b = 0; b < r.batch; ++b)
-    ZI_TRY((launch<Element, kVColMajor>(r, q + b * q_item, k + b * kv_item, v + b * v_item,
-                                        o + b * o_item, lse, 1,
-                                        (*r.key_len)[static_cast<size_t>(b)], q_item, kv_item,
-                                        v_item, o_item, descale, num_sm, device, stream)));
+    ZI_TRY(launch(r, q + b * q_item, k + b * kv_item, v + b * kv_item, o + b * o_item, lse, 1,
+                  (*r.key_len)[static_cast<size_t>(b)], q_item, kv_item, o_item, descale, num_sm,
+                  device, stream));
   return Status::Ok();
 }
 
@@ -280,8 +258,6 @@ Status flash3_attention_fp8(const Fa3Request& r, const Flash3Fp8Scales& descale,
   ZI_TRY(flash3_supported_fp8(r));
   if (descale.q == nullptr || descale.k == nullptr || descale.v == nullptr)
     return InvalidArgument("FlashAttention-3 FP8: missing scales");
-  if (r.v_dim_stride != 0)
-    return run<cutlass::float_e4m3_t, true>(r, &descale, scratch, num_sm, stream);
   return run<cutlass::float_e4m3_t>(r, &descale, scratch, num_sm, stream);
 }
 
