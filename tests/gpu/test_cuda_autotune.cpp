@@ -71,5 +71,33 @@ TEST(CudaOps, MatmulAutotuneKeepsResultsAndRemembersTheChoice) {
   std::filesystem::remove_all(dir);
 }
 
+// ZIMAGE_GEMM_CANDIDATE (LtGemm::set_wide_candidate): products of kWideRows rows or more take the
+// candidate asked for, smaller ones the heuristic's first; the products stay the oracle's.
+TEST(CudaOps, MatmulWideCandidateKeepsResults) {
+  ZI_REQUIRE_GPU();
+  cuda::CudaBackend* g = gpu(DType::kBF16);
+  cuda::LtGemm* lt = g->lt_gemm();
+  const int was = lt->wide_candidate();
+  const int64_t n = 384, k = 256;
+  uint32_t seed = 70;
+  for (const int c : {1, 2}) {
+    lt->set_wide_candidate(c);
+    for (const int64_t m : {cuda::LtGemm::kWideRows, cuda::LtGemm::kWideRows - 1}) {
+      Both x = both_rand({m, k}, seed++, DType::kBF16);
+      Both w = both_rand({n, k}, seed++, DType::kBF16, -0.5f, 0.5f);
+      Both y = outputs({m, n}, DType::kBF16);
+      ZI_ASSERT_OK(cpu_oracle().matmul(x.cpu, w.cpu, Tensor(), y.cpu));
+      ZI_ASSERT_OK(g->matmul(x.gpu, w.gpu, Tensor(), y.gpu));
+      expect_match(cat("matmul, wide candidate ", c, ", ", m, " rows"), DType::kBF16, y);
+      const auto choice = take(lt->tuned_choice(m, n, k, DType::kBF16), "choice");
+      if (m < cuda::LtGemm::kWideRows)
+        EXPECT_EQ(choice.first, 0) << "fewer rows: the heuristic's first";
+      else
+        EXPECT_TRUE(choice.first == c || choice.first == 0) << "candidate " << c;
+    }
+  }
+  lt->set_wide_candidate(was);
+}
+
 }  // namespace
 }  // namespace zimage::test

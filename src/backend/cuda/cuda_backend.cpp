@@ -246,6 +246,15 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(int device_index, DType
       return InvalidArgument("ZIMAGE_WARM_UP: '" + w + "' is not one of 0, 1, 2");
     b->warm_up_ = w[0] - '0';
   }
+  if (const char* v = std::getenv("ZIMAGE_GEMM_CANDIDATE")) {
+    const std::string c(v);
+    char* end = nullptr;
+    const long i = std::strtol(c.c_str(), &end, 10);
+    if (c.empty() || *end != '\0' || i < 0 || i >= LtGemm::kMaxCandidates)
+      return InvalidArgument("ZIMAGE_GEMM_CANDIDATE: '" + c + "' is not a number from 0 to " +
+                             std::to_string(LtGemm::kMaxCandidates - 1));
+    b->gemm_->set_wide_candidate(static_cast<int>(i));
+  }
   bool autotune = false;
   ZI_TRY(env_switch("ZIMAGE_GEMM_AUTOTUNE", autotune));
   if (autotune) b->gemm_->set_autotune(true, plan_cache);

@@ -159,7 +159,7 @@ Result<LtGemm::Plan*> LtGemm::plan(const Key& key) {
         pref.p, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ay, sizeof(ay)));
     cublasLtMatmulHeuristicResult_t results[kMaxCandidates];
     int returned = 0;
-    const int wanted = candidate_ >= 0 || autotune_ ? kMaxCandidates : 4;
+    const int wanted = candidate_ >= 0 || wide_candidate_ >= 0 || autotune_ ? kMaxCandidates : 4;
     const cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(lt_, p.op, p.a, p.b, p.c, p.c, pref.p,
                                                              wanted, results, &returned);
     if (hs != CUBLAS_STATUS_SUCCESS) returned = 0;
@@ -167,6 +167,15 @@ Result<LtGemm::Plan*> LtGemm::plan(const Key& key) {
       p.missing = candidate_ >= returned || results[candidate_].state != CUBLAS_STATUS_SUCCESS;
       if (!p.missing) p.algo = results[candidate_].algo, p.index = candidate_;
       p.has_algo = !p.missing;
+      return Status::Ok();
+    }
+    const int64_t rows = std::get<0>(key);
+    if (wide_candidate_ >= 0 && rows >= kWideRows && wide_candidate_ < returned &&
+        results[wide_candidate_].state == CUBLAS_STATUS_SUCCESS) {
+      p.algo = results[wide_candidate_].algo, p.index = wide_candidate_, p.has_algo = true;
+      ZI_INFO("gemm %s: cuBLASLt candidate %d of %d [%s] (ZIMAGE_GEMM_CANDIDATE); the first: [%s]",
+              cache_key(key).c_str(), wide_candidate_, returned, describe_algo(p.algo).c_str(),
+              describe_algo(results[0].algo).c_str());
       return Status::Ok();
     }
     for (int i = 0; i < returned; ++i) {
@@ -280,6 +289,12 @@ Status LtGemm::tune(Plan& p, const Key& key, const void* x, const void* w, void*
   return Status::Ok();
 }
 
+void LtGemm::set_wide_candidate(int i) {
+  wide_candidate_ = i < 0 ? -1 : std::min(i, kMaxCandidates - 1);
+  for (auto& [key, p] : plans_) destroy(p);
+  plans_.clear();
+}
+
 void LtGemm::set_candidate(int i) {
   candidate_ = i < 0 ? -1 : std::min(i, kMaxCandidates - 1);
   for (auto& [key, p] : plans_) destroy(p);
@@ -290,6 +305,10 @@ Result<std::string> LtGemm::describe(int64_t m, int64_t n, int64_t k, DType dt) 
   const Key key{m, n, k, static_cast<int>(dt), false, 16, 16, 16, kNoFp8};
   ZI_ASSIGN_OR_RETURN(Plan * p, plan(key));
   if (!p->has_algo) return std::string("none");
+  return describe_algo(p->algo);
+}
+
+std::string LtGemm::describe_algo(const cublasLtMatmulAlgo_t& algo) {
   // Each attribute is read at its own size (cuBLASLt refuses another): the cluster and inner
   // shape ids are uint16, the rest 32-bit.
   auto attr = [&](cublasLtMatmulAlgoConfigAttributes_t a) {
@@ -299,8 +318,8 @@ Result<std::string> LtGemm::describe(int64_t m, int64_t n, int64_t k, DType dt) 
     int32_t v32 = -1;
     size_t written = 0;
     const cublasStatus_t st =
-        narrow ? cublasLtMatmulAlgoConfigGetAttribute(&p->algo, a, &v16, sizeof(v16), &written)
-               : cublasLtMatmulAlgoConfigGetAttribute(&p->algo, a, &v32, sizeof(v32), &written);
+        narrow ? cublasLtMatmulAlgoConfigGetAttribute(&algo, a, &v16, sizeof(v16), &written)
+               : cublasLtMatmulAlgoConfigGetAttribute(&algo, a, &v32, sizeof(v32), &written);
     if (st != CUBLAS_STATUS_SUCCESS) return std::string("?");
     return std::to_string(narrow ? static_cast<int32_t>(v16) : v32);
   };

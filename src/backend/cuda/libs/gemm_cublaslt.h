@@ -82,10 +82,18 @@ class LtGemm {
   static constexpr int kMaxCandidates = 16;
   void set_candidate(int i);
   int candidate() const { return candidate_; }
+  // A measuring switch for whole forwards (ZIMAGE_GEMM_CANDIDATE=i): the plans of products of at
+  // least kWideRows rows (the DiT's linears) take candidate i where cuBLASLt offers it, the rest
+  // (and shapes with fewer candidates) the first; each such plan names its choice in the log.
+  // -1, the default: off. Changing it drops the plans made so far.
+  static constexpr int64_t kWideRows = 1024;
+  void set_wide_candidate(int i);
+  int wide_candidate() const { return wide_candidate_; }
   // The algorithm the plan for a bias-free, 16-byte aligned linear of this shape uses, as cuBLASLt
   // describes it ("algo 66 tile 21 stages 19 cluster 2 ..."; the ids are cublasLt.h's enums), or
   // "none" where this candidate does not exist.
   Result<std::string> describe(int64_t m, int64_t n, int64_t k, DType dt);
+  static std::string describe_algo(const cublasLtMatmulAlgo_t& algo);
 
  private:
   struct Plan {
@@ -118,6 +126,7 @@ class LtGemm {
   void* ws_ = nullptr;                  // the workspace's bytes
   std::map<Key, Plan> plans_;
   int candidate_ = -1;
+  int wide_candidate_ = -1;
   bool autotune_ = false;
   std::shared_ptr<PlanCache> cache_;
 };
