@@ -63,25 +63,26 @@ Result<std::unique_ptr<TextToImage>> TextToImage::create(TextToImageComponents p
                        std::to_string(parts.vae->config().latent_channels) +
                        " != transformer in_channels " + std::to_string(tc.in_channels));
   }
+  // Switches read here, so that every way of making a pipeline (load, the benchmarks' own
+  // assembly) honours them: unset keeps `on`, 0 or 1 sets it, anything else is an error naming it.
+  auto env_switch = [](const char* name, bool& on) -> Status {
+    const char* g = std::getenv(name);
+    if (g == nullptr) return Status::Ok();
+    const std::string v = g;
+    if (v != "0" && v != "1")
+      return InvalidArgument(std::string(name) + ": '" + v + "' is not 0 or 1");
+    on = v == "1";
+    return Status::Ok();
+  };
   // ZIMAGE_CAPTION_CACHE=0: every step's forward refines its captions itself (the A/B switch of
-  // set_refine_captions_once; the images are the same bits either way). Read here, so that every
-  // way of making a pipeline (load, the benchmarks' own assembly) honours it.
+  // set_refine_captions_once; the images are the same bits either way).
   bool refine_once = true;
-  if (const char* g = std::getenv("ZIMAGE_CAPTION_CACHE")) {
-    const std::string v = g;
-    if (v != "0" && v != "1")
-      return InvalidArgument("ZIMAGE_CAPTION_CACHE: '" + v + "' is not 0 or 1");
-    refine_once = v == "1";
-  }
+  ZI_TRY(env_switch("ZIMAGE_CAPTION_CACHE", refine_once));
   // ZIMAGE_DIT_GRAPHS=0: every DiT forward eager, none recorded (to weigh a recording's cost,
-  // ~20 ms at the first step, against what replaying saves over a few steps). Read here for the
-  // same reason.
-  if (const char* g = std::getenv("ZIMAGE_DIT_GRAPHS")) {
-    const std::string v = g;
-    if (v != "0" && v != "1")
-      return InvalidArgument("ZIMAGE_DIT_GRAPHS: '" + v + "' is not 0 or 1");
-    parts.transformer->set_use_graphs(v == "1");
-  }
+  // ~20 ms at the first step, against what replaying saves over a few steps).
+  bool graphs = parts.transformer->use_graphs();
+  ZI_TRY(env_switch("ZIMAGE_DIT_GRAPHS", graphs));
+  parts.transformer->set_use_graphs(graphs);
   std::unique_ptr<TextToImage> p(new TextToImage(std::move(parts), be));
   p->set_refine_captions_once(refine_once);
   return p;

@@ -7,7 +7,6 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -21,6 +20,7 @@
 #include "common/controlnet_model.h"
 #include "common/golden_harness.h"
 #include "common/npy.h"
+#include "common/seqpar_case.h"
 #include "golden_models_util.h"
 #include "io/lora/lora.h"
 #include "io/weights/weights.h"
@@ -188,6 +188,14 @@ uint64_t copies_a_pass(int n, int slots, int n_noise, int n_ctx, bool skip_ctx) 
   return copies;
 }
 
+// Every one of n blocks streamed through `slots` slots.
+WeightPlacement all_streamed(int n, int slots) {
+  WeightPlacement p;
+  p.streamed.assign(static_cast<size_t>(n), true);
+  p.slots = slots;
+  return p;
+}
+
 // Streamed blocks (the low-VRAM placements): a forward on refined captions skips the context
 // refiner's blocks, and the streamer copies only the blocks that run (none of its copies is spent
 // on them), with the resident model's output bit for bit; forwards from captions copy every block.
@@ -208,10 +216,7 @@ TEST(RefinedCaptions, StreamedForwardsCopyOnlyTheBlocksThatRun) {
   EXPECT_EQ(copies_a_pass(n, 1, n_noise, n_ctx, true) + n_ctx,
             copies_a_pass(n, 1, n_noise, n_ctx, false));
   for (const int slots : {1, 2, 3}) {
-    WeightPlacement p;
-    p.streamed.assign(static_cast<size_t>(n), true);
-    p.slots = slots;
-    auto dit = ZImageDiT::load(c.dit, *ws, cpu(), p);
+    auto dit = ZImageDiT::load(c.dit, *ws, cpu(), all_streamed(n, slots));
     ASSERT_TRUE(dit.ok()) << dit.status().to_string();
     ZImageDiT& m = **dit;
     const uint64_t at_load = m.streamed_loads();
@@ -259,10 +264,8 @@ TEST(RefinedCaptions, ParallelForwardAfterARefinedOneCopiesEveryBlock) {
   const float t = t_model_at(c.steps, 1);
   const Tensor ref = run_forward(*resident, b.lat0, t, &b.caps, nullptr);
   ASSERT_TRUE(ref.defined());
-  double scale = 0;  // the output's largest magnitude
-  for (int64_t i = 0; i < ref.numel(); ++i)
-    scale = std::max(scale, static_cast<double>(std::fabs(ref.data_as<float>()[i])));
-  ASSERT_GT(scale, 0.1);
+  const double scale = test::max_abs(ref);
+  ASSERT_GT(scale, 0.1);  // the output is not trivially small
   auto ws = WeightStore::open(c.dir + "/model/transformer");
   ASSERT_TRUE(ws.ok()) << ws.status().to_string();
   constexpr int kRanks = 2, kSlots = 2;
@@ -283,10 +286,7 @@ TEST(RefinedCaptions, ParallelForwardAfterARefinedOneCopiesEveryBlock) {
       auto run = [&]() -> Status {
         Backend& be = *backends[r];
         ZI_TRY(be.bind_thread());
-        WeightPlacement p;
-        p.streamed.assign(static_cast<size_t>(n), true);
-        p.slots = kSlots;
-        auto dit = ZImageDiT::load(c.dit, *ws, be, p);
+        auto dit = ZImageDiT::load(c.dit, *ws, be, all_streamed(n, kSlots));
         if (!dit.ok()) {
           group.comm(r).abort(dit.status());
           return dit.status();

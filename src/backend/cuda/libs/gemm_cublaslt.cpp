@@ -350,7 +350,8 @@ Status LtGemm::linear(const void* x, const void* w, const void* bias, void* y, i
     if (fuse_bias)
       ZI_CUBLAS_TRY(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
                                                    sizeof(bias)));
-    if (autotune_ && candidate_ < 0 && !p->tuned && m >= kTuneMinRows) {
+    // Not under a forced candidate: the timing would put it in the plan cache as the choice.
+    if (autotune_ && candidate_ < 0 && wide_candidate_ < 0 && !p->tuned && m >= kTuneMinRows) {
       cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
       ZI_CUDA_TRY(cudaStreamIsCapturing(stream_, &capture));
       if (capture == cudaStreamCaptureStatusNone) ZI_TRY(tune(*p, key, x, w, y));
