@@ -652,7 +652,8 @@ TEST(CudaOpsPerf, AttentionFp8) {
            median_ms(g,
                      [&] {
                        return cuda::flash3_attention_fp8(r, {scp, scp + 1, scp + 2}, lse.data(),
-                                                         g->num_sms(), g->stream());
+                                                         g->num_sms(), g->stream(),
+                                                         g->flash3_cluster_for(true));
                      }),
            flop, 0);
   }

@@ -175,7 +175,7 @@ Status CudaBackend::run_flash3(const Fa3Request& r) {
   if (!lse.ok())
     return Unsupported("FlashAttention-3: no device memory for its scratch (" +
                        lse.status().message() + ")");
-  return flash3_attention(r, lse->data(), num_sms_, stream_);
+  return flash3_attention(r, lse->data(), num_sms_, stream_, flash3_cluster_for(false));
 }
 
 bool CudaBackend::flash3_allowed() const {
@@ -263,8 +263,8 @@ Status CudaBackend::attention_packed_fp8(const Tensor& qkv, int64_t hq, int64_t 
                 launch_quantize_packed_v_fp8(kt, qkv.data(), base, amax.data(), sc + 2, b * s,
                                              static_cast<int>(hq), static_cast<int>(hkv),
                                              static_cast<int>(d), stream_));
-  return flash3_attention_fp8(r, Flash3Fp8Scales{sc, sc + 1, sc + 2}, lse.data(), num_sms_,
-                              stream_);
+  return flash3_attention_fp8(r, Flash3Fp8Scales{sc, sc + 1, sc + 2}, lse.data(), num_sms_, stream_,
+                              flash3_cluster_for(true));
 }
 
 Status CudaBackend::attention_general(const Tensor& q, const Tensor& k, const Tensor& v,

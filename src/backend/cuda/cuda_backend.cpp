@@ -255,6 +255,12 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(int device_index, DType
                              std::to_string(LtGemm::kMaxCandidates - 1));
     b->gemm_->set_wide_candidate(static_cast<int>(i));
   }
+  if (const char* v = std::getenv("ZIMAGE_FLASH3_CLUSTER")) {
+    const std::string c(v);
+    if (c != "1" && c != "2")
+      return InvalidArgument("ZIMAGE_FLASH3_CLUSTER: '" + c + "' is not one of 1, 2");
+    b->flash3_cluster_ = c[0] - '0';
+  }
   bool autotune = false;
   ZI_TRY(env_switch("ZIMAGE_GEMM_AUTOTUNE", autotune));
   if (autotune) b->gemm_->set_autotune(true, plan_cache);

@@ -328,6 +328,15 @@ class CudaBackend final : public Backend {
   bool has_fa3_attention() const { return fa3_; }
   // Whether FlashAttention-3's own Hopper kernel is built in and runs on this GPU.
   bool has_flash3_attention() const { return flash3_; }
+  // FlashAttention-3's clusters: 1 CTA, or 2 on neighbouring query tiles sharing K and V by
+  // multicast (the same bytes either way). 0, the default: each kernel's measured choice, 1 for
+  // bf16 and 2 for e4m3 (docs/BENCHMARKS.md, session 33); ZIMAGE_FLASH3_CLUSTER=1|2 forces both.
+  void set_flash3_cluster(int cluster_m) { flash3_cluster_ = cluster_m; }
+  int flash3_cluster() const { return flash3_cluster_; }
+  // The cluster size the bf16 (fp8 false) or e4m3 kernel runs with.
+  int flash3_cluster_for(bool fp8) const {
+    return flash3_cluster_ != 0 ? flash3_cluster_ : fp8 ? 2 : 1;
+  }
   // ConvGraphs::set_runtime_compile (ZIMAGE_CONV_RUNTIME_COMPILE; tests of the fused residual).
   void set_conv_runtime_compile(bool on);
   // The device's SM count (FlashAttention-3's persistent grid; tests call its kernels directly).
@@ -410,9 +419,10 @@ class CudaBackend final : public Backend {
   // this GPU has it): the one rule attention(), attention_packed() and reads_packed_qkv() share.
   bool flash3_allowed() const;
   bool fa3_allowed() const;
-  bool fa3_ = false;     // FlashInfer's Hopper attention is built in and this GPU is sm_90
-  bool flash3_ = false;  // FlashAttention-3's Hopper kernel is built in and this GPU is sm_90
-  int num_sms_ = 0;      // the device's SM count (FlashAttention-3's persistent grid)
+  bool fa3_ = false;        // FlashInfer's Hopper attention is built in and this GPU is sm_90
+  bool flash3_ = false;     // FlashAttention-3's Hopper kernel is built in and this GPU is sm_90
+  int num_sms_ = 0;         // the device's SM count (FlashAttention-3's persistent grid)
+  int flash3_cluster_ = 0;  // FlashAttention-3's CTAs a cluster (set_flash3_cluster)
   std::unique_ptr<ConvGraphs> conv_graphs_;
   bool use_conv_graphs_ = true;
   bool pad_narrow_conv_ = false;  // ZIMAGE_CONV_PAD_COUT

@@ -1,9 +1,15 @@
 // See attention_flash3.h. The kernel types are put together as FlashAttention-3's launcher
 // (hopper/flash_fwd_launch_template.h, run_flash_fwd) puts them together for sm_90, bf16,
-// head_dim 128, non-causal, no varlen/paging/split/softcap/GQA packing, one-CTA clusters; the
-// launch returns errors instead of exiting. The library's tile choice (tile_size_fwd_sm90) and
-// scheduler choice (a static persistent grid for non-causal) are kept as they are.
+// head_dim 128, non-causal, no varlen/paging/split/softcap/GQA packing; the launch returns errors
+// instead of exiting. The library's tile choice (tile_size_fwd_sm90) and scheduler choice (a
+// static persistent grid for non-causal) are kept as they are. Clusters: one CTA, or two along
+// the query tiles (`cluster_m` 2), which share each K and V tile by TMA multicast. The library's
+// launcher takes two for bf16 at head_dim 128 when the query tiles are even in number; the DiT's
+// never are (4096·k image tokens + the caption's), so here the count is rounded up to even, as the
+// library's own launcher rounds it, and the extra tile's rows are out of range (TMA zero-fills
+// their Q, clips their O; their log-sum-exp is not written).
 #include <algorithm>
+#include <atomic>
 #include <string>
 
 #include "backend/cuda/libs/attention_flash3.h"
@@ -92,7 +98,7 @@ constexpr bool kCausal = false;
 // The kernel for one operand type: bf16 in and out, or e4m3 in and bf16 out (the FP8 kernel
 // transposes V in shared memory, so V stays row-major as the projection writes it, and its
 // output's columns come back permuted, which the epilogue undoes: FP8PermuteCol).
-template <typename Element>
+template <typename Element, int ClusterM>
 struct Flash3 {
   static constexpr bool kFp8 = sizeof(Element) == 1;
   using Out = cutlass::bfloat16_t;
@@ -105,7 +111,7 @@ struct Flash3 {
   static constexpr int kBlockN = std::get<1>(kTile);
   using TileShape_MNK = Shape<Int<kBlockM>, Int<kBlockN>, Int<kHeadDim>>;
   using TileShape_MNK_PV = Shape<Int<kBlockM>, Int<kHeadDim>, Int<kBlockN>>;
-  using ClusterShape = Shape<_1, _1, _1>;
+  using ClusterShape = Shape<Int<ClusterM>, _1, _1>;
   using Mainloop = flash::CollectiveMainloopFwdSm90<
       /*Stages=*/2, ClusterShape, TileShape_MNK, kHeadDim, Element, float, cutlass::arch::Sm90,
       kCausal, /*Is_local=*/false, /*Has_softcap=*/false, /*Varlen=*/false,
@@ -123,12 +129,43 @@ struct Flash3 {
 
 // One launch: `b` items of seq_q queries against seq_k keys each, every item `*_item` elements
 // after the previous one. `descale`: the FP8 kernel's q, k and per-head v scales (null: bf16).
-template <typename Element>
+// The persistent grid's width for clusters of `cluster_m`: the SM count, or for two-CTA clusters
+// twice the clusters that fit at once (an SM left over in a GPC of odd size takes none), asked
+// once per device and kernel.
+template <typename Kernel>
+int grid_width(int num_sm, int cluster_m, int device, int smem) {
+  if (cluster_m == 1) return num_sm;
+  static std::atomic<int> known[64] = {};
+  std::atomic<int>* slot = device >= 0 && device < 64 ? &known[device] : nullptr;
+  if (slot != nullptr && slot->load() > 0) return slot->load();
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(num_sm / cluster_m * cluster_m));
+  cfg.blockDim = Kernel::get_block_shape();
+  cfg.dynamicSmemBytes = static_cast<size_t>(smem);
+  cudaLaunchAttribute attr = {};
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = static_cast<unsigned>(cluster_m);
+  attr.val.clusterDim.y = attr.val.clusterDim.z = 1;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  int clusters = 0;
+  if (cudaOccupancyMaxActiveClusters(&clusters, cutlass::device_kernel<Kernel>, &cfg) !=
+          cudaSuccess ||
+      clusters <= 0) {
+    cudaGetLastError();
+    clusters = num_sm / cluster_m;  // unknown: as many as the SMs hold
+  }
+  const int width = std::min(num_sm / cluster_m, clusters) * cluster_m;
+  if (slot != nullptr) slot->store(width);
+  return width;
+}
+
+template <typename Element, int ClusterM>
 Status launch(const Fa3Request& r, const Element* q, const Element* k, const Element* v,
               cutlass::bfloat16_t* o, float* lse, int b, int seq_k, int64_t q_item, int64_t kv_item,
               int64_t o_item, const Flash3Fp8Scales* descale, int num_sm, int device,
               cudaStream_t stream) {
-  using F = Flash3<Element>;
+  using F = Flash3<Element, ClusterM>;
   using Mainloop = typename F::Mainloop;
   using Epilogue = typename F::Epilogue;
   using Kernel = typename F::Kernel;
@@ -188,18 +225,37 @@ Status launch(const Fa3Request& r, const Element* q, const Element* k, const Ele
       {_1{}, 0, 0, 0},
       hk,
   };
-  const int num_blocks_m = (sq + F::kBlockM - 1) / F::kBlockM;
-  flash::TileSchedulerArguments scheduler{
-      num_blocks_m, h, b, 1, h / hk, sq, seq_k, d, d, static_cast<int>(sizeof(Element))};
-  const typename Kernel::Params params =
-      Kernel::to_underlying_arguments({mainloop, epilogue, {device, num_sm}, scheduler});
-  const dim3 grid = Kernel::get_grid_shape(params), block = Kernel::get_block_shape();
+  // Whole clusters of query tiles: the scheduler hands the tiles out in order, so the two CTAs
+  // of a cluster take two neighbouring tiles of one head (the grid's width is even).
+  const int tiles_m = (sq + F::kBlockM - 1) / F::kBlockM;
+  const int num_blocks_m = (tiles_m + ClusterM - 1) / ClusterM * ClusterM;
   const int smem = Kernel::SharedStorageSize;
   auto* fn = cutlass::device_kernel<Kernel>;
   cudaError_t e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e == cudaSuccess) {
-    fn<<<grid, block, smem, stream>>>(params);
-    e = cudaGetLastError();
+    const int width = grid_width<Kernel>(num_sm, ClusterM, device, smem);
+    flash::TileSchedulerArguments scheduler{
+        num_blocks_m, h, b, 1, h / hk, sq, seq_k, d, d, static_cast<int>(sizeof(Element))};
+    const typename Kernel::Params params =
+        Kernel::to_underlying_arguments({mainloop, epilogue, {device, width}, scheduler});
+    const dim3 grid = Kernel::get_grid_shape(params), block = Kernel::get_block_shape();
+    if constexpr (ClusterM == 1) {
+      fn<<<grid, block, smem, stream>>>(params);
+    } else {
+      cudaLaunchConfig_t cfg = {};
+      cfg.gridDim = grid;
+      cfg.blockDim = block;
+      cfg.dynamicSmemBytes = static_cast<size_t>(smem);
+      cfg.stream = stream;
+      cudaLaunchAttribute attr = {};
+      attr.id = cudaLaunchAttributeClusterDimension;
+      attr.val.clusterDim.x = ClusterM;
+      attr.val.clusterDim.y = attr.val.clusterDim.z = 1;
+      cfg.attrs = &attr;
+      cfg.numAttrs = 1;
+      e = cudaLaunchKernelEx(&cfg, fn, params);
+    }
+    if (e == cudaSuccess) e = cudaGetLastError();
   }
   if (e != cudaSuccess) {
     cudaGetLastError();
@@ -211,7 +267,13 @@ Status launch(const Fa3Request& r, const Element* q, const Element* k, const Ele
 // Both kernels' calls: the checks, then one launch, or one per item where keys are padded.
 template <typename Element>
 Status run(const Fa3Request& r, const Flash3Fp8Scales* descale, void* scratch, int num_sm,
-           cudaStream_t stream) {
+           int cluster_m, cudaStream_t stream) {
+  if (cluster_m != 1 && cluster_m != 2)
+    return InvalidArgument("FlashAttention-3: clusters of " + std::to_string(cluster_m) +
+                           " CTAs (built for 1 and 2)");
+  auto go = [&](auto&&... a) {
+    return cluster_m == 1 ? launch<Element, 1>(a...) : launch<Element, 2>(a...);
+  };
   if (scratch == nullptr || num_sm <= 0)
     return InvalidArgument("FlashAttention-3: no scratch or SM count");
   int device = 0;
@@ -232,13 +294,13 @@ Status run(const Fa3Request& r, const Flash3Fp8Scales* descale, void* scratch, i
       r.key_len != nullptr && !r.key_len->empty() &&
       std::any_of(r.key_len->begin(), r.key_len->end(), [&](int32_t n) { return n != r.seq_k; });
   if (!padded)
-    return launch(r, q, k, v, o, lse, static_cast<int>(r.batch), static_cast<int>(r.seq_k), q_item,
-                  kv_item, o_item, descale, num_sm, device, stream);
+    return go(r, q, k, v, o, lse, static_cast<int>(r.batch), static_cast<int>(r.seq_k), q_item,
+              kv_item, o_item, descale, num_sm, device, stream);
   // Padded keys: each item on its own with its key count (the mask the backend means).
   for (int64_t b = 0; b < r.batch; ++b)
-    ZI_TRY(launch(r, q + b * q_item, k + b * kv_item, v + b * kv_item, o + b * o_item, lse, 1,
-                  (*r.key_len)[static_cast<size_t>(b)], q_item, kv_item, o_item, descale, num_sm,
-                  device, stream));
+    ZI_TRY(go(r, q + b * q_item, k + b * kv_item, v + b * kv_item, o + b * o_item, lse, 1,
+              (*r.key_len)[static_cast<size_t>(b)], q_item, kv_item, o_item, descale, num_sm,
+              device, stream));
   return Status::Ok();
 }
 
@@ -248,17 +310,18 @@ bool flash3_built() {
   return true;
 }
 
-Status flash3_attention(const Fa3Request& r, void* scratch, int num_sm, cudaStream_t stream) {
+Status flash3_attention(const Fa3Request& r, void* scratch, int num_sm, cudaStream_t stream,
+                        int cluster_m) {
   ZI_TRY(flash3_supported(r));
-  return run<cutlass::bfloat16_t>(r, nullptr, scratch, num_sm, stream);
+  return run<cutlass::bfloat16_t>(r, nullptr, scratch, num_sm, cluster_m, stream);
 }
 
 Status flash3_attention_fp8(const Fa3Request& r, const Flash3Fp8Scales& descale, void* scratch,
-                            int num_sm, cudaStream_t stream) {
+                            int num_sm, cudaStream_t stream, int cluster_m) {
   ZI_TRY(flash3_supported_fp8(r));
   if (descale.q == nullptr || descale.k == nullptr || descale.v == nullptr)
     return InvalidArgument("FlashAttention-3 FP8: missing scales");
-  return run<cutlass::float_e4m3_t>(r, &descale, scratch, num_sm, stream);
+  return run<cutlass::float_e4m3_t>(r, &descale, scratch, num_sm, cluster_m, stream);
 }
 
 #else  // !ZIMAGE_WITH_FLASH3
@@ -266,11 +329,12 @@ Status flash3_attention_fp8(const Fa3Request& r, const Flash3Fp8Scales& descale,
 bool flash3_built() {
   return false;
 }
-Status flash3_attention(const Fa3Request& r, void*, int, cudaStream_t) {
+Status flash3_attention(const Fa3Request& r, void*, int, cudaStream_t, int) {
   ZI_TRY(flash3_supported(r));
   return Unsupported("FlashAttention-3: not built (needs scripts/setup.sh's headers and sm_90a)");
 }
-Status flash3_attention_fp8(const Fa3Request& r, const Flash3Fp8Scales&, void*, int, cudaStream_t) {
+Status flash3_attention_fp8(const Fa3Request& r, const Flash3Fp8Scales&, void*, int, cudaStream_t,
+                            int) {
   ZI_TRY(flash3_supported_fp8(r));
   return Unsupported("FlashAttention-3: not built (needs scripts/setup.sh's headers and sm_90a)");
 }

@@ -50,11 +50,14 @@ struct Flash3Fp8Scales {
 
 // softmax(scale · Q Kᵀ [keys past key_len[b] masked]) V, as fa3_attention. `scratch` holds at
 // least flash3_scratch_bytes(r) bytes (device memory, 4-byte aligned); `num_sm` is the device's
-// SM count (the persistent grid's width).
-Status flash3_attention(const Fa3Request& r, void* scratch, int num_sm, cudaStream_t stream);
+// SM count (the persistent grid's width). `cluster_m`: 1, or 2 for clusters of two CTAs on
+// neighbouring query tiles that share each K and V tile by TMA multicast (the same sums in the
+// same order: the same bytes out).
+Status flash3_attention(const Fa3Request& r, void* scratch, int num_sm, cudaStream_t stream,
+                        int cluster_m = 1);
 
 // The same with e4m3 q, k and v (r.q, r.k, r.v) and bf16 out; scratch as above.
 Status flash3_attention_fp8(const Fa3Request& r, const Flash3Fp8Scales& descale, void* scratch,
-                            int num_sm, cudaStream_t stream);
+                            int num_sm, cudaStream_t stream, int cluster_m = 1);
 
 }  // namespace zimage::cuda
