@@ -102,6 +102,18 @@ inline Tensor rand_dev(cuda::CudaBackend* g, const Shape& s, uint32_t seed, floa
   return take(g->upload(rand_host(s, seed, DType::kF32, lo, hi), DType::kBF16), "upload");
 }
 
+// A RoPE table of random angles, (cos, sin) pairs as the attention prologue reads them:
+// [rows, s, dh / 2, 2] f32 on the host.
+inline Tensor rope_table(int64_t rows, int64_t s, int64_t dh, uint32_t seed) {
+  const Tensor a = rand_host({rows, s, dh / 2}, seed, DType::kF32, -3.2f, 3.2f);
+  Tensor t = Tensor::host(DType::kF32, {rows, s, dh / 2, 2});
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    t.data_as<float>()[2 * i] = std::cos(a.data_as<float>()[i]);
+    t.data_as<float>()[2 * i + 1] = std::sin(a.data_as<float>()[i]);
+  }
+  return t;
+}
+
 // The same host data on both backends: f32 on the CPU, `dt` on the GPU.
 struct Both {
   Tensor cpu, gpu;

@@ -5,6 +5,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <functional>
 #include <string>
@@ -36,6 +37,23 @@ inline double median_ms(cuda::CudaBackend* g, const std::function<Status()>& f) 
   std::sort(ms.begin(), ms.end());
   return ms[ms.size() / 2];
 }
+
+// The DiT's attention operands at a sequence of `s` tokens, 30 heads of 128: the packed q|k|v
+// projection, the q and k norm weights, the output, the parameters and the FLOPs of one call.
+struct DitAttentionCase {
+  static constexpr int64_t h = 30, d = 128, f = 3 * h * d;
+  Tensor qkv, wq, wk, o;
+  AttentionParams p;
+  double flop = 0;
+  DitAttentionCase(cuda::CudaBackend* g, int64_t s, uint32_t& seed)
+      : qkv(rand_dev(g, {1, s, f}, seed++)),
+        wq(rand_dev(g, {d}, seed++, 0.5f, 1.5f)),
+        wk(rand_dev(g, {d}, seed++, 0.5f, 1.5f)),
+        o(take(g->alloc(DType::kBF16, {1, s, h, d}), "o")),
+        flop(4.0 * s * s * d * h) {
+    p.scale = 1.0f / std::sqrt(static_cast<float>(d));
+  }
+};
 
 inline void report(const std::string& what, double ms, double flop, double bytes) {
   std::printf("  PERF %-48s %8.3f ms", what.c_str(), ms);

@@ -117,14 +117,7 @@ TEST(CudaFlash3Cluster, Fp8SameBytesAsOneCta) {
         take(g->upload(rand_host({d}, seed++, DType::kBF16, 0.5f, 1.5f), DType::kBF16), "wq");
     Tensor wk =
         take(g->upload(rand_host({d}, seed++, DType::kBF16, 0.5f, 1.5f), DType::kBF16), "wk");
-    // (cos, sin) of random angles, one table an item.
-    Tensor ang = rand_host({c.b, c.s, d / 2}, seed++, DType::kF32, -3.2f, 3.2f);
-    Tensor tab = Tensor::host(DType::kF32, {c.b, c.s, d / 2, 2});
-    for (int64_t i = 0; i < ang.numel(); ++i) {
-      tab.data_as<float>()[2 * i] = std::cos(ang.data_as<float>()[i]);
-      tab.data_as<float>()[2 * i + 1] = std::sin(ang.data_as<float>()[i]);
-    }
-    Tensor fr = take(g->upload(tab, DType::kF32), "freqs");
+    Tensor fr = take(g->upload(rope_table(c.b, c.s, d, seed++), DType::kF32), "freqs");  // per item
     AttentionParams p;
     p.scale = 1.0f / std::sqrt(static_cast<float>(d));
     p.key_len = c.key_len;
@@ -224,27 +217,26 @@ TEST(CudaOpsPerf, Flash3Clusters) {
   if (!g->has_flash3_attention()) GTEST_SKIP() << "no FlashAttention-3 kernel on this GPU/build";
   ClusterGuard guard(g);
   const bool fp8 = g->fp8_attention_support().ok();
-  constexpr int64_t h = 30, d = 128, f = 3 * h * d;
+  constexpr int64_t h = DitAttentionCase::h;
   uint32_t seed = 9100;
   for (int64_t s : {4160, 9280, 16448}) {
-    Tensor qkv = rand_dev(g, {1, s, f}, seed++);
-    Tensor wq = rand_dev(g, {d}, seed++, 0.5f, 1.5f), wk = rand_dev(g, {d}, seed++, 0.5f, 1.5f);
-    Tensor o = take(g->alloc(DType::kBF16, {1, s, h, d}), "o");
-    AttentionParams p;
-    p.scale = 1.0f / std::sqrt(static_cast<float>(d));
-    const double flop = 4.0 * s * s * d * h;
+    DitAttentionCase c(g, s, seed);
+    Tensor& o = c.o;
+    const double flop = c.flop;
     const Tensor none;
     for (int round = 0; round < 2; ++round) {
       for (int cl : {1, 2}) {
         g->set_flash3_cluster(cl);
         g->set_attention_path(cuda::AttentionPath::kFlash3);
-        auto bf16 = [&] { return g->attention_packed(qkv, h, h, p, o); };
+        auto bf16 = [&] { return g->attention_packed(c.qkv, h, h, c.p, o); };
         report(cat("flash3 bf16, cluster ", cl, ", 30 x ", s), median_ms(g, bf16), flop, 0);
         report(cat("flash3 bf16, cluster ", cl, ", 30 x ", s, " sustained"), sustained_ms(g, bf16),
                flop, 0);
         g->set_attention_path(cuda::AttentionPath::kAuto);
         if (!fp8) continue;
-        auto f8 = [&] { return g->attention_packed_fp8(qkv, h, h, wq, wk, 1e-6f, none, p, o); };
+        auto f8 = [&] {
+          return g->attention_packed_fp8(c.qkv, h, h, c.wq, c.wk, 1e-6f, none, c.p, o);
+        };
         report(cat("attention fp8, cluster ", cl, ", 30 x ", s), median_ms(g, f8), flop, 0);
         report(cat("attention fp8, cluster ", cl, ", 30 x ", s, " sustained"), sustained_ms(g, f8),
                flop, 0);

@@ -17,17 +17,6 @@
 namespace zimage::test {
 namespace {
 
-// (cos, sin) pairs of random angles: [rows, s, dh / 2, 2].
-Tensor rope_table(int64_t rows, int64_t s, int64_t dh, uint32_t seed) {
-  const Tensor a = rand_host({rows, s, dh / 2}, seed, DType::kF32, -3.2f, 3.2f);
-  Tensor t = Tensor::host(DType::kF32, {rows, s, dh / 2, 2});
-  for (int64_t i = 0; i < a.numel(); ++i) {
-    t.data_as<float>()[2 * i] = std::cos(a.data_as<float>()[i]);
-    t.data_as<float>()[2 * i + 1] = std::sin(a.data_as<float>()[i]);
-  }
-  return t;
-}
-
 TEST(CudaFp8Attention, AgainstCpuOracle) {
   ZI_REQUIRE_GPU();
   cuda::CudaBackend* g = gpu(DType::kBF16);

@@ -570,15 +570,13 @@ TEST(CudaOpsPerf, AttentionFp8) {
   ZI_REQUIRE_GPU();
   cuda::CudaBackend* g = gpu(DType::kBF16);
   if (!g->fp8_attention_support().ok()) GTEST_SKIP() << g->fp8_attention_support().message();
-  constexpr int64_t h = 30, d = 128, f = 3 * h * d;
+  constexpr int64_t h = DitAttentionCase::h, d = DitAttentionCase::d, f = DitAttentionCase::f;
   uint32_t seed = 2300;
   for (int64_t s : {4160, 9280, 16448}) {
-    Tensor qkv = rand_dev(g, {1, s, f}, seed++);
-    Tensor wq = rand_dev(g, {d}, seed++, 0.5f, 1.5f), wk = rand_dev(g, {d}, seed++, 0.5f, 1.5f);
-    Tensor o = take(g->alloc(DType::kBF16, {1, s, h, d}), "o");
-    AttentionParams p;
-    p.scale = 1.0f / std::sqrt(static_cast<float>(d));
-    const double flop = 4.0 * s * s * d * h;
+    DitAttentionCase c(g, s, seed);
+    Tensor &qkv = c.qkv, &wq = c.wq, &wk = c.wk, &o = c.o;
+    const AttentionParams& p = c.p;
+    const double flop = c.flop;
     const Tensor none;
     g->set_attention_path(cuda::AttentionPath::kFlash3);
     report(cat("attention bf16, prologue + flash3, 30 x ", s),

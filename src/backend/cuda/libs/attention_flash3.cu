@@ -127,8 +127,6 @@ struct Flash3 {
       flash::enable_sm90_or_later<flash::FlashAttnFwdSm90<Mainloop, Epilogue, Scheduler>>;
 };
 
-// One launch: `b` items of seq_q queries against seq_k keys each, every item `*_item` elements
-// after the previous one. `descale`: the FP8 kernel's q, k and per-head v scales (null: bf16).
 // The persistent grid's width for clusters of `cluster_m`: the SM count, or for two-CTA clusters
 // twice the clusters that fit at once (an SM left over in a GPC of odd size takes none), asked
 // once per device and kernel.
@@ -160,6 +158,8 @@ int grid_width(int num_sm, int cluster_m, int device, int smem) {
   return width;
 }
 
+// One launch: `b` items of seq_q queries against seq_k keys each, every item `*_item` elements
+// after the previous one. `descale`: the FP8 kernel's q, k and per-head v scales (null: bf16).
 template <typename Element, int ClusterM>
 Status launch(const Fa3Request& r, const Element* q, const Element* k, const Element* v,
               cutlass::bfloat16_t* o, float* lse, int b, int seq_k, int64_t q_item, int64_t kv_item,
