@@ -191,6 +191,29 @@ TEST(CudaFlash3Cluster, DefaultsAreTheMeasuredChoice) {
   EXPECT_EQ(g->flash3_cluster_for(true), 2);
 }
 
+// ZIMAGE_FLASH3_CLUSTER forces one size on both kernels; another value fails the backend's
+// creation with a message naming the variable.
+TEST(CudaFlash3Cluster, EnvSwitchSetsBothKernelsOrIsRefused) {
+  ZI_REQUIRE_GPU();
+  const char* was = std::getenv("ZIMAGE_FLASH3_CLUSTER");
+  const std::string keep = was ? was : "";
+  setenv("ZIMAGE_FLASH3_CLUSTER", "1", 1);
+  auto one = cuda::CudaBackend::create(0, DType::kBF16);
+  setenv("ZIMAGE_FLASH3_CLUSTER", "3", 1);
+  auto bad = cuda::CudaBackend::create(0, DType::kBF16);
+  if (was != nullptr)
+    setenv("ZIMAGE_FLASH3_CLUSTER", keep.c_str(), 1);
+  else
+    unsetenv("ZIMAGE_FLASH3_CLUSTER");
+  ASSERT_TRUE(one.ok()) << one.status().to_string();
+  EXPECT_EQ((*one)->flash3_cluster_for(false), 1);
+  EXPECT_EQ((*one)->flash3_cluster_for(true), 1);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), ErrorCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("ZIMAGE_FLASH3_CLUSTER: '3'"), std::string::npos)
+      << bad.status().message();
+}
+
 TEST(CudaFlash3Cluster, OtherSizesAreRefused) {
   ZI_REQUIRE_GPU();
   cuda::CudaBackend* g = gpu(DType::kBF16);
