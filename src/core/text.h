@@ -1,6 +1,7 @@
 // Small text helpers shared by the settings parsers (environment variables, option lists).
 #pragma once
 
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,17 @@ inline Result<bool> parse_switch(const std::string& name, const std::string& tex
   if (text == "1") return true;
   if (text == "0") return false;
   return InvalidArgument(name + "='" + text + "': expected 1 (on) or 0 (off)");
+}
+
+// An on/off environment variable: unset leaves `on` as it is, "1" or "0" sets it, anything else is
+// parse_switch's error.
+inline Status env_switch(const char* name, bool& on) {
+  const char* v = std::getenv(name);
+  if (v == nullptr) return Status::Ok();
+  Result<bool> r = parse_switch(name, v);
+  if (!r.ok()) return r.status();
+  on = *r;
+  return Status::Ok();
 }
 
 }  // namespace zimage

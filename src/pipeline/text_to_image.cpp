@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "core/log.h"
+#include "core/text.h"
 #include "pipeline/controlnet.h"
 #include "pipeline/finite_check.h"
 #include "pipeline/host_dump.h"
@@ -64,16 +65,7 @@ Result<std::unique_ptr<TextToImage>> TextToImage::create(TextToImageComponents p
                        " != transformer in_channels " + std::to_string(tc.in_channels));
   }
   // Switches read here, so that every way of making a pipeline (load, the benchmarks' own
-  // assembly) honours them: unset keeps `on`, 0 or 1 sets it, anything else is an error naming it.
-  auto env_switch = [](const char* name, bool& on) -> Status {
-    const char* g = std::getenv(name);
-    if (g == nullptr) return Status::Ok();
-    const std::string v = g;
-    if (v != "0" && v != "1")
-      return InvalidArgument(std::string(name) + ": '" + v + "' is not 0 or 1");
-    on = v == "1";
-    return Status::Ok();
-  };
+  // assembly) honours them (env_switch: unset keeps the setting, 0 or 1 sets it).
   // ZIMAGE_CAPTION_CACHE=0: every step's forward refines its captions itself (the A/B switch of
   // set_refine_captions_once; the images are the same bits either way).
   bool refine_once = true;

@@ -22,6 +22,7 @@
 
 #include "backend/check/check_backend.h"
 #include "core/log.h"
+#include "core/text.h"
 #include "io/model/infer_config.h"
 #include "io/model/model_folder.h"
 #include "io/model/model_source.h"
@@ -207,12 +208,7 @@ Result<PreparedLoad> TextToImage::prepare(const ModelPaths& paths) {
   read_ahead.max_bytes = FilePrefetcher::default_limit();
   // ZIMAGE_PREFETCH_GATE=1: the uploads wait for the read-ahead rather than fault the files in
   // (io/fs/prefetch.h, "the gate"; measured slower from a cold cache, so off by default).
-  if (const char* g = std::getenv("ZIMAGE_PREFETCH_GATE")) {
-    const std::string v = g;
-    if (v != "0" && v != "1")
-      return InvalidArgument("ZIMAGE_PREFETCH_GATE: '" + v + "' is not 0 or 1");
-    read_ahead.gate = v == "1";
-  }
+  ZI_TRY(env_switch("ZIMAGE_PREFETCH_GATE", read_ahead.gate));
   p.prefetch = FilePrefetcher::start(std::move(unique), std::move(read_ahead));
   p.started = start;
   // Not noexcept: an exception these handlers cannot turn into a Status (a second bad_alloc)

@@ -1,6 +1,9 @@
 // core/text.h: the split behind the tuning settings, and the on/off switches of the environment
-// (ZIMAGE_FUSED_*, ZIMAGE_GEMM_AUTOTUNE), where a value other than 1 or 0 is an error naming it.
+// (ZIMAGE_FUSED_*, ZIMAGE_GEMM_AUTOTUNE; env_switch reads them), where a value other than 1 or 0
+// is an error naming it.
 #include <gtest/gtest.h>
+
+#include <cstdlib>
 
 #include "core/text.h"
 
@@ -29,6 +32,31 @@ TEST(Text, SwitchIsOneOrZeroAndNamesABadValue) {
               std::string::npos)
         << r.status().to_string();
   }
+}
+
+// env_switch: unset leaves the setting alone (true stays true, false stays false), 1 and 0 set it,
+// a bad value is parse_switch's error and leaves the setting as it was.
+TEST(Text, EnvSwitchKeepsSetsOrRefuses) {
+  const char* name = "ZIMAGE_TEST_ENV_SWITCH";
+  unsetenv(name);
+  for (const bool start : {true, false}) {
+    bool on = start;
+    ASSERT_TRUE(env_switch(name, on).ok());
+    EXPECT_EQ(on, start) << "unset";
+  }
+  bool on = false;
+  setenv(name, "1", 1);
+  ASSERT_TRUE(env_switch(name, on).ok());
+  EXPECT_TRUE(on);
+  setenv(name, "0", 1);
+  ASSERT_TRUE(env_switch(name, on).ok());
+  EXPECT_FALSE(on);
+  setenv(name, "on", 1);
+  const Status st = env_switch(name, on);
+  unsetenv(name);
+  EXPECT_EQ(st.code(), ErrorCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("ZIMAGE_TEST_ENV_SWITCH='on'"), std::string::npos) << st.to_string();
+  EXPECT_FALSE(on) << "a bad value changes nothing";
 }
 
 }  // namespace

@@ -85,13 +85,10 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(int device_index, DType
   // ZIMAGE_CUBLAS_THREAD=0 loads them on this thread after the context instead, serially as
   // when they were linked (to measure the overlap).
   std::thread blas_loader;
-  const char* blas_thread = std::getenv("ZIMAGE_CUBLAS_THREAD");
-  if (blas_thread && std::string(blas_thread) != "0" && std::string(blas_thread) != "1")
-    return InvalidArgument("ZIMAGE_CUBLAS_THREAD: '" + std::string(blas_thread) +
-                           "' is not 0 or 1");
+  bool blas_on_thread = true;
+  ZI_TRY(env_switch("ZIMAGE_CUBLAS_THREAD", blas_on_thread));
   try {
-    if (!blas_thread || std::string(blas_thread) == "1")
-      blas_loader = std::thread([] { (void)load_cublas(); });
+    if (blas_on_thread) blas_loader = std::thread([] { (void)load_cublas(); });
   } catch (const std::system_error&) {  // no thread to spare: loaded below, on this one
   }
   struct JoinOnReturn {
@@ -198,13 +195,7 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(int device_index, DType
     if (!tuning.ok()) return tuning.status().with_context("ZIMAGE_QKV_GEMM");
     b->qkv_tuning_ = *tuning;
   }
-  // On/off switches: "1" or "0", anything else an error naming the variable.
-  auto env_switch = [](const char* name, bool& flag) -> Status {
-    const char* v = std::getenv(name);
-    if (!v) return Status::Ok();
-    ZI_ASSIGN_OR_RETURN(flag, parse_switch(name, v));
-    return Status::Ok();
-  };
+  // On/off switches (env_switch, core/text.h): "1" or "0", anything else an error naming it.
   if (std::getenv("ZIMAGE_STAGED_ROWS")) {  // process-wide, like ZIMAGE_ROW_KERNELS
     bool staged = false;
     ZI_TRY(env_switch("ZIMAGE_STAGED_ROWS", staged));

@@ -127,6 +127,24 @@ struct Flash3 {
       flash::enable_sm90_or_later<flash::FlashAttnFwdSm90<Mainloop, Epilogue, Scheduler>>;
 };
 
+// A launch of `cluster_m`-CTA clusters along x: the configuration cudaLaunchKernelEx and
+// cudaOccupancyMaxActiveClusters take (`attr` holds the cluster shape it points at).
+cudaLaunchConfig_t cluster_launch(dim3 grid, dim3 block, int smem, cudaStream_t stream,
+                                  int cluster_m, cudaLaunchAttribute& attr) {
+  attr = {};
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = static_cast<unsigned>(cluster_m);
+  attr.val.clusterDim.y = attr.val.clusterDim.z = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = static_cast<size_t>(smem);
+  cfg.stream = stream;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  return cfg;
+}
+
 // The persistent grid's width for clusters of `cluster_m`: the SM count, or for two-CTA clusters
 // twice the clusters that fit at once (an SM left over in a GPC of odd size takes none), asked
 // once per device and kernel.
@@ -136,16 +154,10 @@ int grid_width(int num_sm, int cluster_m, int device, int smem) {
   static std::atomic<int> known[64] = {};
   std::atomic<int>* slot = device >= 0 && device < 64 ? &known[device] : nullptr;
   if (slot != nullptr && slot->load() > 0) return slot->load();
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(num_sm / cluster_m * cluster_m));
-  cfg.blockDim = Kernel::get_block_shape();
-  cfg.dynamicSmemBytes = static_cast<size_t>(smem);
-  cudaLaunchAttribute attr = {};
-  attr.id = cudaLaunchAttributeClusterDimension;
-  attr.val.clusterDim.x = static_cast<unsigned>(cluster_m);
-  attr.val.clusterDim.y = attr.val.clusterDim.z = 1;
-  cfg.attrs = &attr;
-  cfg.numAttrs = 1;
+  cudaLaunchAttribute attr;
+  const cudaLaunchConfig_t cfg =
+      cluster_launch(dim3(static_cast<unsigned>(num_sm / cluster_m * cluster_m)),
+                     Kernel::get_block_shape(), smem, nullptr, cluster_m, attr);
   int clusters = 0;
   if (cudaOccupancyMaxActiveClusters(&clusters, cutlass::device_kernel<Kernel>, &cfg) !=
           cudaSuccess ||
@@ -242,17 +254,8 @@ Status launch(const Fa3Request& r, const Element* q, const Element* k, const Ele
     if constexpr (ClusterM == 1) {
       fn<<<grid, block, smem, stream>>>(params);
     } else {
-      cudaLaunchConfig_t cfg = {};
-      cfg.gridDim = grid;
-      cfg.blockDim = block;
-      cfg.dynamicSmemBytes = static_cast<size_t>(smem);
-      cfg.stream = stream;
-      cudaLaunchAttribute attr = {};
-      attr.id = cudaLaunchAttributeClusterDimension;
-      attr.val.clusterDim.x = ClusterM;
-      attr.val.clusterDim.y = attr.val.clusterDim.z = 1;
-      cfg.attrs = &attr;
-      cfg.numAttrs = 1;
+      cudaLaunchAttribute attr;
+      const cudaLaunchConfig_t cfg = cluster_launch(grid, block, smem, stream, ClusterM, attr);
       e = cudaLaunchKernelEx(&cfg, fn, params);
     }
     if (e == cudaSuccess) e = cudaGetLastError();
