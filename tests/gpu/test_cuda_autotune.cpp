@@ -99,5 +99,71 @@ TEST(CudaOps, MatmulWideCandidateKeepsResults) {
   lt->set_wide_candidate(was);
 }
 
+// ZIMAGE_GEMM_CONFIG's parser: the five fields, each once, non-negative numbers.
+TEST(CudaOps, GemmConfigParses) {
+  auto c = cuda::LtGemm::parse_algo_config("cluster=6,swizzle=1");
+  ZI_ASSERT_OK(c.status());
+  EXPECT_EQ(c->cluster, 6);
+  EXPECT_EQ(c->swizzle, 1);
+  EXPECT_EQ(c->tile, -1);
+  EXPECT_EQ(c->str(), "cluster=6,swizzle=1");
+  c = cuda::LtGemm::parse_algo_config("tile=209,stages=35,custom=0");
+  ZI_ASSERT_OK(c.status());
+  EXPECT_EQ(c->str(), "tile=209,stages=35,custom=0");
+  c = cuda::LtGemm::parse_algo_config("");
+  ZI_ASSERT_OK(c.status());
+  EXPECT_FALSE(c->any());
+  for (const char* bad : {"cluster", "cluster=", "cluster=-1", "cluster=x", "cluster=6,", "size=3",
+                          ",swizzle=1", "swizzle=1,swizzle=0", "tile=70000"}) {
+    const auto r = cuda::LtGemm::parse_algo_config(bad);
+    EXPECT_FALSE(r.ok()) << bad;
+    if (!r.ok()) {
+      EXPECT_EQ(r.status().code(), ErrorCode::kInvalidArgument) << bad;
+    }
+  }
+}
+
+// ZIMAGE_GEMM_CONFIG (LtGemm::set_wide_config): products of kWideRows rows or more run with the
+// configuration where cuBLASLt takes it, smaller ones never; the products stay the oracle's.
+TEST(CudaOps, MatmulWideConfigKeepsResults) {
+  ZI_REQUIRE_GPU();
+  cuda::CudaBackend* g = gpu(DType::kBF16);
+  cuda::LtGemm* lt = g->lt_gemm();
+  const cuda::LtGemm::AlgoConfig was = lt->wide_config();
+  const int64_t n = 384, k = 256;
+  uint32_t seed = 90;
+  int configured = 0;
+  // 1x1x1 and 2x1x1 clusters, CTA swizzling; a tile no Hopper kernel has (refused: the candidate).
+  for (const char* spec : {"cluster=2", "cluster=3,swizzle=1", "swizzle=1", "tile=1"}) {
+    const auto config = cuda::LtGemm::parse_algo_config(spec);
+    ZI_ASSERT_OK(config.status());
+    lt->set_wide_config(*config);
+    for (const int64_t m : {cuda::LtGemm::kWideRows, cuda::LtGemm::kWideRows - 1}) {
+      Both x = both_rand({m, k}, seed++, DType::kBF16);
+      Both w = both_rand({n, k}, seed++, DType::kBF16, -0.5f, 0.5f);
+      Both y = outputs({m, n}, DType::kBF16);
+      ZI_ASSERT_OK(cpu_oracle().matmul(x.cpu, w.cpu, Tensor(), y.cpu));
+      ZI_ASSERT_OK(g->matmul(x.gpu, w.gpu, Tensor(), y.gpu));
+      expect_match(cat("matmul, ", spec, ", ", m, " rows"), DType::kBF16, y);
+      const bool on = take(lt->wide_configured(m, n, k, DType::kBF16), "configured");
+      if (m < cuda::LtGemm::kWideRows) {
+        EXPECT_FALSE(on) << spec << ": fewer rows, no configuration";
+      }
+      configured += on;
+      const std::string algo = take(lt->describe(m, n, k, DType::kBF16), "describe");
+      std::printf("[ config ] %s, %lld rows: %s, runs [%s]\n", spec, static_cast<long long>(m),
+                  on ? "taken" : "not taken", algo.c_str());
+      if (on && config->cluster >= 0) {
+        EXPECT_NE(algo.find(cat("cluster ", config->cluster, " ")), std::string::npos) << algo;
+      }
+      if (on && config->swizzle >= 0) {
+        EXPECT_NE(algo.find(cat("swizzle ", config->swizzle, " ")), std::string::npos) << algo;
+      }
+    }
+  }
+  EXPECT_GT(configured, 0) << "cuBLASLt took none of the configurations";
+  lt->set_wide_config(was);
+}
+
 }  // namespace
 }  // namespace zimage::test

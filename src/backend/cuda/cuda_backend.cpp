@@ -246,6 +246,11 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(int device_index, DType
                              std::to_string(LtGemm::kMaxCandidates - 1));
     b->gemm_->set_wide_candidate(static_cast<int>(i));
   }
+  if (const char* v = std::getenv("ZIMAGE_GEMM_CONFIG")) {
+    auto config = LtGemm::parse_algo_config(v);
+    if (!config.ok()) return InvalidArgument("ZIMAGE_GEMM_CONFIG: " + config.status().message());
+    b->gemm_->set_wide_config(*config);
+  }
   if (const char* v = std::getenv("ZIMAGE_FLASH3_CLUSTER")) {
     const std::string c(v);
     if (c != "1" && c != "2")

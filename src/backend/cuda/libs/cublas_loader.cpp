@@ -18,7 +18,10 @@ namespace {
   X(cublasLtGetVersion)                   \
   X(cublasLtMatmul)                       \
   X(cublasLtMatmulAlgoGetHeuristic)       \
+  X(cublasLtMatmulAlgoCapGetAttribute)    \
+  X(cublasLtMatmulAlgoCheck)              \
   X(cublasLtMatmulAlgoConfigGetAttribute) \
+  X(cublasLtMatmulAlgoConfigSetAttribute) \
   X(cublasLtMatmulDescCreate)             \
   X(cublasLtMatmulDescDestroy)            \
   X(cublasLtMatmulDescSetAttribute)       \
@@ -184,6 +187,23 @@ cublasStatus_t CUBLASWINAPI cublasLtMatmulAlgoConfigGetAttribute(
     const cublasLtMatmulAlgo_t* algo, cublasLtMatmulAlgoConfigAttributes_t attr, void* buf,
     size_t sizeInBytes, size_t* sizeWritten) {
   ZI_FORWARD(cublasLtMatmulAlgoConfigGetAttribute, algo, attr, buf, sizeInBytes, sizeWritten);
+}
+cublasStatus_t CUBLASWINAPI cublasLtMatmulAlgoConfigSetAttribute(
+    cublasLtMatmulAlgo_t* algo, cublasLtMatmulAlgoConfigAttributes_t attr, const void* buf,
+    size_t sizeInBytes) {
+  ZI_FORWARD(cublasLtMatmulAlgoConfigSetAttribute, algo, attr, buf, sizeInBytes);
+}
+cublasStatus_t CUBLASWINAPI cublasLtMatmulAlgoCapGetAttribute(
+    const cublasLtMatmulAlgo_t* algo, cublasLtMatmulAlgoCapAttributes_t attr, void* buf,
+    size_t sizeInBytes, size_t* sizeWritten) {
+  ZI_FORWARD(cublasLtMatmulAlgoCapGetAttribute, algo, attr, buf, sizeInBytes, sizeWritten);
+}
+cublasStatus_t CUBLASWINAPI cublasLtMatmulAlgoCheck(
+    cublasLtHandle_t lightHandle, cublasLtMatmulDesc_t operationDesc, cublasLtMatrixLayout_t Adesc,
+    cublasLtMatrixLayout_t Bdesc, cublasLtMatrixLayout_t Cdesc, cublasLtMatrixLayout_t Ddesc,
+    const cublasLtMatmulAlgo_t* algo, cublasLtMatmulHeuristicResult_t* result) {
+  ZI_FORWARD(cublasLtMatmulAlgoCheck, lightHandle, operationDesc, Adesc, Bdesc, Cdesc, Ddesc, algo,
+             result);
 }
 cublasStatus_t CUBLASWINAPI cublasLtMatmulDescCreate(cublasLtMatmulDesc_t* matmulDesc,
                                                      cublasComputeType_t computeType,

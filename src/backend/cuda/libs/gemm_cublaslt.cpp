@@ -4,8 +4,10 @@
 #include "backend/cuda/libs/gemm_cublaslt.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "backend/cuda/kernels/kernels.h"
 #include "backend/cuda/runtime/capture_guard.h"
@@ -170,12 +172,47 @@ Result<LtGemm::Plan*> LtGemm::plan(const Key& key) {
       return Status::Ok();
     }
     const int64_t rows = std::get<0>(key);
+    // ZIMAGE_GEMM_CONFIG: its fields over the chosen candidate's, where cuBLASLt's check takes
+    // them for this shape.
+    auto configure = [&]() {
+      if (!wide_config_.any() || !p.has_algo || rows < kWideRows) return;
+      const AlgoConfig& c = wide_config_;
+      cublasLtMatmulAlgo_t algo = p.algo;
+      bool set = true;
+      auto set32 = [&](cublasLtMatmulAlgoConfigAttributes_t a, int v) {
+        const uint32_t u = static_cast<uint32_t>(v);
+        if (v >= 0)
+          set = set && cublasLtMatmulAlgoConfigSetAttribute(&algo, a, &u, sizeof(u)) ==
+                           CUBLAS_STATUS_SUCCESS;
+      };
+      set32(CUBLASLT_ALGO_CONFIG_TILE_ID, c.tile);
+      set32(CUBLASLT_ALGO_CONFIG_STAGES_ID, c.stages);
+      set32(CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, c.swizzle);
+      set32(CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION, c.custom);
+      if (c.cluster >= 0) {  // the one 16-bit field
+        const uint16_t u = static_cast<uint16_t>(c.cluster);
+        set = set &&
+              cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &u,
+                                                   sizeof(u)) == CUBLAS_STATUS_SUCCESS;
+      }
+      cublasLtMatmulHeuristicResult_t check{};
+      const bool taken = set &&
+                         cublasLtMatmulAlgoCheck(lt_, p.op, p.a, p.b, p.c, p.c, &algo, &check) ==
+                             CUBLAS_STATUS_SUCCESS &&
+                         check.workspaceSize <= kWorkspaceBytes;
+      ZI_INFO("gemm %s: %s [%s] (ZIMAGE_GEMM_CONFIG %s); candidate %d: [%s], which offers %s",
+              cache_key(key).c_str(), taken ? "runs" : "configuration refused, runs the candidate",
+              describe_algo(taken ? algo : p.algo).c_str(), c.str().c_str(), p.index,
+              describe_algo(p.algo).c_str(), describe_caps(p.algo).c_str());
+      if (taken) p.algo = algo, p.configured = true;
+    };
     if (wide_candidate_ >= 0 && rows >= kWideRows && wide_candidate_ < returned &&
         results[wide_candidate_].state == CUBLAS_STATUS_SUCCESS) {
       p.algo = results[wide_candidate_].algo, p.index = wide_candidate_, p.has_algo = true;
       ZI_INFO("gemm %s: cuBLASLt candidate %d of %d [%s] (ZIMAGE_GEMM_CANDIDATE); the first: [%s]",
               cache_key(key).c_str(), wide_candidate_, returned, describe_algo(p.algo).c_str(),
               describe_algo(results[0].algo).c_str());
+      configure();
       return Status::Ok();
     }
     for (int i = 0; i < returned; ++i) {
@@ -197,6 +234,7 @@ Result<LtGemm::Plan*> LtGemm::plan(const Key& key) {
         if (!found) cache_->forget(cache_key(key));
       }
     }
+    configure();
     return Status::Ok();
   };
   Status st = build();
@@ -295,6 +333,94 @@ void LtGemm::set_wide_candidate(int i) {
   plans_.clear();
 }
 
+std::string LtGemm::AlgoConfig::str() const {
+  std::string s;
+  auto field = [&](const char* name, int v) {
+    if (v < 0) return;
+    if (!s.empty()) s += ",";
+    s += std::string(name) + "=" + std::to_string(v);
+  };
+  field("tile", tile);
+  field("stages", stages);
+  field("cluster", cluster);
+  field("swizzle", swizzle);
+  field("custom", custom);
+  return s.empty() ? std::string("none") : s;
+}
+
+Result<LtGemm::AlgoConfig> LtGemm::parse_algo_config(const std::string& s) {
+  AlgoConfig c;
+  size_t at = 0;
+  while (at < s.size()) {
+    size_t end = s.find(',', at);
+    if (end == std::string::npos) end = s.size();
+    const std::string item = s.substr(at, end - at);
+    at = end + 1;
+    const size_t eq = item.find('=');
+    const std::string name = item.substr(0, eq == std::string::npos ? item.size() : eq);
+    int* field = name == "tile"      ? &c.tile
+                 : name == "stages"  ? &c.stages
+                 : name == "cluster" ? &c.cluster
+                 : name == "swizzle" ? &c.swizzle
+                 : name == "custom"  ? &c.custom
+                                     : nullptr;
+    if (field == nullptr)
+      return InvalidArgument("'" + item +
+                             "': expected tile=, stages=, cluster=, swizzle= or custom= "
+                             "followed by a number");
+    const std::string value = eq == std::string::npos ? std::string() : item.substr(eq + 1);
+    char* stop = nullptr;
+    const long v = value.empty() ? -1 : std::strtol(value.c_str(), &stop, 10);
+    if (value.empty() || *stop != '\0' || v < 0 || v > 65535)
+      return InvalidArgument("'" + item + "': " + name + " takes a number from 0 to 65535");
+    if (*field >= 0) return InvalidArgument("'" + s + "': " + name + " is given twice");
+    *field = static_cast<int>(v);
+    if (end == s.size()) break;
+    if (at == s.size()) return InvalidArgument("'" + s + "': ends with a comma");
+  }
+  return c;
+}
+
+void LtGemm::set_wide_config(const AlgoConfig& c) {
+  wide_config_ = c;
+  for (auto& [key, p] : plans_) destroy(p);
+  plans_.clear();
+}
+
+Result<bool> LtGemm::wide_configured(int64_t m, int64_t n, int64_t k, DType dt) {
+  const Key key{m, n, k, static_cast<int>(dt), false, 16, 16, 16, kNoFp8};
+  ZI_ASSIGN_OR_RETURN(Plan * p, plan(key));
+  return p->configured;
+}
+
+std::string LtGemm::describe_caps(const cublasLtMatmulAlgo_t& algo) {
+  auto scalar = [&](cublasLtMatmulAlgoCapAttributes_t a) {
+    int32_t v = -1;
+    size_t written = 0;
+    return cublasLtMatmulAlgoCapGetAttribute(&algo, a, &v, sizeof(v), &written) ==
+                   CUBLAS_STATUS_SUCCESS
+               ? std::to_string(v)
+               : std::string("?");
+  };
+  auto list = [&](cublasLtMatmulAlgoCapAttributes_t a) {
+    size_t bytes = 0;
+    if (cublasLtMatmulAlgoCapGetAttribute(&algo, a, nullptr, 0, &bytes) != CUBLAS_STATUS_SUCCESS)
+      return std::string("?");
+    std::vector<uint32_t> ids(bytes / sizeof(uint32_t));
+    size_t written = 0;
+    if (!ids.empty() &&
+        cublasLtMatmulAlgoCapGetAttribute(&algo, a, ids.data(), ids.size() * sizeof(uint32_t),
+                                          &written) != CUBLAS_STATUS_SUCCESS)
+      return std::string("?");
+    std::string s = "[";
+    for (size_t i = 0; i < ids.size(); ++i) s += (i ? " " : "") + std::to_string(ids[i]);
+    return s + "]";
+  };
+  return "swizzle " + scalar(CUBLASLT_ALGO_CAP_CTA_SWIZZLING_SUPPORT) + ", custom options 0-" +
+         scalar(CUBLASLT_ALGO_CAP_CUSTOM_OPTION_MAX) + ", tiles " +
+         list(CUBLASLT_ALGO_CAP_TILE_IDS) + ", stages " + list(CUBLASLT_ALGO_CAP_STAGES_IDS);
+}
+
 void LtGemm::set_candidate(int i) {
   candidate_ = i < 0 ? -1 : std::min(i, kMaxCandidates - 1);
   for (auto& [key, p] : plans_) destroy(p);
@@ -351,7 +477,8 @@ Status LtGemm::linear(const void* x, const void* w, const void* bias, void* y, i
       ZI_CUBLAS_TRY(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
                                                    sizeof(bias)));
     // Not under a forced candidate: the timing would put it in the plan cache as the choice.
-    if (autotune_ && candidate_ < 0 && wide_candidate_ < 0 && !p->tuned && m >= kTuneMinRows) {
+    if (autotune_ && candidate_ < 0 && wide_candidate_ < 0 && !wide_config_.any() && !p->tuned &&
+        m >= kTuneMinRows) {
       cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
       ZI_CUDA_TRY(cudaStreamIsCapturing(stream_, &capture));
       if (capture == cudaStreamCaptureStatusNone) ZI_TRY(tune(*p, key, x, w, y));

@@ -89,6 +89,31 @@ class LtGemm {
   static constexpr int64_t kWideRows = 1024;
   void set_wide_candidate(int i);
   int wide_candidate() const { return wide_candidate_; }
+  // A measuring switch for whole forwards (ZIMAGE_GEMM_CONFIG, e.g. "cluster=6,swizzle=1"): fields
+  // of cuBLASLt's algorithm configuration (cublasLt.h's ids: CUBLASLT_ALGO_CONFIG_TILE_ID,
+  // _STAGES_ID, _CLUSTER_SHAPE_ID, _CTA_SWIZZLING, _CUSTOM_OPTION) set over the chosen candidate's
+  // on the plans of products of at least kWideRows rows; -1 leaves a field as the candidate has
+  // it. A plan whose shape cuBLASLt's check refuses the configuration for (or which would need
+  // more than the workspace) stays on the candidate. Each such plan names what it runs and what
+  // the algorithm offers (tiles, stages, swizzle, custom options) in the ZIMAGE_LOG=info log.
+  // Autotuning is off while it is set. Changing it drops the plans made so far.
+  struct AlgoConfig {
+    int tile = -1, stages = -1, cluster = -1, swizzle = -1, custom = -1;
+    bool any() const {
+      return tile >= 0 || stages >= 0 || cluster >= 0 || swizzle >= 0 || custom >= 0;
+    }
+    std::string str() const;
+  };
+  // "key=value[,key=value...]" with keys tile, stages, cluster, swizzle, custom and values
+  // non-negative integers, each key at most once; "" is no configuration.
+  static Result<AlgoConfig> parse_algo_config(const std::string& s);
+  void set_wide_config(const AlgoConfig& c);
+  const AlgoConfig& wide_config() const { return wide_config_; }
+  // Whether the plan for a bias-free, 16-byte aligned linear of this shape runs with the
+  // configuration above (false: below kWideRows rows, none set, or refused); for tests.
+  Result<bool> wide_configured(int64_t m, int64_t n, int64_t k, DType dt);
+  // What an algorithm offers: "swizzle S, custom options 0-C, tiles [..], stages [..]".
+  static std::string describe_caps(const cublasLtMatmulAlgo_t& algo);
   // The algorithm the plan for a bias-free, 16-byte aligned linear of this shape uses, as cuBLASLt
   // describes it ("algo 66 tile 21 stages 19 cluster 2 ..."; the ids are cublasLt.h's enums), or
   // "none" where this candidate does not exist.
@@ -100,10 +125,11 @@ class LtGemm {
     cublasLtMatmulDesc_t op = nullptr;
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
     cublasLtMatmulAlgo_t algo{};
-    bool has_algo = false;  // false: no cuBLASLt algorithm, use cublasGemmEx
-    bool missing = false;   // the candidate set_candidate asked for does not exist
-    int index = 0;          // which heuristic candidate `algo` is
-    bool tuned = false;     // chosen by timing or from the cache (autotune)
+    bool has_algo = false;    // false: no cuBLASLt algorithm, use cublasGemmEx
+    bool missing = false;     // the candidate set_candidate asked for does not exist
+    int index = 0;            // which heuristic candidate `algo` is
+    bool tuned = false;       // chosen by timing or from the cache (autotune)
+    bool configured = false;  // runs with wide_config_ (ZIMAGE_GEMM_CONFIG)
     std::vector<cublasLtMatmulAlgo_t> candidates;  // the first kTuneCandidates (autotune)
     std::vector<int> candidate_index;              // their places in the heuristic's list
   };
@@ -127,6 +153,7 @@ class LtGemm {
   std::map<Key, Plan> plans_;
   int candidate_ = -1;
   int wide_candidate_ = -1;
+  AlgoConfig wide_config_;
   bool autotune_ = false;
   std::shared_ptr<PlanCache> cache_;
 };
