@@ -62,7 +62,9 @@ GemmOrder CudaBackend::gemm_order_for(int64_t m, int64_t n, int64_t k, bool fp8)
   // an H100 (CudaOpsPerf.GemmOrder, docs/BENCHMARKS.md "Session 31"): w1|w3 at M 16448 1.927
   // against 2.138 ms, q|k|v equal; every other order, and this one at M 4160 or for w2 and the
   // out projection, slower or equal.
-  if (fp8 && fp8_tile_ == Fp8Tile::kAuto && fp8_fast_accum_ && m >= 12288 && n >= 2 * k)
+  // (fp8_tile_by_waves keeps 256 × 192 at these shapes: ZIMAGE_FP8_GEMM=waves keeps the order.)
+  if (fp8 && (fp8_tile_ == Fp8Tile::kAuto || fp8_tile_ == Fp8Tile::kAutoWaves) && fp8_fast_accum_ &&
+      m >= 12288 && n >= 2 * k)
     return {GemmRaster::kAlongM, 2};
   return {};  // CUTLASS's default: its heuristic raster, swizzle 1
 }

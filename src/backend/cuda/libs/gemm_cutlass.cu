@@ -62,6 +62,13 @@ Status cutlass_fp8_rows(const void* x8, const void* w8, const float* sx, const f
     return fp8rows::Fp8Rows<fp8rows::Accurate>::run(x8, w8, sx, sw, bias, y, mi, ni, ki, workspace,
                                                     workspace_bytes, stream, order);
   if (tile == Fp8Tile::kAuto) tile = fp8_tile_for(m, n, k);
+  if (tile == Fp8Tile::kAutoWaves) {
+    int device = 0, sms = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
+      return DeviceError("CUTLASS FP8 GEMM: the device's multiprocessor count could not be read");
+    tile = fp8_tile_by_waves(m, n, k, sms);
+  }
   if (tile != Fp8Tile::kPingpong128)
     return detail::cutlass_fp8_rows_tile(tile, x8, w8, sx, sw, bias, y, mi, ni, ki, workspace,
                                          workspace_bytes, stream, order);
