@@ -71,6 +71,17 @@ TEST(CudaOps, MatmulAutotuneKeepsResultsAndRemembersTheChoice) {
   std::filesystem::remove_all(dir);
 }
 
+// A bf16 product of random operands on the GPU against the CPU oracle's.
+void bf16_matmul_matches_oracle(cuda::CudaBackend* g, int64_t m, int64_t n, int64_t k,
+                                uint32_t seed, const std::string& what) {
+  Both x = both_rand({m, k}, 2 * seed, DType::kBF16);
+  Both w = both_rand({n, k}, 2 * seed + 1, DType::kBF16, -0.5f, 0.5f);
+  Both y = outputs({m, n}, DType::kBF16);
+  ZI_ASSERT_OK(cpu_oracle().matmul(x.cpu, w.cpu, Tensor(), y.cpu));
+  ZI_ASSERT_OK(g->matmul(x.gpu, w.gpu, Tensor(), y.gpu));
+  expect_match("matmul, " + what, DType::kBF16, y);
+}
+
 // ZIMAGE_GEMM_CANDIDATE (LtGemm::set_wide_candidate): products of kWideRows rows or more take the
 // candidate asked for, smaller ones the heuristic's first; the products stay the oracle's.
 TEST(CudaOps, MatmulWideCandidateKeepsResults) {
@@ -83,12 +94,7 @@ TEST(CudaOps, MatmulWideCandidateKeepsResults) {
   for (const int c : {1, 2}) {
     lt->set_wide_candidate(c);
     for (const int64_t m : {cuda::LtGemm::kWideRows, cuda::LtGemm::kWideRows - 1}) {
-      Both x = both_rand({m, k}, seed++, DType::kBF16);
-      Both w = both_rand({n, k}, seed++, DType::kBF16, -0.5f, 0.5f);
-      Both y = outputs({m, n}, DType::kBF16);
-      ZI_ASSERT_OK(cpu_oracle().matmul(x.cpu, w.cpu, Tensor(), y.cpu));
-      ZI_ASSERT_OK(g->matmul(x.gpu, w.gpu, Tensor(), y.gpu));
-      expect_match(cat("matmul, wide candidate ", c, ", ", m, " rows"), DType::kBF16, y);
+      bf16_matmul_matches_oracle(g, m, n, k, seed++, cat("wide candidate ", c, ", ", m, " rows"));
       const auto choice = take(lt->tuned_choice(m, n, k, DType::kBF16), "choice");
       if (m < cuda::LtGemm::kWideRows)
         EXPECT_EQ(choice.first, 0) << "fewer rows: the heuristic's first";
@@ -139,12 +145,7 @@ TEST(CudaOps, MatmulWideConfigKeepsResults) {
     ZI_ASSERT_OK(config.status());
     lt->set_wide_config(*config);
     for (const int64_t m : {cuda::LtGemm::kWideRows, cuda::LtGemm::kWideRows - 1}) {
-      Both x = both_rand({m, k}, seed++, DType::kBF16);
-      Both w = both_rand({n, k}, seed++, DType::kBF16, -0.5f, 0.5f);
-      Both y = outputs({m, n}, DType::kBF16);
-      ZI_ASSERT_OK(cpu_oracle().matmul(x.cpu, w.cpu, Tensor(), y.cpu));
-      ZI_ASSERT_OK(g->matmul(x.gpu, w.gpu, Tensor(), y.gpu));
-      expect_match(cat("matmul, ", spec, ", ", m, " rows"), DType::kBF16, y);
+      bf16_matmul_matches_oracle(g, m, n, k, seed++, cat(spec, ", ", m, " rows"));
       const bool on = take(lt->wide_configured(m, n, k, DType::kBF16), "configured");
       if (m < cuda::LtGemm::kWideRows) {
         EXPECT_FALSE(on) << spec << ": fewer rows, no configuration";
