@@ -9,8 +9,9 @@ the one zimage's `bench` runs. torch.compile in its default mode with dynamic=Fa
 gets its own specialised graph (the compile of each size is timed apart, then medians of the
 steady state). Only the transformer is loaded: no text encoder or VAE time is spent.
 
-Beside each median: the board's energy per forward (NVML's energy counter over the timed calls,
-divided by their number) and the median SM clock and mean power sampled every 10 ms, as `zimage
+Beside each median: the board's energy per forward (NVML's energy counter over the timed calls:
+the mean power between its first and last step inside them, times the calls' time, divided by
+their number) and the median SM clock and mean power sampled every 10 ms, as `zimage
 bench` reports them, so that the two stacks' forwards can be compared in joules at the board's
 power limit. NVML is read through ctypes (libnvidia-ml.so.1, the driver's); without it the
 columns are left out.
@@ -74,14 +75,21 @@ def median_ms(fn, warm, iters):
         fn()
     torch.cuda.synchronize()
     nvml = NVML if NVML is not None and NVML.h is not None else None
-    samples, done = [], threading.Event()
+    samples, steps, done = [], [], threading.Event()
+    e0, w0 = (nvml.energy_j() if nvml else None), time.perf_counter()
 
-    def sampler():  # (SM MHz, W) every 10 ms until the timed calls end
-        while not done.wait(0.01):
-            samples.append(nvml.sample())
+    def sampler():  # (SM MHz, W) every 10 ms; the energy counter every 2 ms, kept when it moved
+        last, tick = e0, 0
+        while not done.wait(0.002):
+            e = nvml.energy_j()
+            if e is not None and e != last:
+                last = e
+                steps.append((time.perf_counter() - w0, e))
+            tick += 1
+            if tick % 5 == 0:
+                samples.append(nvml.sample())
 
     th = threading.Thread(target=sampler) if nvml else None
-    e0, w0 = (nvml.energy_j() if nvml else None), time.perf_counter()
     if th:
         th.start()
     ts = []
@@ -101,7 +109,14 @@ def median_ms(fn, warm, iters):
         watts = [w for _, w in samples if w is not None]
         if mhz:
             r["sm_mhz_median"] = statistics.median(mhz)
-        if e0 is not None and e1 is not None and e1 > e0:  # the mean power from the counter
+        # The counter moves in steps (~100 ms apart on an H100), so the window's two ends can be
+        # a step off each: the power between its first and last step inside the window where
+        # they span 0.1 s or more (as zimage bench's GpuSampler), else the window's difference.
+        if len(steps) >= 2 and steps[-1][0] - steps[0][0] >= 0.1 and steps[-1][1] >= steps[0][1]:
+            r["power_w_mean"] = (steps[-1][1] - steps[0][1]) / (steps[-1][0] - steps[0][0])
+            r["joules_per_call"] = r["power_w_mean"] * seconds / iters
+            r["energy_steps"] = len(steps)
+        elif e0 is not None and e1 is not None and e1 > e0:  # the mean power from the counter
             r["joules_per_call"] = (e1 - e0) / iters
             r["power_w_mean"] = (e1 - e0) / seconds
         elif watts:  # no energy counter: the sampled power

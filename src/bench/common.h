@@ -36,10 +36,21 @@ struct Stats {
   GpuSampler::Reading gpu;  // SM clock and board power over the timed runs (samples 0: none)
   int runs = 0;             // timed runs the energy counter covered
   // The board's energy per timed run (J) and the window's mean power (W) from NVML's energy
-  // counter; 0 without one. At the power limit, time per run >= J per run / limit.
-  double joules_per_run() const { return runs > 0 ? gpu.energy_j / runs : 0; }
+  // counter; 0 without one. At the power limit, time per run >= J per run / limit. The power is
+  // the counter's between its first and last step inside the window where it stepped at least
+  // twice over kMinStepSeconds (GpuSampler::Reading), else the counter's difference over the
+  // window; a run's energy is that power times the window's time a run.
+  static constexpr double kMinStepSeconds = 0.1;
+  bool steps_used() const {
+    return gpu.energy_j > 0 && gpu.energy_steps >= 2 && gpu.step_seconds >= kMinStepSeconds;
+  }
   double mean_power_w() const {
+    if (steps_used()) return gpu.step_power_w;
     return gpu.energy_seconds > 0 ? gpu.energy_j / gpu.energy_seconds : 0;
+  }
+  double joules_per_run() const {
+    if (runs <= 0) return 0;
+    return steps_used() ? gpu.step_power_w * gpu.energy_seconds / runs : gpu.energy_j / runs;
   }
   json to_json() const {
     json j = {{"median_ms", median_ms}, {"min_ms", min_ms}, {"max_ms", max_ms}};
@@ -55,6 +66,10 @@ struct Stats {
     if (gpu.energy_j > 0) {
       j["joules_per_run"] = joules_per_run();
       j["energy_power_w"] = mean_power_w();
+      j["energy_window_j"] = gpu.energy_j;  // the counter's difference over the whole window
+      j["energy_window_s"] = gpu.energy_seconds;
+      j["energy_steps"] = gpu.energy_steps;
+      j["energy_from_steps"] = steps_used();
     }
     return j;
   }

@@ -113,14 +113,28 @@ void GpuSampler::start(int period_ms) {
     std::lock_guard<std::mutex> lock(mu_);
     mhz_.clear();
     watts_.clear();
+    steps_.clear();
   }
   energy_ok_ = read_energy(&energy_start_j_);
   started_ = std::chrono::steady_clock::now();
   running_ = true;
   thread_ = std::thread([this, period_ms] {
-    while (running_) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(std::max(1, period_ms)));
-      if (running_) sample();
+    // With a counter: wake every kEnergyPollMs to see it move, sample the clock every period_ms.
+    const int tick_ms = energy_ok_ ? kEnergyPollMs : std::max(1, period_ms);
+    const int ticks_per_sample = std::max(1, std::max(1, period_ms) / tick_ms);
+    double last = energy_start_j_;
+    for (int tick = 1; running_; ++tick) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(tick_ms));
+      if (!running_) break;
+      double j = 0;
+      if (energy_ok_ && read_energy(&j) && j != last) {
+        last = j;
+        const double t =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
+        std::lock_guard<std::mutex> lock(mu_);
+        steps_.push_back({t, j});
+      }
+      if (tick % ticks_per_sample == 0) sample();
     }
   });
 }
@@ -150,7 +164,20 @@ GpuSampler::Reading GpuSampler::stop() {
     r.power_w_mean = std::accumulate(watts_.begin(), watts_.end(), 0.0) / watts_.size();
     r.power_w_max = *std::max_element(watts_.begin(), watts_.end());
   }
+  r.energy_steps = static_cast<int>(steps_.size());
+  if (r.energy_j > 0) (void)power_between_steps(steps_, &r.step_power_w, &r.step_seconds);
   return r;
+}
+
+bool GpuSampler::power_between_steps(const std::vector<EnergyStep>& steps, double* watts,
+                                     double* seconds) {
+  if (steps.size() < 2) return false;
+  const double dt = steps.back().seconds - steps.front().seconds;
+  const double dj = steps.back().joules - steps.front().joules;
+  if (!(dt > 0) || dj < 0) return false;
+  *watts = dj / dt;
+  *seconds = dt;
+  return true;
 }
 
 }  // namespace zimage::bench

@@ -34,7 +34,25 @@ class GpuSampler {
     // driver has no counter. energy_j / energy_seconds is the mean power of the window.
     double energy_j = 0;
     double energy_seconds = 0;
+    // The counter itself moves in steps (about every 100 ms on an H100, so the two reads above can
+    // be a step off at either end: +-20 % over a 0.45 s window). The sampler polls it every
+    // kEnergyPollMs and keeps when it moved; the mean power between its first and last step
+    // inside the window does not depend on where the window's ends fall. 0 with fewer than two
+    // steps in the window.
+    int energy_steps = 0;
+    double step_power_w = 0;
+    double step_seconds = 0;  // the time between those two steps
   };
+  // A reading of the energy counter when it moved: seconds since start(), joules.
+  struct EnergyStep {
+    double seconds = 0;
+    double joules = 0;
+  };
+  static constexpr int kEnergyPollMs = 2;
+  // The mean power between the first and the last step (false, and nothing written, with fewer
+  // than two steps or no time between them).
+  static bool power_between_steps(const std::vector<EnergyStep>& steps, double* watts,
+                                  double* seconds);
 
   // The device with this PCI bus id ("0000:18:00.0", as cudaDeviceGetPCIBusId writes it); an
   // empty id or a machine without NVML gives an inert sampler (why() says which).
@@ -46,7 +64,8 @@ class GpuSampler {
   bool active() const { return device_ != nullptr; }
   const std::string& why() const { return why_; }
   // Samples every `period_ms` on a thread of its own until stop(), the first sample one period
-  // after the start (not the idle moment before the work); a second start() restarts.
+  // after the start (not the idle moment before the work), and polls the energy counter every
+  // kEnergyPollMs; a second start() restarts.
   void start(int period_ms = 20);
   Reading stop();
 
@@ -65,6 +84,7 @@ class GpuSampler {
   std::atomic<bool> running_{false};
   std::mutex mu_;
   std::vector<double> mhz_, watts_;
+  std::vector<EnergyStep> steps_;
 };
 
 }  // namespace zimage::bench
