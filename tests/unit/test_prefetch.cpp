@@ -90,13 +90,20 @@ TEST_F(Prefetch, ReadsWhatIsNotCachedAndSkipsWhatIs) {
   }
   EXPECT_GT(resident_fraction(f), 0.99) << "the file is in the page cache afterwards";
 
-  // Now cached: nothing is read again.
-  auto again = FilePrefetcher::start({f});
-  ASSERT_NE(again, nullptr);
-  again->wait();
-  s = again->stats();
-  EXPECT_EQ(s.read_bytes, 0u);
-  EXPECT_EQ(s.cached_bytes, kSize);
+  // Now cached: nothing is read again. The kernel may still take a page of a chunk back between
+  // the reads (seen in a fresh-clone CI run and once in five runs right after it, not in 72 runs
+  // later: every chunk read again though the file read fully resident just before), so a read is
+  // allowed twice; a prefetcher that never skips what is cached reads all three times.
+  bool skipped = false;
+  for (int attempt = 0; attempt < 3 && !skipped; ++attempt) {
+    auto again = FilePrefetcher::start({f});
+    ASSERT_NE(again, nullptr);
+    again->wait();
+    s = again->stats();
+    EXPECT_EQ(s.read_bytes + s.cached_bytes, kSize);
+    skipped = s.read_bytes == 0 && s.cached_bytes == kSize;
+  }
+  EXPECT_TRUE(skipped) << "a cached file was read again three times";
 }
 
 TEST_F(Prefetch, StopsAtItsByteLimit) {
