@@ -105,30 +105,6 @@ TEST(CudaOps, MatmulWideCandidateKeepsResults) {
   lt->set_wide_candidate(was);
 }
 
-// ZIMAGE_GEMM_CONFIG's parser: the five fields, each once, non-negative numbers.
-TEST(CudaOps, GemmConfigParses) {
-  auto c = cuda::LtGemm::parse_algo_config("cluster=6,swizzle=1");
-  ZI_ASSERT_OK(c.status());
-  EXPECT_EQ(c->cluster, 6);
-  EXPECT_EQ(c->swizzle, 1);
-  EXPECT_EQ(c->tile, -1);
-  EXPECT_EQ(c->str(), "cluster=6,swizzle=1");
-  c = cuda::LtGemm::parse_algo_config("tile=209,stages=35,custom=0");
-  ZI_ASSERT_OK(c.status());
-  EXPECT_EQ(c->str(), "tile=209,stages=35,custom=0");
-  c = cuda::LtGemm::parse_algo_config("");
-  ZI_ASSERT_OK(c.status());
-  EXPECT_FALSE(c->any());
-  for (const char* bad : {"cluster", "cluster=", "cluster=-1", "cluster=x", "cluster=6,", "size=3",
-                          ",swizzle=1", "swizzle=1,swizzle=0", "tile=70000"}) {
-    const auto r = cuda::LtGemm::parse_algo_config(bad);
-    EXPECT_FALSE(r.ok()) << bad;
-    if (!r.ok()) {
-      EXPECT_EQ(r.status().code(), ErrorCode::kInvalidArgument) << bad;
-    }
-  }
-}
-
 // ZIMAGE_GEMM_CONFIG (LtGemm::set_wide_config): products of kWideRows rows or more run with the
 // configuration where cuBLASLt takes it, smaller ones never; the products stay the oracle's.
 TEST(CudaOps, MatmulWideConfigKeepsResults) {
@@ -141,7 +117,7 @@ TEST(CudaOps, MatmulWideConfigKeepsResults) {
   int configured = 0;
   // 1x1x1 and 2x1x1 clusters, CTA swizzling; a tile no Hopper kernel has (refused: the candidate).
   for (const char* spec : {"cluster=2", "cluster=3,swizzle=1", "swizzle=1", "tile=1"}) {
-    const auto config = cuda::LtGemm::parse_algo_config(spec);
+    const auto config = cuda::parse_gemm_algo_config(spec);
     ZI_ASSERT_OK(config.status());
     lt->set_wide_config(*config);
     for (const int64_t m : {cuda::LtGemm::kWideRows, cuda::LtGemm::kWideRows - 1}) {

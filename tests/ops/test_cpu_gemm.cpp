@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstring>
 #include <iterator>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "model/common/linear.h"
@@ -208,6 +210,7 @@ TEST(CpuOps, MatmulFp8SwigluInRowBlocks) {
 
 #if defined(ZIMAGE_WITH_CUDA)
 #include "backend/cuda/kernels/row_tuning.h"
+#include "backend/cuda/libs/gemm_algo_config.h"
 #include "backend/cuda/libs/gemm_cutlass.h"
 
 namespace zimage::test {
@@ -287,6 +290,41 @@ TEST(Fp8Tile, ParsesEveryNameAndNamesWhatIsWrong) {
   for (int64_t m : {int64_t{64}, int64_t{4160}, int64_t{16448}})
     for (int64_t n : {int64_t{3840}, int64_t{11520}, int64_t{20480}})
       EXPECT_NE(cuda::fp8_tile_for(m, n, 3840), cuda::Fp8Tile::kAuto);
+}
+
+// ZIMAGE_GEMM_CONFIG's parser: the five fields, each once, numbers from 0 to 65535; a bad part
+// is named.
+TEST(GemmAlgoConfig, ParsesAndNamesWhatIsWrong) {
+  auto c = cuda::parse_gemm_algo_config("cluster=6,swizzle=1");
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_EQ(c->cluster, 6);
+  EXPECT_EQ(c->swizzle, 1);
+  EXPECT_EQ(c->tile, -1);
+  EXPECT_TRUE(c->any());
+  EXPECT_EQ(c->str(), "cluster=6,swizzle=1");
+  c = cuda::parse_gemm_algo_config("custom=0,tile=209,stages=35");
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_EQ(c->str(), "tile=209,stages=35,custom=0");
+  c = cuda::parse_gemm_algo_config("");
+  ASSERT_TRUE(c.ok());
+  EXPECT_FALSE(c->any());
+  EXPECT_EQ(c->str(), "none");
+  for (const auto& [bad, needle] : std::vector<std::pair<std::string, std::string>>{
+           {"cluster", "cluster takes a number"},
+           {"cluster=", "cluster takes a number"},
+           {"cluster=-1", "not '-1'"},
+           {"cluster=x", "not 'x'"},
+           {"tile=70000", "from 0 to 65535"},
+           {"cluster=6,", "'' is not tile="},
+           {",swizzle=1", "'' is not tile="},
+           {"size=3", "'size=3' is not tile="},
+           {"swizzle=1,swizzle=0", "swizzle is given twice"}}) {
+    const auto r = cuda::parse_gemm_algo_config(bad);
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_EQ(r.status().code(), ErrorCode::kInvalidArgument) << bad;
+    EXPECT_NE(r.status().message().find(needle), std::string::npos) << r.status().to_string();
+    EXPECT_NE(r.status().message().find("'" + bad + "'"), std::string::npos) << bad;
+  }
 }
 
 // ZIMAGE_FP8_GEMM=waves: the wave fill it computes, and the tiles it picks at the DiT's shapes on

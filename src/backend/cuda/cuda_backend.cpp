@@ -247,8 +247,8 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(int device_index, DType
     b->gemm_->set_wide_candidate(static_cast<int>(i));
   }
   if (const char* v = std::getenv("ZIMAGE_GEMM_CONFIG")) {
-    auto config = LtGemm::parse_algo_config(v);
-    if (!config.ok()) return InvalidArgument("ZIMAGE_GEMM_CONFIG: " + config.status().message());
+    auto config = parse_gemm_algo_config(v);
+    if (!config.ok()) return config.status().with_context("ZIMAGE_GEMM_CONFIG");
     b->gemm_->set_wide_config(*config);
   }
   if (const char* v = std::getenv("ZIMAGE_FLASH3_CLUSTER")) {

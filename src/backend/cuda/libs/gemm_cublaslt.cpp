@@ -4,7 +4,6 @@
 #include "backend/cuda/libs/gemm_cublaslt.h"
 
 #include <algorithm>
-#include <cstdlib>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -331,54 +330,6 @@ void LtGemm::set_wide_candidate(int i) {
   wide_candidate_ = i < 0 ? -1 : std::min(i, kMaxCandidates - 1);
   for (auto& [key, p] : plans_) destroy(p);
   plans_.clear();
-}
-
-std::string LtGemm::AlgoConfig::str() const {
-  std::string s;
-  auto field = [&](const char* name, int v) {
-    if (v < 0) return;
-    if (!s.empty()) s += ",";
-    s += std::string(name) + "=" + std::to_string(v);
-  };
-  field("tile", tile);
-  field("stages", stages);
-  field("cluster", cluster);
-  field("swizzle", swizzle);
-  field("custom", custom);
-  return s.empty() ? std::string("none") : s;
-}
-
-Result<LtGemm::AlgoConfig> LtGemm::parse_algo_config(const std::string& s) {
-  AlgoConfig c;
-  size_t at = 0;
-  while (at < s.size()) {
-    size_t end = s.find(',', at);
-    if (end == std::string::npos) end = s.size();
-    const std::string item = s.substr(at, end - at);
-    at = end + 1;
-    const size_t eq = item.find('=');
-    const std::string name = item.substr(0, eq == std::string::npos ? item.size() : eq);
-    int* field = name == "tile"      ? &c.tile
-                 : name == "stages"  ? &c.stages
-                 : name == "cluster" ? &c.cluster
-                 : name == "swizzle" ? &c.swizzle
-                 : name == "custom"  ? &c.custom
-                                     : nullptr;
-    if (field == nullptr)
-      return InvalidArgument("'" + item +
-                             "': expected tile=, stages=, cluster=, swizzle= or custom= "
-                             "followed by a number");
-    const std::string value = eq == std::string::npos ? std::string() : item.substr(eq + 1);
-    char* stop = nullptr;
-    const long v = value.empty() ? -1 : std::strtol(value.c_str(), &stop, 10);
-    if (value.empty() || *stop != '\0' || v < 0 || v > 65535)
-      return InvalidArgument("'" + item + "': " + name + " takes a number from 0 to 65535");
-    if (*field >= 0) return InvalidArgument("'" + s + "': " + name + " is given twice");
-    *field = static_cast<int>(v);
-    if (end == s.size()) break;
-    if (at == s.size()) return InvalidArgument("'" + s + "': ends with a comma");
-  }
-  return c;
 }
 
 void LtGemm::set_wide_config(const AlgoConfig& c) {

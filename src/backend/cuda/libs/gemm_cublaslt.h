@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "backend/cuda/libs/gemm_algo_config.h"
 #include "backend/cuda/runtime/allocator.h"
 #include "core/status.h"
 #include "core/tensor.h"
@@ -97,16 +98,7 @@ class LtGemm {
   // more than the workspace) stays on the candidate. Each such plan names what it runs and what
   // the algorithm offers (tiles, stages, swizzle, custom options) in the ZIMAGE_LOG=info log.
   // Autotuning is off while it is set. Changing it drops the plans made so far.
-  struct AlgoConfig {
-    int tile = -1, stages = -1, cluster = -1, swizzle = -1, custom = -1;
-    bool any() const {
-      return tile >= 0 || stages >= 0 || cluster >= 0 || swizzle >= 0 || custom >= 0;
-    }
-    std::string str() const;
-  };
-  // "key=value[,key=value...]" with keys tile, stages, cluster, swizzle, custom and values
-  // non-negative integers, each key at most once; "" is no configuration.
-  static Result<AlgoConfig> parse_algo_config(const std::string& s);
+  using AlgoConfig = GemmAlgoConfig;  // parse_gemm_algo_config reads ZIMAGE_GEMM_CONFIG
   void set_wide_config(const AlgoConfig& c);
   const AlgoConfig& wide_config() const { return wide_config_; }
   // Whether the plan for a bias-free, 16-byte aligned linear of this shape runs with the
