@@ -13,6 +13,12 @@
 #             ${PYMOD:-/tmp/zimage-py}/zimage
 #   ditbench  diffusers' DiT forward alone, eager and torch.compile, at ${DIT_SIZES:-1024,1536,2048}
 #             (tools/diffusers_dit_bench.py) -> $OUT/diffusers_dit.json
+#   table     issue 22's table in one run: diffusers' DiT eager and torch.compile at
+#             ${TABLE_SIZES:-1024,1536,2048} (skipped where $OUT/diffusers_dit.json exists), then
+#             zimage bench ${TABLE_RUNS:-2} times: bf16 at those sizes (DiT, VAE, image), FP8
+#             (all,sdpa) at ${TABLE_FP8_SIZES:-1024,2048}; once 4 images at the first size ->
+#             $OUT/table/*.{json,log}, tools/same_run_table.py -> $OUT/issue22_table.{md,json}.
+#             TABLE_DEVICE=cpu with a tiny model and small sizes: a smoke of the stage itself
 #   parity8, compare8   the same with --precision fp8 -> $OUT/parity_fp8.json
 #   lorabench per-request LoRA: merge/unmerge vs side GEMM on the full-size model -> $OUT/lora_bench.*
 #   variants  zimage bench under each opt-in setting (VARIANTS) against the defaults -> $OUT/variants.md
@@ -150,6 +156,30 @@ for f in glob.glob('build/carry/*.xz') + glob.glob('build/carry/lib/*.xz') + glo
       python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
       PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 python3 tools/diffusers_dit_bench.py --model "$ZR" \
         --sizes ${DIT_SIZES:-1024,1536,2048} --json "$OUT/diffusers_dit.json" 2>&1 | grep -v Warning | tail -20 || rc=1 ;;
+    table)
+      random_model "$ZR"
+      TABLE_SIZES=${TABLE_SIZES:-1024,1536,2048}
+      mkdir -p "$OUT/table"
+      if [ ! -f "$OUT/diffusers_dit.json" ]; then
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+        PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 python3 tools/diffusers_dit_bench.py --model "$ZR" \
+          --sizes "$TABLE_SIZES" --json "$OUT/diffusers_dit.json" 2>&1 | grep -v Warning | tail -8 || rc=1
+      fi
+      # One zimage bench run: its JSON and log under $OUT/table, its timing lines on the terminal.
+      zrow() {
+        local name=$1; shift
+        "$BIN" bench --model "$ZR" --device "${TABLE_DEVICE:-cuda}" "$@" --json "$OUT/table/$name.json" \
+          > "$OUT/table/$name.log" 2>&1 ||
+          { tail -5 "$OUT/table/$name.log"; rc=1; }
+        grep -E '^bench: (DiT|VAE decode [0-9]+ [0-9.]+ ms|pipeline)' "$OUT/table/$name.log" | sed "s/^/$name: /"
+      }
+      for i in $(seq "${TABLE_RUNS:-2}"); do
+        zrow "bf16_$i" --iters 5 --batch 1 --sizes "$TABLE_SIZES"
+        zrow "fp8_$i" --iters 5 --batch 1 --sizes "${TABLE_FP8_SIZES:-1024,2048}" --fp8-layers all,sdpa
+      done
+      zrow batch4 --iters 3 --batch 4 --sizes "${TABLE_SIZES%%,*}"
+      python3 tools/same_run_table.py --diffusers "$OUT/diffusers_dit.json" --zimage "$OUT"/table/*.json \
+        --md "$OUT/issue22_table.md" --json "$OUT/issue22_table.json" && cat "$OUT/issue22_table.md" || rc=1 ;;
     variants)
       # zimage bench (DiT forward 1024² and 2048², VAE decode, image) under each opt-in setting
       # against the defaults, first and last, same machine -> $OUT/variants.md (all of it) and a
