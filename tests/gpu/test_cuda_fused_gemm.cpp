@@ -74,6 +74,13 @@ constexpr std::pair<cuda::GemmSchedule, const char*> kSchedules[] = {
     {cuda::GemmSchedule::kCooperativeTall, "cooperative tall"},
     {cuda::GemmSchedule::kPingpong, "ping-pong"},
     {cuda::GemmSchedule::kPingpongNarrow, "ping-pong narrow"}};
+// The SwiGLU GEMM's: the four above and the 256 × 192 tile on 8-row blocks (SwiGLU only).
+constexpr std::pair<cuda::GemmSchedule, const char*> kSwigluSchedules[] = {
+    {cuda::GemmSchedule::kCooperative, "cooperative"},
+    {cuda::GemmSchedule::kCooperativeTall, "cooperative tall"},
+    {cuda::GemmSchedule::kPingpong, "ping-pong"},
+    {cuda::GemmSchedule::kPingpongNarrow, "ping-pong narrow"},
+    {cuda::GemmSchedule::kCooperativeWide, "cooperative wide 256x192"}};
 
 // y for `x` and the gate-first `w13` on the GPU: the two kernels (block 0) or the fused op on the
 // weight put in blocks.
@@ -97,10 +104,11 @@ std::vector<float> run_gpu(cuda::CudaBackend* g, const Tensor& x, const Tensor& 
 TEST(CudaFusedGemm, SwigluFusedAgainstOracleAndTwoKernels) {
   cuda::CudaBackend* g = gpu(DType::kBF16);
   ZI_REQUIRE_FUSED_GEMMS(g);
-  // Rows past a tile (M % 128, M % 64), one tile of F, several, K of one and many 64-deep steps,
-  // the DiT's K.
-  const Case cases[] = {
-      {1, 128, 64}, {37, 256, 136}, {130, 384, 512}, {200, 512, 3840}, {4160, 1280, 3840}};
+  // Rows past a tile (M % 128, M % 64, M % 256), one tile of F, several, K of one and many
+  // 64-deep steps, the DiT's K; the DiT's F last (2F 20480: the 256 × 192 tile's last column
+  // tile is 128 wide, as at 1024² and 2048²).
+  const Case cases[] = {{1, 128, 64},     {37, 256, 136},     {130, 384, 512},
+                        {200, 512, 3840}, {4160, 1280, 3840}, {70, 10240, 3840}};
   uint32_t seed = 700;
   for (const Case& c : cases) {
     const Tensor xh = rand_host({c.m, c.k}, seed++, DType::kBF16, -2.f, 2.f);
@@ -112,10 +120,10 @@ TEST(CudaFusedGemm, SwigluFusedAgainstOracleAndTwoKernels) {
     const std::string tag = cat("matmul_swiglu ", c.m, "x", c.f, "x", c.k);
     const std::vector<float> two = run_gpu(g, x, wh, false);
     expect_close(tag + " two kernels vs CPU", DType::kBF16, two, ref);
-    // Every tile configuration (two row blocks: 128 and 64) against the oracle and against the
+    // Every tile configuration (row blocks of 128, 64 and 8) against the oracle and against the
     // two kernels: the same roundings, only the GEMMs' order of summation may differ, so at
     // most a few bf16 roundings flip.
-    for (auto [schedule, name] : kSchedules) {
+    for (auto [schedule, name] : kSwigluSchedules) {
       const std::vector<float> y =
           with_tuning(g, schedule, [&] { return run_gpu(g, x, wh, true); });
       expect_close(tag + " fused (" + name + ") vs CPU", DType::kBF16, y, ref);
@@ -158,6 +166,47 @@ TEST(CudaFusedGemm, SwigluRecordedEqualsEagerAndMisalignedFallsBack) {
   const std::vector<float> ref(cy.data_as<float>(), cy.data_as<float>() + cy.numel());
   expect_close("matmul_swiglu misaligned x (fallback)", DType::kBF16, run_gpu(g, x, wsh, true, xm),
                ref);
+}
+
+// The 256 × 192 tile (ZIMAGE_SWIGLU_GEMM=coop-wide) is what runs, not a fallback behind the op:
+// the kernel called directly accepts the DiT's F and a partial row tile and writes the op's
+// bytes; recorded = replayed = eager.
+TEST(CudaFusedGemm, SwigluWideTileRunsAndRecordedEqualsEager) {
+  cuda::CudaBackend* g = gpu(DType::kBF16);
+  ZI_REQUIRE_FUSED_GEMMS(g);
+  const int64_t m = 300, f = 10240, k = 3840;
+  const cuda::GemmTuning before = g->swiglu_tuning();
+  const cuda::GemmTuning wide{cuda::GemmSchedule::kCooperativeWide, before.raster, before.swizzle};
+  g->set_swiglu_tuning(wide);
+  ASSERT_EQ(g->swiglu_block(f, k), 8);
+  const Tensor xh = rand_host({m, k}, 910, DType::kBF16, -2.f, 2.f);
+  const Tensor wh = rand_host({2 * f, k}, 911, DType::kBF16, -0.05f, 0.05f);
+  Tensor x = take(g->upload(xh, DType::kBF16), "upload x");
+  LinearWeight lw;
+  lw.w = take(g->upload(wh, DType::kBF16), "upload w13");
+  ZI_ASSERT_OK(set_swiglu_block(*g, lw, 8));
+  Tensor eager = take(g->alloc(DType::kBF16, {m, f}), "alloc");
+  Tensor direct = take(g->alloc(DType::kBF16, {m, f}), "alloc");
+  Tensor rec = take(g->alloc(DType::kBF16, {m, f}), "alloc");
+  ZI_ASSERT_OK(g->matmul_swiglu(x, lw.w, lw.swiglu_block, eager));
+  const size_t ws_bytes = cuda::cutlass_bf16_swiglu_workspace(m, f, k);
+  Tensor ws;
+  if (ws_bytes > 0) ws = take(g->alloc(DType::kU8, {static_cast<int64_t>(ws_bytes)}), "ws");
+  ZI_ASSERT_OK(g->fill(direct, std::numeric_limits<float>::quiet_NaN()));
+  ZI_ASSERT_OK(cuda::cutlass_bf16_swiglu(x.data(), lw.w.data(), direct.data(), m, f, k,
+                                         ws_bytes ? ws.data() : nullptr, ws_bytes, g->stream(),
+                                         wide));
+  EXPECT_EQ(fetch(*g, direct), fetch(*g, eager)) << "the op did not run the 256 x 192 kernel";
+  ZI_ASSERT_OK(g->fill(rec, std::numeric_limits<float>::quiet_NaN()));
+  auto work = g->record([&] { return g->matmul_swiglu(x, lw.w, lw.swiglu_block, rec); });
+  ASSERT_TRUE(work.ok()) << work.status().to_string();
+  ZI_ASSERT_OK(g->fill(rec, std::numeric_limits<float>::quiet_NaN()));
+  ZI_ASSERT_OK((*work)->replay());
+  EXPECT_EQ(fetch(*g, rec), fetch(*g, eager)) << "the replayed graph wrote other values";
+  // Against the two kernels on the weight in the files' order.
+  g->set_swiglu_tuning(before);
+  expect_close("coop-wide 300x10240x3840 vs two kernels", DType::kBF16, fetch(*g, eager),
+               run_gpu(g, x, wh, false), 4e-3);
 }
 
 // q, k, v of the q|k|v linear and prologue for x on the GPU, fused or as the two ops.
@@ -256,9 +305,24 @@ TEST(CudaFusedGemm, QkvRecordedEqualsEager) {
   for (int i = 0; i < 3; ++i) EXPECT_EQ(fetch(*g, r[i]), fetch(*g, e[i])) << "output " << i;
 }
 
+void transformer_against_unfused_and_cpu(cuda::CudaBackend* g);
+
+// Once with the default SwiGLU tile (row blocks of 128) and once with the 256 × 192 tile (blocks
+// of 8): the tuning at load decides the blocks the weights are put in.
 TEST(CudaFusedGemm, TransformerAgainstUnfusedAndCpu) {
   cuda::CudaBackend* g = gpu(DType::kBF16);
   ZI_REQUIRE_FUSED_GEMMS(g);
+  const cuda::GemmTuning before = g->swiglu_tuning();
+  for (const cuda::GemmSchedule schedule :
+       {cuda::GemmSchedule::kCooperative, cuda::GemmSchedule::kCooperativeWide}) {
+    SCOPED_TRACE(schedule == cuda::GemmSchedule::kCooperative ? "cooperative" : "wide");
+    g->set_swiglu_tuning({schedule, before.raster, before.swizzle});
+    transformer_against_unfused_and_cpu(g);
+  }
+  g->set_swiglu_tuning(before);
+}
+
+void transformer_against_unfused_and_cpu(cuda::CudaBackend* g) {
   TransformerConfig cfg;
   const std::string dir = write_wide_dit(cfg, "zimage_swiglu_dit");
   ASSERT_GT(g->swiglu_block(cfg.ffn_hidden(), cfg.dim), 0);

@@ -176,11 +176,15 @@ TEST(CudaOpsPerf, MatmulSwiglu) {
   }
   LinearWeight plain;
   plain.w = rand_dev(g, {2 * f, k}, 3000, -0.05f, 0.05f);
-  LinearWeight blocked[2];  // blocks of 128 and of 64
-  for (int i = 0; i < 2; ++i) {
+  constexpr int64_t kBlocks[3] = {128, 64, 8};  // the SwiGLU schedules' row blocks
+  LinearWeight blocked[3];
+  for (int i = 0; i < 3; ++i) {
     blocked[i].w = rand_dev(g, {2 * f, k}, 3000, -0.05f, 0.05f);
-    ZI_ASSERT_OK(set_swiglu_block(*g, blocked[i], i == 0 ? 128 : 64));
+    ZI_ASSERT_OK(set_swiglu_block(*g, blocked[i], kBlocks[i]));
   }
+  auto blocked_for = [&](int64_t block) -> const LinearWeight& {
+    return blocked[block == 128 ? 0 : block == 64 ? 1 : 2];
+  };
   for (int64_t m : {int64_t{4160}, int64_t{16448}}) {
     Tensor x = rand_dev(g, {m, k}, 3001);
     Tensor h = take(g->alloc(DType::kBF16, {m, 2 * f}), "h");
@@ -198,9 +202,21 @@ TEST(CudaOpsPerf, MatmulSwiglu) {
         g, cat("swiglu ", m), flop, t_two,
         [&](const cuda::GemmTuning& t) { g->set_swiglu_tuning(t); },
         [&] {
-          const LinearWeight& w = blocked[g->swiglu_block(f, k) == 128 ? 0 : 1];
+          const LinearWeight& w = blocked_for(g->swiglu_block(f, k));
           return g->matmul_swiglu(x, w.w, w.swiglu_block, y);
         });
+    // The 256 × 192 tile on 8-row blocks (SwiGLU only, so not in the shared sweep).
+    for (auto [raster, rname] : kRasters)
+      for (int swizzle : {1, 2}) {
+        g->set_swiglu_tuning({cuda::GemmSchedule::kCooperativeWide, raster, swizzle});
+        const LinearWeight& w = blocked_for(g->swiglu_block(f, k));
+        const double t =
+            sustained_ms(g, [&] { return g->matmul_swiglu(x, w.w, w.swiglu_block, y); });
+        report(cat("swiglu ", m, " fused coop-wide,", rname, ",", swizzle), t, flop, 0);
+        std::printf("  PERF swiglu %lld coop-wide,%s,%d: %.3fx the two kernels\n",
+                    static_cast<long long>(m), rname, swizzle, t_two / t);
+      }
+    g->set_swiglu_tuning({});
   }
   g->set_fused_swiglu(false);
 }

@@ -110,7 +110,7 @@ TEST(CpuOps, MatmulSwigluInRowBlocks) {
     Tensor x = rand_f32({m, k}, seed++);
     const Tensor w13 = rand_f32({2 * f, k}, seed++);
     const std::vector<double> ref = ref_swiglu(x, w13);
-    for (int64_t block : {int64_t{0}, int64_t{1}, int64_t{4}, f}) {
+    for (int64_t block : {int64_t{0}, int64_t{1}, int64_t{4}, int64_t{8}, f}) {
       if (block > 0 && f % block != 0) continue;
       LinearWeight lw;
       lw.w = copy_of(w13);
@@ -228,6 +228,14 @@ TEST(GemmTuning, ParsesAndNamesWhatIsWrong) {
   EXPECT_EQ(d->schedule, cuda::GemmSchedule::kCooperativeTall);
   EXPECT_EQ(d->raster, cuda::GemmRaster::kHeuristic);
   EXPECT_EQ(d->swizzle, 1);
+  auto w = cuda::parse_gemm_tuning("coop-wide,n,2");
+  ASSERT_TRUE(w.ok()) << w.status().to_string();
+  EXPECT_EQ(w->schedule, cuda::GemmSchedule::kCooperativeWide);
+  EXPECT_EQ(w->raster, cuda::GemmRaster::kAlongN);
+  EXPECT_EQ(w->swizzle, 2);
+  EXPECT_EQ(cuda::gemm_swiglu_block(cuda::GemmSchedule::kCooperativeWide), 8);
+  EXPECT_EQ(cuda::gemm_swiglu_block(cuda::GemmSchedule::kCooperative), 128);
+  EXPECT_EQ(cuda::gemm_swiglu_block(cuda::GemmSchedule::kPingpongNarrow), 64);
   for (const auto& [text, needle] :
        {std::pair<std::string, std::string>{"fast", "unknown schedule 'fast'"},
         {"coop,x", "unknown raster order 'x'"},

@@ -199,7 +199,8 @@ size_t cutlass_fp8_tiles_workspace(int m, int n, int k);
 // MatmulQkvNormRope time the choices):
 //  * the tile and kernel schedule: cooperative (two consumer warp groups split each tile) or
 //    ping-pong (each owns a tile; one's epilogue overlaps the other's MMAs), in two tile shapes
-//    each (the SwiGLU GEMM's tile is as wide as two of its row blocks: gemm_swiglu_block);
+//    each (the SwiGLU GEMM's tile is as wide as two of its row blocks: gemm_swiglu_block), and
+//    for SwiGLU a 256 × 192 cooperative tile whose width holds twelve pairs of 8-row blocks;
 //  * the persistent scheduler's order over the output tiles (along M or N, or CUTLASS's heuristic)
 //    and its swizzle (1, 2, 4 or 8 tiles), which decide how often the operands come back from
 //    memory rather than L2.
@@ -208,21 +209,27 @@ enum class GemmSchedule {
   kCooperativeTall,  // SwiGLU 256 x 128, q|k|v 256 x 128
   kPingpong,         // SwiGLU 64 x 256,  q|k|v 128 x 128
   kPingpongNarrow,   // SwiGLU 128 x 128, q|k|v 64 x 128
+  // SwiGLU only: 256 x 192 in 1 x 2 clusters, the mainloop of gemm_bf16_tiles.cu's tile (level
+  // with cuBLASLt on w1|w3 in session 25's whole forwards), on rows interleaved in blocks of 8 so
+  // that any 16-column slice holds whole gate/up pairs (192 does not divide 2 x 10240). The
+  // q|k|v GEMM runs it as kCooperative.
+  kCooperativeWide,
 };
 struct GemmTuning {
   GemmSchedule schedule = GemmSchedule::kCooperative;
   GemmRaster raster = GemmRaster::kHeuristic;
   int swizzle = 1;
 };
-// "SCHEDULE[,RASTER[,SWIZZLE]]": coop, coop-tall, pingpong or pingpong-narrow; auto, m or n; 1,
-// 2, 4 or 8 (the ZIMAGE_SWIGLU_GEMM / ZIMAGE_QKV_GEMM settings). An error names what is wrong.
+// "SCHEDULE[,RASTER[,SWIZZLE]]": coop, coop-tall, pingpong, pingpong-narrow or coop-wide; auto, m
+// or n; 1, 2, 4 or 8 (the ZIMAGE_SWIGLU_GEMM / ZIMAGE_QKV_GEMM settings). An error names what is
+// wrong.
 inline Result<GemmTuning> parse_gemm_tuning(const std::string& text) {
   GemmTuning t;
   const std::vector<std::string> parts = split(text, ',');
   const auto bad = [&](const std::string& what) {
     return InvalidArgument("GEMM tuning '" + text + "': " + what +
                            " (SCHEDULE[,RASTER[,SWIZZLE]]: coop|coop-tall|pingpong|"
-                           "pingpong-narrow, auto|m|n, 1|2|4|8)");
+                           "pingpong-narrow|coop-wide, auto|m|n, 1|2|4|8)");
   };
   if (parts.size() > 3) return bad("too many parts");
   const std::string& s = parts[0];
@@ -234,6 +241,8 @@ inline Result<GemmTuning> parse_gemm_tuning(const std::string& text) {
     t.schedule = GemmSchedule::kPingpong;
   } else if (s == "pingpong-narrow") {
     t.schedule = GemmSchedule::kPingpongNarrow;
+  } else if (s == "coop-wide") {
+    t.schedule = GemmSchedule::kCooperativeWide;
   } else {
     return bad("unknown schedule '" + s + "'");
   }

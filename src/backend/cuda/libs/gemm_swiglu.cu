@@ -5,7 +5,8 @@
 // [2·t·B + B, 2·(t+1)·B).
 // An output tile of 2·B columns then holds a gate block and its up block, so every thread of the
 // epilogue owns both sums of each of its outputs (below) and the [m, 2f] intermediate never
-// reaches memory. Why not cuBLASLt: it has no epilogue that pairs two output columns.
+// reaches memory; the 256 × 192 tile (kCooperativeWide) takes B = 8 and twelve such pairs a tile
+// (SwigluPairsEpilogue). Why not cuBLASLt: it has no epilogue that pairs two output columns.
 #include "backend/cuda/libs/gemm_cutlass.h"
 
 #if defined(ZIMAGE_WITH_CUTLASS)
@@ -86,6 +87,72 @@ class SwigluEpilogue : public register_epilogue::Base<SwigluArgs> {
   }
 };
 
+// The same SwiGLU for rows interleaved in blocks of 8 (kCooperativeWide): gate block t at rows
+// [16·t, 16·t + 8), its up block at [16·t + 8, 16·t + 16). In the accumulator layout above, group
+// v holds columns [8·v, 8·v + 8) of the tile, so gate group 2·j and up group 2·j + 1 are the same
+// thread's, and the output feature of a gate column c of tile n_blk is n_blk·kTileN/2 + (c / 16)·8
+// + c % 8. Any tile that starts at a multiple of 16 columns holds whole pairs, also the last,
+// partial one (at 2F 20480, 106 tiles of 192 and one of 128), whose columns past the problem's
+// are not written. Same roundings as SwigluEpilogue.
+template <int kTileM, int kTileN>
+class SwigluPairsEpilogue : public register_epilogue::Base<SwigluArgs> {
+ public:
+  using register_epilogue::Base<SwigluArgs>::Base;
+  static constexpr int kBlock = 8;
+  static_assert(kTileN % (2 * kBlock) == 0, "a tile holds whole gate/up pairs");
+
+  template <class ProblemShape>
+  static bool can_implement(ProblemShape const& problem_shape, SwigluArgs const& args) {
+    const auto n = cute::get<1>(problem_shape);
+    return args.y != nullptr && n % (2 * kBlock) == 0 && args.ld >= n / 2 && args.ld % 2 == 0;
+  }
+
+  template <class ProblemShapeMNKL, class BlockShapeMNK, class BlockCoordMNKL, class FrgEngine,
+            class FrgLayout, class TiledMma, class ResidueMNK>
+  CUTLASS_DEVICE void operator()(ProblemShapeMNKL problem_shape_mnkl, BlockShapeMNK,
+                                 BlockCoordMNKL blk_coord_mnkl,
+                                 cute::Tensor<FrgEngine, FrgLayout> const& acc, TiledMma tiled_mma,
+                                 ResidueMNK, int thread_idx, char*) {
+    using namespace cute;
+    using Acc = register_epilogue::AccLayout<FrgLayout, BlockShapeMNK, kTileM, kTileN>;
+    constexpr int V = Acc::V, MM = Acc::MM;
+    static_assert(V % 2 == 0);
+
+    const int m_blk = static_cast<int>(get<0>(blk_coord_mnkl));
+    const int n_blk = static_cast<int>(get<1>(blk_coord_mnkl));
+    const int rows_left = static_cast<int>(get<0>(problem_shape_mnkl)) - m_blk * kTileM;
+    const int cols_left = static_cast<int>(get<1>(problem_shape_mnkl)) - n_blk * kTileN;
+    Tensor coords = make_identity_tensor(make_shape(Int<kTileM>{}, Int<kTileN>{}));
+    Tensor tc = tiled_mma.get_thread_slice(thread_idx).partition_C(coords);
+    Bf16* out = this->params_.y + static_cast<int64_t>(m_blk) * kTileM * this->params_.ld +
+                static_cast<int64_t>(n_blk) * (kTileN / 2);
+    CUTLASS_PRAGMA_UNROLL
+    for (int mm = 0; mm < MM; ++mm) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int r = 0; r < 2; ++r) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int j = 0; j < V / 2; ++j) {
+          const auto gate0 = make_coord(make_coord(0, r, 2 * j), mm, 0);
+          const auto gate1 = make_coord(make_coord(1, r, 2 * j), mm, 0);
+          const auto up0 = make_coord(make_coord(0, r, 2 * j + 1), mm, 0);
+          const auto up1 = make_coord(make_coord(1, r, 2 * j + 1), mm, 0);
+          const int row = get<0>(tc(gate0)), col = get<1>(tc(gate0));
+          if (row >= rows_left || col >= cols_left) continue;
+          const float g0 = round_bf16(acc(gate0)), g1 = round_bf16(acc(gate1));
+          const float s0 = round_bf16(g0 / (1.0f + expf(-g0)));
+          const float s1 = round_bf16(g1 / (1.0f + expf(-g1)));
+          cutlass::Array<Bf16, 2> pair;
+          pair[0] = Bf16(s0 * round_bf16(acc(up0)));
+          pair[1] = Bf16(s1 * round_bf16(acc(up1)));
+          const int feature = (col / (2 * kBlock)) * kBlock + col % (2 * kBlock);
+          *reinterpret_cast<cutlass::Array<Bf16, 2>*>(out + row * this->params_.ld + feature) =
+              pair;
+        }
+      }
+    }
+  }
+};
+
 // The four tile configurations (gemm_cutlass.h GemmSchedule).
 using Cluster = Shape<_2, _1, _1>;
 using Coop = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
@@ -100,6 +167,9 @@ using PingpongNarrow =
     register_epilogue::Gemm<Shape<_128, _128, _64>, Cluster, Ping, SwigluEpilogue<128, 128>>;
 
 using Fused = register_epilogue::Configs<Cooperative, CooperativeTall, Pingpong, PingpongNarrow>;
+// kCooperativeWide: the 256 × 192 tile with its 1 × 2 clusters (gemm_bf16_tiles.cu's mainloop).
+using CooperativeWide = register_epilogue::Gemm<Shape<_256, _192, _64>, Shape<_1, _2, _1>, Coop,
+                                                SwigluPairsEpilogue<256, 192>>;
 
 }  // namespace
 
@@ -108,13 +178,14 @@ bool fused_gemms_available() {
 }
 
 int64_t gemm_swiglu_block(GemmSchedule schedule) {
+  if (schedule == GemmSchedule::kCooperativeWide) return 8;
   return schedule == GemmSchedule::kCooperative || schedule == GemmSchedule::kPingpong ? 128 : 64;
 }
 
 size_t cutlass_bf16_swiglu_workspace(int64_t m, int64_t f, int64_t k) {
   if (m <= 0 || f <= 0 || k <= 0 || m > INT32_MAX || 2 * f > INT32_MAX || k > INT32_MAX) return 0;
   const int mi = static_cast<int>(m), ni = static_cast<int>(2 * f), ki = static_cast<int>(k);
-  return Fused::workspace(mi, ni, ki);
+  return std::max(Fused::workspace(mi, ni, ki), CooperativeWide::workspace(mi, ni, ki));
 }
 
 Status cutlass_bf16_swiglu(const void* x, const void* w13, void* y, int64_t m, int64_t f, int64_t k,
@@ -134,6 +205,9 @@ Status cutlass_bf16_swiglu(const void* x, const void* w13, void* y, int64_t m, i
     return Unsupported(std::string(what) + ": operands not 16-byte aligned");
   const int mi = static_cast<int>(m), ni = static_cast<int>(2 * f), ki = static_cast<int>(k);
   const SwigluArgs args{static_cast<Bf16*>(y), f};
+  if (tuning.schedule == GemmSchedule::kCooperativeWide)
+    return CooperativeWide::run(what, x, w13, mi, ni, ki, args, tuning, workspace, workspace_bytes,
+                                stream);
   return Fused::run(what, x, w13, mi, ni, ki, args, tuning, workspace, workspace_bytes, stream);
 }
 
@@ -148,6 +222,7 @@ bool fused_gemms_available() {
 }
 
 int64_t gemm_swiglu_block(GemmSchedule schedule) {
+  if (schedule == GemmSchedule::kCooperativeWide) return 8;
   return schedule == GemmSchedule::kCooperative || schedule == GemmSchedule::kPingpong ? 128 : 64;
 }
 
