@@ -80,12 +80,14 @@ constexpr std::pair<cuda::GemmSchedule, const char*> kSwigluSchedules[] = {
     {cuda::GemmSchedule::kCooperativeTall, "cooperative tall"},
     {cuda::GemmSchedule::kPingpong, "ping-pong"},
     {cuda::GemmSchedule::kPingpongNarrow, "ping-pong narrow"},
-    {cuda::GemmSchedule::kCooperativeWide, "cooperative wide 256x192"}};
+    {cuda::GemmSchedule::kCooperative256x192, "cooperative 256x192"}};
 
 // y for `x` and the gate-first `w13` on the GPU: the two kernels (block 0) or the fused op on the
-// weight put in blocks.
+// weight put in blocks. Fused, the CUTLASS kernel is also called directly (unless `fallback`, a
+// case the kernel must decline): it must take the case and write the op's bytes, so that a
+// kernel declining behind the op's quiet fallback to the two kernels fails here.
 std::vector<float> run_gpu(cuda::CudaBackend* g, const Tensor& x, const Tensor& w13_host,
-                           bool fused, const Tensor& x_view = Tensor()) {
+                           bool fused, const Tensor& x_view = Tensor(), bool fallback = false) {
   const Tensor& in = x_view.defined() ? x_view : x;
   const int64_t f = w13_host.dim(0) / 2, m = in.numel() / in.dim(-1);
   LinearWeight lw;
@@ -98,7 +100,21 @@ std::vector<float> run_gpu(cuda::CudaBackend* g, const Tensor& x, const Tensor& 
   EXPECT_TRUE(g->fill(y, std::numeric_limits<float>::quiet_NaN()).ok());
   const Status s = g->matmul_swiglu(in, lw.w, lw.swiglu_block, y);
   EXPECT_TRUE(s.ok()) << s.to_string();
-  return fetch(*g, y);
+  std::vector<float> out = fetch(*g, y);
+  if (fused && !fallback) {
+    const int64_t k = in.dim(-1);
+    const size_t ws_bytes = cuda::cutlass_bf16_swiglu_workspace(m, f, k);
+    Tensor ws;
+    if (ws_bytes > 0) ws = take(g->alloc(DType::kU8, {static_cast<int64_t>(ws_bytes)}), "ws");
+    Tensor direct = take(g->alloc(DType::kBF16, {m, f}), "alloc direct");
+    EXPECT_TRUE(g->fill(direct, std::numeric_limits<float>::quiet_NaN()).ok());
+    const Status d = cuda::cutlass_bf16_swiglu(in.data(), lw.w.data(), direct.data(), m, f, k,
+                                               ws_bytes ? ws.data() : nullptr, ws_bytes,
+                                               g->stream(), g->swiglu_tuning());
+    EXPECT_TRUE(d.ok()) << "the fused kernel declined: " << d.to_string();
+    EXPECT_EQ(fetch(*g, direct), out) << "the op's bytes are not the fused kernel's";
+  }
+  return out;
 }
 
 TEST(CudaFusedGemm, SwigluFusedAgainstOracleAndTwoKernels) {
@@ -164,19 +180,33 @@ TEST(CudaFusedGemm, SwigluRecordedEqualsEagerAndMisalignedFallsBack) {
   Tensor cy = Tensor::host(DType::kF32, {m, f});
   ZI_ASSERT_OK(cpu_oracle().matmul_swiglu(xmh, wsh, 0, cy));
   const std::vector<float> ref(cy.data_as<float>(), cy.data_as<float>() + cy.numel());
-  expect_close("matmul_swiglu misaligned x (fallback)", DType::kBF16, run_gpu(g, x, wsh, true, xm),
-               ref);
+  expect_close("matmul_swiglu misaligned x (fallback)", DType::kBF16,
+               run_gpu(g, x, wsh, true, xm, /*fallback=*/true), ref);
 }
 
-// The 256 × 192 tile (ZIMAGE_SWIGLU_GEMM=coop-wide) is what runs, not a fallback behind the op:
-// the kernel called directly accepts the DiT's F and a partial row tile and writes the op's
+// The backend's SwiGLU and q|k|v tunings, restored when the scope ends (a failed ASSERT included).
+struct TuningsRestored {
+  cuda::CudaBackend* g;
+  cuda::GemmTuning swiglu, qkv;
+  explicit TuningsRestored(cuda::CudaBackend* be)
+      : g(be), swiglu(be->swiglu_tuning()), qkv(be->qkv_tuning()) {}
+  ~TuningsRestored() {
+    g->set_swiglu_tuning(swiglu);
+    g->set_qkv_tuning(qkv);
+  }
+};
+
+// The 256 × 192 tile (ZIMAGE_SWIGLU_GEMM=coop-256x192) is what runs, not a fallback behind the
+// op: the kernel called directly accepts the DiT's F and a partial row tile and writes the op's
 // bytes; recorded = replayed = eager.
-TEST(CudaFusedGemm, SwigluWideTileRunsAndRecordedEqualsEager) {
+TEST(CudaFusedGemm, Swiglu256x192TileRunsAndRecordedEqualsEager) {
   cuda::CudaBackend* g = gpu(DType::kBF16);
   ZI_REQUIRE_FUSED_GEMMS(g);
+  const TuningsRestored restore(g);
   const int64_t m = 300, f = 10240, k = 3840;
   const cuda::GemmTuning before = g->swiglu_tuning();
-  const cuda::GemmTuning wide{cuda::GemmSchedule::kCooperativeWide, before.raster, before.swizzle};
+  const cuda::GemmTuning wide{cuda::GemmSchedule::kCooperative256x192, before.raster,
+                              before.swizzle};
   g->set_swiglu_tuning(wide);
   ASSERT_EQ(g->swiglu_block(f, k), 8);
   const Tensor xh = rand_host({m, k}, 910, DType::kBF16, -2.f, 2.f);
@@ -188,6 +218,7 @@ TEST(CudaFusedGemm, SwigluWideTileRunsAndRecordedEqualsEager) {
   Tensor eager = take(g->alloc(DType::kBF16, {m, f}), "alloc");
   Tensor direct = take(g->alloc(DType::kBF16, {m, f}), "alloc");
   Tensor rec = take(g->alloc(DType::kBF16, {m, f}), "alloc");
+  ZI_ASSERT_OK(g->fill(eager, std::numeric_limits<float>::quiet_NaN()));
   ZI_ASSERT_OK(g->matmul_swiglu(x, lw.w, lw.swiglu_block, eager));
   const size_t ws_bytes = cuda::cutlass_bf16_swiglu_workspace(m, f, k);
   Tensor ws;
@@ -205,8 +236,110 @@ TEST(CudaFusedGemm, SwigluWideTileRunsAndRecordedEqualsEager) {
   EXPECT_EQ(fetch(*g, rec), fetch(*g, eager)) << "the replayed graph wrote other values";
   // Against the two kernels on the weight in the files' order.
   g->set_swiglu_tuning(before);
-  expect_close("coop-wide 300x10240x3840 vs two kernels", DType::kBF16, fetch(*g, eager),
+  expect_close("coop-256x192 300x10240x3840 vs two kernels", DType::kBF16, fetch(*g, eager),
                run_gpu(g, x, wh, false), 4e-3);
+}
+
+// CUTLASS's persistent scheduler rounds the column tiles up to a multiple of its swizzle times
+// the cluster's width and hands out the extra tiles; the register epilogues must skip them. Each
+// output lies at the start of a larger buffer filled with a sentinel, and every case's tile count
+// is not such a multiple: the kernels, called directly (no fallback can hide them), write the
+// default order's bytes (the order does not change a tile's sums) and not one element past them.
+// Before the guard, a SwiGLU tile past F wrote into the next row and past the end, and a q|k|v head
+// past v wrote past v's end.
+TEST(CudaFusedGemm, TilesPastTheColumnsWriteNothing) {
+  cuda::CudaBackend* g = gpu(DType::kBF16);
+  ZI_REQUIRE_FUSED_GEMMS(g);
+  constexpr float kSentinel = 7.f;
+  constexpr int64_t kGuard = 1 << 16;  // elements after each output
+  auto guarded = [&](int64_t elems) {
+    Tensor buf = take(g->alloc(DType::kBF16, {elems + kGuard}), "guarded buffer");
+    EXPECT_TRUE(g->fill(buf, kSentinel).ok());
+    return buf;
+  };
+  auto guard_intact = [&](const Tensor& buf, int64_t elems, const std::string& what) {
+    const std::vector<float> all = fetch(*g, buf);
+    int64_t changed = 0;
+    for (int64_t i = elems; i < elems + kGuard; ++i) changed += all[i] != kSentinel;
+    EXPECT_EQ(changed, 0) << what << ": elements past the output were written";
+  };
+  struct SwigluCase {
+    cuda::GemmSchedule schedule;
+    int64_t m, f;
+    int swizzle;
+  };
+  // 128 × 256: 3 column tiles, swizzle 4 -> 4. 256 × 192 (1 × 2 clusters): 1 tile -> 2 at
+  // swizzle 1; 13 tiles -> 16 at swizzle 2 (4 row tiles, so the scheduler keeps the swizzle).
+  const SwigluCase cases[] = {{cuda::GemmSchedule::kCooperative, 520, 384, 4},
+                              {cuda::GemmSchedule::kCooperative256x192, 70, 96, 1},
+                              {cuda::GemmSchedule::kCooperative256x192, 800, 1184, 2}};
+  uint32_t seed = 950;
+  for (const SwigluCase& c : cases) {
+    const int64_t k = 256;
+    const std::string tag = cat("swiglu ", c.m, "x", c.f, " swizzle ", c.swizzle);
+    const Tensor xh = rand_host({c.m, k}, seed++, DType::kBF16, -2.f, 2.f);
+    const Tensor wh = rand_host({2 * c.f, k}, seed++, DType::kBF16, -0.06f, 0.06f);
+    Tensor x = take(g->upload(xh, DType::kBF16), "upload x");
+    LinearWeight lw;
+    lw.w = take(g->upload(wh, DType::kBF16), "upload w13");
+    ZI_ASSERT_OK(set_swiglu_block(*g, lw, cuda::gemm_swiglu_block(c.schedule)));
+    const size_t ws_bytes = cuda::cutlass_bf16_swiglu_workspace(c.m, c.f, k);
+    Tensor ws;
+    if (ws_bytes > 0) ws = take(g->alloc(DType::kU8, {static_cast<int64_t>(ws_bytes)}), "ws");
+    auto swiglu_into = [&](Tensor& y, cuda::GemmRaster raster, int swizzle) {
+      return cuda::cutlass_bf16_swiglu(x.data(), lw.w.data(), y.data(), c.m, c.f, k,
+                                       ws_bytes ? ws.data() : nullptr, ws_bytes, g->stream(),
+                                       {c.schedule, raster, swizzle});
+    };
+    Tensor ref = take(g->alloc(DType::kBF16, {c.m, c.f}), "ref");
+    ZI_ASSERT_OK(swiglu_into(ref, cuda::GemmRaster::kHeuristic, 1));
+    Tensor buf = guarded(c.m * c.f);
+    Tensor y(buf.storage(), buf.byte_offset(), DType::kBF16, {c.m, c.f});
+    ZI_ASSERT_OK(swiglu_into(y, cuda::GemmRaster::kAlongN, c.swizzle));
+    EXPECT_EQ(fetch(*g, y), fetch(*g, ref)) << tag << ": another order changed the sums";
+    guard_intact(buf, c.m * c.f, tag);
+  }
+  // q|k|v: 3 + 2 × 1 heads of 128 (5 column tiles), 512 rows (4 row tiles), swizzle 4 -> 8.
+  const int64_t m = 512, k = 256, hq = 3, hkv = 1, dh = 128;
+  const Tensor xh = rand_host({m, k}, seed++, DType::kBF16, -2.f, 2.f);
+  const Tensor wh = rand_host({(hq + 2 * hkv) * dh, k}, seed++, DType::kBF16, -0.06f, 0.06f);
+  const Tensor nq = rand_host({dh}, seed++, DType::kBF16, 0.5f, 1.5f);
+  const Tensor nk = rand_host({dh}, seed++, DType::kBF16, 0.5f, 1.5f);
+  const Tensor fh = rand_host({1, m, dh / 2, 2}, seed++, DType::kF32);
+  Tensor x = take(g->upload(xh, DType::kBF16), "x"), w = take(g->upload(wh, DType::kBF16), "w");
+  Tensor wq = take(g->upload(nq, DType::kBF16), "nq"), wk = take(g->upload(nk, DType::kBF16), "nk");
+  Tensor fr = take(g->upload(fh, DType::kF32), "freqs");
+  const int64_t nqe = m * hq * dh, nke = m * hkv * dh;
+  const size_t qws_bytes = cuda::cutlass_bf16_qkv_norm_rope_workspace(m, (hq + 2 * hkv) * dh, k);
+  Tensor qws;
+  if (qws_bytes > 0) qws = take(g->alloc(DType::kU8, {static_cast<int64_t>(qws_bytes)}), "ws");
+  auto qkv_into = [&](Tensor& q, Tensor& kk, Tensor& v, const cuda::GemmTuning& t) {
+    cuda::QkvPrologue p;
+    p.q = q.data(), p.k = kk.data(), p.v = v.data();
+    p.norm_q = wq.data(), p.norm_k = wk.data();
+    p.freqs = static_cast<const float*>(fr.data());
+    p.hq = static_cast<int>(hq), p.hkv = static_cast<int>(hkv), p.eps = 1e-6f;
+    return cuda::cutlass_bf16_qkv_norm_rope(
+        x.data(), w.data(), p, m, k, qws_bytes ? qws.data() : nullptr, qws_bytes, g->stream(), t);
+  };
+  for (const auto& [schedule, name] : kSchedules) {
+    const std::string tag = cat("q|k|v ", name, " swizzle 4");
+    Tensor q0 = take(g->alloc(DType::kBF16, {1, m, hq, dh}), "q0");
+    Tensor k0 = take(g->alloc(DType::kBF16, {1, m, hkv, dh}), "k0");
+    Tensor v0 = take(g->alloc(DType::kBF16, {1, m, hkv, dh}), "v0");
+    ZI_ASSERT_OK(qkv_into(q0, k0, v0, {schedule, cuda::GemmRaster::kHeuristic, 1}));
+    Tensor qb = guarded(nqe), kb = guarded(nke), vb = guarded(nke);
+    Tensor q(qb.storage(), qb.byte_offset(), DType::kBF16, {1, m, hq, dh});
+    Tensor kk(kb.storage(), kb.byte_offset(), DType::kBF16, {1, m, hkv, dh});
+    Tensor v(vb.storage(), vb.byte_offset(), DType::kBF16, {1, m, hkv, dh});
+    ZI_ASSERT_OK(qkv_into(q, kk, v, {schedule, cuda::GemmRaster::kAlongN, 4}));
+    EXPECT_EQ(fetch(*g, q), fetch(*g, q0)) << tag << ": q";
+    EXPECT_EQ(fetch(*g, kk), fetch(*g, k0)) << tag << ": k";
+    EXPECT_EQ(fetch(*g, v), fetch(*g, v0)) << tag << ": v";
+    guard_intact(qb, nqe, tag + ", q");
+    guard_intact(kb, nke, tag + ", k");
+    guard_intact(vb, nke, tag + ", v");
+  }
 }
 
 // q, k, v of the q|k|v linear and prologue for x on the GPU, fused or as the two ops.
@@ -314,7 +447,7 @@ TEST(CudaFusedGemm, TransformerAgainstUnfusedAndCpu) {
   ZI_REQUIRE_FUSED_GEMMS(g);
   const cuda::GemmTuning before = g->swiglu_tuning();
   for (const cuda::GemmSchedule schedule :
-       {cuda::GemmSchedule::kCooperative, cuda::GemmSchedule::kCooperativeWide}) {
+       {cuda::GemmSchedule::kCooperative, cuda::GemmSchedule::kCooperative256x192}) {
     SCOPED_TRACE(schedule == cuda::GemmSchedule::kCooperative ? "cooperative" : "wide");
     g->set_swiglu_tuning({schedule, before.raster, before.swizzle});
     transformer_against_unfused_and_cpu(g);

@@ -228,12 +228,12 @@ TEST(GemmTuning, ParsesAndNamesWhatIsWrong) {
   EXPECT_EQ(d->schedule, cuda::GemmSchedule::kCooperativeTall);
   EXPECT_EQ(d->raster, cuda::GemmRaster::kHeuristic);
   EXPECT_EQ(d->swizzle, 1);
-  auto w = cuda::parse_gemm_tuning("coop-wide,n,2");
+  auto w = cuda::parse_gemm_tuning("coop-256x192,n,2");
   ASSERT_TRUE(w.ok()) << w.status().to_string();
-  EXPECT_EQ(w->schedule, cuda::GemmSchedule::kCooperativeWide);
+  EXPECT_EQ(w->schedule, cuda::GemmSchedule::kCooperative256x192);
   EXPECT_EQ(w->raster, cuda::GemmRaster::kAlongN);
   EXPECT_EQ(w->swizzle, 2);
-  EXPECT_EQ(cuda::gemm_swiglu_block(cuda::GemmSchedule::kCooperativeWide), 8);
+  EXPECT_EQ(cuda::gemm_swiglu_block(cuda::GemmSchedule::kCooperative256x192), 8);
   EXPECT_EQ(cuda::gemm_swiglu_block(cuda::GemmSchedule::kCooperative), 128);
   EXPECT_EQ(cuda::gemm_swiglu_block(cuda::GemmSchedule::kPingpongNarrow), 64);
   for (const auto& [text, needle] :

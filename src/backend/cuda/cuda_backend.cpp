@@ -193,6 +193,10 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(int device_index, DType
   if (const char* t = std::getenv("ZIMAGE_QKV_GEMM")) {
     auto tuning = parse_gemm_tuning(t);
     if (!tuning.ok()) return tuning.status().with_context("ZIMAGE_QKV_GEMM");
+    if (tuning->schedule == GemmSchedule::kCooperative256x192)
+      return InvalidArgument(
+          "ZIMAGE_QKV_GEMM: coop-256x192 is a tile of the SwiGLU GEMM only (ZIMAGE_SWIGLU_GEMM); "
+          "the q|k|v GEMM takes coop, coop-tall, pingpong or pingpong-narrow");
     b->qkv_tuning_ = *tuning;
   }
   // On/off switches (env_switch, core/text.h): "1" or "0", anything else an error naming it.

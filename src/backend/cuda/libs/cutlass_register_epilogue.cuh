@@ -73,6 +73,18 @@ struct AccLayout {
   static_assert(V * 8 == kTileN, "one MMA atom spans the tile's width");
 };
 
+// Whether output column tile n_blk of kTileN columns lies wholly past the problem's N. CUTLASS's
+// persistent scheduler rounds the tile counts up to a multiple of its swizzle times the cluster's
+// shape (PersistentTileSchedulerSm90Params::initialize, tile_scheduler_params.h) and hands those
+// tiles out like any other; CUTLASS's own epilogues clip them by TMA, these must skip them, or a
+// row's extra columns land in the next row's and past the end of the output.
+template <class ProblemShapeMNKL>
+CUTLASS_DEVICE bool past_columns(ProblemShapeMNKL const& problem_shape_mnkl, int n_blk,
+                                 int kTileN) {
+  return static_cast<int64_t>(n_blk) * kTileN >=
+         static_cast<int64_t>(cute::get<1>(problem_shape_mnkl));
+}
+
 // The interface CUTLASS's DefaultEpilogue has (types, arguments, workspace) for a bf16-output
 // epilogue with `Args` as its arguments and no source tensor C; a derived class adds
 // can_implement and the operator() that writes the tile.

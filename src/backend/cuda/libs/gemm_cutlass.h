@@ -162,7 +162,7 @@ inline const char* fp8_tile_name(Fp8Tile t) {
     case Fp8Tile::kPingpong128:
       return "pingpong";
     case Fp8Tile::kCoopWide:
-      return "coop-wide";
+      return "coop-256x192";
     case Fp8Tile::kCoopTall:
       return "coop-tall";
     case Fp8Tile::kPingpongWide:
@@ -175,7 +175,7 @@ inline const char* fp8_tile_name(Fp8Tile t) {
       return "auto";
   }
 }
-// "auto", "pingpong", "coop-wide", "coop-tall", "pingpong-wide", "coop-256x192" or "waves"
+// "auto", "pingpong", "coop-256x192", "coop-tall", "pingpong-wide", "coop-256x192" or "waves"
 // (ZIMAGE_FP8_GEMM); an error names a bad value and the choices.
 inline Result<Fp8Tile> parse_fp8_tile(const std::string& text) {
   for (Fp8Tile t : {Fp8Tile::kAuto, Fp8Tile::kPingpong128, Fp8Tile::kCoopWide, Fp8Tile::kCoopTall,
@@ -212,16 +212,16 @@ enum class GemmSchedule {
   // SwiGLU only: 256 x 192 in 1 x 2 clusters, the mainloop of gemm_bf16_tiles.cu's tile (level
   // with cuBLASLt on w1|w3 in session 25's whole forwards), on rows interleaved in blocks of 8 so
   // that any 16-column slice holds whole gate/up pairs (192 does not divide 2 x 10240). The
-  // q|k|v GEMM runs it as kCooperative.
-  kCooperativeWide,
+  // q|k|v GEMM refuses it (kUnsupported; ZIMAGE_QKV_GEMM: an error).
+  kCooperative256x192,
 };
 struct GemmTuning {
   GemmSchedule schedule = GemmSchedule::kCooperative;
   GemmRaster raster = GemmRaster::kHeuristic;
   int swizzle = 1;
 };
-// "SCHEDULE[,RASTER[,SWIZZLE]]": coop, coop-tall, pingpong, pingpong-narrow or coop-wide; auto, m
-// or n; 1, 2, 4 or 8 (the ZIMAGE_SWIGLU_GEMM / ZIMAGE_QKV_GEMM settings). An error names what is
+// "SCHEDULE[,RASTER[,SWIZZLE]]": coop, coop-tall, pingpong, pingpong-narrow or coop-256x192; auto,
+// m or n; 1, 2, 4 or 8 (the ZIMAGE_SWIGLU_GEMM / ZIMAGE_QKV_GEMM settings). An error names what is
 // wrong.
 inline Result<GemmTuning> parse_gemm_tuning(const std::string& text) {
   GemmTuning t;
@@ -229,7 +229,7 @@ inline Result<GemmTuning> parse_gemm_tuning(const std::string& text) {
   const auto bad = [&](const std::string& what) {
     return InvalidArgument("GEMM tuning '" + text + "': " + what +
                            " (SCHEDULE[,RASTER[,SWIZZLE]]: coop|coop-tall|pingpong|"
-                           "pingpong-narrow|coop-wide, auto|m|n, 1|2|4|8)");
+                           "pingpong-narrow|coop-256x192, auto|m|n, 1|2|4|8)");
   };
   if (parts.size() > 3) return bad("too many parts");
   const std::string& s = parts[0];
@@ -241,8 +241,8 @@ inline Result<GemmTuning> parse_gemm_tuning(const std::string& text) {
     t.schedule = GemmSchedule::kPingpong;
   } else if (s == "pingpong-narrow") {
     t.schedule = GemmSchedule::kPingpongNarrow;
-  } else if (s == "coop-wide") {
-    t.schedule = GemmSchedule::kCooperativeWide;
+  } else if (s == "coop-256x192") {
+    t.schedule = GemmSchedule::kCooperative256x192;
   } else {
     return bad("unknown schedule '" + s + "'");
   }

@@ -64,6 +64,9 @@ class Fp8SwigluEpilogue : public register_epilogue::Base<Fp8SwigluArgs> {
     const int m_blk = static_cast<int>(get<0>(blk_coord_mnkl));
     const int n_blk = static_cast<int>(get<1>(blk_coord_mnkl));
     const int64_t rows = get<0>(problem_shape_mnkl);
+    // A tile past the columns (register_epilogue::past_columns): nothing to write, and its weight
+    // scales would be read past their end. Tile-uniform, before the shuffles.
+    if (register_epilogue::past_columns(problem_shape_mnkl, n_blk, kTileN)) return;
     Tensor coords = make_identity_tensor(make_shape(Int<kTileM>{}, Int<kTileN>{}));
     Tensor tc = tiled_mma.get_thread_slice(thread_idx).partition_C(coords);
     const float* sw = a.sw + static_cast<int64_t>(n_blk) * kTileN;  // this tile's weight rows

@@ -66,6 +66,9 @@ class QkvEpilogue : public register_epilogue::Base<QkvArgs> {
     const int m_blk = static_cast<int>(get<0>(blk_coord_mnkl));
     const int head = static_cast<int>(get<1>(blk_coord_mnkl));
     const int64_t rows = get<0>(problem_shape_mnkl);
+    // A head past q, k and v: the scheduler's rounding (register_epilogue::past_columns).
+    // Tile-uniform, before the shuffles.
+    if (register_epilogue::past_columns(problem_shape_mnkl, head, kHead)) return;
     // This tile's head: q, k or v, its index there and the heads of that tensor.
     const int kind = head < a.hq ? 0 : (head < a.hq + a.hkv ? 1 : 2);
     const int local = kind == 0 ? head : (kind == 1 ? head - a.hq : head - a.hq - a.hkv);
@@ -191,6 +194,8 @@ Status cutlass_bf16_qkv_norm_rope(const void* x, const void* wqkv, const QkvProl
                      p.hkv,
                      p.eps};
   const int mi = static_cast<int>(m), ni = static_cast<int>(n), ki = static_cast<int>(k);
+  if (tuning.schedule == GemmSchedule::kCooperative256x192)
+    return Unsupported(std::string(what) + ": the 256 x 192 tile is the SwiGLU GEMM's only");
   return Fused::run(what, x, wqkv, mi, ni, ki, args, tuning, workspace, workspace_bytes, stream);
 }
 

@@ -5,7 +5,7 @@
 // [2·t·B + B, 2·(t+1)·B).
 // An output tile of 2·B columns then holds a gate block and its up block, so every thread of the
 // epilogue owns both sums of each of its outputs (below) and the [m, 2f] intermediate never
-// reaches memory; the 256 × 192 tile (kCooperativeWide) takes B = 8 and twelve such pairs a tile
+// reaches memory; the 256 × 192 tile (kCooperative256x192) takes B = 8 and twelve such pairs a tile
 // (SwigluPairsEpilogue). Why not cuBLASLt: it has no epilogue that pairs two output columns.
 #include "backend/cuda/libs/gemm_cutlass.h"
 
@@ -58,6 +58,10 @@ class SwigluEpilogue : public register_epilogue::Base<SwigluArgs> {
     const int m_blk = static_cast<int>(get<0>(blk_coord_mnkl));
     const int n_blk = static_cast<int>(get<1>(blk_coord_mnkl));
     const int rows_left = static_cast<int>(get<0>(problem_shape_mnkl)) - m_blk * kTileM;
+    // The persistent scheduler rounds the column tiles up to a multiple of its swizzle times the
+    // cluster's width and hands out the extra ones too: they hold no output (register_epilogue::
+    // past_columns). Tile-uniform, before any shuffle.
+    if (register_epilogue::past_columns(problem_shape_mnkl, n_blk, kTileN)) return;
     Tensor coords = make_identity_tensor(make_shape(Int<kTileM>{}, Int<kTileN>{}));
     Tensor tc = tiled_mma.get_thread_slice(thread_idx).partition_C(coords);
     Bf16* out = this->params_.y + static_cast<int64_t>(m_blk) * kTileM * this->params_.ld +
@@ -87,7 +91,7 @@ class SwigluEpilogue : public register_epilogue::Base<SwigluArgs> {
   }
 };
 
-// The same SwiGLU for rows interleaved in blocks of 8 (kCooperativeWide): gate block t at rows
+// The same SwiGLU for rows interleaved in blocks of 8 (kCooperative256x192): gate block t at rows
 // [16·t, 16·t + 8), its up block at [16·t + 8, 16·t + 16). In the accumulator layout above, group
 // v holds columns [8·v, 8·v + 8) of the tile, so gate group 2·j and up group 2·j + 1 are the same
 // thread's, and the output feature of a gate column c of tile n_blk is n_blk·kTileN/2 + (c / 16)·8
@@ -122,6 +126,7 @@ class SwigluPairsEpilogue : public register_epilogue::Base<SwigluArgs> {
     const int n_blk = static_cast<int>(get<1>(blk_coord_mnkl));
     const int rows_left = static_cast<int>(get<0>(problem_shape_mnkl)) - m_blk * kTileM;
     const int cols_left = static_cast<int>(get<1>(problem_shape_mnkl)) - n_blk * kTileN;
+    if (cols_left <= 0) return;  // a tile past the columns (register_epilogue::past_columns)
     Tensor coords = make_identity_tensor(make_shape(Int<kTileM>{}, Int<kTileN>{}));
     Tensor tc = tiled_mma.get_thread_slice(thread_idx).partition_C(coords);
     Bf16* out = this->params_.y + static_cast<int64_t>(m_blk) * kTileM * this->params_.ld +
@@ -167,9 +172,9 @@ using PingpongNarrow =
     register_epilogue::Gemm<Shape<_128, _128, _64>, Cluster, Ping, SwigluEpilogue<128, 128>>;
 
 using Fused = register_epilogue::Configs<Cooperative, CooperativeTall, Pingpong, PingpongNarrow>;
-// kCooperativeWide: the 256 × 192 tile with its 1 × 2 clusters (gemm_bf16_tiles.cu's mainloop).
-using CooperativeWide = register_epilogue::Gemm<Shape<_256, _192, _64>, Shape<_1, _2, _1>, Coop,
-                                                SwigluPairsEpilogue<256, 192>>;
+// kCooperative256x192: the 256 × 192 tile with its 1 × 2 clusters (gemm_bf16_tiles.cu's mainloop).
+using Cooperative256x192 = register_epilogue::Gemm<Shape<_256, _192, _64>, Shape<_1, _2, _1>, Coop,
+                                                   SwigluPairsEpilogue<256, 192>>;
 
 }  // namespace
 
@@ -178,14 +183,14 @@ bool fused_gemms_available() {
 }
 
 int64_t gemm_swiglu_block(GemmSchedule schedule) {
-  if (schedule == GemmSchedule::kCooperativeWide) return 8;
+  if (schedule == GemmSchedule::kCooperative256x192) return 8;
   return schedule == GemmSchedule::kCooperative || schedule == GemmSchedule::kPingpong ? 128 : 64;
 }
 
 size_t cutlass_bf16_swiglu_workspace(int64_t m, int64_t f, int64_t k) {
   if (m <= 0 || f <= 0 || k <= 0 || m > INT32_MAX || 2 * f > INT32_MAX || k > INT32_MAX) return 0;
   const int mi = static_cast<int>(m), ni = static_cast<int>(2 * f), ki = static_cast<int>(k);
-  return std::max(Fused::workspace(mi, ni, ki), CooperativeWide::workspace(mi, ni, ki));
+  return std::max(Fused::workspace(mi, ni, ki), Cooperative256x192::workspace(mi, ni, ki));
 }
 
 Status cutlass_bf16_swiglu(const void* x, const void* w13, void* y, int64_t m, int64_t f, int64_t k,
@@ -205,9 +210,9 @@ Status cutlass_bf16_swiglu(const void* x, const void* w13, void* y, int64_t m, i
     return Unsupported(std::string(what) + ": operands not 16-byte aligned");
   const int mi = static_cast<int>(m), ni = static_cast<int>(2 * f), ki = static_cast<int>(k);
   const SwigluArgs args{static_cast<Bf16*>(y), f};
-  if (tuning.schedule == GemmSchedule::kCooperativeWide)
-    return CooperativeWide::run(what, x, w13, mi, ni, ki, args, tuning, workspace, workspace_bytes,
-                                stream);
+  if (tuning.schedule == GemmSchedule::kCooperative256x192)
+    return Cooperative256x192::run(what, x, w13, mi, ni, ki, args, tuning, workspace,
+                                   workspace_bytes, stream);
   return Fused::run(what, x, w13, mi, ni, ki, args, tuning, workspace, workspace_bytes, stream);
 }
 
@@ -222,7 +227,7 @@ bool fused_gemms_available() {
 }
 
 int64_t gemm_swiglu_block(GemmSchedule schedule) {
-  if (schedule == GemmSchedule::kCooperativeWide) return 8;
+  if (schedule == GemmSchedule::kCooperative256x192) return 8;
   return schedule == GemmSchedule::kCooperative || schedule == GemmSchedule::kPingpong ? 128 : 64;
 }
 
