@@ -6,7 +6,7 @@
 // An output tile of 2·B columns then holds a gate block and its up block, so every thread of the
 // epilogue owns both sums of each of its outputs (below) and the [m, 2f] intermediate never
 // reaches memory; the 256 × 192 tile (kCooperative256x192) takes B = 8 and twelve such pairs a tile
-// (SwigluPairsEpilogue). Why not cuBLASLt: it has no epilogue that pairs two output columns.
+// (SwigluEpilogue's kBlock). Why not cuBLASLt: it has no epilogue that pairs two output columns.
 #include "backend/cuda/libs/gemm_cutlass.h"
 
 #if defined(ZIMAGE_WITH_CUTLASS)
@@ -29,81 +29,24 @@ struct SwigluArgs {
 
 // Each thread takes its accumulators straight from the registers. The wgmma accumulator layout
 // per thread is ((2, 2, V), MMA_M, MMA_N): two adjacent columns, two rows 8 apart, V groups of 8
-// columns. With MMA_N = 1 and a 2·B wide tile, the group v + V/2 is 8·V/2 = B columns right of
-// group v, which is where the up sum of the gate sum in group v lies. Roundings as the two-kernel
-// path makes them (the GEMM's bf16 outputs, silu rounded to bf16, the product rounded once), so
-// the two differ only in the GEMMs' order of summation.
-template <int kTileM, int kTileN>
+// columns (cute's CLayout_64xN, value stride 512: group v + 1 is 8 columns right of group v).
+// With MMA_N = 1 and rows in blocks of kBlock (G = kBlock / 8 groups a block), gate pair p's
+// group is (p / G)·2G + p % G and its up group G further right, so every thread holds both sums
+// of each of its outputs: for kBlock = kTileN / 2 the gate groups are v < V/2 and the up groups
+// v + V/2; for kBlock = 8 (the 256 × 192 tile, whose 96 does not divide F = 10240) groups 2j
+// and 2j + 1. The output feature of gate column c of column tile n_blk is n_blk·kTileN/2 +
+// (c / 2·kBlock)·kBlock + c % 2·kBlock. With kBlock = 8 a tile that starts at a multiple of 16
+// columns holds whole pairs, the last, partial one too (at 2F 20480: 106 tiles of 192 and one of
+// 128), whose columns past N are skipped. Roundings as the two-kernel path makes them (the GEMM's
+// bf16 outputs, silu rounded to bf16, the product rounded once), so the two differ only in the
+// GEMMs' order of summation.
+template <int kTileM, int kTileN, int kBlock = kTileN / 2>
 class SwigluEpilogue : public register_epilogue::Base<SwigluArgs> {
  public:
   using register_epilogue::Base<SwigluArgs>::Base;
-  static constexpr int kBlock = kTileN / 2;  // a tile holds one gate block and its up block
-
-  template <class ProblemShape>
-  static bool can_implement(ProblemShape const& problem_shape, SwigluArgs const& args) {
-    const auto n = cute::get<1>(problem_shape);
-    return args.y != nullptr && n % kTileN == 0 && args.ld >= n / 2 && args.ld % 2 == 0;
-  }
-
-  template <class ProblemShapeMNKL, class BlockShapeMNK, class BlockCoordMNKL, class FrgEngine,
-            class FrgLayout, class TiledMma, class ResidueMNK>
-  CUTLASS_DEVICE void operator()(ProblemShapeMNKL problem_shape_mnkl, BlockShapeMNK,
-                                 BlockCoordMNKL blk_coord_mnkl,
-                                 cute::Tensor<FrgEngine, FrgLayout> const& acc, TiledMma tiled_mma,
-                                 ResidueMNK, int thread_idx, char*) {
-    using namespace cute;
-    using Acc = register_epilogue::AccLayout<FrgLayout, BlockShapeMNK, kTileM, kTileN>;
-    constexpr int V = Acc::V, MM = Acc::MM;
-
-    const int m_blk = static_cast<int>(get<0>(blk_coord_mnkl));
-    const int n_blk = static_cast<int>(get<1>(blk_coord_mnkl));
-    const int rows_left = static_cast<int>(get<0>(problem_shape_mnkl)) - m_blk * kTileM;
-    // The persistent scheduler rounds the column tiles up to a multiple of its swizzle times the
-    // cluster's width and hands out the extra ones too: they hold no output (register_epilogue::
-    // past_columns). Tile-uniform, before any shuffle.
-    if (register_epilogue::past_columns(problem_shape_mnkl, n_blk, kTileN)) return;
-    Tensor coords = make_identity_tensor(make_shape(Int<kTileM>{}, Int<kTileN>{}));
-    Tensor tc = tiled_mma.get_thread_slice(thread_idx).partition_C(coords);
-    Bf16* out = this->params_.y + static_cast<int64_t>(m_blk) * kTileM * this->params_.ld +
-                static_cast<int64_t>(n_blk) * kBlock;
-    CUTLASS_PRAGMA_UNROLL
-    for (int mm = 0; mm < MM; ++mm) {
-      CUTLASS_PRAGMA_UNROLL
-      for (int r = 0; r < 2; ++r) {
-        CUTLASS_PRAGMA_UNROLL
-        for (int v = 0; v < V / 2; ++v) {
-          const auto gate0 = make_coord(make_coord(0, r, v), mm, 0);
-          const auto gate1 = make_coord(make_coord(1, r, v), mm, 0);
-          const auto up0 = make_coord(make_coord(0, r, v + V / 2), mm, 0);
-          const auto up1 = make_coord(make_coord(1, r, v + V / 2), mm, 0);
-          const int row = get<0>(tc(gate0)), col = get<1>(tc(gate0));
-          if (row >= rows_left) continue;
-          const float g0 = round_bf16(acc(gate0)), g1 = round_bf16(acc(gate1));
-          const float s0 = round_bf16(g0 / (1.0f + expf(-g0)));
-          const float s1 = round_bf16(g1 / (1.0f + expf(-g1)));
-          cutlass::Array<Bf16, 2> pair;
-          pair[0] = Bf16(s0 * round_bf16(acc(up0)));
-          pair[1] = Bf16(s1 * round_bf16(acc(up1)));
-          *reinterpret_cast<cutlass::Array<Bf16, 2>*>(out + row * this->params_.ld + col) = pair;
-        }
-      }
-    }
-  }
-};
-
-// The same SwiGLU for rows interleaved in blocks of 8 (kCooperative256x192): gate block t at rows
-// [16·t, 16·t + 8), its up block at [16·t + 8, 16·t + 16). In the accumulator layout above, group
-// v holds columns [8·v, 8·v + 8) of the tile, so gate group 2·j and up group 2·j + 1 are the same
-// thread's, and the output feature of a gate column c of tile n_blk is n_blk·kTileN/2 + (c / 16)·8
-// + c % 8. Any tile that starts at a multiple of 16 columns holds whole pairs, also the last,
-// partial one (at 2F 20480, 106 tiles of 192 and one of 128), whose columns past the problem's
-// are not written. Same roundings as SwigluEpilogue.
-template <int kTileM, int kTileN>
-class SwigluPairsEpilogue : public register_epilogue::Base<SwigluArgs> {
- public:
-  using register_epilogue::Base<SwigluArgs>::Base;
-  static constexpr int kBlock = 8;
-  static_assert(kTileN % (2 * kBlock) == 0, "a tile holds whole gate/up pairs");
+  static_assert(kBlock % 8 == 0 && kTileN % (2 * kBlock) == 0, "a tile holds whole pairs");
+  static constexpr int kGroups = kBlock / 8;            // value groups a block
+  static constexpr bool kWhole = 2 * kBlock == kTileN;  // one pair of blocks fills a tile
 
   template <class ProblemShape>
   static bool can_implement(ProblemShape const& problem_shape, SwigluArgs const& args) {
@@ -120,13 +63,15 @@ class SwigluPairsEpilogue : public register_epilogue::Base<SwigluArgs> {
     using namespace cute;
     using Acc = register_epilogue::AccLayout<FrgLayout, BlockShapeMNK, kTileM, kTileN>;
     constexpr int V = Acc::V, MM = Acc::MM;
-    static_assert(V % 2 == 0);
 
     const int m_blk = static_cast<int>(get<0>(blk_coord_mnkl));
     const int n_blk = static_cast<int>(get<1>(blk_coord_mnkl));
     const int rows_left = static_cast<int>(get<0>(problem_shape_mnkl)) - m_blk * kTileM;
     const int cols_left = static_cast<int>(get<1>(problem_shape_mnkl)) - n_blk * kTileN;
-    if (cols_left <= 0) return;  // a tile past the columns (register_epilogue::past_columns)
+    // The persistent scheduler rounds the column tiles up to a multiple of its swizzle times the
+    // cluster's width and hands out the extra ones too: they hold no output (register_epilogue::
+    // past_columns). Tile-uniform, before any shuffle.
+    if (register_epilogue::past_columns(problem_shape_mnkl, n_blk, kTileN)) return;
     Tensor coords = make_identity_tensor(make_shape(Int<kTileM>{}, Int<kTileN>{}));
     Tensor tc = tiled_mma.get_thread_slice(thread_idx).partition_C(coords);
     Bf16* out = this->params_.y + static_cast<int64_t>(m_blk) * kTileM * this->params_.ld +
@@ -136,13 +81,18 @@ class SwigluPairsEpilogue : public register_epilogue::Base<SwigluArgs> {
       CUTLASS_PRAGMA_UNROLL
       for (int r = 0; r < 2; ++r) {
         CUTLASS_PRAGMA_UNROLL
-        for (int j = 0; j < V / 2; ++j) {
-          const auto gate0 = make_coord(make_coord(0, r, 2 * j), mm, 0);
-          const auto gate1 = make_coord(make_coord(1, r, 2 * j), mm, 0);
-          const auto up0 = make_coord(make_coord(0, r, 2 * j + 1), mm, 0);
-          const auto up1 = make_coord(make_coord(1, r, 2 * j + 1), mm, 0);
+        for (int p = 0; p < V / 2; ++p) {
+          const int gv = (p / kGroups) * 2 * kGroups + p % kGroups, uv = gv + kGroups;
+          const auto gate0 = make_coord(make_coord(0, r, gv), mm, 0);
+          const auto gate1 = make_coord(make_coord(1, r, gv), mm, 0);
+          const auto up0 = make_coord(make_coord(0, r, uv), mm, 0);
+          const auto up1 = make_coord(make_coord(1, r, uv), mm, 0);
           const int row = get<0>(tc(gate0)), col = get<1>(tc(gate0));
-          if (row >= rows_left || col >= cols_left) continue;
+          if (row >= rows_left) continue;
+          // Partial column tiles only where a tile holds several pairs (N % kTileN may be > 0).
+          if constexpr (!kWhole) {
+            if (col >= cols_left) continue;
+          }
           const float g0 = round_bf16(acc(gate0)), g1 = round_bf16(acc(gate1));
           const float s0 = round_bf16(g0 / (1.0f + expf(-g0)));
           const float s1 = round_bf16(g1 / (1.0f + expf(-g1)));
@@ -174,7 +124,7 @@ using PingpongNarrow =
 using Fused = register_epilogue::Configs<Cooperative, CooperativeTall, Pingpong, PingpongNarrow>;
 // kCooperative256x192: the 256 × 192 tile with its 1 × 2 clusters (gemm_bf16_tiles.cu's mainloop).
 using Cooperative256x192 = register_epilogue::Gemm<Shape<_256, _192, _64>, Shape<_1, _2, _1>, Coop,
-                                                   SwigluPairsEpilogue<256, 192>>;
+                                                   SwigluEpilogue<256, 192, 8>>;
 
 }  // namespace
 
