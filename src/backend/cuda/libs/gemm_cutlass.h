@@ -162,7 +162,7 @@ inline const char* fp8_tile_name(Fp8Tile t) {
     case Fp8Tile::kPingpong128:
       return "pingpong";
     case Fp8Tile::kCoopWide:
-      return "coop-256x192";
+      return "coop-wide";
     case Fp8Tile::kCoopTall:
       return "coop-tall";
     case Fp8Tile::kPingpongWide:
@@ -175,7 +175,7 @@ inline const char* fp8_tile_name(Fp8Tile t) {
       return "auto";
   }
 }
-// "auto", "pingpong", "coop-256x192", "coop-tall", "pingpong-wide", "coop-256x192" or "waves"
+// "auto", "pingpong", "coop-wide", "coop-tall", "pingpong-wide", "coop-256x192" or "waves"
 // (ZIMAGE_FP8_GEMM); an error names a bad value and the choices.
 inline Result<Fp8Tile> parse_fp8_tile(const std::string& text) {
   for (Fp8Tile t : {Fp8Tile::kAuto, Fp8Tile::kPingpong128, Fp8Tile::kCoopWide, Fp8Tile::kCoopTall,
