@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <limits>
 #include <string>
+#include <utility>
 
 #include "backend/cuda/libs/gemm_cutlass.h"
 #include "gpu/cuda_test_util.h"
@@ -82,6 +83,22 @@ constexpr std::pair<cuda::GemmSchedule, const char*> kSwigluSchedules[] = {
     {cuda::GemmSchedule::kPingpongNarrow, "ping-pong narrow"},
     {cuda::GemmSchedule::kCooperative256x192, "cooperative 256x192"}};
 
+// The CUTLASS SwiGLU kernel itself (no fallback behind it) on x [m, k] and w13 already in the
+// row blocks `tuning`'s schedule takes, into y [m, f], with a workspace of its own.
+Status swiglu_kernel(cuda::CudaBackend* g, const Tensor& x, const Tensor& w13, Tensor& y,
+                     const cuda::GemmTuning& tuning) {
+  const int64_t k = x.dim(-1), m = x.numel() / k, f = y.dim(-1);
+  const size_t ws_bytes = cuda::cutlass_bf16_swiglu_workspace(m, f, k);
+  Tensor ws;
+  if (ws_bytes > 0) {
+    auto a = g->alloc(DType::kU8, {static_cast<int64_t>(ws_bytes)});
+    if (!a.ok()) return a.status();
+    ws = std::move(*a);
+  }
+  return cuda::cutlass_bf16_swiglu(x.data(), w13.data(), y.data(), m, f, k,
+                                   ws_bytes ? ws.data() : nullptr, ws_bytes, g->stream(), tuning);
+}
+
 // y for `x` and the gate-first `w13` on the GPU: the two kernels (block 0) or the fused op on the
 // weight put in blocks. Fused, the CUTLASS kernel is also called directly (unless `fallback`, a
 // case the kernel must decline): it must take the case and write the op's bytes, so that a
@@ -102,15 +119,9 @@ std::vector<float> run_gpu(cuda::CudaBackend* g, const Tensor& x, const Tensor& 
   EXPECT_TRUE(s.ok()) << s.to_string();
   std::vector<float> out = fetch(*g, y);
   if (fused && !fallback) {
-    const int64_t k = in.dim(-1);
-    const size_t ws_bytes = cuda::cutlass_bf16_swiglu_workspace(m, f, k);
-    Tensor ws;
-    if (ws_bytes > 0) ws = take(g->alloc(DType::kU8, {static_cast<int64_t>(ws_bytes)}), "ws");
     Tensor direct = take(g->alloc(DType::kBF16, {m, f}), "alloc direct");
     EXPECT_TRUE(g->fill(direct, std::numeric_limits<float>::quiet_NaN()).ok());
-    const Status d = cuda::cutlass_bf16_swiglu(in.data(), lw.w.data(), direct.data(), m, f, k,
-                                               ws_bytes ? ws.data() : nullptr, ws_bytes,
-                                               g->stream(), g->swiglu_tuning());
+    const Status d = swiglu_kernel(g, in, lw.w, direct, g->swiglu_tuning());
     EXPECT_TRUE(d.ok()) << "the fused kernel declined: " << d.to_string();
     EXPECT_EQ(fetch(*g, direct), out) << "the op's bytes are not the fused kernel's";
   }
@@ -220,13 +231,8 @@ TEST(CudaFusedGemm, Swiglu256x192TileRunsAndRecordedEqualsEager) {
   Tensor rec = take(g->alloc(DType::kBF16, {m, f}), "alloc");
   ZI_ASSERT_OK(g->fill(eager, std::numeric_limits<float>::quiet_NaN()));
   ZI_ASSERT_OK(g->matmul_swiglu(x, lw.w, lw.swiglu_block, eager));
-  const size_t ws_bytes = cuda::cutlass_bf16_swiglu_workspace(m, f, k);
-  Tensor ws;
-  if (ws_bytes > 0) ws = take(g->alloc(DType::kU8, {static_cast<int64_t>(ws_bytes)}), "ws");
   ZI_ASSERT_OK(g->fill(direct, std::numeric_limits<float>::quiet_NaN()));
-  ZI_ASSERT_OK(cuda::cutlass_bf16_swiglu(x.data(), lw.w.data(), direct.data(), m, f, k,
-                                         ws_bytes ? ws.data() : nullptr, ws_bytes, g->stream(),
-                                         wide));
+  ZI_ASSERT_OK(swiglu_kernel(g, x, lw.w, direct, wide));
   EXPECT_EQ(fetch(*g, direct), fetch(*g, eager)) << "the op did not run the 256 x 192 kernel";
   ZI_ASSERT_OK(g->fill(rec, std::numeric_limits<float>::quiet_NaN()));
   auto work = g->record([&] { return g->matmul_swiglu(x, lw.w, lw.swiglu_block, rec); });
@@ -283,13 +289,8 @@ TEST(CudaFusedGemm, TilesPastTheColumnsWriteNothing) {
     LinearWeight lw;
     lw.w = take(g->upload(wh, DType::kBF16), "upload w13");
     ZI_ASSERT_OK(set_swiglu_block(*g, lw, cuda::gemm_swiglu_block(c.schedule)));
-    const size_t ws_bytes = cuda::cutlass_bf16_swiglu_workspace(c.m, c.f, k);
-    Tensor ws;
-    if (ws_bytes > 0) ws = take(g->alloc(DType::kU8, {static_cast<int64_t>(ws_bytes)}), "ws");
     auto swiglu_into = [&](Tensor& y, cuda::GemmRaster raster, int swizzle) {
-      return cuda::cutlass_bf16_swiglu(x.data(), lw.w.data(), y.data(), c.m, c.f, k,
-                                       ws_bytes ? ws.data() : nullptr, ws_bytes, g->stream(),
-                                       {c.schedule, raster, swizzle});
+      return swiglu_kernel(g, x, lw.w, y, {c.schedule, raster, swizzle});
     };
     Tensor ref = take(g->alloc(DType::kBF16, {c.m, c.f}), "ref");
     ZI_ASSERT_OK(swiglu_into(ref, cuda::GemmRaster::kHeuristic, 1));

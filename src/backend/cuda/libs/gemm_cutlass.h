@@ -264,7 +264,10 @@ inline Result<GemmTuning> parse_gemm_tuning(const std::string& text) {
 // followed by Backend::swiglu. x [m, k], y [m, f]. kUnsupported when the build has no
 // CUTLASS, the device is not sm_90, f % B != 0, k % 8 != 0 or an operand is not
 // 16-byte aligned. `workspace` of cutlass_bf16_swiglu_workspace(m, f, k) bytes at least.
-int64_t gemm_swiglu_block(GemmSchedule schedule);
+inline int64_t gemm_swiglu_block(GemmSchedule schedule) {
+  if (schedule == GemmSchedule::kCooperative256x192) return 8;  // twelve pairs a 192-wide tile
+  return schedule == GemmSchedule::kCooperative || schedule == GemmSchedule::kPingpong ? 128 : 64;
+}
 Status cutlass_bf16_swiglu(const void* x, const void* w13, void* y, int64_t m, int64_t f, int64_t k,
                            void* workspace, size_t workspace_bytes, cudaStream_t stream,
                            const GemmTuning& tuning = {});

@@ -132,11 +132,6 @@ bool fused_gemms_available() {
   return true;
 }
 
-int64_t gemm_swiglu_block(GemmSchedule schedule) {
-  if (schedule == GemmSchedule::kCooperative256x192) return 8;
-  return schedule == GemmSchedule::kCooperative || schedule == GemmSchedule::kPingpong ? 128 : 64;
-}
-
 size_t cutlass_bf16_swiglu_workspace(int64_t m, int64_t f, int64_t k) {
   if (m <= 0 || f <= 0 || k <= 0 || m > INT32_MAX || 2 * f > INT32_MAX || k > INT32_MAX) return 0;
   const int mi = static_cast<int>(m), ni = static_cast<int>(2 * f), ki = static_cast<int>(k);
@@ -174,11 +169,6 @@ namespace zimage::cuda {
 
 bool fused_gemms_available() {
   return false;
-}
-
-int64_t gemm_swiglu_block(GemmSchedule schedule) {
-  if (schedule == GemmSchedule::kCooperative256x192) return 8;
-  return schedule == GemmSchedule::kCooperative || schedule == GemmSchedule::kPingpong ? 128 : 64;
 }
 
 size_t cutlass_bf16_swiglu_workspace(int64_t, int64_t, int64_t) {
