@@ -26,8 +26,9 @@ std::string fmt_ms(double ms) {
 // The peaks of the caching allocator and the device memory held since mem0, into j.
 void memory_figures(const StandardRun& s, json& j) {
   j["gpu_gib"] = gpu_used_gib() - s.mem0;
-  j["alloc_peak_gib"] = alloc_counters(*s.L.be).peak_gib;
-  j["alloc_peak_reserved_gib"] = alloc_counters(*s.L.be).reserved_peak_gib;
+  const AllocCounters ac = alloc_counters(*s.L.be);
+  j["alloc_peak_gib"] = ac.peak_gib;
+  j["alloc_peak_reserved_gib"] = ac.reserved_peak_gib;
 }
 
 void load_phase(StandardRun& s) {
@@ -144,6 +145,7 @@ void whole_image_phase(StandardRun& s) {
     auto first = s.L.pipe->run(req, {});
     if (!first.ok()) fail(first.status());
     const double first_s = now_s() - t0;
+    const uint64_t calls0 = alloc_counters(be).device_calls;
     Stats st = timed(
         be, 0, 3,
         [&]() -> Status {
@@ -155,6 +157,7 @@ void whole_image_phase(StandardRun& s) {
         s.sampler.get());
     json j = st.to_json();
     j["first_call_s"] = first_s;
+    j["device_alloc_calls_steady"] = alloc_counters(be).device_calls - calls0;
     memory_figures(s, j);
     j["text_encoder_s"] = last.text_encoder_s;
     j["denoise_s"] = last.denoise_s();

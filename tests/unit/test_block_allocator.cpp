@@ -379,10 +379,97 @@ TEST(BlockAllocator, ReservedStaysNearPeakInUseForVaeLikeSequences) {
   }
 }
 
+// One decode of a VAE-like sequence (the stages of run_vae_like, the same sizes for the same
+// seed), everything freed at its end; the segment calls it made.
+uint64_t vae_like_decode(BlockAllocator& a, uint64_t seed) {
+  const BlockAllocatorStats before = a.stats();
+  std::mt19937_64 rng(seed);
+  for (int stage = 0; stage < 24; ++stage) {
+    const size_t size = 32 * 1000 * 1000 + rng() % (480 * 1000 * 1000);
+    std::vector<void*> live;
+    const int ops = 10 + static_cast<int>(rng() % 30);
+    for (int k = 0; k < ops; ++k) {
+      if (live.size() < 2 || (live.size() < 5 && rng() % 2 == 0)) {
+        static constexpr double kScale[] = {0.5, 1, 1, 1, 2};
+        live.push_back(take(a, static_cast<size_t>(size * kScale[rng() % 5])));
+      } else {
+        const size_t i = rng() % live.size();
+        give(a, live[i]);
+        live.erase(live.begin() + static_cast<std::ptrdiff_t>(i));
+      }
+    }
+    for (void* p : live) give(a, p);
+  }
+  const BlockAllocatorStats after = a.stats();
+  return (after.num_segment_allocs - before.num_segment_allocs) +
+         (after.num_segment_frees - before.num_segment_frees);
+}
+
+// The same decode again and again (image after image): under the fixed budget every repetition
+// gives back segments it asks for again (a cudaMalloc and a cudaFree each, which synchronise the
+// device); with repeat_slack_max_bytes the budget grows by what is asked for again, and from the
+// third decode on nothing is obtained or given back, at a cost in memory held that the cap bounds.
+TEST(BlockAllocator, RepeatedWorkStopsChurning) {
+  for (uint64_t seed = 1; seed <= 6; ++seed) {
+    BlockAllocatorOptions fixed;
+    BlockAllocatorOptions grows;
+    grows.repeat_slack_max_bytes = size_t{8} << 30;
+    uint64_t churn_fixed = 0, churn_grows = 0;
+    size_t reserved_fixed = 0, reserved_grows = 0;
+    for (const bool adaptive : {false, true}) {
+      FakeDevice dev;
+      auto a = make(dev, adaptive ? grows : fixed);
+      void* weights = take(*a, 900 * kMiB);
+      uint64_t calls[5];
+      for (uint64_t& c : calls) c = vae_like_decode(*a, seed);
+      const BlockAllocatorStats s = a->stats();
+      std::printf(
+          "  seed %d, %s: segment calls a decode %llu %llu %llu %llu %llu; %.0f MiB "
+          "reserved, peak in use %.0f MiB, repeat slack %.0f MiB\n",
+          static_cast<int>(seed), adaptive ? "repeat slack" : "fixed budget",
+          static_cast<unsigned long long>(calls[0]), static_cast<unsigned long long>(calls[1]),
+          static_cast<unsigned long long>(calls[2]), static_cast<unsigned long long>(calls[3]),
+          static_cast<unsigned long long>(calls[4]), s.reserved_bytes / double(kMiB),
+          s.peak_in_use_bytes / double(kMiB), s.repeat_slack_bytes / double(kMiB));
+      const uint64_t later = calls[2] + calls[3] + calls[4];
+      (adaptive ? churn_grows : churn_fixed) = later;
+      (adaptive ? reserved_grows : reserved_fixed) = s.reserved_bytes;
+      if (adaptive) {
+        EXPECT_EQ(later, 0u) << "seed " << seed << ": still churning from the third decode on";
+        EXPECT_GT(s.repeat_slack_bytes, 0u) << "seed " << seed;
+        EXPECT_LE(s.repeat_slack_bytes, grows.repeat_slack_max_bytes);
+      } else {
+        EXPECT_EQ(s.repeat_slack_bytes, 0u);
+      }
+      give(*a, weights);
+      EXPECT_TRUE(dev.errors.empty());
+    }
+    // Teeth: the fixed budget churns on these sequences at every decode.
+    EXPECT_GT(churn_fixed, 0u) << "seed " << seed << ": the sequence does not churn at all";
+    // What it costs: more held, by at most the cap.
+    EXPECT_LE(reserved_grows, reserved_fixed + grows.repeat_slack_max_bytes);
+  }
+}
+
+// The cap holds: with room for one segment the budget grows by at most that, and the churn
+// goes on.
+TEST(BlockAllocator, RepeatSlackStopsAtItsCap) {
+  FakeDevice dev;
+  BlockAllocatorOptions o;
+  o.repeat_slack_max_bytes = 64 * kMiB;
+  auto a = make(dev, o);
+  uint64_t later = 0;
+  for (int i = 0; i < 5; ++i) later = vae_like_decode(*a, 3);
+  EXPECT_EQ(a->stats().repeat_slack_bytes, 64 * kMiB);
+  EXPECT_GT(later, 0u);
+  EXPECT_TRUE(dev.errors.empty());
+}
+
 TEST(BlockAllocator, GivesBackIdleSegmentsWhenAPhaseChanges) {
   FakeDevice dev;
   BlockAllocatorOptions o;
   o.cache_slack_bytes = 0;
+  o.repeat_slack_max_bytes = size_t{8} << 30;  // a change of phase is no repetition
   auto a = make(dev, o);
   // Phase 1: four 64 MiB tensors at once, then all freed: four idle 64 MiB segments, and
   // 256 MiB is the peak in use.
@@ -401,8 +488,84 @@ TEST(BlockAllocator, GivesBackIdleSegmentsWhenAPhaseChanges) {
   EXPECT_FALSE(dev.live.count(addr(p[1])));
   EXPECT_TRUE(dev.live.count(addr(p[2])));
   EXPECT_TRUE(dev.live.count(addr(p[3])));
+  EXPECT_EQ(s.repeat_slack_bytes, 0u);
   give(*a, big);
   EXPECT_TRUE(dev.errors.empty());
+}
+
+// Under a held limit (the CUDA allocator's set_limit) the budget is at most the limit: idle
+// segments go least recently used first, only as many as the new segment needs, however large
+// the slack, instead of the limit refusing the segment and every idle one going.
+TEST(BlockAllocator, AHeldLimitCapsTheBudget) {
+  FakeDevice dev;
+  BlockAllocatorOptions o;
+  o.cache_slack_bytes = size_t{1} << 40;
+  o.repeat_slack_max_bytes = size_t{8} << 30;
+  auto a = make(dev, o);
+  a->set_held_limit(256 * kMiB);
+  std::vector<void*> p;
+  for (int i = 0; i < 4; ++i) p.push_back(take(*a, 64 * kMiB));
+  for (void* q : p) give(*a, q);
+  void* big = take(*a, 100 * kMiB);
+  const BlockAllocatorStats s = a->stats();
+  EXPECT_EQ(s.num_segment_frees, 2u);
+  EXPECT_EQ(s.reserved_bytes, 228 * kMiB);
+  EXPECT_FALSE(dev.live.count(addr(p[0])));
+  EXPECT_FALSE(dev.live.count(addr(p[1])));
+  EXPECT_TRUE(dev.live.count(addr(p[2])));
+  give(*a, big);
+  // A given-back size asked for again does not grow the budget under a limit: the fourth 64 MiB
+  // request (the first three fit the idle blocks) misses, and the limit stays the budget.
+  std::vector<void*> q;
+  for (int i = 0; i < 4; ++i) q.push_back(take(*a, 64 * kMiB));
+  EXPECT_EQ(a->stats().repeat_slack_bytes, 0u);
+  EXPECT_LE(a->stats().reserved_bytes, 292 * kMiB);
+  for (void* r : q) give(*a, r);
+  // Without the limit the slack keeps everything.
+  a->set_held_limit(0);
+  void* more = take(*a, 300 * kMiB);
+  EXPECT_EQ(a->stats().num_segment_frees, 2u);
+  give(*a, more);
+  EXPECT_TRUE(dev.errors.empty());
+}
+
+// A phase that comes back (the next image's) asks for the segment sizes it gave back: the budget
+// grows by them, and the other phase's idle segment is kept where the fixed budget gave it back.
+TEST(BlockAllocator, APhaseThatComesBackKeepsTheOthersSegments) {
+  for (const bool repeat : {false, true}) {
+    FakeDevice dev;
+    BlockAllocatorOptions o;
+    o.cache_slack_bytes = 0;
+    o.repeat_slack_max_bytes = repeat ? size_t{8} << 30 : 0;
+    auto a = make(dev, o);
+    void* p0 = take(*a, 64 * kMiB);
+    void* p1 = take(*a, 64 * kMiB);
+    give(*a, p0);
+    give(*a, p1);
+    // Phase B: 600 MiB fits neither 64 MiB segment; both are given back (the budget is 600).
+    void* b = take(*a, 600 * kMiB);
+    EXPECT_EQ(a->stats().num_segment_frees, 2u);
+    give(*a, b);
+    // Phase A again: 64 MiB requests do not split the idle 600 MiB block (oversize), so each
+    // misses.
+    void* q0 = take(*a, 64 * kMiB);
+    void* q1 = take(*a, 64 * kMiB);
+    const BlockAllocatorStats s = a->stats();
+    if (repeat) {
+      EXPECT_EQ(s.repeat_slack_bytes, 128 * kMiB);
+      EXPECT_EQ(s.num_segment_frees, 2u);
+      EXPECT_EQ(s.reserved_bytes, 728 * kMiB);
+      EXPECT_TRUE(dev.live.count(addr(b)));
+    } else {
+      EXPECT_EQ(s.repeat_slack_bytes, 0u);
+      EXPECT_EQ(s.num_segment_frees, 3u);
+      EXPECT_EQ(s.reserved_bytes, 128 * kMiB);
+      EXPECT_FALSE(dev.live.count(addr(b)));
+    }
+    give(*a, q0);
+    give(*a, q1);
+    EXPECT_TRUE(dev.errors.empty());
+  }
 }
 
 TEST(BlockAllocator, OutOfMemoryGivesBackCacheRetriesThenFailsCleanly) {

@@ -129,7 +129,18 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(int device_index, DType
   b->name_ =
       "cuda:" + std::to_string(device_index) + " " + prop.name + " (" + dtype_name(act_dtype) + ")";
   ZI_CUDA_TRY(cudaStreamCreateWithFlags(&b->stream_, cudaStreamNonBlocking));
-  b->allocator_ = CachingAllocator::create(device_index);
+  // Churn in repeated work (a VAE decode image after image) may grow the cache's budget by up
+  // to a tenth of the device's memory (core/block_allocator.h, "Repeated work");
+  // ZIMAGE_ALLOC_REPEAT=0 keeps the budget fixed (the rule before, for comparisons).
+  BlockAllocatorOptions alloc_options;
+  alloc_options.repeat_slack_max_bytes = prop.totalGlobalMem / 10;
+  if (const char* v = std::getenv("ZIMAGE_ALLOC_REPEAT")) {
+    const std::string r(v);
+    if (r != "0" && r != "1")
+      return InvalidArgument("ZIMAGE_ALLOC_REPEAT: '" + r + "' is not one of 0, 1");
+    if (r == "0") alloc_options.repeat_slack_max_bytes = 0;
+  }
+  b->allocator_ = CachingAllocator::create(device_index, alloc_options);
   tp = Clock::now();
   if (blas_loader.joinable()) blas_loader.join();
   const double blas_wait_ms = ms_since(tp);

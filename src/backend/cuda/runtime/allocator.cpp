@@ -106,6 +106,7 @@ AllocatorStats CachingAllocator::stats() const {
   s.num_device_mallocs = b.num_segment_allocs;
   s.num_device_frees = b.num_segment_frees;
   s.num_cache_hits = b.num_cache_hits;
+  s.repeat_slack_bytes = b.repeat_slack_bytes;
   return s;
 }
 

@@ -39,6 +39,7 @@ struct AllocatorStats {
   uint64_t num_device_mallocs = 0;
   uint64_t num_device_frees = 0;
   uint64_t num_cache_hits = 0;
+  size_t repeat_slack_bytes = 0;  // what churn added to the budget (core/block_allocator.h)
 };
 
 class CachingAllocator : public std::enable_shared_from_this<CachingAllocator> {
@@ -71,7 +72,10 @@ class CachingAllocator : public std::enable_shared_from_this<CachingAllocator> {
   void reset_peak();
   // At most `bytes` obtained from the driver (0 = no limit): a request that would go beyond it
   // first gets idle segments given back, then fails with OutOfMemory.
-  void set_limit(size_t bytes) { limit_ = bytes; }
+  void set_limit(size_t bytes) {
+    limit_ = bytes;
+    blocks_->set_held_limit(bytes);
+  }
   size_t limit() const { return limit_.load(); }
 
  private:
