@@ -95,10 +95,7 @@ Result<BlockAllocator::Block*> BlockAllocator::grow(Pool& pool, size_t requested
   const size_t bytes = small ? kSmallSegment : segment_size(rounded);
   // Nothing is given back while a private pool is active (graph capture forbids cudaFree).
   const bool may_free = &pool == &general_;
-  if (may_free) {
-    note_repeat(bytes);
-    ZI_TRY(trim_for(bytes));
-  }
+  if (may_free) ZI_TRY(trim_for(bytes));
   Result<void*> got = segment_alloc_(bytes);
   if (!got.ok() && got.status().code() == ErrorCode::kOutOfMemory && may_free) {
     ZI_TRY(free_all_free_segments());
@@ -197,19 +194,9 @@ Status BlockAllocator::deallocate(void* ptr) {
   return Status::Ok();
 }
 
-void BlockAllocator::note_repeat(size_t segment_bytes) {
-  if (held_limit_.load() != 0) return;  // under a limit the planner's budget rules (see the header)
-  auto it = std::find(given_back_.begin(), given_back_.end(), segment_bytes);
-  if (it == given_back_.end()) return;
-  given_back_.erase(it);
-  const size_t before = stats_.repeat_slack_bytes;
-  stats_.repeat_slack_bytes =
-      std::min(options_.repeat_slack_max_bytes, stats_.repeat_slack_bytes + segment_bytes);
-  if (stats_.repeat_slack_bytes != before)
-    ZI_DEBUG(
-        "allocator: a segment of %.1f MiB given back is asked for again; the cache may "
-        "hold %.1f MiB more than the peak in use plus the slack",
-        segment_bytes / 1048576.0, stats_.repeat_slack_bytes / 1048576.0);
+bool BlockAllocator::repeats(size_t segment_bytes) const {
+  return segment_bytes > kMediumSegment && options_.repeat_window > 0 &&
+         options_.repeat_slack_max_bytes > stats_.repeat_slack_bytes;
 }
 
 Status BlockAllocator::trim_for(size_t new_segment_bytes) {
@@ -219,12 +206,29 @@ Status BlockAllocator::trim_for(size_t new_segment_bytes) {
   size_t pools_reserved = 0;
   for (const auto& [id, pool] : private_pools_)
     for (const Segment* seg : pool->segments) pools_reserved += seg->size;
-  const size_t limit = held_limit_.load();
-  size_t budget = std::max(in_use_high_water_, stats_.in_use_bytes + new_segment_bytes) +
-                  options_.cache_slack_bytes + (limit == 0 ? stats_.repeat_slack_bytes : 0) +
-                  pools_reserved;
-  if (limit != 0) budget = std::min(budget, limit);
-  if (stats_.reserved_bytes + new_segment_bytes <= budget) return Status::Ok();
+  const size_t limit = held_limit_.load();  // read once: set_held_limit may run meanwhile
+  auto budget = [&] {
+    const size_t b = std::max(in_use_high_water_, stats_.in_use_bytes + new_segment_bytes) +
+                     options_.cache_slack_bytes + (limit == 0 ? stats_.repeat_slack_bytes : 0) +
+                     pools_reserved;
+    return limit != 0 ? std::min(b, limit) : b;
+  };
+  if (stats_.reserved_bytes + new_segment_bytes <= budget()) return Status::Ok();
+  // Segments would be given back. If one of this size went back lately, this is repeated work
+  // asking for it again (see "Repeated work" in the header): the budget grows instead.
+  if (limit == 0 && repeats(new_segment_bytes)) {
+    auto it = std::find(given_back_.begin(), given_back_.end(), new_segment_bytes);
+    if (it != given_back_.end()) {
+      given_back_.erase(it);
+      stats_.repeat_slack_bytes =
+          std::min(options_.repeat_slack_max_bytes, stats_.repeat_slack_bytes + new_segment_bytes);
+      ZI_DEBUG(
+          "allocator: a segment of %.1f MiB given back is asked for again; the cache may now "
+          "hold %.1f MiB more than the highest bytes in use and the slack",
+          new_segment_bytes / 1048576.0, stats_.repeat_slack_bytes / 1048576.0);
+      if (stats_.reserved_bytes + new_segment_bytes <= budget()) return Status::Ok();
+    }
+  }
   std::vector<Segment*> idle;
   for (Segment* seg : general_.segments)
     if (seg->used_bytes == 0) idle.push_back(seg);
@@ -232,11 +236,10 @@ Status BlockAllocator::trim_for(size_t new_segment_bytes) {
     return a->last_used != b->last_used ? a->last_used < b->last_used : a->base < b->base;
   });
   for (Segment* seg : idle) {
-    if (stats_.reserved_bytes + new_segment_bytes <= budget) break;
+    if (stats_.reserved_bytes + new_segment_bytes <= budget()) break;
     const size_t size = seg->size;
     ZI_TRY(free_segment(seg));
-    if (options_.repeat_slack_max_bytes > stats_.repeat_slack_bytes && options_.repeat_window > 0 &&
-        held_limit_.load() == 0) {
+    if (limit == 0 && repeats(size)) {
       if (given_back_.size() >= options_.repeat_window) given_back_.pop_front();
       given_back_.push_back(size);
     }

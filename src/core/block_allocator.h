@@ -32,12 +32,18 @@
 // sizes, each freed when the next begins), every repetition gives back segments it will ask for
 // again, and each cudaMalloc / cudaFree synchronises the device (measured on an H100 at 1024²:
 // 28 such calls a decode, 33-56 ms a decode against 23 ms without them). So a segment size given
-// back by that rule and later asked for again (`repeat_window` give-backs) is churn: the budget
-// grows by that segment, up to `repeat_slack_max_bytes`. A one-off change of phase asks for
-// other sizes and still exchanges its segments. Under a held limit (set_held_limit: the memory
-// planner's budget, `--vram-budget`) the budget is the fixed one, capped by the limit: there the
-// plan decides what the memory holds (measured: a driver peak of 4.02 GiB under a 4 GiB budget
-// with the growth, 3.89 GiB without, at the same speed).
+// back by that rule and asked for again where the rule would give segments back once more
+// (within `repeat_window` give-backs) is churn: the budget grows by that segment instead, up to
+// `repeat_slack_max_bytes`, and never shrinks (empty_cache() gives the idle segments back, not
+// the budget). Only segments of their own count (larger than 20 MiB): the small and medium
+// segments all have one size, which any phase asks for. A change of phase that does not come
+// back asks for other sizes and still exchanges its segments (a size it shares with the phase
+// before, by chance, grows the budget by that segment). Under a held limit (set_held_limit: the
+// memory planner's budget, `--vram-budget`) the budget is the fixed one, capped by the limit: there
+// the plan decides what the memory holds (measured: a driver peak of 4.02 GiB under a 4 GiB budget
+// with the growth, 3.89 GiB without, at the same speed). A private pool's misses give nothing
+// back (below), so the CUDA backend gives the general pool's idle segments back before it
+// records a graph once the budget has grown.
 //
 // Private pools (for CUDA graph capture): between begin_pool(id) and end_pool(), allocations
 // come from pool `id`, whose segments serve nobody else, and blocks freed later (even after
@@ -196,9 +202,10 @@ class BlockAllocator {
 
   Block* find_free(Pool& pool, size_t rounded, bool small);
   Result<Block*> grow(Pool& pool, size_t requested, size_t rounded, bool small);
-  // Before a new segment of `segment_bytes`: grows the budget if that size was given back
-  // lately (see "Repeated work").
-  void note_repeat(size_t segment_bytes);
+  // Whether a segment of `segment_bytes` takes part in "Repeated work": one of its own (larger
+  // than the shared medium segments, whose single size any phase asks for), while the budget may
+  // still grow.
+  bool repeats(size_t segment_bytes) const;
   Status trim_for(size_t new_segment_bytes);
   Status free_segment(Segment* seg);
   Status free_all_free_segments();

@@ -131,7 +131,8 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(int device_index, DType
   ZI_CUDA_TRY(cudaStreamCreateWithFlags(&b->stream_, cudaStreamNonBlocking));
   // Churn in repeated work (a VAE decode image after image) may grow the cache's budget by up
   // to a tenth of the device's memory (core/block_allocator.h, "Repeated work");
-  // ZIMAGE_ALLOC_REPEAT=0 keeps the budget fixed (the rule before, for comparisons).
+  // ZIMAGE_ALLOC_REPEAT=0 keeps the budget fixed (for comparisons; the rule before, but for the
+  // cap at a held limit).
   BlockAllocatorOptions alloc_options;
   alloc_options.repeat_slack_max_bytes = prop.totalGlobalMem / 10;
   if (const char* v = std::getenv("ZIMAGE_ALLOC_REPEAT")) {
@@ -607,6 +608,11 @@ class CudaRecordedWork final : public RecordedWork {
 }  // namespace
 
 Result<std::unique_ptr<RecordedWork>> CudaBackend::record(const std::function<Status()>& work) {
+  // A private pool's misses cannot give idle general segments back (block_allocator.h): where
+  // repeated work has grown the general pool's budget, its idle segments go back first, so that
+  // the recording finds the room the fixed budget would have left it. They come back, once, at
+  // the next repetition. (Refused only while another pool is active; then nothing changes.)
+  if (allocator_->stats().repeat_slack_bytes > 0) (void)allocator_->empty_cache();
   const PoolId pool = next_pool_++;
   ZI_TRY(allocator_->begin_pool(pool));
   auto abandon = [&](Status s) {  // the error of `work` is the one worth reporting
