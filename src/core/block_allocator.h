@@ -31,7 +31,7 @@
 // a phase needs exceeds that budget by its fragmentation (a VAE decode: stages of different
 // sizes, each freed when the next begins), every repetition gives back segments it will ask for
 // again, and each cudaMalloc / cudaFree synchronises the device (measured on an H100 at 1024²:
-// 28 such calls a decode, 33-56 ms a decode against 23 ms without them). So a segment size given
+// 28 such calls a decode, 35-56 ms a decode against 23.5 ms without them). So a segment size given
 // back by that rule and asked for again where the rule would give segments back once more
 // (within `repeat_window` give-backs) is churn: the budget grows by that segment instead, up to
 // `repeat_slack_max_bytes`, and never shrinks (empty_cache() gives the idle segments back, not
