@@ -4,6 +4,7 @@
 // backend still works) and CUDA graph capture/replay of a planned op sequence, also with its
 // temporaries in a private pool while other code allocates.
 #include <algorithm>
+#include <cstdlib>
 #include <limits>
 #include <map>
 #include <memory>
@@ -190,6 +191,85 @@ TEST(CudaOps, GraphReplayInAPrivatePoolIsSafeWhileOthersAllocate) {
   expect_close("graph replay in a pool vs eager (matmul, silu)", DType::kF32, replayed, eager, 0.0);
   graph = InternalError("destroyed");  // the graph goes before its pool
   ZI_ASSERT_OK(g->release_memory_pool(77));
+}
+
+// Repeated work on a fresh backend (core/block_allocator.h, "Repeated work"): phase A (two
+// 200 MiB tensors), phase B (1000 MiB; one of A's segments goes back: past the highest bytes in
+// use + 256 MiB), phase A again: the segment given back is asked for again, so the budget grows
+// by it and nothing goes back. A recording then gives the idle segments back before its private
+// pool grows (its misses could give nothing back), and runs. ZIMAGE_ALLOC_REPEAT=0 keeps the
+// budget fixed (the segment goes back again); another value is refused, naming it.
+TEST(CudaOps, RepeatedWorkGrowsTheCacheAndARecordingGivesItBack) {
+  ZI_REQUIRE_GPU();
+  constexpr int64_t kMiB = int64_t{1} << 20;
+  auto fresh = [](const char* repeat) {
+    const char* was = std::getenv("ZIMAGE_ALLOC_REPEAT");
+    const std::string keep = was ? was : "";
+    if (repeat)
+      setenv("ZIMAGE_ALLOC_REPEAT", repeat, 1);
+    else
+      unsetenv("ZIMAGE_ALLOC_REPEAT");
+    auto be = cuda::CudaBackend::create(0, DType::kF32);
+    if (was != nullptr)
+      setenv("ZIMAGE_ALLOC_REPEAT", keep.c_str(), 1);
+    else
+      unsetenv("ZIMAGE_ALLOC_REPEAT");
+    return be;
+  };
+  auto phases = [&](cuda::CudaBackend& be) -> Status {
+    auto phase_a = [&]() -> Status {
+      ZI_ASSIGN_OR_RETURN(Tensor x, be.alloc(DType::kU8, {200 * kMiB}));
+      ZI_ASSIGN_OR_RETURN(Tensor y, be.alloc(DType::kU8, {200 * kMiB}));
+      return Status::Ok();
+    };
+    ZI_TRY(phase_a());
+    { ZI_ASSIGN_OR_RETURN(Tensor b, be.alloc(DType::kU8, {1000 * kMiB})); }
+    return phase_a();
+  };
+  {
+    auto be = fresh(nullptr);
+    ASSERT_TRUE(be.ok()) << be.status().to_string();
+    cuda::CudaBackend& g = **be;
+    ZI_ASSERT_OK(g.empty_cache());  // no idle segment of the start-up to go back first
+    const cuda::AllocatorStats s0 = g.memory_stats();
+    ZI_ASSERT_OK(phases(g));
+    const cuda::AllocatorStats s1 = g.memory_stats();
+    std::printf("  repeat: %llu segments given back, repeat slack %.0f MiB, %.0f MiB reserved\n",
+                static_cast<unsigned long long>(s1.num_device_frees - s0.num_device_frees),
+                s1.repeat_slack_bytes / 1048576.0, s1.reserved_bytes / 1048576.0);
+    EXPECT_EQ(s1.num_device_frees - s0.num_device_frees, 1u);
+    EXPECT_GE(s1.repeat_slack_bytes, static_cast<size_t>(200 * kMiB));
+    EXPECT_GE(s1.reserved_bytes, static_cast<size_t>(1400 * kMiB));
+    // A recording gives the idle segments back first, then runs and replays.
+    Tensor acc = take(g.alloc(DType::kF32, {1000}), "acc");
+    Tensor one = take(g.alloc(DType::kF32, {1000}), "one");
+    ZI_ASSERT_OK(g.fill(acc, 0.f));
+    ZI_ASSERT_OK(g.fill(one, 1.f));
+    auto work = g.record([&]() -> Status { return g.add(acc, one, acc); });
+    ASSERT_TRUE(work.ok()) << work.status().to_string();
+    ZI_ASSERT_OK((*work)->replay());
+    const std::vector<float> v = fetch(g, acc);
+    EXPECT_TRUE(std::all_of(v.begin(), v.end(), [](float x) { return x == 2.f; }));
+    const cuda::AllocatorStats s2 = g.memory_stats();
+    EXPECT_LT(s2.reserved_bytes, static_cast<size_t>(100 * kMiB))
+        << "the idle segments were not given back before the recording";
+    EXPECT_EQ(s2.repeat_slack_bytes, s1.repeat_slack_bytes) << "the budget stays grown";
+  }
+  {
+    auto be = fresh("0");
+    ASSERT_TRUE(be.ok()) << be.status().to_string();
+    ZI_ASSERT_OK((*be)->empty_cache());
+    const cuda::AllocatorStats s0 = (*be)->memory_stats();
+    ZI_ASSERT_OK(phases(**be));
+    const cuda::AllocatorStats s1 = (*be)->memory_stats();
+    EXPECT_EQ(s1.repeat_slack_bytes, 0u);
+    EXPECT_EQ(s1.num_device_frees - s0.num_device_frees, 2u) << "the fixed budget gives back again";
+  }
+  auto bad = fresh("2");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), ErrorCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("ZIMAGE_ALLOC_REPEAT: '2'"), std::string::npos)
+      << bad.status().message();
 }
 
 TEST(CudaOps, OutOfMemoryIsAStatus) {
