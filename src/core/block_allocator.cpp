@@ -199,21 +199,42 @@ bool BlockAllocator::repeats(size_t segment_bytes) const {
          options_.repeat_slack_max_bytes > stats_.repeat_slack_bytes;
 }
 
-Status BlockAllocator::trim_for(size_t new_segment_bytes) {
+size_t BlockAllocator::budget_for(size_t new_segment_bytes, size_t limit, bool with_repeat) const {
   // Private pools stay reserved on purpose (recorded graphs replay into them): their segments
   // are part of the budget, or every miss elsewhere would give back the general pool's idle
   // segments and the next call would allocate them again (cudaMalloc/cudaFree churn per call).
   size_t pools_reserved = 0;
   for (const auto& [id, pool] : private_pools_)
     for (const Segment* seg : pool->segments) pools_reserved += seg->size;
+  const size_t b = std::max(in_use_high_water_, stats_.in_use_bytes + new_segment_bytes) +
+                   options_.cache_slack_bytes +
+                   (limit == 0 && with_repeat ? stats_.repeat_slack_bytes : 0) + pools_reserved;
+  return limit != 0 ? std::min(b, limit) : b;
+}
+
+Status BlockAllocator::give_back_idle(size_t new_segment_bytes, size_t budget, bool remember) {
+  std::vector<Segment*> idle;
+  for (Segment* seg : general_.segments)
+    if (seg->used_bytes == 0) idle.push_back(seg);
+  std::sort(idle.begin(), idle.end(), [](const Segment* a, const Segment* b) {
+    return a->last_used != b->last_used ? a->last_used < b->last_used : a->base < b->base;
+  });
+  for (Segment* seg : idle) {
+    if (stats_.reserved_bytes + new_segment_bytes <= budget) break;
+    const size_t size = seg->size;
+    ZI_TRY(free_segment(seg));
+    if (remember && repeats(size)) {
+      if (given_back_.size() >= options_.repeat_window) given_back_.pop_front();
+      given_back_.push_back(size);
+    }
+  }
+  return Status::Ok();
+}
+
+Status BlockAllocator::trim_for(size_t new_segment_bytes) {
   const size_t limit = held_limit_.load();  // read once: set_held_limit may run meanwhile
-  auto budget = [&] {
-    const size_t b = std::max(in_use_high_water_, stats_.in_use_bytes + new_segment_bytes) +
-                     options_.cache_slack_bytes + (limit == 0 ? stats_.repeat_slack_bytes : 0) +
-                     pools_reserved;
-    return limit != 0 ? std::min(b, limit) : b;
-  };
-  if (stats_.reserved_bytes + new_segment_bytes <= budget()) return Status::Ok();
+  size_t budget = budget_for(new_segment_bytes, limit, true);
+  if (stats_.reserved_bytes + new_segment_bytes <= budget) return Status::Ok();
   // Segments would be given back. If one of this size went back lately, this is repeated work
   // asking for it again (see "Repeated work" in the header): the budget grows instead.
   if (limit == 0 && repeats(new_segment_bytes)) {
@@ -226,25 +247,21 @@ Status BlockAllocator::trim_for(size_t new_segment_bytes) {
           "allocator: a segment of %.1f MiB given back is asked for again; the cache may now "
           "hold %.1f MiB more than the highest bytes in use and the slack",
           new_segment_bytes / 1048576.0, stats_.repeat_slack_bytes / 1048576.0);
-      if (stats_.reserved_bytes + new_segment_bytes <= budget()) return Status::Ok();
+      budget = budget_for(new_segment_bytes, limit, true);
+      if (stats_.reserved_bytes + new_segment_bytes <= budget) return Status::Ok();
     }
   }
-  std::vector<Segment*> idle;
-  for (Segment* seg : general_.segments)
-    if (seg->used_bytes == 0) idle.push_back(seg);
-  std::sort(idle.begin(), idle.end(), [](const Segment* a, const Segment* b) {
-    return a->last_used != b->last_used ? a->last_used < b->last_used : a->base < b->base;
-  });
-  for (Segment* seg : idle) {
-    if (stats_.reserved_bytes + new_segment_bytes <= budget()) break;
-    const size_t size = seg->size;
-    ZI_TRY(free_segment(seg));
-    if (limit == 0 && repeats(size)) {
-      if (given_back_.size() >= options_.repeat_window) given_back_.pop_front();
-      given_back_.push_back(size);
-    }
-  }
-  return Status::Ok();
+  return give_back_idle(new_segment_bytes, budget, limit == 0);
+}
+
+Status BlockAllocator::trim_to_fixed_budget() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (active_ != &general_)
+    return InvalidArgument("trim_to_fixed_budget: private pool " + std::to_string(active_->id) +
+                           " is active (device memory cannot be given back during graph "
+                           "capture)");
+  // Not remembered: these are given back on purpose, not by a miss.
+  return give_back_idle(0, budget_for(0, held_limit_.load(), false), false);
 }
 
 Status BlockAllocator::free_segment(Segment* seg) {

@@ -42,8 +42,8 @@
 // memory planner's budget, `--vram-budget`) the budget is the fixed one, capped by the limit: there
 // the plan decides what the memory holds (measured: a driver peak of 4.02 GiB under a 4 GiB budget
 // with the growth, 3.89 GiB without, at the same speed). A private pool's misses give nothing
-// back (below), so the CUDA backend gives the general pool's idle segments back before it
-// records a graph once the budget has grown.
+// back (below), so the CUDA backend gives the general pool's idle segments back down to the
+// fixed budget (trim_to_fixed_budget) before it records a graph once the budget has grown.
 //
 // Private pools (for CUDA graph capture): between begin_pool(id) and end_pool(), allocations
 // come from pool `id`, whose segments serve nobody else, and blocks freed later (even after
@@ -147,6 +147,11 @@ class BlockAllocator {
   // Gives back every entirely free segment of the general pool (private pools keep theirs).
   // Refused while a private pool is active: during graph capture cudaFree is not allowed.
   Status empty_cache();
+  // Gives back idle segments of the general pool, least recently used first, until the memory
+  // held is within the budget without what repeated work added (the fixed one of "Why memory
+  // stays close..."; the held limit caps it). The budget itself stays grown. Refused while a
+  // private pool is active.
+  Status trim_to_fixed_budget();
 
   // Allocations until end_pool() come from private pool `id` (created on first use; a pool
   // may be begun again to add more graphs to it). One pool is active at a time.
@@ -207,6 +212,11 @@ class BlockAllocator {
   // still grow.
   bool repeats(size_t segment_bytes) const;
   Status trim_for(size_t new_segment_bytes);
+  // The budget for `new_segment_bytes` more (see the header), with or without the repeat slack.
+  size_t budget_for(size_t new_segment_bytes, size_t limit, bool with_repeat) const;
+  // Gives idle general segments back, least recently used first, until reserved +
+  // `new_segment_bytes` <= `budget` or none is left; with `remember`, their sizes for repeats.
+  Status give_back_idle(size_t new_segment_bytes, size_t budget, bool remember);
   Status free_segment(Segment* seg);
   Status free_all_free_segments();
   void hand_out(Pool& pool, Block* block, size_t rounded);

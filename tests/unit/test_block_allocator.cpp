@@ -88,6 +88,12 @@ void give(BlockAllocator& a, void* p) {
   EXPECT_TRUE(s.ok()) << s.to_string();
 }
 
+#define ZI_EXPECT_OK_ALLOC(expr)            \
+  do {                                      \
+    const Status s_ = (expr);               \
+    EXPECT_TRUE(s_.ok()) << s_.to_string(); \
+  } while (0)
+
 // A fully free large segment of `bytes` (allocate once, give back): later requests split it.
 uintptr_t make_free_segment(BlockAllocator& a, size_t bytes) {
   void* p = take(a, bytes);
@@ -593,6 +599,15 @@ TEST(BlockAllocator, APhaseThatComesBackKeepsTheOthersSegments) {
       EXPECT_EQ(s.num_segment_frees, 2u);
       EXPECT_EQ(s.reserved_bytes, 728 * kMiB);
       EXPECT_TRUE(dev.live.count(addr(b)));
+      // Down to the fixed budget (before a graph's private pool grows): the idle 600 MiB segment
+      // goes, the budget stays grown, and nothing is refused while no pool is active.
+      ZI_EXPECT_OK_ALLOC(a->trim_to_fixed_budget());
+      EXPECT_FALSE(dev.live.count(addr(b)));
+      EXPECT_EQ(a->stats().reserved_bytes, 128 * kMiB);
+      EXPECT_EQ(a->stats().repeat_slack_bytes, 128 * kMiB);
+      ZI_EXPECT_OK_ALLOC(a->begin_pool(5));
+      EXPECT_FALSE(a->trim_to_fixed_budget().ok()) << "refused while a pool is active";
+      ZI_EXPECT_OK_ALLOC(a->end_pool());
     } else {
       EXPECT_EQ(s.repeat_slack_bytes, 0u);
       EXPECT_EQ(s.num_segment_frees, 3u);

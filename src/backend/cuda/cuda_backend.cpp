@@ -609,10 +609,11 @@ class CudaRecordedWork final : public RecordedWork {
 
 Result<std::unique_ptr<RecordedWork>> CudaBackend::record(const std::function<Status()>& work) {
   // A private pool's misses cannot give idle general segments back (block_allocator.h): where
-  // repeated work has grown the general pool's budget, its idle segments go back first, so that
-  // the recording finds the room the fixed budget would have left it. They come back, once, at
-  // the next repetition. (Refused only while another pool is active; then nothing changes.)
-  if (allocator_->stats().repeat_slack_bytes > 0) (void)allocator_->empty_cache();
+  // repeated work has grown the general pool's budget, idle segments go back first, least
+  // recently used first, down to the fixed budget, so that the recording finds the room the
+  // fixed budget would have left it. What goes back comes back, once, at the next repetition.
+  // (Refused only while another pool is active; then nothing changes.)
+  if (allocator_->stats().repeat_slack_bytes > 0) (void)allocator_->trim_to_fixed_budget();
   const PoolId pool = next_pool_++;
   ZI_TRY(allocator_->begin_pool(pool));
   auto abandon = [&](Status s) {  // the error of `work` is the one worth reporting

@@ -86,6 +86,9 @@ void CachingAllocator::release(void* ptr) {
 Status CachingAllocator::empty_cache() {
   return blocks_->empty_cache();
 }
+Status CachingAllocator::trim_to_fixed_budget() {
+  return blocks_->trim_to_fixed_budget();
+}
 Status CachingAllocator::begin_pool(PoolId id) {
   return blocks_->begin_pool(id);
 }

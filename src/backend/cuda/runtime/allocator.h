@@ -62,6 +62,9 @@ class CachingAllocator : public std::enable_shared_from_this<CachingAllocator> {
   // Gives every idle segment back with cudaFree. Not allowed during graph capture; refused while
   // a private pool is active.
   Status empty_cache();
+  // BlockAllocator::trim_to_fixed_budget: idle segments back down to the budget without what
+  // repeated work added. Not allowed during graph capture.
+  Status trim_to_fixed_budget();
 
   // Private pools for graph capture; see block_allocator.h.
   Status begin_pool(PoolId id);
