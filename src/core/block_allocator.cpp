@@ -254,12 +254,15 @@ Status BlockAllocator::trim_for(size_t new_segment_bytes) {
   return give_back_idle(new_segment_bytes, budget, limit == 0);
 }
 
+Status BlockAllocator::no_pool_active(const char* what) const {
+  if (active_ == &general_) return Status::Ok();
+  return InvalidArgument(std::string(what) + ": private pool " + std::to_string(active_->id) +
+                         " is active (device memory cannot be given back during graph capture)");
+}
+
 Status BlockAllocator::trim_to_fixed_budget() {
   std::lock_guard<std::mutex> lock(mu_);
-  if (active_ != &general_)
-    return InvalidArgument("trim_to_fixed_budget: private pool " + std::to_string(active_->id) +
-                           " is active (device memory cannot be given back during graph "
-                           "capture)");
+  ZI_TRY(no_pool_active("trim_to_fixed_budget"));
   // Not remembered: these are given back on purpose, not by a miss.
   return give_back_idle(0, budget_for(0, held_limit_.load(), false), false);
 }
@@ -292,10 +295,7 @@ Status BlockAllocator::free_all_free_segments() {
 
 Status BlockAllocator::empty_cache() {
   std::lock_guard<std::mutex> lock(mu_);
-  if (active_ != &general_)
-    return InvalidArgument("empty_cache: private pool " + std::to_string(active_->id) +
-                           " is active (device memory cannot be given back during graph "
-                           "capture)");
+  ZI_TRY(no_pool_active("empty_cache"));
   return free_all_free_segments();
 }
 

@@ -219,6 +219,8 @@ class BlockAllocator {
   Status give_back_idle(size_t new_segment_bytes, size_t budget, bool remember);
   Status free_segment(Segment* seg);
   Status free_all_free_segments();
+  // InvalidArgument naming `what` while a private pool is active (nothing may be given back).
+  Status no_pool_active(const char* what) const;
   void hand_out(Pool& pool, Block* block, size_t rounded);
   std::string describe_usage() const;
 

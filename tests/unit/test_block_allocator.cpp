@@ -1,7 +1,7 @@
-// The device-independent caching allocator (core/block_allocator.h) against a fake device:
-// segments are address ranges that are never touched, so sequences of many GiB run anywhere.
-// The fake records every segment call, checks that frees match allocations, and can run out
-// of memory.
+// The device-independent caching allocator (core/block_allocator.h) against a fake device
+// (block_allocator_fake.h): sizes and segments, best fit, splitting and merging, the steady
+// state, memory held near the peak in use, out of memory, private pools, statistics, threads.
+// Repeated work growing the budget: test_block_allocator_repeat.cpp.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -13,86 +13,12 @@
 #include <vector>
 
 #include "core/block_allocator.h"
+#include "unit/block_allocator_fake.h"
 
 using namespace zimage;
+using namespace zimage::alloc_test;
 
 namespace {
-
-constexpr size_t kKiB = size_t{1} << 10;
-constexpr size_t kMiB = size_t{1} << 20;
-
-uintptr_t addr(const void* p) {
-  return reinterpret_cast<uintptr_t>(p);
-}
-
-// A fake device: hands out address ranges 512-aligned but deliberately not 2 MiB-aligned, with
-// gaps between them so that two segments are never contiguous.
-struct FakeDevice {
-  size_t capacity = SIZE_MAX;  // bytes it can hold at once; more is OutOfMemory
-  int fail_next = 0;           // the next N allocations fail (OutOfMemory) regardless
-  ErrorCode fail_code = ErrorCode::kOutOfMemory;
-  uintptr_t next = (uintptr_t{1} << 40) + 512;
-  std::map<uintptr_t, size_t> live;  // base -> size
-  size_t live_bytes = 0;
-  int allocs = 0;  // successful
-  int failed = 0;
-  int frees = 0;
-  std::vector<std::string> errors;  // frees that match no allocation
-
-  Result<void*> alloc(size_t n) {
-    if (fail_next > 0 || live_bytes + n > capacity) {
-      if (fail_next > 0) --fail_next;
-      ++failed;
-      return Status(fail_code, "fake device: no room for " + std::to_string(n) + " bytes");
-    }
-    const uintptr_t base = next;
-    next += n + 64 * kKiB;
-    live[base] = n;
-    live_bytes += n;
-    ++allocs;
-    return reinterpret_cast<void*>(base);
-  }
-  Status free(void* p, size_t n) {
-    auto it = live.find(addr(p));
-    if (it == live.end() || it->second != n) {
-      errors.push_back("bad free of " + std::to_string(addr(p)) + " (" + std::to_string(n) + ")");
-      return InternalError("fake device: bad free");
-    }
-    live_bytes -= n;
-    live.erase(it);
-    ++frees;
-    return Status::Ok();
-  }
-  // The segment that holds [p, p + n), or 0.
-  uintptr_t segment_of(const void* p, size_t n) const {
-    auto it = live.upper_bound(addr(p));
-    if (it == live.begin()) return 0;
-    --it;
-    return addr(p) + n <= it->first + it->second ? it->first : 0;
-  }
-};
-
-std::unique_ptr<BlockAllocator> make(FakeDevice& dev, BlockAllocatorOptions o = {}) {
-  return std::make_unique<BlockAllocator>([&dev](size_t n) { return dev.alloc(n); },
-                                          [&dev](void* p, size_t n) { return dev.free(p, n); }, o);
-}
-
-void* take(BlockAllocator& a, size_t bytes) {
-  Result<void*> r = a.allocate(bytes);
-  EXPECT_TRUE(r.ok()) << bytes << ": " << r.status().to_string();
-  return r.ok() ? r.value() : nullptr;
-}
-
-void give(BlockAllocator& a, void* p) {
-  Status s = a.deallocate(p);
-  EXPECT_TRUE(s.ok()) << s.to_string();
-}
-
-#define ZI_EXPECT_OK_ALLOC(expr)            \
-  do {                                      \
-    const Status s_ = (expr);               \
-    EXPECT_TRUE(s_.ok()) << s_.to_string(); \
-  } while (0)
 
 // A fully free large segment of `bytes` (allocate once, give back): later requests split it.
 uintptr_t make_free_segment(BlockAllocator& a, size_t bytes) {
@@ -318,31 +244,12 @@ TEST(BlockAllocator, SteadyStateNeedsNoNewSegments) {
   EXPECT_EQ(third.in_use_bytes, 0u);
 }
 
-// A randomised VAE-decoder-like sequence: stages of one tensor size (32-512 MB, different in
-// every stage, not multiples of anything), a few tensors live at a time of that size, half of it
-// or double it, everything of a stage freed when the next begins; a few long-lived weights.
+// A randomised VAE-decoder-like sequence (vae_like_stages) on a few long-lived weights.
 BlockAllocatorStats run_vae_like(BlockAllocator& a, uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::vector<void*> weights;
   for (int i = 0; i < 20; ++i) weights.push_back(take(a, (20 + rng() % 60) * kMiB + rng() % kMiB));
-  for (int stage = 0; stage < 40; ++stage) {
-    const size_t size = 32 * 1000 * 1000 + rng() % (480 * 1000 * 1000);
-    std::vector<void*> live;
-    const int ops = 10 + static_cast<int>(rng() % 30);
-    for (int k = 0; k < ops; ++k) {
-      if (live.size() < 2 || (live.size() < 5 && rng() % 2 == 0)) {
-        static constexpr double kScale[] = {0.5, 1, 1, 1, 2};
-        const size_t n =
-            std::min<size_t>(static_cast<size_t>(size * kScale[rng() % 5]), 512 * 1000 * 1000);
-        live.push_back(take(a, n));
-      } else {
-        const size_t i = rng() % live.size();
-        give(a, live[i]);
-        live.erase(live.begin() + static_cast<std::ptrdiff_t>(i));
-      }
-    }
-    for (void* p : live) give(a, p);
-  }
+  vae_like_stages(a, rng, 40);
   const BlockAllocatorStats s = a.stats();
   for (void* p : weights) give(a, p);
   return s;
@@ -385,92 +292,6 @@ TEST(BlockAllocator, ReservedStaysNearPeakInUseForVaeLikeSequences) {
   }
 }
 
-// One decode of a VAE-like sequence (the stages of run_vae_like, the same sizes for the same
-// seed), everything freed at its end; the segment calls it made.
-uint64_t vae_like_decode(BlockAllocator& a, uint64_t seed) {
-  const BlockAllocatorStats before = a.stats();
-  std::mt19937_64 rng(seed);
-  for (int stage = 0; stage < 24; ++stage) {
-    const size_t size = 32 * 1000 * 1000 + rng() % (480 * 1000 * 1000);
-    std::vector<void*> live;
-    const int ops = 10 + static_cast<int>(rng() % 30);
-    for (int k = 0; k < ops; ++k) {
-      if (live.size() < 2 || (live.size() < 5 && rng() % 2 == 0)) {
-        static constexpr double kScale[] = {0.5, 1, 1, 1, 2};
-        live.push_back(take(a, static_cast<size_t>(size * kScale[rng() % 5])));
-      } else {
-        const size_t i = rng() % live.size();
-        give(a, live[i]);
-        live.erase(live.begin() + static_cast<std::ptrdiff_t>(i));
-      }
-    }
-    for (void* p : live) give(a, p);
-  }
-  const BlockAllocatorStats after = a.stats();
-  return (after.num_segment_allocs - before.num_segment_allocs) +
-         (after.num_segment_frees - before.num_segment_frees);
-}
-
-// The same decode again and again (image after image): under the fixed budget every repetition
-// gives back segments it asks for again (a cudaMalloc and a cudaFree each, which synchronise the
-// device); with repeat_slack_max_bytes the budget grows by what is asked for again, and from the
-// third decode on nothing is obtained or given back, at a cost in memory held that the cap bounds.
-TEST(BlockAllocator, RepeatedWorkStopsChurning) {
-  for (uint64_t seed = 1; seed <= 6; ++seed) {
-    BlockAllocatorOptions fixed;
-    BlockAllocatorOptions grows;
-    grows.repeat_slack_max_bytes = size_t{8} << 30;
-    uint64_t churn_fixed = 0, churn_grows = 0;
-    size_t reserved_fixed = 0, reserved_grows = 0;
-    for (const bool adaptive : {false, true}) {
-      FakeDevice dev;
-      auto a = make(dev, adaptive ? grows : fixed);
-      void* weights = take(*a, 900 * kMiB);
-      uint64_t calls[5];
-      for (uint64_t& c : calls) c = vae_like_decode(*a, seed);
-      const BlockAllocatorStats s = a->stats();
-      std::printf(
-          "  seed %d, %s: segment calls a decode %llu %llu %llu %llu %llu; %.0f MiB "
-          "reserved, peak in use %.0f MiB, repeat slack %.0f MiB\n",
-          static_cast<int>(seed), adaptive ? "repeat slack" : "fixed budget",
-          static_cast<unsigned long long>(calls[0]), static_cast<unsigned long long>(calls[1]),
-          static_cast<unsigned long long>(calls[2]), static_cast<unsigned long long>(calls[3]),
-          static_cast<unsigned long long>(calls[4]), s.reserved_bytes / double(kMiB),
-          s.peak_in_use_bytes / double(kMiB), s.repeat_slack_bytes / double(kMiB));
-      const uint64_t later = calls[2] + calls[3] + calls[4];
-      (adaptive ? churn_grows : churn_fixed) = later;
-      (adaptive ? reserved_grows : reserved_fixed) = s.reserved_bytes;
-      if (adaptive) {
-        EXPECT_EQ(later, 0u) << "seed " << seed << ": still churning from the third decode on";
-        EXPECT_GT(s.repeat_slack_bytes, 0u) << "seed " << seed;
-        EXPECT_LE(s.repeat_slack_bytes, grows.repeat_slack_max_bytes);
-      } else {
-        EXPECT_EQ(s.repeat_slack_bytes, 0u);
-      }
-      give(*a, weights);
-      EXPECT_TRUE(dev.errors.empty());
-    }
-    // Teeth: the fixed budget churns on these sequences at every decode.
-    EXPECT_GT(churn_fixed, 0u) << "seed " << seed << ": the sequence does not churn at all";
-    // What it costs: more held, by at most the cap.
-    EXPECT_LE(reserved_grows, reserved_fixed + grows.repeat_slack_max_bytes);
-  }
-}
-
-// The cap holds: with room for one segment the budget grows by at most that, and the churn
-// goes on.
-TEST(BlockAllocator, RepeatSlackStopsAtItsCap) {
-  FakeDevice dev;
-  BlockAllocatorOptions o;
-  o.repeat_slack_max_bytes = 64 * kMiB;
-  auto a = make(dev, o);
-  uint64_t later = 0;
-  for (int i = 0; i < 5; ++i) later = vae_like_decode(*a, 3);
-  EXPECT_EQ(a->stats().repeat_slack_bytes, 64 * kMiB);
-  EXPECT_GT(later, 0u);
-  EXPECT_TRUE(dev.errors.empty());
-}
-
 TEST(BlockAllocator, GivesBackIdleSegmentsWhenAPhaseChanges) {
   FakeDevice dev;
   BlockAllocatorOptions o;
@@ -497,127 +318,6 @@ TEST(BlockAllocator, GivesBackIdleSegmentsWhenAPhaseChanges) {
   EXPECT_EQ(s.repeat_slack_bytes, 0u);
   give(*a, big);
   EXPECT_TRUE(dev.errors.empty());
-}
-
-// Under a held limit (the CUDA allocator's set_limit) the budget is at most the limit: idle
-// segments go least recently used first, only as many as the new segment needs, however large
-// the slack, instead of the limit refusing the segment and every idle one going.
-TEST(BlockAllocator, AHeldLimitCapsTheBudget) {
-  FakeDevice dev;
-  BlockAllocatorOptions o;
-  o.cache_slack_bytes = size_t{1} << 40;
-  o.repeat_slack_max_bytes = size_t{8} << 30;
-  auto a = make(dev, o);
-  a->set_held_limit(256 * kMiB);
-  std::vector<void*> p;
-  for (int i = 0; i < 4; ++i) p.push_back(take(*a, 64 * kMiB));
-  for (void* q : p) give(*a, q);
-  void* big = take(*a, 100 * kMiB);
-  const BlockAllocatorStats s = a->stats();
-  EXPECT_EQ(s.num_segment_frees, 2u);
-  EXPECT_EQ(s.reserved_bytes, 228 * kMiB);
-  EXPECT_FALSE(dev.live.count(addr(p[0])));
-  EXPECT_FALSE(dev.live.count(addr(p[1])));
-  EXPECT_TRUE(dev.live.count(addr(p[2])));
-  give(*a, big);
-  // A given-back size asked for again does not grow the budget under a limit: the fourth 64 MiB
-  // request (the first three fit the idle blocks) misses, and the limit stays the budget.
-  std::vector<void*> q;
-  for (int i = 0; i < 4; ++i) q.push_back(take(*a, 64 * kMiB));
-  EXPECT_EQ(a->stats().repeat_slack_bytes, 0u);
-  for (void* r : q) give(*a, r);
-  // Without the limit the slack keeps everything.
-  a->set_held_limit(0);
-  void* more = take(*a, 300 * kMiB);
-  EXPECT_EQ(a->stats().num_segment_frees, 2u);
-  give(*a, more);
-  EXPECT_TRUE(dev.errors.empty());
-}
-
-// Under a held limit a size given back and asked for again grows nothing; a limit set after the
-// budget grew is the budget (idle segments go back down to it).
-TEST(BlockAllocator, UnderALimitNothingGrows) {
-  FakeDevice dev;
-  BlockAllocatorOptions o;
-  o.cache_slack_bytes = 0;
-  o.repeat_slack_max_bytes = size_t{8} << 30;
-  auto a = make(dev, o);
-  auto phase_a = [&] {  // two 64 MiB tensors; they do not split an idle 600 MiB block
-    void* x = take(*a, 64 * kMiB);
-    void* y = take(*a, 64 * kMiB);
-    give(*a, x);
-    give(*a, y);
-  };
-  phase_a();
-  give(*a, take(*a, 600 * kMiB));  // both 64 MiB segments go back (budget 600 MiB)
-  ASSERT_EQ(a->stats().reserved_bytes, 600 * kMiB);
-  // Phase A again under a 700 MiB limit: the second 64 MiB segment would pass the limit; it was
-  // given back before, yet nothing grows, and the idle 600 MiB segment goes.
-  a->set_held_limit(700 * kMiB);
-  phase_a();
-  EXPECT_EQ(a->stats().repeat_slack_bytes, 0u);
-  EXPECT_EQ(a->stats().reserved_bytes, 128 * kMiB);
-  // Without the limit: B gives the 64 MiB segments back, A asks for both again and the budget
-  // grows by them, keeping B's segment.
-  a->set_held_limit(0);
-  give(*a, take(*a, 600 * kMiB));
-  phase_a();
-  EXPECT_EQ(a->stats().repeat_slack_bytes, 128 * kMiB);
-  EXPECT_EQ(a->stats().reserved_bytes, 728 * kMiB);
-  // The limit again: a 70 MiB request may not keep them; the least recently used (B's) goes.
-  a->set_held_limit(700 * kMiB);
-  void* c = take(*a, 70 * kMiB);
-  EXPECT_EQ(a->stats().reserved_bytes, 198 * kMiB);
-  give(*a, c);
-  EXPECT_TRUE(dev.errors.empty());
-}
-
-// A phase that comes back (the next image's) asks for the segment sizes it gave back: the budget
-// grows by them, and the other phase's idle segment is kept where the fixed budget gave it back.
-TEST(BlockAllocator, APhaseThatComesBackKeepsTheOthersSegments) {
-  for (const bool repeat : {false, true}) {
-    FakeDevice dev;
-    BlockAllocatorOptions o;
-    o.cache_slack_bytes = 0;
-    o.repeat_slack_max_bytes = repeat ? size_t{8} << 30 : 0;
-    auto a = make(dev, o);
-    void* p0 = take(*a, 64 * kMiB);
-    void* p1 = take(*a, 64 * kMiB);
-    give(*a, p0);
-    give(*a, p1);
-    // Phase B: 600 MiB fits neither 64 MiB segment; both are given back (the budget is 600).
-    void* b = take(*a, 600 * kMiB);
-    EXPECT_EQ(a->stats().num_segment_frees, 2u);
-    give(*a, b);
-    // Phase A again: 64 MiB requests do not split the idle 600 MiB block (oversize), so each
-    // misses.
-    void* q0 = take(*a, 64 * kMiB);
-    void* q1 = take(*a, 64 * kMiB);
-    const BlockAllocatorStats s = a->stats();
-    if (repeat) {
-      EXPECT_EQ(s.repeat_slack_bytes, 128 * kMiB);
-      EXPECT_EQ(s.num_segment_frees, 2u);
-      EXPECT_EQ(s.reserved_bytes, 728 * kMiB);
-      EXPECT_TRUE(dev.live.count(addr(b)));
-      // Down to the fixed budget (before a graph's private pool grows): the idle 600 MiB segment
-      // goes, the budget stays grown, and nothing is refused while no pool is active.
-      ZI_EXPECT_OK_ALLOC(a->trim_to_fixed_budget());
-      EXPECT_FALSE(dev.live.count(addr(b)));
-      EXPECT_EQ(a->stats().reserved_bytes, 128 * kMiB);
-      EXPECT_EQ(a->stats().repeat_slack_bytes, 128 * kMiB);
-      ZI_EXPECT_OK_ALLOC(a->begin_pool(5));
-      EXPECT_FALSE(a->trim_to_fixed_budget().ok()) << "refused while a pool is active";
-      ZI_EXPECT_OK_ALLOC(a->end_pool());
-    } else {
-      EXPECT_EQ(s.repeat_slack_bytes, 0u);
-      EXPECT_EQ(s.num_segment_frees, 3u);
-      EXPECT_EQ(s.reserved_bytes, 128 * kMiB);
-      EXPECT_FALSE(dev.live.count(addr(b)));
-    }
-    give(*a, q0);
-    give(*a, q1);
-    EXPECT_TRUE(dev.errors.empty());
-  }
 }
 
 TEST(BlockAllocator, OutOfMemoryGivesBackCacheRetriesThenFailsCleanly) {
