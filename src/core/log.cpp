@@ -16,6 +16,13 @@ LogLevel initial_level() {
   if (!std::strcmp(env, "error")) return LogLevel::kError;
   if (!std::strcmp(env, "info")) return LogLevel::kInfo;
   if (!std::strcmp(env, "debug")) return LogLevel::kDebug;
+  // Read during static initialisation, where no error can be returned: a value it does not take
+  // is named on stderr once, and the default kept.
+  if (std::strcmp(env, "warn") != 0)
+    std::fprintf(stderr,
+                 "[zimage warn] ZIMAGE_LOG='%s' is not one of error, warn, info, debug; "
+                 "logging warnings and errors\n",
+                 env);
   return LogLevel::kWarn;
 }
 

@@ -213,7 +213,8 @@ TEST_F(CliBuiltin, TwoFirstRunsAtOnceBothSucceed) {
 
 // --verbose raises the engine's messages to info without lowering what ZIMAGE_LOG asks for
 // (the debug lines the start-up measurements read), --quiet shows errors only, and with neither
-// flag ZIMAGE_LOG decides. --verbose used to set info, dropping ZIMAGE_LOG=debug's lines.
+// flag ZIMAGE_LOG decides. --verbose used to set info, dropping ZIMAGE_LOG=debug's lines. A bad
+// ZIMAGE_LOG is named on stderr.
 TEST_F(CliBuiltin, LogLevelComesFromTheFlagsAndTheEnvironment) {
   auto stderr_of = [&](const std::string& flag, std::optional<std::string> env) {
     std::vector<std::string> args = generate_args((root_ / "out" / "log.png").string());
@@ -240,6 +241,11 @@ TEST_F(CliBuiltin, LogLevelComesFromTheFlagsAndTheEnvironment) {
   EXPECT_FALSE(has(plain, "[zimage info ")) << plain;
   const std::string quiet = stderr_of("--quiet", "debug");
   EXPECT_FALSE(has(quiet, "[zimage debug ") || has(quiet, "[zimage info ")) << quiet;
+  // A level it does not take is named once, and the default (warnings) kept.
+  const std::string bad = stderr_of("", "verbose");
+  EXPECT_TRUE(has(bad, "ZIMAGE_LOG='verbose' is not one of error, warn, info, debug")) << bad;
+  EXPECT_FALSE(has(bad, "[zimage info ")) << bad;
+  EXPECT_FALSE(has(stderr_of("", "warn"), "ZIMAGE_LOG=")) << "warn is a level";
 }
 
 // --png-compression picks zlib's level: the same image at every level (the pixels decode

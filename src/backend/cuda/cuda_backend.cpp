@@ -55,40 +55,23 @@ CudaGraph::~CudaGraph() {
   if (exec_) cudaGraphExecDestroy(exec_);
 }
 
+static_assert(kGemmCandidates == LtGemm::kMaxCandidates, "ZIMAGE_GEMM_CANDIDATE's range");
+
 Result<std::unique_ptr<CudaBackend>> CudaBackend::create(int device_index, DType act_dtype) {
   const auto start = std::chrono::steady_clock::now();
   if (act_dtype != DType::kBF16 && act_dtype != DType::kF32)
     return InvalidArgument(std::string("cuda backend: act dtype must be bf16 or f32, got ") +
                            dtype_name(act_dtype));
-  // ZIMAGE_ATTENTION: which attention kernels auto may use (benchmarks compare them; a user can
-  // step back from the Hopper kernels): "auto" (default), "flashinfer" (FlashInfer's kernel
-  // first, the path before FlashAttention-3's own), "cudnn" (cuDNN's fused attention first, the
-  // path before both), "own" (the project's kernels), "general". Read
-  // before anything else, so a bad value is an error on any machine, never a silent CPU fallback.
-  AttentionPath attention = AttentionPath::kAuto;
-  if (const char* att = std::getenv("ZIMAGE_ATTENTION"); att && *att) {
-    const std::string a(att);
-    if (a == "flashinfer")
-      attention = AttentionPath::kFlashInferFirst;
-    else if (a == "cudnn")
-      attention = AttentionPath::kCudnnFirst;
-    else if (a == "own")
-      attention = AttentionPath::kOwn;
-    else if (a == "general")
-      attention = AttentionPath::kGeneral;
-    else if (a != "auto")
-      return InvalidArgument("ZIMAGE_ATTENTION: '" + a +
-                             "' is not one of auto, flashinfer, cudnn, own, general");
-  }
+  // Every ZIMAGE_* setting, checked before anything else (cuda_settings.h): a bad value is an
+  // error naming it on any machine, never a silent CPU fallback.
+  ZI_ASSIGN_OR_RETURN(const CudaSettings settings, read_cuda_settings());
   // cuBLAS's libraries load on a thread of their own while the driver starts below
   // (libs/cublas_loader.h says why); joined before the first cuBLAS handle.
   // ZIMAGE_CUBLAS_THREAD=0 loads them on this thread after the context instead, serially as
   // when they were linked (to measure the overlap).
   std::thread blas_loader;
-  bool blas_on_thread = true;
-  ZI_TRY(env_switch("ZIMAGE_CUBLAS_THREAD", blas_on_thread));
   try {
-    if (blas_on_thread) blas_loader = std::thread([] { (void)load_cublas(); });
+    if (settings.blas_on_thread) blas_loader = std::thread([] { (void)load_cublas(); });
   } catch (const std::system_error&) {  // no thread to spare: loaded below, on this one
   }
   struct JoinOnReturn {
@@ -122,10 +105,9 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(int device_index, DType
                        std::to_string(prop.major) + std::to_string(prop.minor) +
                        "; sm_80 or newer is required");
   std::unique_ptr<CudaBackend> b(new CudaBackend(device_index, act_dtype));
-  b->attention_path_ = attention;
+  b->attention_path_ = settings.attention;
   b->sm_ = prop.major * 10 + prop.minor;
-  if (const char* acc = std::getenv("ZIMAGE_FP8_ACCUM"); acc && std::string(acc) == "fp32")
-    b->fp8_fast_accum_ = false;
+  if (settings.fp8_fast_accum) b->fp8_fast_accum_ = *settings.fp8_fast_accum;
   b->name_ =
       "cuda:" + std::to_string(device_index) + " " + prop.name + " (" + dtype_name(act_dtype) + ")";
   ZI_CUDA_TRY(cudaStreamCreateWithFlags(&b->stream_, cudaStreamNonBlocking));
@@ -135,12 +117,7 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(int device_index, DType
   // cap at a held limit).
   BlockAllocatorOptions alloc_options;
   alloc_options.repeat_slack_max_bytes = prop.totalGlobalMem / 10;
-  if (const char* v = std::getenv("ZIMAGE_ALLOC_REPEAT")) {
-    const std::string r(v);
-    if (r != "0" && r != "1")
-      return InvalidArgument("ZIMAGE_ALLOC_REPEAT: '" + r + "' is not one of 0, 1");
-    if (r == "0") alloc_options.repeat_slack_max_bytes = 0;
-  }
+  if (!settings.alloc_repeat) alloc_options.repeat_slack_max_bytes = 0;
   b->allocator_ = CachingAllocator::create(device_index, alloc_options);
   tp = Clock::now();
   if (blas_loader.joinable()) blas_loader.join();
@@ -160,7 +137,8 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(int device_index, DType
   const std::string identity = std::string(prop.name) + " sm_" + std::to_string(b->sm_) +
                                " cudnn " + std::to_string(cudnnGetVersion()) + " cublasLt " +
                                std::to_string(cublasLtGetVersion()) + " " + ConvGraphs::cache_tag();
-  std::shared_ptr<PlanCache> plan_cache = PlanCache::open("", identity);
+  std::shared_ptr<PlanCache> plan_cache =
+      settings.plan_cache ? PlanCache::open("", identity) : nullptr;
   tp = Clock::now();
   b->conv_graphs_ = ConvGraphs::create(b->stream_, plan_cache);
   const double graphs_ms = ms_since(tp);
@@ -169,119 +147,7 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(int device_index, DType
   if (log_level() >= LogLevel::kDebug) b->profiler_->set_host_watch_ms(3.0);
   b->uploader_ = std::make_unique<PinnedUploader>(device_index, b->stream_);
   b->uploader_->set_locked_ranges(b->locked_);
-  if (const char* up = std::getenv("ZIMAGE_UPLOAD"))
-    b->upload_locked_ = std::string(up) == "locked";
-  if (const char* t = std::getenv("ZIMAGE_ROW_KERNELS")) {
-    auto tuning = parse_row_kernel_tuning(t);
-    if (!tuning.ok()) return tuning.status().with_context("ZIMAGE_ROW_KERNELS");
-    set_row_kernel_tuning(*tuning);
-  }
-  if (const char* t = std::getenv("ZIMAGE_FP8_GEMM")) {
-    auto tile = parse_fp8_tile(t);
-    if (!tile.ok()) return tile.status().with_context("ZIMAGE_FP8_GEMM");
-    b->fp8_tile_ = *tile;
-  }
-  if (const char* t = std::getenv("ZIMAGE_GEMM_ORDER")) {
-    auto order = parse_gemm_order(t);
-    if (!order.ok()) return order.status().with_context("ZIMAGE_GEMM_ORDER");
-    b->gemm_order_ = *order;
-  }
-  if (const char* t = std::getenv("ZIMAGE_BF16_GEMM")) {
-    const std::string v(t);
-    if (v != "cublaslt" && v != "cutlass-256x192")
-      return InvalidArgument("ZIMAGE_BF16_GEMM: '" + v +
-                             "' is not one of cublaslt, cutlass-256x192");
-    b->bf16_wide_tile_ = v == "cutlass-256x192";
-    if (b->bf16_wide_tile_ && !fused_gemms_available())
-      return InvalidArgument(
-          "ZIMAGE_BF16_GEMM=cutlass-256x192: this build has no CUTLASS bf16 tiles (configure "
-          "with -DZIMAGE_FUSED_GEMMS=ON, which needs CUTLASS and sm_90a)");
-  }
-  if (const char* t = std::getenv("ZIMAGE_SWIGLU_GEMM")) {
-    auto tuning = parse_gemm_tuning(t);
-    if (!tuning.ok()) return tuning.status().with_context("ZIMAGE_SWIGLU_GEMM");
-    b->swiglu_tuning_ = *tuning;
-  }
-  if (const char* t = std::getenv("ZIMAGE_QKV_GEMM")) {
-    auto tuning = parse_gemm_tuning(t);
-    if (!tuning.ok()) return tuning.status().with_context("ZIMAGE_QKV_GEMM");
-    if (tuning->schedule == GemmSchedule::kCooperative256x192)
-      return InvalidArgument(
-          "ZIMAGE_QKV_GEMM: coop-256x192 is a tile of the SwiGLU GEMM only (ZIMAGE_SWIGLU_GEMM); "
-          "the q|k|v GEMM takes coop, coop-tall, pingpong or pingpong-narrow");
-    b->qkv_tuning_ = *tuning;
-  }
-  // On/off switches (env_switch, core/text.h): "1" or "0", anything else an error naming it.
-  if (std::getenv("ZIMAGE_STAGED_ROWS")) {  // process-wide, like ZIMAGE_ROW_KERNELS
-    bool staged = false;
-    ZI_TRY(env_switch("ZIMAGE_STAGED_ROWS", staged));
-    set_staged_row_kernels(staged);
-  }
-  if (std::getenv("ZIMAGE_PACKED_ROWS")) {
-    bool packed = true;
-    ZI_TRY(env_switch("ZIMAGE_PACKED_ROWS", packed));
-    set_packed_row_kernels(packed);
-  }
-  ZI_TRY(env_switch("ZIMAGE_FUSED_NORM", b->fused_norm_));
-  ZI_TRY(env_switch("ZIMAGE_FUSED_CONV_ADD", b->fused_conv_add_));
-  ZI_TRY(env_switch("ZIMAGE_CONV_PAD_COUT", b->pad_narrow_conv_));
-  ZI_TRY(env_switch("ZIMAGE_WARM_EXECUTE", b->warm_execute_));
-  {
-    bool compile = false;  // ConvGraphs::set_runtime_compile's default
-    ZI_TRY(env_switch("ZIMAGE_CONV_RUNTIME_COMPILE", compile));
-    b->set_conv_runtime_compile(compile);
-  }
-  ZI_TRY(env_switch("ZIMAGE_PACKED_QKV", b->packed_qkv_));
-  ZI_TRY(env_switch("ZIMAGE_FP8_INPUTS", b->fp8_inputs_));
-  ZI_TRY(env_switch("ZIMAGE_FUSED_SWIGLU_FP8", b->fused_swiglu_fp8_));
-  ZI_TRY(env_switch("ZIMAGE_FUSED_ADALN", b->fused_adaln_));
-  ZI_TRY(env_switch("ZIMAGE_ADALN_LAYERS", b->adaln_layers_));
-  ZI_TRY(env_switch("ZIMAGE_FUSED_SWIGLU", b->fused_swiglu_));
-  ZI_TRY(env_switch("ZIMAGE_FUSED_QKV", b->fused_qkv_));
-  ZI_TRY(env_switch("ZIMAGE_FUSED_SWIGLU_GEMM_FP8", b->fused_swiglu_gemm_fp8_));
-  for (const auto& [name, on] :
-       {std::pair{"ZIMAGE_FUSED_SWIGLU", b->fused_swiglu_},
-        std::pair{"ZIMAGE_FUSED_QKV", b->fused_qkv_},
-        std::pair{"ZIMAGE_FUSED_SWIGLU_GEMM_FP8", b->fused_swiglu_gemm_fp8_}})
-    if (on && !fused_gemms_available())
-      return InvalidArgument(std::string(name) +
-                             "=1: this build has no fused GEMMs (configure with "
-                             "-DZIMAGE_FUSED_GEMMS=ON, which needs CUTLASS and sm_90a)");
-  if (const char* v = std::getenv("ZIMAGE_WARM_UP")) {
-    const std::string w(v);
-    if (w != "0" && w != "1" && w != "2")
-      return InvalidArgument("ZIMAGE_WARM_UP: '" + w + "' is not one of 0, 1, 2");
-    b->warm_up_ = w[0] - '0';
-  }
-  if (const char* v = std::getenv("ZIMAGE_GEMM_CANDIDATE")) {
-    const std::string c(v);
-    char* end = nullptr;
-    const long i = std::strtol(c.c_str(), &end, 10);
-    if (c.empty() || *end != '\0' || i < 0 || i >= LtGemm::kMaxCandidates)
-      return InvalidArgument("ZIMAGE_GEMM_CANDIDATE: '" + c + "' is not a number from 0 to " +
-                             std::to_string(LtGemm::kMaxCandidates - 1));
-    b->gemm_->set_wide_candidate(static_cast<int>(i));
-  }
-  if (const char* v = std::getenv("ZIMAGE_GEMM_CONFIG")) {
-    auto config = parse_gemm_algo_config(v);
-    if (!config.ok()) return config.status().with_context("ZIMAGE_GEMM_CONFIG");
-    b->gemm_->set_wide_config(*config);
-  }
-  if (const char* v = std::getenv("ZIMAGE_FLASH3_CLUSTER")) {
-    const std::string c(v);
-    if (c != "1" && c != "2")
-      return InvalidArgument("ZIMAGE_FLASH3_CLUSTER: '" + c + "' is not one of 1, 2");
-    b->flash3_cluster_ = c[0] - '0';
-  }
-  bool autotune = false;
-  ZI_TRY(env_switch("ZIMAGE_GEMM_AUTOTUNE", autotune));
-  if (autotune) b->gemm_->set_autotune(true, plan_cache);
-  if (const char* pin = std::getenv("ZIMAGE_HOST_PIN")) {
-    const std::string how(pin);
-    if (how != "register" && how != "alloc" && how != "huge")
-      return InvalidArgument("ZIMAGE_HOST_PIN: '" + how + "' is not one of huge, register, alloc");
-    b->pin_by_register_ = how == "register";
-  }
+  b->apply_settings(settings, plan_cache);
   ZI_INFO("cuda backend %s ready in %.3f s (context, cuBLASLt, cuDNN)", b->name_.c_str(),
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   ZI_DEBUG(
@@ -290,6 +156,35 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(int device_index, DType
       "graph handle %.1f ms",
       context_ms, blas_wait_ms, blas_ms, cudnn_ms, graphs_ms);
   return b;
+}
+
+void CudaBackend::apply_settings(const CudaSettings& s,
+                                 const std::shared_ptr<PlanCache>& plan_cache) {
+  if (s.upload_locked) upload_locked_ = *s.upload_locked;
+  if (s.row_kernels) set_row_kernel_tuning(*s.row_kernels);   // process-wide
+  if (s.staged_rows) set_staged_row_kernels(*s.staged_rows);  // process-wide
+  if (s.packed_rows) set_packed_row_kernels(*s.packed_rows);  // process-wide
+  if (s.fp8_tile) fp8_tile_ = *s.fp8_tile;
+  if (s.gemm_order) gemm_order_ = *s.gemm_order;
+  if (s.bf16_wide_tile) bf16_wide_tile_ = *s.bf16_wide_tile;
+  if (s.swiglu_tuning) swiglu_tuning_ = *s.swiglu_tuning;
+  if (s.qkv_tuning) qkv_tuning_ = *s.qkv_tuning;
+  for (const auto& [set, member] :
+       {std::pair{&s.fused_norm, &fused_norm_}, std::pair{&s.fused_conv_add, &fused_conv_add_},
+        std::pair{&s.pad_narrow_conv, &pad_narrow_conv_},
+        std::pair{&s.warm_execute, &warm_execute_}, std::pair{&s.packed_qkv, &packed_qkv_},
+        std::pair{&s.fp8_inputs, &fp8_inputs_}, std::pair{&s.fused_swiglu_fp8, &fused_swiglu_fp8_},
+        std::pair{&s.fused_adaln, &fused_adaln_}, std::pair{&s.adaln_layers, &adaln_layers_},
+        std::pair{&s.fused_swiglu, &fused_swiglu_}, std::pair{&s.fused_qkv, &fused_qkv_},
+        std::pair{&s.fused_swiglu_gemm_fp8, &fused_swiglu_gemm_fp8_}})
+    if (set->has_value()) *member = **set;
+  set_conv_runtime_compile(s.conv_runtime_compile.value_or(false));  // ConvGraphs' default
+  if (s.warm_up) warm_up_ = *s.warm_up;
+  if (s.gemm_candidate) gemm_->set_wide_candidate(*s.gemm_candidate);
+  if (s.gemm_config) gemm_->set_wide_config(*s.gemm_config);
+  if (s.flash3_cluster) flash3_cluster_ = *s.flash3_cluster;
+  if (s.gemm_autotune) gemm_->set_autotune(true, plan_cache);
+  if (s.pin_by_register) pin_by_register_ = *s.pin_by_register;
 }
 
 CudaBackend::CudaBackend(int device, DType act) : device_(device), act_(act) {}

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/cuda/cuda_settings.h"
 #include "backend/cuda/kernels/kernels.h"
 #include "backend/cuda/libs/gemm_cutlass.h"
 #include "backend/cuda/runtime/allocator.h"
@@ -37,6 +38,10 @@
 #include "backend/cuda/runtime/op_profiler.h"
 #include "backend/cuda/runtime/slot_stager.h"
 #include "backend/cuda/runtime/uploader.h"
+
+namespace zimage {
+class PlanCache;  // io/fs/plan_cache.h
+}  // namespace zimage
 
 namespace zimage::cuda {
 
@@ -64,26 +69,7 @@ class CudaGraph {
   cudaGraphExec_t exec_ = nullptr;
 };
 
-// kAuto: on sm_90, FlashAttention-3's own Hopper kernel where it is built for the request (bf16,
-// head_dim 128, non-causal: the DiT's; libs/attention_flash3.h), else FlashInfer's FA3-class
-// Hopper kernel (bf16, head_dim 64/128/256; libs/attention_fa3.h), else cuDNN's fused attention
-// where it has an engine, else the own flash kernel (bf16, head_dim 64/128), else the general
-// GEMM + softmax path. kFlashInferFirst: kAuto without FlashAttention-3's kernel. kCudnnFirst:
-// kAuto without either Hopper kernel (the path before them; benchmarks compare them). kOwn: the
-// project's kernels only (flash, else general). kFlash3 / kFa3 / kCudnn / kFlash / kGeneral force
-// one path (kUnsupported where it cannot run).
-enum class AttentionPath {
-  kAuto,
-  kFlashInferFirst,
-  kCudnnFirst,
-  kOwn,
-  kFlash3,
-  kFa3,
-  kCudnn,
-  kFlash,
-  kGeneral
-};
-
+// AttentionPath: cuda_settings.h.
 class CudaBackend final : public Backend {
  public:
   static Result<std::unique_ptr<CudaBackend>> create(int device_index, DType act_dtype);
@@ -396,6 +382,9 @@ class CudaBackend final : public Backend {
 
  private:
   CudaBackend(int device, DType act);
+  // The settings read_cuda_settings found set, onto this backend (and the process-wide row
+  // kernel choices); create() calls it once the backend's parts exist.
+  void apply_settings(const CudaSettings& s, const std::shared_ptr<PlanCache>& plan_cache);
   Status check_fp8_capable() const;
   // matmul_fp8_rows' and matmul_fp8_quantized's GEMM on checked operands: x8 [m, k], sx [m].
   Status fp8_gemm(const Tensor& x8, const Tensor& sx, const Tensor& w8, const Tensor& w_scale,
