@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """docs/ENVIRONMENT.md lists exactly the ZIMAGE_* variables the engine reads.
 
-The engine's variables are the "ZIMAGE_..." string literals in src/ (every one there is a variable
-name given to getenv or env_switch). The documented ones are the first cells of the tables in
+The engine's variables are the "ZIMAGE_..." string literals in the C++ sources of src/ (the
+library), apps/ (the zimage program) and include/ (every one there is a variable name given to
+getenv or env_switch; the Python package and the ComfyUI nodes read none). The documented ones are the first cells of the tables in
 docs/ENVIRONMENT.md. The test fails, naming them, for a variable read but not documented, one
 documented but no longer read, one documented twice, and a README that does not link the page.
 It also checks itself: the same check on a doc with one row removed and one made up must find
@@ -19,19 +20,20 @@ ROW = re.compile(r"^\|\s*`(ZIMAGE_[A-Z0-9_]+)`\s*\|", re.MULTILINE)
 SOURCES = (".h", ".cpp", ".cu", ".cuh")
 
 
-def read_in_source(src: pathlib.Path) -> set:
+def read_in_source(root: pathlib.Path) -> set:
     names = set()
-    for path in src.rglob("*"):
-        if path.suffix in SOURCES and path.is_file():
-            names.update(LITERAL.findall(path.read_text(encoding="utf-8", errors="replace")))
+    for folder in ("src", "apps", "include"):
+        for path in (root / folder).rglob("*"):
+            if path.suffix in SOURCES and path.is_file():
+                names.update(LITERAL.findall(path.read_text(encoding="utf-8", errors="replace")))
     return names
 
 
 def problems(read: set, doc: str) -> list:
     rows = ROW.findall(doc)
     documented = set(rows)
-    out = [f"{n}: read in src/ but not in docs/ENVIRONMENT.md" for n in sorted(read - documented)]
-    out += [f"{n}: in docs/ENVIRONMENT.md but no longer read in src/"
+    out = [f"{n}: read in the sources but not in docs/ENVIRONMENT.md" for n in sorted(read - documented)]
+    out += [f"{n}: in docs/ENVIRONMENT.md but no longer read in the sources"
             for n in sorted(documented - read)]
     out += [f"{n}: documented {rows.count(n)} times" for n in sorted(documented)
             if rows.count(n) > 1]
@@ -40,11 +42,11 @@ def problems(read: set, doc: str) -> list:
 
 def main() -> int:
     root = pathlib.Path(sys.argv[1])
-    read = read_in_source(root / "src")
+    read = read_in_source(root)
     doc = (root / "docs" / "ENVIRONMENT.md").read_text(encoding="utf-8")
     failures = []
     if len(read) < 30:
-        failures.append(f"only {len(read)} variables found in src/: the scan is broken")
+        failures.append(f"only {len(read)} variables found in the sources: the scan is broken")
     failures += problems(read, doc)
     readme = (root / "README.md").read_text(encoding="utf-8")
     if "docs/ENVIRONMENT.md" not in readme:
@@ -61,7 +63,7 @@ def main() -> int:
     for f in failures:
         print("FAIL:", f)
     if not failures:
-        print(f"docs/ENVIRONMENT.md lists the {len(read)} variables src/ reads")
+        print(f"docs/ENVIRONMENT.md lists the {len(read)} variables the sources read")
     return 1 if failures else 0
 
 
