@@ -21,7 +21,8 @@
 namespace zimage::cuda {
 namespace {
 
-// Every variable read_cuda_settings reads (docs/ENVIRONMENT.md, "CUDA backend").
+// Every variable read_cuda_settings reads (docs/ENVIRONMENT.md; keep in step with
+// read_cuda_settings).
 const std::vector<std::string> kNames = {
     "ZIMAGE_ATTENTION",
     "ZIMAGE_CUBLAS_THREAD",
@@ -177,6 +178,10 @@ TEST_F(CudaSettingsTest, GoodValuesSetWhatTheyName) {
   };
   EXPECT_EQ(get("ZIMAGE_ATTENTION", "cudnn").attention, AttentionPath::kCudnnFirst);
   EXPECT_EQ(get("ZIMAGE_ATTENTION", "").attention, AttentionPath::kAuto);  // empty: unset
+  EXPECT_EQ(get("ZIMAGE_ATTENTION", "flashinfer").attention, AttentionPath::kFlashInferFirst);
+  EXPECT_EQ(get("ZIMAGE_ATTENTION", "own").attention, AttentionPath::kOwn);
+  EXPECT_EQ(get("ZIMAGE_ATTENTION", "general").attention, AttentionPath::kGeneral);
+  EXPECT_FALSE(with("ZIMAGE_GEMM_CANDIDATE", "-1").ok());
   EXPECT_FALSE(get("ZIMAGE_CUBLAS_THREAD", "0").blas_on_thread);
   EXPECT_FALSE(get("ZIMAGE_ALLOC_REPEAT", "0").alloc_repeat);
   EXPECT_FALSE(get("ZIMAGE_PLAN_CACHE", "off").plan_cache);

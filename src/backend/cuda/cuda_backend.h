@@ -418,7 +418,7 @@ class CudaBackend final : public Backend {
   bool warm_execute_ = true;      // ZIMAGE_WARM_EXECUTE: the warm-up may use its scratch grant
   bool packed_qkv_ = true;        // ZIMAGE_PACKED_QKV: reads_packed_qkv() where it can
   bool use_cutlass_ = true;
-  bool fp8_fast_accum_ = true;  // ZIMAGE_FP8_ACCUM=fp32 turns it off (the constructor reads it)
+  bool fp8_fast_accum_ = true;  // ZIMAGE_FP8_ACCUM=fp32 turns it off (create applies it)
   Fp8Tile fp8_tile_ = Fp8Tile::kAuto;
   std::optional<GemmOrder> gemm_order_;
   bool bf16_wide_tile_ = false;
